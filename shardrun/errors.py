@@ -1,0 +1,36 @@
+"""The project's errors. The CLI catches `ShardrunError` and prints `error: <message>`.
+
+    ShardrunError            root; never escapes the CLI as a traceback
+    ├── SpecError            the job file, a flag or an environment variable is wrong (exit 2)
+    ├── InputError           the input file is missing or unreadable (exit 2)
+    ├── EndpointError        the endpoint cannot be used at all (unreachable, auth refused)
+    └── RunError             the run itself cannot go on (a shard died, the disk is full)
+
+A failed request is not an exception: it is an attempt event with its status.
+"""
+
+
+class ShardrunError(Exception):
+    """Root of every error shardrun reports to the user as one sentence."""
+
+    exit_code = 1
+
+
+class SpecError(ShardrunError):
+    """The job specification (file, flags or environment) is invalid."""
+
+    exit_code = 2
+
+
+class InputError(ShardrunError):
+    """The input file cannot be read."""
+
+    exit_code = 2
+
+
+class EndpointError(ShardrunError):
+    """The endpoint cannot be used at all."""
+
+
+class RunError(ShardrunError):
+    """The run cannot go on."""
