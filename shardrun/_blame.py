@@ -1,0 +1,220 @@
+"""Turning validation failures into one sentence that names who set the bad value.
+
+A bad value is fixed where it was set, so every problem is phrased against its source:
+`jobs/x.yaml: shards must be ...`, `environment variable SHARDRUN_SHARDS must be ...` or
+`--shards must be ...`. Pydantic's own multi-line text never reaches the user.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+
+from shardrun._env import ENV_BY_KEY
+
+Problem = tuple[str | None, str]
+"""(job file origin or None, text); the origin is printed once before a run of its problems."""
+
+_SECRET_SHAPED = frozenset({"endpoint.api_key_env"})
+"""Keys whose rejected value may be a pasted secret: never echoed back."""
+
+_MUST_BE_OVERRIDES: Mapping[str, str] = {
+    "endpoint.base_url": "a URL starting with http:// or https://, or sim://",
+    "endpoint.api_key_env": (
+        "the name of an environment variable (like OPENAI_API_KEY), not the key itself"
+    ),
+}
+
+_CROSS_FIELD: Mapping[str, str] = {
+    "backoff_order": "{subject} must be at least {other} ({other_value}{other_src}), got {got}",
+    "sim_needs_sim_url": (
+        "{subject} is only allowed when endpoint.base_url is sim://,"
+        " but base_url is {other_value}{other_src}"
+    ),
+    "one_input_field": "{subject} and {other} are both set; give exactly one of them",
+    "messages_need_chat": (
+        "{subject} needs endpoint.api 'chat' (the completions API takes no message lists),"
+        " but endpoint.api is {other_value}{other_src}"
+    ),
+    "params_reserved": (
+        "{subject} must not set {got}: shardrun sends the model, the prompt or messages,"
+        " and stream itself"
+    ),
+}
+
+_NUMBER_TEXT = re.compile(r"\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*")
+
+
+@dataclass(frozen=True)
+class Blame:
+    """What a message needs to know: the file as given, each key's source and typed text."""
+
+    origin: str
+    sources: Mapping[str, str]
+    shown: Mapping[str, str]
+    fields: Mapping[str, FieldInfo]
+
+    def subject(self, key: str) -> Problem:
+        """Who to blame for `key`: the flag, the variable, or the job file and the key."""
+        source = self.sources.get(key, "job file")
+        if source.startswith("flag "):
+            return None, source.removeprefix("flag ")
+        if source.startswith("env "):
+            return None, f"environment variable {source.removeprefix('env ')}"
+        return self.origin, key
+
+    def source_note(self, key: str) -> str:
+        """', from env X' when a related value did not come from the file the user is reading."""
+        source = self.sources.get(key, "job file")
+        return "" if source == "job file" else f" from {source}"
+
+
+def render(problems: Sequence[Problem], limit: int = 8) -> str:
+    """Join problems with '; ', printing a file origin only when it changes."""
+    parts: list[str] = []
+    last_origin: str | None = None
+    for origin, text in problems[:limit]:
+        parts.append(f"{origin}: {text}" if origin is not None and origin != last_origin else text)
+        last_origin = origin
+    if len(problems) > limit:
+        parts.append(f"and {len(problems) - limit} more")
+    return "; ".join(parts)
+
+
+def must_be(key: str, field: FieldInfo) -> str:
+    """What an acceptable value looks like, derived from the field's type and constraints."""
+    if key in _MUST_BE_OVERRIDES:
+        return _MUST_BE_OVERRIDES[key]
+    annotation = _without_none(field.annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a mapping"
+    if typing.get_origin(annotation) is typing.Literal:
+        return " or ".join(repr(choice) for choice in typing.get_args(annotation))
+    if typing.get_origin(annotation) is dict:
+        return "a mapping with string keys"
+    if annotation is str:
+        return "a non-empty string"
+    noun = "an integer" if annotation is int else "a number"
+    return noun + _bounds(field.metadata)
+
+
+def _without_none(annotation: Any) -> Any:
+    """`X | None` -> X, so optional fields are described by what they hold when set."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if typing.get_origin(annotation) is not None and len(args) == 1 else annotation
+
+
+def _bounds(metadata: Iterable[object]) -> str:
+    """' from 1 to 1024', ' greater than 0', ' of at least 0' or '' from annotated_types."""
+    lo: object = None
+    hi: object = None
+    strict_lo = False
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge):
+            lo = item.ge
+        elif isinstance(item, annotated_types.Gt):
+            lo, strict_lo = item.gt, True
+        elif isinstance(item, annotated_types.Le):
+            hi = item.le
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" greater than {lo}" if strict_lo else f" of at least {lo}"
+    return ""
+
+
+def show(key: str, value: object, blame: Blame) -> str:
+    """The rejected value as the user wrote it: their text for env/flags, else a short repr."""
+    if key in blame.shown:
+        value = blame.shown[key]
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def value_problem(key: str, value: object, blame: Blame, loc_rest: Sequence[object]) -> Problem:
+    """'<subject> must be <what>, got <value>', with a hint for quoted numbers in YAML."""
+    origin, subject = blame.subject(key)
+    text = f"{subject} must be {must_be(key, blame.fields[key])}"
+    if key in _SECRET_SHAPED:
+        return origin, text
+    if loc_rest and loc_rest[-1] == "[key]":
+        return origin, f"{text}, got the key {value!r}"
+    text += f", got {show(key, value, blame)}"
+    quoted_number = isinstance(value, str) and _NUMBER_TEXT.fullmatch(value)
+    if origin is not None and quoted_number and "a mapping" not in text:
+        text += " (quoted, so YAML reads it as text; remove the quotes)"
+    return origin, text
+
+
+def missing_problem(key: str, blame: Blame) -> Problem:
+    """'<file>: endpoint.model is required', naming the variable that could also set it."""
+    var = ENV_BY_KEY.get(key)
+    hint = f" (set it in the job file or with {var.name})" if var is not None else ""
+    return blame.origin, f"{key} is required{hint}"
+
+
+def unknown_key_problem(origin: str, key: str, candidates: Sequence[str]) -> Problem:
+    """'<file>: unknown key 'concurency' (did you mean 'concurrency'?)'."""
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:
+        leaf = key.rsplit(".", 1)[-1]
+        close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:1]
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return origin, f"unknown key '{key}'{hint}"
+
+
+def translate(errors: Iterable[ErrorDetails], blame: Blame) -> list[Problem]:
+    """One Problem per pydantic error, attributed to the layer that set the value."""
+    return [_one(error, blame) for error in errors]
+
+
+def _one(error: ErrorDetails, blame: Blame) -> Problem:
+    """Dispatch on the pydantic error type: missing, cross-field, or a bad single value."""
+    key, rest = _key_of(error["loc"], blame.fields)
+    ctx = error.get("ctx") or {}
+    if error["type"] in _CROSS_FIELD:
+        return _cross_field(error["type"], key, ctx, blame)
+    if error["type"] == "missing":
+        return missing_problem(key, blame)
+    if key not in blame.fields:
+        return blame.origin, f"{key or 'the job'}: {error['msg']}"
+    return value_problem(key, error["input"], blame, rest)
+
+
+def _key_of(loc: Sequence[object], fields: Mapping[str, FieldInfo]) -> tuple[str, list[object]]:
+    """The longest dotted prefix of `loc` that names a field, and what is left over."""
+    parts = [str(p) for p in loc]
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in fields:
+            return key, list(loc[n:])
+    return ".".join(parts), []
+
+
+def _cross_field(kind: str, base: str, ctx: Mapping[str, Any], blame: Blame) -> Problem:
+    """A rule over two fields: blame the first, and say where the other one's value came from."""
+    key = _join(base, ctx["field"])
+    other = _join(base, ctx.get("other", ""))
+    origin, subject = blame.subject(key)
+    text = _CROSS_FIELD[kind].format(
+        subject=subject,
+        other=other,
+        other_value=show(other, ctx.get("other_value"), blame),
+        other_src=blame.source_note(other),
+        got=ctx["got"] if kind == "params_reserved" else show(key, ctx.get("value"), blame),
+    )
+    return origin, text
+
+
+def _join(base: str, name: str) -> str:
+    """Dotted path of `name` inside the model at `base` ('' is the top level)."""
+    return f"{base}.{name}" if base and name else base or name

@@ -1,0 +1,129 @@
+"""The two string-typed override layers over the job file: environment variables and flags.
+
+Operators tune a run during an incident without editing the job file (DESIGN §7), so every
+knob they reach for has a `SHARDRUN_*` variable, and the CLI's flag for the same knob is
+derived from the variable's name (`SHARDRUN_RETRY_BUDGET` -> `--retry-budget`). Keeping both
+tables here, in one place, is what lets `--help`, the README and the loader agree.
+
+Values arriving from these layers are text; they are converted here per field kind *before*
+the strict pydantic validation, so the job file stays strict (`shards: "8"` is an error there)
+while `SHARDRUN_SHARDS=8` works.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+PREFIX = "SHARDRUN_"
+
+Kind = Literal["int", "float", "str", "other"]
+"""How a leaf value is written as text: what an env var or a string flag must be parsed into."""
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, the dotted job key it sets and a one-line help."""
+
+    name: str
+    key: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        """The CLI flag for the same key, named after the variable so the two never drift."""
+        return "--" + self.name.removeprefix(PREFIX).lower().replace("_", "-")
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("SHARDRUN_SHARDS", "shards", "number of shard processes (1..1024)"),
+    EnvVar("SHARDRUN_CONCURRENCY", "concurrency", "requests in flight per shard (1..100000)"),
+    EnvVar(
+        "SHARDRUN_MAX_ATTEMPTS", "retry.max_attempts", "attempts per item, first included (1..100)"
+    ),
+    EnvVar("SHARDRUN_RETRY_BACKOFF_S", "retry.backoff_s", "first retry backoff in seconds (>= 0)"),
+    EnvVar(
+        "SHARDRUN_RETRY_BACKOFF_MAX_S", "retry.backoff_max_s", "longest retry backoff in seconds"
+    ),
+    EnvVar(
+        "SHARDRUN_RETRY_BUDGET", "retry.budget_ratio", "retries allowed per first attempt (>= 0)"
+    ),
+    EnvVar("SHARDRUN_CONNECT_TIMEOUT_S", "timeouts.connect_s", "seconds to open a connection"),
+    EnvVar(
+        "SHARDRUN_FIRST_TOKEN_TIMEOUT_S", "timeouts.first_token_s", "seconds to the first token"
+    ),
+    EnvVar("SHARDRUN_IDLE_TIMEOUT_S", "timeouts.idle_s", "longest silence between tokens, seconds"),
+    EnvVar("SHARDRUN_TOTAL_TIMEOUT_S", "timeouts.total_s", "seconds for one whole attempt"),
+    EnvVar(
+        "SHARDRUN_BASE_URL", "endpoint.base_url", "endpoint URL (http(s)://host:port/v1 or sim://)"
+    ),
+    EnvVar("SHARDRUN_MODEL", "endpoint.model", "model name sent to the endpoint"),
+    EnvVar(
+        "SHARDRUN_API_KEY_ENV", "endpoint.api_key_env", "NAME of the variable holding the API key"
+    ),
+    EnvVar("SHARDRUN_RUNS_DIR", "runs_dir", "where run directories are created"),
+    EnvVar("SHARDRUN_SHUTDOWN_GRACE_S", "shutdown_grace_s", "seconds in-flight work gets on stop"),
+)
+
+ENV_BY_KEY: Mapping[str, EnvVar] = {v.key: v for v in ENV_VARS}
+
+
+def flag_for(key: str) -> str:
+    """The flag that sets dotted `key`: named after its env var, else after the key itself."""
+    var = ENV_BY_KEY.get(key)
+    if var is not None:
+        return var.flag
+    return "--" + key.replace(".", "-").replace("_", "-")
+
+
+def env_values(env: Mapping[str, str]) -> dict[str, tuple[EnvVar, str]]:
+    """The set variables by dotted key; an empty string counts as unset (`FOO= cmd` idiom)."""
+    return {v.key: (v, env[v.name]) for v in ENV_VARS if env.get(v.name, "") != ""}
+
+
+def unknown_env_warnings(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Warn about `SHARDRUN_*` names we do not read: a typo there silently changes nothing.
+
+    Only names are reported, never values: a misspelt variable may well hold a secret.
+    """
+    known = {v.name for v in ENV_VARS}
+    suffixes = [name.removeprefix(PREFIX) for name in sorted(known)]
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(PREFIX) or name in known:
+            continue
+        close = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)
+        hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
+        warnings.append(f"{name} is not a shardrun variable{hint}")
+    return tuple(warnings)
+
+
+def parse_text(text: str, kind: Kind) -> object:
+    """Convert an env/flag string to the field's kind; ValueError says only that it failed.
+
+    Integers must be written as integers ("8", not "8.0"), because a silently truncated
+    "2.5 shards" would be worse than an error.
+    """
+    if kind == "int":
+        stripped = text.strip()
+        if not _INT_TEXT.fullmatch(stripped):
+            raise ValueError(text)
+        return int(stripped)
+    if kind == "float":
+        return float(text.strip())
+    return text
+
+
+def coerce_flag(value: object, kind: Kind) -> object:
+    """Bring a flag value to the field's kind; argparse may hand over text, numbers or Paths."""
+    if isinstance(value, str):
+        return parse_text(value, kind)
+    if kind == "str" and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

@@ -1,0 +1,99 @@
+"""Reading a job file into a plain mapping, with YAML's sharp edges filed off.
+
+Two PyYAML behaviours would otherwise surprise operators and are handled here:
+- a repeated key silently keeps the last value (`shards: 8` ... `shards: 2`): it is an error;
+- YAML 1.1 reads `1e-3` (no dot) as a *string*, which the strict model would then reject with
+  a baffling message: it is read as the number the user meant, as YAML 1.2 does.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shardrun.errors import SpecError
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _JobLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys and reads exponent floats without a dot."""
+
+
+def _construct_mapping(loader: _JobLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """Build a mapping, failing on the second occurrence of a key (merge keys excepted)."""
+    seen: dict[tuple[str, str], int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+            continue
+        ident = (key_node.tag, key_node.value)
+        if ident in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key '{key_node.value}' (first given on line {seen[ident]})",
+                key_node.start_mark,
+            )
+        seen[ident] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=True)
+
+
+_JobLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_JobLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
+    """Parse the job file at `path`; every failure is a SpecError naming `origin` (as given)."""
+    text = _read_text(path, origin)
+    try:
+        data = yaml.load(text, Loader=_JobLoader)  # a SafeLoader subclass: no object tags
+    except yaml.MarkedYAMLError as exc:
+        raise SpecError(f"{origin}: {_describe_yaml_error(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{origin}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{origin}: the top level must be a mapping (keys like endpoint:, input:, shards:),"
+            f" got {_kind_of(data)}"
+        )
+    return data
+
+
+def _read_text(path: Path, origin: str) -> str:
+    """The file's text, or one sentence saying why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{origin}: job file not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{origin}: is a directory, not a job file") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{origin}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise SpecError(f"{origin}: cannot read the job file ({exc.strerror})") from None
+
+
+def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
+    """'YAML error at line L, column C: problem', 1-based like every editor."""
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = exc.problem or exc.context or "invalid YAML"
+    return f"YAML error{where}: {problem}"
+
+
+def _kind_of(value: object) -> str:
+    """A short noun for a YAML value's type, for 'got a list'-style messages."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    return f"{value!r}"[:40]

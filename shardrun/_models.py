@@ -1,0 +1,207 @@
+"""The job model: the validated, frozen tree a job file describes (see `spec` for loading).
+
+Defaults live here and nowhere else. The models are strict (no str->int coercion: a quoted
+number in YAML is usually a mistake) and reject unknown keys; rules that span two fields raise
+`PydanticCustomError`s whose ctx names both fields, so `_blame` can say where each value came
+from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal, get_origin
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from shardrun._env import Kind
+
+_NON_BLANK = r"\S"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_RESERVED_PARAMS = ("model", "prompt", "messages", "stream")
+
+
+class _Frozen(BaseModel):
+    """Shared config: immutable, no unknown keys, no silent str->int coercion, finite floats."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class EndpointSpec(_Frozen):
+    """Where requests go. `sim` (simulator settings) is only meaningful with `sim://`."""
+
+    base_url: str
+    api: Literal["chat", "completions"] = "chat"
+    model: str = Field(pattern=_NON_BLANK)
+    api_key_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    sim: dict[str, Any] | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        """Only HTTP(S) endpoints with a host, or exactly sim:// for the embedded simulator."""
+        if url == "sim://":
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("base_url must start with http:// or https://, or be sim://")
+        return url
+
+    @model_validator(mode="after")
+    def _sim_needs_sim_url(self) -> EndpointSpec:
+        """Simulator settings with a real URL mean the user thinks they are simulating: refuse."""
+        if self.sim is not None and self.base_url != "sim://":
+            raise PydanticCustomError(
+                "sim_needs_sim_url",
+                "endpoint.sim is only allowed when endpoint.base_url is sim://",
+                {"field": "sim", "other": "base_url", "other_value": self.base_url},
+            )
+        return self
+
+
+class InputSpec(_Frozen):
+    """Which input file and which fields of each record hold the id and the prompt."""
+
+    path: str = Field(pattern=_NON_BLANK)
+    id_field: str = Field(default="id", pattern=_NON_BLANK)
+    prompt_field: str | None = Field(default=None, pattern=_NON_BLANK)
+    messages_field: str | None = Field(default=None, pattern=_NON_BLANK)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_prompt_field(cls, data: Any) -> Any:
+        """Neither field given means the common case: a text prompt in the field "prompt"."""
+        neither = isinstance(data, dict) and not (
+            data.get("prompt_field") is not None or data.get("messages_field") is not None
+        )
+        return {**data, "prompt_field": "prompt"} if neither else data
+
+    @model_validator(mode="after")
+    def _one_input_field(self) -> InputSpec:
+        """Each item is either a text prompt or a message list; both at once is ambiguous."""
+        if self.prompt_field is not None and self.messages_field is not None:
+            raise PydanticCustomError(
+                "one_input_field",
+                "give exactly one of input.prompt_field and input.messages_field",
+                {"field": "prompt_field", "other": "messages_field"},
+            )
+        return self
+
+
+class TimeoutsSpec(_Frozen):
+    """Per-attempt deadlines in seconds; each one maps to its own attempt status."""
+
+    connect_s: float = Field(default=10.0, gt=0)
+    first_token_s: float = Field(default=60.0, gt=0)
+    idle_s: float = Field(default=30.0, gt=0)
+    total_s: float = Field(default=600.0, gt=0)
+
+
+class RetrySpec(_Frozen):
+    """Exponential backoff bounded per item (max_attempts) and per run (the retry budget)."""
+
+    max_attempts: int = Field(default=4, ge=1, le=100)
+    backoff_s: float = Field(default=0.5, ge=0)
+    backoff_max_s: float = Field(default=30.0, ge=0)
+    budget_ratio: float = Field(default=0.2, ge=0)
+    budget_floor: int = Field(default=10, ge=0)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> RetrySpec:
+        """A cap below the first backoff is a typo, not a policy."""
+        if self.backoff_max_s < self.backoff_s:
+            raise PydanticCustomError(
+                "backoff_order",
+                "retry.backoff_max_s must be at least retry.backoff_s",
+                {
+                    "field": "backoff_max_s",
+                    "value": self.backoff_max_s,
+                    "other": "backoff_s",
+                    "other_value": self.backoff_s,
+                },
+            )
+        return self
+
+
+class JobSpec(_Frozen):
+    """The whole validated job. `params` is passed through into every request body."""
+
+    endpoint: EndpointSpec
+    input: InputSpec
+    params: dict[str, Any] = Field(default_factory=dict)
+    shards: int = Field(default=4, ge=1, le=1024)
+    concurrency: int = Field(default=16, ge=1, le=100_000)
+    timeouts: TimeoutsSpec = Field(default_factory=lambda: TimeoutsSpec())
+    retry: RetrySpec = Field(default_factory=lambda: RetrySpec())
+    runs_dir: str = Field(default="runs", pattern=_NON_BLANK)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("params")
+    @classmethod
+    def _no_reserved_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """Keys the client sets itself would be silently overwritten (or break streaming)."""
+        clash = [name for name in _RESERVED_PARAMS if name in params]
+        if clash:
+            names = ", ".join(repr(name) for name in clash)
+            raise PydanticCustomError(
+                "params_reserved", "params must not set {got}", {"field": "", "got": names}
+            )
+        return params
+
+    @model_validator(mode="after")
+    def _messages_need_chat(self) -> JobSpec:
+        """Message lists only make sense for the chat API; completions takes a prompt string."""
+        if self.input.messages_field is not None and self.endpoint.api != "chat":
+            raise PydanticCustomError(
+                "messages_need_chat",
+                "input.messages_field needs endpoint.api 'chat'",
+                {
+                    "field": "input.messages_field",
+                    "other": "endpoint.api",
+                    "other_value": self.endpoint.api,
+                },
+            )
+        return self
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Every dotted key of the tree (sections and leaves) with its FieldInfo."""
+    out: dict[str, FieldInfo] = {}
+    for name, info in model.model_fields.items():
+        out[prefix + name] = info
+        if _section(info) is not None:
+            out.update(_fields(_section_model(info), prefix + name + "."))
+    return out
+
+
+def _section(info: FieldInfo) -> type[BaseModel] | None:
+    """The nested model of a section field, or None for a leaf."""
+    ann = info.annotation
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _section_model(info: FieldInfo) -> type[BaseModel]:
+    """The nested model of a field already known to be a section."""
+    model = _section(info)
+    assert model is not None
+    return model
+
+
+FIELDS: Mapping[str, FieldInfo] = MappingProxyType(_fields(JobSpec))
+SECTION_KEYS: frozenset[str] = frozenset(k for k, info in FIELDS.items() if _section(info))
+LEAF_KEYS: tuple[str, ...] = tuple(k for k, info in FIELDS.items() if _section(info) is None)
+
+
+def kind_of(key: str) -> Kind:
+    """How env/flag text for `key` is parsed; optional fields are parsed as what they hold."""
+    ann = FIELDS[key].annotation
+    if ann is int:
+        return "int"
+    if ann is float:
+        return "float"
+    if ann in (str, str | None) or get_origin(ann) is Literal:
+        return "str"
+    return "other"

@@ -1,0 +1,69 @@
+"""Process entry of a shard: `python -m shardrun._shard_main`, driven over stdin/stdout.
+
+Only the loop start and the pipe plumbing live here; the work is `shard.run_shard()`.
+SIGINT is ignored because Ctrl-C in a terminal reaches the whole process group, and the
+coordinator decides how a shard stops (it sends `stop`, then `abort`). When the coordinator dies,
+stdin reaches EOF and the shard stops by itself, so a killed coordinator leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import traceback
+from collections.abc import Coroutine
+from typing import Any
+
+from shardrun import protocol
+from shardrun.shard import ShardConfig, run_shard
+
+STDIN_LIMIT = 1 << 30  # a batch of long prompts is one line
+
+
+async def _main() -> int:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=STDIN_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
+
+    def send(message: protocol.Message) -> None:
+        if not transport.is_closing():
+            transport.write(protocol.encode(message))
+
+    async def receive() -> protocol.Message | None:
+        line = await reader.readline()
+        return protocol.decode(line) if line else None
+
+    first = await receive()
+    if first is None or first["t"] != protocol.CONFIG:
+        print("shard: expected a config message first", file=sys.stderr)
+        return 2
+    await run_shard(ShardConfig.from_message(first), receive, send)
+    # Let the transport drain the final `done` message before the process exits.
+    while transport.get_write_buffer_size():
+        await asyncio.sleep(0.01)
+    return 0
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run a coroutine on uvloop where it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return run_loop(_main())
+    except Exception:
+        # The coordinator reports the shard's death and points at this log.
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

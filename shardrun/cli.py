@@ -1,0 +1,94 @@
+"""The command line. It parses arguments and calls the library; nothing else lives here.
+
+Exit codes: 0 every item succeeded, 1 some failed (or the run could not go on), 2 usage or spec
+errors, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardrun import __version__
+from shardrun.errors import ShardrunError
+
+SUBCOMMANDS = ("run", "sim")
+
+
+def _env_help() -> str:
+    from shardrun.spec import ENV_VARS
+
+    width = max(len(var.name) for var in ENV_VARS)
+    rows = "\n".join(f"  {var.name:<{width}}  {var.help}" for var in ENV_VARS)
+    return (
+        "environment variables (precedence: flag > environment > job file > default):\n" + rows
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardrun",
+        description="Run bulk LLM generation across sharded worker processes.",
+        epilog="`shardrun JOB.yaml` is short for `shardrun run JOB.yaml`.\n\n" + _env_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"shardrun {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="run a job (the default command)",
+        description="Run a job file: every input item ends with one result or one dead letter.",
+        epilog=_env_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
+    run.add_argument("--shards", type=int, metavar="N", help="worker processes")
+    run.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
+    run.add_argument("--runs-dir", type=Path, metavar="DIR", help="where run directories go")
+    run.add_argument("--run-id", metavar="ID", help="name of the run directory (default: time)")
+    sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "sim":
+        from shardrun.sim import main as sim_main
+
+        return sim_main(args_list[1:])
+    if args_list and args_list[0] not in SUBCOMMANDS and args_list[0] not in (
+        "-h", "--help", "--version"
+    ):
+        args_list.insert(0, "run")
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return _run(args, args_list)
+    except ShardrunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from shardrun.runner import run
+    from shardrun.summary import format_summary
+
+    flags = {
+        "shards": args.shards,
+        "concurrency": args.concurrency,
+        "runs_dir": None if args.runs_dir is None else str(args.runs_dir),
+    }
+    summary = run(args.job, env=os.environ, flags=flags, run_id=args.run_id, argv=argv)
+    print(format_summary(summary))
+    if summary.fatal_reason:
+        print(f"error: {summary.fatal_reason}", file=sys.stderr)
+    return summary.exit_code

@@ -1,0 +1,165 @@
+"""The run directory and its manifest.
+
+`manifest.json` is written when a run starts (status `running`) and rewritten atomically when it
+ends, then listing every file the run wrote with its SHA-256 and size, so a figure computed
+from the run can name exactly the bytes it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from shardrun import __version__
+from shardrun.errors import SpecError
+
+if TYPE_CHECKING:
+    from shardrun.inputs import InputReader
+    from shardrun.spec import LoadedJob
+    from shardrun.summary import RunSummary
+
+MANIFEST_SCHEMA = 1
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run: `<runs_dir>/<run_id>/`."""
+
+    path: Path
+    run_id: str
+
+    @classmethod
+    def create(cls, runs_dir: Path, run_id: str) -> RunDir:
+        if not RUN_ID_PATTERN.match(run_id):
+            raise SpecError(
+                f"--run-id {run_id!r} is not a valid run id: use letters, digits, '.', '_' "
+                "and '-' (at most 128, starting with a letter or digit)"
+            )
+        path = runs_dir / run_id
+        if path.exists():
+            raise SpecError(f"run directory {path} already exists; choose another --run-id")
+        try:
+            for sub in ("events", "results", "dead", "logs"):
+                (path / sub).mkdir(parents=True)
+        except OSError as exc:
+            raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
+        return cls(path, run_id)
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def rejects_path(self) -> Path:
+        return self.path / "rejects.jsonl"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC time plus random hex."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """SHA-256 hex and size of a file, read in chunks."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a manifest."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def versions() -> dict[str, str]:
+    found = {"shardrun": __version__, "python": sys.version.split()[0]}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def start_manifest(job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str]) -> dict[str, Any]:
+    job_sha, job_size = file_digest(job.job_path)
+    manifest: dict[str, Any] = {
+        "schema": MANIFEST_SCHEMA,
+        "run_id": run_dir.run_id,
+        "status": "running",
+        "command": ["shardrun", *argv],
+        "job": {"path": str(job.job_path), "sha256": job_sha, "bytes": job_size},
+        "effective": job.effective(),
+        "endpoint_url": base_url,
+        "shards": job.spec.shards,
+        "versions": versions(),
+        "host": {"name": socket.gethostname(), "platform": platform.platform(),
+                 "cpus": os.cpu_count()},
+        "started_at": iso(time.time()),
+        "ended_at": None,
+        "resumes": [],
+    }
+    write_json_atomic(run_dir.manifest_path, manifest)
+    return manifest
+
+
+def finish_manifest(
+    manifest: dict[str, Any],
+    run_dir: RunDir,
+    status: str,
+    reader: InputReader,
+    summary: RunSummary | None,
+) -> None:
+    manifest["status"] = status
+    manifest["ended_at"] = iso(time.time())
+    manifest["input"] = {
+        "path": str(reader.path),
+        "lines_read": reader.lines_read,
+        "bytes_read": reader.bytes_read,
+        "sha256_of_bytes_read": reader.sha.hexdigest(),
+    }
+    if summary is not None:
+        manifest["summary"] = summary.as_dict()
+    manifest["files"] = list_files(run_dir.path)
+    write_json_atomic(run_dir.manifest_path, manifest)
+
+
+def list_files(root: Path) -> list[dict[str, Any]]:
+    files = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name != "manifest.json" and not path.name.endswith(".tmp"):
+            sha, size = file_digest(path)
+            files.append({"path": str(path.relative_to(root)), "sha256": sha, "bytes": size})
+    return files

@@ -1,0 +1,127 @@
+"""Which failed attempts are retried, how long to wait, and the per-shard retry budget.
+
+The wait comes from tenacity's `wait_random_exponential` (exponential backoff with full jitter),
+used as the small pure object it is: it only reads the attempt number. A server's Retry-After is
+a floor under that wait. The budget (Envoy/gRPC style) caps retries at
+`budget_ratio × first attempts + budget_floor`, so a failing endpoint is never hammered.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, cast
+
+import tenacity
+
+RETRYABLE_STATUSES = frozenset(
+    {
+        "http_429",
+        "http_5xx",
+        "timeout_connect",
+        "timeout_first_token",
+        "timeout_idle",
+        "timeout_total",
+        "conn_reset",
+        "protocol_error",
+    }
+)
+RETRYABLE_4XX = frozenset({408, 409})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Retry settings of a job (see the `retry:` section of the job file)."""
+
+    max_attempts: int = 4
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    budget_ratio: float = 0.2
+    budget_floor: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do after a failed attempt."""
+
+    retry: bool
+    wait: float = 0.0
+    why: str = ""  # "backoff" or "server" when retrying; the dead-letter reason otherwise
+
+
+class RetryBudget:
+    """Counts first attempts and retries of one shard; retries may not outgrow the ratio."""
+
+    __slots__ = ("first_attempts", "floor", "ratio", "retries")
+
+    def __init__(self, ratio: float, floor: int) -> None:
+        self.ratio = ratio
+        self.floor = floor
+        self.first_attempts = 0
+        self.retries = 0
+
+    def allows_retry(self) -> bool:
+        return self.retries < self.ratio * self.first_attempts + self.floor
+
+
+@dataclass(frozen=True, slots=True)
+class _AttemptState:
+    """The one field tenacity's wait strategies read from a RetryCallState."""
+
+    attempt_number: int
+
+
+class Retrier:
+    """Decides retries for one shard."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.budget = RetryBudget(policy.budget_ratio, policy.budget_floor)
+        self._wait = tenacity.wait_random_exponential(
+            multiplier=policy.backoff_s, max=policy.backoff_max_s
+        )
+
+    def backoff(self, attempt: int) -> float:
+        """Full-jitter exponential wait after failed attempt number `attempt`."""
+        state = cast(Any, _AttemptState(attempt))
+        return float(self._wait(state))
+
+    def decide(
+        self, status: str, http_status: int | None, retry_after: str | None, attempt: int
+    ) -> Decision:
+        """Retry or give up after a failed attempt; spends budget when retrying."""
+        if not is_retryable(status, http_status):
+            return Decision(False, why=f"not_retryable_{status}")
+        if attempt >= self.policy.max_attempts:
+            return Decision(False, why="max_attempts")
+        if not self.budget.allows_retry():
+            return Decision(False, why="retry_budget_exhausted")
+        self.budget.retries += 1
+        wait = self.backoff(attempt)
+        asked = parse_retry_after(retry_after)
+        if asked is not None and asked > wait:
+            return Decision(True, wait=asked, why="server")
+        return Decision(True, wait=wait, why="backoff")
+
+
+def is_retryable(status: str, http_status: int | None) -> bool:
+    if status == "http_4xx":
+        return http_status in RETRYABLE_4XX
+    return status in RETRYABLE_STATUSES
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

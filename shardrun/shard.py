@@ -1,0 +1,388 @@
+"""One shard: admits items under its cap, runs their attempts, writes events, results, dead letters.
+
+`run_shard()` holds all of a shard's work and takes its transport as two callables, so a test can
+run a shard in-process and a placement can run it anywhere. The process entry is
+`_shard_main.py`. Nothing here reads the job file or the input, or assumes the coordinator shares
+this filesystem: configuration and items arrive as messages (see `protocol.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardrun import __version__, events, protocol
+from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
+from shardrun.clock import Clock
+from shardrun.events import EventLog, JsonlWriter
+from shardrun.retry import Retrier, RetryPolicy
+from shardrun.spans import Span, dead_record, result_record
+
+Send = Callable[[protocol.Message], None]
+Receive = Callable[[], Awaitable[protocol.Message | None]]
+
+FLUSH_INTERVAL_S = 0.2
+TICK_S = 1.0
+# Connection failures, with no connection ever made, after which the endpoint counts as
+# unreachable and the shard stops sending requests (instead of retrying every item).
+UNREACHABLE_AFTER = 3
+UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig:
+    """Everything a shard needs, as sent in the `config` message."""
+
+    shard: int
+    run_id: str
+    out_dir: str
+    base_url: str
+    api: str
+    model: str
+    api_key: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 16
+    retry: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    grace_s: float = 30.0
+
+    @classmethod
+    def from_message(cls, message: protocol.Message) -> ShardConfig:
+        fields = {k: v for k, v in message.items() if k != "t"}
+        return cls(**fields)
+
+    def to_message(self) -> protocol.Message:
+        return {"t": protocol.CONFIG, **self.__dict__}
+
+
+@dataclass(slots=True)
+class Counters:
+    """Running totals reported to the coordinator."""
+
+    received: int = 0
+    ok: int = 0
+    dead: int = 0
+    attempts: int = 0
+    retries: int = 0
+    completion_tokens: int = 0
+    in_flight: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+class Shard:
+    """The state of one running shard."""
+
+    client: StreamingClient
+
+    def __init__(self, cfg: ShardConfig, send: Send, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.send = send
+        self.clock = clock or Clock()
+        self.counters = Counters()
+        self.retrier = Retrier(RetryPolicy(**cfg.retry))
+        self.queue: deque[Span] = deque()
+        self.sem = asyncio.Semaphore(cfg.concurrency)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.wakeup = asyncio.Event()
+        self.want_pending = False
+        self.input_ended = False
+        self.stopping = False
+        self.fatal_reason: str | None = None
+        self.ever_connected = False
+        self.connect_failures = 0
+        self.seq = 0
+        self.minute_tokens: dict[str, int] = {}
+        out = Path(cfg.out_dir)
+        name = f"shard-{cfg.shard:02d}.jsonl"
+        for sub in ("events", "results", "dead"):
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        self.log = EventLog(out / "events" / name, run_id=cfg.run_id, shard=cfg.shard)
+        self.results = JsonlWriter(out / "results" / name)
+        self.dead = JsonlWriter(out / "dead" / name)
+        base: dict[str, Any] = {"model": cfg.model, **cfg.params}
+        base["stream"] = True
+        base["stream_options"] = {"include_usage": True}
+        self.base_body = base
+
+    # -- messages from the coordinator ---------------------------------------------------------
+
+    def on_message(self, message: protocol.Message) -> None:
+        kind = message["t"]
+        if kind == protocol.ITEMS:
+            self.want_pending = False
+            for item in message["items"]:
+                self._enqueue(item)
+        elif kind == protocol.END:
+            self.want_pending = False
+            self.input_ended = True
+        elif kind == protocol.FATAL:
+            self._go_fatal(str(message.get("reason", "endpoint unusable")), tell=False)
+        elif kind in (protocol.STOP, protocol.ABORT):
+            self.stopping = True
+            if kind == protocol.ABORT:
+                for task in self.tasks:
+                    task.cancel()
+        self.wakeup.set()
+
+    def _enqueue(self, item: dict[str, Any]) -> None:
+        self.seq += 1
+        span = Span(f"{self.cfg.shard}-{self.seq}", item, self.clock.now())
+        self.counters.received += 1
+        prompt = item.get("prompt")
+        chars = len(prompt) if prompt is not None else sum(
+            len(str(m.get("content", ""))) for m in item.get("messages", ())
+        )
+        span.prompt_chars = chars
+        self.log.emit(events.QUEUED, t=span.queued_at, span=span.span_id, id=item["id"],
+                      prompt_chars=chars)
+        if self.fatal_reason is not None:
+            self._dead_letter(span, self.fatal_reason, admitted=False)
+        else:
+            self.queue.append(span)
+
+    def _request_more(self) -> None:
+        """Ask for work while the local queue is below the cap (one request outstanding)."""
+        if self.want_pending or self.input_ended or self.stopping:
+            return
+        cap = self.cfg.concurrency
+        if len(self.queue) < cap:
+            self.want_pending = True
+            self.send({"t": protocol.WANT, "n": 2 * cap - len(self.queue)})
+
+    # -- admission -----------------------------------------------------------------------------
+
+    async def dispatch(self) -> None:
+        """Admit queued spans whenever a slot is free, until the input ends or a stop."""
+        while not self.stopping:
+            self._request_more()
+            if not self.queue:
+                if self.input_ended:
+                    return
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            await self.sem.acquire()
+            if self.stopping or not self.queue:
+                self.sem.release()
+                continue
+            span = self.queue.popleft()
+            task = asyncio.create_task(self._run_span(span))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _run_span(self, span: Span) -> None:
+        span.admitted_at = self.clock.now()
+        self.counters.in_flight += 1
+        self.log.emit(events.ADMITTED, t=span.admitted_at, span=span.span_id, id=span.item_id)
+        try:
+            await self._attempts(span)
+        finally:
+            self.counters.in_flight -= 1
+            self.sem.release()
+
+    async def _attempts(self, span: Span) -> None:
+        body = dict(self.base_body)
+        item = span.item
+        if "messages" in item:
+            body["messages"] = item["messages"]
+        else:
+            body["prompt" if self.cfg.api == "completions" else "messages"] = (
+                item["prompt"] if self.cfg.api == "completions"
+                else [{"role": "user", "content": item["prompt"]}]
+            )
+        attempt = 0
+        while True:
+            attempt += 1
+            if self.fatal_reason is not None:
+                self._dead_letter(span, self.fatal_reason)
+                return
+            if attempt == 1:
+                self.retrier.budget.first_attempts += 1
+            outcome = await self._attempt(span, attempt, body)
+            if outcome.status == "ok":
+                self._succeed(span, outcome)
+                return
+            self._note_connect_failure(outcome)
+            decision = self.retrier.decide(
+                outcome.status, outcome.http_status, outcome.retry_after, attempt
+            )
+            span.history[-1]["wait"] = decision.wait if decision.retry else None
+            if not decision.retry or self.fatal_reason is not None:
+                reason = self.fatal_reason or f"{decision.why}: {outcome.error or outcome.status}"
+                self._dead_letter(span, reason)
+                return
+            self.counters.retries += 1
+            self.log.emit(events.RETRY, t=self.clock.now(), span=span.span_id, id=span.item_id,
+                          attempt=attempt, cause=outcome.status, wait=decision.wait,
+                          why=decision.why)
+            await asyncio.sleep(decision.wait)
+
+    async def _attempt(self, span: Span, attempt: int, body: dict[str, Any]) -> AttemptOutcome:
+        log, sid, iid = self.log, span.span_id, span.item_id
+        started = self.clock.now()
+        span.attempt_started_at = started
+        log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
+
+        def on_conn_ready(t: float, reused: bool) -> None:
+            # A pooled connection is ready the moment the attempt starts: t_conn is then 0.
+            span.conn_ready_at = started if reused else t
+            log.emit(events.CONN_READY, t=span.conn_ready_at, span=sid, id=iid,
+                     attempt=attempt, reused=reused)
+
+        def on_first_token(t: float) -> None:
+            log.emit(events.FIRST_TOKEN, t=t, span=sid, id=iid, attempt=attempt)
+
+        span.conn_ready_at = None
+        outcome = await self.client.attempt(body, on_conn_ready, on_first_token)
+        self.counters.attempts += 1
+        if outcome.last_token_at is not None:
+            log.emit(events.LAST_TOKEN, t=outcome.last_token_at, span=sid, id=iid,
+                     attempt=attempt, tokens=outcome.content_chunks)
+        log.emit(events.ATTEMPT_END, t=outcome.ended_at, span=sid, id=iid, attempt=attempt,
+                 status=outcome.status, http=outcome.http_status, retry_after=outcome.retry_after,
+                 prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+                 usage_estimated=outcome.usage_estimated, wasted_tokens=outcome.wasted_tokens,
+                 reused=outcome.conn_reused, error=outcome.error,
+                 itl_hist=outcome.itl.to_json() if outcome.status == "ok" else None)
+        span.history.append({"attempt": attempt, "status": outcome.status,
+                             "http": outcome.http_status, "error": outcome.error,
+                             "started_at": started, "ended_at": outcome.ended_at})
+        if outcome.conn_ready_at is not None and span.conn_ready_at is None:
+            span.conn_ready_at = started if outcome.conn_reused else outcome.conn_ready_at
+        return outcome
+
+    def _note_connect_failure(self, outcome: AttemptOutcome) -> None:
+        if self.ever_connected or outcome.conn_ready_at is not None:
+            self.ever_connected = True
+            return
+        if outcome.status in UNREACHABLE_STATUSES:
+            self.connect_failures += 1
+            if self.connect_failures >= UNREACHABLE_AFTER:
+                self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}")
+
+    def _go_fatal(self, reason: str, *, tell: bool = True) -> None:
+        """Stop sending requests: dead-letter what is queued, and all that still arrives."""
+        if self.fatal_reason is not None:
+            return
+        self.fatal_reason = reason
+        if tell:
+            self.send({"t": protocol.FATAL, "reason": reason})
+        while self.queue:
+            self._dead_letter(self.queue.popleft(), reason, admitted=False)
+
+    # -- endings -------------------------------------------------------------------------------
+
+    def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
+        self.ever_connected = True
+        released_at = self.clock.now()
+        record = result_record(span, outcome, self.cfg.shard, released_at)
+        self.results.write(record)
+        self.counters.ok += 1
+        self.counters.completion_tokens += outcome.completion_tokens
+        minute = str(int(record["last_token_at"] // 60))
+        self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens
+        self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
+                      outcome="ok", reason=None)
+
+    def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
+        released_at = self.clock.now()
+        self.dead.write(dead_record(span, reason, self.cfg.shard))
+        self.counters.dead += 1
+        if not admitted:
+            # Never admitted: record the admission at release so the step function stays exact.
+            self.log.emit(events.ADMITTED, t=released_at, span=span.span_id, id=span.item_id)
+        self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
+                      outcome="dead", reason=reason)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    async def ticker(self) -> None:
+        """Flush often; once a second sample loop lag, checkpoint, fsync and report progress."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + TICK_S
+        while True:
+            expected = loop.time() + FLUSH_INTERVAL_S
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            lag = max(0.0, loop.time() - expected)
+            self.log.flush()
+            self.results.flush()
+            self.dead.flush()
+            self.send({"t": protocol.PROGRESS, "queued": len(self.queue),
+                       **self.counters.as_dict()})
+            if loop.time() >= next_tick:
+                next_tick += TICK_S
+                now = self.clock.now()
+                self.log.emit(events.LOOP_LAG, t=now, lag=lag)
+                self.log.checkpoint(now)
+                self.results.sync()
+                self.dead.sync()
+
+    def close(self) -> None:
+        self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())
+        self.log.checkpoint(self.clock.now())
+        self.log.close()
+        self.results.close()
+        self.dead.close()
+
+
+async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:
+    """Run one shard until its input ends (or a stop), then flush and report `done`."""
+    shard = Shard(cfg, send)
+    shard.log.emit(events.SHARD_START, t=shard.clock.now(), cap=cfg.concurrency, pid=os.getpid(),
+                   version=__version__, host=socket.gethostname())
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    timeouts = Timeouts(**cfg.timeouts)
+    async with make_session(cfg.concurrency, timeouts) as session:
+        shard.client = StreamingClient(
+            session, cfg.base_url, cfg.api, headers, timeouts, shard.clock  # type: ignore[arg-type]
+        )
+        reader = asyncio.create_task(_pump(receive, shard))
+        ticker = asyncio.create_task(shard.ticker())
+        try:
+            await shard.dispatch()
+            await _drain(shard)
+        finally:
+            for task in (reader, ticker):
+                task.cancel()
+            for task in list(shard.tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(reader, ticker, *shard.tasks, return_exceptions=True)
+            shard.close()
+    send({"t": protocol.DONE, "queued": len(shard.queue), "minutes": shard.minute_tokens,
+          **shard.counters.as_dict()})
+    return shard.counters
+
+
+async def _pump(receive: Receive, shard: Shard) -> None:
+    """Feed coordinator messages to the shard; EOF (the coordinator died) means stop."""
+    while True:
+        message = await receive()
+        if message is None:
+            shard.on_message({"t": protocol.STOP})
+            return
+        shard.on_message(message)
+
+
+async def _drain(shard: Shard) -> None:
+    """Let in-flight spans finish; once a stop arrives, only for the grace period."""
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    while shard.tasks:
+        if shard.stopping and deadline is None:
+            deadline = loop.time() + shard.cfg.grace_s
+        timeout = 0.25 if deadline is None else min(0.25, deadline - loop.time())
+        if timeout <= 0:
+            for task in shard.tasks:
+                task.cancel()
+            return
+        await asyncio.wait(list(shard.tasks), timeout=timeout)

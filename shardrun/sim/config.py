@@ -1,0 +1,274 @@
+"""The simulated model without I/O: its knobs (`SimConfig`) and what it answers (`make_plan`).
+
+`SimConfig` is frozen and validated once, so the server's hot path never re-checks it. It
+travels three ways: built in code (tests, benchmarks), from a job file's mapping
+(`from_mapping`), and as command-line flags (`to_args`) for the launcher's separate process.
+`make_plan` turns a request body into its whole answer up front; the answer depends only on
+the seed and the prompt or messages, never on arrival order, so reruns compare equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+#: Hard ceiling on a sampled output length, so a wide lognormal cannot ask for a million tokens.
+MAX_SAMPLED_TOKENS = 65536
+
+TokenKind = Literal["fixed", "uniform", "lognormal"]
+Kind = Literal["chat", "completions"]
+
+#: 256 distinct three-letter words; byte i of a per-request random string picks word i.
+_C, _V = "bdfgklmnprstvz", "aeiou"
+WORDS: tuple[bytes, ...] = tuple(f" {a}{v}{b}".encode() for a in _C for v in _V for b in _C)[:256]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSpec:
+    """A parsed output-length distribution; `sample` draws from a per-request generator."""
+
+    kind: TokenKind
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: random.Random) -> int:
+        """Draw one output length (at least 1, at most MAX_SAMPLED_TOKENS)."""
+        if self.kind == "fixed":
+            n = int(self.a)
+        elif self.kind == "uniform":
+            n = rng.randint(int(self.a), int(self.b))
+        else:
+            n = round(rng.lognormvariate(math.log(self.a), self.b))
+        return max(1, min(n, MAX_SAMPLED_TOKENS))
+
+
+def _number(text: str, what: str, spec: str) -> float:
+    """Parse one number of a distribution string, naming the spec when it is not a number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"tokens: {what} in {spec!r} is not a number.") from None
+    if not math.isfinite(value):
+        raise ValueError(f"tokens: {what} in {spec!r} must be finite.")
+    return value
+
+
+def _integer(text: str, what: str, spec: str) -> int:
+    """Parse a positive whole number of a distribution string."""
+    value = _number(text, what, spec)
+    if value != int(value) or value < 1:
+        raise ValueError(f"tokens: {what} in {spec!r} must be a whole number of at least 1.")
+    return int(value)
+
+
+def parse_tokens(spec: str) -> TokenSpec:
+    """Parse "64", "uniform:LO:HI" or "lognormal:MEDIAN:SIGMA" into a TokenSpec.
+
+    Raises ValueError with one sentence naming the `tokens` field, so a job-file typo reads as a
+    configuration error rather than a crash inside a request handler.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"tokens must be a string such as '64' or 'uniform:16:96', not {spec!r}.")
+    parts = spec.strip().split(":")
+    if len(parts) == 1:
+        return TokenSpec("fixed", _integer(parts[0], "the length", spec))
+    if parts[0] == "uniform" and len(parts) == 3:
+        lo = _integer(parts[1], "LO", spec)
+        hi = _integer(parts[2], "HI", spec)
+        if lo > hi:
+            raise ValueError(f"tokens: LO must not exceed HI in {spec!r}.")
+        return TokenSpec("uniform", lo, hi)
+    if parts[0] == "lognormal" and len(parts) == 3:
+        median = _number(parts[1], "MEDIAN", spec)
+        sigma = _number(parts[2], "SIGMA", spec)
+        if median <= 0 or sigma < 0:
+            raise ValueError(f"tokens: MEDIAN must be > 0 and SIGMA >= 0 in {spec!r}.")
+        return TokenSpec("lognormal", median, sigma)
+    raise ValueError(
+        f"tokens must be an integer, 'uniform:LO:HI' or 'lognormal:MEDIAN:SIGMA', not {spec!r}."
+    )
+
+
+_FLOATS = ("ttft_ms", "itl_ms", "flush_ms")
+_INTS = ("capacity", "seed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """How the simulated model behaves: latency, output length, capacity and seed."""
+
+    ttft_ms: float = 100.0
+    itl_ms: float = 2.0
+    tokens: str = "uniform:16:96"
+    capacity: int = 0
+    seed: int = 0
+    flush_ms: float = 20.0
+
+    def __post_init__(self) -> None:
+        """Reject bad values at construction, naming the field in one sentence."""
+        for name in _FLOATS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, not {value!r}.")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}.")
+        for name in _INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, not {value!r}.")
+            if not 0 <= value < 2**63:
+                raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
+        parse_tokens(self.tokens)
+
+    @functools.cached_property
+    def token_spec(self) -> TokenSpec:
+        """The parsed `tokens` distribution (parsed once, not per request)."""
+        return parse_tokens(self.tokens)
+
+    def to_args(self) -> list[str]:
+        """Command-line flags that make `python -m shardrun.sim` run this configuration."""
+        return [
+            "--ttft-ms", repr(float(self.ttft_ms)),
+            "--itl-ms", repr(float(self.itl_ms)),
+            "--tokens", self.tokens,
+            "--capacity", str(self.capacity),
+            "--seed", str(self.seed),
+            "--flush-ms", repr(float(self.flush_ms)),
+        ]  # fmt: skip
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, object]) -> SimConfig:
+        """Build from a job file's `sim:` mapping; unknown keys are an error, not ignored.
+
+        Whole-number floats (``seed: 3.0``) and numeric strings from environment variables are
+        accepted; anything else is left to `__post_init__` to reject with its own message.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, object] = {}
+        for key, value in d.items():
+            if key not in known:
+                raise ValueError(f"unknown simulator setting {key!r}; known: {sorted(known)}.")
+            kwargs[key] = _coerce(key, value)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def _coerce(key: str, value: object) -> object:
+    """Turn numeric strings and whole floats into the field's type; leave the rest alone."""
+    if isinstance(value, bool):
+        return value
+    try:
+        if key in _FLOATS and isinstance(value, str | int):
+            return float(value)
+        if key in _INTS and isinstance(value, str):
+            return int(value.strip())
+        if key in _INTS and isinstance(value, float) and value.is_integer():
+            return int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be a number, not {value!r}.") from None
+    return value
+
+
+class BadRequest(Exception):
+    """The body cannot be served; becomes a 400 with an OpenAI-style error object."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything a request will produce, decided up front from (seed, content)."""
+
+    kind: Kind
+    model: str
+    stream: bool
+    include_usage: bool
+    words: bytes  # one byte per output token, indexing WORDS
+    finish: str
+    prompt_tokens: int
+
+
+def _opt_int(body: dict[str, Any], key: str) -> int | None:
+    """A positive integer field or None, else BadRequest naming it."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"'{key}' must be an integer >= 1, not {value!r}.", key)
+    return value
+
+
+def _chat_text_len(messages: object) -> int:
+    """Total characters of the messages' text; rejects shapes no OpenAI server accepts."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list.", "messages")
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("each message must be an object with a string 'role'.", "messages")
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            texts = (p.get("text") for p in content if isinstance(p, dict))
+            total += sum(len(t) for t in texts if isinstance(t, str))
+        elif content is not None:
+            raise BadRequest("message 'content' must be a string or a list.", "messages")
+    return total
+
+
+def _prompt_len(prompt: object) -> int:
+    """Characters (or token ids) in a completions prompt."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return sum(len(p) for p in prompt)
+        if all(isinstance(p, int) for p in prompt):
+            return 4 * len(prompt)
+    raise BadRequest("'prompt' must be a string or a non-empty list of strings.", "prompt")
+
+
+def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
+    """Validate a request body and decide its output (pure: same inputs, same plan)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("the request body is not valid JSON.", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object.", None, "invalid_json")
+    key = "messages" if kind == "chat" else "prompt"
+    if key not in body:
+        raise BadRequest(f"'{key}' is required.", key, "missing_required_parameter")
+    content = body[key]
+    chars = _chat_text_len(content) if kind == "chat" else _prompt_len(content)
+    model = body.get("model", "sim")
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string.", "model")
+    stream = body.get("stream") or False
+    opts = body.get("stream_options") or {}
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean.", "stream")
+    if not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object.", "stream_options")
+    cap = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
+    digest = hashlib.blake2b(
+        orjson.dumps(content, option=orjson.OPT_SORT_KEYS),
+        digest_size=16,
+        key=cfg.seed.to_bytes(8, "little"),
+    ).digest()
+    rng = random.Random(int.from_bytes(digest, "little"))
+    n = cfg.token_spec.sample(rng)
+    finish = "length" if cap is not None and n >= cap else "stop"
+    words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
+    return Plan(kind, model, stream, opts.get("include_usage") is True, words, finish,
+                max(1, (chars + 3) // 4))  # fmt: skip

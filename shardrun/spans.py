@@ -1,0 +1,107 @@
+"""A span's timestamps, and the pure functions that turn them into result and dead-letter lines.
+
+The six time buckets (DESIGN §3) are differences of consecutive timestamps of the final attempt,
+so they telescope: their sum is `released_at - queued_at` up to float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardrun.client import AttemptOutcome
+
+BUCKETS = ("t_queue", "t_retry", "t_conn", "t_first_token", "t_stream", "t_post")
+
+
+@dataclass(slots=True)
+class Span:
+    """One item's life inside a shard."""
+
+    span_id: str
+    item: dict[str, Any]
+    queued_at: float
+    prompt_chars: int = 0
+    admitted_at: float | None = None
+    attempt_started_at: float | None = None
+    conn_ready_at: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def item_id(self) -> str:
+        return str(self.item["id"])
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The seven instants that delimit the six buckets of a successful span."""
+
+    queued: float
+    admitted: float
+    attempt_start: float
+    conn_ready: float
+    first_token: float
+    last_token: float
+    released: float
+
+
+def buckets(tl: Timeline) -> dict[str, float]:
+    """The six time buckets of DESIGN §3, in seconds."""
+    return {
+        "t_queue": tl.admitted - tl.queued,
+        "t_retry": tl.attempt_start - tl.admitted,
+        "t_conn": tl.conn_ready - tl.attempt_start,
+        "t_first_token": tl.first_token - tl.conn_ready,
+        "t_stream": tl.last_token - tl.first_token,
+        "t_post": tl.released - tl.last_token,
+    }
+
+
+def timeline(span: Span, outcome: AttemptOutcome, released_at: float) -> Timeline:
+    """The final attempt's instants; a response with no content token has t_stream = 0."""
+    assert span.admitted_at is not None and span.attempt_started_at is not None
+    start = span.attempt_started_at
+    conn = span.conn_ready_at if span.conn_ready_at is not None else start
+    last = outcome.last_token_at if outcome.last_token_at is not None else outcome.ended_at
+    first = outcome.first_token_at if outcome.first_token_at is not None else last
+    return Timeline(span.queued_at, span.admitted_at, start, conn, first, last, released_at)
+
+
+def result_record(
+    span: Span, outcome: AttemptOutcome, shard: int, released_at: float
+) -> dict[str, Any]:
+    """The results/shard-NN.jsonl line of a successful span."""
+    tl = timeline(span, outcome, released_at)
+    return {
+        "id": span.item_id,
+        "output": outcome.text,
+        "finish_reason": outcome.finish_reason,
+        "usage": {
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "estimated": outcome.usage_estimated,
+        },
+        "attempts": len(span.history),
+        "shard": shard,
+        "span": span.span_id,
+        "prompt_chars": span.prompt_chars,
+        "queued_at": tl.queued,
+        "first_token_at": tl.first_token,
+        "last_token_at": tl.last_token,
+        "released_at": tl.released,
+        "e2e": tl.released - tl.queued,
+        "ttft": tl.first_token - tl.queued,
+        "buckets": buckets(tl),
+    }
+
+
+def dead_record(span: Span, reason: str, shard: int) -> dict[str, Any]:
+    """The dead/shard-NN.jsonl line of a span that ended without a result."""
+    return {
+        "id": span.item_id,
+        "reason": reason,
+        "shard": shard,
+        "span": span.span_id,
+        "attempts": span.history,
+    }

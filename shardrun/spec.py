@@ -1,0 +1,284 @@
+"""The job specification: job file + environment + flags -> one frozen, validated `LoadedJob`.
+
+Precedence is flag > environment > job file > default (DESIGN §6-7), and `LoadedJob.sources`
+records which layer won for every leaf key, so the run manifest can say *why* a run used 8
+shards. The job file is validated strictly, env and flag text is converted per field first
+(`_env`), and every problem becomes one `SpecError` sentence naming its source (`_blame`).
+
+    JobSpec tree and defaults ... `_models`     YAML reading ........ `_jobfile`
+    env table, flag names ....... `_env`        error sentences ..... `_blame`
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+
+from shardrun._blame import Blame, Problem, render, translate, unknown_key_problem
+from shardrun._env import ENV_VARS, EnvVar, coerce_flag, env_values, flag_for, parse_text
+from shardrun._env import unknown_env_warnings as _unknown_env_warnings
+from shardrun._jobfile import read_job_file
+from shardrun._models import (
+    FIELDS,
+    LEAF_KEYS,
+    SECTION_KEYS,
+    EndpointSpec,
+    InputSpec,
+    JobSpec,
+    RetrySpec,
+    TimeoutsSpec,
+    kind_of,
+)
+from shardrun.errors import SpecError
+
+__all__ = [
+    "ENV_VARS",
+    "LEAF_KEYS",
+    "EndpointSpec",
+    "EnvVar",
+    "InputSpec",
+    "JobSpec",
+    "LoadedJob",
+    "RetrySpec",
+    "TimeoutsSpec",
+    "flag_for",
+    "load_job",
+]
+
+_MISSING = object()
+_BOOL_KEY_HINT = "YAML reads unquoted yes/no/on/off as true/false; quote the key"
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A validated job plus where it lives and where each effective value came from."""
+
+    spec: JobSpec
+    job_path: Path
+    input_path: Path
+    sources: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
+    origin: str = ""
+    """The job file path as the user gave it, for messages that should match their command."""
+
+    @property
+    def runs_path(self) -> Path:
+        """`runs_dir` as a Path; a relative one is relative to the working directory."""
+        return Path(self.spec.runs_dir).expanduser()
+
+    def effective(self) -> dict[str, dict[str, object]]:
+        """Every leaf's value and source, for the manifest. Holds no secret: the API key is
+        never read here, only the *name* of its variable, and URL passwords are masked."""
+        out: dict[str, dict[str, object]] = {}
+        for key in LEAF_KEYS:
+            value = copy.deepcopy(_leaf(self.spec, key))
+            if key == "endpoint.base_url":
+                value = _mask_url_password(str(value))
+            out[key] = {"value": value, "source": self.sources[key]}
+        return out
+
+    def api_key(self, env: Mapping[str, str]) -> str | None:
+        """The API key from the variable the job names, or None when it names none.
+
+        Naming a variable that is unset is an error rather than an anonymous request: the
+        endpoint's 401 would arrive once per item instead of once, up front.
+        """
+        name = self.spec.endpoint.api_key_env
+        if name is None:
+            return None
+        value = env.get(name, "").strip()
+        if value:
+            return value
+        source = self.sources.get("endpoint.api_key_env", "job file")
+        where = "" if source == "job file" else f" (api_key_env comes from {source})"
+        raise SpecError(
+            f"{self.origin or self.job_path}: the job names api_key_env {name} but that"
+            f" environment variable is not set; export it or remove api_key_env{where}"
+        )
+
+
+def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object]) -> LoadedJob:
+    """Read, layer and validate a job; raise one SpecError listing everything that is wrong."""
+    origin = str(path)
+    problems: list[Problem] = []
+    raw = _drop_unknown_keys(read_job_file(path, origin), origin, problems)
+    given_flags = _given_flags(flags)
+    set_env = env_values(env)
+    sources = _sources(raw, set_env, given_flags)
+    shown = {k: text for k, (_, text) in set_env.items() if k not in given_flags}
+    shown.update({k: v for k, v in given_flags.items() if isinstance(v, str)})
+    blame = Blame(origin, sources, shown, FIELDS)
+    merged = _merge(raw, _overrides(set_env, given_flags))
+    spec = _validate(merged, blame, problems)
+    return _loaded(spec, path, origin, _settle_sources(spec, raw, sources), env)
+
+
+def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> JobSpec:
+    """Validate the layered tree; raise every problem found so far as one sentence."""
+    try:
+        spec = JobSpec.model_validate(merged)
+    except ValidationError as exc:
+        problems.extend(translate(exc.errors(include_url=False), blame))
+    if problems:
+        raise SpecError(render(problems))
+    return spec
+
+
+def _loaded(
+    spec: JobSpec, path: Path, origin: str, sources: dict[str, str], env: Mapping[str, str]
+) -> LoadedJob:
+    """Resolve paths: the input relative to the job file (it ships with it) unless a flag
+    gave it, in which case relative to where the user typed the command."""
+    job_dir = Path(os.path.abspath(path)).parent
+    base = Path.cwd() if sources["input.path"].startswith("flag ") else job_dir
+    input_path = (base / Path(spec.input.path).expanduser()).resolve()
+    return LoadedJob(
+        spec=spec,
+        job_path=path.resolve(),
+        input_path=input_path,
+        sources=MappingProxyType(sources),
+        warnings=_unknown_env_warnings(env),
+        origin=origin,
+    )
+
+
+def _given_flags(flags: Mapping[str, object]) -> dict[str, object]:
+    """Flags actually given (None means absent). An unknown key is a bug in the caller."""
+    unknown = sorted(k for k, v in flags.items() if v is not None and k not in LEAF_KEYS)
+    if unknown:
+        raise ValueError(f"load_job: unknown flag keys {unknown}; expected some of {LEAF_KEYS}")
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def _overrides(
+    set_env: Mapping[str, tuple[EnvVar, str]], flags: Mapping[str, object]
+) -> dict[str, object]:
+    """Env then flag values by dotted key, converted to each field's type where they parse.
+
+    Text that does not parse is kept as text: the strict model then rejects it, and the
+    error is blamed on the variable or flag that supplied it.
+    """
+    out: dict[str, object] = {}
+    for key, (_, text) in set_env.items():
+        out[key] = _parse_or_keep(text, key)
+    for key, value in flags.items():
+        try:
+            out[key] = coerce_flag(value, kind_of(key))
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _parse_or_keep(text: str, key: str) -> object:
+    """`parse_text`, falling back to the original text (see `_overrides`)."""
+    try:
+        return parse_text(text, kind_of(key))
+    except ValueError:
+        return text
+
+
+def _merge(raw: dict[str, Any], overrides: Mapping[str, object]) -> dict[str, Any]:
+    """The job file's tree with overrides written into it. A section that is not a mapping
+    is left alone: validation reports it against the file."""
+    merged = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        *sections, leaf = key.split(".")
+        node: Any = merged
+        for name in sections:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[leaf] = value
+    return merged
+
+
+def _sources(
+    raw: Mapping[str, Any], set_env: Mapping[str, tuple[EnvVar, str]], flags: Mapping[str, object]
+) -> dict[str, str]:
+    """Which layer supplies each leaf, before validation (so errors can be blamed)."""
+    sources = {}
+    for key in LEAF_KEYS:
+        if key in flags:
+            sources[key] = f"flag {flag_for(key)}"
+        elif key in set_env:
+            sources[key] = f"env {set_env[key][0].name}"
+        elif _get(raw, key) is not _MISSING:
+            sources[key] = "job file"
+        else:
+            sources[key] = "default"
+    return sources
+
+
+def _settle_sources(
+    spec: JobSpec, raw: Mapping[str, Any], sources: dict[str, str]
+) -> dict[str, str]:
+    """A file value the model replaced (`prompt_field: null` -> "prompt") is a default."""
+    for key, source in sources.items():
+        if source == "job file" and _get(raw, key) != _leaf(spec, key):
+            sources[key] = "default"
+    return sources
+
+
+def _drop_unknown_keys(raw: dict[Any, Any], origin: str, problems: list[Problem]) -> dict[str, Any]:
+    """Report keys the model does not know, with a suggestion, and leave them out."""
+    cleaned: dict[str, Any] = {}
+    for name, value in raw.items():
+        if isinstance(name, bool):
+            problems.append((origin, f"unknown key {name} ({_BOOL_KEY_HINT})"))
+        elif not isinstance(name, str) or name not in JobSpec.model_fields:
+            problems.append(unknown_key_problem(origin, str(name), list(FIELDS)))
+        elif isinstance(value, dict) and name in SECTION_KEYS:
+            cleaned[name] = _drop_unknown_in_section(name, value, origin, problems)
+        else:
+            cleaned[name] = value
+    return cleaned
+
+
+def _drop_unknown_in_section(
+    section: str, value: dict[Any, Any], origin: str, problems: list[Problem]
+) -> dict[str, Any]:
+    """`_drop_unknown_keys` one level down, reporting keys as `section.key`."""
+    cleaned: dict[str, Any] = {}
+    for name, item in value.items():
+        key = f"{section}.{name}"
+        if isinstance(name, str) and key in FIELDS:
+            cleaned[name] = item
+        else:
+            problems.append(unknown_key_problem(origin, key, list(FIELDS)))
+    return cleaned
+
+
+def _get(tree: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted `key` in a raw tree, or _MISSING."""
+    node: Any = tree
+    for name in key.split("."):
+        if not isinstance(node, Mapping) or name not in node:
+            return _MISSING
+        node = node[name]
+    return node
+
+
+def _leaf(spec: JobSpec, key: str) -> object:
+    """The validated value at dotted `key`."""
+    node: object = spec
+    for name in key.split("."):
+        node = getattr(node, name)
+    return node
+
+
+def _mask_url_password(url: str) -> str:
+    """`https://user:pw@host/v1` -> `https://user:***@host/v1`; anything else unchanged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,94 @@
+"""Incremental Server-Sent Events decoder: bytes in, `data` payloads out. Pure, no I/O.
+
+It runs on every network read of every response, so it works on whole reads with
+`bytes.find`/`replace`/`split` (C loops) and touches each *line* in Python, never each byte.
+
+Why it splits on bytes and decodes complete lines only: a network read can end in the middle of a
+multi-byte UTF-8 character ("🙂" is 4 bytes); decoding per read would corrupt it. A complete line
+always holds complete characters.
+
+Line endings follow the SSE spec (LF, CRLF or a lone CR). A CR that ends one read may be the first
+half of a CRLF whose LF starts the next read; the decoder remembers that and drops the LF, so the
+split never produces a phantom blank line (which would end an event early).
+
+Deviation from the spec, on purpose: `close()` dispatches a final event that lacks its terminating
+blank line (the spec discards it). Some servers end the stream with `data: [DONE]\\n` only; being
+lenient there costs nothing and avoids reporting a good response as broken.
+"""
+
+_BOM = b"\xef\xbb\xbf"
+_LF = 0x0A
+_CR = 0x0D
+_COLON = 0x3A
+
+
+class SSEDecoder:
+    """Feed it reads as they arrive; it returns the payload of every event each read completes.
+
+    Multiple `data:` lines of one event are joined with "\\n". Comments (lines starting with ':'),
+    keep-alives and the fields `event:`, `id:`, `retry:` are ignored: the OpenAI streaming format
+    carries everything in `data`.
+    """
+
+    __slots__ = ("_data", "_parts", "_skip_lf", "_started")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []  # the unterminated last line, as received
+        self._data: list[str] = []  # data lines of the event being assembled
+        self._skip_lf = False  # the previous read ended with CR: drop one LF at the next start
+        self._started = False  # the first line (which may carry a BOM) has been seen
+
+    def feed(self, data: bytes) -> list[str]:
+        """Consume one read; return the payloads of the events it completed (often none)."""
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data[0] == _LF:
+                data = data[1:]
+        if not data:
+            return []
+        if data.find(b"\n") < 0 and data.find(b"\r") < 0:
+            self._parts.append(data)  # no line ends here: just keep it, no copying
+            return []
+        if self._parts:
+            self._parts.append(data)
+            data = b"".join(self._parts)
+            self._parts.clear()
+        if data.find(b"\r") >= 0:
+            self._skip_lf = data[-1] == _CR
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        if rest:
+            self._parts.append(rest)
+        return self._take_lines(lines)
+
+    def close(self) -> list[str]:
+        """End of stream: treat any unterminated line and event as complete and return them."""
+        lines = [b"".join(self._parts)] if self._parts else []
+        self._parts.clear()
+        self._skip_lf = False
+        lines.append(b"")
+        return self._take_lines(lines)
+
+    def _take_lines(self, lines: list[bytes]) -> list[str]:
+        """Interpret complete lines; a blank line dispatches the event assembled so far."""
+        if not self._started and lines:
+            self._started = True
+            if lines[0].startswith(_BOM):
+                lines[0] = lines[0][3:]
+        out: list[str] = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    out.append(data[0] if len(data) == 1 else "\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data"):
+                if len(line) == 4:  # "data" with no colon: a data line with an empty value
+                    data.append("")
+                elif line[4] == _COLON:
+                    start = 6 if line[5:6] == b" " else 5
+                    data.append(line[start:].decode("utf-8", "replace"))
+                # else: a field such as "dataset:" that merely starts with "data": ignored
+            # comments (":..."), event/id/retry and unknown fields: ignored
+        return out

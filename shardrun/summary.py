@@ -1,0 +1,146 @@
+"""The short summary printed at the end of a run, built from the shards' final reports."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    """What a run did, in the numbers an operator asks for first."""
+
+    run_dir: Path
+    items: int
+    succeeded: int
+    dead: int
+    rejects: int
+    completion_tokens: int
+    attempts: int
+    retries: int
+    wall_s: float
+    started_at: float
+    ended_at: float
+    minute_tokens: dict[int, int] = field(default_factory=dict)
+    per_shard: list[dict[str, int]] = field(default_factory=list)
+    interrupted: bool = False
+    fatal_reason: str | None = None
+
+    @classmethod
+    def from_shard_reports(
+        cls,
+        *,
+        run_dir: Path,
+        reports: Sequence[dict[str, Any]],
+        rejects: int,
+        started_at: float,
+        ended_at: float,
+        interrupted: bool,
+        fatal_reason: str | None,
+    ) -> RunSummary:
+        minutes: Counter[int] = Counter()
+        for report in reports:
+            minutes.update({int(k): v for k, v in report.get("minutes", {}).items()})
+        total = {k: sum(int(r.get(k, 0)) for r in reports)
+                 for k in ("ok", "dead", "completion_tokens", "attempts", "retries", "received")}
+        return cls(
+            run_dir=run_dir,
+            items=total["received"] + rejects,
+            succeeded=total["ok"],
+            dead=total["dead"],
+            rejects=rejects,
+            completion_tokens=total["completion_tokens"],
+            attempts=total["attempts"],
+            retries=total["retries"],
+            wall_s=ended_at - started_at,
+            started_at=started_at,
+            ended_at=ended_at,
+            minute_tokens=dict(minutes),
+            per_shard=[{"shard": i, "ok": int(r.get("ok", 0)), "dead": int(r.get("dead", 0))}
+                       for i, r in enumerate(reports)],
+            interrupted=interrupted,
+            fatal_reason=fatal_reason,
+        )
+
+    @property
+    def failed(self) -> int:
+        return self.dead + self.rejects
+
+    @property
+    def unfinished(self) -> int:
+        return self.items - self.succeeded - self.failed
+
+    @property
+    def tpm(self) -> float:
+        """Completion tokens per minute over the whole run's wall time."""
+        return self.completion_tokens / self.wall_s * 60 if self.wall_s > 0 else 0.0
+
+    @property
+    def peak_full_minute(self) -> tuple[int, int] | None:
+        """(minute, tokens) of the best UTC minute lying wholly inside the run, if any."""
+        full = {m: t for m, t in self.minute_tokens.items()
+                if m * 60 >= self.started_at and (m + 1) * 60 <= self.ended_at}
+        if not full:
+            return None
+        best = max(full, key=lambda m: full[m])
+        return best, full[best]
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        return "succeeded" if self.failed == 0 and self.unfinished == 0 else "failed"
+
+    @property
+    def exit_code(self) -> int:
+        return {"interrupted": 130, "succeeded": 0}.get(self.status, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        peak = self.peak_full_minute
+        return {
+            "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
+            "rejects": self.rejects, "unfinished": self.unfinished,
+            "completion_tokens": self.completion_tokens, "attempts": self.attempts,
+            "retries": self.retries, "wall_s": round(self.wall_s, 3),
+            "completion_tpm_run": round(self.tpm, 1),
+            "peak_full_minute": None if peak is None else {"minute": _minute(peak[0]),
+                                                            "completion_tokens": peak[1]},
+            "per_shard": self.per_shard, "status": self.status,
+            "fatal_reason": self.fatal_reason,
+        }
+
+
+def _minute(m: int) -> str:
+    return datetime.fromtimestamp(m * 60, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def format_summary(s: RunSummary) -> str:
+    """The end-of-run block printed to the terminal."""
+    lines = [
+        f"run {s.status}: {s.run_dir}",
+        f"  items              {s.items:,}",
+        f"  succeeded          {s.succeeded:,}",
+        f"  failed             {s.failed:,}"
+        + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
+    ]
+    if s.unfinished:
+        lines.append(f"  not finished       {s.unfinished:,}")
+    lines += [
+        f"  completion tokens  {s.completion_tokens:,}",
+        f"  attempts           {s.attempts:,} ({s.retries:,} retries)",
+        f"  wall time          {s.wall_s:,.1f} s",
+        f"  completion TPM     {s.tpm:,.0f} (run average, all shards)",
+    ]
+    peak = s.peak_full_minute
+    if peak is not None:
+        lines.append(f"  peak full minute   {peak[1]:,} tokens at {_minute(peak[0])}")
+    busy = [p["ok"] + p["dead"] for p in s.per_shard]
+    if busy:
+        lines.append(f"  items per shard    min {min(busy):,} / max {max(busy):,}")
+    if s.fatal_reason:
+        lines.append(f"  stopped early      {s.fatal_reason}")
+    return "\n".join(lines)

@@ -1,0 +1,383 @@
+"""StreamingClient over real loopback HTTP: every failure is an outcome, never an exception."""
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
+from shardrun.clock import Clock
+
+pytestmark = pytest.mark.timeout(30)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BODY = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+FAST = Timeouts(connect_s=2.0, first_token_s=2.0, idle_s=2.0, total_s=10.0)
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def chat(content: str | None = None, finish: str | None = None) -> dict[str, object]:
+    delta = {} if content is None else {"content": content}
+    return {"object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
+
+
+async def open_stream(request: web.Request, **headers: str) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+    await resp.prepare(request)
+    return resp
+
+
+@asynccontextmanager
+async def serve(
+    handler: Handler,
+    timeouts: Timeouts = FAST,
+    api: Literal["chat", "completions"] = "chat",
+    cap: int = 4,
+) -> AsyncIterator[StreamingClient]:
+    app = web.Application()
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    app.router.add_post(path, handler)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    session = make_session(cap, timeouts)
+    base = f"http://127.0.0.1:{server.port}/v1/"
+    try:
+        yield StreamingClient(session, base, api, {"Authorization": "Bearer k"}, timeouts, Clock())
+    finally:
+        await session.close()
+        await server.close()
+
+
+async def one(handler: Handler, timeouts: Timeouts = FAST, **kw: Any) -> AttemptOutcome:
+    async with serve(handler, timeouts, **kw) as client:
+        return await client.attempt(BODY)
+
+
+async def normal_chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    assert body["stream"] is True and request.headers["Authorization"] == "Bearer k"
+    resp = await open_stream(request, **{"X-RateLimit-Remaining-Requests": "99"})
+    await resp.write(b": keep-alive\n\n" + sse(chat("")))
+    for piece in ["héllo", " 世界", " 🙂"]:
+        await resp.write(sse(chat(piece)))
+        await asyncio.sleep(0.01)
+    await resp.write(sse(chat(None, "stop")))
+    usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+    await resp.write(sse({"choices": [], "usage": usage}) + sse(b"[DONE]"))
+    return resp
+
+
+def test_normal_chat_stream() -> None:
+    """A normal chat stream: text, usage, finish_reason, headers, ordered timestamps, callbacks."""
+    calls: list[tuple[str, object]] = []
+
+    async def go() -> AttemptOutcome:
+        async with serve(normal_chat) as client:
+            return await client.attempt(
+                BODY,
+                on_conn_ready=lambda t, reused: calls.append(("conn", reused)),
+                on_first_token=lambda t: calls.append(("first", t)),
+            )
+
+    out = run(go())
+    assert out.status == "ok" and out.error is None and out.http_status == 200
+    assert out.text == "héllo 世界 🙂" and out.finish_reason == "stop"
+    assert (out.prompt_tokens, out.completion_tokens, out.usage_estimated) == (11, 3, False)
+    assert out.content_chunks == 3 and out.wasted_tokens == 0 and out.itl.count == 2
+    assert out.rate_headers == {"x-ratelimit-remaining-requests": "99"}
+    assert out.conn_reused is False and out.conn_ready_at is not None
+    assert out.first_token_at is not None and out.last_token_at is not None
+    assert out.started_at <= out.conn_ready_at <= out.first_token_at
+    assert out.first_token_at < out.last_token_at <= out.ended_at
+    assert calls == [("conn", False), ("first", out.first_token_at)]
+
+
+def test_completions_api() -> None:
+    """The completions API posts to /completions and reads choices[0].text."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for piece in ["a", "b"]:
+            await resp.write(sse({"choices": [{"index": 0, "text": piece, "finish_reason": None}]}))
+        await resp.write(sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
+        await resp.write(sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler, api="completions"))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "ab", "length")
+
+
+def test_no_usage_counts_chunks() -> None:
+    """Without a usage chunk, completion_tokens is the number of content chunks, estimated."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("x")) + sse(chat("y")) + sse(chat("z")) + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert out.status == "ok" and out.usage_estimated is True and out.prompt_tokens is None
+    assert out.completion_tokens == out.content_chunks == 3
+
+
+def test_second_request_reuses_connection() -> None:
+    """The first attempt opens a connection; the second on the same session reuses it."""
+
+    async def go() -> list[AttemptOutcome]:
+        async with serve(normal_chat) as client:
+            return [await client.attempt(BODY), await client.attempt(BODY)]
+
+    first, second = run(go())
+    assert first.status == second.status == "ok"
+    assert (first.conn_reused, second.conn_reused) == (False, True)
+
+
+def test_429_captures_retry_after() -> None:
+    """HTTP 429 becomes http_429 with the raw Retry-After and rate-limit headers."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        headers = {"Retry-After": "7", "x-ratelimit-reset-requests": "1s"}
+        return web.json_response({"error": {"message": "slow down"}}, status=429, headers=headers)
+
+    out = run(one(handler))
+    assert (out.status, out.http_status, out.retry_after) == ("http_429", 429, "7")
+    assert out.rate_headers == {"x-ratelimit-reset-requests": "1s"}
+    assert out.error == "HTTP 429: slow down"
+
+
+def test_503_is_http_5xx() -> None:
+    """HTTP 503 with a plain-text body becomes http_5xx with the text in the error."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=503, text="overloaded,\n try later")
+
+    out = run(one(handler))
+    assert (out.status, out.http_status) == ("http_5xx", 503)
+    assert out.error == "HTTP 503: overloaded, try later" and out.retry_after is None
+
+
+def test_400_reports_error_body_message() -> None:
+    """HTTP 400 becomes http_4xx and the OpenAI error message (clipped) lands in error."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        err = {"error": {"message": "max_tokens too large " + "x" * 500, "type": "invalid"}}
+        return web.json_response(err, status=400)
+
+    out = run(one(handler))
+    assert out.status == "http_4xx" and out.error is not None
+    assert out.error.startswith("HTTP 400: max_tokens too large xxx")
+    assert len(out.error) == len("HTTP 400: ") + 200
+
+
+@pytest.mark.parametrize(("code", "status"), [(429, "http_429"), ("503", "http_5xx"),
+                                              ("bad_request", "protocol_error")])  # fmt: skip
+def test_error_object_inside_stream(code: object, status: str) -> None:
+    """An {"error": ...} payload mid-stream maps its code: 429, 5xx, else protocol_error."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + sse({"error": {"message": "boom", "code": code}}))
+        await resp.write(sse(chat("never")) + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert out.status == status and out.http_status == 200
+    assert out.error == f"error {code} in stream after 1 tokens: boom"
+    assert out.text == "a" and out.wasted_tokens == 1
+
+
+def test_stream_cut_without_done() -> None:
+    """A stream that ends cleanly but without [DONE] is a protocol_error with wasted tokens."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + sse(chat("b")))
+        return resp
+
+    out = run(one(handler))
+    assert out.status == "protocol_error"
+    assert out.error == "stream ended before [DONE] after 2 tokens"
+    assert out.wasted_tokens == 2 and out.text == "ab"
+
+
+def test_connection_dropped_mid_stream() -> None:
+    """A connection aborted in the middle of the body is conn_reset, not a hang."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")))
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        await asyncio.sleep(1)
+        return resp
+
+    out = run(one(handler))
+    assert out.status == "conn_reset" and out.wasted_tokens == 1
+
+
+def test_unparseable_json_is_protocol_error() -> None:
+    """A data payload that is not JSON is a protocol_error naming the payload."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + b"data: {not json\n\n" + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert out.status == "protocol_error" and out.error is not None
+    assert out.error.endswith("after 1 tokens: {not json")
+
+
+def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
+    """A mid-stream stall ends as timeout_idle in ~idle_s; the next attempt gets a new connection."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)
+    calls = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            return await normal_chat(request)
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + sse(chat("b")))
+        await asyncio.sleep(30)
+        return resp
+
+    async def go() -> tuple[AttemptOutcome, AttemptOutcome, float]:
+        async with serve(handler, timeouts) as client:
+            t0 = time.monotonic()
+            stalled = await client.attempt(BODY)
+            return stalled, await client.attempt(BODY), time.monotonic() - t0
+
+    stalled, after, elapsed = run(go())
+    assert stalled.status == "timeout_idle" and stalled.wasted_tokens == 2
+    assert stalled.error == "no data for 0.2 s after 2 tokens"
+    assert stalled.last_token_at is not None and elapsed < 3.0
+    assert 0.2 <= stalled.ended_at - stalled.last_token_at < 1.0
+    assert after.status == "ok" and after.conn_reused is False
+
+
+@pytest.mark.parametrize("send_headers", [True, False])
+def test_no_first_token_is_timeout_first_token(send_headers: bool) -> None:
+    """No token within first_token_s after connecting (headers sent or not) times out."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=0.3, idle_s=0.05, total_s=5.0)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if send_headers:
+            resp = await open_stream(request)
+            for _ in range(100):  # keep-alives do not count as tokens
+                await resp.write(b": ping\n\n" + sse(chat("")))
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(30)
+        return web.Response()
+
+    out = run(one(handler, timeouts))
+    assert out.status == "timeout_first_token" and out.first_token_at is None
+    assert out.error == "no token for 0.3 s after the connection was ready"
+    assert out.conn_ready_at is not None and 0.3 <= out.ended_at - out.conn_ready_at < 1.5
+    assert out.http_status == (200 if send_headers else None)
+
+
+def test_total_timeout_wins_over_trickle() -> None:
+    """A server that keeps trickling tokens past total_s ends as timeout_total."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=1.0, total_s=0.4)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for _ in range(200):
+            await resp.write(sse(chat("t")))
+            await asyncio.sleep(0.02)
+        return resp
+
+    out = run(one(handler, timeouts))
+    assert out.status == "timeout_total" and out.content_chunks > 3
+    assert out.error is not None and out.error.startswith("attempt exceeded 0.4 s after ")
+    assert out.ended_at - out.started_at < 1.5
+
+
+def test_pool_wait_counts_as_connect_timeout() -> None:
+    """With cap=1 and the only connection stalled, a second attempt hits timeout_connect."""
+    timeouts = Timeouts(connect_s=0.2, first_token_s=2.0, idle_s=2.0, total_s=5.0)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(30)
+        return resp
+
+    async def go() -> AttemptOutcome:
+        async with serve(handler, timeouts, cap=1) as client:
+            holder = asyncio.create_task(client.attempt(BODY))
+            await asyncio.sleep(0.05)
+            out = await client.attempt(BODY)
+            holder.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await holder
+            return out
+
+    out = run(go())
+    assert out.status == "timeout_connect" and out.conn_ready_at is None
+    assert out.error == "no connection within 0.2 s"
+
+
+def test_connection_refused() -> None:
+    """A closed port is conn_reset with 'refused' in the error, quickly and without raising."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+
+    async def go() -> AttemptOutcome:
+        session = make_session(2, FAST)
+        try:
+            client = StreamingClient(session, f"http://127.0.0.1:{port}/v1", "chat", {}, FAST,
+                                     Clock())  # fmt: skip
+            return await client.attempt(BODY)
+        finally:
+            await session.close()
+
+    out = run(go())
+    assert out.status == "conn_reset" and out.http_status is None
+    assert out.error == f"connection refused by 127.0.0.1:{port}"
+    assert out.conn_ready_at is None and out.ended_at - out.started_at < 1.0
+
+
+def test_cancellation_propagates() -> None:
+    """Cancelling an attempt raises CancelledError in the caller; it is not an outcome."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(30)
+        return resp
+
+    async def go() -> None:
+        async with serve(handler) as client:
+            task = asyncio.create_task(client.attempt(BODY))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    run(go())
+
+
+def test_timeouts_validated() -> None:
+    """Non-positive or non-finite timeouts are rejected with the field's name."""
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="idle_s"):
+            Timeouts(idle_s=bad)

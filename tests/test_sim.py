@@ -1,0 +1,382 @@
+"""The simulator over real loopback HTTP: shapes, determinism, capacity, stats, errors, launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import test_utils
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardrun.errors import RunError
+from shardrun.sim import SimConfig, TokenSpec, main, parse_tokens, start_sim
+from shardrun.sim.config import make_plan
+from shardrun.sim.server import Sim, build_app
+
+T = TypeVar("T")
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "Say something nice."}]}
+FAST = SimConfig(ttft_ms=5, itl_ms=1, tokens="uniform:8:24", flush_ms=5)
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run one test coroutine with a hard time bound."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, 30)
+
+    return asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def serving(cfg: SimConfig) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """An in-process simulator on 127.0.0.1 and a session; yields (session, root URL)."""
+    server = test_utils.TestServer(build_app(cfg), host="127.0.0.1", port=0)
+    async with server, aiohttp.ClientSession() as session:
+        yield session, str(server.make_url(""))
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                 ) -> tuple[list[Any], float]:  # fmt: skip
+    """POST a streaming request; returns (decoded SSE data payloads, seconds to first content)."""
+    t0, first, events = time.monotonic(), 0.0, []
+    async with session.post(url, json={**body, "stream": True}) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        raw = b""
+        async for chunk in resp.content.iter_any():
+            if not first and (b'"content":" ' in chunk or b'"text":" ' in chunk):
+                first = time.monotonic() - t0
+            raw += chunk
+    assert raw.endswith(b"\n\n")
+    for block in raw.split(b"\n\n")[:-1]:
+        assert block.startswith(b"data: ")
+        data = block[len(b"data: "):]
+        events.append(data.decode() if data == b"[DONE]" else orjson.loads(data))
+    return events, first
+
+
+def text_of(events: list[Any], field: str = "delta") -> str:
+    """Concatenated content of chat (delta) or completions (text) chunks."""
+    parts = []
+    for e in events:
+        if isinstance(e, dict) and e["choices"]:
+            c = e["choices"][0]
+            parts.append((c["delta"].get("content") or "") if field == "delta" else c["text"])
+    return "".join(parts)
+
+
+async def stats(session: aiohttp.ClientSession, root: str) -> dict[str, Any]:
+    async with session.get(root + "/sim/stats") as resp:
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+def test_chat_stream_has_role_content_finish_usage_done() -> None:
+    """A streamed chat answer is role chunk, content chunks, finish chunk, usage chunk, [DONE]."""
+
+    async def go() -> None:
+        async with serving(FAST) as (s, root):
+            body = {**CHAT, "stream_options": {"include_usage": True}}
+            events, _ = await stream(s, root + "/v1/chat/completions", body)
+        assert events[-1] == "[DONE]"
+        role, *content, finish, usage, _ = events
+        assert role["object"] == "chat.completion.chunk"
+        assert role["choices"][0]["delta"]["role"] == "assistant"
+        assert content and all(c["choices"][0]["delta"]["content"].startswith(" ") for c in content)
+        assert all(c["choices"][0]["finish_reason"] is None for c in content)
+        assert finish["choices"][0]["finish_reason"] == "stop"
+        assert usage["choices"] == []
+        u = usage["usage"]
+        assert u["completion_tokens"] == len(content) and 8 <= len(content) <= 24
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] > len(content)
+        assert len({e["id"] for e in events[:-1]}) == 1
+
+    run(go())
+
+
+def test_completions_endpoint_streams_and_answers_whole() -> None:
+    """/v1/completions streams text_completion chunks and answers non-streamed with usage."""
+
+    async def go() -> None:
+        async with serving(FAST) as (s, root):
+            body = {"model": "m", "prompt": "Once upon a time"}
+            events, _ = await stream(s, root + "/v1/completions", body)
+            async with s.post(root + "/v1/completions", json=body) as resp:
+                whole = await resp.json()
+        assert events[-1] == "[DONE]" and "usage" not in events[-2]  # no include_usage
+        assert {e["object"] for e in events[:-1]} == {"text_completion"}
+        assert events[-2]["choices"][0]["finish_reason"] == "stop"
+        assert whole["object"] == "text_completion"
+        assert whole["choices"][0]["text"] == text_of(events, "text")
+        assert whole["usage"]["completion_tokens"] == len(events) - 2
+
+    run(go())
+
+
+def test_chat_non_stream_returns_completion_after_delay() -> None:
+    """A non-streamed chat request gets one chat.completion with usage after TTFT + ITLs."""
+    cfg = SimConfig(ttft_ms=50, itl_ms=2, tokens="20")
+
+    async def go() -> None:
+        async with serving(cfg) as (s, root):
+            t0 = time.monotonic()
+            async with s.post(root + "/v1/chat/completions", json=CHAT) as resp:
+                body = await resp.json()
+            elapsed = time.monotonic() - t0
+        assert body["object"] == "chat.completion"
+        msg = body["choices"][0]["message"]
+        assert msg["role"] == "assistant" and len(msg["content"].split()) == 20
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"]["completion_tokens"] == 20
+        assert elapsed >= 0.05 + 19 * 0.002
+
+    run(go())
+
+
+def test_max_tokens_caps_length_with_finish_length() -> None:
+    """max_tokens and max_completion_tokens cap the output and give finish_reason "length"."""
+
+    async def go() -> None:
+        async with serving(SimConfig(ttft_ms=1, itl_ms=0, tokens="50")) as (s, root):
+            url = root + "/v1/chat/completions"
+            capped, _ = await stream(s, url, {**CHAT, "max_tokens": 7})
+            capped2, _ = await stream(s, url, {**CHAT, "max_completion_tokens": 3})
+            free, _ = await stream(s, url, CHAT)
+        assert len(capped) == 1 + 7 + 2 and capped[-2]["choices"][0]["finish_reason"] == "length"
+        assert len(capped2) == 1 + 3 + 2
+        assert capped2[-2]["choices"][0]["finish_reason"] == "length"
+        assert len(free) == 1 + 50 + 2 and free[-2]["choices"][0]["finish_reason"] == "stop"
+        assert text_of(free).startswith(text_of(capped))  # capping cuts, it does not resample
+
+    run(go())
+
+
+def test_output_depends_on_seed_and_prompt_not_order() -> None:
+    """Same seed and prompt give the same text whatever the order; another seed differs."""
+    prompts = [{**CHAT, "messages": [{"role": "user", "content": f"prompt {i}"}]} for i in range(4)]
+
+    async def texts(seed: int, order: list[int]) -> dict[int, str]:
+        async with serving(SimConfig(ttft_ms=1, itl_ms=0, seed=seed)) as (s, root):
+            out = {}
+            for i in order:
+                events, _ = await stream(s, root + "/v1/chat/completions", prompts[i])
+                out[i] = text_of(events)
+            return out
+
+    a = run(texts(1, [0, 1, 2, 3]))
+    b = run(texts(1, [3, 1, 0, 2]))
+    c = run(texts(2, [0, 1, 2, 3]))
+    assert a == b
+    assert len(set(a.values())) == 4
+    assert all(a[i] != c[i] for i in range(4))
+
+
+def test_capacity_queues_in_fifo_and_lengthens_ttft() -> None:
+    """capacity=2 with 6 concurrent streams: never more than 2 served, later ones start later."""
+    cfg = SimConfig(ttft_ms=100, itl_ms=0, tokens="4", capacity=2)
+
+    async def go() -> None:
+        async with serving(cfg) as (s, root):
+            url = root + "/v1/chat/completions"
+            results = await asyncio.gather(*(stream(s, url, CHAT) for _ in range(6)))
+            st = await stats(s, root)
+        ttfts = sorted(first for _, first in results)
+        assert st["max_in_flight"] == 2 and st["in_flight"] == 0
+        assert st["max_queued"] >= 3 and st["queued"] == 0
+        assert ttfts[-1] >= 2 * ttfts[0]
+        assert ttfts[3] >= 1.5 * ttfts[0]
+
+    run(go())
+
+
+def test_stats_models_and_health() -> None:
+    """/sim/stats counts requests per path and tokens; /v1/models and /health answer."""
+
+    async def go() -> None:
+        async with serving(FAST) as (s, root):
+            e1, _ = await stream(s, root + "/v1/chat/completions", CHAT)
+            e2, _ = await stream(s, root + "/v1/completions", {"prompt": "x"})
+            async with s.post(root + "/v1/completions", json={"prompt": 3}) as resp:
+                assert resp.status == 400
+            async with s.get(root + "/v1/models") as resp:
+                models = await resp.json()
+            async with s.get(root + "/health") as resp:
+                assert resp.status == 200
+            st = await stats(s, root)
+        assert models["data"][0]["object"] == "model"
+        assert st["requests_total"] == 3 and st["completed"] == 2 and st["bad_requests"] == 1
+        assert st["by_path"] == {"/v1/chat/completions": 1, "/v1/completions": 2}
+        assert st["completion_tokens_total"] == (len(e1) - 3) + (len(e2) - 2)
+        assert st["in_flight"] == 0 and st["max_in_flight"] == 1
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (orjson.dumps({"model": "m"}), "messages"),
+        (orjson.dumps({"messages": []}), "messages"),
+        (orjson.dumps({"messages": [{"content": "hi"}]}), "messages"),
+        (orjson.dumps({**CHAT, "max_tokens": 0}), "max_tokens"),
+        (orjson.dumps({**CHAT, "stream": "yes"}), "stream"),
+    ],
+)
+def test_bad_body_gives_400_openai_error(body: bytes, param: str | None) -> None:
+    """A malformed body is a 400 with an OpenAI-style error object naming the parameter."""
+
+    async def go() -> None:
+        async with serving(FAST) as (s, root), s.post(root + "/v1/chat/completions",
+                                                      data=body) as resp:
+            assert resp.status == 400
+            err = (await resp.json())["error"]
+        assert err["type"] == "invalid_request_error" and err["message"] and err["code"]
+        assert err["param"] == param
+
+    run(go())
+
+
+def test_disconnect_frees_capacity() -> None:
+    """A client that hangs up mid-stream frees its capacity slot for the next request."""
+    cfg = SimConfig(ttft_ms=5, itl_ms=20, tokens="500", capacity=1, flush_ms=20)
+
+    async def go() -> None:
+        async with serving(cfg) as (s, root):
+            url = root + "/v1/chat/completions"
+            async with s.post(url, json={**CHAT, "stream": True}) as resp:
+                await resp.content.readuntil(b'"content":" ')
+            events, _ = await stream(s, url, {**CHAT, "max_tokens": 2})
+            for _ in range(50):  # the server notices the hang-up asynchronously
+                st = await stats(s, root)
+                if st["aborted"]:
+                    break
+                await asyncio.sleep(0.02)
+        assert events[-1] == "[DONE]"
+        assert st["aborted"] == 1 and st["in_flight"] == 0 and st["completed"] == 1
+
+    run(go())
+
+
+class _Recorder:
+    """Stands in for a StreamResponse: records when each write happens."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, bytes]] = []
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append((asyncio.get_running_loop().time(), data))
+
+    async def write_eof(self, data: bytes) -> None:
+        self.writes.append((asyncio.get_running_loop().time(), data + b"<eof>"))
+
+
+def test_emit_coalesces_due_tokens_into_few_writes() -> None:
+    """Tokens go out in one write per wake, writes >= flush_ms apart, itl_ms=0 means one write."""
+
+    async def emit(cfg: SimConfig, n: int) -> list[tuple[float, bytes]]:
+        rec = _Recorder()
+        events = [b"e%d;" % i for i in range(n)]
+        await Sim(cfg).emit(rec, b"R;", events, b"T;")  # type: ignore[arg-type]
+        assert b"".join(d for _, d in rec.writes) == b"R;" + b"".join(events) + b"T;<eof>"
+        return rec.writes
+
+    assert len(run(emit(SimConfig(itl_ms=0), 300))) == 1
+    writes = run(emit(SimConfig(itl_ms=5, flush_ms=40), 60))  # ~300 ms of tokens
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(writes)]
+    assert 3 <= len(writes) <= 10
+    assert min(gaps) >= 0.039
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=200), cap=st.none() | st.integers(1, 120), seed=st.integers(0, 9))
+def test_plan_is_pure_and_respects_cap(text: str, cap: int | None, seed: int) -> None:
+    """make_plan: same body and seed give the same plan; length <= cap; "length" iff capped."""
+    cfg = SimConfig(seed=seed, tokens="lognormal:40:0.8")
+    raw = orjson.dumps({"prompt": text, "max_tokens": cap})
+    plan = make_plan(raw, "completions", cfg)
+    assert plan == make_plan(raw, "completions", cfg)
+    n = len(plan.words)
+    assert n >= 1 and (cap is None or n <= cap)
+    uncapped = len(make_plan(orjson.dumps({"prompt": text}), "completions", cfg).words)
+    assert (plan.finish == "length") == (cap is not None and uncapped >= cap)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"ttft_ms": -1}, "ttft_ms"),
+        ({"itl_ms": float("nan")}, "itl_ms"),
+        ({"flush_ms": "5"}, "flush_ms"),
+        ({"capacity": -2}, "capacity"),
+        ({"seed": 1.5}, "seed"),
+        ({"tokens": "0"}, "tokens"),
+        ({"tokens": "uniform:9:3"}, "tokens"),
+        ({"tokens": "lognormal:0:1"}, "tokens"),
+        ({"tokens": "gauss:3:4"}, "tokens"),
+        ({"tokens": "uniform:a:4"}, "tokens"),
+    ],
+)
+def test_simconfig_rejects_bad_values_naming_field(kwargs: dict[str, Any], field: str) -> None:
+    """SimConfig raises ValueError whose one-sentence message names the bad field."""
+    with pytest.raises(ValueError, match=field) as info:
+        SimConfig(**kwargs)
+    assert str(info.value).endswith(".")
+
+
+def test_simconfig_mapping_and_args() -> None:
+    """from_mapping coerces numbers and rejects unknown keys; to_args round-trips every field."""
+    cfg = SimConfig.from_mapping({"ttft_ms": 5, "capacity": "3", "tokens": "lognormal:40:0.5"})
+    assert cfg == SimConfig(ttft_ms=5.0, capacity=3, tokens="lognormal:40:0.5")
+    with pytest.raises(ValueError, match="ttft"):
+        SimConfig.from_mapping({"ttft": 5})
+    args = cfg.to_args()
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags["--capacity"] == "3" and flags["--tokens"] == "lognormal:40:0.5"
+    assert parse_tokens(" 64 ") == TokenSpec("fixed", 64)
+
+
+BAD_ARGV = [["--ttft-ms", "-5"], ["--port", "70000"], ["--tokens", "many"], ["--bogus"],
+            ["--capacity", "x"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", BAD_ARGV)
+def test_main_bad_flag_returns_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """main() with a bad flag prints one `error:` line on stderr and returns 2."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_start_sim_runs_a_real_process() -> None:
+    """start_sim launches a separate process that streams over loopback and stops on SIGTERM."""
+    cfg = SimConfig(ttft_ms=10, itl_ms=1, tokens="12", seed=7)
+    with start_sim(cfg) as sim:
+        assert sim.base_url.startswith("http://127.0.0.1:") and sim.base_url.endswith("/v1")
+        assert sim.pid != os.getpid() and sim.returncode is None
+
+        async def go() -> list[Any]:
+            async with aiohttp.ClientSession() as s:
+                events, _ = await stream(s, sim.base_url + "/chat/completions", CHAT)
+                return events
+
+        events = run(go())
+        assert len(events) == 1 + 12 + 2
+        assert sim.stop() == 0
+    assert sim.returncode == 0
+
+
+def test_start_sim_failure_raises_run_error_with_stderr() -> None:
+    """A simulator that cannot listen makes start_sim raise RunError quoting its stderr."""
+    with pytest.raises(RunError, match="cannot listen"):
+        start_sim(SimConfig(), host="256.0.0.1", startup_timeout=15)

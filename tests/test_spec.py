@@ -1,0 +1,452 @@
+"""Tests for the job specification: layering, sources, and one-sentence errors."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardrun.errors import SpecError
+from shardrun.spec import ENV_VARS, LEAF_KEYS, LoadedJob, flag_for, load_job
+
+MINIMAL = """\
+endpoint:
+  base_url: sim://
+  model: sim-small
+input:
+  path: data.jsonl
+"""
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Work in tmp_path so the job file is named as a user would type it: jobs/x.yaml."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "jobs").mkdir()
+    return tmp_path / "jobs"
+
+
+def write(jobs: Path, text: str, name: str = "x.yaml") -> Path:
+    """Write a job file and return its path relative to the working directory."""
+    (jobs / name).write_text(text)
+    return Path("jobs") / name
+
+
+def load(
+    path: Path, env: Mapping[str, str] | None = None, flags: Mapping[str, object] | None = None
+) -> LoadedJob:
+    """load_job with empty env and flags unless given."""
+    return load_job(path, env=env or {}, flags=flags or {})
+
+
+def error_of(path: Path, **kw: object) -> str:
+    """The SpecError message load_job raises."""
+    with pytest.raises(SpecError) as info:
+        load(path, **kw)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+def test_defaults(jobs: Path) -> None:
+    """A minimal job gets the documented defaults, each sourced 'default'."""
+    job = load(write(jobs, MINIMAL))
+    spec = job.spec
+    assert (spec.shards, spec.concurrency, spec.runs_dir, spec.shutdown_grace_s) == (
+        4,
+        16,
+        "runs",
+        30.0,
+    )
+    assert spec.endpoint.api == "chat" and spec.endpoint.api_key_env is None
+    assert spec.endpoint.sim is None and spec.params == {}
+    assert (spec.input.id_field, spec.input.prompt_field, spec.input.messages_field) == (
+        "id",
+        "prompt",
+        None,
+    )
+    assert spec.timeouts.model_dump() == {
+        "connect_s": 10.0,
+        "first_token_s": 60.0,
+        "idle_s": 30.0,
+        "total_s": 600.0,
+    }
+    assert spec.retry.model_dump() == {
+        "max_attempts": 4,
+        "backoff_s": 0.5,
+        "backoff_max_s": 30.0,
+        "budget_ratio": 0.2,
+        "budget_floor": 10,
+    }
+    assert set(job.sources) == set(LEAF_KEYS)
+    assert job.sources["shards"] == "default" and job.sources["input.prompt_field"] == "default"
+    assert job.sources["endpoint.base_url"] == "job file"
+    assert job.warnings == ()
+
+
+def test_full_example_job_loads(jobs: Path) -> None:
+    """The job shown in the brief, every key set, loads and keeps every value."""
+    text = MINIMAL + (
+        "  id_field: key\n"
+        "  messages_field: null\n"
+        "params: {max_tokens: 128, temperature: 0.7}\n"
+        "shards: 8\nconcurrency: 32\n"
+        "timeouts: {connect_s: 10, first_token_s: 60, idle_s: 30, total_s: 600}\n"
+        "retry: {max_attempts: 4, backoff_s: 0.5, backoff_max_s: 30, budget_ratio: 0.2,"
+        " budget_floor: 10}\n"
+        "runs_dir: out\nshutdown_grace_s: 5\n"
+    )
+    text = text.replace(
+        "  model: sim-small\n",
+        "  model: sim-small\n  api: completions\n  api_key_env: OPENAI_API_KEY\n"
+        "  sim: {ttft_ms: 100, tokens: 'uniform:16:96'}\n",
+    )
+    job = load(write(jobs, text))
+    assert job.spec.endpoint.sim == {"ttft_ms": 100, "tokens": "uniform:16:96"}
+    assert job.spec.params == {"max_tokens": 128, "temperature": 0.7}
+    assert (job.spec.shards, job.spec.input.id_field, job.runs_path) == (8, "key", Path("out"))
+    assert job.sources["input.messages_field"] == "job file"
+
+
+@pytest.mark.parametrize(
+    ("key", "env_name", "file_value", "env_value", "flag_value", "expected"),
+    [
+        ("shards", "SHARDRUN_SHARDS", "2", "3", 5, (2, 3, 5)),
+        ("concurrency", "SHARDRUN_CONCURRENCY", "20", "30", "50", (20, 30, 50)),
+        (
+            "endpoint.base_url",
+            "SHARDRUN_BASE_URL",
+            "http://file:1/v1",
+            "http://env:2/v1",
+            "https://flag:3/v1",
+            ("http://file:1/v1", "http://env:2/v1", "https://flag:3/v1"),
+        ),
+    ],
+)
+def test_precedence_flag_env_file_default(
+    jobs: Path,
+    key: str,
+    env_name: str,
+    file_value: str,
+    env_value: str,
+    flag_value: object,
+    expected: tuple[object, object, object],
+) -> None:
+    """Flag beats environment beats job file beats default, and sources say which won."""
+    base = MINIMAL.replace("sim://", "http://base:9/v1")
+    if key == "endpoint.base_url":
+        with_file = base.replace("http://base:9/v1", file_value)
+    else:
+        with_file = base + f"{key}: {file_value}\n"
+    env, flags = {env_name: env_value}, {key: flag_value}
+    expect_file, expect_env, expect_flag = expected
+    cases: list[tuple[str, dict[str, str], dict[str, object], object, str]] = [
+        (with_file, {}, {}, expect_file, "job file"),
+        (with_file, env, {}, expect_env, f"env {env_name}"),
+        (with_file, env, flags, expect_flag, f"flag {flag_for(key)}"),
+        (base, env, flags, expect_flag, f"flag {flag_for(key)}"),
+        (base, env, {key: None}, expect_env, f"env {env_name}"),
+    ]
+    for text, case_env, case_flags, value, source in cases:
+        job = load(write(jobs, text), case_env, case_flags)
+        assert job.effective()[key] == {"value": value, "source": source}
+        assert job.sources[key] == source
+    if key != "endpoint.base_url":
+        assert load(write(jobs, base)).sources[key] == "default"
+
+
+def test_env_conversion_errors_name_the_variable(jobs: Path) -> None:
+    """A bad environment value is blamed on the variable, quoted as the user typed it."""
+    path = write(jobs, MINIMAL)
+    assert error_of(path, env={"SHARDRUN_SHARDS": "lots"}) == (
+        "environment variable SHARDRUN_SHARDS must be an integer from 1 to 1024, got 'lots'"
+    )
+    assert error_of(path, env={"SHARDRUN_SHARDS": "8.0"}) == (
+        "environment variable SHARDRUN_SHARDS must be an integer from 1 to 1024, got '8.0'"
+    )
+    assert error_of(path, env={"SHARDRUN_IDLE_TIMEOUT_S": "0"}) == (
+        "environment variable SHARDRUN_IDLE_TIMEOUT_S must be a number greater than 0, got '0'"
+    )
+    assert "SHARDRUN_RETRY_BUDGET must be a number" in error_of(
+        path, env={"SHARDRUN_RETRY_BUDGET": "nan"}
+    )
+
+
+def test_env_values_are_converted_and_empty_means_unset(jobs: Path) -> None:
+    """Env text becomes the field's type; an empty variable is ignored."""
+    env = {
+        "SHARDRUN_SHARDS": " 8 ",
+        "SHARDRUN_RETRY_BACKOFF_S": "1e-1",
+        "SHARDRUN_MAX_ATTEMPTS": "",
+        "SHARDRUN_RUNS_DIR": "/tmp/r",
+    }
+    job = load(write(jobs, MINIMAL), env)
+    assert (job.spec.shards, job.spec.retry.backoff_s, job.spec.runs_dir) == (8, 0.1, "/tmp/r")
+    assert job.sources["retry.max_attempts"] == "default"
+
+
+def test_flag_errors_name_the_flag(jobs: Path) -> None:
+    """A bad flag value is blamed on the flag; argparse's ints and Paths are accepted."""
+    path = write(jobs, MINIMAL)
+    assert error_of(path, flags={"shards": 0}) == (
+        "--shards must be an integer from 1 to 1024, got 0"
+    )
+    assert error_of(path, flags={"concurrency": "x"}).startswith("--concurrency must be")
+    job = load(path, flags={"runs_dir": Path("out")})
+    assert (job.spec.runs_dir, job.sources["runs_dir"]) == ("out", "flag --runs-dir")
+
+
+def test_unknown_flag_key_is_a_programming_error(jobs: Path) -> None:
+    """A flag key the spec does not have is the caller's bug, not the user's."""
+    with pytest.raises(ValueError, match="retyr"):
+        load(write(jobs, MINIMAL), flags={"retyr.max_attempts": 3})
+
+
+def test_unknown_key_with_suggestion(jobs: Path) -> None:
+    """A misspelt key is an error with the nearest real key, nested keys dotted."""
+    path = write(jobs, MINIMAL + "concurency: 3\n")
+    assert error_of(path) == "jobs/x.yaml: unknown key 'concurency' (did you mean 'concurrency'?)"
+    path = write(jobs, MINIMAL.replace("model:", "modle:") + "max_attempts: 2\n")
+    message = error_of(path)
+    assert "unknown key 'endpoint.modle' (did you mean 'endpoint.model'?)" in message
+    assert "unknown key 'max_attempts' (did you mean 'retry.max_attempts'?)" in message
+
+
+def test_wrong_type_names_key_and_file(jobs: Path) -> None:
+    """A wrong type names file and key; a quoted number is not silently accepted."""
+    assert error_of(write(jobs, MINIMAL + "shards: eight\n")) == (
+        "jobs/x.yaml: shards must be an integer from 1 to 1024, got 'eight'"
+    )
+    assert error_of(write(jobs, MINIMAL + "shards: '8'\n")).startswith(
+        "jobs/x.yaml: shards must be an integer from 1 to 1024, got '8' (quoted"
+    )
+    assert error_of(write(jobs, MINIMAL.replace("sim-small", "[a]"))) == (
+        "jobs/x.yaml: endpoint.model must be a non-empty string, got ['a']"
+    )
+    text = MINIMAL.replace("model:", "api: chats\n  model:")
+    assert error_of(write(jobs, text)) == (
+        "jobs/x.yaml: endpoint.api must be 'chat' or 'completions', got 'chats'"
+    )
+
+
+def test_several_problems_in_one_sentence(jobs: Path) -> None:
+    """Every problem is reported at once, joined by '; ', the file named once per run."""
+    text = MINIMAL + "shards: 0\nconcurrency: -1\n"
+    message = error_of(write(jobs, text), env={"SHARDRUN_MAX_ATTEMPTS": "many"})
+    assert message == (
+        "jobs/x.yaml: shards must be an integer from 1 to 1024, got 0; "
+        "concurrency must be an integer from 1 to 100000, got -1; "
+        "environment variable SHARDRUN_MAX_ATTEMPTS must be an integer from 1 to 100, got 'many'"
+    )
+    assert "\n" not in message
+
+
+def test_missing_required_keys(jobs: Path) -> None:
+    """A missing required key names the file, the key and the variable that could set it."""
+    message = error_of(write(jobs, "endpoint: {base_url: sim://}\ninput: {path: a}\n"))
+    assert message == (
+        "jobs/x.yaml: endpoint.model is required (set it in the job file or with SHARDRUN_MODEL)"
+    )
+    job = load(
+        write(jobs, "endpoint: {base_url: sim://}\ninput: {path: a}\n"), {"SHARDRUN_MODEL": "m"}
+    )
+    assert job.spec.endpoint.model == "m"
+
+
+def test_yaml_syntax_error_has_line_number(jobs: Path) -> None:
+    """Broken YAML is a SpecError with the file and the line."""
+    message = error_of(write(jobs, "endpoint:\n  base_url: sim://\n model: x\n"))
+    assert message.startswith("jobs/x.yaml: YAML error at line 3")
+
+
+def test_duplicate_key_is_an_error(jobs: Path) -> None:
+    """PyYAML would silently keep the last of two equal keys; we refuse."""
+    message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
+    assert message == (
+        "jobs/x.yaml: YAML error at line 7, column 1:"
+        " duplicate key 'shards' (first given on line 6)"
+    )
+
+
+def test_unreadable_or_misshapen_job_files(jobs: Path) -> None:
+    """A missing file, a directory and a non-mapping top level are all SpecErrors."""
+    assert error_of(Path("jobs/nope.yaml")) == "jobs/nope.yaml: job file not found"
+    assert "is a directory" in error_of(Path("jobs"))
+    assert error_of(write(jobs, "- a\n- b\n")).startswith(
+        "jobs/x.yaml: the top level must be a mapping"
+    )
+    assert error_of(write(jobs, "")) == "jobs/x.yaml: endpoint is required; input is required"
+    assert error_of(write(jobs, MINIMAL + "timeouts: 5\n")) == (
+        "jobs/x.yaml: timeouts must be a mapping, got 5"
+    )
+
+
+def test_relative_input_path_resolution(jobs: Path, tmp_path: Path) -> None:
+    """input.path is relative to the job file's directory (a flag's: to the cwd)."""
+    job = load(write(jobs, MINIMAL))
+    assert job.input_path == (tmp_path / "jobs" / "data.jsonl").resolve()
+    assert job.job_path == (tmp_path / "jobs" / "x.yaml").resolve()
+    absolute = tmp_path / "elsewhere" / "in.jsonl"
+    job = load(write(jobs, MINIMAL.replace("data.jsonl", str(absolute))))
+    assert job.input_path == absolute.resolve()
+    job = load(write(jobs, MINIMAL), flags={"input.path": "cli.jsonl"})
+    assert job.input_path == (tmp_path / "cli.jsonl").resolve()
+
+
+def test_messages_field(jobs: Path) -> None:
+    """messages_field replaces the default prompt_field; both at once is an error."""
+    job = load(write(jobs, MINIMAL + "  messages_field: msgs\n"))
+    assert (job.spec.input.prompt_field, job.spec.input.messages_field) == (None, "msgs")
+    assert job.sources["input.prompt_field"] == "default"
+    both = MINIMAL + "  messages_field: msgs\n  prompt_field: p\n"
+    assert error_of(write(jobs, both)) == (
+        "jobs/x.yaml: input.prompt_field and input.messages_field are both set;"
+        " give exactly one of them"
+    )
+    completions = (MINIMAL + "  messages_field: msgs\n").replace(
+        "model:", "api: completions\n  model:"
+    )
+    assert "input.messages_field needs endpoint.api 'chat'" in error_of(write(jobs, completions))
+
+
+def test_sim_settings_only_with_sim_url(jobs: Path) -> None:
+    """endpoint.sim must be a mapping and needs base_url sim://, wherever base_url came from."""
+    with_sim = MINIMAL.replace("model:", "sim: {ttft_ms: 5}\n  model:")
+    assert load(write(jobs, with_sim)).spec.endpoint.sim == {"ttft_ms": 5}
+    message = error_of(write(jobs, with_sim), env={"SHARDRUN_BASE_URL": "http://h:1/v1"})
+    assert message == (
+        "jobs/x.yaml: endpoint.sim is only allowed when endpoint.base_url is sim://,"
+        " but base_url is 'http://h:1/v1' from env SHARDRUN_BASE_URL"
+    )
+    not_mapping = MINIMAL.replace("model:", "sim: fast\n  model:")
+    assert error_of(write(jobs, not_mapping)) == (
+        "jobs/x.yaml: endpoint.sim must be a mapping with string keys, got 'fast'"
+    )
+
+
+@pytest.mark.parametrize("url", ["ftp://h/v1", "http://", "sim://x", "localhost:8000"])
+def test_bad_base_url(jobs: Path, url: str) -> None:
+    """Only http(s) URLs with a host, or exactly sim://, are endpoints."""
+    message = error_of(write(jobs, MINIMAL.replace("sim://", f"'{url}'")))
+    assert message.startswith("jobs/x.yaml: endpoint.base_url must be a URL starting with http://")
+
+
+def test_retry_backoff_order(jobs: Path) -> None:
+    """backoff_max_s below backoff_s is an error that says where each value came from."""
+    message = error_of(
+        write(jobs, MINIMAL + "retry: {backoff_max_s: 1}\n"), env={"SHARDRUN_RETRY_BACKOFF_S": "5"}
+    )
+    assert message == (
+        "jobs/x.yaml: retry.backoff_max_s must be at least retry.backoff_s"
+        " ('5' from env SHARDRUN_RETRY_BACKOFF_S), got 1.0"
+    )
+
+
+def test_params_cannot_set_what_the_client_sends(jobs: Path) -> None:
+    """params passes through, but may not override model, prompt, messages or stream."""
+    assert "params must not set 'model', 'stream'" in error_of(
+        write(jobs, MINIMAL + "params: {model: x, stream: false, top_p: 1}\n")
+    )
+
+
+def test_api_key_handling(jobs: Path) -> None:
+    """api_key reads the named variable; named-but-unset is an error; none named is None."""
+    assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
+    named = MINIMAL.replace("model:", "api_key_env: OPENAI_API_KEY\n  model:")
+    job = load(write(jobs, named))
+    assert job.api_key({"OPENAI_API_KEY": "sk-x"}) == "sk-x"
+    for env in ({}, {"OPENAI_API_KEY": ""}):
+        with pytest.raises(SpecError) as info:
+            job.api_key(env)
+        assert str(info.value) == (
+            "jobs/x.yaml: the job names api_key_env OPENAI_API_KEY but that environment variable"
+            " is not set; export it or remove api_key_env"
+        )
+    via_env = load(write(jobs, MINIMAL), {"SHARDRUN_API_KEY_ENV": "MY_KEY"})
+    assert via_env.api_key({"MY_KEY": "k"}) == "k"
+
+
+def test_api_key_env_holding_a_key_is_refused_without_echoing_it(jobs: Path) -> None:
+    """A key pasted where a variable name belongs is rejected, and never printed back."""
+    secret = "sk-proj-abc.123/xyz"
+    message = error_of(write(jobs, MINIMAL.replace("model:", f"api_key_env: '{secret}'\n  model:")))
+    assert "endpoint.api_key_env must be the name of an environment variable" in message
+    assert secret not in message
+
+
+def test_effective_contains_no_secrets(jobs: Path) -> None:
+    """The manifest view holds the key's variable name, never its value, nor URL passwords."""
+    sentinel = "SENTINEL-sk-0123456789"
+    text = MINIMAL.replace("sim://", "'https://user:pw-secret@h:8443/v1'").replace(
+        "model:", "api_key_env: OPENAI_API_KEY\n  model:"
+    )
+    env = {"OPENAI_API_KEY": sentinel, "SHARDRUN_API_KEY": sentinel}
+    job = load(write(jobs, text), env)
+    assert job.api_key(env) == sentinel
+    dumped = json.dumps(job.effective())
+    assert sentinel not in dumped and "pw-secret" not in dumped
+    assert job.effective()["endpoint.api_key_env"]["value"] == "OPENAI_API_KEY"
+    assert job.effective()["endpoint.base_url"]["value"] == "https://user:***@h:8443/v1"
+    assert set(job.effective()) == set(LEAF_KEYS)
+    assert not any(sentinel in w for w in job.warnings)
+
+
+def test_unknown_shardrun_variables_warn_with_suggestion(jobs: Path) -> None:
+    """A misspelt SHARDRUN_* variable is a warning naming the closest real one."""
+    env = {"SHARDRUN_SHARD": "3", "SHARDRUN_ZZZZZZ": "1", "OTHER": "x", "SHARDRUN_SHARDS": "2"}
+    job = load(write(jobs, MINIMAL), env)
+    assert job.warnings == (
+        "SHARDRUN_SHARD is not a shardrun variable (did you mean SHARDRUN_SHARDS?)",
+        "SHARDRUN_ZZZZZZ is not a shardrun variable",
+    )
+
+
+def test_yaml_exponent_without_dot_is_a_number(jobs: Path) -> None:
+    """YAML 1.1 would read 1e-3 as text; a job file means the number."""
+    job = load(write(jobs, MINIMAL + "retry: {backoff_s: 1e-3}\n"))
+    assert job.spec.retry.backoff_s == 0.001
+
+
+def test_env_var_table() -> None:
+    """ENV_VARS covers DESIGN §7, points at real leaf keys, and names flags consistently."""
+    names = [v.name for v in ENV_VARS]
+    assert len(set(names)) == len(names) and all(n.startswith("SHARDRUN_") for n in names)
+    assert all(v.key in LEAF_KEYS and v.help for v in ENV_VARS)
+    assert {"SHARDRUN_SHARDS", "SHARDRUN_RETRY_BUDGET", "SHARDRUN_API_KEY_ENV"} <= set(names)
+    assert flag_for("shards") == "--shards" and flag_for("runs_dir") == "--runs-dir"
+    assert flag_for("retry.budget_ratio") == "--retry-budget"
+
+
+def test_spec_is_frozen(jobs: Path) -> None:
+    """A loaded spec cannot be changed after validation."""
+    job = load(write(jobs, MINIMAL))
+    with pytest.raises(Exception, match="frozen"):
+        setattr(job.spec, "shards", 9)  # noqa: B010 - mypy cannot see pydantic frozen
+
+
+LAYERS = st.fixed_dictionaries(
+    {
+        "flag": st.one_of(st.none(), st.integers(1, 1024)),
+        "env": st.one_of(st.none(), st.integers(1, 1024)),
+        "file": st.one_of(st.none(), st.integers(1, 1024)),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers=LAYERS)
+def test_highest_present_layer_wins(layers: dict[str, int | None]) -> None:
+    """For any set of layers setting shards, the highest-precedence one present wins."""
+    with tempfile.TemporaryDirectory() as tmp:
+        text = MINIMAL + (f"shards: {layers['file']}\n" if layers["file"] is not None else "")
+        path = Path(tmp) / "job.yaml"
+        path.write_text(text)
+        env = {} if layers["env"] is None else {"SHARDRUN_SHARDS": str(layers["env"])}
+        job = load_job(path, env=env, flags={"shards": layers["flag"]})
+    expected = {"flag": "flag --shards", "env": "env SHARDRUN_SHARDS", "file": "job file"}
+    winner = next((k for k in ("flag", "env", "file") if layers[k] is not None), None)
+    assert job.spec.shards == (4 if winner is None else layers[winner])
+    assert job.sources["shards"] == ("default" if winner is None else expected[winner])
