@@ -13,10 +13,12 @@ import signal
 import sys
 import traceback
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from shardrun import protocol
 from shardrun.shard import ShardConfig, run_shard
+
+T = TypeVar("T")
 
 STDIN_LIMIT = 1 << 30  # a batch of long prompts is one line
 
@@ -46,7 +48,7 @@ async def _main() -> int:
     return 0
 
 
-def run_loop(main: Coroutine[Any, Any, int]) -> int:
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on uvloop where it is installed, else on asyncio's default loop."""
     try:
         import uvloop

@@ -14,9 +14,10 @@ event and decides about retries from `status`. Only cancellation propagates.
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error
 
-Deadlines: one `asyncio.Timeout` per attempt whose deadline moves as the attempt advances
-(connect -> first token -> idle, each capped by start + total_s); `kind` remembers which limit is
-armed, so an expiry names its own status. One timer, no task per read.
+Deadlines: one deadline per attempt that moves as the attempt advances (connect -> first token ->
+idle, each capped by start + total_s), enforced by a watchdog timer that expires the attempt's
+`asyncio.Timeout`; `kind` remembers which limit is armed, so an expiry names its own status.
+A read only stores a float: no timer churn and no task per read.
 
 Connection timing: `make_session` installs a TraceConfig; `attempt` passes its per-attempt state as
 `trace_request_ctx`, so aiohttp's `on_connection_create_end` / `on_connection_reuseconn` callbacks
@@ -48,6 +49,21 @@ _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
 _NEEDS_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 _PARSE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError)
+
+
+class _CallerError(Exception):
+    """Carries an exception raised by a caller's callback past the failure classification.
+
+    A callback that fails (say, the event writer hits a full disk: OSError) is the caller's
+    problem and must reach the caller, not be mistaken for a network error (conn_reset).
+    """
+
+
+def _call(callback: Callable[..., None], *args: object) -> None:
+    try:
+        callback(*args)
+    except Exception as exc:
+        raise _CallerError(exc) from exc
 
 OnConnReady = Callable[[float, bool], None]
 """Called once per attempt with (conn_ready_at, reused), before any token callback."""
@@ -130,18 +146,14 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
 
 
 async def _on_conn_created(
-    session: aiohttp.ClientSession,
-    ctx: SimpleNamespace,
-    params: aiohttp.TraceConnectionCreateEndParams,
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
 ) -> None:
     if isinstance(st := ctx.trace_request_ctx, _Attempt):
         st.conn_ready(reused=False)
 
 
 async def _on_conn_reused(
-    session: aiohttp.ClientSession,
-    ctx: SimpleNamespace,
-    params: aiohttp.TraceConnectionReuseconnParams,
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
 ) -> None:
     if isinstance(st := ctx.trace_request_ctx, _Attempt):
         st.conn_ready(reused=True)
@@ -212,7 +224,7 @@ class _Attempt:
         if not self.notified and t is not None:
             self.notified = True
             if self.on_conn is not None:
-                self.on_conn(t, bool(self.out.conn_reused))
+                _call(self.on_conn, t, bool(self.out.conn_reused))
 
     def fail(self, status: str, error: str) -> None:
         """Record a failure; the first one wins, and nothing overrides a completed stream."""
@@ -286,8 +298,8 @@ class _Attempt:
 
     def timed_out(self) -> None:
         """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""
-        expired = self.tm.expired() or self.out.conn_ready_at is not None
-        kind = self.kind if expired else "timeout_connect"
+        ours = self.tm.expired() or self.out.conn_ready_at is not None
+        kind = self.kind if ours else "timeout_connect"
         t, n = self.touts, self.out.content_chunks
         self.fail(kind, {
             "timeout_connect": f"no connection within {t.connect_s} s",
@@ -347,13 +359,18 @@ class StreamingClient:
                     await self._read_stream(st, resp, on_first_token)
                 else:
                     await self._read_error(st, resp)
+        except _CallerError as exc:
+            raise exc.args[0] from None
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
             st.timed_out()
         except (aiohttp.ClientError, OSError) as exc:
             st.fail(*_describe(exc, st.out.content_chunks))
         finally:
             _settle(st)
-        st.notify_conn()
+        try:
+            st.notify_conn()  # if the attempt failed after the connection, before headers
+        except _CallerError as exc:
+            raise exc.args[0] from None
         return st.finish()
 
     async def _read_stream(
@@ -369,7 +386,7 @@ class StreamingClient:
             if waiting_first and st.out.first_token_at is not None:
                 waiting_first = False
                 if on_first_token is not None:
-                    on_first_token(st.out.first_token_at)
+                    _call(on_first_token, st.out.first_token_at)
             if stop or not chunk:
                 break
             if not waiting_first:

@@ -13,13 +13,14 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from shardrun import protocol
+from shardrun import events, protocol
+from shardrun.clock import Clock
 from shardrun.errors import RunError
+from shardrun.events import EventLog
 from shardrun.inputs import FieldMap, InputReader, Reject
 from shardrun.manifest import RunDir, finish_manifest, start_manifest
 from shardrun.placement import ShardHandle, start_local_shard
@@ -43,14 +44,13 @@ class ShardState:
 class Coordinator:
     """One run: input → shards → summary."""
 
-    def __init__(self, job: LoadedJob, run_dir: RunDir, base_url: str, api_key: str | None) -> None:
+    def __init__(self, job: LoadedJob, reader: InputReader, run_dir: RunDir, base_url: str,
+                 api_key: str | None) -> None:
         self.job = job
         self.run_dir = run_dir
         self.base_url = base_url
         self.api_key = api_key
-        spec = job.spec
-        fields = FieldMap(spec.input.id_field, spec.input.prompt_field, spec.input.messages_field)
-        self.reader = InputReader(job.input_path, fields)
+        self.reader = reader
         self.items: Iterator[dict[str, Any] | Reject] = iter(self.reader)
         self.input_exhausted = False
         self.rejects = 0
@@ -59,6 +59,9 @@ class Coordinator:
         self.interrupts = 0
         self.fatal_reason: str | None = None
         self.started = time.time()
+        self.clock = Clock()
+        self.log = EventLog(run_dir.path / "events" / "coordinator.jsonl", run_id=run_dir.run_id,
+                            shard=None)
 
     # -- the input -----------------------------------------------------------------------------
 
@@ -74,7 +77,10 @@ class Coordinator:
             batch.append(entry)
             if len(batch) >= n:
                 return batch
-        self.input_exhausted = True
+        if not self.input_exhausted:
+            self.input_exhausted = True
+            self.log.emit(events.INPUT_END, t=self.clock.now(), lines=self.reader.lines_read,
+                          rejects=self.rejects)
         return batch
 
     def _reject(self, reject: Reject) -> None:
@@ -111,6 +117,8 @@ class Coordinator:
                 batch = self.take(int(message["n"]))
                 if batch:
                     handle.send({"t": protocol.ITEMS, "items": batch})
+                    self.log.emit(events.BATCH, t=self.clock.now(), to=handle.index,
+                                  n=len(batch))
                 if self.input_exhausted or self.interrupts:
                     handle.send({"t": protocol.END})
             elif kind == protocol.PROGRESS:
@@ -122,6 +130,8 @@ class Coordinator:
         state.died = await handle.wait()
         if state.done is None and state.died is None:
             state.died = "closed its pipe without reporting"
+        self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
+                      status=state.died or "done")
 
     def _on_fatal(self, reason: str, origin: int) -> None:
         """One shard found the endpoint unusable: tell the others at once."""
@@ -156,6 +166,8 @@ class Coordinator:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.interrupt)
         n = self.job.spec.shards
+        self.log.emit(events.RUN_START, t=self.clock.now(), shards=n,
+                      cap=self.job.spec.concurrency)
         handles = [await start_local_shard(i, self.run_dir.logs) for i in range(n)]
         self.shards = [ShardState(h) for h in handles]
         ticker = asyncio.create_task(self.progress())
@@ -167,7 +179,11 @@ class Coordinator:
                 loop.remove_signal_handler(sig)
             self._rejects_file.close()
             self.reader.close()
-        return self.summary()
+            summary = self.summary()
+            self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status)
+            self.log.checkpoint(self.clock.now())
+            self.log.close()
+        return summary
 
     async def _supervise(self) -> None:
         """Serve every shard; the first death fails the run after stopping the rest."""
@@ -210,11 +226,18 @@ class Coordinator:
         )
 
 
-async def run_job(job: LoadedJob, run_dir: RunDir, base_url: str, api_key: str | None,
-                  argv: list[str]) -> RunSummary:
+def open_input(job: LoadedJob) -> InputReader:
+    """Open the job's input for streaming (raises InputError when it cannot be read)."""
+    spec = job.spec.input
+    return InputReader(job.input_path, FieldMap(spec.id_field, spec.prompt_field,
+                                                spec.messages_field))
+
+
+async def run_job(job: LoadedJob, reader: InputReader, run_dir: RunDir, base_url: str,
+                  api_key: str | None, argv: list[str]) -> RunSummary:
     """Run a job into `run_dir` and return its summary; the manifest records everything."""
     manifest = start_manifest(job, run_dir, base_url, argv)
-    coordinator = Coordinator(job, run_dir, base_url, api_key)
+    coordinator = Coordinator(job, reader, run_dir, base_url, api_key)
     status = "failed"
     summary: RunSummary | None = None
     try:
@@ -224,6 +247,3 @@ async def run_job(job: LoadedJob, run_dir: RunDir, base_url: str, api_key: str |
     finally:
         finish_manifest(manifest, run_dir, status, coordinator.reader, summary)
 
-
-def run_dir_for(runs_dir: Path, run_id: str) -> RunDir:
-    return RunDir.create(runs_dir, run_id)

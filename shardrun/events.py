@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +31,12 @@ RELEASED = "released"
 LOOP_LAG = "loop_lag"
 CHECKPOINT = "checkpoint"
 SHARD_END = "shard_end"
+# The coordinator's own log, events/coordinator.jsonl (`shard` is null there).
+RUN_START = "run_start"
+BATCH = "batch"
+INPUT_END = "input_end"
+SHARD_EXIT = "shard_exit"
+RUN_END = "run_end"
 
 ALL_EVENTS = frozenset(
     {
@@ -46,6 +53,11 @@ ALL_EVENTS = frozenset(
         LOOP_LAG,
         CHECKPOINT,
         SHARD_END,
+        RUN_START,
+        BATCH,
+        INPUT_END,
+        SHARD_EXIT,
+        RUN_END,
     }
 )
 
@@ -75,14 +87,14 @@ class _HashingSink:
         return data
 
 
-def _render(_logger: object, _name: str, event_dict: dict[str, Any]) -> bytes:
+def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> bytes:
     return orjson.dumps(event_dict)
 
 
 class EventLog:
     """One shard's append-only event log."""
 
-    def __init__(self, path: Path, *, run_id: str, shard: int) -> None:
+    def __init__(self, path: Path, *, run_id: str, shard: int | None) -> None:
         self.path = path
         self._sink = _HashingSink()
         existing = _prime_hash(path, self._sink)

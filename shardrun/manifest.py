@@ -113,7 +113,9 @@ def versions() -> dict[str, str]:
     return found
 
 
-def start_manifest(job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str]) -> dict[str, Any]:
+def start_manifest(
+    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str]
+) -> dict[str, Any]:
     job_sha, job_size = file_digest(job.job_path)
     manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,

@@ -8,9 +8,10 @@ uvloop and stops the simulator again, whatever happened.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from shardrun._shard_main import run_loop
-from shardrun.coordinator import run_job
+from shardrun.coordinator import open_input, run_job
 from shardrun.errors import SpecError
 from shardrun.manifest import RunDir, new_run_id
 from shardrun.sim.config import SimConfig
@@ -33,6 +34,7 @@ def run(
     job = load_job(job_path, env=env, flags=flags)
     api_key = job.api_key(env)
     sim_config = _sim_config(job)
+    reader = open_input(job)  # a missing input fails before any run directory exists
     run_dir = RunDir.create(job.runs_path, run_id or new_run_id())
     sim: SimProcess | None = None
     base_url = job.spec.endpoint.base_url
@@ -40,7 +42,7 @@ def run(
         if sim_config is not None:
             sim = start_sim(sim_config)
             base_url = sim.base_url
-        summary: RunSummary = run_loop(run_job(job, run_dir, base_url, api_key, argv))
+        summary: RunSummary = run_loop(run_job(job, reader, run_dir, base_url, api_key, argv))
         return summary
     finally:
         if sim is not None:

@@ -231,6 +231,21 @@ def test_connection_dropped_mid_stream() -> None:
     assert out.status == "conn_reset" and out.wasted_tokens == 1
 
 
+def test_done_without_end_of_body_is_still_ok() -> None:
+    """After [DONE] the attempt is ok even if the server never ends the body (it is dropped)."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + sse(b"[DONE]"))
+        await asyncio.sleep(30)
+        return resp
+
+    out = run(one(handler, timeouts))
+    assert out.status == "ok" and out.error is None and out.text == "a"
+    assert out.last_token_at is not None and out.ended_at - out.last_token_at < 1.0
+
+
 def test_unparseable_json_is_protocol_error() -> None:
     """A data payload that is not JSON is a protocol_error naming the payload."""
 
@@ -245,7 +260,7 @@ def test_unparseable_json_is_protocol_error() -> None:
 
 
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
-    """A mid-stream stall ends as timeout_idle in ~idle_s; the next attempt gets a new connection."""
+    """A stall mid-stream is timeout_idle after ~idle_s; the next attempt opens a new connection."""
     timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)
     calls = 0
 
@@ -374,6 +389,39 @@ def test_cancellation_propagates() -> None:
                 await task
 
     run(go())
+
+
+def test_callback_errors_reach_the_caller() -> None:
+    """An OSError raised by a caller's callback propagates; it is not reported as conn_reset."""
+
+    def boom(t: float) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def go() -> None:
+        async with serve(normal_chat) as client:
+            with pytest.raises(OSError, match="No space left"):
+                await client.attempt(BODY, on_first_token=boom)
+            out = await client.attempt(BODY)  # the dropped stream did not poison the pool
+            assert out.status == "ok"
+
+    run(go())
+
+
+def test_conn_ready_reported_when_attempt_fails_before_headers() -> None:
+    """on_conn_ready still fires (once) when the attempt times out before response headers."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=0.2, idle_s=1.0, total_s=5.0)
+    calls: list[bool] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    async def go() -> AttemptOutcome:
+        async with serve(handler, timeouts) as client:
+            return await client.attempt(BODY, on_conn_ready=lambda t, r: calls.append(r))
+
+    out = run(go())
+    assert out.status == "timeout_first_token" and calls == [False]
 
 
 def test_timeouts_validated() -> None:

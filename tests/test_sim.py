@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shardrun.errors import RunError
 from shardrun.sim import SimConfig, TokenSpec, main, parse_tokens, start_sim
 from shardrun.sim.config import make_plan
-from shardrun.sim.server import Sim, build_app
+from shardrun.sim.server import Frames, Sim, build_app
 
 T = TypeVar("T")
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Say something nice."}]}
@@ -285,10 +285,11 @@ def test_emit_coalesces_due_tokens_into_few_writes() -> None:
     """Tokens go out in one write per wake, writes >= flush_ms apart, itl_ms=0 means one write."""
 
     async def emit(cfg: SimConfig, n: int) -> list[tuple[float, bytes]]:
-        rec = _Recorder()
-        events = [b"e%d;" % i for i in range(n)]
-        await Sim(cfg).emit(rec, b"R;", events, b"T;")  # type: ignore[arg-type]
-        assert b"".join(d for _, d in rec.writes) == b"R;" + b"".join(events) + b"T;<eof>"
+        rec, frames = _Recorder(), Frames(b"R;", b"<", b">", b"T;")
+        words = bytes(i % 256 for i in range(n))
+        await Sim(cfg).emit(rec, frames, words)  # type: ignore[arg-type]
+        assert b"".join(d for _, d in rec.writes) == b"R;" + frames.tokens(words) + b"T;<eof>"
+        assert frames.tokens(words).count(b"<") == n
         return rec.writes
 
     assert len(run(emit(SimConfig(itl_ms=0), 300))) == 1

@@ -1,5 +1,7 @@
 """SSEDecoder: payloads must not depend on where the network splits the bytes."""
 
+import itertools
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,7 +62,7 @@ def _decode(pieces: list[bytes]) -> list[str]:
 
 def _split(raw: bytes, cuts: list[int]) -> list[bytes]:
     bounds = [0, *sorted(cuts), len(raw)]
-    return [raw[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @st.composite

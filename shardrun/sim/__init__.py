@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from shardrun.sim.config import SimConfig, TokenSpec, parse_tokens
 from shardrun.sim.launcher import SimProcess, start_sim
@@ -25,7 +26,7 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
 
 

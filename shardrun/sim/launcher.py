@@ -30,6 +30,7 @@ class SimProcess:
 
     def __init__(self, proc: subprocess.Popen[bytes], base_url: str, stderr: IO[bytes]) -> None:
         self._proc, self._stderr = proc, stderr
+        self._final_tail = ""
         self.base_url = base_url
 
     @property
@@ -42,13 +43,13 @@ class SimProcess:
         return self._proc.poll()
 
     def stderr_tail(self, limit: int = 2000) -> str:
-        """The last `limit` characters the simulator wrote to stderr."""
-        return _tail(self._stderr, limit)
+        """The last `limit` characters the simulator wrote to stderr (kept after `stop`)."""
+        return self._final_tail[-limit:] if self._stderr.closed else _tail(self._stderr, limit)
 
     def stop(self, timeout: float = 5.0) -> int:
         """SIGTERM, wait up to `timeout` seconds, then SIGKILL; returns the exit status.
 
-        Safe to call more than once.
+        Safe to call more than once. Closes the pipes and the stderr file, keeping its tail.
         """
         proc = self._proc
         if proc.poll() is None:
@@ -61,6 +62,9 @@ class SimProcess:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+        if not self._stderr.closed:
+            self._final_tail = _tail(self._stderr, 2000)
+            self._stderr.close()
         return proc.returncode
 
     def __enter__(self) -> SimProcess:
@@ -69,13 +73,10 @@ class SimProcess:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
         self.stop()
-        self._stderr.close()
 
 
 def _tail(f: IO[bytes], limit: int) -> str:
     """Last `limit` characters of a file we write through another process's descriptor."""
-    if f.closed:
-        return ""
     size = os.fstat(f.fileno()).st_size
     f.seek(max(0, size - limit))
     return f.read().decode(errors="replace").strip()
@@ -115,7 +116,6 @@ def start_sim(cfg: SimConfig, host: str = "127.0.0.1", startup_timeout: float = 
     sim = SimProcess(proc, "", stderr)
     code = sim.stop(timeout=2.0)
     tail = sim.stderr_tail() or "(nothing)"
-    stderr.close()
     if eof:
         why = f"exited with status {code} before listening"
     elif line:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from aiohttp import web
@@ -32,35 +32,40 @@ _OBJECT = {"chat": (b"chat.completion.chunk", "chat.completion", "chatcmpl"),
 
 
 def _usage(plan: Plan) -> dict[str, int]:
+    """The OpenAI usage object; prompt tokens are the plan's cheap estimate."""
     n = len(plan.words)
     return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
             "total_tokens": plan.prompt_tokens + n}  # fmt: skip
 
 
-def render_stream(plan: Plan, rid: str, created: int) -> tuple[bytes, list[bytes], bytes]:
-    """Prebuilt SSE bytes: (role chunk or b"", one event per token, finish+usage+[DONE]).
+class Frames(NamedTuple):
+    """Prebuilt SSE bytes of one stream; words are plain ASCII, so no JSON encoding per token."""
 
-    Words are plain ASCII, so each token event is two constant byte strings around the word:
-    no JSON encoding per token.
-    """
+    role: bytes  # chat's first chunk (role "assistant"); b"" for completions
+    head: bytes  # bytes of a token event before its word
+    tail: bytes  # bytes of a token event after its word
+    end: bytes  # finish chunk, usage chunk when asked for, then [DONE]
+
+    def tokens(self, words: bytes) -> bytes:
+        """The events of these tokens as one bytes object: one join per write, not per token."""
+        return self.head + (self.tail + self.head).join([WORDS[i] for i in words]) + self.tail
+
+
+def render_stream(plan: Plan, rid: str, created: int) -> Frames:
+    """The byte templates of a streamed answer; token events are built lazily, per write."""
     ident = b'"id":%b,"object":"%b","created":%d,"model":%b' % (
         orjson.dumps(rid), _OBJECT[plan.kind][0], created, orjson.dumps(plan.model))
     pre = b"data: {" + ident + b',"choices":[{"index":0,'
     end = b'"logprobs":null,"finish_reason":null}]}\n\n'
     finish = b'"logprobs":null,"finish_reason":"%b"}]}\n\n' % plan.finish.encode()
-    if plan.kind == "chat":
-        role = pre + b'"delta":{"role":"assistant","content":""},' + end
-        head, tail = pre + b'"delta":{"content":"', b'"},' + end
-        fin = pre + b'"delta":{},' + finish
-    else:
-        role = b""
-        head, tail = pre + b'"text":"', b'",' + end
-        fin = pre + b'"text":"",' + finish
-    events = [head + WORDS[i] + tail for i in plan.words]
     usage = b""
     if plan.include_usage:
         usage = b'data: {%b,"choices":[],"usage":%b}\n\n' % (ident, orjson.dumps(_usage(plan)))
-    return role, events, fin + usage + _DONE
+    if plan.kind == "chat":
+        return Frames(pre + b'"delta":{"role":"assistant","content":""},' + end,
+                      pre + b'"delta":{"content":"', b'"},' + end,
+                      pre + b'"delta":{},' + finish + usage + _DONE)  # fmt: skip
+    return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE)
 
 
 def render_full(plan: Plan, rid: str, created: int) -> bytes:
@@ -125,6 +130,7 @@ class Sim:
         self.stats["by_path"] = {}
 
     def next_id(self, kind: Kind) -> tuple[str, int]:
+        """A response id unique in this server (ids are not part of the deterministic output)."""
         self.seq += 1
         return f"{_OBJECT[kind][2]}-sim{self.seq}", int(time.time())
 
@@ -147,17 +153,16 @@ class Sim:
             st["in_flight"] -= 1
             self.gate.release()
 
-    async def emit(self, resp: web.StreamResponse, role: bytes, events: list[bytes],
-                   tail: bytes) -> None:  # fmt: skip
+    async def emit(self, resp: web.StreamResponse, frames: Frames, words: bytes) -> None:
         """Write tokens on their wall-clock schedule, all due tokens per write, >= flush apart."""
         loop = asyncio.get_running_loop()
-        t0, n, sent = loop.time(), len(events), 0
+        t0, n, sent = loop.time(), len(words), 0
         for _ in range(n):  # every pass sends at least one token
             now = loop.time()
             due = n if self.itl <= 0 else min(n, max(sent + 1, int((now - t0) / self.itl) + 1))
-            data = (role if sent == 0 else b"") + b"".join(events[sent:due])
+            data = (frames.role if sent == 0 else b"") + frames.tokens(words[sent:due])
             if due == n:  # the last write also ends the chunked body: one send, not two
-                await resp.write_eof(data + tail)
+                await resp.write_eof(data + frames.end)
                 return
             await resp.write(data)
             sent = due
@@ -165,6 +170,7 @@ class Sim:
             await asyncio.sleep(wake - loop.time())
 
     def done(self, plan: Plan) -> None:
+        """Count a request that received its whole answer."""
         self.stats["completed"] += 1
         self.stats["completion_tokens_total"] += len(plan.words)
 
@@ -207,11 +213,11 @@ async def _respond_stream(request: web.Request, sim: Sim, plan: Plan, rid: str,
     """Headers at once; capacity queueing and TTFT come after, as with vLLM's streaming."""
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    role, events, tail = render_stream(plan, rid, created)
+    frames = render_stream(plan, rid, created)
     try:
         async with sim.slot():
             await asyncio.sleep(sim.ttft)
-            await sim.emit(resp, role, events, tail)
+            await sim.emit(resp, frames, plan.words)
     except ConnectionResetError:
         sim.stats["aborted"] += 1  # aiohttp finishes a reset response quietly
         return resp
@@ -268,11 +274,11 @@ def _watch_stdin(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 async def _serve(cfg: SimConfig, host: str, port: int, exit_on_stdin_eof: bool) -> None:
     runner = web.AppRunner(build_app(cfg), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=2.0)  # fmt: skip
+                           shutdown_timeout=1.0)  # fmt: skip
     await runner.setup()
     try:
         # A deep backlog: 256 clients connecting at once must not hit SYN retransmit delays.
-        await web.TCPSite(runner, host, port, backlog=4096, shutdown_timeout=2.0).start()
+        await web.TCPSite(runner, host, port, backlog=4096, shutdown_timeout=1.0).start()
         real_port = runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host
         print(f"shardrun sim listening on http://{shown}:{real_port}/v1", flush=True)

@@ -1,0 +1,104 @@
+"""Shared helpers: write inputs and job files, run the real CLI in a subprocess, read a run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+import yaml
+
+# Fast simulator settings: the tests are about behaviour, not speed.
+FAST_SIM = {"ttft_ms": 5, "itl_ms": 0.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}
+CLI_TIMEOUT_S = 240  # a hang guard, not a timing assertion
+
+
+def write_input(path: Path, n: int, *, prefix: str = "item") -> list[str]:
+    """A JSONL input of `n` prompts; returns the ids in order."""
+    ids = [f"{prefix}-{i:05d}" for i in range(n)]
+    with open(path, "wb") as f:
+        for i, item_id in enumerate(ids):
+            f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: say something."}))
+            f.write(b"\n")
+    return ids
+
+
+def write_job(path: Path, **overrides: Any) -> Path:
+    """A job file against sim:// with fast settings; `overrides` replace top-level sections."""
+    job: dict[str, Any] = {
+        "endpoint": {"base_url": "sim://", "api": "chat", "model": "sim-test", "sim": FAST_SIM},
+        "input": {"path": "input.jsonl"},
+        "params": {"max_tokens": 32},
+        "shards": 2,
+        "concurrency": 8,
+    }
+    job.update(overrides)
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = CLI_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m shardrun ARGS` as a real process."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "shardrun", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]
+
+
+@dataclass
+class Run:
+    """The files of one finished run, parsed."""
+
+    path: Path
+    manifest: dict[str, Any]
+    results: list[dict[str, Any]]
+    dead: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: Path) -> Run:
+        def gather(sub: str) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = []
+            for file in sorted((path / sub).glob("shard-*.jsonl")):
+                rows.extend(read_jsonl(file))
+            return rows
+
+        manifest = orjson.loads((path / "manifest.json").read_bytes())
+        return cls(path, manifest, gather("results"), gather("dead"), gather("events"))
+
+
+def only_run(runs_dir: Path) -> Path:
+    (run,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    return run
+
+
+@pytest.fixture
+def no_stray_children() -> Iterator[None]:
+    """Fail a test that leaves child processes of this test process behind."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    leftover = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+    assert not leftover, f"processes left running: {[p.cmdline() for p in leftover]}"
