@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -74,8 +76,6 @@ def test_manifest_lists_files_and_sources(tmp_path: Path) -> None:
     assert run.manifest["status"] == "succeeded" and run.manifest["shards"] == 3
     listed = {f["path"]: f for f in run.manifest["files"]}
     assert {"events/shard-02.jsonl", "results/shard-02.jsonl"} <= set(listed)
-    import hashlib
-
     for rel, entry in listed.items():
         data = (run.path / rel).read_bytes()
         assert entry["bytes"] == len(data)
@@ -90,8 +90,6 @@ def test_separately_started_sim_over_http(tmp_path: Path, no_stray_children: Non
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
         proc = run_cli("--shards", "4", "--concurrency", "8", "job.yaml", "--runs-dir", "runs",
                        cwd=tmp_path)
-        import urllib.request
-
         with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/stats") as resp:
             stats = orjson.loads(resp.read())
     assert proc.returncode == 0, proc.stderr
@@ -164,7 +162,7 @@ def _closed_port() -> int:
 
 
 def test_unreachable_endpoint_fails_every_item_with_cause(tmp_path: Path) -> None:
-    """A refused endpoint ends with exit 1, every item dead-lettered with the cause, no traceback."""
+    """A refused endpoint: exit 1, every item dead-lettered with the cause, no traceback."""
     ids = write_input(tmp_path / "input.jsonl", 500)
     port = _closed_port()
     write_job(tmp_path / "job.yaml",

@@ -35,6 +35,7 @@ class SimProcess:
 
     @property
     def pid(self) -> int:
+        """The simulator's process id (for CPU accounting or signals)."""
         return self._proc.pid
 
     @property
