@@ -32,6 +32,8 @@ _MUST_BE_OVERRIDES: Mapping[str, str] = {
     "endpoint.api_key_env": (
         "the name of an environment variable (like OPENAI_API_KEY), not the key itself"
     ),
+    "rate_limits.rpm": "a number greater than 0 (requests per minute), or none for no limit",
+    "rate_limits.tpm": "a number greater than 0 (tokens per minute), or none for no limit",
 }
 
 _CROSS_FIELD: Mapping[str, str] = {
@@ -45,11 +47,28 @@ _CROSS_FIELD: Mapping[str, str] = {
         "{subject} needs endpoint.api 'chat' (the completions API takes no message lists),"
         " but endpoint.api is {other_value}{other_src}"
     ),
+    "system_with_messages": (
+        "{subject} cannot be combined with {other}: a message list carries its own system"
+        " message"
+    ),
+    "batch_needs_no_prompt": (
+        "{subject} does not apply to input.format 'openai-batch': each line carries its own"
+        " request body"
+    ),
+    "pricing_basis": (
+        "{subject} cannot be combined with {other}: give either an hourly price or per-token"
+        " prices"
+    ),
     "params_reserved": (
         "{subject} must not set {got}: shardrun sends the model, the prompt or messages,"
         " and stream itself"
     ),
 }
+
+_VALUE_RULES: Mapping[str, str] = {
+    "template_syntax": "{subject} is not a valid template: {why}",
+}
+"""Single-field rules whose reason is more useful than 'must be <type>'."""
 
 _NUMBER_TEXT = re.compile(r"\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*")
 
@@ -185,6 +204,9 @@ def _one(error: ErrorDetails, blame: Blame) -> Problem:
         return _cross_field(error["type"], key, ctx, blame)
     if error["type"] == "missing":
         return missing_problem(key, blame)
+    if error["type"] in _VALUE_RULES:
+        origin, subject = blame.subject(key)
+        return origin, _VALUE_RULES[error["type"]].format(subject=subject, **ctx)
     if key not in blame.fields:
         return blame.origin, f"{key or 'the job'}: {error['msg']}"
     return value_problem(key, error["input"], blame, rest)

@@ -21,8 +21,14 @@ from typing import Literal
 
 PREFIX = "SHARDRUN_"
 
-Kind = Literal["int", "float", "str", "other"]
-"""How a leaf value is written as text: what an env var or a string flag must be parsed into."""
+Kind = Literal["int", "float", "optional_float", "str", "other"]
+"""How a leaf value is written as text: what an env var or a string flag must be parsed into.
+
+`optional_float` is a number or a word meaning "no value" (`none`, `null`, `unlimited`, `off`),
+so an operator can lift a rate limit the job file sets without editing it.
+"""
+
+_NONE_WORDS = frozenset({"none", "null", "unlimited", "off"})
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
@@ -69,6 +75,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("SHARDRUN_RUNS_DIR", "runs_dir", "where run directories are created"),
     EnvVar("SHARDRUN_SHUTDOWN_GRACE_S", "shutdown_grace_s", "seconds in-flight work gets on stop"),
+    EnvVar(
+        "SHARDRUN_RPM", "rate_limits.rpm", "requests per minute, whole job (none: unlimited)"
+    ),
+    EnvVar(
+        "SHARDRUN_TPM", "rate_limits.tpm", "prompt+completion tokens per minute, whole job"
+    ),
 )
 
 ENV_BY_KEY: Mapping[str, EnvVar] = {v.key: v for v in ENV_VARS}
@@ -117,6 +129,9 @@ def parse_text(text: str, kind: Kind) -> object:
         return int(stripped)
     if kind == "float":
         return float(text.strip())
+    if kind == "optional_float":
+        stripped = text.strip()
+        return None if stripped.lower() in _NONE_WORDS else float(stripped)
     return text
 
 

@@ -9,6 +9,7 @@ from.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import PurePath
 from types import MappingProxyType
 from typing import Any, Literal, get_origin
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from shardrun._env import Kind
+from shardrun._template import TemplateError, parse_template
 
 _NON_BLANK = r"\S"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -62,32 +64,90 @@ class EndpointSpec(_Frozen):
         return self
 
 
+InputFormat = Literal["jsonl", "csv", "parquet", "openai-batch"]
+_FORMAT_BY_SUFFIX: Mapping[str, InputFormat] = {".csv": "csv", ".parquet": "parquet"}
+_PROMPT_SOURCES = ("prompt_field", "messages_field", "template")
+_BATCH_UNUSED = (*_PROMPT_SOURCES, "system_prompt")
+
+
+def format_for_path(path: str) -> InputFormat:
+    """The input format a file name implies: `.csv`, `.parquet`, else JSON lines."""
+    return _FORMAT_BY_SUFFIX.get(PurePath(path).suffix.lower(), "jsonl")
+
+
 class InputSpec(_Frozen):
-    """Which input file and which fields of each record hold the id and the prompt."""
+    """Which input file, in which format, and how each record becomes a request.
+
+    A record's prompt comes from exactly one of `prompt_field` (a string), `messages_field`
+    (a chat message list) or `template` (a user message filled from the record's fields);
+    `system_prompt` adds a system message to the first and the last. `openai-batch` lines
+    carry their own request body, so none of these apply to them.
+    """
 
     path: str = Field(pattern=_NON_BLANK)
+    format: InputFormat
     id_field: str = Field(default="id", pattern=_NON_BLANK)
     prompt_field: str | None = Field(default=None, pattern=_NON_BLANK)
     messages_field: str | None = Field(default=None, pattern=_NON_BLANK)
+    template: str | None = Field(default=None, pattern=_NON_BLANK)
+    system_prompt: str | None = Field(default=None, pattern=_NON_BLANK)
 
     @model_validator(mode="before")
     @classmethod
-    def _default_prompt_field(cls, data: Any) -> Any:
-        """Neither field given means the common case: a text prompt in the field "prompt"."""
-        neither = isinstance(data, dict) and not (
-            data.get("prompt_field") is not None or data.get("messages_field") is not None
-        )
-        return {**data, "prompt_field": "prompt"} if neither else data
+    def _defaults(cls, data: Any) -> Any:
+        """The format from the file name; with no prompt source, the field "prompt"."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("format") is None and isinstance(data.get("path"), str):
+            data["format"] = format_for_path(data["path"])
+        none_given = all(data.get(name) is None for name in _PROMPT_SOURCES)
+        if none_given and data.get("format") != "openai-batch":
+            data["prompt_field"] = "prompt"
+        return data
+
+    @field_validator("template")
+    @classmethod
+    def _template_parses(cls, text: str | None) -> str | None:
+        """A template is checked once, here, so no record can make it fail later."""
+        if text is not None:
+            try:
+                parse_template(text)
+            except TemplateError as exc:
+                raise PydanticCustomError(
+                    "template_syntax", "bad template: {why}", {"why": str(exc)}
+                ) from None
+        return text
 
     @model_validator(mode="after")
     def _one_input_field(self) -> InputSpec:
-        """Each item is either a text prompt or a message list; both at once is ambiguous."""
-        if self.prompt_field is not None and self.messages_field is not None:
+        """Each item is a text prompt, a message list or a filled template; two is ambiguous."""
+        given = [name for name in _PROMPT_SOURCES if getattr(self, name) is not None]
+        if self.format == "openai-batch":
+            return self._nothing_for_batch()
+        if len(given) > 1:
             raise PydanticCustomError(
                 "one_input_field",
-                "give exactly one of input.prompt_field and input.messages_field",
-                {"field": "prompt_field", "other": "messages_field"},
+                "give exactly one of input.prompt_field, input.messages_field, input.template",
+                {"field": given[0], "other": given[1]},
             )
+        if self.system_prompt is not None and self.messages_field is not None:
+            raise PydanticCustomError(
+                "system_with_messages",
+                "input.system_prompt cannot be combined with input.messages_field",
+                {"field": "system_prompt", "other": "messages_field"},
+            )
+        return self
+
+    def _nothing_for_batch(self) -> InputSpec:
+        """OpenAI Batch lines hold whole request bodies: prompt settings would be ignored."""
+        for name in _BATCH_UNUSED:
+            if getattr(self, name) is not None:
+                raise PydanticCustomError(
+                    "batch_needs_no_prompt",
+                    "input.{name} does not apply to input.format openai-batch",
+                    {"field": name, "name": name},
+                )
         return self
 
 
@@ -108,6 +168,8 @@ class RetrySpec(_Frozen):
     backoff_max_s: float = Field(default=30.0, ge=0)
     budget_ratio: float = Field(default=0.2, ge=0)
     budget_floor: int = Field(default=10, ge=0)
+    # A server asking for a longer wait dead-letters the item rather than parking it for hours.
+    max_server_wait_s: float = Field(default=300.0, gt=0)
 
     @model_validator(mode="after")
     def _backoff_order(self) -> RetrySpec:
@@ -126,6 +188,41 @@ class RetrySpec(_Frozen):
         return self
 
 
+class RateLimitsSpec(_Frozen):
+    """Job-wide limits shared by all shards (each gets 1/N); None means no limit."""
+
+    rpm: float | None = Field(default=None, gt=0)
+    tpm: float | None = Field(default=None, gt=0)
+
+
+class PricingSpec(_Frozen):
+    """Prices for the cost report: per million tokens, or per hour of a dedicated server."""
+
+    input_per_1m: float | None = Field(default=None, ge=0)
+    output_per_1m: float | None = Field(default=None, ge=0)
+    hourly: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_basis(self) -> PricingSpec:
+        """An hourly price and token prices describe two different bills: pick one."""
+        token_key = next(
+            (k for k in ("input_per_1m", "output_per_1m") if getattr(self, k) is not None), None
+        )
+        if self.hourly is not None and token_key is not None:
+            raise PydanticCustomError(
+                "pricing_basis",
+                "pricing.hourly cannot be combined with pricing.{other}",
+                {"field": "hourly", "other": token_key},
+            )
+        return self
+
+
+class OutputSpec(_Frozen):
+    """What the run writes besides its own files: `openai-batch` adds Batch API files."""
+
+    format: Literal["shardrun", "openai-batch"] = "shardrun"
+
+
 class JobSpec(_Frozen):
     """The whole validated job. `params` is passed through into every request body."""
 
@@ -138,6 +235,9 @@ class JobSpec(_Frozen):
     retry: RetrySpec = Field(default_factory=lambda: RetrySpec())
     runs_dir: str = Field(default="runs", pattern=_NON_BLANK)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    rate_limits: RateLimitsSpec = Field(default_factory=lambda: RateLimitsSpec())
+    pricing: PricingSpec = Field(default_factory=lambda: PricingSpec())
+    output: OutputSpec = Field(default_factory=lambda: OutputSpec())
 
     @field_validator("params")
     @classmethod
@@ -153,17 +253,23 @@ class JobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _messages_need_chat(self) -> JobSpec:
-        """Message lists only make sense for the chat API; completions takes a prompt string."""
-        if self.input.messages_field is not None and self.endpoint.api != "chat":
-            raise PydanticCustomError(
-                "messages_need_chat",
-                "input.messages_field needs endpoint.api 'chat'",
-                {
-                    "field": "input.messages_field",
-                    "other": "endpoint.api",
-                    "other_value": self.endpoint.api,
-                },
-            )
+        """Message lists only make sense for the chat API; completions takes a prompt string.
+
+        A system prompt makes a message list too; a template alone does not (with the
+        completions API the filled template is the prompt).
+        """
+        for name in ("messages_field", "system_prompt"):
+            if getattr(self.input, name) is not None and self.endpoint.api != "chat":
+                raise PydanticCustomError(
+                    "messages_need_chat",
+                    "input.{name} needs endpoint.api 'chat'",
+                    {
+                        "field": f"input.{name}",
+                        "name": name,
+                        "other": "endpoint.api",
+                        "other_value": self.endpoint.api,
+                    },
+                )
         return self
 
 
@@ -202,6 +308,8 @@ def kind_of(key: str) -> Kind:
         return "int"
     if ann is float:
         return "float"
+    if ann == float | None:
+        return "optional_float"
     if ann in (str, str | None) or get_origin(ann) is Literal:
         return "str"
     return "other"

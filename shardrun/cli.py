@@ -15,7 +15,7 @@ from pathlib import Path
 from shardrun import __version__
 from shardrun.errors import ShardrunError
 
-SUBCOMMANDS = ("run", "sim")
+SUBCOMMANDS = ("run", "sim", "retry-failed")
 
 
 def _env_help() -> str:
@@ -49,6 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     run.add_argument("--runs-dir", type=Path, metavar="DIR", help="where run directories go")
     run.add_argument("--run-id", metavar="ID", help="name of the run directory (default: time)")
+    run.add_argument("--resume", metavar="RUN_ID",
+                     help="continue run RUN_ID (or `latest`) in its directory, skipping "
+                          "every item that has a result or dead-letter line")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="with --resume: give dead-lettered items another pass")
+    run.add_argument("--strict", action="store_true",
+                     help="check the whole input first; the first bad line is an error")
+    retry = sub.add_parser(
+        "retry-failed",
+        help="give a run's dead-lettered items another pass",
+        description="Resume RUN_DIR with its own job file, re-running dead-lettered items.",
+    )
+    retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
+    retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
     return parser
 
@@ -79,15 +94,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from shardrun.runner import run
+    from shardrun.runner import RunOptions, job_of_run, run
     from shardrun.summary import format_summary
 
+    if args.command == "retry-failed":
+        job, runs_dir = job_of_run(args.run_dir)
+        options = RunOptions(resume=args.run_dir.name, retry_failed=True)
+    else:
+        job, runs_dir = args.job, args.runs_dir
+        options = RunOptions(run_id=args.run_id, resume=args.resume,
+                             retry_failed=args.retry_failed, strict=args.strict)
     flags = {
         "shards": args.shards,
         "concurrency": args.concurrency,
-        "runs_dir": None if args.runs_dir is None else str(args.runs_dir),
+        "runs_dir": None if runs_dir is None else str(runs_dir),
     }
-    summary = run(args.job, env=os.environ, flags=flags, run_id=args.run_id, argv=argv)
+    summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
     print(format_summary(summary))
     if summary.fatal_reason:
         print(f"error: {summary.fatal_reason}", file=sys.stderr)

@@ -1,8 +1,11 @@
-"""The coordinator: streams the input to shards on request, supervises them, handles signals.
+"""The coordinator: hands work to shards on request, supervises them, handles signals.
 
-Work is pulled: a shard asks for `n` items when its own queue runs low, and the coordinator reads
-that many lines from the input and sends them. The input is never held in memory, and a shard
-with free slots is served as soon as it asks, so no shard idles while work remains.
+Work is pulled: a shard asks for `n` items when its own queue runs low, and the coordinator takes
+that many from the `WorkSource` and sends them. The input is never held in memory; what the
+coordinator does hold is each shard's outstanding items (at most a few times its cap), so that
+when a shard dies its unfinished items go to the others and to a replacement shard. An item
+counts as finished only when its shard reports the line flushed (`fin`), and a dead shard's own
+files are checked before anything is handed out again, so nothing is lost or done twice.
 """
 
 from __future__ import annotations
@@ -11,24 +14,22 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from shardrun import events, protocol
 from shardrun.clock import Clock
 from shardrun.errors import RunError
 from shardrun.events import EventLog
-from shardrun.inputs import FieldMap, InputReader, Reject
-from shardrun.manifest import RunDir, finish_manifest, start_manifest
+from shardrun.manifest import RunDir
 from shardrun.placement import ShardHandle, start_local_shard
-from shardrun.shard import ShardConfig
-from shardrun.spec import LoadedJob
+from shardrun.shard import ABANDON, ShardConfig
 from shardrun.summary import RunSummary
+from shardrun.worksource import WorkSource
 
 PROGRESS_EVERY_S = 10.0
+# A run whose shards keep dying is broken, not unlucky: give up after this many deaths.
+MAX_SHARD_DEATHS = 3
 
 
 @dataclass
@@ -36,110 +37,106 @@ class ShardState:
     """What the coordinator knows of one shard."""
 
     handle: ShardHandle
+    outstanding: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: dict[str, Any] = field(default_factory=dict)
     done: dict[str, Any] | None = None
     died: str | None = None
 
 
-class Coordinator:
-    """One run: input → shards → summary."""
+@dataclass
+class Totals:
+    """Finished items and tokens, summed from `fin` reports as shards flush."""
 
-    def __init__(self, job: LoadedJob, reader: InputReader, run_dir: RunDir, base_url: str,
-                 api_key: str | None) -> None:
-        self.job = job
+    ok: int = 0
+    dead: int = 0
+
+
+class Coordinator:
+    """One pass of a run: work source → shards → summary."""
+
+    def __init__(self, config: ShardConfig, shards: int, source: WorkSource,
+                 run_dir: RunDir) -> None:
+        self.config = config  # the template every shard's config is made from
+        self.shard_count = shards
+        self.source = source
         self.run_dir = run_dir
-        self.base_url = base_url
-        self.api_key = api_key
-        self.reader = reader
-        self.items: Iterator[dict[str, Any] | Reject] = iter(self.reader)
-        self.input_exhausted = False
-        self.rejects = 0
-        self._rejects_file = open(run_dir.rejects_path, "ab")  # noqa: SIM115 - closed in run()
-        self.shards: list[ShardState] = []
+        self.clock = Clock()
+        suffix = "" if config.segment == 0 else f".r{config.segment}"
+        self.log = EventLog(run_dir.path / "events" / f"coordinator{suffix}.jsonl",
+                            run_id=run_dir.run_id, shard=None)
+        source_end = source._on_input_end
+        self.source._on_input_end = self._input_ended if source_end is None else source_end
+        self.states: list[ShardState] = []
+        self.tasks: dict[asyncio.Task[None], ShardState] = {}
         self.interrupts = 0
         self.fatal_reason: str | None = None
+        self.fatal_mode: str | None = None
+        self.deaths: list[str] = []
+        self.reassigned = 0
+        self.totals = Totals()
         self.started = time.time()
-        self.clock = Clock()
-        self.log = EventLog(run_dir.path / "events" / "coordinator.jsonl", run_id=run_dir.run_id,
-                            shard=None)
 
-    # -- the input -----------------------------------------------------------------------------
+    def _input_ended(self) -> None:
+        self.log.emit(events.INPUT_END, t=self.clock.now(), lines=self.source.reader.lines_read,
+                      rejects=self.source.rejects)
 
-    def take(self, n: int) -> list[dict[str, Any]]:
-        """Up to `n` items from the input; rejects go to rejects.jsonl on the way."""
-        batch: list[dict[str, Any]] = []
-        if self.interrupts:
-            return batch
-        for entry in self.items:
-            if isinstance(entry, Reject):
-                self._reject(entry)
-                continue
-            batch.append(entry)
-            if len(batch) >= n:
-                return batch
-        if not self.input_exhausted:
-            self.input_exhausted = True
-            self.log.emit(events.INPUT_END, t=self.clock.now(), lines=self.reader.lines_read,
-                          rejects=self.rejects)
-        return batch
+    @property
+    def handing_out(self) -> bool:
+        return not self.interrupts and self.fatal_mode != ABANDON
 
-    def _reject(self, reject: Reject) -> None:
-        self.rejects += 1
-        record = {"line": reject.line, "reason": reject.reason, "path": str(self.job.input_path)}
-        self._rejects_file.write(orjson.dumps(record) + b"\n")
-
-    # -- shards --------------------------------------------------------------------------------
-
-    def shard_config(self, index: int) -> ShardConfig:
-        spec = self.job.spec
-        return ShardConfig(
-            shard=index,
-            run_id=self.run_dir.run_id,
-            out_dir=str(self.run_dir.path),
-            base_url=self.base_url,
-            api=spec.endpoint.api,
-            model=spec.endpoint.model,
-            api_key=self.api_key,
-            params=dict(spec.params),
-            concurrency=spec.concurrency,
-            retry=spec.retry.model_dump(),
-            timeouts=spec.timeouts.model_dump(),
-            grace_s=spec.shutdown_grace_s,
-        )
+    # -- one shard -----------------------------------------------------------------------------
 
     async def serve(self, state: ShardState) -> None:
         """Answer one shard's messages until it finishes or dies."""
         handle = state.handle
-        handle.send(self.shard_config(handle.index).to_message())
+        config = ShardConfig(**{**self.config.__dict__, "shard": handle.index})
+        handle.send(config.to_message())
         while (message := await handle.receive()) is not None:
             kind = message["t"]
             if kind == protocol.WANT:
-                batch = self.take(int(message["n"]))
-                if batch:
-                    handle.send({"t": protocol.ITEMS, "items": batch})
-                    self.log.emit(events.BATCH, t=self.clock.now(), to=handle.index,
-                                  n=len(batch))
-                if self.input_exhausted or self.interrupts:
-                    handle.send({"t": protocol.END})
-            elif kind == protocol.PROGRESS:
+                self._hand_out(state, int(message["n"]))
+            elif kind in (protocol.PROGRESS, protocol.DONE):
+                self._finished(state, message["fin_ok"], message["fin_dead"])
                 state.progress = message
+                if kind == protocol.DONE:
+                    state.done = message
             elif kind == protocol.FATAL:
-                self._on_fatal(str(message["reason"]), handle.index)
-            elif kind == protocol.DONE:
-                state.done = message
+                self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index)
         state.died = await handle.wait()
         if state.done is None and state.died is None:
             state.died = "closed its pipe without reporting"
         self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
                       status=state.died or "done")
 
-    def _on_fatal(self, reason: str, origin: int) -> None:
-        """One shard found the endpoint unusable: tell the others at once."""
-        if self.fatal_reason is None:
-            self.fatal_reason = reason
-            for other in self.shards:
-                if other.handle.index != origin:
-                    other.handle.send({"t": protocol.FATAL, "reason": reason})
+    def _hand_out(self, state: ShardState, n: int) -> None:
+        batch = self.source.take(n) if self.handing_out else []
+        if batch:
+            for item in batch:
+                state.outstanding[item["id"]] = item
+            state.handle.send({"t": protocol.ITEMS, "items": batch})
+            self.log.emit(events.BATCH, t=self.clock.now(), to=state.handle.index, n=len(batch))
+        # Items a shard gives back when it dies go to a replacement shard, so END is final.
+        if not self.handing_out or self.source.empty:
+            state.handle.send({"t": protocol.END})
+
+    def _finished(self, state: ShardState, ok: list[str], dead: list[str]) -> None:
+        for item_id in ok:
+            if state.outstanding.pop(item_id, None) is not None:
+                self.totals.ok += 1
+        for item_id in dead:
+            if state.outstanding.pop(item_id, None) is not None:
+                self.totals.dead += 1
+
+    def _on_fatal(self, reason: str, mode: str, origin: int) -> None:
+        """One shard found the endpoint (or the disk) unusable: tell the others at once."""
+        if self.fatal_reason is not None:
+            return
+        self.fatal_reason, self.fatal_mode = reason, mode
+        for other in self.states:
+            if other.handle.index != origin:
+                other.handle.send({"t": protocol.FATAL, "reason": reason, "mode": mode})
+
+    # -- signals and progress ------------------------------------------------------------------
 
     def interrupt(self) -> None:
         """First signal: stop handing out work and let in-flight finish; second: abort."""
@@ -148,102 +145,104 @@ class Coordinator:
         if self.interrupts == 1:
             print("\nstopping: letting in-flight requests finish (Ctrl-C again to abort)",
                   file=sys.stderr)
-        for state in self.shards:
+        for state in self.states:
             state.handle.send({"t": kind})
 
     async def progress(self) -> None:
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
-            ok = sum(s.progress.get("ok", 0) for s in self.shards)
-            dead = sum(s.progress.get("dead", 0) for s in self.shards)
-            tokens = sum(s.progress.get("completion_tokens", 0) for s in self.shards)
+            ok = sum(s.progress.get("ok", 0) for s in self.states)
+            dead = sum(s.progress.get("dead", 0) for s in self.states)
+            tokens = sum(s.progress.get("completion_tokens", 0) for s in self.states)
             elapsed = time.time() - self.started
             print(f"[{elapsed:6.1f}s] {ok + dead:,} done ({ok:,} ok, {dead:,} failed), "
                   f"{tokens / elapsed * 60:,.0f} completion tokens/min", file=sys.stderr)
+
+    # -- the run -------------------------------------------------------------------------------
 
     async def run(self) -> RunSummary:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.interrupt)
-        n = self.job.spec.shards
-        self.log.emit(events.RUN_START, t=self.clock.now(), shards=n,
-                      cap=self.job.spec.concurrency)
-        handles = [await start_local_shard(i, self.run_dir.logs) for i in range(n)]
-        self.shards = [ShardState(h) for h in handles]
+        self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
+                      cap=self.config.concurrency)
         ticker = asyncio.create_task(self.progress())
         try:
+            for _ in range(self.shard_count):
+                await self._start_shard()
             await self._supervise()
         finally:
             ticker.cancel()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            self._rejects_file.close()
-            self.reader.close()
+            self.source.reader.close()
             summary = self.summary()
             self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status)
             self.log.checkpoint(self.clock.now())
             self.log.close()
         return summary
 
+    async def _start_shard(self) -> None:
+        handle = await start_local_shard(len(self.states), self.run_dir.logs, self.run_dir.path,
+                                         self.config.segment)
+        state = ShardState(handle)
+        self.states.append(state)
+        self.tasks[asyncio.create_task(self.serve(state))] = state
+
     async def _supervise(self) -> None:
-        """Serve every shard; the first death fails the run after stopping the rest."""
-        tasks = {asyncio.create_task(self.serve(s)): s for s in self.shards}
-        pending = set(tasks)
-        while pending:
-            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        """Serve every shard; a dead shard's unfinished items go to the others."""
+        while pending := [t for t in self.tasks if not t.done()]:
+            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
                 task.result()
-                state = tasks[task]
+                state = self.tasks[task]
                 if state.died is not None:
-                    await self._abandon(pending)
-                    raise RunError(
-                        f"shard {state.handle.index} died ({state.died}); its log is "
-                        f"{self.run_dir.logs / f'shard-{state.handle.index:02d}.log'}; "
-                        f"results so far are in {self.run_dir.path}"
-                    )
+                    await self._after_death(state)
 
-    async def _abandon(self, pending: set[asyncio.Task[None]]) -> None:
+    async def _after_death(self, state: ShardState) -> None:
+        index = state.handle.index
+        log_path = self.run_dir.logs / f"shard-{index:02d}.log"
+        self.deaths.append(f"shard {index} died ({state.died}); its log is {log_path}")
+        print(f"warning: {self.deaths[-1]}", file=sys.stderr)
+        ok, dead = state.handle.finished_among(set(state.outstanding))
+        self._finished(state, ok, dead)
+        items = list(state.outstanding.values())
+        state.outstanding.clear()
+        self.reassigned += len(items)
+        self.source.requeue(items)
+        if len(self.deaths) >= MAX_SHARD_DEATHS:
+            await self._abandon()
+            raise RunError(f"{len(self.deaths)} shards died, the last: {self.deaths[-1]}; "
+                           f"results so far are in {self.run_dir.path}; continue with --resume")
+        if self.handing_out and not (self.source.empty and not items):
+            await self._start_shard()
+
+    async def _abandon(self) -> None:
         """Stop the surviving shards: stop, a short grace, then kill."""
-        for state in self.shards:
+        for state in self.states:
             state.handle.send({"t": protocol.STOP})
-        _, still = await asyncio.wait(pending, timeout=5.0) if pending else (set(), set())
-        for state in self.shards:
-            if state.done is None:
-                state.handle.kill()
-        if still:
-            await asyncio.wait(still, timeout=5.0)
+        pending = [t for t in self.tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=5.0)
+            for state in self.states:
+                if state.done is None:
+                    state.handle.kill()
+            if still:
+                await asyncio.wait(still, timeout=5.0)
 
     def summary(self) -> RunSummary:
-        reports = [s.done or s.progress for s in self.shards]
         return RunSummary.from_shard_reports(
             run_dir=self.run_dir.path,
-            reports=reports,
-            rejects=self.rejects,
+            reports=[s.done or s.progress for s in self.states],
+            ok=self.totals.ok,
+            dead=self.totals.dead,
+            taken=self.source.taken,
+            skipped=self.source.skipped,
+            rejects=self.source.rejects,
             started_at=self.started,
             ended_at=time.time(),
             interrupted=self.interrupts > 0,
             fatal_reason=self.fatal_reason,
+            shard_deaths=len(self.deaths),
+            reassigned=self.reassigned,
         )
-
-
-def open_input(job: LoadedJob) -> InputReader:
-    """Open the job's input for streaming (raises InputError when it cannot be read)."""
-    spec = job.spec.input
-    return InputReader(job.input_path, FieldMap(spec.id_field, spec.prompt_field,
-                                                spec.messages_field))
-
-
-async def run_job(job: LoadedJob, reader: InputReader, run_dir: RunDir, base_url: str,
-                  api_key: str | None, argv: list[str]) -> RunSummary:
-    """Run a job into `run_dir` and return its summary; the manifest records everything."""
-    manifest = start_manifest(job, run_dir, base_url, argv)
-    coordinator = Coordinator(job, reader, run_dir, base_url, api_key)
-    status = "failed"
-    summary: RunSummary | None = None
-    try:
-        summary = await coordinator.run()
-        status = summary.status
-        return summary
-    finally:
-        finish_manifest(manifest, run_dir, status, coordinator.reader, summary)
-

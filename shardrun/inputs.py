@@ -1,21 +1,44 @@
 """Streams the input file into items without holding it in memory.
 
-An item is `{"id": ..., "prompt": str}` or `{"id": ..., "messages": [...]}`: exactly what the
-coordinator sends a shard. A line that cannot become an item is a `Reject` with its line number
-and reason; the caller decides whether that is fatal (`--strict`) or a line in rejects.jsonl.
+An item is exactly what the coordinator sends a shard, one of three shapes:
+
+    {"id", "prompt": str}                      a text prompt (chat: sent as one user message)
+    {"id", "messages": [...]}                  a chat message list (messages_field, or a
+                                               prompt/template with input.system_prompt)
+    {"id", "body": {...}, "url": str}          an OpenAI Batch line's own request body
+
+`build_request` turns any of them into the HTTP body a shard sends. Formats: JSON lines, CSV
+(header row), Parquet (the `parquet` extra) and OpenAI Batch input files. A record that cannot
+become an item is a `Reject` with its line (or row) number and reason; the caller decides
+whether that is fatal (`--strict`) or a line in rejects.jsonl.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from shardrun._tabular import CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
+from shardrun._template import MissingField, Template, parse_template
 from shardrun.errors import InputError
+
+if TYPE_CHECKING:
+    from shardrun._models import InputFormat
+    from shardrun.spec import LoadedJob
+
+BATCH_URLS: Mapping[str, Literal["chat", "completions"]] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+_BOM = b"\xef\xbb\xbf"
+CHARS_PER_TOKEN = 4
+"""The prompt-token estimate used before a server has counted: characters / 4."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,81 +50,275 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
-class FieldMap:
-    """Which fields of an input record hold the id and the prompt or messages."""
+class InputPlan:
+    """How records become items: the job's input settings, with the template parsed once."""
 
-    id_field: str
-    prompt_field: str | None
-    messages_field: str | None
+    id_field: str = "id"
+    prompt_field: str | None = "prompt"
+    messages_field: str | None = None
+    format: InputFormat = "jsonl"
+    template: Template | None = None
+    system_prompt: str | None = None
+
+    @classmethod
+    def from_job(cls, job: LoadedJob) -> InputPlan:
+        """The plan a loaded (so already validated) job describes."""
+        spec = job.spec.input
+        template = None if spec.template is None else parse_template(spec.template)
+        return cls(spec.id_field, spec.prompt_field, spec.messages_field, spec.format,
+                   template, spec.system_prompt)  # fmt: skip
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        """Columns every record must have (a tabular file's header is checked for them)."""
+        if self.template is not None:
+            return self.template.fields
+        return tuple(f for f in (self.prompt_field, self.messages_field) if f is not None)
+
+
+FieldMap = InputPlan
+"""The former name (id, prompt and messages fields only); kept while callers move over."""
 
 
 class InputReader:
-    """Iterates items and rejects of a JSONL file, hashing every byte read on the way.
+    """Iterates items and rejects of an input file, hashing every byte read on the way.
 
     The hash and byte count go into the manifest, so a published figure names the exact input.
+    Parquet is read by random access, so its hash covers the whole file, taken once the last
+    row has been read. A CSV header or Parquet schema without a needed column is an
+    InputError here, before any item is read.
     """
 
-    def __init__(self, path: Path, fields: FieldMap) -> None:
+    def __init__(self, path: Path, fields: InputPlan) -> None:
         self.path = path
         self.fields = fields
         self.sha = hashlib.sha256()
         self.bytes_read = 0
         self.lines_read = 0
-        try:
-            self._file = open(path, "rb")  # noqa: SIM115 - closed by close() or exhaustion
-        except FileNotFoundError:
-            raise InputError(
-                f"input file {path} does not exist; check input.path in the job file"
-            ) from None
-        except OSError as exc:
-            raise InputError(f"cannot open input file {path}: {exc.strerror}") from None
+        self._tabular: CsvRows | ParquetRows | None = None
+        if fields.format == "parquet":
+            _must_exist(path)
+            self._tabular = ParquetRows(path, fields.needed, [fields.id_field])
+            return
+        self._file = _open(path)
+        if fields.format == "csv":
+            self._tabular = CsvRows(path, self._file, self._count)
+            check_columns(path, self._tabular.header, fields.needed, "CSV header")
+
+    def _count(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.bytes_read += len(data)
 
     def __iter__(self) -> Iterator[dict[str, Any] | Reject]:
+        if isinstance(self._tabular, CsvRows):
+            return self._csv_items(self._tabular)
+        if isinstance(self._tabular, ParquetRows):
+            return self._parquet_items(self._tabular)
+        return self._line_items()
+
+    def _line_items(self) -> Iterator[dict[str, Any] | Reject]:
         with self._file:
             for raw in self._file:
-                self.sha.update(raw)
-                self.bytes_read += len(raw)
+                self._count(raw)
                 self.lines_read += 1
+                if self.lines_read == 1:
+                    raw = raw.removeprefix(_BOM)  # editors on Windows like to add one
                 if raw.strip():
                     yield parse_line(raw, self.lines_read, self.fields)
 
+    def _csv_items(self, rows: CsvRows) -> Iterator[dict[str, Any] | Reject]:
+        checked = (*self.fields.needed, self.fields.id_field)
+        with self._file:
+            for line, record, key in rows:
+                self.lines_read = rows.line_num
+                if isinstance(record, str):
+                    yield Reject(line, record)
+                elif bad := not_utf8(record, checked):
+                    yield Reject(line, f"column '{bad}' is not valid UTF-8")
+                else:
+                    yield record_item(record, key, line, self.fields)
+            self.lines_read = rows.line_num
+
+    def _parquet_items(self, rows: ParquetRows) -> Iterator[dict[str, Any] | Reject]:
+        for row in rows:
+            self.lines_read = rows.rows_read
+            yield _row_item(row, self.fields)
+        self.sha, self.bytes_read = file_sha256(self.path)
+        rows.close()
+
     def close(self) -> None:
-        self._file.close()
+        if self._tabular is not None:
+            self._tabular.close()
+        if self.fields.format != "parquet":
+            self._file.close()
 
 
-def parse_line(raw: bytes, line_no: int, fields: FieldMap) -> dict[str, Any] | Reject:
-    """One JSONL line to an item, or a Reject saying why not."""
+def make_reader(job: LoadedJob) -> InputReader:
+    """Open the job's input for streaming (raises InputError when it cannot be read)."""
+    return InputReader(job.input_path, InputPlan.from_job(job))
+
+
+def _must_exist(path: Path) -> None:
+    if not path.is_file():
+        _open(path).close()  # raises the same InputError as the line formats
+
+
+def _open(path: Path) -> IO[bytes]:
+    try:
+        return open(path, "rb")  # the caller closes it (close() or exhaustion)
+    except FileNotFoundError:
+        raise InputError(
+            f"input file {path} does not exist; check input.path in the job file"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"cannot open input file {path}: {exc.strerror}") from None
+
+
+def _row_item(row: Row, plan: InputPlan) -> dict[str, Any] | Reject:
+    line, record, key = row
+    if isinstance(record, str):
+        return Reject(line, record)
+    return record_item(record, key, line, plan)
+
+
+def parse_line(raw: bytes, line_no: int, fields: InputPlan) -> dict[str, Any] | Reject:
+    """One JSON line (JSONL or OpenAI Batch input) to an item, or a Reject saying why not."""
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
         return Reject(line_no, f"expected a JSON object, got {type(record).__name__}")
-    if fields.messages_field is not None:
-        return _messages_item(record, raw, line_no, fields.messages_field, fields.id_field)
-    assert fields.prompt_field is not None
-    prompt = record.get(fields.prompt_field)
-    if not isinstance(prompt, str):
-        what = "missing" if prompt is None else f"a {type(prompt).__name__}, not a string"
-        return Reject(line_no, f"prompt field '{fields.prompt_field}' is {what}")
-    return {"id": _item_id(record, raw, fields.id_field), "prompt": prompt}
+    if fields.format == "openai-batch":
+        return batch_item(record, line_no)
+    return record_item(record, raw.strip(), line_no, fields)
+
+
+def record_item(
+    record: Mapping[str, Any], key: bytes, line_no: int, plan: InputPlan
+) -> dict[str, Any] | Reject:
+    """A decoded record to an item; `key` stands in for a missing id (content hash)."""
+    item_id = _item_id(record, key, plan.id_field)
+    if plan.messages_field is not None:
+        return _messages_item(record, item_id, line_no, plan.messages_field)
+    if plan.template is not None:
+        try:
+            text = plan.template.fill(record)
+        except MissingField as exc:
+            return Reject(line_no, f"template field '{exc.field}' is missing")
+    else:
+        assert plan.prompt_field is not None
+        prompt = record.get(plan.prompt_field)
+        if not isinstance(prompt, str):
+            what = "missing" if prompt is None else f"a {type(prompt).__name__}, not a string"
+            return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}")
+        text = prompt
+    if plan.system_prompt is None:
+        return {"id": item_id, "prompt": text}
+    system = {"role": "system", "content": plan.system_prompt}
+    return {"id": item_id, "messages": [system, {"role": "user", "content": text}]}
 
 
 def _messages_item(
-    record: dict[str, Any], raw: bytes, line_no: int, field: str, id_field: str
+    record: Mapping[str, Any], item_id: str, line_no: int, field: str
 ) -> dict[str, Any] | Reject:
     messages = record.get(field)
+    if isinstance(messages, str):  # a CSV cell (or Parquet string) holding the list as JSON
+        try:
+            messages = orjson.loads(messages)
+        except orjson.JSONDecodeError:
+            return Reject(line_no, f"messages field '{field}' is text but not a JSON list")
     if not isinstance(messages, list) or not messages:
         return Reject(line_no, f"messages field '{field}' must be a non-empty list")
     for message in messages:
         if not isinstance(message, dict) or "role" not in message:
             return Reject(line_no, f"every entry of '{field}' must be an object with a 'role'")
-    return {"id": _item_id(record, raw, id_field), "messages": messages}
+    return {"id": item_id, "messages": messages}
 
 
-def _item_id(record: dict[str, Any], raw: bytes, id_field: str) -> str:
+def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reject:
+    """An OpenAI Batch input line (`custom_id`, `method`, `url`, `body`) to a body item."""
+    custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        return Reject(line_no, "custom_id is missing (a non-empty string is required)")
+    if record.get("method") != "POST":
+        return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}")
+    api = BATCH_URLS.get(url) if isinstance(url, str) else None
+    if api is None:
+        return Reject(
+            line_no, f"url must be /v1/chat/completions or /v1/completions, got {_short(url)}"
+        )
+    if not isinstance(body, dict):
+        return Reject(line_no, f"body must be a JSON object, got {_short(body)}")
+    need = "messages" if api == "chat" else "prompt"
+    if body.get(need) is None:
+        return Reject(line_no, f"body has no '{need}' (required for {url})")
+    return {"id": custom_id, "body": body, "url": url}
+
+
+def _short(value: object) -> str:
+    """A rejected value for a reason sentence: JSON, at most 40 characters."""
+    text = orjson.dumps(value, default=str).decode()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _item_id(record: Mapping[str, Any], key: bytes, id_field: str) -> str:
     """The input's own id as a string, or a content hash when the record has none."""
     value = record.get(id_field)
     if value is None or value == "":
-        return "h" + hashlib.blake2b(raw.strip(), digest_size=10).hexdigest()
+        return "h" + hashlib.blake2b(key, digest_size=10).hexdigest()
     return value if isinstance(value, str) else str(value)
+
+
+# -- what a shard does with an item -----------------------------------------------------------
+
+
+def build_request(
+    item: Mapping[str, Any],
+    *,
+    model: str,
+    params: Mapping[str, Any],
+    api: Literal["chat", "completions"],
+) -> tuple[Literal["chat", "completions"], dict[str, Any]]:
+    """The API to call and the streaming request body for one item of any shape.
+
+    A body item keeps its own body and names its API by its url; the job's `params` only fill
+    keys the body lacks, and `model` only when the body names none. Every body streams with
+    usage reported, whatever the line said about `stream`.
+    """
+    if "body" in item:
+        api = BATCH_URLS.get(str(item.get("url")), api)
+        body: dict[str, Any] = {**params, **item["body"]}
+        if not body.get("model"):
+            body["model"] = model
+    else:
+        body = {"model": model, **params}
+        if "messages" in item:
+            body["messages"] = item["messages"]
+        elif api == "completions":
+            body["prompt"] = item["prompt"]
+        else:
+            body["messages"] = [{"role": "user", "content": item["prompt"]}]
+    options = body.get("stream_options")
+    body["stream"] = True
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                              "include_usage": True}  # fmt: skip
+    return api, body
+
+
+def prompt_chars(item: Mapping[str, Any]) -> int:
+    """Characters of prompt text an item sends (message contents, or the prompt)."""
+    source: Any = item.get("body", item)
+    prompt = source.get("prompt")
+    if prompt is not None:
+        return len(prompt) if isinstance(prompt, str) else len(orjson.dumps(prompt))
+    total = 0
+    for message in source.get("messages") or ():
+        content = message.get("content", "") if isinstance(message, dict) else ""
+        total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
+    return total
+
+
+def estimate_prompt_tokens(item: Mapping[str, Any]) -> int:
+    """Prompt tokens before the server counts them: characters / 4, rounded up."""
+    return math.ceil(prompt_chars(item) / CHARS_PER_TOKEN)

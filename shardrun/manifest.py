@@ -60,13 +60,16 @@ class RunDir:
             raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
         return cls(path, run_id)
 
+    @classmethod
+    def existing(cls, path: Path) -> RunDir:
+        return cls(path, path.name)
+
     @property
     def logs(self) -> Path:
         return self.path / "logs"
 
-    @property
-    def rejects_path(self) -> Path:
-        return self.path / "rejects.jsonl"
+    def rejects_path(self, segment: int) -> Path:
+        return self.path / ("rejects.jsonl" if segment == 0 else f"rejects.r{segment}.jsonl")
 
     @property
     def manifest_path(self) -> Path:
@@ -137,6 +140,28 @@ def start_manifest(
     return manifest
 
 
+def resume_manifest(
+    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str], pass_info: dict[str, Any]
+) -> dict[str, Any]:
+    """Record a resume pass in an existing manifest (status back to `running`)."""
+    manifest: dict[str, Any] = orjson.loads(run_dir.manifest_path.read_bytes())
+    job_sha, _ = file_digest(job.job_path)
+    manifest.setdefault("resumes", []).append({
+        **pass_info,
+        "command": ["shardrun", *argv],
+        "started_at": iso(time.time()),
+        "ended_at": None,
+        "job_sha256": job_sha,
+        "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
+        "effective": job.effective(),
+        "endpoint_url": base_url,
+    })
+    manifest["status"] = "running"
+    manifest["ended_at"] = None
+    write_json_atomic(run_dir.manifest_path, manifest)
+    return manifest
+
+
 def finish_manifest(
     manifest: dict[str, Any],
     run_dir: RunDir,
@@ -144,16 +169,19 @@ def finish_manifest(
     reader: InputReader,
     summary: RunSummary | None,
 ) -> None:
-    manifest["status"] = status
-    manifest["ended_at"] = iso(time.time())
-    manifest["input"] = {
+    """Close the manifest: status, end time, input digest, summary, every file with its hash."""
+    ended = iso(time.time())
+    record = manifest["resumes"][-1] if manifest.get("resumes") else manifest
+    record["ended_at"] = manifest["ended_at"] = ended
+    record["status"] = manifest["status"] = status
+    record["input"] = {
         "path": str(reader.path),
         "lines_read": reader.lines_read,
         "bytes_read": reader.bytes_read,
         "sha256_of_bytes_read": reader.sha.hexdigest(),
     }
     if summary is not None:
-        manifest["summary"] = summary.as_dict()
+        record["summary"] = summary.as_dict()
     manifest["files"] = list_files(run_dir.path)
     write_json_atomic(run_dir.manifest_path, manifest)
 
@@ -161,7 +189,8 @@ def finish_manifest(
 def list_files(root: Path) -> list[dict[str, Any]]:
     files = []
     for path in sorted(root.rglob("*")):
-        if path.is_file() and path.name != "manifest.json" and not path.name.endswith(".tmp"):
+        skip = path.name in ("manifest.json", ".lock") or path.name.endswith(".tmp")
+        if path.is_file() and not skip:
             sha, size = file_digest(path)
             files.append({"path": str(path.relative_to(root)), "sha256": sha, "bytes": size})
     return files

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shardrun import protocol
+from shardrun.recovery import line_ids, repair_torn_tail
 
 PIPE_LIMIT = 1 << 26
 
@@ -32,14 +33,21 @@ class ShardHandle(Protocol):
 
     def kill(self) -> None: ...
 
+    def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
+        """After a death: which of `ids` the shard did finish (result lines, dead lines)."""
+        ...
+
 
 class LocalShard:
     """A shard in a child process speaking the protocol on its stdin and stdout."""
 
-    def __init__(self, index: int, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+    def __init__(self, index: int, proc: asyncio.subprocess.Process, log_path: Path,
+                 out_dir: Path, file_name: str) -> None:
         self.index = index
         self.proc = proc
         self.log_path = log_path
+        self.out_dir = out_dir
+        self.file_name = file_name
 
     @property
     def pid(self) -> int:
@@ -67,10 +75,23 @@ class LocalShard:
         if self.proc.returncode is None:
             self.proc.kill()
 
+    def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
+        """Read the dead shard's own files (repairing a torn last line first)."""
+        found: list[list[str]] = []
+        for sub in ("results", "dead"):
+            path = self.out_dir / sub / self.file_name
+            hits: list[str] = []
+            if path.exists():
+                repair_torn_tail(path)
+                hits = [i for i in line_ids(path) if i in ids]
+            found.append(hits)
+        return found[0], found[1]
 
-async def start_local_shard(index: int, log_dir: Path) -> LocalShard:
+
+async def start_local_shard(index: int, log_dir: Path, out_dir: Path, segment: int) -> LocalShard:
     """Spawn `python -m shardrun._shard_main`; its stderr goes to logs/shard-NN.log."""
-    log_path = log_dir / f"shard-{index:02d}.log"
+    suffix = "" if segment == 0 else f".r{segment}"
+    log_path = log_dir / f"shard-{index:02d}{suffix}.log"
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -81,4 +102,4 @@ async def start_local_shard(index: int, log_dir: Path) -> LocalShard:
             stderr=log,
             limit=PIPE_LIMIT,
         )
-    return LocalShard(index, proc, log_path)
+    return LocalShard(index, proc, log_path, out_dir, f"shard-{index:02d}{suffix}.jsonl")

@@ -8,7 +8,9 @@ a floor under that wait. The budget (Envoy/gRPC style) caps retries at
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
@@ -39,6 +41,8 @@ class RetryPolicy:
     backoff_max_s: float = 30.0
     budget_ratio: float = 0.2
     budget_floor: int = 10
+    # A server asking for a longer wait than this dead-letters the item instead of sleeping.
+    max_server_wait_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,21 +92,63 @@ class Retrier:
         return float(self._wait(state))
 
     def decide(
-        self, status: str, http_status: int | None, retry_after: str | None, attempt: int
+        self,
+        status: str,
+        http_status: int | None,
+        attempt: int,
+        retry_after: str | None = None,
+        rate_headers: Mapping[str, str] | None = None,
     ) -> Decision:
-        """Retry or give up after a failed attempt; spends budget when retrying."""
+        """Retry or give up after a failed attempt; spends budget when retrying.
+
+        Never retries sooner than the server asked (Retry-After, or on 429/503 the
+        x-ratelimit-reset-* headers); a wait above `max_server_wait_s` gives up instead.
+        """
         if not is_retryable(status, http_status):
             return Decision(False, why=f"not_retryable_{status}")
         if attempt >= self.policy.max_attempts:
             return Decision(False, why="max_attempts")
+        asked = server_wait(http_status, retry_after, rate_headers or {})
+        if asked is not None and asked > self.policy.max_server_wait_s:
+            return Decision(False, why="server_wait_too_long", wait=asked)
         if not self.budget.allows_retry():
             return Decision(False, why="retry_budget_exhausted")
         self.budget.retries += 1
         wait = self.backoff(attempt)
-        asked = parse_retry_after(retry_after)
         if asked is not None and asked > wait:
             return Decision(True, wait=asked, why="server")
         return Decision(True, wait=wait, why="backoff")
+
+
+def server_wait(
+    http_status: int | None, retry_after: str | None, rate_headers: Mapping[str, str]
+) -> float | None:
+    """The longest wait the server asked for, in seconds, or None when it asked for none."""
+    asks = [parse_retry_after(retry_after)]
+    if http_status in (429, 503):
+        for name in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"):
+            asks.append(parse_duration(rate_headers.get(name)))
+    found = [a for a in asks if a is not None]
+    return max(found) if found else None
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(value: str | None) -> float | None:
+    """Seconds from a rate-limit reset header: "1s", "6m0s", "20ms", "1h2m3.5s" or "12.5"."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 def is_retryable(status: str, http_status: int | None) -> bool:

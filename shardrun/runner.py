@@ -1,25 +1,55 @@
-"""`run()`: the library entry point behind `shardrun run`.
+"""`run()`: the library entry point behind `shardrun run`, `--resume` and `retry-failed`.
 
-Loads the job, creates the run directory, starts the embedded simulator for `sim://` (as its own
-process, so the client and the server never share an event loop), runs the coordinator on
-uvloop and stops the simulator again, whatever happened.
+Loads the job, opens (or resumes) the run directory, starts the embedded simulator for `sim://`
+(as its own process, so the client and the server never share an event loop), runs the
+coordinator on uvloop and stops the simulator again, whatever happened.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+import orjson
+
+from shardrun import resume
 from shardrun._shard_main import run_loop
-from shardrun.coordinator import open_input, run_job
-from shardrun.errors import SpecError
-from shardrun.manifest import RunDir, new_run_id
+from shardrun.coordinator import Coordinator
+from shardrun.errors import InputError, SpecError
+from shardrun.inputs import FieldMap, InputReader, Reject
+from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
+from shardrun.shard import ShardConfig
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 from shardrun.spec import LoadedJob, load_job
 from shardrun.summary import RunSummary
+from shardrun.worksource import WorkSource, duplicate_reason, id_digest
 
 SIM_SCHEME = "sim://"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How to run, beyond the job file: CLI choices that are not job settings."""
+
+    run_id: str | None = None
+    resume: str | None = None
+    retry_failed: bool = False
+    strict: bool = False
+
+
+@dataclass
+class Pass:
+    """One pass over a run directory: a fresh run or a resume."""
+
+    run_dir: RunDir
+    segment: int
+    done: set[int]
+    info: dict[str, Any]
+    lock: IO[bytes]
 
 
 def run(
@@ -27,26 +57,124 @@ def run(
     *,
     env: Mapping[str, str],
     flags: Mapping[str, object],
-    run_id: str | None,
+    options: RunOptions,
     argv: list[str],
 ) -> RunSummary:
-    """Run a job file to the end and return its summary."""
+    """Run (or resume) a job file to the end and return the summary of this pass."""
     job = load_job(job_path, env=env, flags=flags)
+    for warning in job.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     api_key = job.api_key(env)
     sim_config = _sim_config(job)
     reader = open_input(job)  # a missing input fails before any run directory exists
-    run_dir = RunDir.create(job.runs_path, run_id or new_run_id())
+    if options.strict:
+        check_strictly(open_input(job))
+    this = _open_pass(job, options)
     sim: SimProcess | None = None
     base_url = job.spec.endpoint.base_url
     try:
         if sim_config is not None:
             sim = start_sim(sim_config)
             base_url = sim.base_url
-        summary: RunSummary = run_loop(run_job(job, reader, run_dir, base_url, api_key, argv))
-        return summary
+        return _run_pass(job, this, reader, base_url, api_key, argv)
     finally:
         if sim is not None:
             sim.stop()
+        this.lock.close()
+
+
+def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
+    if options.resume is None:
+        if options.retry_failed:
+            raise SpecError("--retry-failed goes with --resume RUN_ID (or use `shardrun "
+                            "retry-failed RUN_DIR`)")
+        run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
+        return Pass(run_dir, 0, set(), {}, resume.lock_run(run_dir.path))
+    run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume))
+    lock = resume.lock_run(run_dir.path)
+    manifest = orjson.loads(run_dir.manifest_path.read_bytes())
+    segment = len(manifest.get("resumes", [])) + 1
+    prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
+    for note in prior.notes:
+        print(f"repaired: {note}", file=sys.stderr)
+    info = {"segment": segment, "retry_failed": options.retry_failed,
+            "repaired": prior.notes, "dead_letters_retried": prior.retried,
+            "already_done": len(prior.done)}
+    return Pass(run_dir, segment, prior.done, info, lock)
+
+
+def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
+              api_key: str | None, argv: list[str]) -> RunSummary:
+    if this.segment == 0:
+        manifest = start_manifest(job, this.run_dir, base_url, argv)
+    else:
+        manifest = resume_manifest(job, this.run_dir, base_url, argv, this.info)
+    source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done)
+    coordinator = Coordinator(shard_template(job, this, base_url, api_key), job.spec.shards,
+                              source, this.run_dir)
+    status = "failed"
+    summary: RunSummary | None = None
+    try:
+        summary = run_loop(coordinator.run())
+        status = summary.status
+        return summary
+    finally:
+        finish_manifest(manifest, this.run_dir, status, reader, summary)
+
+
+def shard_template(job: LoadedJob, this: Pass, base_url: str, api_key: str | None) -> ShardConfig:
+    """The configuration every shard of this pass gets (the coordinator sets `shard`)."""
+    spec = job.spec
+    return ShardConfig(
+        shard=0,
+        run_id=this.run_dir.run_id,
+        out_dir=str(this.run_dir.path),
+        base_url=base_url,
+        api=spec.endpoint.api,
+        model=spec.endpoint.model,
+        api_key=api_key,
+        params=dict(spec.params),
+        concurrency=spec.concurrency,
+        retry=spec.retry.model_dump(),
+        timeouts=spec.timeouts.model_dump(),
+        grace_s=spec.shutdown_grace_s,
+        segment=this.segment,
+    )
+
+
+def open_input(job: LoadedJob) -> InputReader:
+    """Open the job's input for streaming (raises InputError when it cannot be read)."""
+    spec = job.spec.input
+    return InputReader(job.input_path, FieldMap(spec.id_field, spec.prompt_field,
+                                                spec.messages_field))
+
+
+def check_strictly(reader: InputReader) -> None:
+    """`--strict`: read the whole input first; the first bad line stops the run unsent."""
+    seen: set[int] = set()
+    for entry in reader:
+        if isinstance(entry, Reject):
+            line, reason = entry.line, entry.reason
+        elif (digest := id_digest(entry["id"])) in seen:
+            line, reason = reader.lines_read, duplicate_reason(entry["id"])
+        else:
+            seen.add(digest)
+            continue
+        reader.close()
+        raise InputError(f"{reader.path} line {line}: {reason}; fix the line, or run without "
+                         "--strict to set bad lines aside in rejects.jsonl")
+
+
+def job_of_run(run_path: Path) -> tuple[Path, Path]:
+    """The job file and runs directory of an existing run (for `retry-failed RUN_DIR`)."""
+    manifest_path = run_path / "manifest.json"
+    if not manifest_path.is_file():
+        raise SpecError(f"{run_path} is not a run directory (it has no manifest.json)")
+    job = Path(orjson.loads(manifest_path.read_bytes())["job"]["path"])
+    if not job.is_file():
+        raise SpecError(f"the job file of run {run_path.name}, {job}, no longer exists; use "
+                        f"`shardrun JOB.yaml --resume {run_path.name} --retry-failed`")
+    return job, run_path.parent
 
 
 def _sim_config(job: LoadedJob) -> SimConfig | None:

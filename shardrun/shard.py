@@ -22,6 +22,7 @@ from shardrun import __version__, events, protocol
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
 from shardrun.events import EventLog, JsonlWriter
+from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.spans import Span, dead_record, result_record
 
@@ -34,6 +35,12 @@ TICK_S = 1.0
 # unreachable and the shard stops sending requests (instead of retrying every item).
 UNREACHABLE_AFTER = 3
 UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
+
+# How a shard stops early. DEAD_LETTER: every remaining item ends as a dead letter with the
+# reason (the endpoint is unreachable). ABANDON: stop; items without a line are left for
+# `--resume` (credentials refused, disk full): dead-lettering millions of items would help no one.
+DEAD_LETTER = "dead_letter"
+ABANDON = "abandon"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +59,16 @@ class ShardConfig:
     retry: dict[str, Any] = field(default_factory=dict)
     timeouts: dict[str, Any] = field(default_factory=dict)
     grace_s: float = 30.0
+    segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
+
+    @property
+    def file_name(self) -> str:
+        suffix = "" if self.segment == 0 else f".r{self.segment}"
+        return f"shard-{self.shard:02d}{suffix}.jsonl"
+
+    @property
+    def span_prefix(self) -> str:
+        return f"{self.shard}-" if self.segment == 0 else f"r{self.segment}.{self.shard}-"
 
     @classmethod
     def from_message(cls, message: protocol.Message) -> ShardConfig:
@@ -73,6 +90,9 @@ class Counters:
     retries: int = 0
     completion_tokens: int = 0
     in_flight: int = 0
+    retrying: int = 0
+    abandoned: int = 0
+    budget_exhausted: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -97,12 +117,17 @@ class Shard:
         self.input_ended = False
         self.stopping = False
         self.fatal_reason: str | None = None
+        self.fatal_mode = DEAD_LETTER
+        self.ok_once = False
+        # Ids whose line is written but not yet flushed and reported, by outcome.
+        self.fin_ok: list[str] = []
+        self.fin_dead: list[str] = []
         self.ever_connected = False
         self.connect_failures = 0
         self.seq = 0
         self.minute_tokens: dict[str, int] = {}
         out = Path(cfg.out_dir)
-        name = f"shard-{cfg.shard:02d}.jsonl"
+        name = cfg.file_name
         for sub in ("events", "results", "dead"):
             (out / sub).mkdir(parents=True, exist_ok=True)
         self.log = EventLog(out / "events" / name, run_id=cfg.run_id, shard=cfg.shard)
@@ -125,7 +150,8 @@ class Shard:
             self.want_pending = False
             self.input_ended = True
         elif kind == protocol.FATAL:
-            self._go_fatal(str(message.get("reason", "endpoint unusable")), tell=False)
+            self._go_fatal(str(message.get("reason", "endpoint unusable")),
+                           str(message.get("mode", DEAD_LETTER)), tell=False)
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             if kind == protocol.ABORT:
@@ -135,7 +161,7 @@ class Shard:
 
     def _enqueue(self, item: dict[str, Any]) -> None:
         self.seq += 1
-        span = Span(f"{self.cfg.shard}-{self.seq}", item, self.clock.now())
+        span = Span(f"{self.cfg.span_prefix}{self.seq}", item, self.clock.now())
         self.counters.received += 1
         prompt = item.get("prompt")
         chars = len(prompt) if prompt is not None else sum(
@@ -144,14 +170,16 @@ class Shard:
         span.prompt_chars = chars
         self.log.emit(events.QUEUED, t=span.queued_at, span=span.span_id, id=item["id"],
                       prompt_chars=chars)
-        if self.fatal_reason is not None:
+        if self.fatal_reason is None:
+            self.queue.append(span)
+        elif self.fatal_mode == DEAD_LETTER:
             self._dead_letter(span, self.fatal_reason, admitted=False)
         else:
-            self.queue.append(span)
+            self._abandon(span, admitted=False)
 
     def _request_more(self) -> None:
         """Ask for work while the local queue is below the cap (one request outstanding)."""
-        if self.want_pending or self.input_ended or self.stopping:
+        if self.want_pending or self.input_ended or self.stopping or self.fatal_mode == ABANDON:
             return
         cap = self.cfg.concurrency
         if len(self.queue) < cap:
@@ -162,7 +190,7 @@ class Shard:
 
     async def dispatch(self) -> None:
         """Admit queued spans whenever a slot is free, until the input ends or a stop."""
-        while not self.stopping:
+        while not self.stopping and not (self.fatal_reason and self.fatal_mode == ABANDON):
             self._request_more()
             if not self.queue:
                 if self.input_ended:
@@ -171,7 +199,7 @@ class Shard:
                 await self.wakeup.wait()
                 continue
             await self.sem.acquire()
-            if self.stopping or not self.queue:
+            if self.stopping or not self.queue or self.fatal_mode == ABANDON:
                 self.sem.release()
                 continue
             span = self.queue.popleft()
@@ -203,7 +231,7 @@ class Shard:
         while True:
             attempt += 1
             if self.fatal_reason is not None:
-                self._dead_letter(span, self.fatal_reason)
+                self._end_early(span)
                 return
             if attempt == 1:
                 self.retrier.budget.first_attempts += 1
@@ -211,20 +239,27 @@ class Shard:
             if outcome.status == "ok":
                 self._succeed(span, outcome)
                 return
-            self._note_connect_failure(outcome)
-            decision = self.retrier.decide(
-                outcome.status, outcome.http_status, outcome.retry_after, attempt
-            )
+            self._note_failure(outcome)
+            decision = self.retrier.decide(outcome.status, outcome.http_status, attempt,
+                                           outcome.retry_after, outcome.rate_headers)
             span.history[-1]["wait"] = decision.wait if decision.retry else None
-            if not decision.retry or self.fatal_reason is not None:
-                reason = self.fatal_reason or f"{decision.why}: {outcome.error or outcome.status}"
-                self._dead_letter(span, reason)
+            if self.fatal_reason is not None:
+                self._end_early(span)
+                return
+            if not decision.retry:
+                if decision.why == "retry_budget_exhausted":
+                    self.counters.budget_exhausted += 1
+                self._dead_letter(span, _reason(decision.why, decision.wait, outcome))
                 return
             self.counters.retries += 1
             self.log.emit(events.RETRY, t=self.clock.now(), span=span.span_id, id=span.item_id,
                           attempt=attempt, cause=outcome.status, wait=decision.wait,
                           why=decision.why)
-            await asyncio.sleep(decision.wait)
+            self.counters.retrying += 1
+            try:
+                await asyncio.sleep(decision.wait)
+            finally:
+                self.counters.retrying -= 1
 
     async def _attempt(self, span: Span, attempt: int, body: dict[str, Any]) -> AttemptOutcome:
         log, sid, iid = self.log, span.span_id, span.item_id
@@ -260,7 +295,13 @@ class Shard:
             span.conn_ready_at = started if outcome.conn_reused else outcome.conn_ready_at
         return outcome
 
-    def _note_connect_failure(self, outcome: AttemptOutcome) -> None:
+    def _note_failure(self, outcome: AttemptOutcome) -> None:
+        """Spot the failures that say the whole endpoint is unusable, not just this request."""
+        http = outcome.http_status
+        if http == 401 or (http == 403 and not self.ok_once):
+            self._go_fatal(f"the endpoint refused the credentials (HTTP {http}: "
+                           f"{outcome.error or 'no message'})", ABANDON)
+            return
         if self.ever_connected or outcome.conn_ready_at is not None:
             self.ever_connected = True
             return
@@ -269,23 +310,39 @@ class Shard:
             if self.connect_failures >= UNREACHABLE_AFTER:
                 self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}")
 
-    def _go_fatal(self, reason: str, *, tell: bool = True) -> None:
-        """Stop sending requests: dead-letter what is queued, and all that still arrives."""
+    def _go_fatal(self, reason: str, mode: str = DEAD_LETTER, *, tell: bool = True) -> None:
+        """Stop sending requests; queued and later items end as `mode` says."""
         if self.fatal_reason is not None:
             return
         self.fatal_reason = reason
+        self.fatal_mode = mode
         if tell:
-            self.send({"t": protocol.FATAL, "reason": reason})
+            self.send({"t": protocol.FATAL, "reason": reason, "mode": mode})
         while self.queue:
-            self._dead_letter(self.queue.popleft(), reason, admitted=False)
+            span = self.queue.popleft()
+            if mode == DEAD_LETTER:
+                self._dead_letter(span, reason, admitted=False)
+            else:
+                self._abandon(span, admitted=False)
+        self.wakeup.set()
+
+    def _end_early(self, span: Span) -> None:
+        assert self.fatal_reason is not None
+        if self.fatal_mode == DEAD_LETTER:
+            self._dead_letter(span, self.fatal_reason)
+        else:
+            self._abandon(span)
 
     # -- endings -------------------------------------------------------------------------------
 
     def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
-        self.ever_connected = True
+        self.ever_connected = self.ok_once = True
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
-        self.results.write(record)
+        if not self._write(self.results, record):
+            self._abandon(span)
+            return
+        self.fin_ok.append(span.item_id)
         self.counters.ok += 1
         self.counters.completion_tokens += outcome.completion_tokens
         minute = str(int(record["last_token_at"] // 60))
@@ -294,14 +351,38 @@ class Shard:
                       outcome="ok", reason=None)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
-        released_at = self.clock.now()
-        self.dead.write(dead_record(span, reason, self.cfg.shard))
+        if not self._write(self.dead, dead_record(span, reason, self.cfg.shard)):
+            self._abandon(span, admitted=admitted)
+            return
+        self.fin_dead.append(span.item_id)
         self.counters.dead += 1
+        self._release(span, "dead", reason, admitted)
+
+    def _abandon(self, span: Span, *, admitted: bool = True) -> None:
+        """End a span with no line: the coordinator keeps the item as unfinished."""
+        self.counters.abandoned += 1
+        self._release(span, "abandoned", self.fatal_reason, admitted)
+
+    def _release(self, span: Span, outcome: str, reason: str | None, admitted: bool) -> None:
+        released_at = self.clock.now()
         if not admitted:
             # Never admitted: record the admission at release so the step function stays exact.
             self.log.emit(events.ADMITTED, t=released_at, span=span.span_id, id=span.item_id)
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
-                      outcome="dead", reason=reason)
+                      outcome=outcome, reason=reason)
+
+    def _write(self, writer: JsonlWriter, record: dict[str, Any]) -> bool:
+        """Append a line; a full disk stops the shard (what is already written stays)."""
+        try:
+            writer.write(record)
+        except OSError as exc:
+            self._on_write_error(writer.path, exc)
+            return False
+        return True
+
+    def _on_write_error(self, path: Path, exc: OSError) -> None:
+        self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
+                       "continue with --resume", ABANDON)
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -313,29 +394,55 @@ class Shard:
             expected = loop.time() + FLUSH_INTERVAL_S
             await asyncio.sleep(FLUSH_INTERVAL_S)
             lag = max(0.0, loop.time() - expected)
-            self.log.flush()
-            self.results.flush()
-            self.dead.flush()
-            self.send({"t": protocol.PROGRESS, "queued": len(self.queue),
-                       **self.counters.as_dict()})
-            if loop.time() >= next_tick:
+            sync = loop.time() >= next_tick
+            if sync:
                 next_tick += TICK_S
                 now = self.clock.now()
                 self.log.emit(events.LOOP_LAG, t=now, lag=lag)
                 self.log.checkpoint(now)
-                self.results.sync()
-                self.dead.sync()
+            if not self.flush(sync=sync):
+                # Lines that may not have reached the file must not count as finished.
+                self.fin_ok.clear()
+                self.fin_dead.clear()
+            self.send(self.report(protocol.PROGRESS))
+
+    def flush(self, *, sync: bool = False) -> bool:
+        """Hand buffered lines to the OS (and fsync); only then count their items as finished."""
+        for writer in (self.results, self.dead, self.log):
+            try:
+                writer.sync() if sync else writer.flush()
+            except OSError as exc:
+                self._on_write_error(writer.path, exc)
+                return False
+        return True
+
+    def report(self, kind: str) -> protocol.Message:
+        """A progress or done message; `fin` lists the items whose lines are now flushed."""
+        ok, dead = self.fin_ok, self.fin_dead
+        self.fin_ok, self.fin_dead = [], []
+        return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
+                "fin_ok": ok, "fin_dead": dead, **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())
         self.log.checkpoint(self.clock.now())
-        self.log.close()
-        self.results.close()
-        self.dead.close()
+        if not self.flush(sync=True):
+            # Nothing unflushed may count as finished: the coordinator keeps those items.
+            self.fin_ok.clear()
+            self.fin_dead.clear()
+        for writer in (self.log, self.results, self.dead):
+            with contextlib.suppress(OSError):
+                writer.close()
 
 
 async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:
     """Run one shard until its input ends (or a stop), then flush and report `done`."""
+    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+    with share_lock(Path(cfg.out_dir)):
+        return await _run_locked(cfg, receive, send)
+
+
+async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:
     shard = Shard(cfg, send)
     shard.log.emit(events.SHARD_START, t=shard.clock.now(), cap=cfg.concurrency, pid=os.getpid(),
                    version=__version__, host=socket.gethostname())
@@ -358,8 +465,8 @@ async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, ticker, *shard.tasks, return_exceptions=True)
             shard.close()
-    send({"t": protocol.DONE, "queued": len(shard.queue), "minutes": shard.minute_tokens,
-          **shard.counters.as_dict()})
+    send({**shard.report(protocol.DONE), "minutes": shard.minute_tokens,
+          "fatal": shard.fatal_reason, "fatal_mode": shard.fatal_mode})
     return shard.counters
 
 
@@ -386,3 +493,11 @@ async def _drain(shard: Shard) -> None:
                 task.cancel()
             return
         await asyncio.wait(list(shard.tasks), timeout=timeout)
+
+
+def _reason(why: str, wait: float, outcome: AttemptOutcome) -> str:
+    """A dead letter's reason: the decision, then what the last attempt said."""
+    last = outcome.error or outcome.status
+    if why == "server_wait_too_long":
+        return f"server_wait_too_long: the server asked to wait {wait:.0f} s ({last})"
+    return f"{why}: {last}"

@@ -19,6 +19,10 @@ class RunSummary:
     succeeded: int
     dead: int
     rejects: int
+    skipped: int = 0
+    shard_deaths: int = 0
+    reassigned: int = 0
+    budget_exhausted: int = 0
     completion_tokens: int
     attempts: int
     retries: int
@@ -36,23 +40,34 @@ class RunSummary:
         *,
         run_dir: Path,
         reports: Sequence[dict[str, Any]],
+        ok: int,
+        dead: int,
+        taken: int,
+        skipped: int,
         rejects: int,
         started_at: float,
         ended_at: float,
         interrupted: bool,
         fatal_reason: str | None,
+        shard_deaths: int = 0,
+        reassigned: int = 0,
     ) -> RunSummary:
+        """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
         minutes: Counter[int] = Counter()
         for report in reports:
             minutes.update({int(k): v for k, v in report.get("minutes", {}).items()})
         total = {k: sum(int(r.get(k, 0)) for r in reports)
-                 for k in ("ok", "dead", "completion_tokens", "attempts", "retries", "received")}
+                 for k in ("completion_tokens", "attempts", "retries", "budget_exhausted")}
         return cls(
             run_dir=run_dir,
-            items=total["received"] + rejects,
-            succeeded=total["ok"],
-            dead=total["dead"],
+            items=taken + rejects,
+            succeeded=ok,
+            dead=dead,
             rejects=rejects,
+            skipped=skipped,
+            shard_deaths=shard_deaths,
+            reassigned=reassigned,
+            budget_exhausted=total["budget_exhausted"],
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -103,7 +118,9 @@ class RunSummary:
         peak = self.peak_full_minute
         return {
             "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
-            "rejects": self.rejects, "unfinished": self.unfinished,
+            "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
+            "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
+            "budget_exhausted": self.budget_exhausted,
             "completion_tokens": self.completion_tokens, "attempts": self.attempts,
             "retries": self.retries, "wall_s": round(self.wall_s, 3),
             "completion_tpm_run": round(self.tpm, 1),
@@ -120,8 +137,10 @@ def _minute(m: int) -> str:
 
 def format_summary(s: RunSummary) -> str:
     """The end-of-run block printed to the terminal."""
-    lines = [
-        f"run {s.status}: {s.run_dir}",
+    lines = [f"run {s.status}: {s.run_dir}"]
+    if s.skipped:
+        lines.append(f"  already done       {s.skipped:,} (skipped: finished by an earlier pass)")
+    lines += [
         f"  items              {s.items:,}",
         f"  succeeded          {s.succeeded:,}",
         f"  failed             {s.failed:,}"
@@ -131,7 +150,9 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  not finished       {s.unfinished:,}")
     lines += [
         f"  completion tokens  {s.completion_tokens:,}",
-        f"  attempts           {s.attempts:,} ({s.retries:,} retries)",
+        f"  attempts           {s.attempts:,} ({s.retries:,} retries"
+        + (f", retry budget spent for {s.budget_exhausted:,} items" if s.budget_exhausted else "")
+        + ")",
         f"  wall time          {s.wall_s:,.1f} s",
         f"  completion TPM     {s.tpm:,.0f} (run average, all shards)",
     ]
@@ -141,6 +162,9 @@ def format_summary(s: RunSummary) -> str:
     busy = [p["ok"] + p["dead"] for p in s.per_shard]
     if busy:
         lines.append(f"  items per shard    min {min(busy):,} / max {max(busy):,}")
+    if s.shard_deaths:
+        lines.append(f"  shard deaths       {s.shard_deaths} ({s.reassigned:,} items handed "
+                     "to other shards)")
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from shardrun.errors import RunError
 from shardrun.sim import SimConfig, TokenSpec, main, parse_tokens, start_sim
 from shardrun.sim.config import make_plan
-from shardrun.sim.server import Frames, Sim, build_app
+from shardrun.sim.render import Frames
+from shardrun.sim.server import Sim, build_app
 
 T = TypeVar("T")
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Say something nice."}]}

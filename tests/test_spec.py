@@ -80,6 +80,7 @@ def test_defaults(jobs: Path) -> None:
         "backoff_max_s": 30.0,
         "budget_ratio": 0.2,
         "budget_floor": 10,
+        "max_server_wait_s": 300.0,
     }
     assert set(job.sources) == set(LEAF_KEYS)
     assert job.sources["shards"] == "default" and job.sources["input.prompt_field"] == "default"
@@ -450,3 +451,113 @@ def test_highest_present_layer_wins(layers: dict[str, int | None]) -> None:
     winner = next((k for k in ("flag", "env", "file") if layers[k] is not None), None)
     assert job.spec.shards == (4 if winner is None else layers[winner])
     assert job.sources["shards"] == ("default" if winner is None else expected[winner])
+
+
+# -- issue #5: formats, templates, rate limits, prices, output --------------------------------
+
+
+def test_new_sections_default_to_off(jobs: Path) -> None:
+    """Rate limits unlimited, no prices, shardrun output, format from the extension."""
+    job = load(write(jobs, MINIMAL))
+    spec = job.spec
+    assert (spec.rate_limits.rpm, spec.rate_limits.tpm) == (None, None)
+    assert spec.pricing.model_dump() == {"input_per_1m": None, "output_per_1m": None,
+                                         "hourly": None}  # fmt: skip
+    assert spec.output.format == "shardrun"
+    assert (spec.input.format, spec.input.template, spec.input.system_prompt) == (
+        "jsonl", None, None)  # fmt: skip
+    for key in ("rate_limits.rpm", "pricing.hourly", "output.format", "input.format"):
+        assert job.sources[key] == "default"
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("d.csv", "csv"), ("D.CSV", "csv"), ("x/d.parquet", "parquet"), ("d.jsonl", "jsonl"),
+     ("d.txt", "jsonl"), ("data", "jsonl")],
+)
+def test_input_format_from_extension(jobs: Path, path: str, expected: str) -> None:
+    """input.format follows the file name unless stated; openai-batch only when stated."""
+    job = load(write(jobs, MINIMAL.replace("data.jsonl", path)))
+    assert job.spec.input.format == expected
+    stated = load(write(jobs, MINIMAL + "  format: openai-batch\n"))
+    assert stated.spec.input.format == "openai-batch"
+    assert stated.spec.input.prompt_field is None
+    assert stated.sources["input.format"] == "job file"
+
+
+def test_rate_limits_layering(jobs: Path) -> None:
+    """rpm/tpm come from the file, SHARDRUN_RPM/TPM or --rpm/--tpm; 'none' lifts a limit."""
+    path = write(jobs, MINIMAL + "rate_limits: {rpm: 600, tpm: 90000}\n")
+    job = load(path, {"SHARDRUN_TPM": "none", "SHARDRUN_RPM": "1e3"})
+    assert (job.spec.rate_limits.rpm, job.spec.rate_limits.tpm) == (1000.0, None)
+    assert job.sources["rate_limits.tpm"] == "env SHARDRUN_TPM"
+    job = load(path, {"SHARDRUN_RPM": "1e3"}, {"rate_limits.rpm": "30"})
+    assert (job.spec.rate_limits.rpm, job.sources["rate_limits.rpm"]) == (30.0, "flag --rpm")
+    assert error_of(path, env={"SHARDRUN_RPM": "fast"}) == (
+        "environment variable SHARDRUN_RPM must be a number greater than 0 (requests per"
+        " minute), or none for no limit, got 'fast'"
+    )
+    assert error_of(write(jobs, MINIMAL + "rate_limits: {tpm: 0}\n")).startswith(
+        "jobs/x.yaml: rate_limits.tpm must be a number greater than 0"
+    )
+
+
+def test_pricing_one_basis(jobs: Path) -> None:
+    """Per-token prices or an hourly price, both >= 0, never both."""
+    job = load(write(jobs, MINIMAL + "pricing: {input_per_1m: 0.15, output_per_1m: 0.6}\n"))
+    assert (job.spec.pricing.input_per_1m, job.spec.pricing.output_per_1m) == (0.15, 0.6)
+    assert load(write(jobs, MINIMAL + "pricing: {hourly: 2}\n")).spec.pricing.hourly == 2.0
+    assert error_of(write(jobs, MINIMAL + "pricing: {hourly: 2, output_per_1m: 1}\n")) == (
+        "jobs/x.yaml: pricing.hourly cannot be combined with pricing.output_per_1m: give either"
+        " an hourly price or per-token prices"
+    )
+    assert error_of(write(jobs, MINIMAL + "pricing: {hourly: -1}\n")) == (
+        "jobs/x.yaml: pricing.hourly must be a number of at least 0, got -1"
+    )
+
+
+def test_template_and_system_prompt(jobs: Path) -> None:
+    """A template needs no prompt_field; template and prompt_field together are an error; a
+    bad placeholder is refused at load time with the reason."""
+    job = load(write(jobs, MINIMAL + "  template: 'Sum up: {text}'\n  system_prompt: Be terse\n"))
+    assert (job.spec.input.template, job.spec.input.prompt_field) == ("Sum up: {text}", None)
+    both = MINIMAL + "  template: '{a}'\n  prompt_field: p\n"
+    assert error_of(write(jobs, both)) == (
+        "jobs/x.yaml: input.prompt_field and input.template are both set; give exactly one of them"
+    )
+    assert error_of(write(jobs, MINIMAL + "  template: 'x {a.b}'\n")) == (
+        "jobs/x.yaml: input.template is not a valid template: placeholder {a.b} uses attribute"
+        " access; name a field only"
+    )
+    with_messages = MINIMAL + "  messages_field: m\n  system_prompt: S\n"
+    assert error_of(write(jobs, with_messages)) == (
+        "jobs/x.yaml: input.system_prompt cannot be combined with input.messages_field: a"
+        " message list carries its own system message"
+    )
+    completions = (MINIMAL + "  system_prompt: S\n").replace("model:", "api: completions\n  model:")
+    assert "input.system_prompt needs endpoint.api 'chat'" in error_of(write(jobs, completions))
+    template_completions = (MINIMAL + "  template: 'Q {q}'\n").replace(
+        "model:", "api: completions\n  model:"
+    )
+    assert load(write(jobs, template_completions)).spec.input.template == "Q {q}"
+
+
+def test_batch_format_takes_no_prompt_settings(jobs: Path) -> None:
+    """openai-batch lines carry their own bodies: prompt settings are refused, not ignored."""
+    text = MINIMAL + "  format: openai-batch\n  template: '{a}'\n"
+    assert error_of(write(jobs, text)) == (
+        "jobs/x.yaml: input.template does not apply to input.format 'openai-batch': each line"
+        " carries its own request body"
+    )
+    assert error_of(write(jobs, MINIMAL + "  format: xml\n")).startswith(
+        "jobs/x.yaml: input.format must be 'jsonl' or 'csv' or 'parquet' or 'openai-batch'"
+    )
+
+
+def test_output_format(jobs: Path) -> None:
+    """output.format is shardrun or openai-batch; unknown keys in the new sections suggest."""
+    job = load(write(jobs, MINIMAL + "output: {format: openai-batch}\n"))
+    assert job.spec.output.format == "openai-batch"
+    assert error_of(write(jobs, MINIMAL + "rate_limits: {rmp: 5}\n")) == (
+        "jobs/x.yaml: unknown key 'rate_limits.rmp' (did you mean 'rate_limits.rpm'?)"
+    )

@@ -12,13 +12,15 @@ package (the coordinator does, to launch the simulator) stays cheap.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import NoReturn
 
-from shardrun.sim.config import SimConfig, TokenSpec, parse_tokens
+from shardrun.sim.config import FAULT_KINDS, SimConfig, TokenSpec, parse_tokens
 from shardrun.sim.launcher import SimProcess, start_sim
 
-__all__ = ["SimConfig", "SimProcess", "TokenSpec", "main", "parse_tokens", "start_sim"]
+__all__ = ["FAULT_KINDS", "SimConfig", "SimProcess", "TokenSpec", "config_from_argv", "main",
+           "parse_tokens", "start_sim"]  # fmt: skip
 
 
 class _UsageError(Exception):
@@ -28,6 +30,45 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
+
+
+def _bool(text: str) -> bool:
+    """A true/false flag value (argparse turns the ValueError into a usage error)."""
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        raise ValueError(text)
+    return value in ("true", "1", "yes", "on")
+
+
+_FAULT_HELP = {
+    "fail_429": "answer 429 with Retry-After and x-ratelimit-* headers",
+    "fail_500": "answer 500",
+    "fail_503": "answer 503",
+    "reset_before_headers": "reset the connection before any response byte",
+    "drop_mid_stream": "reset the connection after about half the tokens",
+    "stall_mid_stream": "pause --stall-s after about half the tokens, then finish",
+    "slow_first_token": "add --slow-first-token-s to the first-token delay",
+}
+
+
+def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
+    """Flags of the fault-injection fields (issue #3; see shardrun.sim.faults)."""
+    g = p.add_argument_group("fault injection (shares of requests, each 0..1, sum <= 1)")
+    for kind in FAULT_KINDS:
+        g.add_argument("--" + kind.replace("_", "-"), type=float, default=getattr(d, kind),
+                       metavar="FRACTION", help=_FAULT_HELP[kind])  # fmt: skip
+    g.add_argument("--retry-after-s", type=float, default=d.retry_after_s,
+                   help="Retry-After (and x-ratelimit-reset-requests) of a 429, in seconds")
+    g.add_argument("--retry-after-503", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.retry_after_503, help="503s carry Retry-After too")  # fmt: skip
+    g.add_argument("--stall-s", type=float, default=d.stall_s,
+                   help="how long stall_mid_stream pauses halfway through")  # fmt: skip
+    g.add_argument("--slow-first-token-s", type=float, default=d.slow_first_token_s,
+                   help="what slow_first_token adds to the first-token delay")  # fmt: skip
+    g.add_argument("--fail-first-n", type=int, default=d.fail_first_n,
+                   help="the first N requests all get 503")  # fmt: skip
+    g.add_argument("--auth-required", default=d.auth_required, metavar="KEY",
+                   help="answer 401 unless `Authorization: Bearer KEY` (a made-up test key)")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -46,15 +87,28 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="least time between two writes of one stream")  # fmt: skip
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes, so a dead launcher leaves no orphan")  # fmt: skip
+    _fault_flags(p, d)
     return p
+
+
+def _config(args: argparse.Namespace) -> SimConfig:
+    """The SimConfig of parsed flags: every field has a flag whose dest is the field's name."""
+    return SimConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig)})
+
+
+def config_from_argv(argv: list[str]) -> SimConfig:
+    """Parse simulator flags (as `SimConfig.to_args` writes them) back into a SimConfig."""
+    try:
+        return _config(_parser("shardrun sim").parse_args(argv))
+    except _UsageError as e:
+        raise ValueError(str(e)) from None
 
 
 def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
     """Parse flags and serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on bad flags."""
     try:
         args = _parser(prog).parse_args(argv)
-        cfg = SimConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens,
-                        capacity=args.capacity, seed=args.seed, flush_ms=args.flush_ms)  # fmt: skip
+        cfg = _config(args)
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, not {args.port}.")
     except (_UsageError, ValueError) as e:

@@ -5,6 +5,9 @@ travels three ways: built in code (tests, benchmarks), from a job file's mapping
 (`from_mapping`), and as command-line flags (`to_args`) for the launcher's separate process.
 `make_plan` turns a request body into its whole answer up front; the answer depends only on
 the seed and the prompt or messages, never on arrival order, so reruns compare equal.
+
+Fault injection (issue #3): the `FAULT_KINDS` fractions (each in [0, 1], summing to at most 1)
+say what share of requests meet each fault; `shardrun.sim.faults` explains how one is drawn.
 """
 
 from __future__ import annotations
@@ -97,13 +100,18 @@ def parse_tokens(spec: str) -> TokenSpec:
     )
 
 
-_FLOATS = ("ttft_ms", "itl_ms", "flush_ms")
-_INTS = ("capacity", "seed")
+#: Fault fractions, in the order their shares are stacked on [0, 1) for the per-request draw.
+FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
+               "stall_mid_stream", "slow_first_token")  # fmt: skip
+_FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s")
+_INTS = ("capacity", "seed", "fail_first_n")
+_BOOLS = ("retry_after_503",)
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
-    """How the simulated model behaves: latency, output length, capacity and seed."""
+    """How the simulated model behaves: latency, output length, capacity, seed and faults."""
 
     ttft_ms: float = 100.0
     itl_ms: float = 2.0
@@ -111,9 +119,28 @@ class SimConfig:
     capacity: int = 0
     seed: int = 0
     flush_ms: float = 20.0
+    # Shares of requests that meet each fault (see shardrun.sim.faults).
+    fail_429: float = 0.0
+    fail_500: float = 0.0
+    fail_503: float = 0.0
+    reset_before_headers: float = 0.0
+    drop_mid_stream: float = 0.0
+    stall_mid_stream: float = 0.0
+    slow_first_token: float = 0.0
+    retry_after_s: float = 1.0  # Retry-After of a 429 (and of a 503 with retry_after_503)
+    retry_after_503: bool = False
+    stall_s: float = 5.0  # pause in the middle of a stall_mid_stream answer
+    slow_first_token_s: float = 5.0  # added to the first-token delay of slow_first_token
+    fail_first_n: int = 0  # the first N requests, in arrival order, all get 503
+    auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """Reject bad values at construction, naming the field in one sentence."""
+        self._check_numbers()
+        _check_faults(self)
+        parse_tokens(self.tokens)
+
+    def _check_numbers(self) -> None:
         for name in _FLOATS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -126,16 +153,29 @@ class SimConfig:
                 raise ValueError(f"{name} must be an integer, not {value!r}.")
             if not 0 <= value < 2**63:
                 raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
-        parse_tokens(self.tokens)
 
     @functools.cached_property
     def token_spec(self) -> TokenSpec:
         """The parsed `tokens` distribution (parsed once, not per request)."""
         return parse_tokens(self.tokens)
 
+    @functools.cached_property
+    def fault_table(self) -> tuple[tuple[str, float], ...]:
+        """(kind, cumulative share) of each fault with a share > 0; empty when none is on."""
+        table, acc = [], 0.0
+        for kind in FAULT_KINDS:
+            if share := getattr(self, kind):
+                acc += share
+                table.append((kind, acc))
+        return tuple(table)
+
     def to_args(self) -> list[str]:
-        """Command-line flags that make `python -m shardrun.sim` run this configuration."""
-        return [
+        """Command-line flags (always in pairs) that make `python -m shardrun.sim` run this.
+
+        `auth_required` travels on the command line, so it is visible to `ps`: it is meant for a
+        made-up test key, never a real one.
+        """
+        args = [
             "--ttft-ms", repr(float(self.ttft_ms)),
             "--itl-ms", repr(float(self.itl_ms)),
             "--tokens", self.tokens,
@@ -143,6 +183,13 @@ class SimConfig:
             "--seed", str(self.seed),
             "--flush-ms", repr(float(self.flush_ms)),
         ]  # fmt: skip
+        for name in (*FAULT_KINDS, "retry_after_s", "stall_s", "slow_first_token_s"):
+            args += [_flag(name), repr(float(getattr(self, name)))]
+        args += ["--retry-after-503", "true" if self.retry_after_503 else "false",
+                 "--fail-first-n", str(self.fail_first_n)]  # fmt: skip
+        if self.auth_required is not None:
+            args += ["--auth-required", self.auth_required]
+        return args
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, object]) -> SimConfig:
@@ -160,12 +207,42 @@ class SimConfig:
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
+def _flag(name: str) -> str:
+    """The command-line flag of a field: fail_429 -> --fail-429."""
+    return "--" + name.replace("_", "-")
+
+
+def _check_faults(cfg: SimConfig) -> None:
+    """Each fault share a number in [0, 1], their sum at most 1; auth_required a clean token."""
+    for name in FAULT_KINDS:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, not {value!r}.")
+        if not 0 <= value <= 1:  # also rejects NaN
+            raise ValueError(f"{name} must be a fraction between 0 and 1, not {value!r}.")
+    on = [name for name in FAULT_KINDS if getattr(cfg, name)]
+    total = sum(getattr(cfg, name) for name in on)
+    if total > 1 + 1e-9:
+        parts = " + ".join(f"{name} ({getattr(cfg, name):g})" for name in on)
+        raise ValueError(f"fault fractions must sum to at most 1, but {parts} = {total:g}.")
+    for name in _BOOLS:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name} must be true or false, not {getattr(cfg, name)!r}.")
+    token = cfg.auth_required
+    if token is not None and not (isinstance(token, str) and token.isascii() and token.isprintable()
+                                  and token and " " not in token):  # fmt: skip
+        raise ValueError("auth_required must be a non-empty string of printable ASCII without "
+                         "spaces, or null.")  # fmt: skip
+
+
 def _coerce(key: str, value: object) -> object:
     """Turn numeric strings and whole floats into the field's type; leave the rest alone."""
     if isinstance(value, bool):
         return value
+    if key in _BOOLS and isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
     try:
-        if key in _FLOATS and isinstance(value, str | int):
+        if (key in _FLOATS or key in FAULT_KINDS) and isinstance(value, str | int):
             return float(value)
         if key in _INTS and isinstance(value, str):
             return int(value.strip())

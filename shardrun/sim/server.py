@@ -5,6 +5,8 @@ never wakes once per token. After the first-token delay it writes, on each wake,
 that is due by the wall-clock schedule (token i due at first_token + i * itl) as one write of
 prebuilt SSE bytes, then sleeps at least `flush_ms`. Output length and words depend only on the
 seed and the request's prompt or messages, never on arrival order, so reruns compare equal.
+Faults (429/500/503, resets, drops, stalls, slow first tokens) are drawn per request by
+`shardrun.sim.faults`; a request without a fault takes exactly the path it took before.
 """
 
 from __future__ import annotations
@@ -16,123 +18,49 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from shardrun.sim.config import WORDS, BadRequest, Kind, Plan, SimConfig, make_plan
+from shardrun.sim.config import BadRequest, Kind, Plan, SimConfig, make_plan
+from shardrun.sim.faults import (
+    HTTP_FAULTS,
+    FaultInjector,
+    authorized,
+    error_response,
+    fault_response,
+    pause,
+    reset,
+    unauthorized,
+)
+from shardrun.sim.gate import FifoGate
+from shardrun.sim.render import OBJECT, Frames, render_full, render_stream
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-_DONE = b"data: [DONE]\n\n"
-_OBJECT = {"chat": (b"chat.completion.chunk", "chat.completion", "chatcmpl"),
-           "completions": (b"text_completion", "text_completion", "cmpl")}  # fmt: skip
-
-
-def _usage(plan: Plan) -> dict[str, int]:
-    """The OpenAI usage object; prompt tokens are the plan's cheap estimate."""
-    n = len(plan.words)
-    return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
-            "total_tokens": plan.prompt_tokens + n}  # fmt: skip
-
-
-class Frames(NamedTuple):
-    """Prebuilt SSE bytes of one stream; words are plain ASCII, so no JSON encoding per token."""
-
-    role: bytes  # chat's first chunk (role "assistant"); b"" for completions
-    head: bytes  # bytes of a token event before its word
-    tail: bytes  # bytes of a token event after its word
-    end: bytes  # finish chunk, usage chunk when asked for, then [DONE]
-
-    def tokens(self, words: bytes) -> bytes:
-        """The events of these tokens as one bytes object: one join per write, not per token."""
-        return self.head + (self.tail + self.head).join([WORDS[i] for i in words]) + self.tail
-
-
-def render_stream(plan: Plan, rid: str, created: int) -> Frames:
-    """The byte templates of a streamed answer; token events are built lazily, per write."""
-    ident = b'"id":%b,"object":"%b","created":%d,"model":%b' % (
-        orjson.dumps(rid), _OBJECT[plan.kind][0], created, orjson.dumps(plan.model))
-    pre = b"data: {" + ident + b',"choices":[{"index":0,'
-    end = b'"logprobs":null,"finish_reason":null}]}\n\n'
-    finish = b'"logprobs":null,"finish_reason":"%b"}]}\n\n' % plan.finish.encode()
-    usage = b""
-    if plan.include_usage:
-        usage = b'data: {%b,"choices":[],"usage":%b}\n\n' % (ident, orjson.dumps(_usage(plan)))
-    if plan.kind == "chat":
-        return Frames(pre + b'"delta":{"role":"assistant","content":""},' + end,
-                      pre + b'"delta":{"content":"', b'"},' + end,
-                      pre + b'"delta":{},' + finish + usage + _DONE)  # fmt: skip
-    return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE)
-
-
-def render_full(plan: Plan, rid: str, created: int) -> bytes:
-    """A complete non-streaming chat.completion or text_completion JSON body."""
-    text = b"".join(WORDS[i] for i in plan.words).decode()
-    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": plan.finish}
-    if plan.kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return orjson.dumps({"id": rid, "object": _OBJECT[plan.kind][1], "created": created,
-                         "model": plan.model, "choices": [choice], "usage": _usage(plan)})
-
-
-class FifoGate:
-    """At most `capacity` holders (0 = unlimited); waiters are served strictly in arrival order."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity, self._busy = capacity, 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def try_acquire(self) -> bool:
-        """Take a slot now if one is free and nobody is waiting ahead."""
-        if self._capacity == 0 or (self._busy < self._capacity and not self._waiters):
-            self._busy += 1
-            return True
-        return False
-
-    async def wait(self) -> None:
-        """Queue for a slot; a cancelled waiter hands back a slot it was just given."""
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()
-            else:
-                self._waiters.remove(fut)
-            raise
-
-    def release(self) -> None:
-        """Give the slot to the oldest live waiter, or free it."""
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes on; _busy is unchanged
-                return
-        self._busy -= 1
 
 
 class Sim:
-    """Server state: config, capacity gate and the counters behind /sim/stats."""
+    """Server state: config, capacity gate, fault injector and the counters behind /sim/stats."""
 
     def __init__(self, cfg: SimConfig) -> None:
-        self.cfg, self.gate = cfg, FifoGate(cfg.capacity)
+        self.cfg, self.gate, self.faults = cfg, FifoGate(cfg.capacity), FaultInjector(cfg)
         self.ttft, self.itl, self.flush = cfg.ttft_ms / 1e3, cfg.itl_ms / 1e3, cfg.flush_ms / 1e3
         self.seq = 0
+        self.closing = False  # set on shutdown: paused (stalled, slow) handlers give up
+        self.extra = {"slow_first_token": cfg.slow_first_token_s, "stall_mid_stream": cfg.stall_s}
         self.stats: dict[str, Any] = dict.fromkeys(
             ("requests_total", "in_flight", "max_in_flight", "queued", "max_queued",
-             "completed", "completion_tokens_total", "aborted", "bad_requests"), 0)  # fmt: skip
+             "completed", "completion_tokens_total", "aborted", "bad_requests",
+             "unauthorized"), 0)  # fmt: skip
         self.stats["by_path"] = {}
+        self.stats["faults"] = self.faults.counts
 
     def next_id(self, kind: Kind) -> tuple[str, int]:
         """A response id unique in this server (ids are not part of the deterministic output)."""
         self.seq += 1
-        return f"{_OBJECT[kind][2]}-sim{self.seq}", int(time.time())
+        return f"{OBJECT[kind][2]}-sim{self.seq}", int(time.time())
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -153,21 +81,39 @@ class Sim:
             st["in_flight"] -= 1
             self.gate.release()
 
-    async def emit(self, resp: web.StreamResponse, frames: Frames, words: bytes) -> None:
-        """Write tokens on their wall-clock schedule, all due tokens per write, >= flush apart."""
+    async def emit(self, resp: web.StreamResponse, frames: Frames, words: bytes,
+                   start: int = 0, stop: int | None = None) -> None:  # fmt: skip
+        """Write words[start:stop] on their wall-clock schedule, all due ones per write, >= flush
+        apart; without `stop` the last write also carries the end frames and ends the body."""
         loop = asyncio.get_running_loop()
-        t0, n, sent = loop.time(), len(words), 0
-        for _ in range(n):  # every pass sends at least one token
+        n = len(words) if stop is None else stop
+        if start >= n:
+            if stop is None:
+                await resp.write_eof(frames.end)
+            return
+        t0, sent = loop.time(), start
+        for _ in range(n - start):  # every pass sends at least one token
             now = loop.time()
-            due = n if self.itl <= 0 else min(n, max(sent + 1, int((now - t0) / self.itl) + 1))
+            late = int((now - t0) / self.itl) if self.itl > 0 else n
+            due = min(n, max(sent + 1, start + late + 1))
             data = (frames.role if sent == 0 else b"") + frames.tokens(words[sent:due])
             if due == n:  # the last write also ends the chunked body: one send, not two
-                await resp.write_eof(data + frames.end)
+                await (resp.write_eof(data + frames.end) if stop is None else resp.write(data))
                 return
             await resp.write(data)
             sent = due
-            wake = max(t0 + sent * self.itl, loop.time() + self.flush)
+            wake = max(t0 + (sent - start) * self.itl, loop.time() + self.flush)
             await asyncio.sleep(wake - loop.time())
+
+    async def pause(self, request: web.Request, seconds: float) -> bool:
+        """Sleep unless the client leaves or the server shuts down first (then False)."""
+        return await pause(request, seconds, lambda: self.closing)
+
+    def abandon(self, request: web.Request) -> bool:
+        """Count a request given up mid-pause as aborted and drop its connection; False."""
+        self.stats["aborted"] += 1
+        reset(request)
+        return False
 
     def done(self, plan: Plan) -> None:
         """Count a request that received its whole answer."""
@@ -178,51 +124,101 @@ class Sim:
 SIM_KEY = web.AppKey("sim", Sim)
 
 
-def _error(status: int, message: str, param: str | None, code: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": code}}  # fmt: skip
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-
-
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
-    """Shared handler for chat and completions: plan, queue for capacity, then respond."""
+    """Shared handler for chat and completions: auth, plan, fault, capacity, then respond."""
     sim = request.app[SIM_KEY]
-    sim.stats["requests_total"] += 1
-    by_path = sim.stats["by_path"]
-    by_path[request.path] = by_path.get(request.path, 0) + 1
+    st, cfg = sim.stats, sim.cfg
+    st["requests_total"] += 1
+    st["by_path"][request.path] = st["by_path"].get(request.path, 0) + 1
+    raw = await request.read()
+    if cfg.auth_required is not None and not authorized(request, cfg.auth_required):
+        st["unauthorized"] += 1
+        return unauthorized()
+    if sim.faults.fail_first():
+        return fault_response("fail_first_n", cfg)
     try:
-        plan = make_plan(await request.read(), kind, sim.cfg)
+        plan = make_plan(raw, kind, cfg)
     except BadRequest as e:
-        sim.stats["bad_requests"] += 1
-        return _error(400, str(e), e.param, e.code)
+        st["bad_requests"] += 1
+        return error_response(400, str(e), "invalid_request_error", e.code, e.param)
+    fault = sim.faults.draw(request.path, raw)
+    if fault is not None and fault in HTTP_FAULTS:
+        return fault_response(fault, cfg)
+    if fault == "reset_before_headers":
+        reset(request)
+        return web.Response()  # never sent: aiohttp's write to the dead transport is swallowed
     rid, created = sim.next_id(kind)
     try:
         if plan.stream:
-            return await _respond_stream(request, sim, plan, rid, created)
-        async with sim.slot():
-            await asyncio.sleep(sim.ttft + (len(plan.words) - 1) * sim.itl)
-        sim.done(plan)
-        return web.Response(body=render_full(plan, rid, created), content_type="application/json")
+            return await _respond_stream(request, sim, plan, (rid, created), fault)
+        return await _respond_full(request, sim, plan, (rid, created), fault)
     except asyncio.CancelledError:
-        sim.stats["aborted"] += 1  # the client went away; its slot is already released
+        st["aborted"] += 1  # the client went away; its slot is already released
         raise
 
 
-async def _respond_stream(request: web.Request, sim: Sim, plan: Plan, rid: str,
-                          created: int) -> web.StreamResponse:  # fmt: skip
+async def _respond_full(request: web.Request, sim: Sim, plan: Plan, ident: tuple[str, int],
+                        fault: str | None) -> web.StreamResponse:  # fmt: skip
+    """One JSON answer after TTFT + ITLs; a fault lengthens the wait or resets halfway."""
+    delay = sim.ttft + (len(plan.words) - 1) * sim.itl
+    async with sim.slot():
+        if fault is None:
+            await asyncio.sleep(delay)
+        elif fault == "drop_mid_stream":
+            if await sim.pause(request, delay / 2):
+                reset(request)  # halfway through, before any response byte
+            else:
+                sim.abandon(request)
+            return web.Response()  # never sent
+        elif not await sim.pause(request, delay + sim.extra.get(fault, 0.0)):
+            sim.abandon(request)
+            return web.Response()  # never sent
+    sim.done(plan)
+    return web.Response(body=render_full(plan, *ident), content_type="application/json")
+
+
+async def _respond_stream(request: web.Request, sim: Sim, plan: Plan, ident: tuple[str, int],
+                          fault: str | None) -> web.StreamResponse:  # fmt: skip
     """Headers at once; capacity queueing and TTFT come after, as with vLLM's streaming."""
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    frames = render_stream(plan, rid, created)
+    frames = render_stream(plan, *ident)
     try:
         async with sim.slot():
-            await asyncio.sleep(sim.ttft)
-            await sim.emit(resp, frames, plan.words)
+            if fault is None:  # the hot path: no fault logic at all
+                await asyncio.sleep(sim.ttft)
+                await sim.emit(resp, frames, plan.words)
+            elif not await _faulty_stream(request, sim, resp, frames, plan.words, fault):
+                return resp
     except ConnectionResetError:
         sim.stats["aborted"] += 1  # aiohttp finishes a reset response quietly
         return resp
     sim.done(plan)
     return resp
+
+
+async def _faulty_stream(request: web.Request, sim: Sim, resp: web.StreamResponse,
+                         frames: Frames, words: bytes, fault: str) -> bool:  # fmt: skip
+    """Stream with a fault; False when the answer did not reach [DONE] (dropped or abandoned).
+
+    slow_first_token waits longer for the first token; drop_mid_stream sends about half the
+    tokens and resets; stall_mid_stream sends about half, pauses `stall_s`, then finishes.
+    """
+    slow = sim.cfg.slow_first_token_s if fault == "slow_first_token" else 0.0
+    if not await sim.pause(request, sim.ttft + slow):
+        return sim.abandon(request)
+    if fault not in ("drop_mid_stream", "stall_mid_stream"):
+        await sim.emit(resp, frames, words)
+        return True
+    half = max(1, len(words) // 2)
+    await sim.emit(resp, frames, words, stop=half)
+    if fault == "drop_mid_stream":
+        reset(request)
+        return False
+    if not await sim.pause(request, sim.cfg.stall_s):
+        return sim.abandon(request)
+    await sim.emit(resp, frames, words, start=half)
+    return True
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -248,10 +244,16 @@ async def _stats(request: web.Request) -> web.Response:
                         content_type="application/json")  # fmt: skip
 
 
+async def _on_shutdown(app: web.Application) -> None:
+    """Runs before aiohttp waits for handlers: paused handlers see it within POLL_S and quit."""
+    app[SIM_KEY].closing = True
+
+
 def build_app(cfg: SimConfig) -> web.Application:
     """The simulator as an aiohttp application (for TestServer or `serve`)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SIM_KEY] = Sim(cfg)
+    app.on_shutdown.append(_on_shutdown)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)

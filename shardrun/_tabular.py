@@ -1,0 +1,156 @@
+"""Record streams for the two tabular input formats: CSV (csv module) and Parquet (pyarrow).
+
+Both stream: CSV through a text wrapper over the file, one row at a time; Parquet one record
+batch at a time. Neither ever holds the whole input. The columns a job needs are checked
+against the header (or schema) when the file is opened, so a misnamed column is one error
+before the run starts, not a reject per row.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from shardrun.errors import InputError
+
+Row = tuple[int, dict[str, Any] | str, bytes]
+"""(line number, the record or a reject reason, bytes that identify it for a derived id)."""
+
+PARQUET_EXTRA = "reading Parquet needs the parquet extra: pip install 'shardrun[parquet]'"
+PARQUET_BATCH_ROWS = 1024
+_CSV_FIELD_LIMIT = 64 * 1024 * 1024  # a long prompt in one cell is normal; 128 KiB is not enough
+CHUNK = 1 << 20
+
+
+class HashingRaw(io.RawIOBase):
+    """A readable raw stream that passes every byte it reads to `on_bytes`."""
+
+    def __init__(self, file: IO[bytes], on_bytes: Callable[[bytes], None]) -> None:
+        super().__init__()
+        self._file, self._on_bytes = file, on_bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._file.read(len(buffer))
+        buffer[: len(data)] = data
+        if data:
+            self._on_bytes(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def check_columns(path: Path, have: Sequence[str], need: Sequence[str], what: str) -> None:
+    """InputError naming the first needed column the header or schema lacks or repeats."""
+    for name in need:
+        if name not in have:
+            shown = ", ".join(have[:20]) + (", ..." if len(have) > 20 else "")
+            raise InputError(f"{path}: the {what} has no column '{name}'; it has: {shown}")
+        if list(have).count(name) > 1:
+            raise InputError(f"{path}: the {what} names column '{name}' more than once")
+
+
+class CsvRows:
+    """Rows of a CSV file with a header row, as records of the non-empty cells."""
+
+    def __init__(self, path: Path, file: IO[bytes], on_bytes: Callable[[bytes], None]) -> None:
+        csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+        buffered = io.BufferedReader(HashingRaw(file, on_bytes), CHUNK)
+        # surrogateescape: a bad byte becomes a reject of its row, not a crash of the run.
+        self._text = io.TextIOWrapper(buffered, "utf-8-sig", "surrogateescape", newline="")
+        self._reader = csv.reader(self._text)
+        try:
+            self.header = next(self._reader, [])
+        except csv.Error as exc:
+            raise InputError(f"{path}: cannot read the CSV header ({exc})") from None
+        if not self.header:
+            raise InputError(f"{path}: the CSV file is empty; its first row must be a header")
+
+    @property
+    def line_num(self) -> int:
+        return self._reader.line_num
+
+    def __iter__(self) -> Iterator[Row]:
+        width = len(self.header)
+        while True:
+            start = self._reader.line_num + 1
+            try:
+                cells = next(self._reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield start, f"not valid CSV ({exc})", b""
+                continue
+            if not cells or cells == [""]:
+                continue
+            if len(cells) != width:
+                yield start, f"row has {len(cells)} values but the header has {width}", b""
+                continue
+            key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
+            yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key
+
+    def close(self) -> None:
+        self._text.close()
+
+
+def not_utf8(record: dict[str, Any], names: Sequence[str]) -> str | None:
+    """The first of `names` whose CSV value held bytes that are not UTF-8, else None."""
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
+class ParquetRows:
+    """Rows of a Parquet file, read one record batch at a time (needs pyarrow)."""
+
+    def __init__(self, path: Path, need: Sequence[str], optional: Sequence[str]) -> None:
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        except ImportError:
+            raise InputError(f"{path}: {PARQUET_EXTRA}") from None
+        self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            self._pf = pq.ParquetFile(self._file)
+        except Exception as exc:  # pyarrow raises its own ArrowInvalid for a non-Parquet file
+            self._file.close()
+            raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        names = list(self._pf.schema_arrow.names)
+        check_columns(path, names, need, "Parquet schema")
+        self.columns = [*dict.fromkeys([*need, *(c for c in optional if c in names)])]
+        self.num_rows = int(self._pf.metadata.num_rows)
+        self.rows_read = 0
+
+    def __iter__(self) -> Iterator[Row]:
+        for batch in self._pf.iter_batches(PARQUET_BATCH_ROWS, columns=self.columns or None):
+            for row in batch.to_pylist():
+                self.rows_read += 1
+                record = {k: v for k, v in row.items() if v is not None}
+                yield self.rows_read, record, orjson.dumps(row, default=str)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def file_sha256(path: Path) -> tuple[Any, int]:
+    """(sha256 object, size) of a whole file, read in 1 MiB chunks."""
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha, size

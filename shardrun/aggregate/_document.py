@@ -1,0 +1,109 @@
+"""The report document: every number of `shardrun report`, as one JSON-ready dict. Pure.
+
+`RunFacts` carries what a reader learned outside the event records (manifest, run state, file
+integrity); the rest comes from fold summaries. The layout is versioned by `SCHEMA` and
+documented in docs/METRICS.md; renderers (terminal, HTML) read only this document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardrun import __version__
+from shardrun.aggregate._cost import Pricing, cost_section
+from shardrun.aggregate._metrics import (
+    attempts_section,
+    connections_section,
+    items_section,
+    latency_section,
+    loop_lag_section,
+    scheduler_section,
+    window,
+)
+from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
+from shardrun.aggregate._tpm import tpm_section
+from shardrun.aggregate._triage import triage_section
+from shardrun.itl import REL_ERROR
+
+SCHEMA = "shardrun.report/1"
+METHOD_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFacts:
+    """What the reader found besides the event records."""
+
+    run_id: str | None
+    run_dir: str
+    state: str  # finished | running | crashed
+    state_reason: str
+    manifest_status: str | None = None
+    pricing: Pricing | None = None
+    files: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_report(facts: RunFacts, coord: CoordinatorSummary,
+                 shards: list[ShardSummary]) -> dict[str, Any]:
+    """The whole report document for one run."""
+    shards = sorted(shards, key=lambda s: -1 if s.shard is None else s.shard)
+    start, end = window(coord, shards)
+    duration = (end - start) if start is not None and end is not None else 0.0
+    items = items_section(coord, shards)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "generator": f"shardrun {__version__}",
+        "method_version": METHOD_VERSION,
+        "run": _run(facts, coord, start, end, duration, len(shards)),
+        "integrity": _integrity(facts.files),
+        "items": items,
+        "tpm": tpm_section(shards, start, end, duration),
+        "latency": latency_section(shards),
+        "attempts": attempts_section(shards, items["succeeded"]),
+        "connections": connections_section(shards, items["succeeded"]),
+        "scheduler": scheduler_section(coord, shards),
+        "loop_lag": loop_lag_section(shards),
+        "cost": cost_section(facts.pricing, successes=items["succeeded"],
+                             prompt_tokens=items["prompt_tokens"],
+                             completion_tokens=items["completion_tokens"],
+                             wasted_tokens=sum(s.wasted_tokens for s in shards),
+                             duration_s=duration),
+    }
+    doc["latency"]["relative_error"] = round(REL_ERROR, 4)
+    doc["triage"] = triage_section(doc)
+    doc["notes"] = [*facts.notes, *_notes(doc, shards)]
+    return doc
+
+
+def _run(facts: RunFacts, coord: CoordinatorSummary, start: float | None, end: float | None,
+         duration: float, n_shards: int) -> dict[str, Any]:
+    return {
+        "run_id": facts.run_id, "dir": facts.run_dir, "state": facts.state,
+        "state_reason": facts.state_reason, "manifest_status": facts.manifest_status,
+        "run_end_status": coord.run_status, "start_t": start, "end_t": end,
+        "duration_s": round(duration, 6), "shards": n_shards,
+    }  # fmt: skip
+
+
+def _integrity(files: list[dict[str, Any]]) -> dict[str, Any]:
+    problems = [f for f in files if f.get("checkpoint_error") or f.get("bad_lines")]
+    return {"files": files, "ok": not problems,
+            "torn_tails": sum(1 for f in files if f.get("torn_tail_bytes"))}
+
+
+def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
+    notes = []
+    tpm = doc["tpm"]
+    if tpm["peak_full_minute"] is None and tpm["minutes"]:
+        notes.append(f"no full minute: the run lasted {doc['run']['duration_s']:.1f} s, so "
+                     "every minute is partial and there is no peak full minute")
+    odd = {
+        "spans released ok without a successful attempt in the log":
+            sum(s.ok_without_attempt for s in shards),
+        "successful spans whose earlier lines are missing (left out of latency)":
+            sum(s.ok_incomplete for s in shards),
+        "lines with an unknown event name": sum(s.unknown_events for s in shards),
+    }  # fmt: skip
+    notes += [f"{n:,} {what}" for what, n in odd.items() if n]
+    return notes

@@ -1,0 +1,172 @@
+"""From fold summaries to the numbers of the report (docs/METRICS.md defines each one). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardrun.aggregate._dist import Dist, merged
+from shardrun.aggregate._segments import (
+    ALL_NAMES,
+    BUCKETS,
+    SEGMENT_EDGES,
+    SEGMENT_LABELS,
+    merge_segments,
+    overall,
+)
+from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
+
+# Loop lag above either figure labels the run client-limited (see docs/METRICS.md).
+LAG_P50_LIMIT_S = 0.010
+LAG_P99_LIMIT_S = 0.050
+
+
+def ratio(num: float, den: float, digits: int = 6) -> float | None:
+    """`num / den` rounded, or None when the denominator is 0."""
+    return round(num / den, digits) if den else None
+
+
+def window(coord: CoordinatorSummary, shards: list[ShardSummary]) -> tuple[float | None,
+                                                                          float | None]:
+    """The run's first and last instants: `run_start`/`run_end` when logged, else the events'."""
+    firsts = [t for t in [coord.first_t, *(s.first_t for s in shards)] if t is not None]
+    lasts = [t for t in [coord.last_t, *(s.last_t for s in shards)] if t is not None]
+    start = coord.run_start if coord.run_start is not None else min(firsts, default=None)
+    end = coord.run_end if coord.run_end is not None else max(lasts, default=None)
+    return start, end
+
+
+def _stats(d: Dist) -> dict[str, Any] | None:
+    st = d.stats()
+    return None if st is None else st.as_dict()
+
+
+def items_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> dict[str, Any]:
+    ok = sum(s.ok for s in shards)
+    dead = sum(s.dead for s in shards)
+    return {
+        "queued": sum(s.queued for s in shards),
+        "succeeded": ok,
+        "dead": dead,
+        "open": sum(s.open_spans for s in shards),
+        "abandoned_at_restart": sum(s.abandoned for s in shards),
+        "rejected_input_lines": coord.rejects,
+        "success_rate": ratio(ok, ok + dead),
+        "completion_tokens": sum(s.completion_tokens for s in shards),
+        "prompt_tokens": sum(s.prompt_tokens for s in shards),
+    }
+
+
+def latency_section(shards: list[ShardSummary]) -> dict[str, Any]:
+    segments = merge_segments([s.segments for s in shards])
+    everything = overall(segments)
+    by_segment = []
+    for i in sorted(segments):
+        named = segments[i].named()
+        lo, hi = SEGMENT_EDGES[i]
+        by_segment.append({
+            "segment": SEGMENT_LABELS[i], "min_tokens": lo,
+            "max_tokens": None if hi is None else hi - 1, "spans": segments[i].spans,
+            "dists": {name: _stats(named[name]) for name in ALL_NAMES},
+        })  # fmt: skip
+    return {
+        "spans": sum(seg.spans for seg in segments.values()),
+        "all": {name: _stats(everything[name]) for name in ALL_NAMES},
+        "by_prompt_length": by_segment,
+        "bucket_share": bucket_shares(everything),
+    }
+
+
+def bucket_shares(dists: dict[str, Dist]) -> dict[str, float | None]:
+    """Each bucket's share of all bucket time summed over successful spans."""
+    total = sum(dists[b].total for b in BUCKETS)
+    return {b: ratio(dists[b].total, total, 4) for b in BUCKETS}
+
+
+def attempts_section(shards: list[ShardSummary], successes: int) -> dict[str, Any]:
+    started = sum(s.attempts for s in shards)
+    first = sum(s.first_attempts for s in shards)
+    causes = _sum_maps([s.retries for s in shards])
+    retries = sum(causes.values())
+    per_minute: dict[int, dict[str, int]] = {}
+    for s in shards:
+        for m, counts in s.retry_minutes.items():
+            per_minute[m] = _sum_maps([per_minute.get(m, {}), counts])
+    return {
+        "started": started, "first": first, "retries": retries,
+        "retry_rate": ratio(retries, first), "attempts_per_success": ratio(started, successes),
+        "by_status": _sum_maps([{str(k): v for k, v in s.by_status.items()} for s in shards]),
+        "retry_causes": causes,
+        "retries_by_minute": [{"start": m * 60, "causes": per_minute[m]}
+                              for m in sorted(per_minute)],
+        "wasted_tokens": sum(s.wasted_tokens for s in shards),
+        "dead_reasons": _sum_maps([s.capped_reasons() for s in shards]),
+    }  # fmt: skip
+
+
+def _sum_maps(maps: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def connections_section(shards: list[ShardSummary], successes: int) -> dict[str, Any]:
+    new = sum(s.new_conns for s in shards)
+    items = sum(s.queued for s in shards)
+    return {
+        "new": new,
+        "reused": sum(s.reused_conns for s in shards),
+        "churn_per_success": ratio(new, successes),
+        "expected_churn": ratio(sum(s.cap for s in shards), items),
+    }
+
+
+def scheduler_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> dict[str, Any]:
+    rows = []
+    for s in shards:
+        before = _time_before(s, coord.input_end)
+        rows.append({
+            "shard": s.shard, "cap": s.cap, "observed_s": round(s.observed_s, 6),
+            "backlog_s": round(s.backlog_s, 6), "gap_s": round(s.gap_s, 6),
+            "gap_fraction": ratio(s.gap_s, s.backlog_s) or 0.0,
+            "idle_before_input_end_s": round(s.idle_s, 6),
+            "idle_fraction": ratio(s.idle_s, before) or 0.0,
+            "queue_depth_at_end": s.queue_depth, "in_flight_at_end": s.in_flight,
+        })  # fmt: skip
+    backlog = sum(s.backlog_s for s in shards)
+    gap = sum(s.gap_s for s in shards)
+    idle = sum(s.idle_s for s in shards)
+    before = sum(_time_before(s, coord.input_end) for s in shards)
+    return {
+        "input_end_t": coord.input_end,
+        "shards": rows,
+        "overall": {
+            "backlog_s": round(backlog, 6), "gap_s": round(gap, 6),
+            "gap_fraction": ratio(gap, backlog) or 0.0,
+            "cross_shard_idle_s": round(idle, 6),
+            "cross_shard_idle_fraction": ratio(idle, before) or 0.0,
+        },
+    }  # fmt: skip
+
+
+def _time_before(s: ShardSummary, input_end: float | None) -> float:
+    """Shard-seconds observed before `input_end` (all of them when the input never ended)."""
+    if s.first_t is None or s.last_t is None:
+        return 0.0
+    end = s.last_t if input_end is None else min(s.last_t, input_end)
+    return max(0.0, end - s.first_t)
+
+
+def loop_lag_section(shards: list[ShardSummary]) -> dict[str, Any]:
+    lag = merged([s.loop_lag for s in shards])
+    st = lag.stats()
+    limited = st is not None and (st.p50 >= LAG_P50_LIMIT_S or st.p99 >= LAG_P99_LIMIT_S)
+    return {
+        "samples": lag.n,
+        "p50": None if st is None else round(st.p50, 6),
+        "p99": None if st is None else round(st.p99, 6),
+        "max": None if st is None else round(st.max, 6),
+        "client_limited": limited,
+        "limits": {"p50_s": LAG_P50_LIMIT_S, "p99_s": LAG_P99_LIMIT_S},
+    }

@@ -1,0 +1,249 @@
+"""`ShardFold`: one shard's event records, folded into a `ShardSummary`. Pure: no I/O, no clock.
+
+Records are the parsed lines of `events/shard-NN.jsonl` (see docs/ARCHITECTURE.md), fed in file
+order. State per span lives only while the span is open (from `queued` to `released`); what
+stays is per-minute, per-segment and per-shard. A fold tolerates missing lines (a torn log, a
+log read from its middle, or the `minutes_only` mode that `verify` uses, where only
+`last_token`, `attempt_end` and `released` lines are fed): what cannot be computed is counted,
+never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardrun.aggregate._dist import Dist
+from shardrun.aggregate._minutes import MinuteTally
+from shardrun.aggregate._segments import Segment, segment_of
+from shardrun.aggregate._steps import Scheduler, StepTrace
+from shardrun.aggregate._summary import ShardSummary, reason_key
+
+Record = Mapping[str, Any]
+Handler = Callable[[Record, bytes], None]
+
+# Slots of an open span's state list.
+Q, PC, A, S, C, F, L, LA, LR, E = range(10)
+_EMPTY: list[Any] = [None] * 10
+MAX_TRACKED_REASONS = 256
+MINUTES_ONLY_EVENTS = frozenset({"shard_start", "last_token", "attempt_end", "released",
+                                 "shard_end"})
+
+
+class ShardFold:
+    """Feed one shard's records with `feed` (or `handlers[ev](record, raw_line)`), then `finish`."""
+
+    def __init__(self, *, idle_until: float = math.inf, cap: int = 0, minutes_only: bool = False,
+                 keep_lines: bool = False, trace: bool = False) -> None:
+        self.full = not minutes_only
+        self.sum = ShardSummary()
+        self.sched = Scheduler(cap, idle_until, StepTrace() if trace else None)
+        self.tally = MinuteTally(keep_lines=keep_lines)
+        self.keep_lines = keep_lines
+        self.open: dict[str, list[Any]] = {}
+        self.segments: dict[int, Segment] = {}
+        self.loop_lag = Dist()
+        self.handlers: dict[str, Handler] = {
+            "shard_start": self._shard_start, "queued": self._queued, "admitted": self._admitted,
+            "attempt_start": self._attempt_start, "conn_ready": self._conn_ready,
+            "first_token": self._first_token, "last_token": self._last_token,
+            "attempt_end": self._attempt_end, "retry": self._retry, "released": self._released,
+            "loop_lag": self._loop_lag, "checkpoint": self._seen, "shard_end": self._shard_end,
+        }  # fmt: skip
+        if minutes_only:
+            self.handlers = {k: v for k, v in self.handlers.items() if k in MINUTES_ONLY_EVENTS}
+
+    def feed(self, rec: Record, raw: bytes = b"") -> None:
+        """Fold one record; unknown events are counted and otherwise ignored."""
+        handler = self.handlers.get(rec.get("ev"))  # type: ignore[arg-type]
+        if handler is None:
+            self.sum.unknown_events += 1
+        else:
+            handler(rec, raw)
+
+    def _new(self, sid: str) -> list[Any]:
+        span = self.open[sid] = _EMPTY.copy()
+        return span
+
+    def _seen(self, rec: Record, raw: bytes) -> None:
+        t = rec["t"]
+        s = self.sum
+        if s.first_t is None or t < s.first_t:
+            s.first_t = t
+        if s.last_t is None or t > s.last_t:
+            s.last_t = t
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _shard_start(self, rec: Record, raw: bytes) -> None:
+        s = self.sum
+        self._seen(rec, raw)
+        s.shard = rec.get("shard")
+        s.pid, s.host = rec.get("pid"), rec.get("host")
+        s.cap = int(rec.get("cap") or self.sched.cap)
+        s.starts += 1
+        s.ended = False
+        s.abandoned += len(self.open)
+        self.open.clear()
+        self.sched.restart(rec["t"], s.cap)
+
+    def _shard_end(self, rec: Record, raw: bytes) -> None:
+        self._seen(rec, raw)
+        self.sum.ended = True
+
+    def _loop_lag(self, rec: Record, raw: bytes) -> None:
+        self._seen(rec, raw)
+        self.loop_lag.add(max(0.0, float(rec["lag"])))
+
+    # -- scheduler events ----------------------------------------------------------------------
+
+    def _queued(self, rec: Record, raw: bytes) -> None:
+        t = rec["t"]
+        span = self.open[rec["span"]] = _EMPTY.copy()
+        span[Q] = t
+        span[PC] = rec.get("prompt_chars")
+        self.sum.queued += 1
+        if self.sum.first_t is None:
+            self.sum.first_t = t
+        self.sched.move(t, 1, 0)
+
+    def _admitted(self, rec: Record, raw: bytes) -> None:
+        t = rec["t"]
+        sid = rec["span"]
+        (self.open.get(sid) or self._new(sid))[A] = t
+        self.sched.move(t, -1, 1)
+
+    def _released(self, rec: Record, raw: bytes) -> None:
+        t = rec["t"]
+        s = self.sum
+        if s.last_t is None or t > s.last_t:
+            s.last_t = t
+        if self.full:
+            self.sched.move(t, 0, -1)
+        span = self.open.pop(rec["span"], None) or _EMPTY
+        if rec.get("outcome") == "ok":
+            self._close_ok(span, t, raw)
+        else:
+            s.dead += 1
+            key = reason_key(rec.get("reason"))
+            if key not in s.dead_reasons and len(s.dead_reasons) >= MAX_TRACKED_REASONS:
+                key = "other"
+            s.dead_reasons[key] = s.dead_reasons.get(key, 0) + 1
+
+    # -- attempts ------------------------------------------------------------------------------
+
+    def _attempt_start(self, rec: Record, raw: bytes) -> None:
+        sid = rec["span"]
+        span = self.open.get(sid) or self._new(sid)
+        span[S] = rec["t"]
+        span[C] = span[F] = None
+        self.sum.attempts += 1
+        if rec.get("attempt") == 1:
+            self.sum.first_attempts += 1
+
+    def _conn_ready(self, rec: Record, raw: bytes) -> None:
+        sid = rec["span"]
+        (self.open.get(sid) or self._new(sid))[C] = rec["t"]
+        if rec.get("reused"):
+            self.sum.reused_conns += 1
+        else:
+            self.sum.new_conns += 1
+
+    def _first_token(self, rec: Record, raw: bytes) -> None:
+        sid = rec["span"]
+        (self.open.get(sid) or self._new(sid))[F] = rec["t"]
+
+    def _last_token(self, rec: Record, raw: bytes) -> None:
+        sid = rec["span"]
+        span = self.open.get(sid) or self._new(sid)
+        span[L] = rec["t"]
+        span[LA] = rec.get("attempt")
+        span[LR] = raw
+
+    def _attempt_end(self, rec: Record, raw: bytes) -> None:
+        s = self.sum
+        status = rec.get("status")
+        s.by_status[status] = s.by_status.get(status, 0) + 1
+        s.wasted_tokens += rec.get("wasted_tokens") or 0
+        s.prompt_tokens += rec.get("prompt_tokens") or 0
+        if status == "ok":
+            sid = rec["span"]
+            (self.open.get(sid) or self._new(sid))[E] = (
+                rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
+                rec.get("itl_hist"), rec.get("attempt"), raw,
+            )  # fmt: skip
+
+    def _retry(self, rec: Record, raw: bytes) -> None:
+        s = self.sum
+        cause = str(rec.get("cause"))
+        s.retries[cause] = s.retries.get(cause, 0) + 1
+        per_minute = s.retry_minutes.setdefault(int(rec["t"] // 60), {})
+        per_minute[cause] = per_minute.get(cause, 0) + 1
+
+    # -- a successful span ---------------------------------------------------------------------
+
+    def _close_ok(self, span: list[Any], t_rel: float, raw: bytes) -> None:
+        s = self.sum
+        end = span[E]
+        if end is None:
+            s.ok_without_attempt += 1
+            return
+        end_t, tokens, prompt_tokens, itl, attempt, end_raw = end
+        use_last = span[L] is not None and span[LA] == attempt
+        last = span[L] if use_last else end_t
+        s.ok += 1
+        s.completion_tokens += tokens
+        if self.keep_lines:
+            lines = (span[LR], end_raw, raw) if use_last else (end_raw, raw)
+            self.tally.count(last, tokens, lines)
+        else:
+            self.tally.count(last, tokens)
+        if self.full:
+            self._latency(span, t_rel, last, tokens, prompt_tokens, itl)
+
+    def _latency(self, span: list[Any], t_rel: float, last: float, tokens: int,
+                 prompt_tokens: int | None, itl: dict[str, int] | None) -> None:
+        q, a, st = span[Q], span[A], span[S]
+        if q is None or a is None or st is None:
+            self.sum.ok_incomplete += 1  # its earlier lines were not in this log
+            return
+        c = span[C] if span[C] is not None else st
+        f = span[F] if span[F] is not None else last
+        i = segment_of(prompt_tokens, span[PC])
+        seg = self.segments.get(i) or self.segments.setdefault(i, Segment())
+        d = seg.dists
+        seg.spans += 1
+        d[0].add(a - q)
+        d[1].add(st - a)
+        d[2].add(c - st)
+        d[3].add(f - c)
+        d[4].add(last - f)
+        d[5].add(t_rel - last)
+        d[6].add(f - q)
+        d[7].add(f - st)
+        if tokens >= 2:
+            d[8].add((last - f) / (tokens - 1))
+        d[9].add(t_rel - q)
+        if itl:
+            counts = seg.itl
+            for b, n in itl.items():
+                counts[b] = counts.get(b, 0) + n
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def finish(self, end_t: float | None = None) -> ShardSummary:
+        """The summary; scheduler integrals run to `end_t` (default: the last event seen)."""
+        s = self.sum
+        end = end_t if end_t is not None else s.last_t
+        sched = self.sched
+        if end is not None:
+            sched.advance(end)
+        s.open_spans = len(self.open)
+        s.queue_depth, s.in_flight = sched.q, sched.f
+        s.backlog_s, s.gap_s, s.idle_s = sched.backlog, sched.gap, sched.idle
+        s.minutes = self.tally.cells()
+        s.segments = self.segments
+        s.loop_lag = self.loop_lag
+        s.trace = sched.trace
+        return s

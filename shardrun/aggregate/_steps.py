@@ -1,0 +1,108 @@
+"""A shard's scheduler state as an exact step function, integrated while the log streams past.
+
+Queue depth and in_flight change only at `queued` (+1 queue), `admitted` (-1 queue, +1 in
+flight) and `released` (-1 in flight), so between two such events they are constant and every
+time integral below is exact: no sampling.
+
+    backlog_s  time with queue depth > 0
+    gap_s      time with queue depth > 0 and in_flight < cap       (gap_fraction = gap / backlog)
+    idle_s     time with queue depth = 0 and in_flight = 0, before the coordinator's `input_end`
+               (it still held unassigned work then: cross-shard idle)
+
+`StepTrace` keeps the change points for plots: exactly, up to `TRACE_LIMIT` points per shard;
+past that, per-second envelopes (max queue, min and max in_flight), so memory stays bounded by
+the run's duration rather than its number of spans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TRACE_LIMIT = 50_000
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """Change points `(t, queue, in_flight)`, or per-second `[q_max, f_min, f_max]` envelopes."""
+
+    points: list[tuple[float, int, int]] = field(default_factory=list)
+    bins: dict[int, list[int]] | None = None
+
+    def add(self, t: float, q: int, f: int) -> None:
+        if self.bins is None:
+            self.points.append((t, q, f))
+            if len(self.points) > TRACE_LIMIT:
+                self._coarsen()
+            return
+        _bin(self.bins, t, q, f)
+
+    def _coarsen(self) -> None:
+        bins: dict[int, list[int]] = {}
+        for t, q, f in self.points:
+            _bin(bins, t, q, f)
+        self.bins = bins
+        self.points = []
+
+    @property
+    def exact(self) -> bool:
+        return self.bins is None
+
+
+def _bin(bins: dict[int, list[int]], t: float, q: int, f: int) -> None:
+    sec = math.floor(t)
+    env = bins.get(sec)
+    if env is None:
+        bins[sec] = [q, f, f]
+        return
+    env[0] = max(env[0], q)
+    env[1] = min(env[1], f)
+    env[2] = max(env[2], f)
+
+
+class Scheduler:
+    """Queue depth and in_flight of one shard, with their time integrals."""
+
+    __slots__ = ("backlog", "cap", "f", "gap", "idle", "idle_until", "last", "q", "trace")
+
+    def __init__(self, cap: int, idle_until: float, trace: StepTrace | None = None) -> None:
+        self.cap = cap
+        self.idle_until = idle_until
+        self.trace = trace
+        self.q = 0
+        self.f = 0
+        self.last: float | None = None
+        self.backlog = 0.0
+        self.gap = 0.0
+        self.idle = 0.0
+
+    def restart(self, t: float, cap: int) -> None:
+        """A (re)started shard process: empty queue, nothing in flight, observed from `t`."""
+        self.cap = cap
+        self.q = 0
+        self.f = 0
+        self.last = t
+        if self.trace is not None:
+            self.trace.add(t, 0, 0)
+
+    def advance(self, t: float) -> None:
+        """Integrate the current state up to `t` (a `t` in the past changes nothing)."""
+        self.move(t, 0, 0, record=False)
+
+    def move(self, t: float, dq: int, df: int, *, record: bool = True) -> None:
+        """A scheduler event at `t`: integrate up to it, then apply the change."""
+        last = self.last
+        if last is not None and t > last:
+            if self.q > 0:
+                self.backlog += t - last
+                if self.f < self.cap:
+                    self.gap += t - last
+            elif self.f <= 0 and last < self.idle_until:
+                self.idle += min(t, self.idle_until) - last
+            self.last = t
+        elif last is None:
+            self.last = t
+        self.q += dq
+        self.f += df
+        if record and self.trace is not None:
+            self.trace.add(t, self.q, self.f)

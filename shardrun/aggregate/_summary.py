@@ -1,0 +1,101 @@
+"""What a fold leaves behind: `ShardSummary` and `CoordinatorSummary`, small and picklable.
+
+Their size depends on minutes, segments and distinct causes, never on the number of spans, so
+shard files can be folded in worker processes and only these travel back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardrun.aggregate._dist import Dist
+from shardrun.aggregate._minutes import MinuteCell
+from shardrun.aggregate._segments import Segment
+from shardrun.aggregate._steps import StepTrace
+
+MAX_REASONS = 32
+REASON_CHARS = 80
+
+
+def reason_key(reason: object) -> str:
+    """A dead-letter reason without its per-item details: the text before the first colon."""
+    text = str(reason or "unknown").split(":", 1)[0].strip()
+    return text[:REASON_CHARS] or "unknown"
+
+
+@dataclass(slots=True)
+class ShardSummary:
+    """Everything the report needs from one shard's event log."""
+
+    shard: int | None = None
+    cap: int = 0
+    pid: int | None = None
+    host: str | None = None
+    starts: int = 0
+    ended: bool = False
+    first_t: float | None = None
+    last_t: float | None = None
+    queued: int = 0
+    ok: int = 0
+    dead: int = 0
+    open_spans: int = 0
+    queue_depth: int = 0
+    in_flight: int = 0
+    abandoned: int = 0
+    ok_without_attempt: int = 0
+    ok_incomplete: int = 0
+    unknown_events: int = 0
+    attempts: int = 0
+    first_attempts: int = 0
+    by_status: dict[Any, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    retry_minutes: dict[int, dict[str, int]] = field(default_factory=dict)
+    dead_reasons: dict[str, int] = field(default_factory=dict)
+    wasted_tokens: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    new_conns: int = 0
+    reused_conns: int = 0
+    backlog_s: float = 0.0
+    gap_s: float = 0.0
+    idle_s: float = 0.0
+    minutes: dict[int, MinuteCell] = field(default_factory=dict)
+    segments: dict[int, Segment] = field(default_factory=dict)
+    loop_lag: Dist = field(default_factory=Dist)
+    trace: StepTrace | None = None
+
+    @property
+    def observed_s(self) -> float:
+        """Time from the shard's first event to its last."""
+        if self.first_t is None or self.last_t is None:
+            return 0.0
+        return self.last_t - self.first_t
+
+    def capped_reasons(self) -> dict[str, int]:
+        """Dead reasons, the rarest folded into "other" past `MAX_REASONS` distinct ones."""
+        ranked = sorted(self.dead_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        out = dict(ranked[:MAX_REASONS])
+        rest = sum(n for _, n in ranked[MAX_REASONS:])
+        if rest:
+            out["other"] = out.get("other", 0) + rest
+        return out
+
+
+@dataclass(slots=True)
+class CoordinatorSummary:
+    """The coordinator's log: when the run started and ended, and when the input ran out."""
+
+    run_start: float | None = None
+    run_end: float | None = None
+    run_status: str | None = None
+    input_end: float | None = None
+    input_lines: int | None = None
+    rejects: int | None = None
+    shards: int | None = None
+    cap: int | None = None
+    batches: int = 0
+    handed: dict[int, int] = field(default_factory=dict)
+    shard_exits: dict[int, str] = field(default_factory=dict)
+    first_t: float | None = None
+    last_t: float | None = None

@@ -1,0 +1,138 @@
+"""Triage: which bucket dominates, the two control-plane signatures, and other red flags.
+
+Works on the report document's numbers only. Meanings and controls are DESIGN §4's table; the
+thresholds are documented in docs/METRICS.md and kept here as named constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TTFT_TAIL_RATIO = 3.0  # p99/p50 of t_first_token at or above: the tail moves
+STREAM_STABLE_RATIO = 2.0  # p99/p50 of TPOT at or below: decode speed is stable
+GAP_FRACTION_LIMIT = 0.05
+IDLE_FRACTION_LIMIT = 0.05
+RETRY_RATE_LIMIT = 0.05
+CHURN_FACTOR = 2.0
+
+TABLE: dict[str, tuple[str, str]] = {
+    "t_queue": ("backlog above the cap, or an arrival spike; if gap_fraction is also high, our "
+                "own scheduler stalls",
+                "raise the cap if the server has headroom (TTFT flat), else accept; fix stalls "
+                "first"),
+    "t_retry": ("retries and backoff (429s, 5xx, timeouts)",
+                "fix timeouts and retry budget before touching concurrency; honour server limits"),
+    "t_conn": ("connections not reused (churn well above shards × cap / items)",
+               "keep-alive, pool size = cap, fewer hops"),
+    "t_first_token": ("server-side queueing, long prompts (prefill), admission gaps",
+                      "lower concurrency or split long/short prompts; compare by prompt-length "
+                      "bucket"),
+    "t_stream": ("decode speed or long outputs",
+                 "shorter max_tokens, a faster model or server; not a client problem"),
+    "t_post": ("our own parsing/validation/persistence on the hot path",
+               "move heavy work off the event loop, batch writes"),
+    "loop_lag": ("the client itself is saturated", "more shards, or less per-request work"),
+    "idle_gaps": ("our own scheduler leaves slots free while work waits (admission gaps)",
+                  "fix the stall first: look for blocking work on the event loop or a slow "
+                  "hand-out; then reconsider the cap"),
+    "cross_shard_idle": ("a shard sat idle while the coordinator still held unassigned work",
+                         "hand out work sooner (larger or earlier batches), more shards"),
+}
+
+
+def _ratio(dist: dict[str, Any] | None) -> float | None:
+    if not dist or not dist.get("p50"):
+        return None
+    return round(dist["p99"] / dist["p50"], 3)
+
+
+def dominant(latency: dict[str, Any]) -> dict[str, Any] | None:
+    """The bucket with the largest share of summed bucket time."""
+    shares = {k: v for k, v in latency["bucket_share"].items() if v is not None}
+    if not shares:
+        return None
+    name = max(shares, key=lambda k: shares[k])
+    dist = latency["all"][name] or {}
+    meaning, control = TABLE[name]
+    return {"bucket": name, "share": shares[name], "shares": latency["bucket_share"],
+            "evidence": {"share": shares[name], "p50": dist.get("p50"), "p99": dist.get("p99")},
+            "meaning": meaning, "control": control}
+
+
+def ttft_tail(latency: dict[str, Any]) -> dict[str, Any]:
+    """Signature 1: the TTFT tail moves while decode (TPOT, else t_stream) stays stable."""
+    ft = latency["all"]["t_first_token"]
+    stream_name = "tpot" if latency["all"]["tpot"] else "t_stream"
+    tail, stable = _ratio(ft), _ratio(latency["all"][stream_name])
+    present = (tail is not None and stable is not None and tail >= TTFT_TAIL_RATIO
+               and stable <= STREAM_STABLE_RATIO)
+    by_len = {seg["segment"]: (seg["dists"]["t_first_token"] or {}).get("p50")
+              for seg in latency["by_prompt_length"]}
+    meaning, control = TABLE["t_first_token"]
+    return {"id": "ttft_tail_moving", "present": present,
+            "title": "TTFT tail moving while t_stream is stable",
+            "evidence": {"t_first_token_p99_over_p50": tail,
+                         f"{stream_name}_p99_over_p50": stable,
+                         "t_first_token_p50_by_prompt_length": by_len,
+                         "thresholds": [TTFT_TAIL_RATIO, STREAM_STABLE_RATIO]},
+            "meaning": meaning, "control": control}
+
+
+def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
+    """Signature 2: free slots while work waits (gap_fraction), or idle shards under backlog."""
+    over = scheduler["overall"]
+    worst = max(scheduler["shards"], key=lambda r: r["gap_fraction"], default=None)
+    gap = over["gap_fraction"]
+    idle = over["cross_shard_idle_fraction"]
+    present = gap >= GAP_FRACTION_LIMIT or idle >= IDLE_FRACTION_LIMIT
+    only_idle = gap < GAP_FRACTION_LIMIT and idle >= IDLE_FRACTION_LIMIT
+    key = "cross_shard_idle" if only_idle else "idle_gaps"
+    meaning, control = TABLE[key]
+    return {"id": "idle_gaps_under_backlog", "present": present,
+            "title": "idle gaps under backlog",
+            "evidence": {"gap_fraction": gap, "gap_s": over["gap_s"],
+                         "backlog_s": over["backlog_s"],
+                         "worst_shard": None if worst is None else worst["shard"],
+                         "worst_shard_gap_fraction": None if worst is None
+                         else worst["gap_fraction"],
+                         "cross_shard_idle_fraction": idle,
+                         "cross_shard_idle_s": over["cross_shard_idle_s"],
+                         "thresholds": [GAP_FRACTION_LIMIT, IDLE_FRACTION_LIMIT]},
+            "meaning": meaning, "control": control}
+
+
+def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Client saturation, heavy retries and connection churn, when present."""
+    out = []
+    lag = doc["loop_lag"]
+    if lag["client_limited"]:
+        out.append(_finding("client_limited", "client-limited: event-loop lag is high",
+                            {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]},
+                            *TABLE["loop_lag"]))
+    att = doc["attempts"]
+    if att["retry_rate"] is not None and att["retry_rate"] >= RETRY_RATE_LIMIT:
+        out.append(_finding("retries", "many retries",
+                            {"retry_rate": att["retry_rate"], "causes": att["retry_causes"],
+                             "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
+    conn = doc["connections"]
+    churn, expected = conn["churn_per_success"], conn["expected_churn"]
+    if churn is not None and expected is not None and churn > CHURN_FACTOR * expected:
+        out.append(_finding("connection_churn", "connections not reused",
+                            {"churn_per_success": churn, "expected_churn": expected},
+                            *TABLE["t_conn"]))
+    return out
+
+
+def _finding(fid: str, title: str, evidence: dict[str, Any], meaning: str,
+             control: str) -> dict[str, Any]:
+    return {"id": fid, "present": True, "title": title, "evidence": evidence,
+            "meaning": meaning, "control": control}
+
+
+def triage_section(doc: dict[str, Any]) -> dict[str, Any]:
+    """The `triage` part of the report document."""
+    return {
+        "dominant_bucket": dominant(doc["latency"]),
+        "signatures": [ttft_tail(doc["latency"]), idle_gaps(doc["scheduler"])],
+        "findings": other_findings(doc),
+    }

@@ -1,0 +1,142 @@
+"""OpenAI Batch API output files, rebuilt from a run's result and dead-letter lines.
+
+A job whose input was an OpenAI Batch file (or any job with `output.format: openai-batch`) can
+end with the two files the Batch API itself would return, so tools written for that API read
+a shardrun run unchanged:
+
+    batch_output.jsonl   one line per result: {id, custom_id, response: {status_code: 200,
+                         request_id, body: chat.completion | text_completion}, error: null}
+    batch_errors.jsonl   one line per dead letter: {id, custom_id, response: {status_code,
+                         request_id, body: {error}} or null when no HTTP status came back,
+                         error: {code, message}}
+
+`custom_id` is the item id. `error.code` is the last attempt's shardrun status (`http_429`,
+`timeout_total`, ... see docs/ARCHITECTURE.md), or `not_sent` when no attempt was made.
+Ids are derived from the run id and the span, so converting a run twice gives identical files.
+The converters are pure; `write_batch_files` streams, holding one line at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+__all__ = ["batch_error_line", "batch_output_line", "request_id_for", "write_batch_files"]
+
+OUTPUT_NAME = "batch_output.jsonl"
+ERRORS_NAME = "batch_errors.jsonl"
+_COMPLETIONS_URL = "/v1/completions"
+
+
+def request_id_for(run_id: str, span: str) -> str:
+    """A stable `req_...` id for one span of one run."""
+    digest = hashlib.blake2b(f"{run_id}/{span}".encode(), digest_size=12).hexdigest()
+    return f"req_{digest}"
+
+
+def batch_output_line(
+    result: Mapping[str, Any], request_id: str, *, model: str = "", api: str = "chat"
+) -> dict[str, Any]:
+    """One Batch API output line from a results/ line.
+
+    The object type follows the item's `url` when the result carries one (OpenAI Batch
+    input), else `api`; the model is the result's own `model` when present, else `model`.
+    """
+    url = result.get("url")
+    completions = url == _COMPLETIONS_URL if url is not None else api == "completions"
+    usage = result.get("usage") or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    total = prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
+    suffix = request_id.removeprefix("req_")
+    choice: dict[str, Any] = {"index": 0}
+    if completions:
+        choice["text"] = result.get("output", "")
+    else:
+        choice["message"] = {"role": "assistant", "content": result.get("output", "")}
+    choice.update(logprobs=None, finish_reason=result.get("finish_reason"))
+    body = {
+        "id": f"{'cmpl' if completions else 'chatcmpl'}-{suffix}",
+        "object": "text_completion" if completions else "chat.completion",
+        "created": int(result.get("released_at") or 0),
+        "model": result.get("model") or model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total},
+    }
+    return {
+        "id": f"batch_{request_id}",
+        "custom_id": str(result["id"]),
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
+
+
+def batch_error_line(dead: Mapping[str, Any], request_id: str = "") -> dict[str, Any]:
+    """One Batch API error-file line from a dead/ line (its last attempt decides the code)."""
+    attempts = dead.get("attempts") or []
+    last: Mapping[str, Any] = attempts[-1] if attempts else {}
+    code = str(last.get("status") or "not_sent")
+    message = str(dead.get("reason") or last.get("error") or code)
+    http = last.get("http")
+    response = None
+    if isinstance(http, int):
+        error_body = {"message": last.get("error") or message, "type": code, "code": code}
+        response = {"status_code": http, "request_id": request_id, "body": {"error": error_body}}
+    return {
+        "id": f"batch_{request_id}" if request_id else None,
+        "custom_id": str(dead["id"]),
+        "response": response,
+        "error": {"code": code, "message": message},
+    }
+
+
+def write_batch_files(run_dir: Path, model: str, api: str = "chat") -> tuple[Path, Path]:
+    """Stream results/*.jsonl and dead/*.jsonl into the two Batch files in `run_dir`.
+
+    Each file is written under a temporary name and renamed into place, so a reader never
+    sees half a file. Returns (batch_output.jsonl, batch_errors.jsonl).
+    """
+    run_id = run_dir.name
+    output, errors = run_dir / OUTPUT_NAME, run_dir / ERRORS_NAME
+    with _atomic(output) as out:
+        for record in _records(run_dir / "results"):
+            rid = request_id_for(run_id, str(record.get("span", record["id"])))
+            out.write(orjson.dumps(batch_output_line(record, rid, model=model, api=api)) + b"\n")
+    with _atomic(errors) as out:
+        for record in _records(run_dir / "dead"):
+            rid = request_id_for(run_id, str(record.get("span", record["id"])))
+            out.write(orjson.dumps(batch_error_line(record, rid)) + b"\n")
+    return output, errors
+
+
+def _records(folder: Path) -> Iterator[dict[str, Any]]:
+    """The JSON lines of every shard file in `folder`, shard by shard; blank and torn lines
+    (a crash mid-write leaves at most one, at the end of a file) are skipped."""
+    for path in sorted(folder.glob("shard-*.jsonl")):
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and "id" in record:
+                    yield record
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[IO[bytes]]:
+    """Write `path.tmp`, then rename it to `path` on success (remove it on failure)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

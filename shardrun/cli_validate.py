@@ -1,0 +1,145 @@
+"""The `shardrun validate` subcommand: argument parsing and presentation only.
+
+    shardrun validate JOB.yaml [--ping] [--show N] [--strict] [--shards N] [--concurrency C]
+                               [--rpm X] [--tpm X]
+
+Exit codes: 0 valid (rejected input lines are warnings), 1 with `--strict` when a line was
+rejected or when the `--ping` request failed, 2 when the job, a flag, the environment or the
+input file is unusable. On a terminal the report uses rich tables; otherwise plain text with
+no escape codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from shardrun.errors import ShardrunError
+from shardrun.spec import LoadedJob, load_job
+from shardrun.validate import InputCheck, PingResult, check_input, config_rows, run_ping
+
+__all__ = ["handle", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add `validate` to the CLI's subparsers; the handler is in `set_defaults(handler=...)`."""
+    p = subparsers.add_parser(
+        "validate",
+        help="check a job file, its environment and its input without running it",
+        description="Check a job file, environment overrides and the input; send no request "
+        "unless --ping is given.",
+    )
+    p.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
+    p.add_argument("--ping", action="store_true",
+                   help="send ONE real request to the endpoint and report status and TTFT")
+    p.add_argument("--show", type=int, default=10, metavar="N",
+                   help="list the first N rejected lines (default 10)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any input line is rejected")
+    p.add_argument("--shards", type=int, metavar="N", help="as for run")
+    p.add_argument("--concurrency", type=int, metavar="C", help="as for run")
+    p.add_argument("--rpm", metavar="X", help="job-wide requests per minute (none: unlimited)")
+    p.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (none: unlimited)")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run the checks and print the report; never raises a shardrun error (prints it)."""
+    stream = out if out is not None else sys.stdout
+    console = Console(file=stream, highlight=False)
+    try:
+        return _validate(args, console)
+    except ShardrunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _validate(args: argparse.Namespace, console: Console) -> int:
+    flags = {"shards": args.shards, "concurrency": args.concurrency,
+             "rate_limits.rpm": args.rpm, "rate_limits.tpm": args.tpm}  # fmt: skip
+    job = load_job(args.job, env=os.environ, flags=flags)
+    job.api_key(os.environ)  # a named but unset key variable fails here, not per item
+    check = check_input(job, show=max(0, args.show))
+    result = run_ping(job, os.environ, check.first_item) if args.ping else None
+    if console.is_terminal:
+        print_report(console, job, check, result)
+    else:
+        console.file.write(format_report(job, check, result) + "\n")
+    if result is not None and not result.ok:
+        return 1
+    return 1 if args.strict and check.rejects else 0
+
+
+def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
+    spec = job.spec.input
+    per_item = check.prompt_tokens_estimate / check.items if check.items else 0.0
+    lines = [
+        f"input: {job.input_path} ({spec.format}): {check.items:,} items, "
+        f"{check.rejects:,} rejected lines",
+        f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
+        "estimated as characters / 4, not by a tokenizer",
+    ]
+    if check.rejects:
+        shown = len(check.first_rejects)
+        lines.append(f"rejected lines (warnings; the first {shown}):")
+        lines.extend(f"  line {r.line}: {r.reason}" for r in check.first_rejects)
+    return lines
+
+
+def _ping_lines(result: PingResult) -> list[str]:
+    ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
+    http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
+    lines = [f"ping: {result.status} ({http}) {result.url}: TTFT {ttft}, "
+             f"total {result.total_s:.3f} s, {result.completion_tokens} tokens"]  # fmt: skip
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    elif result.reply:
+        lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
+    if result.rate_headers:
+        lines.extend(f"  {k}: {v}" for k, v in sorted(result.rate_headers.items()))
+    else:
+        lines.append("  no x-ratelimit-* headers")
+    return lines
+
+
+def format_report(job: LoadedJob, check: InputCheck, result: PingResult | None) -> str:
+    """The whole report as plain text."""
+    lines = [f"job: {job.origin} is valid", *_input_lines(job, check)]
+    lines.extend(f"warning: {w}" for w in job.warnings)
+    rows = config_rows(job)
+    width = max(len(k) for k, _, _ in rows)
+    vwidth = min(40, max(len(v) for _, v, _ in rows))
+    lines.append("configuration (value, and where it came from):")
+    lines.extend(f"  {k:<{width}}  {_clip(v):<{vwidth}}  {s}" for k, v, s in rows)
+    if result is not None:
+        lines.extend(_ping_lines(result))
+    return "\n".join(lines)
+
+
+def print_report(
+    console: Console, job: LoadedJob, check: InputCheck, result: PingResult | None
+) -> None:
+    """The same report with rich tables, for a terminal."""
+    console.print(f"[bold]job:[/bold] {job.origin} is [green]valid[/green]")
+    for line in _input_lines(job, check):
+        console.print(line, markup=False)
+    for warning in job.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    table = Table(title="configuration", title_justify="left")
+    for name in ("key", "value", "source"):
+        table.add_column(name)
+    for key, value, source in config_rows(job):
+        table.add_row(key, _clip(value), source, style="dim" if source == "default" else None)
+    console.print(table)
+    if result is not None:
+        for line in _ping_lines(result):
+            console.print(line, markup=False)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,306 @@
+"""The live view of a run: what the operator watches while it goes.
+
+The coordinator feeds each shard's periodic `progress` message to `ProgressView.update` and
+calls `refresh` about four times a second (never per request). On a terminal the view is one
+rich Live display: an overall bar (done / total with an ETA, or a count and a rate when the
+total is unknown), succeeded / failed / retrying, completion TPM and requests/s over the last
+~10 s, and per shard its in_flight / cap and queue depth. Anywhere else (a log file, CI) it is
+one plain line every `interval` seconds, with no escape codes; `quiet` shows nothing.
+
+Shard counters are cumulative; a shard whose counter goes backwards (a restarted process) is
+taken to have started again from zero, and what it reported before is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
+
+COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
+GAUGES = ("queued", "in_flight", "retrying", "cap")
+WINDOW_S = 10.0
+MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
+LINE_LIMIT_BYTES = 2 << 30
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRow:
+    index: int
+    in_flight: int
+    cap: int | None
+    queued: int
+    retrying: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the view shows at one instant; pure data, rendered by the format_* functions."""
+
+    elapsed: float
+    total: int | None
+    ok: int
+    dead: int
+    retrying: int
+    attempts: int
+    completion_tokens: int
+    tpm: float | None
+    requests_per_s: float | None
+    items_per_s: float | None
+    shards: tuple[ShardRow, ...]
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.dead
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the current item rate, when the total and a rate are known."""
+        if self.total is None or not self.items_per_s:
+            return None
+        return max(0, self.total - self.done) / self.items_per_s
+
+
+class _Shard:
+    """One shard's latest report, with counters carried over a restart."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.base: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.gauges: dict[str, int | None] = {}
+
+    def apply(self, report: Mapping[str, Any]) -> None:
+        for name in COUNTERS:
+            value = int(report.get(name) or 0)
+            if value < self.last[name]:
+                self.base[name] += self.last[name]
+            self.last[name] = value
+        self.gauges = {name: report.get(name) for name in GAUGES}
+
+    def total(self, name: str) -> int:
+        return self.base[name] + self.last[name]
+
+
+class ProgressView:
+    """Live progress of one run (see the module docstring). Not thread-safe: one event loop."""
+
+    def __init__(
+        self,
+        total: int | None = None,
+        *,
+        quiet: bool = False,
+        tty: bool | None = None,
+        interval: float = 10.0,
+        console: Console | None = None,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_shard_rows: int = 16,
+    ) -> None:
+        self.total, self.quiet, self.interval = total, quiet, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.console = console if console is not None else Console(file=self.stream)
+        self.tty = self.console.is_terminal if tty is None else tty
+        self.clock, self.max_shard_rows = clock, max_shard_rows
+        self.shards: dict[int, _Shard] = {}
+        self.started = clock()
+        self._samples: deque[tuple[float, int, int, int]] = deque()
+        self._last_line = self.started
+        self._live: Live | None = None
+
+    def set_total(self, n: int | None) -> None:
+        self.total = n
+
+    def update(self, shard_index: int, report: Mapping[str, Any]) -> None:
+        self.shards.setdefault(shard_index, _Shard()).apply(report)
+
+    def start(self) -> None:
+        self.started = self._last_line = self.clock()
+        if self.tty and not self.quiet:
+            self._live = Live(self.render(), console=self.console, auto_refresh=False)
+            self._live.start()
+
+    def refresh(self) -> None:
+        """Sample the rates and redraw (terminal) or print a line when one is due (plain)."""
+        snap = self.snapshot()
+        if self.quiet:
+            return
+        if self._live is not None:
+            self._live.update(render_snapshot(snap, self.max_shard_rows), refresh=True)
+        elif not self.tty and self.clock() - self._last_line >= self.interval:
+            self._last_line = self.clock()
+            print(format_plain_line(snap), file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        """Leave the last frame on screen and give the terminal back."""
+        if self._live is not None:
+            self._live.update(self.render(), refresh=True)
+            self._live.stop()
+            self._live = None
+
+    def final_line(self) -> str:
+        """One line for the end of the run, averages over the whole run."""
+        return format_final_line(self.snapshot(sample=False))
+
+    def render(self) -> Group:
+        return render_snapshot(self.snapshot(sample=False), self.max_shard_rows)
+
+    def snapshot(self, *, sample: bool = True) -> Snapshot:
+        """The current figures; `sample` records this instant for the sliding-window rates."""
+        now = self.clock()
+        sums = {name: sum(s.total(name) for s in self.shards.values()) for name in COUNTERS}
+        done = sums["ok"] + sums["dead"]
+        if sample:
+            self._samples.append((now, done, sums["attempts"], sums["completion_tokens"]))
+            while len(self._samples) > 2 and self._samples[1][0] <= now - WINDOW_S:
+                self._samples.popleft()
+        rates = _rates(self._samples)
+        rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
+        return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
+                        sum(r.retrying for r in rows), sums["attempts"],
+                        sums["completion_tokens"], *rates, rows)  # fmt: skip
+
+
+def _row(index: int, shard: _Shard) -> ShardRow:
+    g = shard.gauges
+    cap = g.get("cap")
+    return ShardRow(index, int(g.get("in_flight") or 0), None if cap is None else int(cap),
+                    int(g.get("queued") or 0), int(g.get("retrying") or 0))  # fmt: skip
+
+
+def _rates(
+    samples: deque[tuple[float, int, int, int]],
+) -> tuple[float | None, float | None, float | None]:
+    """(completion TPM, requests/s, items/s) between the oldest and newest sample."""
+    if len(samples) < 2:
+        return None, None, None
+    (t0, done0, att0, tok0), (t1, done1, att1, tok1) = samples[0], samples[-1]
+    span = t1 - t0
+    if span < MIN_SPAN_S:
+        return None, None, None
+    return (tok1 - tok0) / span * 60, (att1 - att0) / span, (done1 - done0) / span
+
+
+# -- rendering (pure) --------------------------------------------------------------------------
+
+
+def _clock_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(seconds + 0.5)
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def format_plain_line(s: Snapshot) -> str:
+    """The status line printed when the output is not a terminal."""
+    if s.total:
+        head = f"{s.done:,}/{s.total:,} done ({100 * s.done / s.total:.1f}%)"
+    else:
+        head = f"{s.done:,} done"
+    eta = "" if s.eta_s is None else f", ETA {_clock_text(s.eta_s)}"
+    return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
+            f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
+            f"{eta}")  # fmt: skip
+
+
+def format_final_line(s: Snapshot) -> str:
+    """Totals and run-average completion TPM."""
+    tpm = s.completion_tokens / s.elapsed * 60 if s.elapsed > 0 else 0.0
+    return (f"{s.done:,} items in {s.elapsed:.1f} s: {s.ok:,} succeeded, {s.dead:,} failed; "
+            f"{tpm:,.0f} completion TPM (run average)")  # fmt: skip
+
+
+def shard_table(s: Snapshot, max_rows: int = 16) -> Table:
+    """Per shard: in flight / cap and queue depth; beyond `max_rows`, one summary row."""
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("shard", justify="right")
+    table.add_column("in flight / cap", justify="right")
+    table.add_column("queue", justify="right")
+    table.add_column("retrying", justify="right")
+    for row in s.shards[:max_rows]:
+        cap = "?" if row.cap is None else f"{row.cap:,}"
+        table.add_row(str(row.index), f"{row.in_flight:,} / {cap}", f"{row.queued:,}",
+                      f"{row.retrying:,}")  # fmt: skip
+    rest = s.shards[max_rows:]
+    if rest:
+        caps = sum(r.cap or 0 for r in rest)
+        table.add_row(f"+{len(rest)} more", f"{sum(r.in_flight for r in rest):,} / {caps:,}",
+                      f"{sum(r.queued for r in rest):,}", f"{sum(r.retrying for r in rest):,}")
+    return table
+
+
+def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
+    """The terminal frame: bar line, counts line, shard table."""
+    head = Table.grid(padding=(0, 2))
+    if s.total:
+        pct = 100 * s.done / s.total
+        head.add_row(ProgressBar(total=s.total, completed=min(s.done, s.total), width=40),
+                     Text(f"{s.done:,}/{s.total:,}  {pct:.1f}%  ETA {_clock_text(s.eta_s)}"))
+    else:
+        head.add_row(Text(f"{s.done:,} done  {_num(s.items_per_s, 1)} items/s"))
+    counts = Text.assemble(
+        ("succeeded ", "dim"), (f"{s.ok:,}", "green"), ("  failed ", "dim"),
+        (f"{s.dead:,}", "red" if s.dead else ""), ("  retrying ", "dim"), f"{s.retrying:,}",
+        ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
+        ("  elapsed ", "dim"), _clock_text(s.elapsed),
+    )  # fmt: skip
+    return Group(head, counts, shard_table(s, max_rows))
+
+
+# -- the total, cheaply ------------------------------------------------------------------------
+
+
+def count_lines_cheaply(path: Path, limit_bytes: int = LINE_LIMIT_BYTES) -> int | None:
+    """Lines in a file under `limit_bytes` (a last line without newline counts), else None.
+
+    Counts newline bytes in 1 MiB chunks: about a second per few GB from the page cache.
+    """
+    try:
+        size = os.path.getsize(path)
+        if size > limit_bytes:
+            return None
+        lines, last = 0, b"\n"
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except OSError:
+        return None
+    return lines + (last != b"\n")
+
+
+def estimate_total(path: Path, fmt: str, limit_bytes: int = LINE_LIMIT_BYTES) -> int | None:
+    """The number of items an input likely holds, or None when that would be costly.
+
+    Parquet: the row count from its footer. CSV: lines less the header (a quoted cell spanning
+    lines makes this an overestimate). JSON lines: lines (blank lines included).
+    """
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except Exception:  # no pyarrow, or not Parquet: the reader will say so properly
+            return None
+    lines = count_lines_cheaply(path, limit_bytes)
+    if lines is None or fmt != "csv":
+        return lines
+    return max(0, lines - 1)

@@ -1,0 +1,228 @@
+"""A job-wide rate limit (requests and tokens per minute) shared by the shards.
+
+The coordinator splits the job's `rate_limits` evenly: each live shard gets rpm/N and tpm/N
+(`shares`), and sends new shares when a shard finishes or dies so the survivors use what it
+left. A shard enforces its share with a `RateLimiter`: two token buckets (requests, tokens)
+charged *before* a request is sent, corrected once the server's usage is known, and slowed
+further by the server's own `x-ratelimit-*` headers before they turn into 429s.
+
+`TokenBucket.take` reserves: the level may go negative, and the caller waits until its
+reservation is covered. Callers are therefore served in the order they asked, and a request
+larger than the burst still goes through (it just waits longer) instead of starving.
+
+Burst: one second's share, or 1, whichever is larger. A second's worth smooths out the
+dispatcher's jitter without letting a shard fire a whole minute's quota at once (servers count
+in windows far shorter than a minute). So in any 1 s window a shard sends at most
+rate + burst requests, and over a long run the average is the rate.
+
+The clock and sleep are parameters: tests are plain arithmetic on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardrun.inputs import estimate_prompt_tokens
+
+__all__ = [
+    "DEFAULT_COMPLETION_TOKENS",
+    "RateLimiter",
+    "TokenBucket",
+    "estimate_request_tokens",
+    "parse_duration",
+    "shares",
+]
+
+DEFAULT_COMPLETION_TOKENS = 256
+"""Completion tokens assumed for a request that sets no max_tokens (corrected afterwards)."""
+DEFAULT_PAUSE_S = 1.0
+"""How long to hold off when the server says nothing is left but not when it resets."""
+MAX_PAUSE_S = 60.0
+"""Longest single pause taken on the server's word; the next response refreshes it."""
+_MAX_REWAITS = 16
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """`rate_per_s` units refill per second up to `burst`; `take` reserves and says how long
+    to wait. Starts full."""
+
+    rate_per_s: float
+    burst: float
+    level: float = field(default=math.nan)
+    updated: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.rate_per_s > 0 and self.burst > 0):
+            raise ValueError(f"rate and burst must be positive: {self.rate_per_s}, {self.burst}")
+        if math.isnan(self.level):
+            self.level = self.burst
+
+    def _refill(self, now: float) -> None:
+        if self.updated is not None and now > self.updated:
+            self.level = min(self.burst, self.level + (now - self.updated) * self.rate_per_s)
+        if self.updated is None or now > self.updated:
+            self.updated = now
+
+    def take(self, now: float, amount: float) -> float:
+        """Reserve `amount`; the seconds to wait before it is covered (0 when it already is)."""
+        self._refill(now)
+        self.level -= amount
+        return 0.0 if self.level >= 0 else -self.level / self.rate_per_s
+
+    def give(self, now: float, amount: float) -> None:
+        """Return `amount` (negative: charge more, without waiting), never above the burst."""
+        self._refill(now)
+        self.level = min(self.burst, self.level + amount)
+
+    def retune(self, now: float, rate_per_s: float, burst: float) -> None:
+        """New rate and burst from `now` on; reservations already made keep their debt."""
+        self._refill(now)
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.level = min(self.level, burst)
+
+
+def _bucket_for(per_minute: float | None) -> TokenBucket | None:
+    if per_minute is None or math.isinf(per_minute):
+        return None
+    rate = per_minute / 60.0
+    return TokenBucket(rate, max(rate, 1.0))
+
+
+def shares(rpm: float | None, tpm: float | None, live: int) -> tuple[float | None, float | None]:
+    """Each of `live` shards' share of the job-wide limits (None stays unlimited)."""
+    n = max(1, live)
+    return (None if rpm is None else rpm / n), (None if tpm is None else tpm / n)
+
+
+class RateLimiter:
+    """One shard's share of the job's limits. Call `acquire` before every attempt."""
+
+    def __init__(
+        self,
+        rpm: float | None,
+        tpm: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        self._clock, self._sleep = clock, sleep
+        self.requests = _bucket_for(rpm)
+        self.tokens = _bucket_for(tpm)
+        self.pause_until = -math.inf
+        self.pending = 0
+        self.pending_tokens = 0
+        self.last_charge = 0
+
+    def reserve(self, tokens: int) -> float:
+        """Charge one request and `tokens` now; the seconds until both are covered."""
+        now = self._clock()
+        self.last_charge = tokens
+        wait = self.pause_until - now
+        if self.requests is not None:
+            wait = max(wait, self.requests.take(now, 1))
+        if self.tokens is not None:
+            wait = max(wait, self.tokens.take(now, tokens))
+        return max(0.0, wait)
+
+    async def acquire(self, tokens: int) -> float:
+        """Reserve, then sleep until the reservation is covered and no server pause holds.
+
+        `tokens` is the request's estimate: prompt tokens + max_tokens. Returns the seconds
+        waited (0.0 when nothing held it back).
+        """
+        start = self._clock()
+        wait = self.reserve(tokens)
+        self.pending += 1
+        self.pending_tokens += tokens
+        try:
+            for _ in range(_MAX_REWAITS):  # a server pause may arrive while we sleep
+                if wait <= 0:
+                    break
+                await self._sleep(wait)
+                wait = self.pause_until - self._clock()
+        finally:
+            self.pending -= 1
+            self.pending_tokens -= tokens
+        return max(0.0, self._clock() - start)
+
+    def correct(self, charged: int, actual_total_tokens: int) -> None:
+        """The server counted `actual_total_tokens` where `charged` was reserved: settle up."""
+        if self.tokens is not None and charged != actual_total_tokens:
+            self.tokens.give(self._clock(), charged - actual_total_tokens)
+
+    def set_share(self, rpm: float | None, tpm: float | None) -> None:
+        """A new share from the coordinator (a shard finished or died, or limits changed)."""
+        now = self._clock()
+        self.requests = _retuned(self.requests, rpm, now)
+        self.tokens = _retuned(self.tokens, tpm, now)
+
+    def observe_headers(self, headers: Mapping[str, str], now: float) -> float:
+        """Hold off until the server's reset when it has less left than we are about to send.
+
+        Reads x-ratelimit-remaining-requests/-tokens and x-ratelimit-reset-requests/-tokens
+        (lower-case names). Returns the pause set, in seconds from `now` (0.0 for none).
+        """
+        pause = 0.0
+        checks = (("requests", max(1, self.pending)),
+                  ("tokens", max(1, self.pending_tokens, self.last_charge)))  # fmt: skip
+        for kind, about_to_send in checks:
+            remaining = _number(headers.get(f"x-ratelimit-remaining-{kind}"))
+            if remaining is not None and remaining < about_to_send:
+                reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}"))
+                pause = max(pause, DEFAULT_PAUSE_S if reset is None else reset)
+        pause = min(pause, MAX_PAUSE_S)
+        if pause > 0:
+            self.pause_until = max(self.pause_until, now + pause)
+        return pause
+
+
+def _retuned(
+    bucket: TokenBucket | None, per_minute: float | None, now: float
+) -> TokenBucket | None:
+    """The bucket for a new per-minute share, keeping the old bucket's debt when it had one."""
+    fresh = _bucket_for(per_minute)
+    if fresh is None or bucket is None:
+        return fresh
+    bucket.retune(now, fresh.rate_per_s, fresh.burst)
+    return bucket
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds from a reset header: "1s", "6m0s", "20ms", "1h2m3.5s" or plain "0.5"; else None."""
+    if text is None:
+        return None
+    text = text.strip()
+    plain = _number(text)
+    if plain is not None:
+        return plain if math.isfinite(plain) and plain >= 0 else None
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+    """Tokens to reserve for one request: prompt estimate (chars / 4) + its max_tokens."""
+    body: Mapping[str, Any] = item.get("body") or {}
+    for source in (body, params):
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return estimate_prompt_tokens(item) + value
+    return estimate_prompt_tokens(item) + DEFAULT_COMPLETION_TOKENS

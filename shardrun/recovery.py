@@ -1,0 +1,73 @@
+"""Reading back what a run already wrote: torn-line repair and the ids of finished items.
+
+A process killed mid-write can leave a last line without its newline. Such a line is cut off
+(its item has no complete line, so it is simply done again); every complete line stays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import orjson
+
+from shardrun.errors import RunError
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut an unterminated last line off `path`; returns how many bytes were removed."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        keep = _last_newline_end(f, size)
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
+
+
+def _last_newline_end(f: BinaryIO, size: int) -> int:
+    """Offset just past the last newline (0 if none), reading backwards in blocks."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        f.seek(start)
+        block = f.read(end - start)
+        at = block.rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
+
+
+def line_ids(path: Path) -> Iterator[str]:
+    """The `id` of every line of a results or dead-letter file (after repair)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield str(orjson.loads(line)["id"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                raise RunError(
+                    f"{path} line {number} is not a valid record; the run directory was "
+                    "edited or damaged, so it cannot be resumed safely"
+                ) from None
+
+
+def repair_run_files(run_path: Path) -> list[str]:
+    """Repair every JSONL file of a run; returns one note per file that was cut."""
+    notes = []
+    for sub in ("results", "dead", "events"):
+        for path in sorted((run_path / sub).glob("*.jsonl")):
+            cut = repair_torn_tail(path)
+            if cut:
+                rel = path.relative_to(run_path)
+                notes.append(f"{rel}: removed a torn last line ({cut} bytes)")
+    return notes

@@ -1,0 +1,83 @@
+"""Readers and renderers around the aggregator: `shardrun report` for terminal, JSON and HTML.
+
+    load_report(run_dir)        read every event file -> (report document, LoadedRun)
+    format_report(doc)          the terminal summary (pure)
+    format_json(doc)            the JSON document (pure)
+    write_html(doc, run, path)  the self-contained HTML file (needs the `html` extra)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardrun.aggregate import RunFacts, build_report, pricing_from_effective
+from shardrun.report._html import HtmlExtraMissing, write_html
+from shardrun.report._rundir import FoldOptions, LoadedRun, RunDirError, load_run, run_state
+from shardrun.report._scan import FileScan
+from shardrun.report._text import format_report
+
+__all__ = [
+    "FoldOptions",
+    "HtmlExtraMissing",
+    "LoadedRun",
+    "RunDirError",
+    "format_json",
+    "format_report",
+    "load_report",
+    "write_html",
+]
+
+
+def load_report(run_dir: Path, *, trace: bool = False,
+                workers: int | None = None) -> tuple[dict[str, Any], LoadedRun]:
+    """Read a run directory (finished, crashed or still running) into its report document."""
+    loaded = load_run(run_dir, FoldOptions(trace=trace), workers)
+    state, why = run_state(loaded)
+    files = [_file_entry(scan, loaded) for scan in loaded.scans]
+    manifest = loaded.manifest
+    facts = RunFacts(
+        run_id=manifest.get("run_id"), run_dir=str(run_dir), state=state, state_reason=why,
+        manifest_status=manifest.get("status"),
+        pricing=pricing_from_effective(manifest.get("effective") or {}),
+        files=files, notes=[n for f in files for n in _file_notes(f, state)],
+    )  # fmt: skip
+    return build_report(facts, loaded.coordinator, loaded.shards), loaded
+
+
+def format_json(doc: dict[str, Any]) -> str:
+    """The report document as indented JSON with sorted keys."""
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+
+
+def _file_entry(scan: FileScan, loaded: LoadedRun) -> dict[str, Any]:
+    entry = scan.as_dict()
+    shard = next((s for s in loaded.shards if f"events/shard-{s.shard:02d}.jsonl" == scan.path
+                  and s.shard is not None), None)
+    entry["shard_end"] = None if shard is None else shard.ended
+    recorded = {f.get("path"): f for f in loaded.manifest.get("files") or []}.get(scan.path)
+    entry["matches_manifest"] = None if recorded is None else (
+        recorded.get("sha256") == scan.sha256 and recorded.get("bytes") == scan.bytes)
+    return entry
+
+
+def _file_notes(f: dict[str, Any], state: str) -> list[str]:
+    path, notes = f["path"], []
+    if f["torn_tail_bytes"]:
+        notes.append(f"{path}: torn last line ({f['torn_tail_bytes']} bytes) ignored"
+                     + (" (the run is still writing)" if state == "running" else ""))
+    if f["bad_lines"]:
+        notes.append(f"{path}: {f['bad_lines']:,} unreadable lines ignored, first "
+                     f"{f['first_bad'][0]}")
+    if f["checkpoint_error"]:
+        notes.append(f"{path}: checkpoint check failed at {f['checkpoint_error']}")
+    if f["matches_manifest"] is False:
+        notes.append(f"{path}: differs from the SHA-256 the manifest recorded at the end of "
+                     "the run (changed since)")
+    if f["lines"] and f["covered_lines"] < f["lines"]:
+        pct = 100 * f["covered_bytes"] / f["bytes"] if f["bytes"] else 0.0
+        notes.append(f"{path}: checkpoints cover lines 1-{f['covered_lines']:,} of "
+                     f"{f['lines']:,} ({pct:.1f}% of its bytes)")
+    return notes

@@ -1,0 +1,178 @@
+"""Read a run directory: manifest, event files (in parallel when large), and the run's state.
+
+Shard files are independent and their summaries merge, so big runs fold one file per worker
+process; the coordinator's small log is read first because `input_end` bounds cross-shard idle.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardrun.aggregate import (
+    MINUTES_ONLY_EVENTS,
+    CoordinatorFold,
+    CoordinatorSummary,
+    ShardFold,
+    ShardSummary,
+)
+from shardrun import events
+from shardrun.errors import ShardrunError
+from shardrun.report._scan import FileScan, scan_file
+
+PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
+RUNNING_WINDOW_S = 10.0  # a live shard writes its log at least once a second
+STALLED_WINDOW_S = 300.0  # a shard process alive but silent this long is not trusted as ours
+COORDINATOR = "events/coordinator.jsonl"
+COORDINATOR_EVENTS = (events.RUN_START, events.BATCH, events.INPUT_END, events.SHARD_EXIT,
+                      events.RUN_END, events.CHECKPOINT)
+
+
+class RunDirError(ShardrunError):
+    """The run directory cannot be read."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class FoldOptions:
+    minutes_only: bool = False
+    keep_lines: bool = False
+    trace: bool = False
+
+
+@dataclass(kw_only=True)
+class LoadedRun:
+    """Everything read from one run directory."""
+
+    path: Path
+    manifest: dict[str, Any]
+    coordinator: CoordinatorSummary
+    shards: list[ShardSummary]
+    scans: list[FileScan]  # coordinator first (when present), then shards in path order
+    newest_mtime: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory")
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json") from None
+    except orjson.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is not a JSON object")
+    return data
+
+
+def shard_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "events").glob("shard-*.jsonl"))
+
+
+def default_cap(manifest: dict[str, Any]) -> int:
+    entry = (manifest.get("effective") or {}).get("concurrency")
+    value = entry.get("value") if isinstance(entry, dict) else entry
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def fold_shard_file(path: Path, rel: str, idle_until: float, cap: int,
+                    opts: FoldOptions) -> tuple[FileScan, ShardSummary]:
+    """Scan and fold one shard's event file (a top-level function: it runs in workers)."""
+    fold = ShardFold(idle_until=idle_until, cap=cap, minutes_only=opts.minutes_only,
+                     keep_lines=opts.keep_lines, trace=opts.trace)
+    wanted = MINUTES_ONLY_EVENTS | {"checkpoint"} if opts.minutes_only else None
+    scan = scan_file(path, rel, fold.handlers, wanted)
+    summary = fold.finish()
+    if summary.shard is None:
+        summary.shard = _shard_number(path)
+    return scan, summary
+
+
+def _shard_number(path: Path) -> int | None:
+    digits = path.stem.removeprefix("shard-")
+    return int(digits) if digits.isdigit() else None
+
+
+def load_run(run_dir: Path, opts: FoldOptions | None = None,
+             workers: int | None = None) -> LoadedRun:
+    """Read and fold every event file of `run_dir`."""
+    opts = opts or FoldOptions()
+    manifest = read_manifest(run_dir)
+    coord_path = run_dir / COORDINATOR
+    scans: list[FileScan] = []
+    coord = CoordinatorFold()
+    if coord_path.exists():
+        handlers = {name: coord.feed for name in COORDINATOR_EVENTS}
+        scans.append(scan_file(coord_path, COORDINATOR, handlers))
+    paths = shard_files(run_dir)
+    if not paths and not scans:
+        raise RunDirError(f"{run_dir} has no event files under events/")
+    idle_until = coord.summary.input_end
+    jobs = [(p, f"events/{p.name}", math.inf if idle_until is None else idle_until,
+             default_cap(manifest), opts) for p in paths]
+    results = _fold_all(jobs, workers, sum(p.stat().st_size for p in paths))
+    all_paths = ([coord_path] if coord_path.exists() else []) + paths
+    return LoadedRun(
+        path=run_dir, manifest=manifest, coordinator=coord.summary,
+        shards=[r[1] for r in results], scans=scans + [r[0] for r in results],
+        newest_mtime=max((p.stat().st_mtime for p in all_paths), default=0.0),
+    )  # fmt: skip
+
+
+def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
+              total_bytes: int) -> list[tuple[FileScan, ShardSummary]]:
+    n = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
+    if n <= 1 or len(jobs) <= 1 or (workers is None and total_bytes < PARALLEL_BYTES):
+        return [fold_shard_file(*job) for job in jobs]
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(fold_shard_file, *job) for job in jobs]
+        return [f.result() for f in futures]
+
+
+def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
+    """`finished`, `running` or `crashed`, and why (see docs/METRICS.md, "Run state")."""
+    status = loaded.manifest.get("status")
+    ended_at = loaded.manifest.get("ended_at")
+    unended = [s.shard for s in loaded.shards if not s.ended]
+    if status != "running" and ended_at:
+        why = f"manifest status {status}, ended {ended_at}"
+        if unended:
+            why += f"; shard logs without shard_end: {_list(unended)}"
+        return "finished", why
+    age = (time.time() if now is None else now) - loaded.newest_mtime
+    alive = [s.shard for s in loaded.shards if not s.ended and _alive(s)]
+    if (unended and age < RUNNING_WINDOW_S) or (alive and age < STALLED_WINDOW_S):
+        return "running", (f"manifest status running; last log write {age:.1f} s ago"
+                           + (f"; shard processes alive: {_list(alive)}" if alive else ""))
+    if not unended:
+        return "crashed", "every shard log ended but the manifest was never finalized"
+    return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
+                       f"without shard_end: {_list(unended)}")
+
+
+def _alive(s: ShardSummary) -> bool:
+    if s.pid is None or s.host != socket.gethostname():
+        return False
+    try:
+        os.kill(s.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _list(shards: list[int | None]) -> str:
+    return ", ".join(str(s) for s in shards)

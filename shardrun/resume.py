@@ -1,0 +1,126 @@
+"""Continuing a run in its own directory: find it, lock it, repair it, learn what is done.
+
+Exactly-once across passes rests on three things: every process that writes into a run holds a
+shared lock on `<run>/.lock` and a new pass takes it exclusively first (so it waits for the
+shards of a killed coordinator to finish their grace period); torn last lines are cut; and the
+ids in the results and dead-letter files are the set of finished items.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from shardrun.errors import SpecError
+from shardrun.recovery import line_ids, repair_run_files
+from shardrun.worksource import id_digest
+
+LOCK_WAIT_S = 60.0
+
+
+def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:
+    """Take the run's lock exclusively (waiting for older writers), then share it with shards."""
+    handle = open(run_path / ".lock", "ab")  # noqa: SIM115 - held for the life of the pass
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                raise SpecError(
+                    f"run {run_path.name} is in use by another shardrun process (a run or "
+                    "shards still finishing); wait for it to end, then try again"
+                ) from None
+            if not told:
+                print(f"waiting for earlier processes of run {run_path.name} to exit",
+                      file=sys.stderr)
+                told = True
+            time.sleep(0.2)
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    return handle
+
+
+def share_lock(run_path: Path) -> IO[bytes]:
+    """A shard's shared hold on the run (blocks while a new pass is taking over)."""
+    handle = open(run_path / ".lock", "ab")  # noqa: SIM115 - held until the shard exits
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    return handle
+
+
+def find_run(runs_dir: Path, ref: str) -> Path:
+    """The run directory named by `--resume`: a run id, or `latest`."""
+    runs = [p for p in runs_dir.iterdir() if (p / "manifest.json").is_file()] if (
+        runs_dir.is_dir()) else []
+    if ref == "latest":
+        if not runs:
+            raise SpecError(f"--resume latest: there is no run in {runs_dir}")
+        return max(runs, key=lambda p: (_started(p), p.name))
+    path = runs_dir / ref
+    if not (path / "manifest.json").is_file():
+        known = ", ".join(sorted(p.name for p in runs)[-5:]) or "none"
+        raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})")
+    return path
+
+
+def _started(path: Path) -> str:
+    try:
+        return str(orjson.loads((path / "manifest.json").read_bytes()).get("started_at", ""))
+    except (OSError, orjson.JSONDecodeError):
+        return ""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What earlier passes of a run left: finished ids (as digests) and repair notes."""
+
+    done: set[int]
+    notes: list[str]
+    retried: int
+
+
+def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
+    """Repair the run's files and collect finished ids; `retry_failed` sets dead letters aside."""
+    notes = repair_run_files(run_path)
+    retried = 0
+    if retry_failed:
+        retried = _set_dead_letters_aside(run_path, segment)
+    done: set[int] = set()
+    for sub in ("results", "dead"):
+        for path in sorted((run_path / sub).glob("*.jsonl")):
+            done.update(id_digest(i) for i in line_ids(path))
+    return Prior(done, notes, retried)
+
+
+def _set_dead_letters_aside(run_path: Path, segment: int) -> int:
+    """Move dead-letter files under dead/superseded-rK/ so their items run again."""
+    files = sorted((run_path / "dead").glob("*.jsonl"))
+    if not files:
+        return 0
+    target = run_path / "dead" / f"superseded-r{segment}"
+    target.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for path in files:
+        count += sum(1 for _ in line_ids(path))
+        shutil.move(str(path), target / path.name)
+    _fsync_dir(target)
+    _fsync_dir(run_path / "dead")
+    return count
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,150 @@
+"""`shardrun validate`: check a job, its environment and its input without running it.
+
+Everything here is the library side: `check_input` reads the whole input through the same
+reader a run uses (so a reject here is a reject there), `config_rows` lists each effective
+value with where it came from, and `ping` sends exactly one real request. Presentation lives
+in `cli_validate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from shardrun.client import StreamingClient, Timeouts, make_session
+from shardrun.clock import Clock
+from shardrun.errors import SpecError
+from shardrun.inputs import CHARS_PER_TOKEN, Reject, build_request, make_reader, prompt_chars
+from shardrun.spec import LoadedJob
+
+__all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
+
+PING_MAX_TOKENS = 16
+"""A ping caps max_tokens / max_completion_tokens (when the job sets them) at this."""
+PING_PROMPT = {"id": "ping", "prompt": "Reply with one word."}
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """What reading the whole input found."""
+
+    items: int
+    rejects: int
+    first_rejects: tuple[Reject, ...]
+    prompt_chars: int
+    lines: int
+    bytes_read: int
+    first_item: Mapping[str, Any] | None
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """Prompt tokens by the rule of thumb of 4 characters per token (not a tokenizer)."""
+        return math.ceil(self.prompt_chars / CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class PingResult:
+    """The outcome of the one request `ping` sends."""
+
+    url: str
+    status: str
+    http_status: int | None
+    ttft_s: float | None
+    total_s: float
+    completion_tokens: int
+    reply: str
+    error: str | None
+    rate_headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
+    """Read the whole input as a run would; keep the first `show` rejects and the first item."""
+    reader = make_reader(job)
+    items = rejects = chars = 0
+    first_rejects: list[Reject] = []
+    first_item: Mapping[str, Any] | None = None
+    try:
+        for entry in reader:
+            if isinstance(entry, Reject):
+                rejects += 1
+                if len(first_rejects) < show:
+                    first_rejects.append(entry)
+                continue
+            items += 1
+            chars += prompt_chars(entry)
+            if first_item is None:
+                first_item = entry
+    finally:
+        reader.close()
+    return InputCheck(items, rejects, tuple(first_rejects), chars, reader.lines_read,
+                      reader.bytes_read, first_item)  # fmt: skip
+
+
+def config_rows(job: LoadedJob) -> list[tuple[str, str, str]]:
+    """(key, value as text, source) for every effective value; secrets already masked."""
+    rows = []
+    for key, entry in job.effective().items():
+        value = entry["value"]
+        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        rows.append((key, text, str(entry["source"])))
+    return rows
+
+
+def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The request a run would send for `item`, with its token limit capped for the ping."""
+    spec = job.spec
+    api, body = build_request(item, model=spec.endpoint.model, params=spec.params,
+                              api=spec.endpoint.api)  # fmt: skip
+    for key in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(key), int):
+            body[key] = min(body[key], PING_MAX_TOKENS)
+    return api, body
+
+
+async def ping(
+    job: LoadedJob, base_url: str, api_key: str | None, item: Mapping[str, Any] | None
+) -> PingResult:
+    """Send one streaming request for `item` (or a one-word prompt) to `base_url`."""
+    api, body = ping_body(job, item or PING_PROMPT)
+    timeouts = Timeouts(**job.spec.timeouts.model_dump())
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with make_session(1, timeouts) as session:
+        client = StreamingClient(session, base_url, "chat" if api == "chat" else "completions",
+                                 headers, timeouts, Clock())  # fmt: skip
+        out = await client.attempt(body)
+    ttft = None if out.first_token_at is None else out.first_token_at - out.started_at
+    path = "/chat/completions" if api == "chat" else "/completions"
+    return PingResult(base_url.rstrip("/") + path, out.status, out.http_status, ttft,
+                      out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
+                      out.error, dict(out.rate_headers))  # fmt: skip
+
+
+def run_ping(
+    job: LoadedJob, env: Mapping[str, str], item: Mapping[str, Any] | None
+) -> PingResult:
+    """`ping` from synchronous code; for sim:// a simulator is started and stopped around it."""
+    from shardrun.sim.config import SimConfig
+    from shardrun.sim.launcher import start_sim
+
+    api_key = job.api_key(env)
+    endpoint = job.spec.endpoint
+    if endpoint.base_url != "sim://":
+        return asyncio.run(ping(job, endpoint.base_url, api_key, item))
+    try:
+        config = SimConfig.from_mapping(dict(endpoint.sim or {}))
+    except ValueError as exc:
+        raise SpecError(f"{job.origin}: endpoint.sim: {exc}") from None
+    sim = start_sim(config)
+    try:
+        return asyncio.run(ping(job, sim.base_url, api_key, item))
+    finally:
+        sim.stop()

@@ -1,0 +1,338 @@
+"""Tests for the input reader: JSONL, CSV, Parquet, OpenAI Batch lines, templates, bodies."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from shardrun._template import TemplateError, parse_template
+from shardrun.errors import InputError
+from shardrun.inputs import (
+    FieldMap,
+    InputPlan,
+    InputReader,
+    Reject,
+    build_request,
+    estimate_prompt_tokens,
+    make_reader,
+    parse_line,
+    prompt_chars,
+)
+from shardrun.spec import load_job
+
+Entry = dict[str, Any] | Reject
+
+
+def read_all(path: Path, plan: InputPlan) -> list[Entry]:
+    """Every item and reject of a file."""
+    reader = InputReader(path, plan)
+    try:
+        return list(reader)
+    finally:
+        reader.close()
+
+
+def jsonl(path: Path, *records: object) -> Path:
+    """Write records as JSON lines (bytes are written as they are)."""
+    with open(path, "wb") as f:
+        for r in records:
+            f.write((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n")
+    return path
+
+
+def job_for(tmp_path: Path, input_yaml: str, api: str = "chat") -> Any:
+    """A loaded job whose input section is `input_yaml` (a YAML flow mapping)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"endpoint: {{base_url: 'sim://', model: m, api: {api}}}\ninput: {input_yaml}\n"
+    )
+    return load_job(path, env={}, flags={})
+
+
+# -- JSON lines -------------------------------------------------------------------------------
+
+
+def test_jsonl_prompt_items_ids_and_rejects(tmp_path: Path) -> None:
+    """Prompts become {id, prompt}; ids are kept, derived from content when absent; bad lines
+    are rejects with their line number; blank lines are skipped."""
+    path = jsonl(tmp_path / "in.jsonl", {"id": 7, "prompt": "a"}, {"prompt": "b"}, b"",
+                 b"{not json", [1], {"id": "x", "prompt": 3})  # fmt: skip
+    got = read_all(path, InputPlan())
+    assert got[0] == {"id": "7", "prompt": "a"}
+    assert isinstance(got[1], dict) and got[1]["id"].startswith("h") and len(got[1]["id"]) == 21
+    assert [(r.line, r.reason.split(" (")[0]) for r in got[2:] if isinstance(r, Reject)] == [
+        (4, "not valid JSON"),
+        (5, "expected a JSON object, got list"),
+        (6, "prompt field 'prompt' is a int, not a string"),
+    ]
+
+
+def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
+    """sha, bytes_read and lines_read cover the whole file (a leading BOM included, and
+    ignored by the parser) after iteration."""
+    path = jsonl(tmp_path / "in.jsonl", b'\xef\xbb\xbf{"prompt": "a"}', b"", {"prompt": "b"})
+    reader = InputReader(path, FieldMap("id", "prompt", None))
+    assert [type(e) for e in reader] == [dict, dict]
+    data = path.read_bytes()
+    assert reader.sha.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert (reader.bytes_read, reader.lines_read) == (len(data), 3)
+
+
+def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
+    """A missing file names itself and the job key, for every format."""
+    for fmt in ("jsonl", "csv", "parquet"):
+        with pytest.raises(InputError, match=r"does not exist; check input\.path"):
+            InputReader(tmp_path / "nope", InputPlan(format=fmt))  # type: ignore[arg-type]
+
+
+def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
+    """messages_field keeps the list; a system prompt turns a prompt into two messages."""
+    plan = InputPlan(prompt_field=None, messages_field="m")
+    ok = parse_line(b'{"id": 1, "m": [{"role": "user", "content": "hi"}]}', 1, plan)
+    assert ok == {"id": "1", "messages": [{"role": "user", "content": "hi"}]}
+    empty = Reject(2, "messages field 'm' must be a non-empty list")
+    assert parse_line(b'{"m": []}', 2, plan) == empty
+    with_system = InputPlan(system_prompt="Be brief.")
+    assert parse_line(b'{"id": "a", "prompt": "Q"}', 1, with_system) == {
+        "id": "a",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q"}],
+    }
+
+
+def test_template_fills_fields_and_rejects_missing_ones() -> None:
+    """A template fills {field}s from the record (numbers as JSON); a missing or null field is
+    a reject naming it, never an exception."""
+    plan = InputPlan(prompt_field=None, template=parse_template("Rate {name} ({n}/5): {{x}}"))
+    item = parse_line(b'{"id": 1, "name": "Bo", "n": 4}', 3, plan)
+    assert item == {"id": "1", "prompt": "Rate Bo (4/5): {x}"}
+    for line in (b'{"id": 1, "n": 4}', b'{"id": 1, "name": null, "n": 4}'):
+        assert parse_line(line, 9, plan) == Reject(9, "template field 'name' is missing")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{x.__class__}", "attribute access"),
+        ("{x[0]}", "index access"),
+        ("{x!r}", "conversion or format spec"),
+        ("{x:>9}", "conversion or format spec"),
+        ("{} and {0}", "must name a field"),
+        ("open { brace", "literal braces"),
+    ],
+)
+def test_template_placeholders_are_plain_field_names(text: str, why: str) -> None:
+    """Attribute, index, conversion, format spec and positional placeholders are refused."""
+    with pytest.raises(TemplateError, match=why):
+        parse_template(text)
+
+
+# -- CSV --------------------------------------------------------------------------------------
+
+
+def test_csv_rows_become_items(tmp_path: Path) -> None:
+    """Header names the columns; empty cells are missing; a wrong-width row is a reject; a
+    quoted cell may span lines and line numbers stay right; a BOM is ignored."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(
+        b'\xef\xbb\xbfid,prompt,extra\r\n'
+        b'1,"Hello, world",x\r\n'
+        b'2,,x\r\n'
+        b'3,"two\nlines",x\r\n'
+        b'4,short\r\n'
+        b'\r\n'
+        b',no id,x\r\n'
+    )
+    got = read_all(path, InputPlan(format="csv"))
+    assert got[0] == {"id": "1", "prompt": "Hello, world"}
+    assert got[1] == Reject(3, "prompt field 'prompt' is missing")
+    assert got[2] == {"id": "3", "prompt": "two\nlines"}
+    assert got[3] == Reject(6, "row has 2 values but the header has 3")
+    assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
+    assert len(got) == 5
+
+
+def test_csv_template_and_hash(tmp_path: Path) -> None:
+    """A template over CSV columns; the reader's hash covers the file's bytes."""
+    path = tmp_path / "in.csv"
+    path.write_text("key,city,country\nk1,Lyon,France\nk2,Oslo,\n")
+    plan = InputPlan(id_field="key", prompt_field=None, format="csv",
+                     template=parse_template("Where is {city}, {country}?"))  # fmt: skip
+    reader = InputReader(path, plan)
+    assert list(reader) == [
+        {"id": "k1", "prompt": "Where is Lyon, France?"},
+        Reject(3, "template field 'country' is missing"),
+    ]
+    assert reader.sha.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert reader.lines_read == 3
+
+
+def test_csv_header_without_needed_column_fails_at_open(tmp_path: Path) -> None:
+    """A column the job needs but the header lacks is one InputError before any row."""
+    path = tmp_path / "in.csv"
+    path.write_text("id,text\n1,a\n")
+    with pytest.raises(InputError, match="the CSV header has no column 'prompt'; it has: id, text"):
+        InputReader(path, InputPlan(format="csv"))
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(InputError, match="empty"):
+        InputReader(tmp_path / "empty.csv", InputPlan(format="csv"))
+
+
+def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 reject their row and the reading goes on."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"id,prompt\n1,caf\xe9\n2,ok\n")
+    got = read_all(path, InputPlan(format="csv"))
+    assert got == [Reject(2, "column 'prompt' is not valid UTF-8"), {"id": "2", "prompt": "ok"}]
+
+
+def test_csv_is_streamed(tmp_path: Path) -> None:
+    """After the first item of a large CSV only a small prefix has been read."""
+    path = tmp_path / "big.csv"
+    with open(path, "w") as f:
+        f.write("id,prompt\n")
+        for i in range(200_000):
+            f.write(f"{i},prompt number {i}\n")
+    reader = InputReader(path, InputPlan(format="csv"))
+    first = next(iter(reader))
+    assert first == {"id": "0", "prompt": "prompt number 0"}
+    assert reader.bytes_read <= 2 << 20 < path.stat().st_size
+    reader.close()
+
+
+# -- Parquet ----------------------------------------------------------------------------------
+
+
+def test_parquet_rows_become_items(tmp_path: Path) -> None:
+    """Parquet rows are read batch by batch; nulls are missing; the hash is the file's."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "in.parquet"
+    n = 2500
+    prompts = [None if i == 5 else f"p{i}" for i in range(n)]
+    table = pa.table({"id": list(range(n)), "prompt": prompts, "other": ["x"] * n})
+    pq.write_table(table, path, row_group_size=1000)
+    reader = InputReader(path, InputPlan(format="parquet"))
+    got = list(reader)
+    assert got[0] == {"id": "0", "prompt": "p0"}
+    assert got[5] == Reject(6, "prompt field 'prompt' is missing")
+    assert len(got) == n and reader.lines_read == n
+    assert reader.sha.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert reader.bytes_read == path.stat().st_size
+    with pytest.raises(InputError, match="Parquet schema has no column 'text'"):
+        InputReader(path, InputPlan(prompt_field="text", format="parquet"))
+
+
+def test_parquet_without_pyarrow_says_which_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without pyarrow, reading Parquet is an InputError telling how to install it."""
+    path = tmp_path / "in.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(InputError) as info:
+        InputReader(path, InputPlan(format="parquet"))
+    assert "reading Parquet needs the parquet extra: pip install 'shardrun[parquet]'" in str(
+        info.value
+    )
+
+
+def test_not_parquet_is_an_input_error(tmp_path: Path) -> None:
+    """A file that is not Parquet fails at open with one sentence."""
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "in.parquet"
+    path.write_text("id,prompt\n")
+    with pytest.raises(InputError, match="not a readable Parquet file"):
+        InputReader(path, InputPlan(format="parquet"))
+
+
+# -- OpenAI Batch input -----------------------------------------------------------------------
+
+BATCH = InputPlan(prompt_field=None, format="openai-batch")
+CHAT_BODY = {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def batch_line(**fields: object) -> bytes:
+    """One Batch input line, valid unless `fields` change it."""
+    line: dict[str, object] = {"custom_id": "r1", "method": "POST",
+                               "url": "/v1/chat/completions", "body": CHAT_BODY}  # fmt: skip
+    line.update(fields)
+    return orjson.dumps({k: v for k, v in line.items() if v is not None})
+
+
+def test_batch_lines_become_body_items() -> None:
+    """A valid line keeps its body and url; custom_id is the item id."""
+    assert parse_line(batch_line(), 1, BATCH) == {
+        "id": "r1", "body": CHAT_BODY, "url": "/v1/chat/completions",
+    }  # fmt: skip
+    completion = parse_line(batch_line(url="/v1/completions", body={"prompt": "x"}), 2, BATCH)
+    assert completion == {"id": "r1", "body": {"prompt": "x"}, "url": "/v1/completions"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"custom_id": None}, "custom_id is missing"),
+        ({"custom_id": ""}, "custom_id is missing"),
+        ({"method": "GET"}, 'method must be POST, got "GET"'),
+        ({"url": "/v1/embeddings"}, "url must be /v1/chat/completions or /v1/completions"),
+        ({"body": [1]}, "body must be a JSON object, got [1]"),
+        ({"body": {"model": "x"}}, "body has no 'messages'"),
+    ],
+)
+def test_batch_line_rejects(fields: dict[str, object], reason: str) -> None:
+    """Each Batch rule has its own reject reason."""
+    got = parse_line(batch_line(**fields), 4, BATCH)
+    assert isinstance(got, Reject) and got.line == 4 and got.reason.startswith(reason)
+
+
+# -- from the job, to the request --------------------------------------------------------------
+
+
+def test_make_reader_follows_the_job(tmp_path: Path) -> None:
+    """make_reader builds the plan from the spec: format by extension, template, system."""
+    (tmp_path / "d.csv").write_text("id,q\n1,why\n")
+    job = job_for(tmp_path, "{path: d.csv, template: 'Q: {q}', system_prompt: S}")
+    reader = make_reader(job)
+    assert reader.fields.format == "csv" and reader.fields.needed == ("q",)
+    assert list(reader) == [{"id": "1", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Q: why"}]}]  # fmt: skip
+
+
+def test_build_request_for_each_item_shape() -> None:
+    """Prompt, messages and body items all stream with usage; a body keeps its own keys."""
+    params = {"max_tokens": 9, "temperature": 0.5}
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    assert build_request({"id": "1", "prompt": "p"}, model="m", params=params, api="chat") == (
+        "chat", {"model": "m", **params, "messages": [{"role": "user", "content": "p"}], **stream}
+    )  # fmt: skip
+    assert build_request({"id": "1", "prompt": "p"}, model="m", params={}, api="completions") == (
+        "completions", {"model": "m", "prompt": "p", **stream}
+    )  # fmt: skip
+    msgs = [{"role": "user", "content": "x"}]
+    assert build_request({"id": "1", "messages": msgs}, model="m", params={}, api="chat")[1][
+        "messages"] == msgs  # fmt: skip
+    body = {"prompt": "p", "max_tokens": 3, "stream": False,
+            "stream_options": {"continuous_usage_stats": True}}  # fmt: skip
+    api, sent = build_request({"id": "1", "body": body, "url": "/v1/completions"}, model="m",
+                              params=params, api="chat")  # fmt: skip
+    assert api == "completions"
+    assert sent == {"max_tokens": 3, "temperature": 0.5, "prompt": "p", "model": "m",
+                    "stream": True,
+                    "stream_options": {"continuous_usage_stats": True, "include_usage": True}}
+    _, own_model = build_request({"id": "1", "body": CHAT_BODY, "url": "/v1/chat/completions"},
+                                 model="m", params={}, api="completions")  # fmt: skip
+    assert own_model["model"] == "gpt-x" and "stream" not in CHAT_BODY
+
+
+def test_prompt_size_estimates() -> None:
+    """Prompt characters count message contents or the prompt, also inside a body."""
+    assert prompt_chars({"prompt": "abcdefghi"}) == 9
+    assert estimate_prompt_tokens({"prompt": "abcdefghi"}) == 3
+    two = {"messages": [{"role": "system", "content": "abc"}, {"role": "user", "content": "de"}]}
+    assert prompt_chars(two) == 5 and prompt_chars({"body": two}) == 5

@@ -1,0 +1,59 @@
+"""Torn-line repair and the work source (duplicates, re-queued items, resume skipping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from shardrun.inputs import FieldMap, InputReader
+from shardrun.recovery import line_ids, repair_torn_tail
+from shardrun.worksource import WorkSource, id_digest
+
+FIELDS = FieldMap("id", "prompt", None)
+
+
+def test_torn_last_line_is_cut_and_complete_lines_stay(tmp_path: Path) -> None:
+    """A last line without its newline is removed; the lines before it are untouched."""
+    path = tmp_path / "r.jsonl"
+    good = b'{"id": "a"}\n{"id": "b"}\n'
+    path.write_bytes(good + b'{"id": "c", "outp')
+    assert repair_torn_tail(path) == len(b'{"id": "c", "outp')
+    assert path.read_bytes() == good
+    assert list(line_ids(path)) == ["a", "b"]
+    assert repair_torn_tail(path) == 0
+
+
+def test_torn_only_line_leaves_an_empty_file(tmp_path: Path) -> None:
+    """A file holding only a torn line becomes empty."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"id": "x"' * 10000)
+    repair_torn_tail(path)
+    assert path.read_bytes() == b""
+
+
+def _input(tmp_path: Path, ids: list[str]) -> InputReader:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": i, "prompt": "p"}) + b"\n" for i in ids))
+    return InputReader(path, FIELDS)
+
+
+def test_duplicates_are_rejected_and_done_items_skipped(tmp_path: Path) -> None:
+    """A repeated id goes to rejects with its line; ids done by an earlier pass are skipped."""
+    reader = _input(tmp_path, ["a", "b", "a", "c", "d"])
+    rejects = tmp_path / "rejects.jsonl"
+    source = WorkSource(reader, rejects, done={id_digest("b")})
+    assert [i["id"] for i in source.take(10)] == ["a", "c", "d"]
+    assert source.exhausted and source.skipped == 1 and source.rejects == 1
+    (reject,) = [orjson.loads(x) for x in rejects.read_bytes().splitlines()]
+    assert reject["line"] == 3 and "duplicate id 'a'" in reject["reason"]
+
+
+def test_requeued_items_come_first(tmp_path: Path) -> None:
+    """Items given back by a dead shard are handed out before new input."""
+    source = WorkSource(_input(tmp_path, ["a", "b", "c"]), tmp_path / "rej.jsonl")
+    first = source.take(1)
+    source.requeue(first)
+    assert [i["id"] for i in source.take(2)] == ["a", "b"]
+    assert [i["id"] for i in source.take(5)] == ["c"]
+    assert source.empty

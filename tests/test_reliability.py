@@ -1,0 +1,345 @@
+"""Nothing lost, nothing duplicated: faults, retries, kills, signals and resume, end to end.
+
+Every test runs the real CLI as a process against the simulator (its own process, loopback) and
+checks exactly-once: results ∪ dead letters = input ids, and no id appears twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+
+from shardrun.sim.config import SimConfig
+from shardrun.sim.launcher import SimProcess, start_sim
+from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+
+WAIT_GUARD_S = 120.0  # hang guards only; no test asserts on wall time
+
+
+@contextmanager
+def sim(**faults: Any) -> Iterator[SimProcess]:
+    with start_sim(SimConfig.from_mapping({**FAST_SIM, **faults})) as proc:
+        yield proc
+
+
+def sim_stats(proc: SimProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(proc.base_url.removesuffix("/v1") + "/sim/stats") as resp:
+        stats: dict[str, Any] = orjson.loads(resp.read())
+    return stats
+
+
+def assert_exactly_once(run: Run, ids: list[str]) -> None:
+    """Every input id has exactly one result or dead-letter line, and nothing else is there."""
+    counts = Counter([r["id"] for r in run.results] + [d["id"] for d in run.dead])
+    twice = [i for i, c in counts.items() if c > 1]
+    assert not twice, f"duplicated: {twice[:5]}"
+    missing = set(ids) - set(counts)
+    assert not missing, f"lost: {sorted(missing)[:5]}"
+    assert set(counts) == set(ids)
+
+
+def failed_attempts(run: Run, status: str) -> int:
+    return sum(1 for e in run.events if e["ev"] == "attempt_end" and e["status"] == status)
+
+
+def job_for(tmp_path: Path, base_url: str, **extra: Any) -> None:
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": base_url, "api": "chat", "model": "m"}, **extra)
+
+
+RETRY_FAST = {"max_attempts": 6, "backoff_s": 0.01, "backoff_max_s": 0.05,
+              "budget_ratio": 1.0, "budget_floor": 50}
+
+FAULTS = [
+    ("fail_429", {"fail_429": 0.2, "retry_after_s": 0.05}, "http_429", {}),
+    ("fail_500", {"fail_500": 0.2}, "http_5xx", {}),
+    ("fail_503", {"fail_503": 0.2}, "http_5xx", {}),
+    ("reset_before_headers", {"reset_before_headers": 0.2}, "conn_reset", {}),
+    ("drop_mid_stream", {"drop_mid_stream": 0.2}, "conn_reset", {}),
+    ("stall_mid_stream", {"stall_mid_stream": 0.1, "stall_s": 3}, "timeout_idle",
+     {"idle_s": 0.3}),
+    ("slow_first_token", {"slow_first_token": 0.1, "slow_first_token_s": 3},
+     "timeout_first_token", {"first_token_s": 0.4}),
+]
+
+
+@pytest.mark.parametrize(("kind", "faults", "status", "timeouts"), FAULTS,
+                         ids=[f[0] for f in FAULTS])
+def test_fault_class_exactly_once_and_telemetry_matches(
+    tmp_path: Path, kind: str, faults: dict[str, Any], status: str, timeouts: dict[str, float]
+) -> None:
+    """Each injected fault is one failed attempt in the log; every item still ends once."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    with sim(**faults) as server:
+        job_for(tmp_path, server.base_url, retry=RETRY_FAST, timeouts=timeouts)
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        stats = sim_stats(server)
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_exactly_once(run, ids)
+    injected = stats["faults"][kind]
+    assert injected > 0
+    # drop_mid_stream can surface as a reset or as a stream that ended before [DONE].
+    seen = failed_attempts(run, status) + (
+        failed_attempts(run, "protocol_error") if kind == "drop_mid_stream" else 0)
+    assert seen == injected
+    retries = [e for e in run.events if e["ev"] == "retry"]
+    assert len(retries) == sum(1 for e in run.events
+                               if e["ev"] == "attempt_end" and e["status"] != "ok") - len(run.dead)
+    if kind == "fail_429":
+        assert all(r["wait"] >= 0.05 and r["why"] == "server" for r in retries)
+
+
+def test_retry_storm_stays_within_budget(tmp_path: Path) -> None:
+    """An endpoint failing 100% gets at most first attempts × (1 + ratio) + floor per shard."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    retry = {"max_attempts": 10, "backoff_s": 0.001, "backoff_max_s": 0.01,
+             "budget_ratio": 0.2, "budget_floor": 5}
+    with sim(fail_503=1.0) as server:
+        job_for(tmp_path, server.base_url, retry=retry)
+        proc = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "2", cwd=tmp_path)
+        stats = sim_stats(server)
+    assert proc.returncode == 1
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.results and sorted(d["id"] for d in run.dead) == sorted(ids)
+    # Per shard, retries stay below ratio × first attempts + floor (so at most its ceiling).
+    firsts = Counter(e["shard"] for e in run.events
+                     if e["ev"] == "attempt_start" and e["attempt"] == 1)
+    bound = sum(first + math.ceil(0.2 * first + 5) for first in firsts.values())
+    assert sum(firsts.values()) == len(ids)
+    assert stats["requests_total"] <= bound
+    reasons = Counter(d["reason"].split(":")[0] for d in run.dead)
+    assert reasons["retry_budget_exhausted"] > 0
+    assert "retry budget spent" in proc.stdout
+
+
+def test_server_wait_above_ceiling_dead_letters(tmp_path: Path) -> None:
+    """A Retry-After above retry.max_server_wait_s dead-letters instead of sleeping."""
+    ids = write_input(tmp_path / "input.jsonl", 20)
+    with sim(fail_429=1.0, retry_after_s=3600) as server:
+        job_for(tmp_path, server.base_url, retry={**RETRY_FAST, "max_server_wait_s": 60})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert sorted(d["id"] for d in run.dead) == sorted(ids)
+    assert all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
+
+
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+           preexec: Any = None) -> subprocess.Popen[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "shardrun", *args], cwd=tmp_path,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)
+
+
+def _wait_for_results(run_parent: Path, at_least: int) -> None:
+    """Block until the run has written `at_least` result lines (a hang guard applies)."""
+    deadline = time.monotonic() + WAIT_GUARD_S
+    while time.monotonic() < deadline:
+        lines = sum(p.read_bytes().count(b"\n")
+                    for p in run_parent.glob("*/results/*.jsonl"))
+        if lines >= at_least:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run never produced results")
+
+
+def _shard_pids(coordinator: int) -> list[int]:
+    return [p.pid for p in psutil.Process(coordinator).children()
+            if "shardrun._shard_main" in " ".join(p.cmdline())]
+
+
+SLOW_SIM = {**FAST_SIM, "ttft_ms": 30, "itl_ms": 2}
+
+
+def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path) -> None:
+    """kill -9 of one shard mid-run: the run still ends with exactly one line per item."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
+                                               "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3")
+    _wait_for_results(tmp_path / "runs", 200)
+    victim = _shard_pids(proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 0, err
+    assert "died (killed by signal SIGKILL)" in err
+    assert "shard deaths       1" in out
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+
+
+def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
+    """kill -9 of the coordinator: shards and simulator exit by themselves; --resume completes."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml", shutdown_grace_s=2,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
+    _wait_for_results(tmp_path / "runs", 200)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 3  # two shards and the simulator
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=WAIT_GUARD_S)
+    _, alive = psutil.wait_procs(children, timeout=WAIT_GUARD_S)
+    assert not alive, f"orphans: {[p.cmdline() for p in alive]}"
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--shards", "3",
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already done" in resumed.stdout
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert len(run.manifest["resumes"]) == 1 and run.manifest["status"] == "succeeded"
+    assert any("/shard-02.r1.jsonl" in f["path"] for f in run.manifest["files"])
+
+
+def test_sigint_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
+    """SIGINT: exit 130, manifest says interrupted, no torn line; resume finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
+                                               "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    _wait_for_results(tmp_path / "runs", 100)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    for file in path.rglob("*.jsonl"):
+        data = file.read_bytes()
+        assert not data or data.endswith(b"\n"), f"torn line in {file}"
+        for line in data.splitlines():
+            orjson.loads(line)
+    assert orjson.loads((path / "manifest.json").read_bytes())["status"] == "interrupted"
+    assert len(Run.load(path).results) < len(ids)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", path.name, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
+def test_resume_repairs_a_torn_line(tmp_path: Path) -> None:
+    """A torn last result line (a crash mid-write) is cut on resume and its item runs again."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    results = path / "results" / "shard-00.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    torn_id = orjson.loads(lines[-1])["id"]
+    results.write_bytes(b"".join(lines[:-1]) + lines[-1][:25])
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "removed a torn last line" in resumed.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert [r["id"] for r in run.results].count(torn_id) == 1
+
+
+def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
+    """Items dead-lettered by a failing endpoint succeed on `retry-failed` against a good one."""
+    ids = write_input(tmp_path / "input.jsonl", 100)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        first = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert first.returncode == 1
+    path = only_run(tmp_path / "runs")
+    assert Run.load(path).dead
+    with sim() as good:
+        again = run_cli("retry-failed", str(path), cwd=tmp_path,
+                        env={"SHARDRUN_BASE_URL": good.base_url})
+    assert again.returncode == 0, again.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    assert list((path / "dead").glob("superseded-r1/*.jsonl"))
+
+
+def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -> None:
+    """HTTP 401 stops the run with one clear message; nothing is dead-lettered; resume works."""
+    ids = write_input(tmp_path / "input.jsonl", 500)
+    with sim(auth_required="right-key") as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m", "api_key_env": "KEY"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path, env={"KEY": "wrong"})
+        assert proc.returncode == 1
+        assert "refused the credentials (HTTP 401" in proc.stderr
+        run = Run.load(only_run(tmp_path / "runs"))
+        assert not run.dead and not run.results
+        assert sim_stats(server)["requests_total"] < 100
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"KEY": "right-key"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
+
+
+def _limit_file_size() -> None:
+    # Writes past 200 KB fail with EFBIG, the way a full disk fails with ENOSPC.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+
+def test_full_disk_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
+    """A write failing mid-run stops with one clear message; resume then loses nothing."""
+    ids = write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml")
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", preexec=_limit_file_size)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 1, err
+    assert "cannot write" in err and "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    # Read before any repair: complete result lines only (the disk may have cut the last one).
+    written = sum(p.read_bytes().count(b"\n") for p in (path / "results").glob("*.jsonl"))
+    assert 0 < written < len(ids)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
+def test_unwritable_runs_dir_is_a_clear_error(tmp_path: Path) -> None:
+    """A runs directory that cannot be created is one error line, exit 2."""
+    write_input(tmp_path / "input.jsonl", 5)
+    write_job(tmp_path / "job.yaml")
+    (tmp_path / "blocker").write_text("a file, not a directory")
+    proc = run_cli("job.yaml", "--runs-dir", "blocker/runs", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: cannot create run directory") and "Traceback" not in (
+        proc.stderr)
+
+
+def test_bad_lines_are_rejected_and_strict_sends_nothing(tmp_path: Path) -> None:
+    """Malformed JSON, missing fields, duplicates and bad UTF-8 become rejects; --strict stops."""
+    lines = [b'{"id": "a", "prompt": "fine"}', b'{"id": "b", "prompt": ', b'{"id": "c"}',
+             b'{"id": "a", "prompt": "again"}', b'{"id": "d", "prompt": "caf\xe9"}',
+             b'{"id": "e", "prompt": "fine too"}']
+    (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with sim() as server:
+        job_for(tmp_path, server.base_url)
+        strict = run_cli("job.yaml", "--runs-dir", "strict", "--strict", cwd=tmp_path)
+        assert sim_stats(server)["requests_total"] == 0
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert strict.returncode == 2
+    assert strict.stderr.startswith("error: ") and "line 2" in strict.stderr
+    assert proc.returncode == 1
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert sorted(r["id"] for r in run.results) == ["a", "e"]
+    rejects = [orjson.loads(x) for x in (run.path / "rejects.jsonl").read_bytes().splitlines()]
+    assert [r["line"] for r in rejects] == [2, 3, 4, 5]
+    assert "duplicate id 'a'" in rejects[2]["reason"]
+    assert "4 rejected input lines" in proc.stdout

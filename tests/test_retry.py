@@ -1,0 +1,103 @@
+"""Retry classification, server-asked waits, the retry budget and the backoff schedule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardrun.retry import (
+    Retrier,
+    RetryBudget,
+    RetryPolicy,
+    is_retryable,
+    parse_duration,
+    parse_retry_after,
+    server_wait,
+)
+
+
+def test_classification_follows_the_issue() -> None:
+    """408/409/429/5xx, timeouts, resets and broken streams retry; other 4xx do not."""
+    for status in ("http_429", "http_5xx", "timeout_connect", "timeout_first_token",
+                   "timeout_idle", "timeout_total", "conn_reset", "protocol_error"):
+        assert is_retryable(status, None)
+    assert is_retryable("http_4xx", 408) and is_retryable("http_4xx", 409)
+    for code in (400, 401, 403, 404, 413, 422):
+        assert not is_retryable("http_4xx", code)
+
+
+def test_retry_after_seconds_and_http_date() -> None:
+    """Retry-After as delta-seconds and as an HTTP-date both give seconds to wait."""
+    assert parse_retry_after("7") == 7.0
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    later = format_datetime(now + timedelta(seconds=90), usegmt=True)
+    assert parse_retry_after(later, now=now.timestamp()) == 90.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_rate_limit_reset_durations() -> None:
+    """x-ratelimit-reset-* values like 6m0s, 20ms and 1.5 parse to seconds; junk to None."""
+    assert parse_duration("6m0s") == 360.0
+    assert parse_duration("20ms") == 0.02
+    assert parse_duration("1h2m3.5s") == 3723.5
+    assert parse_duration("1.5") == 1.5
+    assert parse_duration("1x") is None and parse_duration("") is None
+
+
+def test_reset_headers_count_only_on_429_and_503() -> None:
+    """Reset headers are a server ask on 429/503; Retry-After counts on any status."""
+    headers = {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "5s"}
+    assert server_wait(429, None, headers) == 5.0
+    assert server_wait(503, "1", headers) == 5.0
+    assert server_wait(500, None, headers) is None
+    assert server_wait(500, "3", headers) == 3.0
+
+
+def test_budget_caps_retries_at_ratio_times_first_attempts_plus_floor() -> None:
+    """With ratio 0.5 and floor 2, 10 first attempts allow exactly 7 retries."""
+    budget = RetryBudget(0.5, 2)
+    budget.first_attempts = 10
+    granted = 0
+    while budget.allows_retry():
+        budget.retries += 1
+        granted += 1
+    assert granted == 7
+
+
+def test_decide_gives_up_with_the_right_reason() -> None:
+    """Not retryable, out of attempts, server wait too long, budget spent: each says so."""
+    r = Retrier(RetryPolicy(max_attempts=3, budget_ratio=0.0, budget_floor=1,
+                            max_server_wait_s=60))
+    r.budget.first_attempts = 1
+    assert r.decide("http_4xx", 400, 1).why == "not_retryable_http_4xx"
+    assert r.decide("http_5xx", 500, 3).why == "max_attempts"
+    assert r.decide("http_429", 429, 1, retry_after="3600").why == "server_wait_too_long"
+    first = r.decide("http_5xx", 500, 1)
+    assert first.retry
+    assert r.decide("http_5xx", 500, 1).why == "retry_budget_exhausted"
+
+
+@given(
+    attempt=st.integers(min_value=1, max_value=30),
+    backoff=st.floats(min_value=0.01, max_value=5),
+    cap=st.floats(min_value=5, max_value=120),
+    asked=st.one_of(st.none(), st.floats(min_value=0, max_value=600)),
+)
+def test_backoff_schedule_bounds(attempt: int, backoff: float, cap: float,
+                                 asked: float | None) -> None:
+    """The wait is never below the server's ask, within full-jitter bounds, capped at the max."""
+    r = Retrier(RetryPolicy(max_attempts=100, backoff_s=backoff, backoff_max_s=cap,
+                            budget_floor=10**9, max_server_wait_s=1000))
+    decision = r.decide("http_429", 429, attempt,
+                        retry_after=None if asked is None else repr(asked))
+    assert decision.retry
+    ceiling = min(cap, backoff * 2 ** (attempt - 1))
+    if asked is not None:
+        assert decision.wait >= asked
+    if asked is None or asked <= ceiling:
+        assert 0 <= decision.wait <= ceiling + 1e-9
+    if decision.why == "server":
+        assert asked is not None and decision.wait == asked
