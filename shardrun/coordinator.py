@@ -23,7 +23,7 @@ from shardrun.errors import RunError
 from shardrun.events import EventLog
 from shardrun.manifest import RunDir
 from shardrun.placement import ShardHandle, start_local_shard
-from shardrun.shard import ABANDON, ShardConfig
+from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
 from shardrun.summary import RunSummary
 from shardrun.worksource import WorkSource
 
@@ -61,8 +61,8 @@ class Coordinator:
         self.source = source
         self.run_dir = run_dir
         self.clock = Clock()
-        suffix = "" if config.segment == 0 else f".r{config.segment}"
-        self.log = EventLog(run_dir.path / "events" / f"coordinator{suffix}.jsonl",
+        name = "coordinator" + shard_file_name(0, config.segment).removeprefix("shard-00")
+        self.log = EventLog(run_dir.path / "events" / name,
                             run_id=run_dir.run_id, shard=None)
         source_end = source._on_input_end
         self.source._on_input_end = self._input_ended if source_end is None else source_end
@@ -201,7 +201,8 @@ class Coordinator:
 
     async def _after_death(self, state: ShardState) -> None:
         index = state.handle.index
-        log_path = self.run_dir.logs / f"shard-{index:02d}.log"
+        log_path = self.run_dir.logs / shard_file_name(index, self.config.segment).replace(
+            ".jsonl", ".log")
         self.deaths.append(f"shard {index} died ({state.died}); its log is {log_path}")
         print(f"warning: {self.deaths[-1]}", file=sys.stderr)
         ok, dead = state.handle.finished_among(set(state.outstanding))

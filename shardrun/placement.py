@@ -14,6 +14,7 @@ from typing import Protocol
 
 from shardrun import protocol
 from shardrun.recovery import line_ids, repair_torn_tail
+from shardrun.shard_config import shard_file_name
 
 PIPE_LIMIT = 1 << 26
 
@@ -90,8 +91,8 @@ class LocalShard:
 
 async def start_local_shard(index: int, log_dir: Path, out_dir: Path, segment: int) -> LocalShard:
     """Spawn `python -m shardrun._shard_main`; its stderr goes to logs/shard-NN.log."""
-    suffix = "" if segment == 0 else f".r{segment}"
-    log_path = log_dir / f"shard-{index:02d}{suffix}.log"
+    file_name = shard_file_name(index, segment)
+    log_path = log_dir / file_name.replace(".jsonl", ".log")
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -102,4 +103,4 @@ async def start_local_shard(index: int, log_dir: Path, out_dir: Path, segment: i
             stderr=log,
             limit=PIPE_LIMIT,
         )
-    return LocalShard(index, proc, log_path, out_dir, f"shard-{index:02d}{suffix}.jsonl")
+    return LocalShard(index, proc, log_path, out_dir, file_name)

@@ -21,7 +21,7 @@ from shardrun.coordinator import Coordinator
 from shardrun.errors import InputError, SpecError
 from shardrun.inputs import FieldMap, InputReader, Reject
 from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
-from shardrun.shard import ShardConfig
+from shardrun.shard_config import ShardConfig
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 from shardrun.spec import LoadedJob, load_job

@@ -14,89 +14,30 @@ import os
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardrun import __version__, events, protocol
+from shardrun.bodies import base_body, request_body
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
-from shardrun.events import EventLog, JsonlWriter
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy
+from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
+from shardrun.shard_output import ShardOutput
 from shardrun.spans import Span, dead_record, result_record
+
+__all__ = ["ABANDON", "DEAD_LETTER", "Counters", "Shard", "ShardConfig", "run_shard"]
 
 Send = Callable[[protocol.Message], None]
 Receive = Callable[[], Awaitable[protocol.Message | None]]
 
 FLUSH_INTERVAL_S = 0.2
-TICK_S = 1.0
+TICK_S = 1.0  # loop-lag samples and checkpoints
 # Connection failures, with no connection ever made, after which the endpoint counts as
 # unreachable and the shard stops sending requests (instead of retrying every item).
 UNREACHABLE_AFTER = 3
 UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
-
-# How a shard stops early. DEAD_LETTER: every remaining item ends as a dead letter with the
-# reason (the endpoint is unreachable). ABANDON: stop; items without a line are left for
-# `--resume` (credentials refused, disk full): dead-lettering millions of items would help no one.
-DEAD_LETTER = "dead_letter"
-ABANDON = "abandon"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardConfig:
-    """Everything a shard needs, as sent in the `config` message."""
-
-    shard: int
-    run_id: str
-    out_dir: str
-    base_url: str
-    api: str
-    model: str
-    api_key: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    concurrency: int = 16
-    retry: dict[str, Any] = field(default_factory=dict)
-    timeouts: dict[str, Any] = field(default_factory=dict)
-    grace_s: float = 30.0
-    segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
-
-    @property
-    def file_name(self) -> str:
-        suffix = "" if self.segment == 0 else f".r{self.segment}"
-        return f"shard-{self.shard:02d}{suffix}.jsonl"
-
-    @property
-    def span_prefix(self) -> str:
-        return f"{self.shard}-" if self.segment == 0 else f"r{self.segment}.{self.shard}-"
-
-    @classmethod
-    def from_message(cls, message: protocol.Message) -> ShardConfig:
-        fields = {k: v for k, v in message.items() if k != "t"}
-        return cls(**fields)
-
-    def to_message(self) -> protocol.Message:
-        return {"t": protocol.CONFIG, **self.__dict__}
-
-
-@dataclass(slots=True)
-class Counters:
-    """Running totals reported to the coordinator."""
-
-    received: int = 0
-    ok: int = 0
-    dead: int = 0
-    attempts: int = 0
-    retries: int = 0
-    completion_tokens: int = 0
-    in_flight: int = 0
-    retrying: int = 0
-    abandoned: int = 0
-    budget_exhausted: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
 
 class Shard:
     """The state of one running shard."""
@@ -119,24 +60,13 @@ class Shard:
         self.fatal_reason: str | None = None
         self.fatal_mode = DEAD_LETTER
         self.ok_once = False
-        # Ids whose line is written but not yet flushed and reported, by outcome.
-        self.fin_ok: list[str] = []
-        self.fin_dead: list[str] = []
         self.ever_connected = False
         self.connect_failures = 0
         self.seq = 0
         self.minute_tokens: dict[str, int] = {}
-        out = Path(cfg.out_dir)
-        name = cfg.file_name
-        for sub in ("events", "results", "dead"):
-            (out / sub).mkdir(parents=True, exist_ok=True)
-        self.log = EventLog(out / "events" / name, run_id=cfg.run_id, shard=cfg.shard)
-        self.results = JsonlWriter(out / "results" / name)
-        self.dead = JsonlWriter(out / "dead" / name)
-        base: dict[str, Any] = {"model": cfg.model, **cfg.params}
-        base["stream"] = True
-        base["stream_options"] = {"include_usage": True}
-        self.base_body = base
+        self.out = ShardOutput(cfg, self._on_write_error)
+        self.log = self.out.log
+        self.base_body = base_body(cfg.model, cfg.params)
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -218,15 +148,7 @@ class Shard:
             self.sem.release()
 
     async def _attempts(self, span: Span) -> None:
-        body = dict(self.base_body)
-        item = span.item
-        if "messages" in item:
-            body["messages"] = item["messages"]
-        else:
-            body["prompt" if self.cfg.api == "completions" else "messages"] = (
-                item["prompt"] if self.cfg.api == "completions"
-                else [{"role": "user", "content": item["prompt"]}]
-            )
+        body = request_body(self.base_body, span.item, self.cfg.api)
         attempt = 0
         while True:
             attempt += 1
@@ -339,10 +261,9 @@ class Shard:
         self.ever_connected = self.ok_once = True
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
-        if not self._write(self.results, record):
+        if not self.out.add_result(span.item_id, record):
             self._abandon(span)
             return
-        self.fin_ok.append(span.item_id)
         self.counters.ok += 1
         self.counters.completion_tokens += outcome.completion_tokens
         minute = str(int(record["last_token_at"] // 60))
@@ -351,10 +272,9 @@ class Shard:
                       outcome="ok", reason=None)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
-        if not self._write(self.dead, dead_record(span, reason, self.cfg.shard)):
+        if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
             self._abandon(span, admitted=admitted)
             return
-        self.fin_dead.append(span.item_id)
         self.counters.dead += 1
         self._release(span, "dead", reason, admitted)
 
@@ -371,15 +291,6 @@ class Shard:
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome=outcome, reason=reason)
 
-    def _write(self, writer: JsonlWriter, record: dict[str, Any]) -> bool:
-        """Append a line; a full disk stops the shard (what is already written stays)."""
-        try:
-            writer.write(record)
-        except OSError as exc:
-            self._on_write_error(writer.path, exc)
-            return False
-        return True
-
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
                        "continue with --resume", ABANDON)
@@ -387,52 +298,36 @@ class Shard:
     # -- housekeeping --------------------------------------------------------------------------
 
     async def ticker(self) -> None:
-        """Flush often; once a second sample loop lag, checkpoint, fsync and report progress."""
+        """Flush often, fsync on the configured interval, report progress after each flush;
+        once a second, sample the event-loop lag and write a checkpoint."""
         loop = asyncio.get_running_loop()
         next_tick = loop.time() + TICK_S
+        next_sync = loop.time() + self.cfg.fsync_interval_s
         while True:
             expected = loop.time() + FLUSH_INTERVAL_S
             await asyncio.sleep(FLUSH_INTERVAL_S)
-            lag = max(0.0, loop.time() - expected)
-            sync = loop.time() >= next_tick
-            if sync:
+            now_loop = loop.time()
+            if now_loop >= next_tick:
                 next_tick += TICK_S
                 now = self.clock.now()
-                self.log.emit(events.LOOP_LAG, t=now, lag=lag)
+                self.log.emit(events.LOOP_LAG, t=now, lag=max(0.0, now_loop - expected))
                 self.log.checkpoint(now)
-            if not self.flush(sync=sync):
-                # Lines that may not have reached the file must not count as finished.
-                self.fin_ok.clear()
-                self.fin_dead.clear()
+            sync = now_loop >= next_sync
+            if sync:
+                next_sync = now_loop + self.cfg.fsync_interval_s
+            self.out.flush(sync=sync)
             self.send(self.report(protocol.PROGRESS))
 
-    def flush(self, *, sync: bool = False) -> bool:
-        """Hand buffered lines to the OS (and fsync); only then count their items as finished."""
-        for writer in (self.results, self.dead, self.log):
-            try:
-                writer.sync() if sync else writer.flush()
-            except OSError as exc:
-                self._on_write_error(writer.path, exc)
-                return False
-        return True
-
     def report(self, kind: str) -> protocol.Message:
-        """A progress or done message; `fin` lists the items whose lines are now flushed."""
-        ok, dead = self.fin_ok, self.fin_dead
-        self.fin_ok, self.fin_dead = [], []
+        """A progress or done message; `fin_*` list the items whose lines are now flushed."""
+        ok, dead = self.out.take_finished()
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
                 "fin_ok": ok, "fin_dead": dead, **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())
         self.log.checkpoint(self.clock.now())
-        if not self.flush(sync=True):
-            # Nothing unflushed may count as finished: the coordinator keeps those items.
-            self.fin_ok.clear()
-            self.fin_dead.clear()
-        for writer in (self.log, self.results, self.dead):
-            with contextlib.suppress(OSError):
-                writer.close()
+        self.out.close()
 
 
 async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:

@@ -343,3 +343,30 @@ def test_bad_lines_are_rejected_and_strict_sends_nothing(tmp_path: Path) -> None
     assert [r["line"] for r in rejects] == [2, 3, 4, 5]
     assert "duplicate id 'a'" in rejects[2]["reason"]
     assert "4 rejected input lines" in proc.stdout
+
+
+def test_second_sigint_cancels_in_flight_at_once(tmp_path: Path) -> None:
+    """With requests that would take 10 minutes and a 10-minute grace, a second SIGINT ends it."""
+    write_input(tmp_path / "input.jsonl", 50)
+    write_job(tmp_path / "job.yaml", shutdown_grace_s=600,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "ttft_ms": 600_000}})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    deadline = time.monotonic() + WAIT_GUARD_S
+    while not list((tmp_path / "runs").glob("*/events/shard-00.jsonl")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    path = only_run(tmp_path / "runs")
+    while b'"attempt_start"' not in (path / "events" / "shard-00.jsonl").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first SIGINT waits for in-flight requests
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    run = Run.load(path)
+    assert not run.results and not run.dead  # nothing finished, nothing falsely recorded
+    assert run.manifest["status"] == "interrupted"

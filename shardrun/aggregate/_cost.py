@@ -1,8 +1,7 @@
 """Cost per success, when the job names prices (manifest `effective` keys `pricing.*`).
 
-Two forms: per token (`pricing.input_per_1m`, `pricing.output_per_1m`, in money per million
-tokens) and per hour (`pricing.hourly`, money per hour of the endpoint). Either, both or none
-may be present; with none, the report has no cost section.
+The arithmetic is `shardrun.pricing.cost` (per token, or per hour of a dedicated server); this
+module only finds the prices in the manifest. Without prices the report has no cost section.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from shardrun.pricing import cost
 
 KEYS = ("input_per_1m", "output_per_1m", "hourly")
 
@@ -43,23 +44,10 @@ def _value(entry: Any) -> Any:
 def cost_section(pricing: Pricing | None, *, successes: int, prompt_tokens: int,
                  completion_tokens: int, wasted_tokens: int,
                  duration_s: float) -> dict[str, Any] | None:
-    """Token cost, hourly cost and their per-success figures (None without prices)."""
+    """`shardrun.pricing.cost` over the run's tokens and wall time (None without prices)."""
     if pricing is None:
         return None
-    out: dict[str, Any] = {"pricing": {k: getattr(pricing, k) for k in KEYS}}
-    if pricing.input_per_1m is not None or pricing.output_per_1m is not None:
-        p_in = pricing.input_per_1m or 0.0
-        p_out = pricing.output_per_1m or 0.0
-        total = (prompt_tokens * p_in + (completion_tokens + wasted_tokens) * p_out) / 1e6
-        out["token_cost"] = round(total, 6)
-        out["token_cost_per_success"] = _per(total, successes)
-        out["wasted_token_cost"] = round(wasted_tokens * p_out / 1e6, 6)
-    if pricing.hourly is not None:
-        total = pricing.hourly * duration_s / 3600
-        out["hourly_cost"] = round(total, 6)
-        out["hourly_cost_per_success"] = _per(total, successes)
-    return out
-
-
-def _per(total: float, successes: int) -> float | None:
-    return round(total / successes, 9) if successes else None
+    out = cost(pricing, prompt_tokens, completion_tokens, duration_s, successes=successes,
+               wasted_tokens=wasted_tokens)
+    rounded = {k: round(v, 9) if isinstance(v, float) else v for k, v in out.items()}
+    return {"pricing": {k: getattr(pricing, k) for k in KEYS}, **rounded}

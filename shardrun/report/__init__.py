@@ -57,9 +57,9 @@ def _file_entry(scan: FileScan, loaded: LoadedRun) -> dict[str, Any]:
     shard = next((s for s in loaded.shards if f"events/shard-{s.shard:02d}.jsonl" == scan.path
                   and s.shard is not None), None)
     entry["shard_end"] = None if shard is None else shard.ended
-    recorded = {f.get("path"): f for f in loaded.manifest.get("files") or []}.get(scan.path)
-    entry["matches_manifest"] = None if recorded is None else (
-        recorded.get("sha256") == scan.sha256 and recorded.get("bytes") == scan.bytes)
+    recorded = any(f.get("path") == scan.path for f in loaded.manifest.get("files") or [])
+    entry["matches_manifest"] = (scan.path not in loaded.manifest_mismatches()) if recorded else (
+        None)
     return entry
 
 

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,27 @@ class LoadedRun:
     path: Path
     manifest: dict[str, Any]
     coordinator: CoordinatorSummary
-    shards: list[ShardSummary]
-    scans: list[FileScan]  # coordinator first (when present), then shards in path order
+    coordinator_scan: FileScan | None
+    shards: list[ShardSummary]  # in path order, aligned with `shard_scans`
+    shard_scans: list[FileScan]
     newest_mtime: float = 0.0
-    notes: list[str] = field(default_factory=list)
+
+    @property
+    def scans(self) -> list[FileScan]:
+        """Every event file read: the coordinator's first (when present), then the shards'."""
+        first = [] if self.coordinator_scan is None else [self.coordinator_scan]
+        return first + self.shard_scans
+
+    def manifest_mismatches(self) -> list[str]:
+        """Event files whose bytes differ from what the manifest recorded when the run ended."""
+        recorded = {f.get("path"): f for f in self.manifest.get("files") or []}
+        out = []
+        for scan in self.scans:
+            rec = recorded.get(scan.path)
+            if rec is not None and (rec.get("sha256"), rec.get("bytes")) != (scan.sha256,
+                                                                             scan.bytes):
+                out.append(scan.path)
+        return out
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -111,22 +128,22 @@ def load_run(run_dir: Path, opts: FoldOptions | None = None,
     opts = opts or FoldOptions()
     manifest = read_manifest(run_dir)
     coord_path = run_dir / COORDINATOR
-    scans: list[FileScan] = []
     coord = CoordinatorFold()
+    coord_scan = None
     if coord_path.exists():
         handlers = {name: coord.feed for name in COORDINATOR_EVENTS}
-        scans.append(scan_file(coord_path, COORDINATOR, handlers))
+        coord_scan = scan_file(coord_path, COORDINATOR, handlers)
     paths = shard_files(run_dir)
-    if not paths and not scans:
+    if not paths and coord_scan is None:
         raise RunDirError(f"{run_dir} has no event files under events/")
     idle_until = coord.summary.input_end
     jobs = [(p, f"events/{p.name}", math.inf if idle_until is None else idle_until,
              default_cap(manifest), opts) for p in paths]
     results = _fold_all(jobs, workers, sum(p.stat().st_size for p in paths))
-    all_paths = ([coord_path] if coord_path.exists() else []) + paths
+    all_paths = ([coord_path] if coord_scan is not None else []) + paths
     return LoadedRun(
-        path=run_dir, manifest=manifest, coordinator=coord.summary,
-        shards=[r[1] for r in results], scans=scans + [r[0] for r in results],
+        path=run_dir, manifest=manifest, coordinator=coord.summary, coordinator_scan=coord_scan,
+        shards=[r[1] for r in results], shard_scans=[r[0] for r in results],
         newest_mtime=max((p.stat().st_mtime for p in all_paths), default=0.0),
     )  # fmt: skip
 

@@ -97,12 +97,13 @@ class _Hasher:
         if self.broken:
             return
         actual = self.sha.hexdigest()
+        prev = self.scan.covered_lines
         if claimed_lines != lines_before:
             what = "deleted" if claimed_lines > lines_before else "added"
             self._fail(f"line {lines_before + 1}: checkpoint counts {claimed_lines} lines before "
-                       f"it but the file has {lines_before} (a line was {what} before it)")
+                       f"it but the file has {lines_before}: a line was {what} between line "
+                       f"{prev + 1} and line {lines_before + 1}")
         elif claimed_sha != actual:
-            prev = self.scan.covered_lines
             self._fail(f"line {lines_before + 1}: checkpoint SHA-256 {claimed_sha[:12]}… does "
                        f"not match the bytes before it ({actual[:12]}…): a byte changed "
                        f"between line {prev + 1} and line {lines_before + 1}")

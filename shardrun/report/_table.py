@@ -39,6 +39,29 @@ def secs(x: float | None) -> str:
     return f"{x:.4f}"
 
 
+def ms(x: float | None) -> str:
+    """Seconds shown as milliseconds with a precision that suits their size."""
+    if x is None:
+        return "-"
+    v = x * 1000
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def short(x: object) -> str:
+    """A number in at most 4 significant digits; anything else as it is."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, list | tuple):
+        return "[" + ", ".join(short(v) for v in x) + "]"
+    return str(x)
+
+
 def pct(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 

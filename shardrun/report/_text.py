@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardrun.aggregate import BUCKETS
-from shardrun.report._table import num, pct, secs, size, table, when
+from shardrun.report._table import ms, num, pct, secs, short, size, table, when
 
 MAX_MINUTE_ROWS = 30
 LATENCY_ROWS = (*BUCKETS, "ttft", "ttft_request", "itl", "tpot", "e2e")
@@ -76,8 +76,8 @@ def format_tpm(doc: dict[str, Any]) -> str:
 def _dist_row(name: str, d: dict[str, Any] | None, share: float | None) -> list[str]:
     if d is None:
         return [name, "0", "-", "-", "-", "-", "-", pct(share)]
-    return [name, num(d["n"]), secs(d["p50"]), secs(d["p95"]), secs(d["p99"]),
-            secs(d["max"]), secs(d["mean"]), "" if share is None else pct(share)]
+    return [name, num(d["n"]), ms(d["p50"]), ms(d["p95"]), ms(d["p99"]),
+            ms(d["max"]), ms(d["mean"]), "" if share is None else pct(share)]
 
 
 def format_latency(doc: dict[str, Any]) -> str:
@@ -86,7 +86,7 @@ def format_latency(doc: dict[str, Any]) -> str:
     rows = [_dist_row(n, lat["all"][n], shares.get(n)) for n in LATENCY_ROWS]
     err = lat["relative_error"]
     return "\n".join([
-        f"Latency of successful spans, seconds (quantiles within ±{100 * err:.1f}%; "
+        f"Latency of successful spans, ms (quantiles within ±{100 * err:.1f}%; "
         "share = of summed bucket time)",
         *table(["", "n", "p50", "p95", "p99", "max", "mean", "share"], rows),
     ])  # fmt: skip
@@ -101,9 +101,9 @@ def format_segments(doc: dict[str, Any]) -> str:
         cells = [seg["segment"], num(seg["spans"])]
         for name in SEGMENT_COLUMNS:
             d = seg["dists"][name]
-            cells.append("-" if d is None else f"{secs(d['p50'])} / {secs(d['p99'])}")
+            cells.append("-" if d is None else f"{ms(d['p50'])} / {ms(d['p99'])}")
         rows.append(cells)
-    return "\n".join(["By prompt length (tokens): p50 / p99 seconds",
+    return "\n".join(["By prompt length (tokens): p50 / p99 ms",
                       *table(["prompt", "spans", *SEGMENT_COLUMNS], rows)])
 
 
@@ -125,9 +125,9 @@ def format_attempts(doc: dict[str, Any]) -> str:
         f"  connections: {num(conn['new'])} new, {num(conn['reused'])} reused; churn "
         f"{num(conn['churn_per_success'], 4)} new per success (shards x cap / items = "
         f"{num(conn['expected_churn'], 4)})",
-        f"  event-loop lag: p50 {secs(lag['p50'])} s, p99 {secs(lag['p99'])} s, max "
-        f"{secs(lag['max'])} s over {num(lag['samples'])} samples: {limited} (limits p50 >= "
-        f"{lag['limits']['p50_s']} s or p99 >= {lag['limits']['p99_s']} s)",
+        f"  event-loop lag: p50 {ms(lag['p50'])} ms, p99 {ms(lag['p99'])} ms, max "
+        f"{ms(lag['max'])} ms over {num(lag['samples'])} samples: {limited} (limits p50 >= "
+        f"{ms(lag['limits']['p50_s'])} ms or p99 >= {ms(lag['limits']['p99_s'])} ms)",
     ])  # fmt: skip
 
 
@@ -151,17 +151,16 @@ def format_scheduler(doc: dict[str, Any]) -> str:
 
 def format_cost(doc: dict[str, Any]) -> str:
     cost = doc["cost"]
-    if not cost:
+    if not cost or cost.get("basis") is None:
         return ""
-    lines = ["Cost"]
-    if "token_cost" in cost:
-        lines.append(f"  tokens: {cost['token_cost']:.4f} total, "
-                     f"{_money(cost['token_cost_per_success'])} per success, wasted tokens "
-                     f"{cost['wasted_token_cost']:.4f}")
-    if "hourly_cost" in cost:
-        lines.append(f"  hourly: {cost['hourly_cost']:.4f} for the run, "
-                     f"{_money(cost['hourly_cost_per_success'])} per success")
-    return "\n".join(lines)
+    basis = ("per token" if cost["basis"] == "tokens"
+             else f"hourly, {_money(cost['hours'])} h of wall time")
+    return "\n".join([
+        f"Cost ({basis})",
+        f"  spend {_money(cost['spend'])}, cost per success "
+        f"{_money(cost['cost_per_success'])}, wasted tokens {num(cost['wasted_tokens'])} "
+        f"costing {_money(cost['wasted_cost'])}",
+    ])  # fmt: skip
 
 
 def _money(x: float | None) -> str:
@@ -188,7 +187,7 @@ def format_triage(doc: dict[str, Any]) -> str:
     if dom:
         ev = dom["evidence"]
         lines += [f"  dominant bucket: {dom['bucket']}, {pct(dom['share'])} of summed span "
-                  f"time (p50 {secs(ev['p50'])} s, p99 {secs(ev['p99'])} s)",
+                  f"time (p50 {ms(ev['p50'])} ms, p99 {ms(ev['p99'])} ms)",
                   f"      means: {dom['meaning']}", f"      try:   {dom['control']}"]
     for f in [*tri["signatures"], *tri["findings"]]:
         mark = "[!]" if f["present"] else "[ ]"
@@ -202,9 +201,9 @@ def format_triage(doc: dict[str, Any]) -> str:
 def _evidence(ev: dict[str, Any]) -> str:
     out = []
     for k, v in ev.items():
-        if isinstance(v, dict):
-            v = ", ".join(f"{a} {b}" for a, b in v.items())
-        out.append(f"{k} {v}")
+        text = ", ".join(f"{a} {short(b)}" for a, b in v.items()) if isinstance(v, dict) else (
+            short(v))
+        out.append(f"{k} {text}")
     return "; ".join(out)
 
 

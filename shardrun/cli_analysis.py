@@ -1,0 +1,97 @@
+"""The analysis commands: `report`, `publish`, `verify`. Parse, call the library, print.
+
+`register(subparsers)` adds them to the main parser; each sets `handler`, which takes the parsed
+arguments and returns the exit code. User errors are `ShardrunError`s, printed by the CLI as
+`error: <message>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shardrun.errors import ShardrunError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `report`, `publish` and `verify` subcommands."""
+    report = subparsers.add_parser(
+        "report", help="summarize a run from its raw event log",
+        description="Summarize a run (finished, crashed or still running) from its event log.",
+    )  # fmt: skip
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    report.add_argument("--json", action="store_true",
+                        help="print the report as JSON (schema shardrun.report/1)")
+    report.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write a self-contained HTML file with plots")
+    report.set_defaults(handler=run_report)
+
+    publish = subparsers.add_parser(
+        "publish", help="publish a hash-verifiable minute sample",
+        description="Write a minute sample (completion tokens of one UTC minute, with the "
+                    "SHA-256 of every event file and of the counted lines) and print it.",
+    )  # fmt: skip
+    publish.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    which = publish.add_mutually_exclusive_group()
+    which.add_argument("--minute", metavar="YYYY-MM-DDTHH:MMZ", help="the UTC minute to publish")
+    which.add_argument("--peak", action="store_true",
+                       help="the peak full minute (the default)")
+    publish.add_argument("-o", "--output", type=Path, metavar="FILE",
+                         help="where to write it (default: RUN_DIR/samples/minute-….json)")
+    publish.set_defaults(handler=run_publish)
+
+    verify = subparsers.add_parser(
+        "verify", help="re-derive a published sample from the raw files",
+        description="Re-read the raw event files, check every SHA-256 and recompute the figure."
+                    " Exit 0 when everything matches, 1 with the reason otherwise.",
+    )  # fmt: skip
+    verify.add_argument("sample", type=Path, metavar="SAMPLE.json", help="the sample file")
+    verify.add_argument("--run-dir", type=Path, metavar="DIR",
+                        help="the run directory (default: the one the sample sits in)")
+    verify.set_defaults(handler=run_verify)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from shardrun.report import format_json, format_report, load_report, write_html
+
+    doc, loaded = load_report(args.run_dir, trace=args.html is not None)
+    if args.html is not None:
+        write_html(doc, loaded, args.html)
+    print(format_json(doc) if args.json else format_report(doc))
+    if args.html is not None:
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from shardrun.provenance import format_sample, publish
+
+    sample, path = publish(args.run_dir, minute=args.minute, out=args.output)
+    print(format_sample(sample))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from shardrun.provenance import verify
+
+    print(verify(args.sample, args.run_dir))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m shardrun.cli_analysis ...`) until `cli.py` wires these."""
+    parser = argparse.ArgumentParser(prog="shardrun")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except ShardrunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

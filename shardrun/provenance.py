@@ -1,0 +1,292 @@
+"""Hash-verified minute samples (DESIGN §5): `publish` writes one, `verify` re-derives it.
+
+A sample names the run, one UTC minute, its figure (completion tokens, spans, per-shard split),
+the method, every raw event file with SHA-256, size and line count, and `lines_sha256`: a hash
+over exactly the event lines that were counted. Canonical order (docs/METRICS.md): per shard
+file, the counted lines in the order of their spans' `released` lines hash to that file's
+`lines_sha256`; the sample's `lines_sha256` is the SHA-256 of the text
+`"<file> <lines> <file's lines_sha256>\\n"` over the shard files in path order.
+
+`verify` re-reads every file, checks every hash (the files' own checkpoints locate a change),
+recomputes the figure and names the first thing that disagrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardrun import __version__
+from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
+from shardrun.aggregate._metrics import window
+from shardrun.errors import ShardrunError
+from shardrun.report._rundir import (
+    COORDINATOR,
+    FoldOptions,
+    LoadedRun,
+    load_run,
+    read_manifest,
+    run_state,
+    shard_files,
+)
+from shardrun.report._scan import FileScan
+
+SAMPLE_SCHEMA = "shardrun.sample/1"
+METHOD = "completion_tokens_by_last_token_minute"
+FIGURE_FIELDS = ("completion_tokens", "spans", "partial", "lines_counted", "lines_sha256")
+SHARD_FIELDS = ("shard", "completion_tokens", "spans", "lines", "lines_sha256")
+
+
+class PublishError(ShardrunError):
+    """A sample cannot be published from this run."""
+
+    exit_code = 2
+
+
+class VerifyError(ShardrunError):
+    """A sample does not verify against its run."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """What the events say about one minute."""
+
+    minute: int
+    partial: bool
+    per_shard: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        top = hashlib.sha256()
+        for s in self.per_shard:
+            top.update(f"{s['file']} {s['lines']} {s['lines_sha256']}\n".encode())
+        return {
+            "minute": minute_label(self.minute), "minute_start_t": self.minute * 60,
+            "partial": self.partial,
+            "completion_tokens": sum(s["completion_tokens"] for s in self.per_shard),
+            "spans": sum(s["spans"] for s in self.per_shard),
+            "lines_counted": sum(s["lines"] for s in self.per_shard),
+            "lines_sha256": top.hexdigest(), "per_shard": self.per_shard,
+        }  # fmt: skip
+
+
+def _load(run_dir: Path, workers: int | None) -> LoadedRun:
+    return load_run(run_dir, FoldOptions(minutes_only=True, keep_lines=True), workers)
+
+
+def figure(loaded: LoadedRun, minute: int) -> Figure:
+    """Recompute one minute's figure from folded shards."""
+    empty_sha = hashlib.sha256().hexdigest()
+    per_shard = []
+    for s, scan in zip(loaded.shards, loaded.shard_scans, strict=True):
+        cell = s.minutes.get(minute)
+        per_shard.append({
+            "shard": s.shard, "file": scan.path,
+            "completion_tokens": cell.tokens if cell else 0, "spans": cell.spans if cell else 0,
+            "lines": cell.lines if cell else 0,
+            "lines_sha256": cell.lines_sha256 if cell and cell.lines_sha256 else empty_sha,
+        })  # fmt: skip
+    start, end = window(loaded.coordinator, loaded.shards)
+    return Figure(minute, not is_full(minute, start, end), per_shard)
+
+
+# -- publish -------------------------------------------------------------------------------------
+
+
+def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None,
+            workers: int | None = None) -> tuple[dict[str, Any], Path]:
+    """Build a sample for `minute` (default: the peak full minute) and write it."""
+    loaded = _load(run_dir, workers)
+    state, why = run_state(loaded)
+    if state == "running":
+        raise PublishError(f"{run_dir} is still running ({why}); publish once it has ended, "
+                           "while its files no longer change")
+    for scan in loaded.scans:
+        if scan.checkpoint_error:
+            raise PublishError(f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
+                               "; refusing to publish from altered files")
+    for path in loaded.manifest_mismatches():
+        raise PublishError(f"{path} differs from the SHA-256 the manifest recorded at the end "
+                           "of the run; refusing to publish from altered files")
+    m = _pick_minute(loaded, minute)
+    sample = {
+        "schema": SAMPLE_SCHEMA, "run_id": loaded.manifest.get("run_id"),
+        **figure(loaded, m).as_dict(),
+        "method": {"name": METHOD, "version": METHOD_VERSION},
+        "files": [_file_record(s) for s in loaded.scans],
+        "generator": f"shardrun {__version__}",
+    }  # fmt: skip
+    path = out or run_dir / "samples" / f"minute-{sample['minute'].replace(':', '')}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(format_sample(sample).encode() + b"\n")
+    except OSError as exc:
+        raise PublishError(f"cannot write {path}: {exc.strerror}") from None
+    return sample, path
+
+
+def format_sample(sample: dict[str, Any]) -> str:
+    return orjson.dumps(sample, option=orjson.OPT_INDENT_2).decode()
+
+
+def _file_record(scan: FileScan) -> dict[str, Any]:
+    return {"path": scan.path, "sha256": scan.sha256, "bytes": scan.bytes, "lines": scan.lines,
+            "checkpoints": scan.checkpoints, "covered_lines": scan.covered_lines}
+
+
+def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
+    start, end = window(loaded.coordinator, loaded.shards)
+    totals: dict[int, int] = {}
+    for s in loaded.shards:
+        for m, cell in s.minutes.items():
+            totals[m] = totals.get(m, 0) + cell.tokens
+    if minute is not None:
+        try:
+            m = parse_minute(minute)
+        except ValueError as exc:
+            raise PublishError(f"--minute {exc}") from None
+        if m not in totals and not (start is not None and end is not None
+                                    and start // 60 <= m <= end // 60):
+            raise PublishError(f"--minute {minute} is outside the run ({_span_text(start, end)})")
+        return m
+    if not totals:
+        raise PublishError("the run has no successful span yet, so there is no minute to publish")
+    full = [m for m in totals if is_full(m, start, end)]
+    return max(full or totals, key=lambda m: (totals[m], -m))
+
+
+def _span_text(start: float | None, end: float | None) -> str:
+    if start is None or end is None:
+        return "no events"
+    return f"{minute_label(int(start // 60))} to {minute_label(int(end // 60))}"
+
+
+# -- verify --------------------------------------------------------------------------------------
+
+
+def read_sample(path: Path) -> dict[str, Any]:
+    try:
+        sample = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise VerifyError(f"cannot read sample {path}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise VerifyError(f"sample {path} is not valid JSON ({exc})") from None
+    if not isinstance(sample, dict) or sample.get("schema") != SAMPLE_SCHEMA:
+        got = sample.get("schema") if isinstance(sample, dict) else None
+        raise VerifyError(f"sample {path} has schema {got!r}, expected {SAMPLE_SCHEMA!r}")
+    for key in ("run_id", "minute", "files", "per_shard", "method", *FIGURE_FIELDS):
+        if key not in sample:
+            raise VerifyError(f"sample {path} lacks the field {key!r}")
+    return sample
+
+
+def find_run_dir(sample_path: Path, run_dir: Path | None) -> Path:
+    if run_dir is not None:
+        return run_dir
+    parent = sample_path.resolve().parent
+    if parent.name == "samples" and (parent.parent / "manifest.json").exists():
+        return parent.parent
+    raise VerifyError(f"cannot tell which run {sample_path} belongs to: pass --run-dir")
+
+
+def verify(sample_path: Path, run_dir: Path | None = None, workers: int | None = None) -> str:
+    """Check a sample against its run; the one-line confirmation, or VerifyError."""
+    sample = read_sample(sample_path)
+    run_dir = find_run_dir(sample_path, run_dir)
+    manifest = read_manifest(run_dir)
+    if manifest.get("run_id") != sample["run_id"]:
+        raise VerifyError(f"the sample is for run {sample['run_id']!r} but {run_dir} holds run "
+                          f"{manifest.get('run_id')!r}")
+    if sample["method"] != {"name": METHOD, "version": METHOD_VERSION}:
+        raise VerifyError(f"the sample's method {sample['method']} is not this version's "
+                          f"({METHOD} v{METHOD_VERSION})")
+    _check_file_set(sample, run_dir)
+    loaded = _load(run_dir, workers)
+    _check_files(sample, loaded)
+    _check_figure(sample, figure(loaded, _sample_minute(sample)).as_dict())
+    size = sum(f["bytes"] for f in sample["files"])
+    return (f"ok: run {sample['run_id']} minute {sample['minute']}: "
+            f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
+            f"on {len(sample['per_shard'])} shards; {len(sample['files'])} event files "
+            f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute")
+
+
+def _sample_minute(sample: dict[str, Any]) -> int:
+    try:
+        return parse_minute(str(sample["minute"]))
+    except ValueError as exc:
+        raise VerifyError(f"the sample's minute: {exc}") from None
+
+
+def _check_file_set(sample: dict[str, Any], run_dir: Path) -> None:
+    present = {f"events/{p.name}": p for p in shard_files(run_dir)}
+    if (run_dir / COORDINATOR).exists():
+        present[COORDINATOR] = run_dir / COORDINATOR
+    named = {f["path"]: f for f in sample["files"]}
+    for path, rec in named.items():
+        if path not in present:
+            twin = next((p for p, full in present.items() if p not in named
+                         and _sha(full) == rec["sha256"]), None)
+            hint = f"; {twin} has its SHA-256 (renamed?)" if twin else ""
+            raise VerifyError(f"{path} named in the sample is missing from {run_dir}{hint}")
+    extra = sorted(set(present) - set(named))
+    if extra:
+        raise VerifyError(f"{extra[0]} is in {run_dir} but not in the sample (an added or "
+                          "renamed event file)")
+
+
+def _sha(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _check_files(sample: dict[str, Any], loaded: LoadedRun) -> None:
+    scans = {s.path: s for s in loaded.scans}
+    for rec in sample["files"]:
+        scan = scans[rec["path"]]
+        if scan.sha256 == rec["sha256"] and scan.bytes == rec["bytes"]:
+            continue
+        raise VerifyError(f"{scan.path} does not match the sample: {_diff(scan, rec)}; "
+                          f"{_where(scan)}")
+
+
+def _diff(scan: FileScan, rec: dict[str, Any]) -> str:
+    parts = [f"SHA-256 {scan.sha256} instead of {rec['sha256']}"]
+    if scan.lines != rec.get("lines"):
+        parts.append(f"{scan.lines:,} lines instead of {rec.get('lines')}")
+    if scan.bytes != rec["bytes"]:
+        parts.append(f"{scan.bytes:,} bytes instead of {rec['bytes']:,}")
+    return ", ".join(parts)
+
+
+def _where(scan: FileScan) -> str:
+    """Where in a changed file the change is, as far as its own checkpoints tell."""
+    if scan.checkpoint_error:
+        return scan.checkpoint_error
+    if scan.first_bad:
+        return f"{scan.first_bad[0]} ({scan.bad_lines} unreadable)"
+    if scan.covered_lines < scan.lines:
+        return f"the change is after line {scan.covered_lines:,}, its last good checkpoint"
+    return ("the file's own checkpoints all verify, so the SHA-256 or size recorded in the "
+            "sample was changed")
+
+
+def _check_figure(sample: dict[str, Any], fresh: dict[str, Any]) -> None:
+    for key in ("minute", *FIGURE_FIELDS):
+        if sample[key] != fresh[key]:
+            raise VerifyError(f"{key}: the sample says {sample[key]!r} but the events give "
+                              f"{fresh[key]!r}")
+    if len(sample["per_shard"]) != len(fresh["per_shard"]):
+        raise VerifyError(f"per_shard: the sample lists {len(sample['per_shard'])} shards but "
+                          f"the run has {len(fresh['per_shard'])}")
+    for mine, theirs in zip(sample["per_shard"], fresh["per_shard"], strict=True):
+        for key in SHARD_FIELDS:
+            if mine.get(key) != theirs[key]:
+                raise VerifyError(f"per_shard {theirs['file']} {key}: the sample says "
+                                  f"{mine.get(key)!r} but the events give {theirs[key]!r}")

@@ -1,0 +1,75 @@
+"""A shard's configuration and counters: plain values that travel in protocol messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from shardrun import protocol
+
+# How a shard stops early. DEAD_LETTER: every remaining item ends as a dead letter with the
+# reason (the endpoint is unreachable). ABANDON: stop; items without a line are left for
+# `--resume` (credentials refused, disk full): dead-lettering millions of items would help no one.
+DEAD_LETTER = "dead_letter"
+ABANDON = "abandon"
+
+
+def shard_file_name(index: int, segment: int) -> str:
+    """`shard-03.jsonl` in a run's first pass, `shard-03.r2.jsonl` in its second resume."""
+    suffix = "" if segment == 0 else f".r{segment}"
+    return f"shard-{index:02d}{suffix}.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardConfig:
+    """Everything a shard needs, as sent in the `config` message."""
+
+    shard: int
+    run_id: str
+    out_dir: str
+    base_url: str
+    api: str
+    model: str
+    api_key: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 16
+    retry: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    grace_s: float = 30.0
+    fsync_interval_s: float = 1.0
+    segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
+
+    @property
+    def file_name(self) -> str:
+        return shard_file_name(self.shard, self.segment)
+
+    @property
+    def span_prefix(self) -> str:
+        """Span ids are unique in the run: `3-17`, or `r1.3-17` in the first resume."""
+        return f"{self.shard}-" if self.segment == 0 else f"r{self.segment}.{self.shard}-"
+
+    @classmethod
+    def from_message(cls, message: protocol.Message) -> ShardConfig:
+        return cls(**{k: v for k, v in message.items() if k != "t"})
+
+    def to_message(self) -> protocol.Message:
+        return {"t": protocol.CONFIG, **self.__dict__}
+
+
+@dataclass(slots=True)
+class Counters:
+    """Running totals reported to the coordinator."""
+
+    received: int = 0
+    ok: int = 0
+    dead: int = 0
+    attempts: int = 0
+    retries: int = 0
+    completion_tokens: int = 0
+    in_flight: int = 0
+    retrying: int = 0
+    abandoned: int = 0
+    budget_exhausted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,75 @@
+"""A shard's three output files and the rule that makes re-assignment safe.
+
+An item counts as finished for the coordinator only once its line has been handed to the OS:
+ids go into `fin_*` when their line is written to the buffer, and leave in a report only after
+a successful flush. A write or flush that fails (a full disk) calls `on_error` and keeps those
+ids back, so the coordinator still holds their items.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardrun.events import EventLog, JsonlWriter
+from shardrun.shard_config import ShardConfig
+
+OnError = Callable[[Path, OSError], None]
+
+
+class ShardOutput:
+    """events/, results/ and dead/ files of one shard in one pass."""
+
+    def __init__(self, cfg: ShardConfig, on_error: OnError) -> None:
+        out = Path(cfg.out_dir)
+        for sub in ("events", "results", "dead"):
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        self.log = EventLog(out / "events" / cfg.file_name, run_id=cfg.run_id, shard=cfg.shard)
+        self.results = JsonlWriter(out / "results" / cfg.file_name)
+        self.dead = JsonlWriter(out / "dead" / cfg.file_name)
+        self.on_error = on_error
+        self.fin_ok: list[str] = []
+        self.fin_dead: list[str] = []
+
+    def add_result(self, item_id: str, record: dict[str, Any]) -> bool:
+        return self._add(self.results, self.fin_ok, item_id, record)
+
+    def add_dead(self, item_id: str, record: dict[str, Any]) -> bool:
+        return self._add(self.dead, self.fin_dead, item_id, record)
+
+    def _add(self, writer: JsonlWriter, fin: list[str], item_id: str,
+             record: dict[str, Any]) -> bool:
+        try:
+            writer.write(record)
+        except OSError as exc:
+            self.on_error(writer.path, exc)
+            return False
+        fin.append(item_id)
+        return True
+
+    def flush(self, *, sync: bool = False) -> bool:
+        """Hand buffered lines to the OS (and fsync when `sync`); False if a write failed."""
+        for writer in (self.results, self.dead, self.log):
+            try:
+                writer.sync() if sync else writer.flush()
+            except OSError as exc:
+                self.on_error(writer.path, exc)
+                # Lines that may not have reached the file must not count as finished.
+                self.fin_ok.clear()
+                self.fin_dead.clear()
+                return False
+        return True
+
+    def take_finished(self) -> tuple[list[str], list[str]]:
+        """Ids whose lines are flushed since the last call: (results, dead letters)."""
+        ok, dead = self.fin_ok, self.fin_dead
+        self.fin_ok, self.fin_dead = [], []
+        return ok, dead
+
+    def close(self) -> None:
+        self.flush(sync=True)
+        for writer in (self.log, self.results, self.dead):
+            with contextlib.suppress(OSError):
+                writer.close()

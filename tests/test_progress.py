@@ -1,0 +1,175 @@
+"""Tests for the live progress view: plain lines, the terminal frame, rates, line counting."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from shardrun.progress import (
+    ProgressView,
+    ShardRow,
+    Snapshot,
+    count_lines_cheaply,
+    estimate_total,
+    shard_table,
+)
+
+ESCAPE = re.compile(r"\x1b")
+
+
+class Clock:
+    """A fake monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def report(ok: int, dead: int = 0, tokens: int = 0, **gauges: int) -> dict[str, Any]:
+    """A shard `progress` message."""
+    return {"t": "progress", "ok": ok, "dead": dead, "attempts": ok + dead,
+            "retries": 0, "completion_tokens": tokens, "received": ok + dead, **gauges}
+
+
+def feed(view: ProgressView, clock: Clock, seconds: int, per_s: int = 8) -> None:
+    """Two shards each finishing `per_s` items (20 tokens each) a second, refreshed 4x/s."""
+    start = clock.now
+    for quarter in range(1, seconds * 4 + 1):
+        clock.now = start + quarter / 4
+        done = int(per_s * quarter / 4)
+        for shard in (0, 1):
+            view.update(shard, report(done, 0, 20 * done, in_flight=3, cap=8, queued=5))
+        view.refresh()
+
+
+def test_plain_mode_prints_a_line_every_interval_without_escapes() -> None:
+    """Not a terminal: one plain line per interval, counts and rates in it, no escape codes."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=10.0)
+    view.start()
+    feed(view, clock, 25)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and not ESCAPE.search(out.getvalue())
+    assert lines[0] == (
+        "[   10.0s] 160/400 done (40.0%): 160 ok, 0 failed, 0 retrying;"
+        " 19,200 TPM, 16.0 req/s, ETA 0:15"
+    )
+    assert lines[1].startswith("[   20.0s] 320/400 done (80.0%)")
+    view.stop()
+    assert view.final_line() == (
+        "400 items in 25.0 s: 400 succeeded, 0 failed; 19,200 completion TPM (run average)"
+    )
+
+
+def test_quiet_prints_nothing() -> None:
+    """quiet=True: no output in either mode."""
+    clock, out = Clock(), StringIO()
+    for tty in (False, True):
+        console = Console(file=out, force_terminal=tty)
+        view = ProgressView(10, quiet=True, tty=tty, console=console, stream=out, clock=clock)
+        view.start()
+        feed(view, clock, 12)
+        view.stop()
+    assert out.getvalue() == ""
+
+
+def test_tty_mode_renders_counts_and_shards() -> None:
+    """On a terminal the frame shows done/total, counts, rates and each shard's cap."""
+    clock, out = Clock(), StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    view = ProgressView(1000, console=console, clock=clock)
+    assert view.tty
+    view.start()
+    feed(view, clock, 3)
+    view.update(1, report(30, 4, 600, in_flight=8, cap=8, queued=0, retrying=2))
+    view.refresh()
+    view.stop()
+    text = out.getvalue()
+    assert "58/1,000" in text and "succeeded 54  failed 4  retrying 2" in text
+    assert "19,200 TPM  16.0 req/s" in text and "3 / 8" in text and "8 / 8" in text
+
+
+def test_unknown_total_shows_count_and_rate() -> None:
+    """Without a total there is no bar and no ETA, only the count and the item rate."""
+    clock, out = Clock(), StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    view = ProgressView(None, console=console, clock=clock)
+    view.start()
+    feed(view, clock, 2)
+    view.stop()
+    assert "32 done  16.0 items/s" in out.getvalue() and "ETA" not in out.getvalue()
+
+
+def test_shard_table_snapshot() -> None:
+    """The per-shard table, rows beyond the limit folded into one."""
+    rows = tuple(ShardRow(i, in_flight=i, cap=8, queued=10 * i, retrying=i % 2) for i in range(5))
+    snap = Snapshot(1.0, None, 0, 0, 0, 0, 0, None, None, None, rows)
+    console = Console(file=StringIO(), width=60, color_system=None, force_terminal=False)
+    with console.capture() as cap:
+        console.print(shard_table(snap, max_rows=3))
+    assert [line.rstrip() for line in cap.get().splitlines()] == [
+        "  shard  in flight / cap  queue  retrying",
+        "      0            0 / 8      0         0",
+        "      1            1 / 8     10         1",
+        "      2            2 / 8     20         0",
+        "+2 more           7 / 16     70         1",
+    ]
+
+
+def test_rates_use_a_sliding_window() -> None:
+    """After a burst the rate decays to the recent pace: 10 s window, not the run average."""
+    clock = Clock()
+    view = ProgressView(None, tty=False, stream=StringIO(), clock=clock)
+    feed(view, clock, 20, per_s=50)  # 100 items/s overall
+    feed_start = view.snapshot().done
+    for step in range(1, 81):  # 20 s at 10 items/s (5 per shard)
+        clock.now += 0.25
+        done = feed_start // 2 + int(5 * step / 4)
+        for shard in (0, 1):
+            view.update(shard, report(done, 0, 0))
+        view.refresh()
+    snap = view.snapshot()
+    assert snap.items_per_s == pytest.approx(10.0, rel=0.05)
+    assert snap.tpm == pytest.approx(0.0)
+
+
+def test_restarted_shard_keeps_what_it_reported() -> None:
+    """A counter that goes backwards is a restarted shard: earlier counts are kept."""
+    view = ProgressView(None, tty=False, stream=StringIO(), clock=Clock())
+    view.update(0, report(40, 2, 800))
+    view.update(0, report(5, 0, 100))
+    snap = view.snapshot()
+    assert (snap.ok, snap.dead, snap.completion_tokens) == (45, 2, 900)
+
+
+def test_count_lines_cheaply(tmp_path: Path) -> None:
+    """Newlines counted, a last line without one included, big files refused."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a\nb\nc")
+    assert count_lines_cheaply(path) == 3
+    path.write_bytes(b"a\n" * 3_000_000)
+    assert count_lines_cheaply(path) == 3_000_000
+    assert count_lines_cheaply(path, limit_bytes=1000) is None
+    path.write_bytes(b"")
+    assert count_lines_cheaply(path) == 0
+    assert count_lines_cheaply(tmp_path / "missing") is None
+
+
+def test_estimate_total_by_format(tmp_path: Path) -> None:
+    """CSV minus its header; Parquet from its footer; JSONL by lines."""
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_text("id,prompt\n1,a\n2,b\n")
+    assert estimate_total(csv_path, "csv") == 2
+    assert estimate_total(csv_path, "jsonl") == 3
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"prompt": ["x"] * 7}), tmp_path / "in.parquet")
+    assert estimate_total(tmp_path / "in.parquet", "parquet") == 7
+    assert estimate_total(csv_path, "parquet") is None

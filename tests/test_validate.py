@@ -1,0 +1,177 @@
+"""Tests for `shardrun validate`: input checks, the configuration table, exit codes, --ping."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from rich.console import Console
+
+from shardrun import cli_validate
+from shardrun.spec import load_job
+from shardrun.validate import PingResult, check_input, config_rows, ping, run_ping
+from tests.conftest import FAST_SIM, write_job
+
+ESCAPE = re.compile(r"\x1b")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No SHARDRUN_* variable from the outer environment leaks into these tests."""
+    for name in [n for n in os.environ if n.startswith("SHARDRUN_")]:
+        monkeypatch.delenv(name)
+    yield
+
+
+def make_job(tmp_path: Path, lines: list[bytes], **overrides: Any) -> Path:
+    """A sim:// job over an input of the given raw lines."""
+    (tmp_path / "input.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    return write_job(tmp_path / "job.yaml", **overrides)
+
+
+GOOD = [b'{"id": "a", "prompt": "hello there"}', b'{"id": "b", "prompt": "abcd"}']
+BAD = [b"{broken", b'{"id": "c"}']
+
+
+def validate(*argv: str) -> tuple[int, str]:
+    """Parse `validate ARGV` through a parser built by `register`, run it, return the output."""
+    parser = argparse.ArgumentParser(prog="shardrun")
+    cli_validate.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["validate", *argv])
+    out = StringIO()
+    code = args.handler(args, out)
+    return code, out.getvalue()
+
+
+def test_register_adds_the_subcommand() -> None:
+    """`register` adds validate with its options and a handler taking the Namespace."""
+    parser = argparse.ArgumentParser()
+    cli_validate.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["validate", "j.yaml", "--ping", "--show", "3", "--rpm", "none"])
+    assert (args.ping, args.show, args.strict, args.rpm) == (True, 3, False, "none")
+    assert args.handler is cli_validate.handle
+
+
+def test_check_input_counts_and_keeps_first_rejects(tmp_path: Path) -> None:
+    """Items, rejects with line numbers (only the first N kept), prompt characters."""
+    path = make_job(tmp_path, [*GOOD, *BAD, b"", b'{"prompt": 5}'])
+    check = check_input(load_job(path, env={}, flags={}), show=2)
+    assert (check.items, check.rejects, check.lines) == (2, 3, 6)
+    assert [(r.line, r.reason[:14]) for r in check.first_rejects] == [
+        (3, "not valid JSON"), (4, "prompt field '")]  # fmt: skip
+    assert check.prompt_chars == 15 and check.prompt_tokens_estimate == 4
+    assert check.first_item == {"id": "a", "prompt": "hello there"}
+
+
+def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
+    """Every effective value with its source, as text."""
+    job = load_job(make_job(tmp_path, GOOD), env={"SHARDRUN_RPM": "120"}, flags={"shards": 3})
+    rows = {key: (value, source) for key, value, source in config_rows(job)}
+    assert rows["shards"] == ("3", "flag --shards")
+    assert rows["rate_limits.rpm"] == ("120.0", "env SHARDRUN_RPM")
+    assert rows["params"] == ('{"max_tokens":32}', "job file")
+    assert rows["input.format"] == ("jsonl", "default")
+
+
+def test_plain_report_and_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a terminal: plain text, no escape codes; rejects warn (exit 0) unless --strict."""
+    path = make_job(tmp_path, [*GOOD, *BAD])
+    monkeypatch.setenv("SHARDRUN_TPM", "9000")
+    code, text = validate(str(path), "--shards", "3")
+    assert code == 0 and not ESCAPE.search(text)
+    assert f"job: {path} is valid" in text
+    assert "(jsonl): 2 items, 2 rejected lines" in text
+    assert "  line 3: not valid JSON" in text
+    assert "  line 4: prompt field 'prompt' is missing" in text
+    assert "estimated as characters / 4" in text
+    assert re.search(r"  shards +3 +flag --shards", text)
+    assert re.search(r"  rate_limits\.tpm +9000\.0 +env SHARDRUN_TPM", text)
+    assert validate(str(path), "--strict")[0] == 1
+    assert validate(str(path), "--show", "1")[1].count("  line ") == 1
+
+
+def test_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad job, flag or missing input is `error: ...` on stderr and exit 2."""
+    path = make_job(tmp_path, GOOD)
+    assert validate(str(path), "--rpm", "lots")[0] == 2
+    assert "error: --rpm must be a number greater than 0" in capsys.readouterr().err
+    (tmp_path / "input.jsonl").unlink()
+    assert validate(str(path))[0] == 2
+    assert "does not exist; check input.path" in capsys.readouterr().err
+    named = write_job(tmp_path / "key.yaml", endpoint={"base_url": "sim://", "model": "m",
+                                                        "api_key_env": "NO_SUCH_KEY_VAR"})
+    assert validate(str(named))[0] == 2
+    assert "NO_SUCH_KEY_VAR but that environment variable is not set" in capsys.readouterr().err
+
+
+def test_terminal_report_uses_tables(tmp_path: Path) -> None:
+    """On a terminal the configuration is a rich table."""
+    job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
+    out = StringIO()
+    console = Console(file=out, force_terminal=True, width=120, color_system=None)
+    result = PingResult("http://h/v1/chat/completions", "ok", 200, 0.25, 0.5, 7, "hi", None,
+                        {"x-ratelimit-remaining-requests": "99"})  # fmt: skip
+    cli_validate.print_report(console, job, check_input(job), result)
+    text = out.getvalue()
+    assert "┃ key" in text and "│ shards" in text and "configuration" in text
+    assert "ping: ok (HTTP 200)" in text and "TTFT 0.250 s" in text
+    assert "x-ratelimit-remaining-requests: 99" in text
+
+
+def test_failed_ping_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ping that gets an error reports it and exits 1."""
+    failed = PingResult("http://h/v1/chat/completions", "http_4xx", 401, None, 0.1, 0, "",
+                        "HTTP 401: bad key")  # fmt: skip
+    monkeypatch.setattr(cli_validate, "run_ping", lambda job, env, item: failed)
+    code, text = validate(str(make_job(tmp_path, GOOD)), "--ping")
+    assert code == 1
+    assert "ping: http_4xx (HTTP 401)" in text and "  error: HTTP 401: bad key" in text
+
+
+def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> None:
+    """sim:// starts a simulator for one request and stops it; status and TTFT come back."""
+    job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
+    result = run_ping(job, {}, check_input(job).first_item)
+    assert result.ok and result.http_status == 200 and result.error is None
+    assert result.ttft_s is not None and 0 < result.ttft_s <= result.total_s
+    assert 0 < result.completion_tokens <= 16 and result.url.startswith("http://127.0.0.1:")
+    assert FAST_SIM["ttft_ms"] == 5  # the fast settings the job used
+
+
+def test_ping_reports_rate_headers_and_caps_tokens(tmp_path: Path) -> None:
+    """One request, max_tokens capped at 16, x-ratelimit-* headers reported."""
+    seen: list[dict[str, Any]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        resp = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "x-ratelimit-remaining-requests": "59",
+            "x-ratelimit-reset-tokens": "6m0s"})  # fmt: skip
+        await resp.prepare(request)
+        chunk = {"choices": [{"delta": {"content": "pong"}, "finish_reason": "stop"}]}
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    job = load_job(make_job(tmp_path, GOOD, params={"max_tokens": 500}), env={}, flags={})
+
+    async def one_ping() -> PingResult:
+        async with TestServer(app, host="127.0.0.1", port=0) as server:
+            return await ping(job, str(server.make_url("/v1")), None, None)
+
+    result = asyncio.run(one_ping())
+    assert result.ok and result.reply == "pong"
+    assert result.rate_headers == {"x-ratelimit-remaining-requests": "59",
+                                   "x-ratelimit-reset-tokens": "6m0s"}  # fmt: skip
+    assert len(seen) == 1 and seen[0]["max_tokens"] == 16 and seen[0]["stream"] is True
