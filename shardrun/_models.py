@@ -235,6 +235,8 @@ class JobSpec(_Frozen):
     retry: RetrySpec = Field(default_factory=lambda: RetrySpec())
     runs_dir: str = Field(default="runs", pattern=_NON_BLANK)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # How often results are fsync'ed: the most a machine crash can lose (a kill -9 loses nothing).
+    fsync_interval_s: float = Field(default=1.0, gt=0, le=60)
     rate_limits: RateLimitsSpec = Field(default_factory=lambda: RateLimitsSpec())
     pricing: PricingSpec = Field(default_factory=lambda: PricingSpec())
     output: OutputSpec = Field(default_factory=lambda: OutputSpec())

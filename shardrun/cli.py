@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardrun import __version__
+from shardrun import __version__, cli_validate
 from shardrun.errors import ShardrunError
 
-SUBCOMMANDS = ("run", "sim", "retry-failed")
+SUBCOMMANDS = ("run", "sim", "retry-failed", "validate")
 
 
 def _env_help() -> str:
@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: give dead-lettered items another pass")
     run.add_argument("--strict", action="store_true",
                      help="check the whole input first; the first bad line is an error")
+    run.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
+    run.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
+                     help="seconds between status lines when not on a terminal (default 10)")
     retry = sub.add_parser(
         "retry-failed",
         help="give a run's dead-lettered items another pass",
@@ -64,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
+    cli_validate.register(sub)
     sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
     return parser
 
@@ -83,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        code: int = handler(args)
+        return code
     try:
         return _run(args, args_list)
     except ShardrunError as exc:
@@ -103,11 +113,14 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         job, runs_dir = args.job, args.runs_dir
         options = RunOptions(run_id=args.run_id, resume=args.resume,
-                             retry_failed=args.retry_failed, strict=args.strict)
+                             retry_failed=args.retry_failed, strict=args.strict,
+                             quiet=args.quiet, progress_interval=args.progress_interval)
     flags = {
         "shards": args.shards,
         "concurrency": args.concurrency,
         "runs_dir": None if runs_dir is None else str(runs_dir),
+        "rate_limits.rpm": getattr(args, "rpm", None),
+        "rate_limits.tpm": getattr(args, "tpm", None),
     }
     summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
     print(format_summary(summary))

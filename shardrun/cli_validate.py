@@ -79,8 +79,8 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
     spec = job.spec.input
     per_item = check.prompt_tokens_estimate / check.items if check.items else 0.0
     lines = [
-        f"input: {job.input_path} ({spec.format}): {check.items:,} items, "
-        f"{check.rejects:,} rejected lines",
+        f"input: {job.input_path} ({spec.format}): {_count(check.items, 'item')}, "
+        f"{_count(check.rejects, 'rejected line')}",
         f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
         "estimated as characters / 4, not by a tokenizer",
     ]
@@ -139,6 +139,10 @@ def print_report(
     if result is not None:
         for line in _ping_lines(result):
             console.print(line, markup=False)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _clip(text: str, limit: int = 60) -> str:

@@ -23,6 +23,8 @@ Connection timing: `make_session` installs a TraceConfig; `attempt` passes its p
 `trace_request_ctx`, so aiohttp's `on_connection_create_end` / `on_connection_reuseconn` callbacks
 stamp `conn_ready_at` and `conn_reused` on the right attempt. The caller's `on_conn_ready` runs
 after aiohttp returns control (response headers or failure), never inside aiohttp's connector.
+
+The JSON inside the stream (and in error bodies) is read by the pure functions of `_chunks`.
 """
 
 from __future__ import annotations
@@ -38,17 +40,24 @@ from typing import Literal
 import aiohttp
 import orjson
 
+from shardrun._chunks import (
+    PARSE_ERRORS,
+    clip,
+    error_message,
+    is_rate_header,
+    parse_choices,
+    stream_error,
+    usage_counts,
+)
 from shardrun.clock import Clock
 from shardrun.itl import ItlHistogram
 from shardrun.sse import SSEDecoder
 
 _ERROR_BODY_MAX = 64 * 1024
-_MSG_MAX = 200
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
 _NEEDS_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
-_PARSE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError)
 
 
 class _CallerError(Exception):
@@ -240,61 +249,45 @@ class _Attempt:
         out, hdrs = self.out, resp.headers
         out.http_status = resp.status
         out.retry_after = hdrs.get("Retry-After")
-        out.rate_headers = {k.lower(): v for k, v in hdrs.items() if _is_rate_header(k)}
+        out.rate_headers = {k.lower(): v for k, v in hdrs.items() if is_rate_header(k)}
         self.notify_conn()
 
     def take(self, payloads: list[str], now: float) -> bool:
-        """Apply the payloads of one read; True when the stream is finished (done or failed)."""
-        payload = ""
+        """Apply the payloads of one read; True when the stream is finished (done or failed).
+
+        The hot path: per content chunk one `orjson.loads`, one `parse_choices`, and the timing.
+        """
+        out, chat, payload = self.out, self.chat, ""
         try:
             for payload in payloads:
                 if payload == "[DONE]":
                     self.done = True
                     return True
                 obj = orjson.loads(payload)
-                if obj.get("error") is not None:
-                    self._stream_error(obj["error"])
+                if (err := obj.get("error")) is not None:
+                    self.fail(*stream_error(err, out.content_chunks))
                     return True
                 if choices := obj.get("choices"):
-                    self._choices(choices, now)
+                    piece, reason = parse_choices(choices, chat)
+                    if reason is not None:
+                        out.finish_reason = reason
+                    if piece is not None:
+                        last = out.last_token_at
+                        if last is None:
+                            out.first_token_at = now
+                        else:
+                            out.itl.add(now - last)
+                        out.last_token_at = now
+                        out.content_chunks += 1
+                        self.pieces.append(piece)
                 if usage := obj.get("usage"):
-                    self.out.prompt_tokens = _int(usage.get("prompt_tokens"))
-                    self.usage_tokens = _int(usage.get("completion_tokens"))
-        except _PARSE_ERRORS:
-            n = self.out.content_chunks
+                    out.prompt_tokens, self.usage_tokens = usage_counts(usage)
+        except PARSE_ERRORS:
+            n = out.content_chunks
             self.fail("protocol_error", f"unparseable stream data after {n} tokens: "
-                      f"{_clip(payload)}")  # fmt: skip
+                      f"{clip(payload)}")  # fmt: skip
             return True
         return False
-
-    def _choices(self, choices: list[dict[str, object]], now: float) -> None:
-        out, first = self.out, choices[0]
-        if self.chat:
-            delta = first.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else None
-        else:
-            piece = first.get("text")
-        for choice in choices:
-            if reason := choice.get("finish_reason"):
-                out.finish_reason = str(reason)
-        if piece and isinstance(piece, str):
-            last = out.last_token_at
-            if last is None:
-                out.first_token_at = now
-            else:
-                out.itl.add(now - last)
-            out.last_token_at = now
-            out.content_chunks += 1
-            self.pieces.append(piece)
-
-    def _stream_error(self, err: object) -> None:
-        code: object = err.get("code") if isinstance(err, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else err
-        n = int(code) if isinstance(code, int | str) and str(code).isdigit() else 0
-        status = "http_429" if n == 429 else "http_5xx" if 500 <= n < 600 else "protocol_error"
-        label = "" if code is None else f" {code}"
-        tokens = self.out.content_chunks
-        self.fail(status, f"error{label} in stream after {tokens} tokens: {_clip(msg)}")
 
     def timed_out(self) -> None:
         """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""
@@ -416,7 +409,7 @@ class StreamingClient:
         while size < _ERROR_BODY_MAX and (chunk := await resp.content.readany()):
             parts.append(chunk)
             size += len(chunk)
-        st.out.error = f"{prefix}: {_error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
+        st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
 
 
 def _settle(st: _Attempt) -> None:
@@ -449,37 +442,10 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "conn_reset", f"server closed the connection after {tokens} tokens"
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return "conn_reset", f"response body cut after {tokens} tokens: {_clip(exc)}"
+        return "conn_reset", f"response body cut after {tokens} tokens: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientResponseError):
-        return "protocol_error", f"invalid HTTP response: {_clip(exc.message)}"
+        return "protocol_error", f"invalid HTTP response: {clip(exc.message)}"
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
-        return "conn_reset", f"connection lost after {tokens} tokens: {_clip(exc)}"
-    return "protocol_error", f"{type(exc).__name__}: {_clip(exc)}"
+        return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
+    return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
 
-
-def _error_message(body: bytes) -> str:
-    """The server's message from an error body: OpenAI `{"error": {"message"}}` or raw text."""
-    msg: object = None
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        obj = None
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
-    if not isinstance(msg, str) or not msg:
-        msg = body.decode("utf-8", "replace")
-    return _clip(msg) or "(empty body)"
-
-
-def _clip(value: object) -> str:
-    """One line, at most 200 characters: error sentences go into one-line JSON events."""
-    return " ".join(str(value).split())[:_MSG_MAX]
-
-
-def _int(value: object) -> int | None:
-    return value if type(value) is int else None
-
-
-def _is_rate_header(name: str) -> bool:
-    return name[:12].lower() == "x-ratelimit-"

@@ -23,11 +23,13 @@ from shardrun.errors import RunError
 from shardrun.events import EventLog
 from shardrun.manifest import RunDir
 from shardrun.placement import ShardHandle, start_local_shard
+from shardrun.progress import ProgressView
+from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
 from shardrun.summary import RunSummary
 from shardrun.worksource import WorkSource
 
-PROGRESS_EVERY_S = 10.0
+REFRESH_EVERY_S = 0.25  # the live display redraws from the shards' reports, never per request
 # A run whose shards keep dying is broken, not unlucky: give up after this many deaths.
 MAX_SHARD_DEATHS = 3
 
@@ -54,10 +56,12 @@ class Totals:
 class Coordinator:
     """One pass of a run: work source → shards → summary."""
 
-    def __init__(self, config: ShardConfig, shards: int, source: WorkSource,
-                 run_dir: RunDir) -> None:
+    def __init__(self, config: ShardConfig, shards: int, source: WorkSource, run_dir: RunDir,
+                 view: ProgressView, rate_limits: tuple[float | None, float | None]) -> None:
         self.config = config  # the template every shard's config is made from
         self.shard_count = shards
+        self.view = view
+        self.rate_limits = rate_limits
         self.source = source
         self.run_dir = run_dir
         self.clock = Clock()
@@ -77,6 +81,7 @@ class Coordinator:
         self.started = time.time()
 
     def _input_ended(self) -> None:
+        self.view.set_total(self.source.taken)
         self.log.emit(events.INPUT_END, t=self.clock.now(), lines=self.source.reader.lines_read,
                       rejects=self.source.rejects)
 
@@ -89,8 +94,6 @@ class Coordinator:
     async def serve(self, state: ShardState) -> None:
         """Answer one shard's messages until it finishes or dies."""
         handle = state.handle
-        config = ShardConfig(**{**self.config.__dict__, "shard": handle.index})
-        handle.send(config.to_message())
         while (message := await handle.receive()) is not None:
             kind = message["t"]
             if kind == protocol.WANT:
@@ -98,13 +101,17 @@ class Coordinator:
             elif kind in (protocol.PROGRESS, protocol.DONE):
                 self._finished(state, message["fin_ok"], message["fin_dead"])
                 state.progress = message
+                self.view.update(handle.index, message)
                 if kind == protocol.DONE:
                     state.done = message
+                    self._rebalance_rates()
             elif kind == protocol.FATAL:
                 self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index)
         state.died = await handle.wait()
         if state.done is None and state.died is None:
             state.died = "closed its pipe without reporting"
+        if state.died is not None:
+            self._rebalance_rates()
         self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
                       status=state.died or "done")
 
@@ -126,6 +133,18 @@ class Coordinator:
         for item_id in dead:
             if state.outstanding.pop(item_id, None) is not None:
                 self.totals.dead += 1
+
+    def _live(self) -> list[ShardState]:
+        return [s for s in self.states if s.done is None and s.died is None]
+
+    def _rebalance_rates(self) -> None:
+        """Job-wide limits are split over the shards still running; tell them their new share."""
+        if self.rate_limits == (None, None):
+            return
+        live = self._live()
+        rpm, tpm = shares(*self.rate_limits, len(live))
+        for state in live:
+            state.handle.send({"t": protocol.RATE, "rpm": rpm, "tpm": tpm})
 
     def _on_fatal(self, reason: str, mode: str, origin: int) -> None:
         """One shard found the endpoint (or the disk) unusable: tell the others at once."""
@@ -150,13 +169,8 @@ class Coordinator:
 
     async def progress(self) -> None:
         while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
-            ok = sum(s.progress.get("ok", 0) for s in self.states)
-            dead = sum(s.progress.get("dead", 0) for s in self.states)
-            tokens = sum(s.progress.get("completion_tokens", 0) for s in self.states)
-            elapsed = time.time() - self.started
-            print(f"[{elapsed:6.1f}s] {ok + dead:,} done ({ok:,} ok, {dead:,} failed), "
-                  f"{tokens / elapsed * 60:,.0f} completion tokens/min", file=sys.stderr)
+            await asyncio.sleep(REFRESH_EVERY_S)
+            self.view.refresh()
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -166,6 +180,7 @@ class Coordinator:
             loop.add_signal_handler(sig, self.interrupt)
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
                       cap=self.config.concurrency)
+        self.view.start()
         ticker = asyncio.create_task(self.progress())
         try:
             for _ in range(self.shard_count):
@@ -173,6 +188,7 @@ class Coordinator:
             await self._supervise()
         finally:
             ticker.cancel()
+            self.view.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             self.source.reader.close()
@@ -187,7 +203,13 @@ class Coordinator:
                                          self.config.segment)
         state = ShardState(handle)
         self.states.append(state)
+        # The config goes first, before any `rate` message a rebalance may send.
+        rpm, tpm = shares(*self.rate_limits, len(self._live()))
+        config = ShardConfig(**{**self.config.__dict__, "shard": state.handle.index,
+                                "rate": {"rpm": rpm, "tpm": tpm}})
+        state.handle.send(config.to_message())
         self.tasks[asyncio.create_task(self.serve(state))] = state
+        self._rebalance_rates()
 
     async def _supervise(self) -> None:
         """Serve every shard; a dead shard's unfinished items go to the others."""

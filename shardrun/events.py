@@ -27,6 +27,7 @@ FIRST_TOKEN = "first_token"
 LAST_TOKEN = "last_token"
 ATTEMPT_END = "attempt_end"
 RETRY = "retry"
+RATE_WAIT = "rate_wait"
 RELEASED = "released"
 LOOP_LAG = "loop_lag"
 CHECKPOINT = "checkpoint"
@@ -49,6 +50,7 @@ ALL_EVENTS = frozenset(
         LAST_TOKEN,
         ATTEMPT_END,
         RETRY,
+        RATE_WAIT,
         RELEASED,
         LOOP_LAG,
         CHECKPOINT,

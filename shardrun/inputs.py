@@ -7,7 +7,7 @@ An item is exactly what the coordinator sends a shard, one of three shapes:
                                                prompt/template with input.system_prompt)
     {"id", "body": {...}, "url": str}          an OpenAI Batch line's own request body
 
-`build_request` turns any of them into the HTTP body a shard sends. Formats: JSON lines, CSV
+`items.build_request` turns any of them into the HTTP body a shard sends. Formats: JSON lines, CSV
 (header row), Parquet (the `parquet` extra) and OpenAI Batch input files. A record that cannot
 become an item is a `Reject` with its line (or row) number and reason; the caller decides
 whether that is fatal (`--strict`) or a line in rejects.jsonl.
@@ -16,29 +16,23 @@ whether that is fatal (`--strict`) or a line in rejects.jsonl.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
 from shardrun._tabular import CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
 from shardrun._template import MissingField, Template, parse_template
 from shardrun.errors import InputError
+from shardrun.items import BATCH_URLS
 
 if TYPE_CHECKING:
     from shardrun._models import InputFormat
     from shardrun.spec import LoadedJob
 
-BATCH_URLS: Mapping[str, Literal["chat", "completions"]] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-}
 _BOM = b"\xef\xbb\xbf"
-CHARS_PER_TOKEN = 4
-"""The prompt-token estimate used before a server has counted: characters / 4."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,57 +262,3 @@ def _item_id(record: Mapping[str, Any], key: bytes, id_field: str) -> str:
     if value is None or value == "":
         return "h" + hashlib.blake2b(key, digest_size=10).hexdigest()
     return value if isinstance(value, str) else str(value)
-
-
-# -- what a shard does with an item -----------------------------------------------------------
-
-
-def build_request(
-    item: Mapping[str, Any],
-    *,
-    model: str,
-    params: Mapping[str, Any],
-    api: Literal["chat", "completions"],
-) -> tuple[Literal["chat", "completions"], dict[str, Any]]:
-    """The API to call and the streaming request body for one item of any shape.
-
-    A body item keeps its own body and names its API by its url; the job's `params` only fill
-    keys the body lacks, and `model` only when the body names none. Every body streams with
-    usage reported, whatever the line said about `stream`.
-    """
-    if "body" in item:
-        api = BATCH_URLS.get(str(item.get("url")), api)
-        body: dict[str, Any] = {**params, **item["body"]}
-        if not body.get("model"):
-            body["model"] = model
-    else:
-        body = {"model": model, **params}
-        if "messages" in item:
-            body["messages"] = item["messages"]
-        elif api == "completions":
-            body["prompt"] = item["prompt"]
-        else:
-            body["messages"] = [{"role": "user", "content": item["prompt"]}]
-    options = body.get("stream_options")
-    body["stream"] = True
-    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                              "include_usage": True}  # fmt: skip
-    return api, body
-
-
-def prompt_chars(item: Mapping[str, Any]) -> int:
-    """Characters of prompt text an item sends (message contents, or the prompt)."""
-    source: Any = item.get("body", item)
-    prompt = source.get("prompt")
-    if prompt is not None:
-        return len(prompt) if isinstance(prompt, str) else len(orjson.dumps(prompt))
-    total = 0
-    for message in source.get("messages") or ():
-        content = message.get("content", "") if isinstance(message, dict) else ""
-        total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
-    return total
-
-
-def estimate_prompt_tokens(item: Mapping[str, Any]) -> int:
-    """Prompt tokens before the server counts them: characters / 4, rounded up."""
-    return math.ceil(prompt_chars(item) / CHARS_PER_TOKEN)

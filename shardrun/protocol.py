@@ -19,6 +19,7 @@ ABORT = "abort"
 PROGRESS = "progress"
 FATAL = "fatal"
 DONE = "done"
+RATE = "rate"
 
 Message = dict[str, Any]
 

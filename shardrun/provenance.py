@@ -22,16 +22,16 @@ import orjson
 
 from shardrun import __version__
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
-from shardrun.aggregate._metrics import window
+from shardrun.aggregate._metrics import windows
 from shardrun.errors import ShardrunError
 from shardrun.report._rundir import (
-    COORDINATOR,
     FoldOptions,
     LoadedRun,
+    RunDirError,
+    event_files,
     load_run,
     read_manifest,
     run_state,
-    shard_files,
 )
 from shardrun.report._scan import FileScan
 
@@ -84,13 +84,13 @@ def figure(loaded: LoadedRun, minute: int) -> Figure:
     for s, scan in zip(loaded.shards, loaded.shard_scans, strict=True):
         cell = s.minutes.get(minute)
         per_shard.append({
-            "shard": s.shard, "file": scan.path,
+            "shard": s.name, "file": scan.path,
             "completion_tokens": cell.tokens if cell else 0, "spans": cell.spans if cell else 0,
             "lines": cell.lines if cell else 0,
             "lines_sha256": cell.lines_sha256 if cell and cell.lines_sha256 else empty_sha,
         })  # fmt: skip
-    start, end = window(loaded.coordinator, loaded.shards)
-    return Figure(minute, not is_full(minute, start, end), per_shard)
+    spans = windows(loaded.coordinators, loaded.shards)
+    return Figure(minute, not is_full(minute, spans), per_shard)
 
 
 # -- publish -------------------------------------------------------------------------------------
@@ -100,17 +100,7 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
             workers: int | None = None) -> tuple[dict[str, Any], Path]:
     """Build a sample for `minute` (default: the peak full minute) and write it."""
     loaded = _load(run_dir, workers)
-    state, why = run_state(loaded)
-    if state == "running":
-        raise PublishError(f"{run_dir} is still running ({why}); publish once it has ended, "
-                           "while its files no longer change")
-    for scan in loaded.scans:
-        if scan.checkpoint_error:
-            raise PublishError(f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
-                               "; refusing to publish from altered files")
-    for path in loaded.manifest_mismatches():
-        raise PublishError(f"{path} differs from the SHA-256 the manifest recorded at the end "
-                           "of the run; refusing to publish from altered files")
+    _check_publishable(loaded)
     m = _pick_minute(loaded, minute)
     sample = {
         "schema": SAMPLE_SCHEMA, "run_id": loaded.manifest.get("run_id"),
@@ -119,13 +109,30 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
         "files": [_file_record(s) for s in loaded.scans],
         "generator": f"shardrun {__version__}",
     }  # fmt: skip
-    path = out or run_dir / "samples" / f"minute-{sample['minute'].replace(':', '')}.json"
+    name = "minute-" + str(sample["minute"]).replace(":", "") + ".json"
+    path = out or run_dir / "samples" / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(format_sample(sample).encode() + b"\n")
     except OSError as exc:
         raise PublishError(f"cannot write {path}: {exc.strerror}") from None
     return sample, path
+
+
+def _check_publishable(loaded: LoadedRun) -> None:
+    """Refuse a run still being written, or one whose files were altered."""
+    state, why = run_state(loaded)
+    if state == "running":
+        raise PublishError(f"{loaded.path} is still running ({why}); publish once it has "
+                           "ended, when its files no longer change")
+    for scan in loaded.scans:
+        if scan.checkpoint_error:
+            raise PublishError(f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
+                               "; refusing to publish from altered files")
+    changed = loaded.manifest_mismatches()
+    if changed:
+        raise PublishError(f"{changed[0]} differs from the SHA-256 the manifest recorded at the "
+                           "end of the run; refusing to publish from altered files")
 
 
 def format_sample(sample: dict[str, Any]) -> str:
@@ -138,7 +145,7 @@ def _file_record(scan: FileScan) -> dict[str, Any]:
 
 
 def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
-    start, end = window(loaded.coordinator, loaded.shards)
+    spans = windows(loaded.coordinators, loaded.shards)
     totals: dict[int, int] = {}
     for s in loaded.shards:
         for m, cell in s.minutes.items():
@@ -148,20 +155,20 @@ def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
             m = parse_minute(minute)
         except ValueError as exc:
             raise PublishError(f"--minute {exc}") from None
-        if m not in totals and not (start is not None and end is not None
-                                    and start // 60 <= m <= end // 60):
-            raise PublishError(f"--minute {minute} is outside the run ({_span_text(start, end)})")
+        if m not in totals and not any(s // 60 <= m <= e // 60 for s, e in spans):
+            raise PublishError(f"--minute {minute} is outside the run ({_span_text(spans)})")
         return m
     if not totals:
         raise PublishError("the run has no successful span yet, so there is no minute to publish")
-    full = [m for m in totals if is_full(m, start, end)]
+    full = [m for m in totals if is_full(m, spans)]
     return max(full or totals, key=lambda m: (totals[m], -m))
 
 
-def _span_text(start: float | None, end: float | None) -> str:
-    if start is None or end is None:
+def _span_text(spans: list[tuple[float, float]]) -> str:
+    if not spans:
         return "no events"
-    return f"{minute_label(int(start // 60))} to {minute_label(int(end // 60))}"
+    return ", ".join(f"{minute_label(int(s // 60))} to {minute_label(int(e // 60))}"
+                     for s, e in spans)
 
 
 # -- verify --------------------------------------------------------------------------------------
@@ -194,6 +201,13 @@ def find_run_dir(sample_path: Path, run_dir: Path | None) -> Path:
 
 def verify(sample_path: Path, run_dir: Path | None = None, workers: int | None = None) -> str:
     """Check a sample against its run; the one-line confirmation, or VerifyError."""
+    try:
+        return _verify(sample_path, run_dir, workers)
+    except RunDirError as exc:
+        raise VerifyError(str(exc)) from None
+
+
+def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str:
     sample = read_sample(sample_path)
     run_dir = find_run_dir(sample_path, run_dir)
     manifest = read_manifest(run_dir)
@@ -222,9 +236,7 @@ def _sample_minute(sample: dict[str, Any]) -> int:
 
 
 def _check_file_set(sample: dict[str, Any], run_dir: Path) -> None:
-    present = {f"events/{p.name}": p for p in shard_files(run_dir)}
-    if (run_dir / COORDINATOR).exists():
-        present[COORDINATOR] = run_dir / COORDINATOR
+    present = {f"events/{p.name}": p for p in event_files(run_dir)}
     named = {f["path"]: f for f in sample["files"]}
     for path, rec in named.items():
         if path not in present:
@@ -278,15 +290,16 @@ def _where(scan: FileScan) -> str:
 
 
 def _check_figure(sample: dict[str, Any], fresh: dict[str, Any]) -> None:
-    for key in ("minute", *FIGURE_FIELDS):
+    at = f"minute {fresh['minute']}: "
+    for key in FIGURE_FIELDS:
         if sample[key] != fresh[key]:
-            raise VerifyError(f"{key}: the sample says {sample[key]!r} but the events give "
+            raise VerifyError(f"{at}{key}: the sample says {sample[key]!r} but the events give "
                               f"{fresh[key]!r}")
     if len(sample["per_shard"]) != len(fresh["per_shard"]):
-        raise VerifyError(f"per_shard: the sample lists {len(sample['per_shard'])} shards but "
+        raise VerifyError(f"{at}per_shard: the sample lists {len(sample['per_shard'])} shards but "
                           f"the run has {len(fresh['per_shard'])}")
     for mine, theirs in zip(sample["per_shard"], fresh["per_shard"], strict=True):
         for key in SHARD_FIELDS:
             if mine.get(key) != theirs[key]:
-                raise VerifyError(f"per_shard {theirs['file']} {key}: the sample says "
+                raise VerifyError(f"{at}per_shard {theirs['file']} {key}: the sample says "
                                   f"{mine.get(key)!r} but the events give {theirs[key]!r}")

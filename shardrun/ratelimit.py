@@ -10,10 +10,11 @@ further by the server's own `x-ratelimit-*` headers before they turn into 429s.
 reservation is covered. Callers are therefore served in the order they asked, and a request
 larger than the burst still goes through (it just waits longer) instead of starving.
 
-Burst: one second's share, or 1, whichever is larger. A second's worth smooths out the
-dispatcher's jitter without letting a shard fire a whole minute's quota at once (servers count
-in windows far shorter than a minute). So in any 1 s window a shard sends at most
-rate + burst requests, and over a long run the average is the rate.
+Burst: one unit (one request; one token). A bucket that starts full with a second's worth
+would let a shard send twice its share in the first second; with a burst of one, in any 1 s
+window a shard sends at most its share plus one request, and over a long run the average is
+the rate. Requests are paced evenly instead of in clumps, which is also what servers that
+count in sub-minute windows want to see.
 
 The clock and sleep are parameters: tests are plain arithmetic on a fake clock.
 """
@@ -28,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardrun.inputs import estimate_prompt_tokens
+from shardrun.items import estimate_prompt_tokens
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
@@ -37,6 +38,7 @@ __all__ = [
     "estimate_request_tokens",
     "parse_duration",
     "shares",
+    "tokens_used",
 ]
 
 DEFAULT_COMPLETION_TOKENS = 256
@@ -93,8 +95,7 @@ class TokenBucket:
 def _bucket_for(per_minute: float | None) -> TokenBucket | None:
     if per_minute is None or math.isinf(per_minute):
         return None
-    rate = per_minute / 60.0
-    return TokenBucket(rate, max(rate, 1.0))
+    return TokenBucket(per_minute / 60.0, 1.0)
 
 
 def shares(rpm: float | None, tpm: float | None, live: int) -> tuple[float | None, float | None]:
@@ -165,12 +166,14 @@ class RateLimiter:
         self.requests = _retuned(self.requests, rpm, now)
         self.tokens = _retuned(self.tokens, tpm, now)
 
-    def observe_headers(self, headers: Mapping[str, str], now: float) -> float:
+    def observe_headers(self, headers: Mapping[str, str], now: float | None = None) -> float:
         """Hold off until the server's reset when it has less left than we are about to send.
 
         Reads x-ratelimit-remaining-requests/-tokens and x-ratelimit-reset-requests/-tokens
-        (lower-case names). Returns the pause set, in seconds from `now` (0.0 for none).
+        (lower-case names). `now` is on the limiter's clock (default: read it). Returns the
+        pause set, in seconds from `now` (0.0 for none).
         """
+        now = self._clock() if now is None else now
         pause = 0.0
         checks = (("requests", max(1, self.pending)),
                   ("tokens", max(1, self.pending_tokens, self.last_charge)))  # fmt: skip
@@ -215,6 +218,27 @@ def parse_duration(text: str | None) -> float | None:
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def tokens_used(
+    status: str,
+    prompt_tokens: int | None,
+    completion_tokens: int,
+    wasted_tokens: int,
+    prompt_estimate: int,
+) -> int:
+    """What an attempt most likely counted against the server's token limit, for `correct`.
+
+    A success: its usage (the prompt estimate when the server sent none). A refusal (429 or
+    another 4xx) or a connection that never produced a token: nothing. Any other failure:
+    the prompt and the tokens streamed before it broke.
+    """
+    prompt = prompt_estimate if prompt_tokens is None else prompt_tokens
+    if status == "ok":
+        return prompt + completion_tokens
+    if status.startswith("http_4") or wasted_tokens == 0:  # http_4xx and http_429
+        return 0
+    return prompt + wasted_tokens
 
 
 def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:

@@ -8,7 +8,6 @@ a floor under that wait. The budget (Envoy/gRPC style) caps retries at
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
 import tenacity
+
+from shardrun.ratelimit import parse_duration
 
 RETRYABLE_STATUSES = frozenset(
     {
@@ -130,25 +131,6 @@ def server_wait(
             asks.append(parse_duration(rate_headers.get(name)))
     found = [a for a in asks if a is not None]
     return max(found) if found else None
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(value: str | None) -> float | None:
-    """Seconds from a rate-limit reset header: "1s", "6m0s", "20ms", "1h2m3.5s" or "12.5"."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    parts = _DURATION_PART.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        return None
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 def is_retryable(status: str, http_status: int | None) -> bool:

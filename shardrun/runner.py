@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,10 +17,13 @@ import orjson
 
 from shardrun import resume
 from shardrun._shard_main import run_loop
+from shardrun.batch_format import write_batch_files
 from shardrun.coordinator import Coordinator
 from shardrun.errors import InputError, SpecError
-from shardrun.inputs import FieldMap, InputReader, Reject
+from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
+from shardrun.pricing import cost
+from shardrun.progress import ProgressView, estimate_total
 from shardrun.shard_config import ShardConfig
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
@@ -39,6 +42,8 @@ class RunOptions:
     resume: str | None = None
     retry_failed: bool = False
     strict: bool = False
+    quiet: bool = False
+    progress_interval: float = 10.0
 
 
 @dataclass
@@ -66,9 +71,9 @@ def run(
         print(f"warning: {warning}", file=sys.stderr)
     api_key = job.api_key(env)
     sim_config = _sim_config(job)
-    reader = open_input(job)  # a missing input fails before any run directory exists
+    reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
-        check_strictly(open_input(job))
+        check_strictly(make_reader(job))
     this = _open_pass(job, options)
     sim: SimProcess | None = None
     base_url = job.spec.endpoint.base_url
@@ -76,7 +81,7 @@ def run(
         if sim_config is not None:
             sim = start_sim(sim_config)
             base_url = sim.base_url
-        return _run_pass(job, this, reader, base_url, api_key, argv)
+        return _run_pass(job, this, reader, base_url, api_key, argv, options)
     finally:
         if sim is not None:
             sim.stop()
@@ -104,19 +109,29 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
 
 
 def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
-              api_key: str | None, argv: list[str]) -> RunSummary:
+              api_key: str | None, argv: list[str], options: RunOptions) -> RunSummary:
     if this.segment == 0:
         manifest = start_manifest(job, this.run_dir, base_url, argv)
     else:
         manifest = resume_manifest(job, this.run_dir, base_url, argv, this.info)
+    spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done)
-    coordinator = Coordinator(shard_template(job, this, base_url, api_key), job.spec.shards,
-                              source, this.run_dir)
+    total = estimate_total(job.input_path, spec.input.format)
+    view = ProgressView(None if total is None else max(0, total - len(this.done)),
+                        quiet=options.quiet, interval=options.progress_interval)
+    coordinator = Coordinator(shard_template(job, this, base_url, api_key), spec.shards,
+                              source, this.run_dir, view,
+                              (spec.rate_limits.rpm, spec.rate_limits.tpm))
     status = "failed"
     summary: RunSummary | None = None
     try:
         summary = run_loop(coordinator.run())
+        summary = replace(summary, cost=cost(
+            spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
+            successes=summary.succeeded, wasted_tokens=summary.wasted_tokens))
         status = summary.status
+        if spec.output.format == "openai-batch":
+            write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
         return summary
     finally:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
@@ -138,15 +153,9 @@ def shard_template(job: LoadedJob, this: Pass, base_url: str, api_key: str | Non
         retry=spec.retry.model_dump(),
         timeouts=spec.timeouts.model_dump(),
         grace_s=spec.shutdown_grace_s,
+        fsync_interval_s=spec.fsync_interval_s,
         segment=this.segment,
     )
-
-
-def open_input(job: LoadedJob) -> InputReader:
-    """Open the job's input for streaming (raises InputError when it cannot be read)."""
-    spec = job.spec.input
-    return InputReader(job.input_path, FieldMap(spec.id_field, spec.prompt_field,
-                                                spec.messages_field))
 
 
 def check_strictly(reader: InputReader) -> None:

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from shardrun import __version__, events, protocol
-from shardrun.bodies import base_body, request_body
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
+from shardrun.items import build_request, estimate_prompt_tokens, prompt_chars
+from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
@@ -42,7 +43,7 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 class Shard:
     """The state of one running shard."""
 
-    client: StreamingClient
+    clients: dict[str, StreamingClient]  # by API: one OpenAI Batch file may mix both
 
     def __init__(self, cfg: ShardConfig, send: Send, clock: Clock | None = None) -> None:
         self.cfg = cfg
@@ -66,7 +67,8 @@ class Shard:
         self.minute_tokens: dict[str, int] = {}
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
-        self.base_body = base_body(cfg.model, cfg.params)
+        # Every shard has a limiter: without job limits it still honours the server's headers.
+        self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"))
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -82,6 +84,8 @@ class Shard:
         elif kind == protocol.FATAL:
             self._go_fatal(str(message.get("reason", "endpoint unusable")),
                            str(message.get("mode", DEAD_LETTER)), tell=False)
+        elif kind == protocol.RATE:
+            self.limiter.set_share(message.get("rpm"), message.get("tpm"))
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             if kind == protocol.ABORT:
@@ -93,11 +97,7 @@ class Shard:
         self.seq += 1
         span = Span(f"{self.cfg.span_prefix}{self.seq}", item, self.clock.now())
         self.counters.received += 1
-        prompt = item.get("prompt")
-        chars = len(prompt) if prompt is not None else sum(
-            len(str(m.get("content", ""))) for m in item.get("messages", ())
-        )
-        span.prompt_chars = chars
+        span.prompt_chars = chars = prompt_chars(item)
         self.log.emit(events.QUEUED, t=span.queued_at, span=span.span_id, id=item["id"],
                       prompt_chars=chars)
         if self.fatal_reason is None:
@@ -133,9 +133,23 @@ class Shard:
                 self.sem.release()
                 continue
             span = self.queue.popleft()
+            await self._rate_wait(span, 1)
             task = asyncio.create_task(self._run_span(span))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    async def _rate_wait(self, span: Span, attempt: int) -> None:
+        """Wait for the job's rate limit before an attempt; a wait is its own event.
+
+        Before the first attempt the span is not yet admitted, so the wait is part of t_queue
+        and the report can tell "held by our rate limit" from "held by the cap".
+        """
+        span.charged = estimate_request_tokens(span.item, self.cfg.params)
+        started = self.clock.now()
+        waited = await self.limiter.acquire(span.charged)
+        if waited > 0:
+            self.log.emit(events.RATE_WAIT, t=started, span=span.span_id, id=span.item_id,
+                          attempt=attempt, wait=waited)
 
     async def _run_span(self, span: Span) -> None:
         span.admitted_at = self.clock.now()
@@ -148,7 +162,9 @@ class Shard:
             self.sem.release()
 
     async def _attempts(self, span: Span) -> None:
-        body = request_body(self.base_body, span.item, self.cfg.api)
+        api, body = build_request(span.item, model=self.cfg.model, params=self.cfg.params,
+                                  api=self.cfg.api)  # type: ignore[arg-type]
+        client = self.clients[api]
         attempt = 0
         while True:
             attempt += 1
@@ -157,7 +173,10 @@ class Shard:
                 return
             if attempt == 1:
                 self.retrier.budget.first_attempts += 1
-            outcome = await self._attempt(span, attempt, body)
+            if attempt > 1:
+                await self._rate_wait(span, attempt)
+            outcome = await self._attempt(client, span, attempt, body)
+            self._settle_rate(span, outcome)
             if outcome.status == "ok":
                 self._succeed(span, outcome)
                 return
@@ -183,7 +202,16 @@ class Shard:
             finally:
                 self.counters.retrying -= 1
 
-    async def _attempt(self, span: Span, attempt: int, body: dict[str, Any]) -> AttemptOutcome:
+    def _settle_rate(self, span: Span, outcome: AttemptOutcome) -> None:
+        """Correct the token charge by what the server counted; heed its rate-limit headers."""
+        if outcome.rate_headers:
+            self.limiter.observe_headers(outcome.rate_headers)
+        used = tokens_used(outcome.status, outcome.prompt_tokens, outcome.completion_tokens,
+                           outcome.wasted_tokens, estimate_prompt_tokens(span.item))
+        self.limiter.correct(span.charged, used)
+
+    async def _attempt(self, client: StreamingClient, span: Span, attempt: int,
+                       body: dict[str, Any]) -> AttemptOutcome:
         log, sid, iid = self.log, span.span_id, span.item_id
         started = self.clock.now()
         span.attempt_started_at = started
@@ -199,8 +227,10 @@ class Shard:
             log.emit(events.FIRST_TOKEN, t=t, span=sid, id=iid, attempt=attempt)
 
         span.conn_ready_at = None
-        outcome = await self.client.attempt(body, on_conn_ready, on_first_token)
+        outcome = await client.attempt(body, on_conn_ready, on_first_token)
         self.counters.attempts += 1
+        self.counters.prompt_tokens += outcome.prompt_tokens or 0
+        self.counters.wasted_tokens += outcome.wasted_tokens
         if outcome.last_token_at is not None:
             log.emit(events.LAST_TOKEN, t=outcome.last_token_at, span=sid, id=iid,
                      attempt=attempt, tokens=outcome.content_chunks)
@@ -344,9 +374,8 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     timeouts = Timeouts(**cfg.timeouts)
     async with make_session(cfg.concurrency, timeouts) as session:
-        shard.client = StreamingClient(
-            session, cfg.base_url, cfg.api, headers, timeouts, shard.clock  # type: ignore[arg-type]
-        )
+        shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,
+                                              shard.clock) for api in ("chat", "completions")}
         reader = asyncio.create_task(_pump(receive, shard))
         ticker = asyncio.create_task(shard.ticker())
         try:

@@ -37,6 +37,7 @@ class ShardConfig:
     timeouts: dict[str, Any] = field(default_factory=dict)
     grace_s: float = 30.0
     fsync_interval_s: float = 1.0
+    rate: dict[str, float | None] = field(default_factory=dict)  # this shard's rpm/tpm share
     segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
 
     @property
@@ -66,6 +67,8 @@ class Counters:
     attempts: int = 0
     retries: int = 0
     completion_tokens: int = 0
+    prompt_tokens: int = 0  # every attempt's, as billed (server usage, else estimated)
+    wasted_tokens: int = 0
     in_flight: int = 0
     retrying: int = 0
     abandoned: int = 0

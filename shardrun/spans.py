@@ -23,6 +23,7 @@ class Span:
     item: dict[str, Any]
     queued_at: float
     prompt_chars: int = 0
+    charged: int = 0  # tokens reserved with the rate limiter for the current attempt
     admitted_at: float | None = None
     attempt_started_at: float | None = None
     conn_ready_at: float | None = None

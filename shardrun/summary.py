@@ -33,6 +33,9 @@ class RunSummary:
     per_shard: list[dict[str, int]] = field(default_factory=list)
     interrupted: bool = False
     fatal_reason: str | None = None
+    prompt_tokens: int = 0
+    wasted_tokens: int = 0
+    cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
 
     @classmethod
     def from_shard_reports(
@@ -57,7 +60,8 @@ class RunSummary:
         for report in reports:
             minutes.update({int(k): v for k, v in report.get("minutes", {}).items()})
         total = {k: sum(int(r.get(k, 0)) for r in reports)
-                 for k in ("completion_tokens", "attempts", "retries", "budget_exhausted")}
+                 for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
+                           "prompt_tokens", "wasted_tokens")}
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -68,6 +72,8 @@ class RunSummary:
             shard_deaths=shard_deaths,
             reassigned=reassigned,
             budget_exhausted=total["budget_exhausted"],
+            prompt_tokens=total["prompt_tokens"],
+            wasted_tokens=total["wasted_tokens"],
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -126,6 +132,8 @@ class RunSummary:
             "completion_tpm_run": round(self.tpm, 1),
             "peak_full_minute": None if peak is None else {"minute": _minute(peak[0]),
                                                             "completion_tokens": peak[1]},
+            "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
+            "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason,
         }
@@ -159,6 +167,11 @@ def format_summary(s: RunSummary) -> str:
     peak = s.peak_full_minute
     if peak is not None:
         lines.append(f"  peak full minute   {peak[1]:,} tokens at {_minute(peak[0])}")
+    if s.cost is not None and s.cost.get("basis") is not None:
+        per = s.cost["cost_per_success"]
+        lines.append(f"  spend              {s.cost['spend']:,.4f}"
+                     + ("" if per is None else f"  ({per:,.6f} per success)")
+                     + f", wasted tokens {s.wasted_tokens:,} cost {s.cost['wasted_cost']:,.4f}")
     busy = [p["ok"] + p["dead"] for p in s.per_shard]
     if busy:
         lines.append(f"  items per shard    min {min(busy):,} / max {max(busy):,}")

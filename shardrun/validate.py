@@ -19,7 +19,8 @@ import orjson
 from shardrun.client import StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
 from shardrun.errors import SpecError
-from shardrun.inputs import CHARS_PER_TOKEN, Reject, build_request, make_reader, prompt_chars
+from shardrun.inputs import Reject, make_reader
+from shardrun.items import CHARS_PER_TOKEN, build_request, prompt_chars
 from shardrun.spec import LoadedJob
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]

@@ -17,12 +17,10 @@ from shardrun.inputs import (
     InputPlan,
     InputReader,
     Reject,
-    build_request,
-    estimate_prompt_tokens,
     make_reader,
     parse_line,
-    prompt_chars,
 )
+from shardrun.items import build_request, estimate_prompt_tokens, prompt_chars
 from shardrun.spec import load_job
 
 Entry = dict[str, Any] | Reject

@@ -21,6 +21,7 @@ from shardrun.ratelimit import (
     estimate_request_tokens,
     parse_duration,
     shares,
+    tokens_used,
 )
 
 
@@ -106,11 +107,15 @@ def test_long_run_average_is_the_rate(rate: float) -> None:
 
 
 def test_acquire_charges_both_buckets() -> None:
-    """rpm 600 (10/s, burst 10) and tpm 6000 (100/s, burst 100): tokens bind first."""
+    """rpm 600 (10/s) and tpm 6000 (100/s), bursts of 1: the tokens bucket binds.
+
+    100 tokens from a level of 1 wait 99/100 s; then the requests bucket has refilled, and 50
+    more tokens wait 0.5 s.
+    """
     rl, t = limiter(600, 6000)
-    assert asyncio.run(rl.acquire(100)) == 0.0
+    assert asyncio.run(rl.acquire(100)) == pytest.approx(0.99)
     assert asyncio.run(rl.acquire(50)) == pytest.approx(0.5)
-    assert t.now == pytest.approx(0.5) and (rl.pending, rl.pending_tokens) == (0, 0)
+    assert t.now == pytest.approx(1.49) and (rl.pending, rl.pending_tokens) == (0, 0)
 
 
 def test_unlimited_never_waits() -> None:
@@ -122,11 +127,15 @@ def test_unlimited_never_waits() -> None:
 
 
 def test_correct_refunds_or_charges_the_difference() -> None:
-    """A request that used fewer tokens than reserved gives them back; more is owed."""
-    rl, _ = limiter(None, 6000)  # 100 tokens/s, burst 100
-    asyncio.run(rl.acquire(100))
+    """A request that used fewer tokens than reserved gives them back; more is owed.
+
+    100 tokens/s, burst 1. 100 reserved (wait 0.99 s), 40 used: the refund lifts the level to
+    the burst, exactly where charging 40 would have left it, so 60 more wait 0.59 s.
+    """
+    rl, _ = limiter(None, 6000)
+    assert asyncio.run(rl.acquire(100)) == pytest.approx(0.99)
     rl.correct(100, 40)
-    assert asyncio.run(rl.acquire(60)) == 0.0
+    assert asyncio.run(rl.acquire(60)) == pytest.approx(0.59)
     rl.correct(60, 110)  # 50 more than reserved: the next request waits 0.5 s for them
     assert asyncio.run(rl.acquire(0)) == pytest.approx(0.5)
 
@@ -194,3 +203,21 @@ def test_estimate_request_tokens() -> None:
                  "body": {"prompt": "abcd", "max_completion_tokens": 5}}  # fmt: skip
     assert estimate_request_tokens(body_item, {"max_tokens": 10}) == 6
     assert estimate_request_tokens(item, {}) == 2 + DEFAULT_COMPLETION_TOKENS
+
+
+def test_tokens_used_for_correct() -> None:
+    """Success: usage; a refusal or nothing streamed: 0; a broken stream: prompt + wasted."""
+    assert tokens_used("ok", 30, 70, 0, 25) == 100
+    assert tokens_used("ok", None, 70, 0, 25) == 95
+    assert tokens_used("http_429", None, 0, 0, 25) == 0
+    assert tokens_used("http_4xx", 30, 0, 0, 25) == 0
+    assert tokens_used("timeout_first_token", None, 0, 0, 25) == 0
+    assert tokens_used("timeout_idle", None, 0, 12, 25) == 37
+
+
+def test_observe_headers_reads_its_own_clock() -> None:
+    """Without `now`, a pause starts at the limiter's clock."""
+    rl, t = limiter(None, None)
+    t.now = 50.0
+    rl.observe_headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"})
+    assert rl.pause_until == 52.0

@@ -19,7 +19,7 @@ from shardrun.aggregate._metrics import (
     latency_section,
     loop_lag_section,
     scheduler_section,
-    window,
+    windows,
 )
 from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
 from shardrun.aggregate._tpm import tpm_section
@@ -44,25 +44,25 @@ class RunFacts:
     notes: list[str] = field(default_factory=list)
 
 
-def build_report(facts: RunFacts, coord: CoordinatorSummary,
+def build_report(facts: RunFacts, coords: list[CoordinatorSummary],
                  shards: list[ShardSummary]) -> dict[str, Any]:
-    """The whole report document for one run."""
-    shards = sorted(shards, key=lambda s: -1 if s.shard is None else s.shard)
-    start, end = window(coord, shards)
-    duration = (end - start) if start is not None and end is not None else 0.0
-    items = items_section(coord, shards)
+    """The whole report document for one run (all of its passes)."""
+    shards = sorted(shards, key=lambda s: (s.segment, s.name))
+    spans = windows(coords, shards)
+    duration = sum(end - start for start, end in spans)
+    items = items_section(coords, shards)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "generator": f"shardrun {__version__}",
         "method_version": METHOD_VERSION,
-        "run": _run(facts, coord, start, end, duration, len(shards)),
+        "run": _run(facts, coords, spans, duration, len(shards)),
         "integrity": _integrity(facts.files),
         "items": items,
-        "tpm": tpm_section(shards, start, end, duration),
+        "tpm": tpm_section(shards, spans, duration),
         "latency": latency_section(shards),
         "attempts": attempts_section(shards, items["succeeded"]),
         "connections": connections_section(shards, items["succeeded"]),
-        "scheduler": scheduler_section(coord, shards),
+        "scheduler": scheduler_section(coords, shards),
         "loop_lag": loop_lag_section(shards),
         "cost": cost_section(facts.pricing, successes=items["succeeded"],
                              prompt_tokens=items["prompt_tokens"],
@@ -76,13 +76,17 @@ def build_report(facts: RunFacts, coord: CoordinatorSummary,
     return doc
 
 
-def _run(facts: RunFacts, coord: CoordinatorSummary, start: float | None, end: float | None,
+def _run(facts: RunFacts, coords: list[CoordinatorSummary], spans: list[tuple[float, float]],
          duration: float, n_shards: int) -> dict[str, Any]:
+    last = max(coords, key=lambda c: c.segment, default=CoordinatorSummary())
     return {
         "run_id": facts.run_id, "dir": facts.run_dir, "state": facts.state,
         "state_reason": facts.state_reason, "manifest_status": facts.manifest_status,
-        "run_end_status": coord.run_status, "start_t": start, "end_t": end,
-        "duration_s": round(duration, 6), "shards": n_shards,
+        "run_end_status": last.run_status,
+        "start_t": min((s for s, _ in spans), default=None),
+        "end_t": max((e for _, e in spans), default=None),
+        "passes": [{"start_t": s, "end_t": e} for s, e in spans],
+        "duration_s": round(duration, 6), "shard_logs": n_shards,
     }  # fmt: skip
 
 

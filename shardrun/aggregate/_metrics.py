@@ -25,14 +25,25 @@ def ratio(num: float, den: float, digits: int = 6) -> float | None:
     return round(num / den, digits) if den else None
 
 
-def window(coord: CoordinatorSummary, shards: list[ShardSummary]) -> tuple[float | None,
-                                                                          float | None]:
-    """The run's first and last instants: `run_start`/`run_end` when logged, else the events'."""
-    firsts = [t for t in [coord.first_t, *(s.first_t for s in shards)] if t is not None]
-    lasts = [t for t in [coord.last_t, *(s.last_t for s in shards)] if t is not None]
-    start = coord.run_start if coord.run_start is not None else min(firsts, default=None)
-    end = coord.run_end if coord.run_end is not None else max(lasts, default=None)
-    return start, end
+Window = tuple[float, float]
+
+
+def windows(coords: list[CoordinatorSummary], shards: list[ShardSummary]) -> list[Window]:
+    """Each pass's first and last instants (`run_start`/`run_end` when logged, else its events').
+
+    A run has one pass, plus one per resume; time between passes belongs to no window.
+    """
+    out = []
+    for seg in sorted({c.segment for c in coords} | {s.segment for s in shards}):
+        c = next((c for c in coords if c.segment == seg), CoordinatorSummary())
+        mine = [s for s in shards if s.segment == seg]
+        firsts = [t for t in [c.first_t, *(s.first_t for s in mine)] if t is not None]
+        lasts = [t for t in [c.last_t, *(s.last_t for s in mine)] if t is not None]
+        start = c.run_start if c.run_start is not None else min(firsts, default=None)
+        end = c.run_end if c.run_end is not None else max(lasts, default=None)
+        if start is not None and end is not None:
+            out.append((start, max(start, end)))
+    return out
 
 
 def _stats(d: Dist) -> dict[str, Any] | None:
@@ -40,7 +51,8 @@ def _stats(d: Dist) -> dict[str, Any] | None:
     return None if st is None else st.as_dict()
 
 
-def items_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> dict[str, Any]:
+def items_section(coords: list[CoordinatorSummary],
+                  shards: list[ShardSummary]) -> dict[str, Any]:
     ok = sum(s.ok for s in shards)
     dead = sum(s.dead for s in shards)
     return {
@@ -49,7 +61,8 @@ def items_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> dict
         "dead": dead,
         "open": sum(s.open_spans for s in shards),
         "abandoned_at_restart": sum(s.abandoned for s in shards),
-        "rejected_input_lines": coord.rejects,
+        "rejected_input_lines": None if all(c.rejects is None for c in coords)
+        else sum(c.rejects or 0 for c in coords),
         "success_rate": ratio(ok, ok + dead),
         "completion_tokens": sum(s.completion_tokens for s in shards),
         "prompt_tokens": sum(s.prompt_tokens for s in shards),
@@ -122,12 +135,18 @@ def connections_section(shards: list[ShardSummary], successes: int) -> dict[str,
     }
 
 
-def scheduler_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> dict[str, Any]:
+def input_end(coords: list[CoordinatorSummary], segment: int) -> float | None:
+    """When the pass `segment` ran out of input (None: never, as far as its log says)."""
+    return next((c.input_end for c in coords if c.segment == segment), None)
+
+
+def scheduler_section(coords: list[CoordinatorSummary],
+                      shards: list[ShardSummary]) -> dict[str, Any]:
     rows = []
     for s in shards:
-        before = _time_before(s, coord.input_end)
+        before = _time_before(s, input_end(coords, s.segment))
         rows.append({
-            "shard": s.shard, "cap": s.cap, "observed_s": round(s.observed_s, 6),
+            "shard": s.name, "cap": s.cap, "observed_s": round(s.observed_s, 6),
             "backlog_s": round(s.backlog_s, 6), "gap_s": round(s.gap_s, 6),
             "gap_fraction": ratio(s.gap_s, s.backlog_s) or 0.0,
             "idle_before_input_end_s": round(s.idle_s, 6),
@@ -137,9 +156,9 @@ def scheduler_section(coord: CoordinatorSummary, shards: list[ShardSummary]) -> 
     backlog = sum(s.backlog_s for s in shards)
     gap = sum(s.gap_s for s in shards)
     idle = sum(s.idle_s for s in shards)
-    before = sum(_time_before(s, coord.input_end) for s in shards)
+    before = sum(_time_before(s, input_end(coords, s.segment)) for s in shards)
     return {
-        "input_end_t": coord.input_end,
+        "input_end_t": [c.input_end for c in sorted(coords, key=lambda c: c.segment)],
         "shards": rows,
         "overall": {
             "backlog_s": round(backlog, 6), "gap_s": round(gap, 6),

@@ -28,17 +28,41 @@ def segment_of(prompt_tokens: int | None, prompt_chars: int | None) -> int:
     return min(len(SEGMENT_LABELS) - 1, (n.bit_length() - 7) // 2 + 1)
 
 
-class Segment:
-    """The distributions of one prompt-length segment (ITL as the events' bucket counts)."""
+PENDING = tuple(i for i, name in enumerate(DIST_NAMES) if name != "tpot")
+TPOT = DIST_NAMES.index("tpot")
+FLUSH_AT = 4096
 
-    __slots__ = ("dists", "itl", "spans")
+
+class Segment:
+    """The distributions of one prompt-length segment (ITL as the events' bucket counts).
+
+    The fold appends each span's values as one tuple (`pending`, in `PENDING` order; TPOT to
+    `tpot`), and they are bucketed a batch at a time (`flush`): far cheaper per span than ten
+    separate `Dist.add` calls.
+    """
+
+    __slots__ = ("dists", "itl", "pending", "spans", "tpot")
 
     def __init__(self) -> None:
         self.dists = [Dist() for _ in DIST_NAMES]
         self.itl: dict[str, int] = {}  # keys as in `itl_hist` events: converted only at the end
         self.spans = 0
+        self.pending: list[tuple[float, ...]] = []
+        self.tpot: list[float] = []
+
+    def flush(self) -> None:
+        """Bucket the pending values."""
+        if self.pending:
+            for i, column in zip(PENDING, zip(*self.pending, strict=True), strict=True):
+                self.dists[i].add_many(list(column))
+            self.pending = []
+        if self.tpot:
+            self.dists[TPOT].add_many(self.tpot)
+            self.tpot = []
 
     def merge(self, other: Segment) -> None:
+        self.flush()
+        other.flush()
         for mine, theirs in zip(self.dists, other.dists, strict=True):
             mine.merge(theirs)
         for b, c in other.itl.items():
@@ -47,6 +71,7 @@ class Segment:
 
     def named(self) -> dict[str, Dist]:
         """`{name: Dist}` for every name in `ALL_NAMES`."""
+        self.flush()
         out = dict(zip(DIST_NAMES, self.dists, strict=True))
         out["itl"] = Dist.from_buckets({int(b): c for b, c in self.itl.items()})
         return out

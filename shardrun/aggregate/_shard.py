@@ -16,7 +16,7 @@ from typing import Any
 
 from shardrun.aggregate._dist import Dist
 from shardrun.aggregate._minutes import MinuteTally
-from shardrun.aggregate._segments import Segment, segment_of
+from shardrun.aggregate._segments import FLUSH_AT, Segment, segment_of
 from shardrun.aggregate._steps import Scheduler, StepTrace
 from shardrun.aggregate._summary import ShardSummary, reason_key
 
@@ -212,19 +212,14 @@ class ShardFold:
         f = span[F] if span[F] is not None else last
         i = segment_of(prompt_tokens, span[PC])
         seg = self.segments.get(i) or self.segments.setdefault(i, Segment())
-        d = seg.dists
         seg.spans += 1
-        d[0].add(a - q)
-        d[1].add(st - a)
-        d[2].add(c - st)
-        d[3].add(f - c)
-        d[4].add(last - f)
-        d[5].add(t_rel - last)
-        d[6].add(f - q)
-        d[7].add(f - st)
+        # In `_segments.DIST_NAMES` order, less TPOT: the six buckets, ttft, ttft_request, e2e.
+        seg.pending.append((a - q, st - a, c - st, f - c, last - f, t_rel - last, f - q, f - st,
+                            t_rel - q))
         if tokens >= 2:
-            d[8].add((last - f) / (tokens - 1))
-        d[9].add(t_rel - q)
+            seg.tpot.append((last - f) / (tokens - 1))
+        if len(seg.pending) >= FLUSH_AT:
+            seg.flush()
         if itl:
             counts = seg.itl
             for b, n in itl.items():
@@ -239,6 +234,8 @@ class ShardFold:
         sched = self.sched
         if end is not None:
             sched.advance(end)
+        for seg in self.segments.values():
+            seg.flush()
         s.open_spans = len(self.open)
         s.queue_depth, s.in_flight = sched.q, sched.f
         s.backlog_s, s.gap_s, s.idle_s = sched.backlog, sched.gap, sched.idle

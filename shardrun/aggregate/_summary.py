@@ -28,6 +28,8 @@ def reason_key(reason: object) -> str:
 class ShardSummary:
     """Everything the report needs from one shard's event log."""
 
+    name: str = ""  # the file's: "03" for shard-03.jsonl, "03.r1" for its first resume
+    segment: int = 0  # the run pass that wrote the file: 0, then 1, 2... for resumes
     shard: int | None = None
     cap: int = 0
     pid: int | None = None
@@ -86,6 +88,7 @@ class ShardSummary:
 class CoordinatorSummary:
     """The coordinator's log: when the run started and ended, and when the input ran out."""
 
+    segment: int = 0
     run_start: float | None = None
     run_end: float | None = None
     run_status: str | None = None

@@ -32,39 +32,40 @@ def parse_minute(text: str) -> int:
     return int(dt.timestamp()) // 60
 
 
-def is_full(m: int, start: float | None, end: float | None) -> bool:
-    """Whether minute `m` lies wholly inside the window [start, end]."""
-    return start is not None and end is not None and m * 60 >= start and (m + 1) * 60 <= end
+def is_full(m: int, windows: list[tuple[float, float]]) -> bool:
+    """Whether minute `m` lies wholly inside one of the run's windows."""
+    return any(m * 60 >= start and (m + 1) * 60 <= end for start, end in windows)
 
 
-def minute_keys(shards: list[ShardSummary], start: float | None, end: float | None) -> list[int]:
-    """Every minute with data, plus every minute of the window (bounded)."""
+def minute_keys(shards: list[ShardSummary], windows: list[tuple[float, float]]) -> list[int]:
+    """Every minute with data, plus every minute of every window (bounded)."""
     keys = {m for s in shards for m in s.minutes}
-    if start is not None and end is not None and math.isfinite(start) and math.isfinite(end):
-        first, last = int(start // 60), int(end // 60)
-        if 0 <= last - first <= MAX_LISTED_MINUTES:
-            keys.update(range(first, last + 1))
+    for start, end in windows:
+        if math.isfinite(start) and math.isfinite(end):
+            first, last = int(start // 60), int(end // 60)
+            if 0 <= last - first <= MAX_LISTED_MINUTES:
+                keys.update(range(first, last + 1))
     return sorted(keys)
 
 
-def tpm_section(shards: list[ShardSummary], start: float | None, end: float | None,
+def tpm_section(shards: list[ShardSummary], windows: list[tuple[float, float]],
                 duration_s: float) -> dict[str, Any]:
     """The `tpm` part of the report document."""
     empty = MinuteCell(0, 0)
-    rows = []
-    for m in minute_keys(shards, start, end):
+    rows: list[dict[str, Any]] = []
+    for m in minute_keys(shards, windows):
         cells = [s.minutes.get(m, empty) for s in shards]
         rows.append({
             "minute": minute_label(m), "start": m * 60,
             "completion_tokens": sum(c.tokens for c in cells),
             "spans": sum(c.spans for c in cells),
-            "partial": not is_full(m, start, end),
+            "partial": not is_full(m, windows),
             "per_shard": [c.tokens for c in cells],
         })  # fmt: skip
     total = sum(r["completion_tokens"] for r in rows)
     full = [r for r in rows if not r["partial"]]
     return {
-        "shards": [s.shard for s in shards],
+        "shards": [s.name for s in shards],
         "minutes": rows,
         "total_completion_tokens": total,
         "run_average_tpm": round(total / duration_s * 60, 1) if duration_s > 0 else None,
@@ -84,7 +85,7 @@ def _peak(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 def _shard_peak(full: list[dict[str, Any]], i: int, s: ShardSummary) -> dict[str, Any]:
     if not full:
-        return {"shard": s.shard, "minute": None, "completion_tokens": None}
+        return {"shard": s.name, "minute": None, "completion_tokens": None}
     best = max(full, key=lambda r: (r["per_shard"][i], -r["start"]))
-    return {"shard": s.shard, "minute": best["minute"],
+    return {"shard": s.name, "minute": best["minute"],
             "completion_tokens": best["per_shard"][i]}

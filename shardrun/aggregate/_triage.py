@@ -43,7 +43,7 @@ TABLE: dict[str, tuple[str, str]] = {
 def _ratio(dist: dict[str, Any] | None) -> float | None:
     if not dist or not dist.get("p50"):
         return None
-    return round(dist["p99"] / dist["p50"], 3)
+    return round(float(dist["p99"]) / float(dist["p50"]), 3)
 
 
 def dominant(latency: dict[str, Any]) -> dict[str, Any] | None:

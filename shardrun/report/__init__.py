@@ -44,7 +44,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
         pricing=pricing_from_effective(manifest.get("effective") or {}),
         files=files, notes=[n for f in files for n in _file_notes(f, state)],
     )  # fmt: skip
-    return build_report(facts, loaded.coordinator, loaded.shards), loaded
+    return build_report(facts, loaded.coordinators, loaded.shards), loaded
 
 
 def format_json(doc: dict[str, Any]) -> str:
@@ -54,8 +54,8 @@ def format_json(doc: dict[str, Any]) -> str:
 
 def _file_entry(scan: FileScan, loaded: LoadedRun) -> dict[str, Any]:
     entry = scan.as_dict()
-    shard = next((s for s in loaded.shards if f"events/shard-{s.shard:02d}.jsonl" == scan.path
-                  and s.shard is not None), None)
+    shard = next((s for s, sc in zip(loaded.shards, loaded.shard_scans, strict=True)
+                  if sc is scan), None)
     entry["shard_end"] = None if shard is None else shard.ended
     recorded = any(f.get("path") == scan.path for f in loaded.manifest.get("files") or [])
     entry["matches_manifest"] = (scan.path not in loaded.manifest_mismatches()) if recorded else (

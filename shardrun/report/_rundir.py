@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from shardrun import events
 from shardrun.aggregate import (
     MINUTES_ONLY_EVENTS,
     CoordinatorFold,
@@ -24,14 +25,13 @@ from shardrun.aggregate import (
     ShardFold,
     ShardSummary,
 )
-from shardrun import events
 from shardrun.errors import ShardrunError
 from shardrun.report._scan import FileScan, scan_file
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
+WORKERS_VAR = "SHARDRUN_AGGREGATE_WORKERS"
 RUNNING_WINDOW_S = 10.0  # a live shard writes its log at least once a second
 STALLED_WINDOW_S = 300.0  # a shard process alive but silent this long is not trusted as ours
-COORDINATOR = "events/coordinator.jsonl"
 COORDINATOR_EVENTS = (events.RUN_START, events.BATCH, events.INPUT_END, events.SHARD_EXIT,
                       events.RUN_END, events.CHECKPOINT)
 
@@ -55,17 +55,16 @@ class LoadedRun:
 
     path: Path
     manifest: dict[str, Any]
-    coordinator: CoordinatorSummary
-    coordinator_scan: FileScan | None
+    coordinators: list[CoordinatorSummary]  # one per pass, aligned with `coordinator_scans`
+    coordinator_scans: list[FileScan]
     shards: list[ShardSummary]  # in path order, aligned with `shard_scans`
     shard_scans: list[FileScan]
     newest_mtime: float = 0.0
 
     @property
     def scans(self) -> list[FileScan]:
-        """Every event file read: the coordinator's first (when present), then the shards'."""
-        first = [] if self.coordinator_scan is None else [self.coordinator_scan]
-        return first + self.shard_scans
+        """Every event file read: the coordinators' first, then the shards'."""
+        return self.coordinator_scans + self.shard_scans
 
     def manifest_mismatches(self) -> list[str]:
         """Event files whose bytes differ from what the manifest recorded when the run ended."""
@@ -95,7 +94,23 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 
 def shard_files(run_dir: Path) -> list[Path]:
+    """`events/shard-NN.jsonl` and the resume passes' `shard-NN.rK.jsonl`, in path order."""
     return sorted((run_dir / "events").glob("shard-*.jsonl"))
+
+
+def coordinator_files(run_dir: Path) -> list[Path]:
+    """`events/coordinator.jsonl` and the resume passes' `coordinator.rK.jsonl`, by pass."""
+    return sorted((run_dir / "events").glob("coordinator*.jsonl"), key=segment_of)
+
+
+def segment_of(path: Path) -> int:
+    """The pass that wrote an event file: 0, or K for `*.rK.jsonl`."""
+    suffix = Path(path.stem).suffix
+    return int(suffix[2:]) if suffix[:2] == ".r" and suffix[2:].isdigit() else 0
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    return coordinator_files(run_dir) + shard_files(run_dir)
 
 
 def default_cap(manifest: dict[str, Any]) -> int:
@@ -112,14 +127,17 @@ def fold_shard_file(path: Path, rel: str, idle_until: float, cap: int,
     wanted = MINUTES_ONLY_EVENTS | {"checkpoint"} if opts.minutes_only else None
     scan = scan_file(path, rel, fold.handlers, wanted)
     summary = fold.finish()
-    if summary.shard is None:
-        summary.shard = _shard_number(path)
+    summary.name = path.name.removeprefix("shard-").removesuffix(".jsonl")
+    summary.segment = segment_of(path)
     return scan, summary
 
 
-def _shard_number(path: Path) -> int | None:
-    digits = path.stem.removeprefix("shard-")
-    return int(digits) if digits.isdigit() else None
+def fold_coordinator_file(path: Path) -> tuple[FileScan, CoordinatorSummary]:
+    fold = CoordinatorFold()
+    handlers = {name: fold.feed for name in COORDINATOR_EVENTS}
+    scan = scan_file(path, f"events/{path.name}", handlers)
+    fold.summary.segment = segment_of(path)
+    return scan, fold.summary
 
 
 def load_run(run_dir: Path, opts: FoldOptions | None = None,
@@ -127,29 +145,39 @@ def load_run(run_dir: Path, opts: FoldOptions | None = None,
     """Read and fold every event file of `run_dir`."""
     opts = opts or FoldOptions()
     manifest = read_manifest(run_dir)
-    coord_path = run_dir / COORDINATOR
-    coord = CoordinatorFold()
-    coord_scan = None
-    if coord_path.exists():
-        handlers = {name: coord.feed for name in COORDINATOR_EVENTS}
-        coord_scan = scan_file(coord_path, COORDINATOR, handlers)
+    coords = [fold_coordinator_file(p) for p in coordinator_files(run_dir)]
     paths = shard_files(run_dir)
-    if not paths and coord_scan is None:
+    if not paths and not coords:
         raise RunDirError(f"{run_dir} has no event files under events/")
-    idle_until = coord.summary.input_end
-    jobs = [(p, f"events/{p.name}", math.inf if idle_until is None else idle_until,
-             default_cap(manifest), opts) for p in paths]
+    ends = {c.segment: c.input_end for _, c in coords}
+    jobs = [(p, f"events/{p.name}", _or_inf(ends.get(segment_of(p))), default_cap(manifest),
+             opts) for p in paths]
     results = _fold_all(jobs, workers, sum(p.stat().st_size for p in paths))
-    all_paths = ([coord_path] if coord_scan is not None else []) + paths
     return LoadedRun(
-        path=run_dir, manifest=manifest, coordinator=coord.summary, coordinator_scan=coord_scan,
-        shards=[r[1] for r in results], shard_scans=[r[0] for r in results],
-        newest_mtime=max((p.stat().st_mtime for p in all_paths), default=0.0),
+        path=run_dir, manifest=manifest, coordinators=[c for _, c in coords],
+        coordinator_scans=[s for s, _ in coords], shards=[r[1] for r in results],
+        shard_scans=[r[0] for r in results],
+        newest_mtime=max((p.stat().st_mtime for p in event_files(run_dir)), default=0.0),
     )  # fmt: skip
+
+
+def _or_inf(t: float | None) -> float:
+    return math.inf if t is None else t
+
+
+def _workers() -> int | None:
+    """`SHARDRUN_AGGREGATE_WORKERS`: worker processes for folding (default: one per CPU)."""
+    raw = os.environ.get(WORKERS_VAR, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise RunDirError(f"{WORKERS_VAR}={raw!r} is not a positive whole number")
+    return int(raw)
 
 
 def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
               total_bytes: int) -> list[tuple[FileScan, ShardSummary]]:
+    workers = workers if workers is not None else _workers()
     n = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
     if n <= 1 or len(jobs) <= 1 or (workers is None and total_bytes < PARALLEL_BYTES):
         return [fold_shard_file(*job) for job in jobs]
@@ -162,15 +190,15 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     """`finished`, `running` or `crashed`, and why (see docs/METRICS.md, "Run state")."""
     status = loaded.manifest.get("status")
     ended_at = loaded.manifest.get("ended_at")
-    unended = [s.shard for s in loaded.shards if not s.ended]
+    unended = [s.name for s in loaded.shards if not s.ended]
     if status != "running" and ended_at:
         why = f"manifest status {status}, ended {ended_at}"
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
     age = (time.time() if now is None else now) - loaded.newest_mtime
-    alive = [s.shard for s in loaded.shards if not s.ended and _alive(s)]
-    if (unended and age < RUNNING_WINDOW_S) or (alive and age < STALLED_WINDOW_S):
+    alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
+    if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
         return "running", (f"manifest status running; last log write {age:.1f} s ago"
                            + (f"; shard processes alive: {_list(alive)}" if alive else ""))
     if not unended:
@@ -191,5 +219,5 @@ def _alive(s: ShardSummary) -> bool:
     return True
 
 
-def _list(shards: list[int | None]) -> str:
+def _list(shards: list[str]) -> str:
     return ", ".join(str(s) for s in shards)

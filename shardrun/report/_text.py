@@ -29,7 +29,8 @@ def format_header(doc: dict[str, Any]) -> str:
         f"  {run['state_reason']}",
         f"  dir     {run['dir']}",
         f"  window  {when(run['start_t'])} -> {when(run['end_t'])}  "
-        f"({num(run['duration_s'], 1)} s, {run['shards']} shards)",
+        f"({num(run['duration_s'], 1)} s in {len(run['passes'])} pass"
+        f"{'es' if len(run['passes']) != 1 else ''}, {run['shard_logs']} shard logs)",
     ])  # fmt: skip
 
 
@@ -144,8 +145,8 @@ def format_scheduler(doc: dict[str, Any]) -> str:
         "Scheduler (exact step functions; seconds)",
         *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction",
                 "idle<input_end", "idle %"], rows),
-        f"  input_end at {when(sch['input_end_t'])}" if sch["input_end_t"] else
-        "  input_end not logged: the coordinator still held (or lost) unassigned work",
+        "  input_end at " + ", ".join(
+            when(t) if t else "(not logged: work still unassigned)" for t in sch["input_end_t"]),
     ])  # fmt: skip
 
 
@@ -171,8 +172,8 @@ def format_integrity(doc: dict[str, Any]) -> str:
     rows = []
     for f in doc["integrity"]["files"]:
         ended = {True: "shard_end", False: "NO shard_end", None: ""}[f["shard_end"]]
-        state = f["checkpoint_error"] and "CHECKPOINT MISMATCH" or (
-            f"lines 1-{num(f['covered_lines'])} verified")
+        state = ("CHECKPOINT MISMATCH" if f["checkpoint_error"]
+                 else f"lines 1-{num(f['covered_lines'])} verified")
         rows.append([f["path"], num(f["lines"]), size(f["bytes"]), num(f["checkpoints"]),
                      state, ended, "torn tail" if f["torn_tail_bytes"] else ""])
     return "\n".join(["Event files (running SHA-256 checked at every checkpoint)",

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from shardrun.sim.gate import FifoGate
 from shardrun.sim.render import OBJECT, Frames, render_full, render_stream
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+ARRIVALS_KEPT = 200_000
 
 
 class Sim:
@@ -56,6 +58,8 @@ class Sim:
              "unauthorized"), 0)  # fmt: skip
         self.stats["by_path"] = {}
         self.stats["faults"] = self.faults.counts
+        # Arrival times (wall clock) of the latest requests, for rate-limit checks by tests.
+        self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
 
     def next_id(self, kind: Kind) -> tuple[str, int]:
         """A response id unique in this server (ids are not part of the deterministic output)."""
@@ -129,6 +133,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     sim = request.app[SIM_KEY]
     st, cfg = sim.stats, sim.cfg
     st["requests_total"] += 1
+    sim.arrivals.append(time.time())
     st["by_path"][request.path] = st["by_path"].get(request.path, 0) + 1
     raw = await request.read()
     if cfg.auth_required is not None and not authorized(request, cfg.auth_required):
@@ -239,6 +244,11 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
+async def _arrivals(request: web.Request) -> web.Response:
+    return web.Response(body=orjson.dumps(list(request.app[SIM_KEY].arrivals)),
+                        content_type="application/json")  # fmt: skip
+
+
 async def _stats(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(request.app[SIM_KEY].stats),
                         content_type="application/json")  # fmt: skip
@@ -259,6 +269,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/sim/stats", _stats)
+    app.router.add_get("/sim/arrivals", _arrivals)
     return app
 
 

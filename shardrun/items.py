@@ -1,0 +1,82 @@
+"""What a shard does with an item: the request body it sends, and what the prompt weighs.
+
+Item shapes (made by `inputs`, sent by the coordinator in `items` messages):
+
+    {"id", "prompt": str}                 chat: one user message; completions: the prompt
+    {"id", "messages": [...]}             chat only
+    {"id", "body": {...}, "url": str}     an OpenAI Batch line: its own body; url picks the API
+
+Pure functions, importable by a shard without the input readers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import orjson
+
+__all__ = ["BATCH_URLS", "CHARS_PER_TOKEN", "build_request", "estimate_prompt_tokens",
+           "prompt_chars"]  # fmt: skip
+
+Api = Literal["chat", "completions"]
+
+BATCH_URLS: Mapping[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+CHARS_PER_TOKEN = 4
+"""The prompt-token estimate used before a server has counted: characters / 4."""
+
+
+
+def build_request(
+    item: Mapping[str, Any],
+    *,
+    model: str,
+    params: Mapping[str, Any],
+    api: Api,
+) -> tuple[Api, dict[str, Any]]:
+    """The API to call and the streaming request body for one item of any shape.
+
+    A body item keeps its own body and names its API by its url; the job's `params` only fill
+    keys the body lacks, and `model` only when the body names none. Every body streams with
+    usage reported, whatever the line said about `stream`.
+    """
+    if "body" in item:
+        api = BATCH_URLS.get(str(item.get("url")), api)
+        body: dict[str, Any] = {**params, **item["body"]}
+        if not body.get("model"):
+            body["model"] = model
+    else:
+        body = {"model": model, **params}
+        if "messages" in item:
+            body["messages"] = item["messages"]
+        elif api == "completions":
+            body["prompt"] = item["prompt"]
+        else:
+            body["messages"] = [{"role": "user", "content": item["prompt"]}]
+    options = body.get("stream_options")
+    body["stream"] = True
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                              "include_usage": True}  # fmt: skip
+    return api, body
+
+
+def prompt_chars(item: Mapping[str, Any]) -> int:
+    """Characters of prompt text an item sends (message contents, or the prompt)."""
+    source: Any = item.get("body", item)
+    prompt = source.get("prompt")
+    if prompt is not None:
+        return len(prompt) if isinstance(prompt, str) else len(orjson.dumps(prompt))
+    total = 0
+    for message in source.get("messages") or ():
+        content = message.get("content", "") if isinstance(message, dict) else ""
+        total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
+    return total
+
+
+def estimate_prompt_tokens(item: Mapping[str, Any]) -> int:
+    """Prompt tokens before the server counts them: characters / 4, rounded up."""
+    return math.ceil(prompt_chars(item) / CHARS_PER_TOKEN)

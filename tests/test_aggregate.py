@@ -1,0 +1,267 @@
+"""The aggregator's numbers on fixtures small enough to check by hand (see the fixtures' doc)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_aggregate_fixtures import B, T0, ev, hand_coordinator, hand_shard, steady_shard
+
+from shardrun.aggregate import (
+    Dist,
+    RunFacts,
+    ShardSummary,
+    build_report,
+    fold_coordinator,
+    fold_shard,
+    minute_label,
+    parse_minute,
+    pricing_from_effective,
+    segment_of,
+)
+from shardrun.aggregate._segments import DIST_NAMES, overall
+from shardrun.itl import REL_ERROR, bucket_of
+
+M = B // 60  # the minute that starts at B
+
+
+def _named(summary: ShardSummary) -> dict[str, Dist]:
+    return overall(summary.segments)
+
+
+def _report(shards: list[ShardSummary], coord: list[dict[str, object]] | None = None,
+            **facts: object) -> dict[str, object]:
+    base: dict[str, object] = {"run_id": "fixture-run", "run_dir": "/x", "state": "finished",
+                               "state_reason": "test"}
+    return build_report(RunFacts(**{**base, **facts}),  # type: ignore[arg-type]
+                        [fold_coordinator(coord)] if coord else [], shards)
+
+
+def _shard(name: str = "00", **options: object) -> ShardSummary:
+    summary = fold_shard(hand_shard(), idle_until=T0 + 9.5, **options)
+    summary.name = name
+    return summary
+
+
+def test_buckets_of_the_hand_fixture() -> None:
+    """s1 = (1, 0, 0.5, 1.5, 2, 1) and s2 = (1, 2, 0.25, 0.75, 3, 1): sums, maxima, TTFTs, TPOT."""
+    d = _named(_shard())
+    sums = {name: d[name].total for name in DIST_NAMES}
+    assert sums == {"t_queue": 2.0, "t_retry": 2.0, "t_conn": 0.75, "t_first_token": 2.25,
+                    "t_stream": 5.0, "t_post": 2.0, "ttft": 7.0, "ttft_request": 3.0,
+                    "tpot": pytest.approx(2 / 9 + 1), "e2e": 14.0}
+    assert (d["e2e"].hi, d["e2e"].lo, d["t_retry"].hi, d["ttft"].hi) == (8.0, 6.0, 2.0, 4.0)
+    assert d["itl"].n == 12 and all(d[n].n == 2 for n in DIST_NAMES)
+
+
+def test_prompt_length_segments() -> None:
+    """s1 (20 prompt tokens) is in `<64`, s2 (300) in `256-1023`; edges at powers of four."""
+    summary = _shard()
+    assert {i: seg.spans for i, seg in summary.segments.items()} == {0: 1, 2: 1}
+    assert [segment_of(n, None) for n in (0, 63, 64, 255, 256, 1023, 1024, 4096, 16384, 10**9)] \
+        == [0, 0, 1, 1, 2, 2, 3, 4, 5, 5]
+    assert segment_of(None, 1200) == 2  # no usage: ceil(chars / 4) = 300 tokens
+
+
+def test_minutes_of_the_hand_fixture() -> None:
+    """s1's 10 tokens count in the minute before B (last token B-1.5), s2's 4 in B's minute."""
+    cells = _shard().minutes
+    assert {m: (c.tokens, c.spans) for m, c in cells.items()} == {M - 1: (10, 1), M: (4, 1)}
+
+
+def test_scheduler_integrals_of_the_hand_fixture() -> None:
+    """Backlog 6 s, gap 1 s (queue waiting with a free slot during [0, 1)), idle 0.5 s."""
+    s = _shard()
+    assert (s.backlog_s, s.gap_s, s.idle_s) == (6.0, 1.0, 0.5)
+    assert (s.queue_depth, s.in_flight, s.open_spans, s.cap) == (0, 0, 0, 2)
+    no_input_end = fold_shard(hand_shard())
+    assert no_input_end.idle_s == 1.0  # [9, 10): the coordinator never logged input_end
+
+
+def test_attempt_counters_of_the_hand_fixture() -> None:
+    """4 attempts (3 first), 1 retry for conn_reset, 3 wasted tokens, 2 new and 2 reused."""
+    s = _shard()
+    assert (s.attempts, s.first_attempts, s.retries, s.wasted_tokens) == (4, 3, {"conn_reset": 1}, 3)
+    assert s.by_status == {"conn_reset": 1, "ok": 2, "http_4xx": 1}
+    assert (s.new_conns, s.reused_conns, s.ok, s.dead, s.queued) == (2, 2, 2, 1, 3)
+    assert s.dead_reasons == {"not_retryable_http_4xx": 1}
+    assert (s.completion_tokens, s.prompt_tokens) == (12 + 2, 320)
+
+
+def test_report_numbers_of_the_hand_fixture() -> None:
+    """Rates and fractions of the report document, each worked out in the fixtures' doc."""
+    doc = _report([_shard()], hand_coordinator())
+    assert doc["items"]["success_rate"] == round(2 / 3, 6)
+    att, conn = doc["attempts"], doc["connections"]
+    assert (att["retry_rate"], att["attempts_per_success"]) == (round(1 / 3, 6), 2.0)
+    assert (conn["churn_per_success"], conn["expected_churn"]) == (1.0, round(2 / 3, 6))
+    over = doc["scheduler"]["overall"]
+    assert (over["gap_fraction"], over["cross_shard_idle_s"]) == (round(1 / 6, 6), 0.5)
+    assert over["cross_shard_idle_fraction"] == round(0.5 / 9.5, 6)  # shard seen 9.5 s before
+    dom = doc["triage"]["dominant_bucket"]
+    assert (dom["bucket"], dom["share"]) == ("t_stream", round(5 / 14, 4))
+
+
+def test_tpm_table_flags_partial_minutes() -> None:
+    """The run lasts B-7 .. B+4: both minutes are partial, there is no peak full minute."""
+    tpm = _report([_shard()], hand_coordinator())["tpm"]
+    rows = [(r["minute"], r["completion_tokens"], r["partial"]) for r in tpm["minutes"]]
+    assert rows == [(minute_label(M - 1), 10, True), (minute_label(M), 4, True)]
+    assert tpm["peak_full_minute"] is None and tpm["total_completion_tokens"] == 14
+    assert tpm["run_average_tpm"] == round(14 / 11 * 60, 1)
+
+
+def test_peak_full_minute_and_each_shards_peak() -> None:
+    """Shard 00 makes 30 tokens a minute; shard 01 adds 15 in minute M+1, the peak full minute."""
+    a = fold_shard(steady_shard(0, B - 30, minutes=3, per_minute=6))
+    b = fold_shard(steady_shard(1, B + 59, minutes=1, per_minute=3))
+    a.name, b.name = "00", "01"
+    tpm = _report([a, b])["tpm"]
+    table = {r["minute"]: (r["per_shard"], r["partial"]) for r in tpm["minutes"]}
+    assert table[minute_label(M)] == ([30, 0], False)
+    assert table[minute_label(M + 1)] == ([30, 15], False)
+    assert table[minute_label(M - 1)][1] and table[minute_label(M + 2)][1]
+    assert tpm["peak_full_minute"]["minute"] == minute_label(M + 1)
+    assert tpm["peak_full_minute"]["completion_tokens"] == 45
+    peaks = {p["shard"]: (p["minute"], p["completion_tokens"]) for p in tpm["per_shard_peak"]}
+    assert peaks == {"00": (minute_label(M), 30), "01": (minute_label(M + 1), 15)}
+
+
+def test_minutes_only_mode_gives_the_same_figure() -> None:
+    """`verify`'s mode (only last_token, attempt_end, released) counts the same minutes."""
+    full, lean = _shard().minutes, fold_shard(hand_shard(), minutes_only=True).minutes
+    assert {m: (c.tokens, c.spans) for m, c in lean.items()} == {
+        m: (c.tokens, c.spans) for m, c in full.items()}
+
+
+def test_ok_attempt_without_tokens_counts_at_its_end() -> None:
+    """A failed attempt's last_token is not used for a later ok attempt that streamed none."""
+    recs = [
+        ev("queued", B - 5, span="s", id="i"), ev("admitted", B - 5, span="s", id="i"),
+        ev("attempt_start", B - 5, span="s", id="i", attempt=1),
+        ev("last_token", B - 4, span="s", id="i", attempt=1, tokens=2),
+        ev("attempt_end", B - 4, span="s", id="i", attempt=1, status="timeout_idle"),
+        ev("attempt_start", B - 3, span="s", id="i", attempt=2),
+        ev("attempt_end", B + 1, span="s", id="i", attempt=2, status="ok", completion_tokens=0),
+        ev("released", B + 2, span="s", id="i", outcome="ok"),
+    ]
+    assert set(fold_shard(recs).minutes) == {M}
+
+
+def test_odd_logs_are_counted_not_guessed() -> None:
+    """A release without its attempt, a span without its queue line, unknown events."""
+    recs = [
+        ev("released", B, span="x", id="x", outcome="ok"),
+        ev("attempt_end", B, span="y", id="y", attempt=1, status="ok", completion_tokens=3),
+        ev("released", B + 1, span="y", id="y", outcome="ok"),
+        ev("mystery", B + 2),
+    ]
+    s = fold_shard(recs)
+    assert (s.ok_without_attempt, s.ok_incomplete, s.unknown_events, s.ok) == (1, 1, 1, 1)
+    assert s.minutes[M].tokens == 3
+    notes = _report([s])["notes"]
+    assert any("without a successful attempt" in n for n in notes)
+
+
+def test_restart_abandons_open_spans() -> None:
+    """A second shard_start (a resumed process) drops open spans and restarts the step function."""
+    recs = [ev("shard_start", B, cap=1), ev("queued", B, span="a", id="a"),
+            ev("admitted", B + 1, span="a", id="a"), ev("shard_start", B + 5, cap=3),
+            ev("queued", B + 6, span="a", id="a"), ev("admitted", B + 6, span="a", id="a")]
+    s = fold_shard(recs)
+    assert (s.abandoned, s.starts, s.cap, s.in_flight, s.queue_depth) == (1, 2, 3, 1, 0)
+    assert s.backlog_s == 1.0  # [B, B+1) only; nothing is integrated across the restart
+
+
+def test_dist_quantiles_are_clamped_and_bounded() -> None:
+    """Histogram quantiles stay within ±4.4 % and never leave the exact [min, max]."""
+    d = Dist()
+    for x in (0.1, 0.2, 0.3, 0.4, 10.0):
+        d.add(x)
+    st = d.stats()
+    assert st is not None
+    assert st.max == 10.0 and st.min == 0.1 and st.n == 5 and st.sum == pytest.approx(11.0)
+    assert abs(st.p50 - 0.3) <= REL_ERROR * 0.3 and st.p99 == 10.0
+    one = Dist()
+    one.add(1.0)
+    assert one.quantile(0.5) == one.quantile(0.99) == 1.0  # the bucket mid is clamped
+    assert Dist().stats() is None
+
+
+def test_dist_add_matches_itl_buckets() -> None:
+    """`Dist.add` inlines `itl.bucket_of`; both must put every value in the same bucket."""
+    for x in (0.0, 5e-7, 1e-6, 1.5e-6, 0.001, 0.0123, 1.0, 2.0, 61.7, 3600.0, -1.0):
+        d = Dist()
+        d.add(x)
+        assert list(d.counts) == [bucket_of(x)]
+    with pytest.raises(OverflowError):
+        Dist().add(math.inf)
+
+
+def test_minute_labels_round_trip() -> None:
+    """`YYYY-MM-DDTHH:MMZ` labels parse back to their minute; other text is refused."""
+    assert minute_label(M) == "2027-01-15T08:00Z" and parse_minute("2027-01-15T08:00Z") == M
+    with pytest.raises(ValueError, match="not a minute"):
+        parse_minute("2027-01-15 08:00")
+
+
+def test_cost_from_manifest_prices() -> None:
+    """Prices from `effective` (value/source entries): 320 prompt tokens at 1/1M and 14 + 3
+    completion+wasted at 2/1M = 0.000354, over 2 successes = 0.000177 each."""
+    effective = {"pricing.input_per_1m": {"value": 1.0, "source": "job file"},
+                 "pricing.output_per_1m": {"value": 2.0, "source": "job file"},
+                 "pricing.hourly": {"value": None, "source": "default"}}
+    pricing = pricing_from_effective(effective)
+    cost = _report([_shard()], hand_coordinator(), pricing=pricing)["cost"]
+    assert cost["basis"] == "tokens" and cost["spend"] == pytest.approx(0.000354)
+    assert cost["cost_per_success"] == pytest.approx(0.000177)
+    assert cost["wasted_cost"] == pytest.approx(0.000006)
+    assert pricing_from_effective({}) is None
+    assert _report([_shard()])["cost"] is None
+
+
+def test_client_limited_label_follows_loop_lag() -> None:
+    """p99 loop lag of 80 ms (over the 50 ms limit) labels the run client-limited."""
+    calm = _report([_shard()])
+    assert calm["loop_lag"]["client_limited"] is False
+    assert [f["id"] for f in calm["triage"]["findings"]] == ["retries"]  # 1 retry / 3 firsts
+    recs = [*hand_shard()[:-1], *(ev("loop_lag", T0 + 9.6, lag=0.08) for _ in range(3))]
+    busy = _report([fold_shard(recs)])
+    assert busy["loop_lag"]["client_limited"] is True
+    assert [f["id"] for f in busy["triage"]["findings"]] == ["client_limited", "retries"]
+
+
+def _lat(ft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, object]:
+    names = ("t_queue", "t_retry", "t_conn", "t_first_token", "t_stream", "t_post")
+    dists: dict[str, object] = {n: {"p50": 1.0, "p99": 1.0} for n in (*names, "tpot")}
+    dists["t_first_token"] = {"p50": ft[0], "p99": ft[1]}
+    dists["tpot"] = {"p50": tpot[0], "p99": tpot[1]}
+    return {"all": dists, "by_prompt_length": [], "bucket_share": dict.fromkeys(names, 0.1)}
+
+
+def test_ttft_tail_signature() -> None:
+    """p99/p50 of t_first_token 5 with TPOT p99/p50 1.5 is the signature; TPOT 3 is not."""
+    from shardrun.aggregate._triage import ttft_tail
+
+    seen = ttft_tail(_lat((0.1, 0.5), (0.01, 0.015)))
+    assert seen["present"] and seen["evidence"]["t_first_token_p99_over_p50"] == 5.0
+    assert "lower concurrency" in seen["control"]
+    assert not ttft_tail(_lat((0.1, 0.5), (0.01, 0.03)))["present"]
+    assert not ttft_tail(_lat((0.1, 0.2), (0.01, 0.015)))["present"]
+
+
+def test_idle_gap_signature() -> None:
+    """gap_fraction 0.2 on shard 01 is the signature, with that shard named as the worst."""
+    from shardrun.aggregate._triage import idle_gaps
+
+    rows = [{"shard": "00", "gap_fraction": 0.0}, {"shard": "01", "gap_fraction": 0.4}]
+    over = {"gap_fraction": 0.2, "gap_s": 2.0, "backlog_s": 10.0, "cross_shard_idle_s": 0.0,
+            "cross_shard_idle_fraction": 0.0}
+    seen = idle_gaps({"shards": rows, "overall": over})
+    assert seen["present"] and seen["evidence"]["worst_shard"] == "01"
+    assert "scheduler" in seen["meaning"]
+    idle = idle_gaps({"shards": rows, "overall": {**over, "gap_fraction": 0.0,
+                                                  "cross_shard_idle_fraction": 0.3}})
+    assert idle["present"] and "unassigned work" in idle["meaning"]
+    calm = idle_gaps({"shards": rows, "overall": {**over, "gap_fraction": 0.01}})
+    assert not calm["present"]

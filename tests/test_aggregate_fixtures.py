@@ -1,0 +1,153 @@
+"""Event-log fixtures small enough to check by hand, and a writer for real-format run dirs.
+
+No tests here: the helpers are shared by the aggregate, report and provenance tests.
+
+The hand fixture, one shard with cap 2 (times in seconds after T0; B is a minute boundary and
+T0 = B - 6.5, so s1's last token falls in the minute before B and s2's in the minute of B):
+
+    t    queue in_flight  event
+    0      3      0       s1, s2, s3 queued
+    1      1      2       s1, s2 admitted; both start attempt 1 (s1 new connection ready at
+                          1.5, s2 reuses one at 1.0)
+    2                     s2 attempt 1 ends conn_reset after 3 tokens; retry, wait 1
+    3                     s1 first token; s2 attempt 2 starts (new connection ready 3.25)
+    4                     s2 first token
+    5                     s1 last token (10 tokens), attempt ok
+    6      0      2       s1 released ok; s3 admitted, attempt 1 on a reused connection
+    7                     s2 last token (4 tokens), attempt 2 ok
+    8      0      1       s2 released ok
+    9      0      0       s3 attempt 1 ends http_4xx; released dead
+    10                    shard_end
+
+    s1: t_queue 1, t_retry 0, t_conn 0.5,  t_first_token 1.5,  t_stream 2, t_post 1 = e2e 6
+    s2: t_queue 1, t_retry 2, t_conn 0.25, t_first_token 0.75, t_stream 3, t_post 1 = e2e 8
+    backlog [0, 6) = 6 s, of which in_flight < cap during [0, 1) = 1 s: gap_fraction 1/6.
+    With input_end at 9.5, the shard is idle (nothing queued or in flight) during [9, 9.5).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardrun.events import EventLog
+
+RUN_ID = "fixture-run"
+B = 1_800_000_000 - 1_800_000_000 % 60
+T0 = B - 6.5
+
+
+def ev(name: str, t: float, shard: int | None = 0, **fields: Any) -> dict[str, Any]:
+    """One record as the event log writes it."""
+    return {"run_id": RUN_ID, "shard": shard, "ev": name, "t": t, **fields}
+
+
+def _span(sid: str, name: str, t: float, **fields: Any) -> dict[str, Any]:
+    return ev(name, T0 + t, span=sid, id=f"item-{sid}", **fields)
+
+
+def _end(sid: str, t: float, attempt: int, status: str, **fields: Any) -> dict[str, Any]:
+    base = {"http": 200 if status == "ok" else None, "retry_after": None, "prompt_tokens": None,
+            "completion_tokens": 0, "usage_estimated": False, "wasted_tokens": 0,
+            "reused": None, "error": None, "itl_hist": None}
+    return _span(sid, "attempt_end", t, attempt=attempt, status=status, **{**base, **fields})
+
+
+def hand_shard() -> list[dict[str, Any]]:
+    """The hand fixture of the module docstring, in file order."""
+    return [
+        ev("shard_start", T0, cap=2, pid=1, version="0", host="fixture-host"),
+        _span("0-1", "queued", 0, prompt_chars=40),
+        _span("0-2", "queued", 0, prompt_chars=1200),
+        _span("0-3", "queued", 0, prompt_chars=10),
+        _span("0-1", "admitted", 1), _span("0-2", "admitted", 1),
+        _span("0-1", "attempt_start", 1, attempt=1),
+        _span("0-2", "attempt_start", 1, attempt=1),
+        _span("0-2", "conn_ready", 1, attempt=1, reused=True),
+        _span("0-1", "conn_ready", 1.5, attempt=1, reused=False),
+        _end("0-2", 2, 1, "conn_reset", wasted_tokens=3, error="cut"),
+        _span("0-2", "retry", 2, attempt=1, cause="conn_reset", wait=1.0, why="backoff"),
+        _span("0-1", "first_token", 3, attempt=1),
+        _span("0-2", "attempt_start", 3, attempt=2),
+        _span("0-2", "conn_ready", 3.25, attempt=2, reused=False),
+        _span("0-2", "first_token", 4, attempt=2),
+        _span("0-1", "last_token", 5, attempt=1, tokens=10),
+        _end("0-1", 5, 1, "ok", prompt_tokens=20, completion_tokens=10, itl_hist={"150": 9}),
+        _span("0-1", "released", 6, outcome="ok", reason=None),
+        _span("0-3", "admitted", 6),
+        _span("0-3", "attempt_start", 6, attempt=1),
+        _span("0-3", "conn_ready", 6, attempt=1, reused=True),
+        _span("0-2", "last_token", 7, attempt=2, tokens=4),
+        _end("0-2", 7, 2, "ok", prompt_tokens=300, completion_tokens=4, itl_hist={"160": 3}),
+        _span("0-2", "released", 8, outcome="ok", reason=None),
+        _end("0-3", 9, 1, "http_4xx", error="HTTP 400: bad"),
+        _span("0-3", "released", 9, outcome="dead",
+              reason="not_retryable_http_4xx: HTTP 400: bad"),
+        ev("loop_lag", T0 + 9.5, lag=0.002),
+        ev("shard_end", T0 + 10, received=3, ok=2, dead=1),
+    ]  # fmt: skip
+
+
+def hand_coordinator(input_end: float = T0 + 9.5) -> list[dict[str, Any]]:
+    """The coordinator's log for the hand fixture: run from T0 - 0.5 to T0 + 10.5."""
+    return [
+        ev("run_start", T0 - 0.5, shard=None, shards=1, cap=2),
+        ev("batch", T0 - 0.1, shard=None, to=0, n=3),
+        ev("input_end", input_end, shard=None, lines=3, rejects=0),
+        ev("shard_exit", T0 + 10.2, shard=None, to=0, status="done"),
+        ev("run_end", T0 + 10.5, shard=None, status="failed"),
+    ]
+
+
+def steady_shard(shard: int, t0: float, minutes: int, per_minute: int,
+                 tokens: int = 5) -> list[dict[str, Any]]:
+    """A shard that finishes `per_minute` one-attempt spans per minute for `minutes` minutes."""
+    recs = [ev("shard_start", t0, shard=shard, cap=4, pid=1, version="0", host="fixture-host")]
+    step = 60.0 / per_minute
+    for i in range(minutes * per_minute):
+        sid, t = f"{shard}-{i + 1}", t0 + 1 + i * step
+        recs += [
+            ev("queued", t, shard=shard, span=sid, id=f"i{shard}-{i}", prompt_chars=8),
+            ev("admitted", t, shard=shard, span=sid, id=f"i{shard}-{i}"),
+            ev("attempt_start", t, shard=shard, span=sid, id=f"i{shard}-{i}", attempt=1),
+            ev("first_token", t + 0.1, shard=shard, span=sid, id=f"i{shard}-{i}", attempt=1),
+            ev("last_token", t + 0.2, shard=shard, span=sid, id=f"i{shard}-{i}", attempt=1,
+               tokens=tokens),
+            {**_end(sid, 0, 1, "ok", completion_tokens=tokens, prompt_tokens=2),
+             "t": t + 0.2, "shard": shard, "id": f"i{shard}-{i}"},
+            ev("released", t + 0.3, shard=shard, span=sid, id=f"i{shard}-{i}", outcome="ok",
+               reason=None),
+        ]  # fmt: skip
+    recs.append(ev("shard_end", recs[-1]["t"] + 0.1, shard=shard))
+    return recs
+
+
+def write_log(path: Path, records: list[dict[str, Any]], checkpoint_every: int = 5) -> None:
+    """Write records through the real `EventLog` (orjson lines, running-hash checkpoints)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    first = records[0]
+    log = EventLog(path, run_id=first["run_id"], shard=first["shard"])
+    for i, rec in enumerate(records, 1):
+        log.emit(rec["ev"], **{k: v for k, v in rec.items()
+                               if k not in ("run_id", "shard", "ev")})
+        if i % checkpoint_every == 0:
+            log.checkpoint(rec["t"])
+    log.checkpoint(records[-1]["t"])
+    log.close()
+
+
+def write_run(root: Path, shards: dict[str, list[dict[str, Any]]],
+              coordinator: list[dict[str, Any]] | None, *, status: str = "failed",
+              **manifest: Any) -> Path:
+    """A run directory: `events/shard-<name>.jsonl` per entry of `shards`, and a manifest."""
+    for name, records in shards.items():
+        write_log(root / "events" / f"shard-{name}.jsonl", records)
+    if coordinator:
+        write_log(root / "events" / "coordinator.jsonl", coordinator)
+    doc = {"schema": 1, "run_id": RUN_ID, "status": status,
+           "ended_at": None if status == "running" else "2027-01-15T08:00:04.000Z",
+           "effective": {"concurrency": {"value": 2, "source": "job file"}}, **manifest}
+    (root / "manifest.json").write_bytes(orjson.dumps(doc))
+    return root

@@ -1,0 +1,127 @@
+"""What users expect around a run, end to end: progress output, validate, Batch files, limits."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import orjson
+
+from shardrun.sim.config import SimConfig
+from shardrun.sim.launcher import start_sim
+from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
+
+ESC = "\x1b["
+
+
+def test_plain_progress_lines_without_escape_codes(tmp_path: Path) -> None:
+    """Not on a terminal: periodic plain status lines, no escape codes; --quiet prints none."""
+    write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                               "sim": {**FAST_SIM, "ttft_ms": 20}})
+    proc = run_cli("job.yaml", "--runs-dir", "a", "--progress-interval", "0.3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ESC not in proc.stderr and ESC not in proc.stdout
+    status = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(status) >= 2, proc.stderr
+    assert all("/1,500" in line or "1,500" in line for line in status), status
+    quiet = run_cli("job.yaml", "--runs-dir", "b", "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
+    """validate counts items, lists bad lines with numbers, shows sources; spec errors exit 2."""
+    lines = [b'{"id": "a", "prompt": "hello there"}', b"{oops", b'{"id": "b"}',
+             b'{"id": "c", "prompt": "fine"}']
+    (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    write_job(tmp_path / "job.yaml")
+    proc = run_cli("validate", "job.yaml", cwd=tmp_path, env={"SHARDRUN_CONCURRENCY": "5"})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "line 2" in out and "line 3" in out
+    assert "SHARDRUN_CONCURRENCY" in out
+    assert ESC not in out
+    strict = run_cli("validate", "job.yaml", "--strict", cwd=tmp_path)
+    assert strict.returncode == 1
+    write_job(tmp_path / "bad.yaml", shards="many")
+    bad = run_cli("validate", "bad.yaml", cwd=tmp_path)
+    assert bad.returncode == 2 and "shards" in bad.stderr
+
+
+def _batch_line(i: int) -> bytes:
+    chat = i % 3 != 0
+    body = ({"model": "m", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 20}
+            if chat else {"model": "m", "prompt": f"p {i}", "max_tokens": 20})
+    url = "/v1/chat/completions" if chat else "/v1/completions"
+    return orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body})
+
+
+def test_openai_batch_file_round_trips(tmp_path: Path) -> None:
+    """A Batch API input (chat and completions lines) comes back in Batch output shape, once."""
+    (tmp_path / "batch.jsonl").write_bytes(b"\n".join(_batch_line(i) for i in range(90)) + b"\n")
+    write_job(tmp_path / "job.yaml", input={"path": "batch.jsonl", "format": "openai-batch"},
+              output={"format": "openai-batch"}, params={})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    path = only_run(tmp_path / "runs")
+    out = read_jsonl(path / "batch_output.jsonl")
+    assert Counter(o["custom_id"] for o in out) == Counter(f"req-{i}" for i in range(90))
+    for line in out:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        choice = body["choices"][0]
+        text = choice.get("message", {}).get("content") or choice.get("text")
+        assert text and body["usage"]["completion_tokens"] > 0
+    assert read_jsonl(path / "batch_errors.jsonl") == []
+    events = Run.load(path).events
+    paths = Counter(e["ev"] for e in events)
+    assert paths["attempt_end"] == 90
+
+
+def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
+    """rpm 1200 over 3 shards: no 1 s window above 20 + 3 requests; the average within 10%."""
+    write_input(tmp_path / "input.jsonl", 120)
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        write_job(tmp_path / "job.yaml", rate_limits={"rpm": 1200}, shards=3, concurrency=8,
+                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
+            arrivals = sorted(orjson.loads(r.read()))
+    assert proc.returncode == 0, proc.stderr
+    assert len(arrivals) == 120
+    busiest = max(sum(1 for t in arrivals[i:] if t < start + 1.0)
+                  for i, start in enumerate(arrivals))
+    assert busiest <= 20 + 3
+    rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    assert abs(rate - 20) <= 2, rate
+    waits = [e for e in Run.load(only_run(tmp_path / "runs")).events if e["ev"] == "rate_wait"]
+    assert waits and all(w["wait"] > 0 for w in waits)
+
+
+def test_template_with_missing_field_is_a_reject(tmp_path: Path) -> None:
+    """A template placeholder missing from an item rejects that line with its reason."""
+    rows = [{"id": "a", "topic": "tea"}, {"id": "b"}, {"id": "c", "topic": "jazz"}]
+    (tmp_path / "input.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    write_job(tmp_path / "job.yaml",
+              input={"path": "input.jsonl", "template": "Write about {topic}.",
+                     "system_prompt": "Be brief."})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert sorted(r["id"] for r in run.results) == ["a", "c"]
+    (reject,) = read_jsonl(run.path / "rejects.jsonl")
+    assert reject["line"] == 2 and "topic" in reject["reason"]
+
+
+def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:
+    """Per-token prices give spend and cost per success in the summary and the manifest."""
+    write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml", pricing={"input_per_1m": 1.0, "output_per_1m": 2.0})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "spend" in proc.stdout and "per success" in proc.stdout
+    summary = Run.load(only_run(tmp_path / "runs")).manifest["summary"]
+    cost = summary["cost"]
+    expected = (summary["prompt_tokens"] * 1.0 + summary["completion_tokens"] * 2.0) / 1e6
+    assert abs(cost["spend"] - expected) < 1e-12

@@ -1,0 +1,262 @@
+"""Minute samples: publish, verify, the canonical line hash, and the tamper matrix."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import FAST_SIM, run_cli, write_input, write_job
+from test_aggregate_fixtures import B, RUN_ID, ev, steady_shard, write_run
+
+from shardrun.aggregate import minute_label
+from shardrun.cli_analysis import main
+from shardrun.provenance import PublishError, VerifyError, publish, verify
+
+M = B // 60
+
+
+def _coordinator() -> list[dict[str, Any]]:
+    return [ev("run_start", B - 31, shard=None, shards=2, cap=4),
+            ev("input_end", B + 100, shard=None, lines=27, rejects=0),
+            ev("run_end", B + 160, shard=None, status="succeeded")]
+
+
+def _run(root: Path, status: str = "succeeded") -> Path:
+    """Shard 00: 30 tokens in each of minutes M and M+1; shard 01: 15 more in M+1."""
+    shards = {"00": steady_shard(0, B - 30, minutes=3, per_minute=6),
+              "01": steady_shard(1, B + 59, minutes=1, per_minute=3)}
+    return write_run(root, shards, _coordinator(), status=status)
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[Path, Path]:
+    run = _run(tmp_path / "run")
+    _, path = publish(run)
+    return run, path
+
+
+def test_publish_picks_the_peak_full_minute(published: tuple[Path, Path]) -> None:
+    """The default sample is minute M+1: 45 tokens from 9 spans, split 30 / 15."""
+    run, path = published
+    sample = orjson.loads(path.read_bytes())
+    assert path == run / "samples" / f"minute-{minute_label(M + 1).replace(':', '')}.json"
+    assert (sample["minute"], sample["completion_tokens"], sample["spans"]) == (
+        minute_label(M + 1), 45, 9)
+    assert [(s["shard"], s["completion_tokens"], s["spans"]) for s in sample["per_shard"]] == [
+        ("00", 30, 6), ("01", 15, 3)]
+    assert sample["partial"] is False and sample["lines_counted"] == 27
+    assert [f["path"] for f in sample["files"]] == [
+        "events/coordinator.jsonl", "events/shard-00.jsonl", "events/shard-01.jsonl"]
+    assert sample["schema"] == "shardrun.sample/1" and sample["run_id"] == RUN_ID
+    assert sample["method"] == {"name": "completion_tokens_by_last_token_minute", "version": 1}
+
+
+def test_verify_confirms_in_one_line(published: tuple[Path, Path],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An untouched run verifies: exit 0 and one line naming the figure."""
+    _, path = published
+    assert main(["verify", str(path)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"ok: run {RUN_ID} minute {minute_label(M + 1)}: 45 completion")
+    assert "\n" not in out
+
+
+def test_lines_hash_is_the_documented_canonical_order(published: tuple[Path, Path]) -> None:
+    """Per shard: last_token, attempt_end and released lines of each counted span, in release
+    order; overall: SHA-256 of "<file> <lines> <hash>" lines in file order."""
+    run, path = published
+    sample = orjson.loads(path.read_bytes())
+    top = hashlib.sha256()
+    for shard in sample["per_shard"]:
+        pending: dict[str, list[bytes]] = {}
+        sha, n = hashlib.sha256(), 0
+        for line in (run / shard["file"]).read_bytes().splitlines():
+            rec = orjson.loads(line)
+            if rec["ev"] in ("last_token", "attempt_end"):
+                pending.setdefault(rec["span"], []).append(line)
+            elif rec["ev"] == "released":
+                kept = [*pending.pop(rec["span"]), line]
+                if int(orjson.loads(kept[0])["t"] // 60) == M + 1:
+                    sha.update(b"".join(k + b"\n" for k in kept))
+                    n += len(kept)
+        assert (shard["lines"], shard["lines_sha256"]) == (n, sha.hexdigest())
+        top.update(f"{shard['file']} {n} {sha.hexdigest()}\n".encode())
+    assert sample["lines_sha256"] == top.hexdigest()
+
+
+def test_publish_a_chosen_minute(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--minute M gives shard 00's 30 tokens; a minute outside the run is refused."""
+    run = _run(tmp_path / "run")
+    assert main(["publish", str(run), "--minute", minute_label(M)]) == 0
+    assert orjson.loads(capsys.readouterr().out)["completion_tokens"] == 30
+    with pytest.raises(PublishError, match="outside the run"):
+        publish(run, minute=minute_label(M + 60))
+    with pytest.raises(PublishError, match="is not a minute"):
+        publish(run, minute="yesterday")
+
+
+def test_publish_refuses_running_or_altered_runs(tmp_path: Path) -> None:
+    """A run still being written, or a log failing its own checkpoints, is not published."""
+    running = _run(tmp_path / "a", status="running")
+    with pytest.raises(PublishError, match="still running"):
+        publish(running)
+    altered = _run(tmp_path / "b")
+    log = altered / "events" / "shard-00.jsonl"
+    log.write_bytes(log.read_bytes().replace(b'"tokens":5', b'"tokens":6', 1))
+    with pytest.raises(PublishError, match="fails its own checkpoints"):
+        publish(altered)
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _flip(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-00.jsonl"
+    data = bytearray(log.read_bytes())
+    at = data.index(b'"completion_tokens":5') + len(b'"completion_tokens":')
+    data[at] = ord("7")
+    log.write_bytes(bytes(data))
+
+
+def _delete(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-01.jsonl"
+    lines = _lines(log)
+    log.write_bytes(b"".join(lines[:9] + lines[10:]))
+
+
+def _add(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-01.jsonl"
+    lines = _lines(log)
+    log.write_bytes(b"".join(lines[:10] + [lines[9]] + lines[10:]))
+
+
+def _edit_sample(**changes: Any) -> Callable[[Path, Path], None]:
+    def edit(run: Path, sample: Path) -> None:
+        doc = orjson.loads(sample.read_bytes())
+        for key, value in changes.items():
+            if key == "spans_of_01":
+                doc["per_shard"][1]["spans"] = value
+            elif key == "file_sha":
+                doc["files"][1]["sha256"] = value
+            else:
+                doc[key] = value
+        sample.write_bytes(orjson.dumps(doc))
+
+    return edit
+
+
+def _rename(run: Path, sample: Path) -> None:
+    (run / "events" / "shard-01.jsonl").rename(run / "events" / "shard-05.jsonl")
+
+
+def _remove(run: Path, sample: Path) -> None:
+    (run / "events" / "shard-01.jsonl").unlink()
+
+
+def _extra(run: Path, sample: Path) -> None:
+    shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-02.jsonl")
+
+
+def _other_run(run: Path, sample: Path) -> None:
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "run_id": "another-run"}))
+
+
+def _last_line(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-00.jsonl"
+    data = log.read_bytes()
+    log.write_bytes(data[:-10] + (b"0" if data[-10:-9] != b"0" else b"1") + data[-9:])
+
+
+TAMPERS = [
+    ("flipped byte", _flip, "events/shard-00.jsonl does not match the sample",
+     "a byte changed between line"),
+    ("deleted line", _delete, "events/shard-01.jsonl does not match the sample",
+     "a line was deleted between line"),
+    ("added line", _add, "events/shard-01.jsonl does not match the sample",
+     "a line was added between line"),
+    ("flipped byte in the last line", _last_line, "events/shard-00.jsonl does not match",
+     "checkpoint SHA-256"),
+    ("edited figure", _edit_sample(completion_tokens=46), "completion_tokens: the sample says 46",
+     "the events give 45"),
+    ("edited split", _edit_sample(spans_of_01=4), "per_shard events/shard-01.jsonl spans",
+     "the events give 3"),
+    ("edited line hash", _edit_sample(lines_sha256="0" * 64), "lines_sha256: the sample says",
+     "the events give"),
+    ("edited minute", _edit_sample(minute=minute_label(M)),
+     f"minute {minute_label(M)}: completion_tokens: the sample says 45", "the events give 30"),
+    ("edited file hash", _edit_sample(file_sha="0" * 64), "events/shard-00.jsonl does not match",
+     "the SHA-256 or size recorded in the sample was changed"),
+    ("renamed shard file", _rename, "events/shard-01.jsonl named in the sample is missing",
+     "events/shard-05.jsonl has its SHA-256 (renamed?)"),
+    ("missing shard file", _remove, "events/shard-01.jsonl named in the sample is missing", ""),
+    ("added shard file", _extra, "events/shard-02.jsonl is in", "but not in the sample"),
+    ("wrong run", _other_run, f"the sample is for run '{RUN_ID}'", "holds run 'another-run'"),
+]
+
+
+@pytest.mark.parametrize(("case", "tamper", "reason", "detail"), TAMPERS,
+                         ids=[t[0] for t in TAMPERS])
+def test_tamper_is_caught_with_its_reason(
+    published: tuple[Path, Path], capsys: pytest.CaptureFixture[str], case: str,
+    tamper: Callable[[Path, Path], None], reason: str, detail: str,
+) -> None:
+    """Each tampering makes verify exit 1 with a reason naming the file, line or number."""
+    run, sample = published
+    tamper(run, sample)
+    assert main(["verify", str(sample)]) == 1, case
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert reason in err and detail in err, err
+
+
+def test_sample_pointed_at_another_run(published: tuple[Path, Path], tmp_path: Path) -> None:
+    """--run-dir naming a different run is caught before any file is read."""
+    _, sample = published
+    other = write_run(tmp_path / "other", {"00": steady_shard(0, B, 1, 2)}, None,
+                      run_id="someone-else")
+    with pytest.raises(VerifyError, match="holds run 'someone-else'"):
+        verify(sample, other)
+
+
+def test_unreadable_samples(published: tuple[Path, Path], tmp_path: Path) -> None:
+    """A sample that is not JSON, has another schema or lacks a field is refused clearly."""
+    bad = tmp_path / "s.json"
+    bad.write_text("{")
+    with pytest.raises(VerifyError, match="not valid JSON"):
+        verify(bad, tmp_path)
+    bad.write_text('{"schema": "other/9"}')
+    with pytest.raises(VerifyError, match="expected 'shardrun.sample/1'"):
+        verify(bad, tmp_path)
+    bad.write_text('{"schema": "shardrun.sample/1"}')
+    with pytest.raises(VerifyError, match="lacks the field 'run_id'"):
+        verify(bad, tmp_path)
+    stray = tmp_path / "stray.json"
+    shutil.copy(published[1], stray)
+    with pytest.raises(VerifyError, match="pass --run-dir"):
+        verify(stray)
+
+
+def test_real_run_publish_verify_and_a_flip(tmp_path: Path) -> None:
+    """On a real 200-item run: publish, verify, then one flipped byte fails verification."""
+    write_input(tmp_path / "input.jsonl", 200)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
+                                               "model": "m", "sim": FAST_SIM})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "runs" / "r1"
+    sample, path = publish(run)
+    assert sample["spans"] == 200 and sample["partial"] in (True, False)
+    assert verify(path).startswith("ok: run r1 minute ")
+    log = run / "events" / "shard-01.jsonl"
+    data = bytearray(log.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    log.write_bytes(bytes(data))
+    with pytest.raises(VerifyError, match="events/shard-01.jsonl does not match the sample"):
+        verify(path)

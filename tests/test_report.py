@@ -1,0 +1,205 @@
+"""`shardrun report` on run directories: fixtures on disk, damaged logs, run states, and a real run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import FAST_SIM, read_jsonl, run_cli, write_input, write_job
+from test_aggregate_fixtures import T0, hand_coordinator, hand_shard, steady_shard, write_run
+
+from shardrun.aggregate._segments import BUCKETS
+from shardrun.cli_analysis import main, register
+from shardrun.report import format_report, load_report
+
+
+def _hand_run(tmp_path: Path, **manifest: Any) -> Path:
+    return write_run(tmp_path / "run", {"00": hand_shard()}, hand_coordinator(), **manifest)
+
+
+def _age(run: Path, seconds: float = 3600) -> None:
+    past = time.time() - seconds
+    for path in (run / "events").iterdir():
+        os.utime(path, (past, past))
+
+
+def test_fixture_run_on_disk_gives_the_hand_numbers(tmp_path: Path) -> None:
+    """Read back through files and checkpoints, the hand fixture keeps its hand-worked numbers."""
+    doc, _ = load_report(_hand_run(tmp_path))
+    assert doc["schema"] == "shardrun.report/1"
+    assert (doc["items"]["succeeded"], doc["items"]["dead"]) == (2, 1)
+    assert doc["scheduler"]["overall"]["gap_fraction"] == round(1 / 6, 6)
+    assert doc["latency"]["all"]["e2e"]["sum"] == 14.0
+    assert doc["run"]["state"] == "finished" and doc["integrity"]["ok"]
+    files = {f["path"]: f for f in doc["integrity"]["files"]}
+    shard = files["events/shard-00.jsonl"]
+    assert shard["covered_lines"] == shard["lines"] and shard["checkpoints"] >= 6
+    assert shard["shard_end"] is True and files["events/coordinator.jsonl"]["shard_end"] is None
+
+
+def test_terminal_report_has_every_section(tmp_path: Path) -> None:
+    """The text report shows items, TPM, latency, segments, attempts, scheduler, files, triage."""
+    doc, _ = load_report(_hand_run(tmp_path))
+    text = format_report(doc)
+    for heading in ("Items", "Completion TPM", "Latency", "By prompt length", "Attempts",
+                    "Scheduler", "Event files", "Triage", "dominant bucket: t_stream"):
+        assert heading in text, heading
+    assert "2027-01-15T07:59Z" in text and "partial" in text
+    assert "retry causes: conn_reset 1" in text
+
+
+def test_torn_last_line_is_reported_not_fatal(tmp_path: Path) -> None:
+    """A crash mid-line: the torn tail is ignored and named; coverage stops at the checkpoint."""
+    run = _hand_run(tmp_path, status="running")
+    log = run / "events" / "shard-00.jsonl"
+    data = log.read_bytes()
+    cut = data.rfind(b'"ev":"shard_end"')  # keep everything before shard_end, plus half of it
+    log.write_bytes(data[:cut + 10])
+    _age(run)
+    doc, _ = load_report(run)
+    f = {f["path"]: f for f in doc["integrity"]["files"]}["events/shard-00.jsonl"]
+    assert f["torn_tail_bytes"] > 0 and f["shard_end"] is False
+    assert f["covered_lines"] < f["lines"]
+    assert doc["run"]["state"] == "crashed"
+    assert any("torn last line" in n for n in doc["notes"])
+    assert any("checkpoints cover lines" in n for n in doc["notes"])
+
+
+def test_unreadable_line_is_counted_with_its_number(tmp_path: Path) -> None:
+    """Garbage in the middle of a log is skipped, counted, and its line number reported."""
+    run = _hand_run(tmp_path)
+    log = run / "events" / "shard-00.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = b"{not json"
+    log.write_bytes(b"\n".join(lines))
+    doc, _ = load_report(run)
+    f = {f["path"]: f for f in doc["integrity"]["files"]}["events/shard-00.jsonl"]
+    assert f["bad_lines"] == 1 and f["first_bad"] == ["line 3: not valid JSON"]
+    assert f["checkpoint_error"] is not None and not doc["integrity"]["ok"]
+    assert doc["items"]["queued"] == 2  # one queued line lost, the rest still counted
+
+
+def test_changed_after_the_run_ended(tmp_path: Path) -> None:
+    """A log whose bytes differ from the manifest's record of them is flagged."""
+    run = _hand_run(tmp_path)
+    log = run / "events" / "shard-00.jsonl"
+    files = [{"path": "events/shard-00.jsonl", "sha256": "0" * 64,
+              "bytes": log.stat().st_size}]
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "files": files}))
+    doc, _ = load_report(run)
+    assert any("differs from the SHA-256 the manifest recorded" in n for n in doc["notes"])
+
+
+def test_run_states(tmp_path: Path) -> None:
+    """Finished by the manifest; running while logs are fresh; crashed once they go stale."""
+    finished, _ = load_report(_hand_run(tmp_path / "a"))
+    assert finished["run"]["state"] == "finished"
+    recs = hand_shard()[:-1]  # no shard_end
+    running = write_run(tmp_path / "b", {"00": recs}, None, status="running")
+    assert load_report(running)[0]["run"]["state"] == "running"
+    _age(running)
+    doc, _ = load_report(running)
+    assert doc["run"]["state"] == "crashed" and "without shard_end: 00" in doc["run"][
+        "state_reason"]
+
+
+def test_resumed_passes_are_separate_windows(tmp_path: Path) -> None:
+    """Files of a resume pass (`.r1`) form their own window; the gap between is not run time."""
+    first = steady_shard(0, T0, minutes=1, per_minute=6)
+    later = steady_shard(0, T0 + 3600, minutes=1, per_minute=6)
+    run = write_run(tmp_path / "run", {"00": first, "00.r1": later}, None)
+    doc, _ = load_report(run)
+    assert len(doc["run"]["passes"]) == 2 and doc["run"]["duration_s"] < 130
+    assert doc["tpm"]["shards"] == ["00", "00.r1"] and len(doc["tpm"]["minutes"]) <= 6
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardrun")
+    register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_register_adds_the_three_commands() -> None:
+    """`register` adds report, publish and verify, each with a handler."""
+    for argv in (["report", "R", "--json"], ["publish", "R", "--peak"], ["verify", "S.json"]):
+        args = _parser().parse_args(argv)
+        assert callable(args.handler)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["publish", "R", "--peak", "--minute", "2027-01-15T08:00Z"])
+
+
+def test_missing_run_dir_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    """A directory without manifest.json is a user error (exit 2), not a traceback."""
+    assert main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path} is not a run directory: it has no manifest.json")
+
+
+def test_html_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Without plotly, --html fails with the install hint."""
+    import importlib
+
+    real = importlib.import_module
+
+    def no_plotly(name: str, package: str | None = None) -> Any:
+        if name.startswith("plotly"):
+            raise ImportError(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_plotly)
+    assert main(["report", str(_hand_run(tmp_path)), "--html", str(tmp_path / "r.html")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --html needs the html extra: pip install 'shardrun[html]'")
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 300-item run on the simulator, with some 5xx faults so that retries happen."""
+    root = tmp_path_factory.mktemp("real")
+    write_input(root / "input.jsonl", 300)
+    sim = {**FAST_SIM, "fail_500": 0.05, "drop_mid_stream": 0.03}
+    write_job(root / "job.yaml", shards=2, concurrency=8,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
+              retry={"backoff_s": 0.01, "backoff_max_s": 0.05})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=root)
+    assert done.returncode in (0, 1), done.stderr
+    return root / "runs" / "r1"
+
+
+def test_real_run_matches_its_result_files(real_run: Path) -> None:
+    """On a real run, successes, tokens and every bucket sum equal those of the result lines."""
+    results = [r for p in sorted((real_run / "results").glob("*.jsonl")) for r in read_jsonl(p)]
+    doc, _ = load_report(real_run)
+    assert doc["run"]["state"] == "finished" and doc["integrity"]["ok"]
+    assert doc["items"]["succeeded"] == len(results)
+    tokens = sum(r["usage"]["completion_tokens"] for r in results)
+    assert doc["tpm"]["total_completion_tokens"] == tokens == doc["items"]["completion_tokens"]
+    for b in BUCKETS:
+        exact = sum(r["buckets"][b] for r in results)
+        assert doc["latency"]["all"][b]["sum"] == pytest.approx(exact, abs=1e-5), b
+    assert doc["attempts"]["retries"] > 0 and "http_5xx" in doc["attempts"]["retry_causes"]
+
+
+def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--json prints the schema'd document; --html writes one self-contained page."""
+    assert main(["report", str(real_run), "--json"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert doc["schema"] == "shardrun.report/1" and doc["run"]["run_id"] == "r1"
+    pytest.importorskip("plotly")
+    page = tmp_path / "report.html"
+    assert main(["report", str(real_run), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "<script" in html and "<script src=" not in html  # plotly.js inlined: opens offline
+    for title in ("Completion tokens per minute", "in_flight vs cap vs queue depth",
+                  "Time-bucket percentiles", "TTFT distribution by prompt length",
+                  "Retries by cause per minute"):
+        assert title in html, title
