@@ -22,6 +22,7 @@ import heapq
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -261,8 +262,10 @@ def write_manifest(run_dir: Path, shards: int) -> None:
     (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
 
-def timed(argv: list[str], workers: int | None) -> tuple[float, float, int]:
-    """Run `python -m shardrun.cli_analysis ARGV`: wall seconds, peak tree RSS (MB), exit code."""
+def timed(argv: list[str], workers: int | None) -> tuple[float, float, float, int]:
+    """Run `python -m shardrun.cli_analysis ARGV`: wall seconds, CPU seconds of the whole
+    process tree, peak tree RSS (MB) and the exit code."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = dict(os.environ)
     if workers is not None:
         env["SHARDRUN_AGGREGATE_WORKERS"] = str(workers)
@@ -278,7 +281,52 @@ def timed(argv: list[str], workers: int | None) -> tuple[float, float, int]:
         except psutil.Error:
             pass
         time.sleep(0.05)
-    return time.perf_counter() - start, peak / 1e6, proc.returncode
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, peak / 1e6, proc.returncode
+
+
+def breakdown(run_dir: Path, spans: int, shards: int) -> None:
+    """Where the time goes: CPU per span of each stage, on one shard file, in this process."""
+    import gc
+
+    from shardrun.aggregate import ShardFold
+    from shardrun.report._scan import scan_file
+
+    path = run_dir / "events" / "shard-00.jsonl"
+    per_file = spans / shards
+
+    def noop(rec: Any, raw: bytes) -> None:
+        return None
+
+    class Every(dict[str, Any]):
+        def get(self, key: Any, default: Any = None) -> Any:
+            return noop
+
+    def fold(**options: Any) -> None:
+        f = ShardFold(**options)
+        wanted = frozenset(f.handlers) | {"checkpoint"} if options else None
+        scan_file(path, "x", f.handlers, wanted)
+        f.finish()
+
+    stages = (("read, hash, split, orjson.loads every line", lambda: scan_file(path, "x", Every())),
+              ("report: the full fold", fold),
+              ("verify/publish: sparse fold with line hashes",
+               lambda: fold(minutes_only=True, keep_lines=True)))
+    gc.disable()
+    print("| stage (one shard file, one process, GC off) | CPU per span |")
+    print("| --- | --- |")
+    for name, stage in stages:
+        best = min(_cpu(stage) for _ in range(2))
+        print(f"| {name} | {best / per_file * 1e6:.1f} µs |")
+    gc.enable()
+
+
+def _cpu(stage: Any) -> float:
+    start = time.process_time()
+    stage()
+    return time.process_time() - start
 
 
 def main() -> int:
@@ -288,6 +336,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, help="where to write the run (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the synthetic run")
     parser.add_argument("--workers", type=int, help="worker processes for the aggregator")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time each stage on one shard file, in this process")
     args = parser.parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-aggregate-"))
     run_dir = base / RUN_ID
@@ -298,15 +348,19 @@ def main() -> int:
           f"{time.perf_counter() - started:.1f} s: {size / 1e6:,.0f} MB of events")
     sample = run_dir / "samples" / "bench.json"
     rows = []
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     for name, argv in (("report --json", ["report", str(run_dir), "--json"]),
                        ("publish --peak", ["publish", str(run_dir), "-o", str(sample)]),
                        ("verify", ["verify", str(sample)])):
-        secs, rss, code = timed(argv, args.workers)
-        rows.append(f"| {name} | {secs:.1f} s | {args.spans / secs:,.0f} | {rss:,.0f} MB | "
-                    f"{code} |")
-    print("| command | wall time | spans/s | peak RSS (tree) | exit |")
-    print("| --- | --- | --- | --- | --- |")
+        wall, cpu, rss, code = timed(argv, args.workers)
+        rows.append(f"| {name} | {wall:.1f} s | {args.spans / wall:,.0f} | {cpu:.1f} s | "
+                    f"{args.spans / cpu:,.0f} | {rss:,.0f} MB | {code} |")
+    print("| command | wall | spans/s (wall) | CPU (all processes) | spans per CPU-second "
+          "| peak RSS (tree) | exit |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
+    if args.breakdown:
+        breakdown(run_dir, args.spans, args.shards)
     if not args.keep and args.dir is None:
         shutil.rmtree(base)
     return 0

@@ -23,7 +23,10 @@ status, no process left running after a scenario, for single-pass scenarios with
 simulator: injected faults (`/sim/stats`) equal the failed attempts of the matching status,
 the simulator's request count equals the attempts in the log, and retries equal failed attempts
 minus dead letters; for the retry storm: attempts at most the retry-budget bound
-Σ over shards (first attempts + ceil(budget_ratio × first attempts + budget_floor)).
+Σ over shards (first attempts + ceil(budget_ratio × first attempts + budget_floor)); each pass's
+printed "succeeded"/"failed" against the result/dead lines of its own segment; no empty
+coordinator event log; and, once for the whole table, `rate_wait` events (no job here sets a
+rate limit, so there should be none).
 
 The code under test is a snapshot: `shardrun/` is copied to the work directory at start and
 the CLI runs with PYTHONPATH pointing at the copy, so concurrent edits of the tree do not mix
@@ -35,8 +38,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import math
 import os
+import platform
+import re
 import resource
 import shutil
 import signal
@@ -93,11 +99,16 @@ def log(msg: str) -> None:
 # -- the code under test ------------------------------------------------------------------------
 
 
-def snapshot(work: Path) -> Path:
-    """Copy shardrun/ to work/src and point PYTHONPATH (ours and the children's) at it."""
+def snapshot(work: Path) -> str:
+    """Copy shardrun/ to work/src, point PYTHONPATH (ours and the children's) at it; describe it."""
     src = work / "src"
     shutil.copytree(ROOT / "shardrun", src / "shardrun",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    h = hashlib.sha256()
+    for path in sorted((src / "shardrun").rglob("*.py")):
+        h.update(path.relative_to(src).as_posix().encode() + b"\0" + path.read_bytes())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     ENV["PYTHONPATH"] = str(src)
     os.environ["PYTHONPATH"] = str(src)  # start_sim spawns with our environment
     sys.path.insert(0, str(src))
@@ -105,7 +116,7 @@ def snapshot(work: Path) -> Path:
                            cwd=work, env=ENV, capture_output=True, text=True)  # fmt: skip
     if check.returncode != 0:
         raise SystemExit(f"the snapshot of shardrun/ does not import:\n{check.stderr[-1500:]}")
-    return src
+    return f"working tree (HEAD {head or '?'}), shardrun/*.py sha256 {h.hexdigest()[:12]}"
 
 
 @contextlib.contextmanager
@@ -252,6 +263,22 @@ def shard_pids(coordinator: int) -> list[int]:
     return out
 
 
+def wait_exit(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Poll every 10 ms until all of `procs` have exited (or are zombies); return the rest."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        still = []
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    still.append(p)
+        alive = still
+        if alive:
+            time.sleep(0.01)
+    return alive
+
+
 def stray_children(before: set[int]) -> list[psutil.Process]:
     alive = []
     for p in psutil.Process().children(recursive=True):
@@ -289,6 +316,7 @@ class Tally:
     dead_rows: list[dict[str, Any]] = field(default_factory=list)
     result_rows: list[dict[str, Any]] = field(default_factory=list)
     status: str = "?"
+    rate_waits: list[float] = field(default_factory=list)
 
 
 def tally(sc: Scenario) -> Tally:
@@ -385,6 +413,29 @@ def check_single_pass(sc: Scenario, t: Tally, stats: dict[str, Any] | None,
         sc.notes.append("injected: " + ", ".join(f"{k} {injected.get(k, 0):,}" for k in kinds))
 
 
+def check_passes(sc: Scenario, t: Tally) -> None:
+    """Each pass's printed counts against the lines its segment wrote; telemetry sanity."""
+    run = sc.run_dir
+    if run is None:
+        return
+    for k, p in enumerate(sc.passes):
+        seg = "" if k == 0 else f".r{k}"
+        for label, sub in (("succeeded", "results"), ("failed", "dead")):
+            m = re.search(rf"^\s+{label}\s+([\d,]+)", p.stdout, re.M)
+            if not m:
+                continue
+            printed = int(m.group(1).replace(",", ""))
+            on_disk = sum(len(read_lines(f)[0]) for f in (run / sub).glob(f"shard-??{seg}.jsonl"))
+            if printed != on_disk:
+                sc.notes.append(f"pass {k} printed '{label} {printed:,}' but its segment has "
+                                f"{on_disk:,} {sub} lines")  # fmt: skip
+    for f in sorted((run / "events").glob("coordinator*.jsonl")):
+        if f.stat().st_size == 0:
+            sc.notes.append(f"events/{f.name} is empty")
+    # No scenario sets rate_limits, so a rate_wait event is telemetry noise (reported once).
+    t.rate_waits = [float(e.get("wait") or 0) for e in t.events if e.get("ev") == "rate_wait"]
+
+
 # -- scenarios ----------------------------------------------------------------------------------
 
 
@@ -467,7 +518,7 @@ def sc_kill_coordinator(sc: Scenario) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         sc.finish(proc)
         t0 = time.monotonic()
-        _, alive = psutil.wait_procs(children, timeout=ORPHAN_WAIT_S)
+        alive = wait_exit(children, ORPHAN_WAIT_S)
         waited = time.monotonic() - t0
         sc.notes.append(f"{len(children)} children (shards + simulator) exited "
                         f"{waited:.1f} s after the kill")  # fmt: skip
@@ -573,6 +624,8 @@ def run_scenario(name: str, fn: Callable[[Scenario], None], expected: str, n: in
     t = tally(sc) if sc.dir.exists() else Tally(lost=n)
     if sc.post is not None:
         sc.post(t)
+    if sc.dir.exists():
+        check_passes(sc, t)
     codes = " → ".join(str(p.code) for p in sc.passes)
     if codes != expected:
         sc.notes.append(f"exit codes {codes}, expected {expected}")
@@ -611,9 +664,10 @@ def main() -> int:
         if not chosen:
             ap.error(f"no scenario matches {args.only!r}")
     work = Path(tempfile.mkdtemp(prefix="shardrun-faults-"))
-    snapshot(work)
-    log(f"# fault table: {len(chosen)} scenarios × {n:,} items, {os.cpu_count()} cores; "
-        f"work dir {work}")  # fmt: skip
+    code = snapshot(work)
+    log(f"# code under test: {code}")
+    log(f"# fault table: {len(chosen)} scenarios × {n:,} items, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}; work dir {work}")
     rows: list[Row] = []
     t_all = time.monotonic()
     try:
@@ -634,6 +688,13 @@ def main() -> int:
     for r in rows:
         for note in r.notes:
             print(f"- {r.name}: {note}")
+    waits = [w for r in rows for w in r.t.rate_waits]
+    if waits:
+        with_waits = sum(1 for r in rows if r.t.rate_waits)
+        attempts = sum(r.t.attempts for r in rows if r.t.rate_waits)
+        print(f"- all: {len(waits):,} `rate_wait` events in {with_waits} scenarios "
+              f"({attempts:,} attempts there), the longest {max(waits) * 1e3:.3f} ms, though "
+              "no job sets a rate limit")  # fmt: skip
     bad = [r.name for r in rows if r.t.duplicated or r.t.lost or r.hung]
     if bad:
         log(f"# FAILED exactly-once (or hung): {', '.join(bad)}")

@@ -1,12 +1,14 @@
 """Pure parsing of OpenAI-compatible streaming chunks and error bodies: no I/O, no event loop.
 
-`shardrun.client` decodes each SSE payload with `orjson.loads` and hands the pieces of the object
-to these functions; it owns the timing and the outcome, this module only reads JSON values.
+`shardrun.client` decodes each SSE payload with `orjson.loads` and hands the parts of the object to
+a `ChunkReader` (or `stream_error`); it owns the timing and the outcome, this module only reads
+JSON values.
 
 Malformed shapes are not checked up front: a chunk whose `choices` is not a list of objects (or a
 `usage` that is not an object) makes these functions raise one of `PARSE_ERRORS`, which the client
 catches around the whole read and reports as `protocol_error`. That keeps the per-chunk path free
-of `isinstance` checks for the shapes every real server sends.
+of `isinstance` checks for the shapes every real server sends; whatever a chunk set before it
+raised stays set, exactly as when the parsing lived inside the client.
 """
 
 from __future__ import annotations
@@ -19,31 +21,42 @@ PARSE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError)
 """What malformed stream data raises here or in `orjson.loads` (JSONDecodeError is a ValueError)."""
 
 
-def parse_choices(choices: list[dict[str, object]], chat: bool) -> tuple[str | None, str | None]:
-    """(content piece, finish_reason) of one chunk's non-empty `choices` list.
+class ChunkReader:
+    """Reads the `choices` and `usage` of one stream's chunks in order; keeps what outlives one.
 
-    The piece is `choices[0].delta.content` (chat) or `choices[0].text` (completions), None unless
-    a non-empty string. The finish_reason is the last truthy one over all choices, as a string.
+    `take_choices` runs once per content chunk, so it is a method on a slotted object that stores
+    the rare finish_reason as it goes, rather than a function returning a tuple per chunk.
     """
-    first = choices[0]
-    if chat:
-        delta = first.get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else None
-    else:
-        piece = first.get("text")
-    reason = None
-    for choice in choices:
-        if found := choice.get("finish_reason"):
-            reason = found
-    return (
-        piece if piece and isinstance(piece, str) else None,
-        None if reason is None else str(reason),
-    )
 
+    __slots__ = ("chat", "completion_tokens", "finish_reason", "prompt_tokens")
 
-def usage_counts(usage: dict[str, object]) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) of a usage object; a missing or non-int count is None."""
-    return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
+        self.finish_reason: str | None = None  # the last one seen on any choice
+        self.prompt_tokens: int | None = None  # from the usage object, when the server sent one
+        self.completion_tokens: int | None = None
+
+    def take_choices(self, choices: list[dict[str, object]]) -> str | None:
+        """The content piece of one chunk's non-empty `choices`; notes any finish_reason.
+
+        The piece is None unless a non-empty string. A finish_reason may sit on any choice, and
+        the last truthy one wins (as a string).
+        """
+        first = choices[0]
+        if self.chat:
+            delta = first.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else None
+        else:
+            piece = first.get("text")
+        for choice in choices:
+            if reason := choice.get("finish_reason"):
+                self.finish_reason = str(reason)
+        return piece if piece and isinstance(piece, str) else None
+
+    def take_usage(self, usage: dict[str, object]) -> None:
+        """Note the token counts of a usage object; a missing or non-int count becomes None."""
+        self.prompt_tokens = as_int(usage.get("prompt_tokens"))
+        self.completion_tokens = as_int(usage.get("completion_tokens"))
 
 
 def stream_error(err: object, tokens: int) -> tuple[str, str]:

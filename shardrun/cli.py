@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardrun import __version__, cli_validate
+from shardrun import __version__, cli_analysis, cli_validate
 from shardrun.errors import ShardrunError
 
-SUBCOMMANDS = ("run", "sim", "retry-failed", "validate")
+SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify")
 
 
 def _env_help() -> str:
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     cli_validate.register(sub)
+    cli_analysis.register(sub)
     sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
     return parser
 

@@ -1,14 +1,18 @@
 """The analysis commands: `report`, `publish`, `verify`. Parse, call the library, print.
 
 `register(subparsers)` adds them to the main parser; each sets `handler`, which takes the parsed
-arguments and returns the exit code. User errors are `ShardrunError`s, printed by the CLI as
-`error: <message>`.
+arguments and returns the exit code. The library raises `ShardrunError`s for user errors; the
+handlers print them as `error: <message>` and return their exit code (2 for a bad run directory
+or an impossible publish, 1 for a sample that does not verify).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from shardrun.errors import ShardrunError
@@ -52,6 +56,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     verify.set_defaults(handler=run_verify)
 
 
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Print a `ShardrunError` as `error: <message>` and return its exit code, so a handler
+    behaves the same whether or not the caller catches errors itself."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ShardrunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except BrokenPipeError:  # `shardrun report RUN | head`: the reader left early
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+            return 0
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+
+    return run
+
+
+@_guarded
 def run_report(args: argparse.Namespace) -> int:
     from shardrun.report import format_json, format_report, load_report, write_html
 
@@ -64,6 +93,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@_guarded
 def run_publish(args: argparse.Namespace) -> int:
     from shardrun.provenance import format_sample, publish
 
@@ -73,6 +103,7 @@ def run_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+@_guarded
 def run_verify(args: argparse.Namespace) -> int:
     from shardrun.provenance import verify
 
@@ -85,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardrun")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args)
-    except ShardrunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    code: int = args.handler(args)
     return code
 
 

@@ -24,7 +24,7 @@ Connection timing: `make_session` installs a TraceConfig; `attempt` passes its p
 stamp `conn_ready_at` and `conn_reused` on the right attempt. The caller's `on_conn_ready` runs
 after aiohttp returns control (response headers or failure), never inside aiohttp's connector.
 
-The JSON inside the stream (and in error bodies) is read by the pure functions of `_chunks`.
+The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pure: no I/O).
 """
 
 from __future__ import annotations
@@ -42,12 +42,11 @@ import orjson
 
 from shardrun._chunks import (
     PARSE_ERRORS,
+    ChunkReader,
     clip,
     error_message,
     is_rate_header,
-    parse_choices,
     stream_error,
-    usage_counts,
 )
 from shardrun.clock import Clock
 from shardrun.itl import ItlHistogram
@@ -73,6 +72,7 @@ def _call(callback: Callable[..., None], *args: object) -> None:
         callback(*args)
     except Exception as exc:
         raise _CallerError(exc) from exc
+
 
 OnConnReady = Callable[[float, bool], None]
 """Called once per attempt with (conn_ready_at, reused), before any token callback."""
@@ -171,13 +171,14 @@ async def _on_conn_reused(
 class _Attempt:
     """Mutable state of one attempt and its `trace_request_ctx`; fills `out` as it goes."""
 
-    __slots__ = ("chat", "clock", "deadline", "done", "failed", "kind", "loop", "notified",
-                 "on_conn", "out", "pieces", "resp", "tm", "total_dl", "touts", "usage_tokens",
-                 "watch", "watch_at")  # fmt: skip
+    __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
+                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
+                 "watch_at")  # fmt: skip
 
     def __init__(self, chat: bool, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
                  on_conn: OnConnReady | None) -> None:  # fmt: skip
-        self.chat, self.clock, self.touts, self.tm, self.on_conn = chat, clock, touts, tm, on_conn
+        self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
+        self.reader = ChunkReader(chat)
         self.loop = asyncio.get_running_loop()
         self.out = AttemptOutcome(started_at=clock.now())
         self.total_dl = self.deadline = self.loop.time() + touts.total_s
@@ -185,7 +186,6 @@ class _Attempt:
         self.watch: asyncio.TimerHandle | None = None
         self.watch_at = math.inf
         self.pieces: list[str] = []
-        self.usage_tokens: int | None = None
         self.done = self.failed = self.notified = False
         self.resp: aiohttp.ClientResponse | None = None
 
@@ -255,22 +255,20 @@ class _Attempt:
     def take(self, payloads: list[str], now: float) -> bool:
         """Apply the payloads of one read; True when the stream is finished (done or failed).
 
-        The hot path: per content chunk one `orjson.loads`, one `parse_choices`, and the timing.
+        The hot path: per content chunk one `orjson.loads`, one `take_choices`, and the timing.
         """
-        out, chat, payload = self.out, self.chat, ""
+        out, reader, payload = self.out, self.reader, ""
         try:
             for payload in payloads:
                 if payload == "[DONE]":
                     self.done = True
                     return True
                 obj = orjson.loads(payload)
-                if (err := obj.get("error")) is not None:
-                    self.fail(*stream_error(err, out.content_chunks))
+                if obj.get("error") is not None:
+                    self.fail(*stream_error(obj["error"], out.content_chunks))
                     return True
                 if choices := obj.get("choices"):
-                    piece, reason = parse_choices(choices, chat)
-                    if reason is not None:
-                        out.finish_reason = reason
+                    piece = reader.take_choices(choices)
                     if piece is not None:
                         last = out.last_token_at
                         if last is None:
@@ -281,7 +279,7 @@ class _Attempt:
                         out.content_chunks += 1
                         self.pieces.append(piece)
                 if usage := obj.get("usage"):
-                    out.prompt_tokens, self.usage_tokens = usage_counts(usage)
+                    reader.take_usage(usage)
         except PARSE_ERRORS:
             n = out.content_chunks
             self.fail("protocol_error", f"unparseable stream data after {n} tokens: "
@@ -306,7 +304,9 @@ class _Attempt:
         out = self.out
         out.ended_at = self.clock.now()
         out.text = "".join(self.pieces)
-        out.usage_estimated = (tokens := self.usage_tokens) is None
+        r = self.reader
+        out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
+        out.usage_estimated = (tokens := r.completion_tokens) is None
         out.completion_tokens = out.content_chunks if tokens is None else tokens
         return out
 
@@ -448,4 +448,3 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
-

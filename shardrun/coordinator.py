@@ -168,9 +168,16 @@ class Coordinator:
             state.handle.send({"t": kind})
 
     async def progress(self) -> None:
+        """Redraw the display; once a second flush and checkpoint the coordinator's own log,
+        so a killed coordinator leaves its run_start, batches and input_end behind."""
+        ticks = 0
         while True:
             await asyncio.sleep(REFRESH_EVERY_S)
             self.view.refresh()
+            ticks += 1
+            if ticks % 4 == 0:
+                self.log.checkpoint(self.clock.now())
+                self.log.flush()
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -140,8 +140,10 @@ class RateLimiter:
         `tokens` is the request's estimate: prompt tokens + max_tokens. Returns the seconds
         waited (0.0 when nothing held it back).
         """
-        start = self._clock()
         wait = self.reserve(tokens)
+        if wait <= 0:
+            return 0.0  # the common case: no sleep, no clock reading, no event
+        start = self._clock()
         self.pending += 1
         self.pending_tokens += tokens
         try:

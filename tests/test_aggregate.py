@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
-from test_aggregate_fixtures import B, T0, ev, hand_coordinator, hand_shard, steady_shard
+from test_aggregate_fixtures import T0, B, ev, hand_coordinator, hand_shard, steady_shard
 
 from shardrun.aggregate import (
     Dist,
+    Pricing,
     RunFacts,
     ShardSummary,
     build_report,
@@ -29,16 +31,15 @@ def _named(summary: ShardSummary) -> dict[str, Dist]:
     return overall(summary.segments)
 
 
-def _report(shards: list[ShardSummary], coord: list[dict[str, object]] | None = None,
-            **facts: object) -> dict[str, object]:
-    base: dict[str, object] = {"run_id": "fixture-run", "run_dir": "/x", "state": "finished",
-                               "state_reason": "test"}
-    return build_report(RunFacts(**{**base, **facts}),  # type: ignore[arg-type]
-                        [fold_coordinator(coord)] if coord else [], shards)
+def _report(shards: list[ShardSummary], coord: list[dict[str, Any]] | None = None,
+            pricing: Pricing | None = None) -> dict[str, Any]:
+    facts = RunFacts(run_id="fixture-run", run_dir="/x", state="finished", state_reason="test",
+                     pricing=pricing)
+    return build_report(facts, [fold_coordinator(coord)] if coord else [], shards)
 
 
-def _shard(name: str = "00", **options: object) -> ShardSummary:
-    summary = fold_shard(hand_shard(), idle_until=T0 + 9.5, **options)
+def _shard(name: str = "00") -> ShardSummary:
+    summary = fold_shard(hand_shard(), idle_until=T0 + 9.5)
     summary.name = name
     return summary
 
@@ -81,7 +82,8 @@ def test_scheduler_integrals_of_the_hand_fixture() -> None:
 def test_attempt_counters_of_the_hand_fixture() -> None:
     """4 attempts (3 first), 1 retry for conn_reset, 3 wasted tokens, 2 new and 2 reused."""
     s = _shard()
-    assert (s.attempts, s.first_attempts, s.retries, s.wasted_tokens) == (4, 3, {"conn_reset": 1}, 3)
+    assert (s.attempts, s.first_attempts, s.wasted_tokens) == (4, 3, 3)
+    assert s.retries == {"conn_reset": 1}
     assert s.by_status == {"conn_reset": 1, "ok": 2, "http_4xx": 1}
     assert (s.new_conns, s.reused_conns, s.ok, s.dead, s.queued) == (2, 2, 2, 1, 3)
     assert s.dead_reasons == {"not_retryable_http_4xx": 1}
@@ -169,7 +171,7 @@ def test_restart_abandons_open_spans() -> None:
             ev("admitted", B + 1, span="a", id="a"), ev("shard_start", B + 5, cap=3),
             ev("queued", B + 6, span="a", id="a"), ev("admitted", B + 6, span="a", id="a")]
     s = fold_shard(recs)
-    assert (s.abandoned, s.starts, s.cap, s.in_flight, s.queue_depth) == (1, 2, 3, 1, 0)
+    assert (s.lost_at_restart, s.starts, s.cap, s.in_flight, s.queue_depth) == (1, 2, 3, 1, 0)
     assert s.backlog_s == 1.0  # [B, B+1) only; nothing is integrated across the restart
 
 
@@ -231,9 +233,9 @@ def test_client_limited_label_follows_loop_lag() -> None:
     assert [f["id"] for f in busy["triage"]["findings"]] == ["client_limited", "retries"]
 
 
-def _lat(ft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, object]:
+def _lat(ft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, Any]:
     names = ("t_queue", "t_retry", "t_conn", "t_first_token", "t_stream", "t_post")
-    dists: dict[str, object] = {n: {"p50": 1.0, "p99": 1.0} for n in (*names, "tpot")}
+    dists: dict[str, Any] = {n: {"p50": 1.0, "p99": 1.0} for n in (*names, "tpot")}
     dists["t_first_token"] = {"p50": ft[0], "p99": ft[1]}
     dists["tpot"] = {"p50": tpot[0], "p99": tpot[1]}
     return {"all": dists, "by_prompt_length": [], "bucket_share": dict.fromkeys(names, 0.1)}
@@ -254,14 +256,44 @@ def test_idle_gap_signature() -> None:
     """gap_fraction 0.2 on shard 01 is the signature, with that shard named as the worst."""
     from shardrun.aggregate._triage import idle_gaps
 
-    rows = [{"shard": "00", "gap_fraction": 0.0}, {"shard": "01", "gap_fraction": 0.4}]
-    over = {"gap_fraction": 0.2, "gap_s": 2.0, "backlog_s": 10.0, "cross_shard_idle_s": 0.0,
+    rows = [{"shard": "00", "stall_gap_fraction": 0.0}, {"shard": "01", "stall_gap_fraction": 0.4}]
+    over = {"gap_fraction": 0.2, "stall_gap_fraction": 0.2, "rate_limited_gap_s": 0.0,
+            "gap_s": 2.0, "backlog_s": 10.0, "cross_shard_idle_s": 0.0,
             "cross_shard_idle_fraction": 0.0}
     seen = idle_gaps({"shards": rows, "overall": over})
     assert seen["present"] and seen["evidence"]["worst_shard"] == "01"
     assert "scheduler" in seen["meaning"]
-    idle = idle_gaps({"shards": rows, "overall": {**over, "gap_fraction": 0.0,
+    idle = idle_gaps({"shards": rows, "overall": {**over, "stall_gap_fraction": 0.0,
                                                   "cross_shard_idle_fraction": 0.3}})
     assert idle["present"] and "unassigned work" in idle["meaning"]
-    calm = idle_gaps({"shards": rows, "overall": {**over, "gap_fraction": 0.01}})
-    assert not calm["present"]
+    limited = idle_gaps({"shards": rows, "overall": {**over, "stall_gap_fraction": 0.01}})
+    assert not limited["present"]  # a gap that is our own rate limit is not a stall
+
+
+def test_rate_waits_are_not_stalls() -> None:
+    """s1 waits 0.75 s for our rate limit before its admission at 1 (a slot held, so gap time):
+    of the 1 s gap, 0.75 s is our own limit and 0.25 s a stall. s2 waits 0.25 s before its
+    second attempt, which is t_retry, not gap."""
+    recs = hand_shard()
+    at = next(i for i, r in enumerate(recs) if r["ev"] == "admitted")
+    recs.insert(at, ev("rate_wait", T0 + 0.25, span="0-1", id="item-0-1", attempt=1, wait=0.75))
+    at = next(i for i, r in enumerate(recs) if r["ev"] == "retry")
+    recs.insert(at + 1, ev("rate_wait", T0 + 2.75, span="0-2", id="item-0-2", attempt=2,
+                           wait=0.25))
+    s = fold_shard(recs, idle_until=T0 + 9.5)
+    assert (s.rate_waits, s.rate_wait_first_s, s.rate_wait_retry_s) == (2, 0.75, 0.25)
+    sch = _report([s])["scheduler"]
+    over = sch["overall"]
+    assert (over["gap_fraction"], over["rate_limited_gap_s"]) == (round(1 / 6, 6), 0.75)
+    assert over["stall_gap_fraction"] == round(0.25 / 6, 6)
+    assert sch["rate_waits"] == {"count": 2, "before_admission_s": 0.75,
+                                 "before_retries_s": 0.25}
+
+
+def test_abandoned_spans_are_neither_ok_nor_dead() -> None:
+    """`released` with outcome abandoned (no line; redone on resume) is counted apart."""
+    recs = [ev("queued", B, span="a", id="a"), ev("admitted", B, span="a", id="a"),
+            ev("released", B + 1, span="a", id="a", outcome="abandoned", reason="stop")]
+    s = fold_shard(recs)
+    assert (s.abandoned, s.dead, s.ok, s.open_spans) == (1, 0, 0, 0)
+    assert _report([s])["items"]["success_rate"] is None

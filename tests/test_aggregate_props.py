@@ -185,3 +185,15 @@ def test_merged_distributions_equal_one(xs: list[float], ys: list[float]) -> Non
     a.merge(b)
     assert (a.counts, a.n, a.lo, a.hi) == (both.counts, both.n, both.lo, both.hi)
     assert math.isclose(a.total, both.total, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values)
+def test_batches_bucket_like_single_adds(xs: list[float]) -> None:
+    """`Dist.add_many` (sort, then bisect per bucket) counts exactly like `Dist.add`."""
+    one, many = Dist(), Dist()
+    for x in xs:
+        one.add(x)
+    many.add_many(list(xs))
+    assert (many.counts, many.n, many.lo, many.hi) == (one.counts, one.n, one.lo, one.hi)
+    assert math.isclose(many.total, one.total, rel_tol=1e-9, abs_tol=1e-9)

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from conftest import FAST_SIM, run_cli, write_input, write_job
-from test_aggregate_fixtures import B, RUN_ID, ev, steady_shard, write_run
+from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
 
 from shardrun.aggregate import minute_label
 from shardrun.cli_analysis import main
@@ -133,7 +133,7 @@ def _delete(run: Path, sample: Path) -> None:
 def _add(run: Path, sample: Path) -> None:
     log = run / "events" / "shard-01.jsonl"
     lines = _lines(log)
-    log.write_bytes(b"".join(lines[:10] + [lines[9]] + lines[10:]))
+    log.write_bytes(b"".join([*lines[:10], lines[9], *lines[10:]]))
 
 
 def _edit_sample(**changes: Any) -> Callable[[Path, Path], None]:
@@ -232,10 +232,10 @@ def test_unreadable_samples(published: tuple[Path, Path], tmp_path: Path) -> Non
     with pytest.raises(VerifyError, match="not valid JSON"):
         verify(bad, tmp_path)
     bad.write_text('{"schema": "other/9"}')
-    with pytest.raises(VerifyError, match="expected 'shardrun.sample/1'"):
+    with pytest.raises(VerifyError, match=r"expected 'shardrun\.sample/1'"):
         verify(bad, tmp_path)
     bad.write_text('{"schema": "shardrun.sample/1"}')
-    with pytest.raises(VerifyError, match="lacks the field 'run_id'"):
+    with pytest.raises(VerifyError, match=r"lacks the field 'run_id'"):
         verify(bad, tmp_path)
     stray = tmp_path / "stray.json"
     shutil.copy(published[1], stray)
@@ -258,5 +258,30 @@ def test_real_run_publish_verify_and_a_flip(tmp_path: Path) -> None:
     data = bytearray(log.read_bytes())
     data[len(data) // 2] ^= 0x01
     log.write_bytes(bytes(data))
-    with pytest.raises(VerifyError, match="events/shard-01.jsonl does not match the sample"):
+    with pytest.raises(VerifyError, match=r"events/shard-01\.jsonl does not match the sample"):
         verify(path)
+
+
+def test_publish_writes_where_asked_and_prints_it(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`publish -o FILE` writes the sample there, prints the same JSON, and verify accepts it."""
+    run = _run(tmp_path / "run")
+    out = tmp_path / "elsewhere" / "sample.json"
+    assert main(["publish", str(run), "--peak", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert orjson.loads(captured.out) == orjson.loads(out.read_bytes())
+    assert captured.err.strip() == f"wrote {out}"
+    assert main(["verify", str(out), "--run-dir", str(run)]) == 0
+
+
+def test_report_and_sample_agree_on_every_minute(published: tuple[Path, Path]) -> None:
+    """The report's TPM table and the sample of each minute give the same figure and flag."""
+    from shardrun.report import load_report
+
+    run, _ = published
+    doc, _ = load_report(run)
+    for row in doc["tpm"]["minutes"]:
+        sample, _ = publish(run, minute=row["minute"], out=run / "samples" / "x.json")
+        assert (sample["completion_tokens"], sample["spans"], sample["partial"]) == (
+            row["completion_tokens"], row["spans"], row["partial"])
+        assert [s["completion_tokens"] for s in sample["per_shard"]] == row["per_shard"]

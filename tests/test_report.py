@@ -1,4 +1,4 @@
-"""`shardrun report` on run directories: fixtures on disk, damaged logs, run states, and a real run."""
+"""`shardrun report` on run directories: fixtures on disk, damaged logs, run states, a real run."""
 
 from __future__ import annotations
 
@@ -203,3 +203,28 @@ def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
                   "Time-bucket percentiles", "TTFT distribution by prompt length",
                   "Retries by cause per minute"):
         assert title in html, title
+
+
+@pytest.mark.parametrize("chunk", [64, 333, 4096])
+def test_small_read_chunks_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          chunk: int) -> None:
+    """Lines and checkpoints cut across read chunks give the same document as one big read."""
+    import shardrun.report._scan as scan
+
+    run = _hand_run(tmp_path)
+    whole, _ = load_report(run)
+    monkeypatch.setattr(scan, "CHUNK", chunk)
+    pieces, _ = load_report(run)
+    assert pieces == whole and pieces["integrity"]["ok"]
+
+
+def test_many_change_points_become_envelopes() -> None:
+    """Past the limit, the plot trace keeps per-second envelopes instead of every point."""
+    from shardrun.aggregate import StepTrace, _steps
+
+    trace = StepTrace()
+    for i in range(_steps.TRACE_LIMIT + 1):
+        trace.add(1000.0 + i / 1000, i % 7, i % 5)
+    assert not trace.exact and trace.points == []
+    assert trace.bins is not None and trace.bins[1000] == [6, 0, 4]
+    assert len(trace.bins) == (_steps.TRACE_LIMIT + 1) // 1000 + 1

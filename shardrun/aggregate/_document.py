@@ -18,9 +18,9 @@ from shardrun.aggregate._metrics import (
     items_section,
     latency_section,
     loop_lag_section,
-    scheduler_section,
     windows,
 )
+from shardrun.aggregate._scheduler import scheduler_section
 from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
 from shardrun.aggregate._tpm import tpm_section
 from shardrun.aggregate._triage import triage_section

@@ -60,7 +60,8 @@ def items_section(coords: list[CoordinatorSummary],
         "succeeded": ok,
         "dead": dead,
         "open": sum(s.open_spans for s in shards),
-        "abandoned_at_restart": sum(s.abandoned for s in shards),
+        "abandoned": sum(s.abandoned for s in shards),
+        "abandoned_at_restart": sum(s.lost_at_restart for s in shards),
         "rejected_input_lines": None if all(c.rejects is None for c in coords)
         else sum(c.rejects or 0 for c in coords),
         "success_rate": ratio(ok, ok + dead),
@@ -133,48 +134,6 @@ def connections_section(shards: list[ShardSummary], successes: int) -> dict[str,
         "churn_per_success": ratio(new, successes),
         "expected_churn": ratio(sum(s.cap for s in shards), items),
     }
-
-
-def input_end(coords: list[CoordinatorSummary], segment: int) -> float | None:
-    """When the pass `segment` ran out of input (None: never, as far as its log says)."""
-    return next((c.input_end for c in coords if c.segment == segment), None)
-
-
-def scheduler_section(coords: list[CoordinatorSummary],
-                      shards: list[ShardSummary]) -> dict[str, Any]:
-    rows = []
-    for s in shards:
-        before = _time_before(s, input_end(coords, s.segment))
-        rows.append({
-            "shard": s.name, "cap": s.cap, "observed_s": round(s.observed_s, 6),
-            "backlog_s": round(s.backlog_s, 6), "gap_s": round(s.gap_s, 6),
-            "gap_fraction": ratio(s.gap_s, s.backlog_s) or 0.0,
-            "idle_before_input_end_s": round(s.idle_s, 6),
-            "idle_fraction": ratio(s.idle_s, before) or 0.0,
-            "queue_depth_at_end": s.queue_depth, "in_flight_at_end": s.in_flight,
-        })  # fmt: skip
-    backlog = sum(s.backlog_s for s in shards)
-    gap = sum(s.gap_s for s in shards)
-    idle = sum(s.idle_s for s in shards)
-    before = sum(_time_before(s, input_end(coords, s.segment)) for s in shards)
-    return {
-        "input_end_t": [c.input_end for c in sorted(coords, key=lambda c: c.segment)],
-        "shards": rows,
-        "overall": {
-            "backlog_s": round(backlog, 6), "gap_s": round(gap, 6),
-            "gap_fraction": ratio(gap, backlog) or 0.0,
-            "cross_shard_idle_s": round(idle, 6),
-            "cross_shard_idle_fraction": ratio(idle, before) or 0.0,
-        },
-    }  # fmt: skip
-
-
-def _time_before(s: ShardSummary, input_end: float | None) -> float:
-    """Shard-seconds observed before `input_end` (all of them when the input never ended)."""
-    if s.first_t is None or s.last_t is None:
-        return 0.0
-    end = s.last_t if input_end is None else min(s.last_t, input_end)
-    return max(0.0, end - s.first_t)
 
 
 def loop_lag_section(shards: list[ShardSummary]) -> dict[str, Any]:

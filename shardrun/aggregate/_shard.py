@@ -3,9 +3,8 @@
 Records are the parsed lines of `events/shard-NN.jsonl` (see docs/ARCHITECTURE.md), fed in file
 order. State per span lives only while the span is open (from `queued` to `released`); what
 stays is per-minute, per-segment and per-shard. A fold tolerates missing lines (a torn log, a
-log read from its middle, or the `minutes_only` mode that `verify` uses, where only
-`last_token`, `attempt_end` and `released` lines are fed): what cannot be computed is counted,
-never guessed.
+log read from its middle, or the `minutes_only` mode of `publish` and `verify`, where only
+`MINUTES_ONLY_EVENTS` are fed): what cannot be computed is counted, never guessed.
 """
 
 from __future__ import annotations
@@ -27,8 +26,10 @@ Handler = Callable[[Record, bytes], None]
 Q, PC, A, S, C, F, L, LA, LR, E = range(10)
 _EMPTY: list[Any] = [None] * 10
 MAX_TRACKED_REASONS = 256
+# What `verify` reads: the figure's lines, and every line that moves the log's time window
+# exactly as in a full fold (so both agree on which minutes are partial).
 MINUTES_ONLY_EVENTS = frozenset({"shard_start", "last_token", "attempt_end", "released",
-                                 "shard_end"})
+                                 "loop_lag", "checkpoint", "shard_end"})
 
 
 class ShardFold:
@@ -49,6 +50,7 @@ class ShardFold:
             "attempt_start": self._attempt_start, "conn_ready": self._conn_ready,
             "first_token": self._first_token, "last_token": self._last_token,
             "attempt_end": self._attempt_end, "retry": self._retry, "released": self._released,
+            "rate_wait": self._rate_wait,
             "loop_lag": self._loop_lag, "checkpoint": self._seen, "shard_end": self._shard_end,
         }  # fmt: skip
         if minutes_only:
@@ -84,7 +86,7 @@ class ShardFold:
         s.cap = int(rec.get("cap") or self.sched.cap)
         s.starts += 1
         s.ended = False
-        s.abandoned += len(self.open)
+        s.lost_at_restart += len(self.open)
         self.open.clear()
         self.sched.restart(rec["t"], s.cap)
 
@@ -122,8 +124,13 @@ class ShardFold:
         if self.full:
             self.sched.move(t, 0, -1)
         span = self.open.pop(rec["span"], None) or _EMPTY
-        if rec.get("outcome") == "ok":
+        outcome = rec.get("outcome")
+        if outcome == "ok":
             self._close_ok(span, t, raw)
+        elif outcome == "abandoned":
+            s.abandoned += 1
+        elif outcome != "dead":
+            s.other_outcomes += 1
         else:
             s.dead += 1
             key = reason_key(rec.get("reason"))
@@ -173,6 +180,15 @@ class ShardFold:
                 rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
                 rec.get("itl_hist"), rec.get("attempt"), raw,
             )  # fmt: skip
+
+    def _rate_wait(self, rec: Record, raw: bytes) -> None:
+        """Our own rate limit held an attempt; before attempt 1 the span is not yet admitted."""
+        s = self.sum
+        s.rate_waits += 1
+        if rec.get("attempt") == 1:
+            s.rate_wait_first_s += rec["wait"]
+        else:
+            s.rate_wait_retry_s += rec["wait"]
 
     def _retry(self, rec: Record, raw: bytes) -> None:
         s = self.sum

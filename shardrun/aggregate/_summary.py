@@ -44,7 +44,9 @@ class ShardSummary:
     open_spans: int = 0
     queue_depth: int = 0
     in_flight: int = 0
-    abandoned: int = 0
+    abandoned: int = 0  # released with outcome "abandoned": no line, redone on resume
+    lost_at_restart: int = 0  # open when a second shard_start appeared in the same file
+    other_outcomes: int = 0
     ok_without_attempt: int = 0
     ok_incomplete: int = 0
     unknown_events: int = 0
@@ -59,6 +61,9 @@ class ShardSummary:
     completion_tokens: int = 0
     new_conns: int = 0
     reused_conns: int = 0
+    rate_waits: int = 0
+    rate_wait_first_s: float = 0.0  # before admission: inside t_queue, and all of it gap time
+    rate_wait_retry_s: float = 0.0  # before a later attempt: inside t_retry
     backlog_s: float = 0.0
     gap_s: float = 0.0
     idle_s: float = 0.0

@@ -13,6 +13,7 @@ STREAM_STABLE_RATIO = 2.0  # p99/p50 of TPOT at or below: decode speed is stable
 GAP_FRACTION_LIMIT = 0.05
 IDLE_FRACTION_LIMIT = 0.05
 RETRY_RATE_LIMIT = 0.05
+RATE_LIMIT_SHARE = 0.05  # rate waits before admission, as a share of backlog time
 CHURN_FACTOR = 2.0
 
 TABLE: dict[str, tuple[str, str]] = {
@@ -35,6 +36,10 @@ TABLE: dict[str, tuple[str, str]] = {
     "idle_gaps": ("our own scheduler leaves slots free while work waits (admission gaps)",
                   "fix the stall first: look for blocking work on the event loop or a slow "
                   "hand-out; then reconsider the cap"),
+    "rate_limit": ("the job's own rate_limits (rpm/tpm) held work back: that part of t_queue "
+                   "and of the gap time is intended",
+                   "raise rate_limits if the provider allows more; otherwise this is the "
+                   "expected ceiling"),
     "cross_shard_idle": ("a shard sat idle while the coordinator still held unassigned work",
                          "hand out work sooner (larger or earlier batches), more shards"),
 }
@@ -79,10 +84,14 @@ def ttft_tail(latency: dict[str, Any]) -> dict[str, Any]:
 
 
 def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
-    """Signature 2: free slots while work waits (gap_fraction), or idle shards under backlog."""
+    """Signature 2: free slots while work waits, or idle shards under backlog.
+
+    Judged on the stall part of the gap (gap time less our own rate-limit waits): a run held by
+    its `rate_limits` is not a stalled scheduler; that case is its own finding.
+    """
     over = scheduler["overall"]
-    worst = max(scheduler["shards"], key=lambda r: r["gap_fraction"], default=None)
-    gap = over["gap_fraction"]
+    worst = max(scheduler["shards"], key=lambda r: r["stall_gap_fraction"], default=None)
+    gap = over["stall_gap_fraction"]
     idle = over["cross_shard_idle_fraction"]
     present = gap >= GAP_FRACTION_LIMIT or idle >= IDLE_FRACTION_LIMIT
     only_idle = gap < GAP_FRACTION_LIMIT and idle >= IDLE_FRACTION_LIMIT
@@ -90,11 +99,12 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
     meaning, control = TABLE[key]
     return {"id": "idle_gaps_under_backlog", "present": present,
             "title": "idle gaps under backlog",
-            "evidence": {"gap_fraction": gap, "gap_s": over["gap_s"],
-                         "backlog_s": over["backlog_s"],
+            "evidence": {"gap_fraction": over["gap_fraction"], "stall_gap_fraction": gap,
+                         "rate_limited_gap_s": over["rate_limited_gap_s"],
+                         "gap_s": over["gap_s"], "backlog_s": over["backlog_s"],
                          "worst_shard": None if worst is None else worst["shard"],
-                         "worst_shard_gap_fraction": None if worst is None
-                         else worst["gap_fraction"],
+                         "worst_shard_stall_gap_fraction": None if worst is None
+                         else worst["stall_gap_fraction"],
                          "cross_shard_idle_fraction": idle,
                          "cross_shard_idle_s": over["cross_shard_idle_s"],
                          "thresholds": [GAP_FRACTION_LIMIT, IDLE_FRACTION_LIMIT]},
@@ -102,7 +112,7 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
 
 
 def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Client saturation, heavy retries and connection churn, when present."""
+    """Client saturation, heavy retries, our own rate limit and connection churn, if present."""
     out = []
     lag = doc["loop_lag"]
     if lag["client_limited"]:
@@ -114,6 +124,15 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_finding("retries", "many retries",
                             {"retry_rate": att["retry_rate"], "causes": att["retry_causes"],
                              "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
+    waits = doc["scheduler"]["rate_waits"]
+    backlog = doc["scheduler"]["overall"]["backlog_s"]
+    if backlog and waits["before_admission_s"] >= RATE_LIMIT_SHARE * backlog:
+        out.append(_finding("rate_limited", "held back by our own rate limit",
+                            {"rate_waits": waits["count"],
+                             "before_admission_s": waits["before_admission_s"],
+                             "share_of_backlog": round(waits["before_admission_s"] / backlog,
+                                                       4)},
+                            *TABLE["rate_limit"]))
     conn = doc["connections"]
     churn, expected = conn["churn_per_success"], conn["expected_churn"]
     if churn is not None and expected is not None and churn > CHURN_FACTOR * expected:

@@ -36,12 +36,14 @@ def load_report(run_dir: Path, *, trace: bool = False,
     """Read a run directory (finished, crashed or still running) into its report document."""
     loaded = load_run(run_dir, FoldOptions(trace=trace), workers)
     state, why = run_state(loaded)
-    files = [_file_entry(scan, loaded) for scan in loaded.scans]
     manifest = loaded.manifest
+    recorded = {f.get("path") for f in manifest.get("files") or []}
+    changed = set(loaded.manifest_mismatches())
+    files = [_file_entry(scan, loaded, recorded, changed) for scan in loaded.scans]
     facts = RunFacts(
         run_id=manifest.get("run_id"), run_dir=str(run_dir), state=state, state_reason=why,
         manifest_status=manifest.get("status"),
-        pricing=pricing_from_effective(manifest.get("effective") or {}),
+        pricing=pricing_from_effective(_effective(manifest)),
         files=files, notes=[n for f in files for n in _file_notes(f, state)],
     )  # fmt: skip
     return build_report(facts, loaded.coordinators, loaded.shards), loaded
@@ -52,14 +54,21 @@ def format_json(doc: dict[str, Any]) -> str:
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
-def _file_entry(scan: FileScan, loaded: LoadedRun) -> dict[str, Any]:
+def _effective(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The effective settings of the latest pass (a resume may have changed prices)."""
+    resumes = manifest.get("resumes") or []
+    latest = resumes[-1].get("effective") if resumes and isinstance(resumes[-1], dict) else None
+    found = latest or manifest.get("effective") or {}
+    return found if isinstance(found, dict) else {}
+
+
+def _file_entry(scan: FileScan, loaded: LoadedRun, recorded: set[Any],
+                changed: set[str]) -> dict[str, Any]:
     entry = scan.as_dict()
     shard = next((s for s, sc in zip(loaded.shards, loaded.shard_scans, strict=True)
                   if sc is scan), None)
     entry["shard_end"] = None if shard is None else shard.ended
-    recorded = any(f.get("path") == scan.path for f in loaded.manifest.get("files") or [])
-    entry["matches_manifest"] = (scan.path not in loaded.manifest_mismatches()) if recorded else (
-        None)
+    entry["matches_manifest"] = (scan.path not in changed) if scan.path in recorded else None
     return entry
 
 
@@ -71,12 +80,18 @@ def _file_notes(f: dict[str, Any], state: str) -> list[str]:
     if f["bad_lines"]:
         notes.append(f"{path}: {f['bad_lines']:,} unreadable lines ignored, first "
                      f"{f['first_bad'][0]}")
+    if f["unknown_events"]:
+        notes.append(f"{path}: {f['unknown_events']:,} lines with an event name this version "
+                     "does not know, ignored")
     if f["checkpoint_error"]:
         notes.append(f"{path}: checkpoint check failed at {f['checkpoint_error']}")
     if f["matches_manifest"] is False:
         notes.append(f"{path}: differs from the SHA-256 the manifest recorded at the end of "
                      "the run (changed since)")
-    if f["lines"] and f["covered_lines"] < f["lines"]:
+    if f["lines"] and not f["covered_lines"] and not f["checkpoint_error"]:
+        notes.append(f"{path}: no checkpoint yet, so none of its {f['lines']:,} lines is "
+                     "verified")
+    elif f["lines"] and f["covered_lines"] < f["lines"]:
         pct = 100 * f["covered_bytes"] / f["bytes"] if f["bytes"] else 0.0
         notes.append(f"{path}: checkpoints cover lines 1-{f['covered_lines']:,} of "
                      f"{f['lines']:,} ({pct:.1f}% of its bytes)")

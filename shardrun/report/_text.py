@@ -9,7 +9,7 @@ from shardrun.report._table import ms, num, pct, secs, short, size, table, when
 
 MAX_MINUTE_ROWS = 30
 LATENCY_ROWS = (*BUCKETS, "ttft", "ttft_request", "itl", "tpot", "e2e")
-SEGMENT_COLUMNS = ("t_queue", "t_first_token", "t_stream", "ttft", "e2e")
+MAX_SHARD_COLUMNS = 8
 
 
 def format_report(doc: dict[str, Any]) -> str:
@@ -41,6 +41,8 @@ def format_items(doc: dict[str, Any]) -> str:
          "success rate", pct(it["success_rate"], 2)],
         ["dead", num(it["dead"]), "still open", num(it["open"]),
          "rejected input lines", num(it["rejected_input_lines"])],
+        ["abandoned", num(it["abandoned"]), "lost at restart", num(it["abandoned_at_restart"]),
+         "", ""],
         ["completion tokens", num(it["completion_tokens"]), "prompt tokens",
          num(it["prompt_tokens"]), "wasted tokens", num(att["wasted_tokens"])],
     ]  # fmt: skip
@@ -49,29 +51,47 @@ def format_items(doc: dict[str, Any]) -> str:
 
 def format_tpm(doc: dict[str, Any]) -> str:
     tpm = doc["tpm"]
-    shards = tpm["shards"]
-    rows = [[r["minute"], num(r["completion_tokens"]), num(r["spans"]),
-             *(num(v) for v in r["per_shard"]), "partial" if r["partial"] else "full"]
-            for r in tpm["minutes"]]
+    headers, rows = _minute_rows(tpm)
     shown = rows[:MAX_MINUTE_ROWS]
-    lines = ["Completion TPM (tokens of successful spans, by UTC minute of the last token)",
-             *table(["minute", "tokens", "spans", *(f"shard {s}" for s in shards), ""], shown)]
+    lines = ["Completion TPM (tokens of successful spans, by UTC minute of the last token; "
+             "* = the shard's own peak full minute)", *table(headers, shown)]
     if len(rows) > len(shown):
         lines.append(f"  … {len(rows) - len(shown)} more minutes in --json")
+    lines += _peak_lines(tpm)
+    lines.append(f"  run average: {num(tpm['run_average_tpm'])} tokens/min")
+    return "\n".join(lines)
+
+
+def _minute_rows(tpm: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per-shard columns for up to `MAX_SHARD_COLUMNS` shard logs, else their min and max."""
+    shards = tpm["shards"]
+    peaks = {(p["minute"], i) for i, p in enumerate(tpm["per_shard_peak"]) if p["minute"]}
+    wide = len(shards) <= MAX_SHARD_COLUMNS
+    headers = ["minute", "tokens", "spans",
+               *((f"shard {s}" for s in shards) if wide else ("min shard", "max shard")), ""]
+    rows = []
+    for r in tpm["minutes"]:
+        split = r["per_shard"]
+        cells = ([num(v) + ("*" if (r["minute"], i) in peaks else " ")
+                  for i, v in enumerate(split)] if wide
+                 else [num(min(split, default=0)), num(max(split, default=0))])
+        rows.append([r["minute"], num(r["completion_tokens"]), num(r["spans"]), *cells,
+                     "partial" if r["partial"] else "full"])
+    return headers, rows
+
+
+def _peak_lines(tpm: dict[str, Any]) -> list[str]:
     peak = tpm["peak_full_minute"]
     if peak is None:
         best = tpm["best_minute_any"]
-        lines.append("  peak full minute: none (no minute lies wholly inside the run)"
-                     + (f"; best partial minute {best['minute']} with "
-                        f"{num(best['completion_tokens'])} tokens" if best else ""))
-    else:
-        lines.append(f"  peak full minute: {peak['minute']}  {num(peak['completion_tokens'])} "
-                     f"tokens/min ({num(peak['spans'])} spans)")
-        lines.append("  each shard's own peak: " + ",  ".join(
-            f"{p['shard']}: {num(p['completion_tokens'])} at {(p['minute'] or '-')[11:]}"
-            for p in tpm["per_shard_peak"]))
-    lines.append(f"  run average: {num(tpm['run_average_tpm'])} tokens/min")
-    return "\n".join(lines)
+        return ["  peak full minute: none (no minute lies wholly inside the run)"
+                + (f"; best partial minute {best['minute']} with "
+                   f"{num(best['completion_tokens'])} tokens" if best else "")]
+    return [f"  peak full minute: {peak['minute']}  {num(peak['completion_tokens'])} "
+            f"tokens/min ({num(peak['spans'])} spans)",
+            "  each shard's own peak: " + ",  ".join(
+                f"{p['shard']}: {num(p['completion_tokens'])} at {(p['minute'] or '-')[11:]}"
+                for p in tpm["per_shard_peak"])]
 
 
 def _dist_row(name: str, d: dict[str, Any] | None, share: float | None) -> list[str]:
@@ -99,13 +119,15 @@ def format_segments(doc: dict[str, Any]) -> str:
         return ""
     rows = []
     for seg in segs:
-        cells = [seg["segment"], num(seg["spans"])]
-        for name in SEGMENT_COLUMNS:
-            d = seg["dists"][name]
-            cells.append("-" if d is None else f"{ms(d['p50'])} / {ms(d['p99'])}")
-        rows.append(cells)
-    return "\n".join(["By prompt length (tokens): p50 / p99 ms",
-                      *table(["prompt", "spans", *SEGMENT_COLUMNS], rows)])
+        for i, stat in enumerate(("p50", "p95", "p99", "max")):
+            label = [seg["segment"], num(seg["spans"])] if i == 0 else ["", ""]
+            rows.append([*label, stat, *(_stat(seg["dists"][n], stat) for n in LATENCY_ROWS)])
+    return "\n".join(["By prompt length (tokens), ms",
+                      *table(["prompt", "spans", "", *LATENCY_ROWS], rows)])
+
+
+def _stat(d: dict[str, Any] | None, stat: str) -> str:
+    return "-" if d is None else ms(d[stat])
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -134,20 +156,30 @@ def format_attempts(doc: dict[str, Any]) -> str:
 
 def format_scheduler(doc: dict[str, Any]) -> str:
     sch = doc["scheduler"]
-    rows = [[str(r["shard"]), str(r["cap"]), secs(r["observed_s"]), secs(r["backlog_s"]),
-             secs(r["gap_s"]), pct(r["gap_fraction"], 2), secs(r["idle_before_input_end_s"]),
-             pct(r["idle_fraction"], 2)] for r in sch["shards"]]
+    rows = [[str(r["shard"]), str(r["cap"]), secs(r["observed_s"]), *_gap_cells(r),
+             secs(r["idle_before_input_end_s"]), pct(r["idle_fraction"], 2)]
+            for r in sch["shards"]]
     o = sch["overall"]
-    rows.append(["all", "", "", secs(o["backlog_s"]), secs(o["gap_s"]),
-                 pct(o["gap_fraction"], 2), secs(o["cross_shard_idle_s"]),
+    rows.append(["all", "", "", *_gap_cells(o), secs(o["cross_shard_idle_s"]),
                  pct(o["cross_shard_idle_fraction"], 2)])
-    return "\n".join([
-        "Scheduler (exact step functions; seconds)",
-        *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction",
-                "idle<input_end", "idle %"], rows),
+    waits = sch["rate_waits"]
+    lines = [
+        "Scheduler (exact step functions; seconds; stall = gap less our own rate-limit waits)",
+        *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction", "rate-limited",
+                "stall", "idle<input_end", "idle %"], rows),
         "  input_end at " + ", ".join(
             when(t) if t else "(not logged: work still unassigned)" for t in sch["input_end_t"]),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if waits["count"]:
+        lines.append(f"  rate-limit waits: {num(waits['count'])}, "
+                     f"{secs(waits['before_admission_s'])} s before admission (in t_queue), "
+                     f"{secs(waits['before_retries_s'])} s before retries (in t_retry)")
+    return "\n".join(lines)
+
+
+def _gap_cells(r: dict[str, Any]) -> list[str]:
+    return [secs(r["backlog_s"]), secs(r["gap_s"]), pct(r["gap_fraction"], 2),
+            secs(r["rate_limited_gap_s"]), pct(r["stall_gap_fraction"], 2)]
 
 
 def format_cost(doc: dict[str, Any]) -> str:
@@ -172,13 +204,22 @@ def format_integrity(doc: dict[str, Any]) -> str:
     rows = []
     for f in doc["integrity"]["files"]:
         ended = {True: "shard_end", False: "NO shard_end", None: ""}[f["shard_end"]]
-        state = ("CHECKPOINT MISMATCH" if f["checkpoint_error"]
-                 else f"lines 1-{num(f['covered_lines'])} verified")
+        state = _coverage(f)
         rows.append([f["path"], num(f["lines"]), size(f["bytes"]), num(f["checkpoints"]),
                      state, ended, "torn tail" if f["torn_tail_bytes"] else ""])
     return "\n".join(["Event files (running SHA-256 checked at every checkpoint)",
                       *table(["file", "lines", "bytes", "checkpoints", "coverage", "", ""],
                              rows)])
+
+
+def _coverage(f: dict[str, Any]) -> str:
+    if f["checkpoint_error"]:
+        return "CHECKPOINT MISMATCH"
+    if not f["lines"]:
+        return "empty"
+    if not f["covered_lines"]:
+        return "no checkpoint yet"
+    return f"lines 1-{num(f['covered_lines'])} verified"
 
 
 def format_triage(doc: dict[str, Any]) -> str:
