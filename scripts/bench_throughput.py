@@ -146,7 +146,7 @@ class Sim:
 
     def cpu(self) -> float:
         t = self.ps.cpu_times()
-        return t.user + t.system
+        return float(t.user + t.system)
 
     def stats(self) -> dict[str, Any]:
         url = self.base_url.removesuffix("/v1") + "/sim/stats"
@@ -194,7 +194,7 @@ class Accounting:
 
 def _busy() -> float:
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
 
 def _tree_sample(root: psutil.Process, cache: dict[int, psutil.Process]) -> tuple[float, int]:
@@ -224,8 +224,9 @@ def run_measured(argv: list[str], cwd: Path, sim: Sim, timeout_s: float,
     sim_cpu0 = sim.cpu()
     started = time.time()
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                            env=ENV)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=ENV
+    )
     root = psutil.Process(proc.pid)
     cache: dict[int, psutil.Process] = {}
     samples: list[Sample] = []
@@ -493,8 +494,11 @@ def measure(client: str, shards: int, cap: int, repeat: int, items: int, input_p
         run = read_floor_run(outs, ttft_s, itl_s)
     after = sim.stats()
     if after["requests_total"] - before["requests_total"] != run["ok"] + run["dead"]:
-        print(f"  ! {tag}: simulator saw {after['requests_total'] - before['requests_total']} "
-              f"requests for {run['ok'] + run['dead']} spans (retries?)", file=sys.stderr)
+        print(
+            f"  ! {tag}: simulator saw {after['requests_total'] - before['requests_total']} "
+            f"requests for {run['ok'] + run['dead']} spans (retries?)",
+            file=sys.stderr,
+        )
     window = run["last"] - run["first"]
     req_s = run["ok"] / window
     ceiling = shards * cap / run["mean_server"]
@@ -544,8 +548,9 @@ def _aggregate_gap_fraction(run_dir: Path) -> float:
 def _check(acc: Accounting, prefix: Path) -> None:
     if acc.exit_code != 0:
         tail = Path(f"{prefix}.stderr").read_text(errors="replace")[-2000:]
-        raise SystemExit(f"{prefix.name} exited with {acc.exit_code}; "
-                         f"its stderr ends with:\n{tail}")
+        raise SystemExit(
+            f"{prefix.name} exited with {acc.exit_code}; its stderr ends with:\n{tail}"
+        )
 
 
 def snapshot(work: Path, rev: str | None) -> str:
@@ -576,8 +581,9 @@ def snapshot(work: Path, rev: str | None) -> str:
     check = subprocess.run([PY, "-c", "import shardrun.runner, shardrun._shard_main"],
                            cwd=src, env=ENV, capture_output=True, text=True)  # fmt: skip
     if check.returncode != 0:
-        raise SystemExit(f"the {what} snapshot does not import (try --rev HEAD):\n"
-                         f"{check.stderr[-1500:]}")
+        raise SystemExit(
+            f"the {what} snapshot does not import (try --rev HEAD):\n{check.stderr[-1500:]}"
+        )
     return f"{what} (HEAD {head}), shardrun/*.py sha256 {h.hexdigest()[:12]}"
 
 
@@ -662,32 +668,58 @@ def parse_points(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="about a minute: points 1x32,8x32, 1 repeat, 5 s per run")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="about a minute: points 1x32,8x32, 1 repeat, 5 s per run",
+    )
     p.add_argument("--points", default=None, help="comma list of SHARDSxCAP (default "
                    "1x32,4x32,8x32,8x64)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=None, help="runs per point (default 3)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="seconds each run should last at the ceiling (default 10)")
-    p.add_argument("--max-rate", type=float, default=1400.0,
-                   help="size inputs for at most this many req/s (a 2-core machine cannot do "
-                        "8x64's 2,560 req/s; this keeps that point near --duration)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds each run should last at the ceiling (default 10)",
+    )
+    p.add_argument(
+        "--max-rate",
+        type=float,
+        default=1400.0,
+        help="size inputs for at most this many req/s (a 2-core machine cannot do "
+        "8x64's 2,560 req/s; this keeps that point near --duration)",
+    )
     p.add_argument("--ttft-ms", type=float, default=200.0)
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--tokens", default="uniform:16:96")
     p.add_argument("--flush-ms", type=float, default=20.0)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--no-sharded-floor", action="store_true",
-                   help="skip the floor run as S processes x cap (saves a third of the time)")
-    p.add_argument("--rerun-above", type=float, default=0.3, metavar="CORES",
-                   help="measure a run again when other processes used more than this many "
-                        "cores during its steady window (default 0.3)")
-    p.add_argument("--max-reruns", type=int, default=None,
-                   help="per run (default 1; 0 with --quick)")
-    p.add_argument("--rerun-budget", type=float, default=120.0, metavar="S",
-                   help="spend at most this long on re-runs in all (default 120 s)")
+    p.add_argument(
+        "--no-sharded-floor",
+        action="store_true",
+        help="skip the floor run as S processes x cap (saves a third of the time)",
+    )
+    p.add_argument(
+        "--rerun-above",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="measure a run again when other processes used more than this many "
+        "cores during its steady window (default 0.3)",
+    )
+    p.add_argument(
+        "--max-reruns", type=int, default=None, help="per run (default 1; 0 with --quick)"
+    )
+    p.add_argument(
+        "--rerun-budget",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="spend at most this long on re-runs in all (default 120 s)",
+    )
     p.add_argument("--json", type=Path, help="also write every raw measurement here")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--rev", help="benchmark shardrun/ as of this git revision (read-only "
@@ -701,7 +733,8 @@ def main() -> int:
     if repeats < 1 or repeats > 20 or duration <= 0 or duration > 300:
         p.error("--repeats must be 1..20 and --duration 0..300")
     server_s = args.ttft_ms / 1e3 + max(_mean_tokens(args.tokens, args.max_tokens) - 1, 0) * (
-        args.itl_ms / 1e3)
+        args.itl_ms / 1e3
+    )
 
     global SRC
     work = Path(tempfile.mkdtemp(prefix="shardrun-bench-"))
@@ -741,8 +774,11 @@ def main() -> int:
                         if not busy or rerun_s > args.rerun_budget:
                             break
                         t_rerun = time.monotonic()
-                        print(f"  ! r{rep} {shards}x{cap} {client}: other processes used "
-                              f"{r.other_load_cores:.2f} cores: measuring again", file=sys.stderr)
+                        print(
+                            f"  ! r{rep} {shards}x{cap} {client}: other processes used "
+                            f"{r.other_load_cores:.2f} cores: measuring again",
+                            file=sys.stderr,
+                        )
                         again = measure(client, shards, cap, rep, n, inputs[n], sim, args, work,
                                         suffix=f"a{attempt}")  # fmt: skip
                         again.attempts = attempt

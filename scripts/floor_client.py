@@ -109,8 +109,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     connector = aiohttp.TCPConnector(limit=args.concurrency, limit_per_host=args.concurrency)
     out = open(args.out, "ab", buffering=1 << 16) if args.out else None  # noqa: SIM115
     try:
-        async with aiohttp.ClientSession(connector=connector,
-                                         timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+        ) as session:
             with open(args.input, "rb") as f:
                 for i, raw in enumerate(f):
                     if i % args.parts != args.part:
@@ -162,9 +163,24 @@ def _fan_out(args: argparse.Namespace) -> int:
     n = args.procs
     children = []
     for i in range(n):
-        argv = [sys.executable, __file__, "--base-url", args.base_url, "--input", str(args.input),
-                "--concurrency", str(args.concurrency), "--model", args.model,
-                "--max-tokens", str(args.max_tokens), "--part", str(i), "--parts", str(n)]
+        argv = [
+            sys.executable,
+            __file__,
+            "--base-url",
+            args.base_url,
+            "--input",
+            str(args.input),
+            "--concurrency",
+            str(args.concurrency),
+            "--model",
+            args.model,
+            "--max-tokens",
+            str(args.max_tokens),
+            "--part",
+            str(i),
+            "--parts",
+            str(n),
+        ]
         if args.out:
             argv += ["--out", f"{args.out}.{i}"]
         children.append(subprocess.Popen(argv, stdout=subprocess.PIPE))
