@@ -134,7 +134,8 @@ class Shard:
                 continue
             span = self.queue.popleft()
             await self._rate_wait(span, 1)
-            task = asyncio.create_task(self._run_span(span))
+            self._admit(span)
+            task = asyncio.create_task(self._hold_slot(span))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -151,14 +152,31 @@ class Shard:
             self.log.emit(events.RATE_WAIT, t=started, span=span.span_id, id=span.item_id,
                           attempt=attempt, wait=waited)
 
-    async def _run_span(self, span: Span) -> None:
+    def _admit(self, span: Span) -> None:
         span.admitted_at = self.clock.now()
         self.counters.in_flight += 1
         self.log.emit(events.ADMITTED, t=span.admitted_at, span=span.span_id, id=span.item_id)
+
+    async def _hold_slot(self, span: Span) -> None:
+        """Run spans while work is queued, holding one permit of the cap throughout.
+
+        A finished span hands its slot straight to the next queued one in the same task.
+        Releasing the permit and letting the dispatcher re-acquire it would leave the slot
+        empty for two passes of the event loop, which shows up as lost occupancy.
+        """
         try:
-            await self._attempts(span)
+            while True:
+                try:
+                    await self._attempts(span)
+                finally:
+                    self.counters.in_flight -= 1
+                if self.stopping or self.fatal_reason is not None or not self.queue:
+                    return
+                span = self.queue.popleft()
+                self._request_more()
+                await self._rate_wait(span, 1)
+                self._admit(span)
         finally:
-            self.counters.in_flight -= 1
             self.sem.release()
 
     async def _attempts(self, span: Span) -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import io
 import operator
+import os
 import re
+import sys
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,8 +44,7 @@ HANDLED = ("shard_start", "queued", "admitted", "attempt_start", "conn_ready", "
 STATE_EVENTS = ("queued", "admitted", "attempt_start", "conn_ready", "first_token",
                 "last_token", "attempt_end", "released")
 SEEN_EVENTS = ("shard_start", "shard_end", "loop_lag", "checkpoint")
-INT_T = re.compile(rb'"t":-?\d+[,}]')
-ITL_MARK = b'"itl_hist":{'
+INT_T = re.compile(rb'"t":-?[0-9]+[,}]')
 
 
 def _schema() -> dict[str, Any]:
@@ -66,6 +67,8 @@ class _Unsupported(Exception):
 def fold_shard_file_vector(path: Path, rel: str, idle_until: float,
                            cap: int) -> tuple[FileScan, ShardSummary] | None:
     """`fold_shard_file` for a full report (no trace, no line hashes), or None to fall back."""
+    if "polars" not in sys.modules:  # one thread each: the worker processes are the parallelism
+        os.environ.setdefault("POLARS_MAX_THREADS", "1")
     try:
         import polars  # noqa: F401
     except ImportError:
@@ -117,6 +120,9 @@ def _parse(body: bytes, n: int, base: int, schema: dict[str, Any]) -> pl.DataFra
         raise _Unsupported from exc
     if df.height != n:  # a blank or whitespace line: the reference counts it as bad
         raise _Unsupported
+    t = df["t"]
+    if (t == t.floor()).any() and INT_T.search(body):  # an integer `t` stays an int there
+        raise _Unsupported
     return df.with_columns(pl.int_range(base, base + n, dtype=pl.Int64).alias("row"))
 
 
@@ -133,8 +139,6 @@ def _fold(df: pl.DataFrame, idle_until: float, cap: int, scan: FileScan) -> Shar
     scan.unknown_events = int((~handled).sum())
     t = df["t"]
     if t.filter(handled).null_count():
-        raise _Unsupported
-    if (t == t.floor()).any():  # maybe an integer `t`, which the reference keeps an int
         raise _Unsupported
     s = ShardSummary()
     starts = (ev == "shard_start").arg_true().to_list()
