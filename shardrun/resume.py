@@ -87,6 +87,7 @@ class Prior:
     done: set[int]
     notes: list[str]
     retried: int
+    dead: int  # dead letters earlier passes left (they stay failed unless retried)
 
 
 def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
@@ -96,10 +97,13 @@ def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
     if retry_failed:
         retried = _set_dead_letters_aside(run_path, segment)
     done: set[int] = set()
+    dead = 0
     for sub in ("results", "dead"):
         for path in sorted((run_path / sub).glob("*.jsonl")):
-            done.update(id_digest(i) for i in line_ids(path))
-    return Prior(done, notes, retried)
+            ids = [id_digest(i) for i in line_ids(path)]
+            done.update(ids)
+            dead += len(ids) if sub == "dead" else 0
+    return Prior(done, notes, retried, dead)
 
 
 def _set_dead_letters_aside(run_path: Path, segment: int) -> int:

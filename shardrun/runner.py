@@ -55,6 +55,7 @@ class Pass:
     done: set[int]
     info: dict[str, Any]
     lock: IO[bytes]
+    prior_dead: int = 0
 
 
 def run(
@@ -105,7 +106,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done)}
-    return Pass(run_dir, segment, prior.done, info, lock)
+    return Pass(run_dir, segment, prior.done, info, lock, prior.dead)
 
 
 def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
@@ -126,7 +127,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
     summary: RunSummary | None = None
     try:
         summary = run_loop(coordinator.run())
-        summary = replace(summary, cost=cost(
+        summary = replace(summary, prior_dead=this.prior_dead, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens))
         status = summary.status

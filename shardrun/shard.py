@@ -205,6 +205,11 @@ class Shard:
             if self.fatal_reason is not None:
                 self._end_early(span)
                 return
+            if decision.retry and self.stopping:
+                # Shutting down: a failure now (often the endpoint going away with us) is no
+                # verdict on the item. It ends with no line and runs again on --resume.
+                self._abandon(span)
+                return
             if not decision.retry:
                 if decision.why == "retry_budget_exhausted":
                     self.counters.budget_exhausted += 1

@@ -50,17 +50,23 @@ class ShardOutput:
         return True
 
     def flush(self, *, sync: bool = False) -> bool:
-        """Hand buffered lines to the OS (and fsync when `sync`); False if a write failed."""
-        for writer in (self.results, self.dead, self.log):
+        """Hand buffered lines to the OS (and fsync when `sync`); False if a write failed.
+
+        Lines that may not have reached their file must not count as finished, so a failing
+        results or dead-letter file keeps back its own ids; the event log is not the record
+        of completion and keeps back nothing.
+        """
+        ok = True
+        for writer, fin in ((self.results, self.fin_ok), (self.dead, self.fin_dead),
+                            (self.log, None)):
             try:
                 writer.sync() if sync else writer.flush()
             except OSError as exc:
                 self.on_error(writer.path, exc)
-                # Lines that may not have reached the file must not count as finished.
-                self.fin_ok.clear()
-                self.fin_dead.clear()
-                return False
-        return True
+                if fin is not None:
+                    fin.clear()
+                ok = False
+        return ok
 
     def take_finished(self) -> tuple[list[str], list[str]]:
         """Ids whose lines are flushed since the last call: (results, dead letters)."""

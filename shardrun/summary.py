@@ -35,6 +35,7 @@ class RunSummary:
     fatal_reason: str | None = None
     prompt_tokens: int = 0
     wasted_tokens: int = 0
+    prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
 
     @classmethod
@@ -114,7 +115,8 @@ class RunSummary:
     def status(self) -> str:
         if self.interrupted:
             return "interrupted"
-        return "succeeded" if self.failed == 0 and self.unfinished == 0 else "failed"
+        clean = self.failed == 0 and self.unfinished == 0 and self.prior_dead == 0
+        return "succeeded" if clean else "failed"
 
     @property
     def exit_code(self) -> int:
@@ -125,6 +127,7 @@ class RunSummary:
         return {
             "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
+            "prior_dead": self.prior_dead,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
             "budget_exhausted": self.budget_exhausted,
             "completion_tokens": self.completion_tokens, "attempts": self.attempts,
@@ -156,6 +159,9 @@ def format_summary(s: RunSummary) -> str:
     ]
     if s.unfinished:
         lines.append(f"  not finished       {s.unfinished:,}")
+    if s.prior_dead:
+        lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
+                     f"(another pass: shardrun retry-failed {s.run_dir})")
     lines += [
         f"  completion tokens  {s.completion_tokens:,}",
         f"  attempts           {s.attempts:,} ({s.retries:,} retries"

@@ -371,3 +371,46 @@ def test_second_sigint_cancels_in_flight_at_once(tmp_path: Path) -> None:
     run = Run.load(path)
     assert not run.results and not run.dead  # nothing finished, nothing falsely recorded
     assert run.manifest["status"] == "interrupted"
+
+
+def test_resume_keeps_earlier_dead_letters_failed(tmp_path: Path) -> None:
+    """A resume pass with nothing left to do still fails while earlier dead letters remain."""
+    ids = write_input(tmp_path / "input.jsonl", 100)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = len(Run.load(path).dead)
+    with sim() as good:
+        again = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                        env={"SHARDRUN_BASE_URL": good.base_url})
+    assert again.returncode == 1
+    assert f"earlier failures   {dead}" in again.stdout
+    run = Run.load(path)
+    assert run.manifest["status"] == "failed"
+    assert_exactly_once(run, ids)
+
+
+def test_endpoint_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> None:
+    """SIGINT, then the server dies: in-flight items end with no line and resume runs them."""
+    ids = write_input(tmp_path / "input.jsonl", 1000)
+    server = start_sim(SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300}))
+    try:
+        job_for(tmp_path, server.base_url, shutdown_grace_s=10,
+                retry={"max_attempts": 4, "backoff_s": 0.05, "backoff_max_s": 0.1})
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+        _wait_for_results(tmp_path / "runs", 50)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(server.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        server.stop()
+    assert proc.returncode == 130, err
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead
+    with sim() as good:
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": good.base_url})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
