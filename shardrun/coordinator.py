@@ -47,7 +47,7 @@ class ShardState:
 
 @dataclass
 class Totals:
-    """Finished items and tokens, summed from `fin` reports as shards flush."""
+    """Finished items, counted from the shards' `fin_*` reports (each id once)."""
 
     ok: int = 0
     dead: int = 0
@@ -68,8 +68,7 @@ class Coordinator:
         name = "coordinator" + shard_file_name(0, config.segment).removeprefix("shard-00")
         self.log = EventLog(run_dir.path / "events" / name,
                             run_id=run_dir.run_id, shard=None)
-        source_end = source._on_input_end
-        self.source._on_input_end = self._input_ended if source_end is None else source_end
+        source.on_input_end = self._input_ended
         self.states: list[ShardState] = []
         self.tasks: dict[asyncio.Task[None], ShardState] = {}
         self.interrupts = 0

@@ -40,6 +40,7 @@ TICK_S = 1.0  # loop-lag samples and checkpoints
 UNREACHABLE_AFTER = 3
 UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 
+
 class Shard:
     """The state of one running shard."""
 

@@ -30,15 +30,15 @@ def duplicate_reason(item_id: str) -> str:
 class WorkSource:
     """Hands out items in input order, re-queued items first."""
 
-    def __init__(self, reader: InputReader, rejects_path: Path, done: set[int] | None = None,
-                 on_input_end: Callable[[], None] | None = None) -> None:
+    def __init__(self, reader: InputReader, rejects_path: Path,
+                 done: set[int] | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
         self._seen: set[int] = set()
         self._done = done or set()
         self._rejects_path = rejects_path
-        self._on_input_end = on_input_end
+        self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
         self.exhausted = False
         self.taken = 0
         self.skipped = 0
@@ -72,8 +72,8 @@ class WorkSource:
             if len(batch) >= n:
                 return batch
         self.exhausted = True
-        if self._on_input_end is not None:
-            self._on_input_end()
+        if self.on_input_end is not None:
+            self.on_input_end()
         return batch
 
     def requeue(self, items: Iterable[dict[str, Any]]) -> None:
