@@ -262,16 +262,13 @@ def write_manifest(run_dir: Path, shards: int) -> None:
     (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
 
-def timed(argv: list[str], workers: int | None,
-          reader: str | None = None) -> tuple[float, float, float, int]:
+def timed(argv: list[str], workers: int | None) -> tuple[float, float, float, int]:
     """Run `python -m shardrun.cli_analysis ARGV`: wall seconds, CPU seconds of the whole
     process tree, peak tree RSS (MB) and the exit code."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = dict(os.environ)
     if workers is not None:
         env["SHARDRUN_AGGREGATE_WORKERS"] = str(workers)
-    if reader is not None:
-        env["SHARDRUN_AGGREGATE_READER"] = reader
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "shardrun.cli_analysis", *argv],
                             stdout=subprocess.DEVNULL, env=env)
@@ -332,27 +329,6 @@ def _cpu(stage: Any) -> float:
     return time.process_time() - start
 
 
-def compare_readers(run_dir: Path, spans: int, workers: int | None, repeat: int) -> None:
-    """`report --json` with each reader, alternating, `repeat` times: medians and every run."""
-    runs: dict[str, list[tuple[float, float, float]]] = {"python": [], "vector": []}
-    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    for _ in range(repeat):
-        for reader, got in runs.items():
-            wall, cpu, rss, code = timed(["report", str(run_dir), "--json"], workers, reader)
-            if code != 0:
-                raise SystemExit(f"report --json with reader {reader} exited {code}")
-            got.append((wall, cpu, rss))
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    print("| reader | wall (median) | spans/s (wall) | CPU, all processes (median) "
-          "| spans per CPU-second | peak RSS (tree, median) | every run: wall / CPU / RSS |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for reader, got in runs.items():
-        wall, cpu, rss = (sorted(x[i] for x in got)[len(got) // 2] for i in range(3))
-        each = ", ".join(f"{w:.1f} s / {c:.1f} s / {r:,.0f} MB" for w, c, r in got)
-        print(f"| {reader} | {wall:.1f} s | {spans / wall:,.0f} | {cpu:.1f} s | "
-              f"{spans / cpu:,.0f} | {rss:,.0f} MB | {each} |")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
@@ -362,10 +338,6 @@ def main() -> int:
     parser.add_argument("--workers", type=int, help="worker processes for the aggregator")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each stage on one shard file, in this process")
-    parser.add_argument("--readers", action="store_true",
-                        help="only `report --json`, with the reference reader and the "
-                             "experimental vector reader (needs polars), alternately")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per reader (--readers)")
     args = parser.parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-aggregate-"))
     run_dir = base / RUN_ID
@@ -374,11 +346,6 @@ def main() -> int:
     size = sum(p.stat().st_size for p in (run_dir / "events").iterdir())
     print(f"generated {args.spans:,} spans over {args.shards} shards in "
           f"{time.perf_counter() - started:.1f} s: {size / 1e6:,.0f} MB of events")
-    if args.readers:
-        compare_readers(run_dir, args.spans, args.workers, args.repeat)
-        if not args.keep and args.dir is None:
-            shutil.rmtree(base)
-        return 0
     sample = run_dir / "samples" / "bench.json"
     rows = []
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -33,7 +33,6 @@ from shardrun.report._scan import FileScan, scan_file
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
 WORKERS_VAR = "SHARDRUN_AGGREGATE_WORKERS"
-READER_VAR = "SHARDRUN_AGGREGATE_READER"  # "vector": the experimental reader of _vector.py
 RUNNING_WINDOW_S = 10.0  # a live shard writes its log at least once a second
 STALLED_WINDOW_S = 300.0  # a shard process alive but silent this long is not trusted as ours
 COORDINATOR_EVENTS = (events.RUN_START, events.BATCH, events.INPUT_END, events.SHARD_EXIT,
@@ -126,15 +125,6 @@ def default_cap(manifest: dict[str, Any]) -> int:
 def fold_shard_file(path: Path, rel: str, idle_until: float, cap: int,
                     opts: FoldOptions) -> tuple[FileScan, ShardSummary]:
     """Scan and fold one shard's event file (a top-level function: it runs in workers)."""
-    if _vector_reader(opts):
-        from shardrun.report._vector import fold_shard_file_vector
-
-        with _no_gc():
-            got = fold_shard_file_vector(path, rel, idle_until, cap)
-        if got is not None:
-            got[1].name = path.name.removeprefix("shard-").removesuffix(".jsonl")
-            got[1].segment = segment_of(path)
-            return got
     fold = ShardFold(idle_until=idle_until, cap=cap, minutes_only=opts.minutes_only,
                      keep_lines=opts.keep_lines, trace=opts.trace)
     wanted = MINUTES_ONLY_EVENTS if opts.minutes_only else None
@@ -144,14 +134,6 @@ def fold_shard_file(path: Path, rel: str, idle_until: float, cap: int,
     summary.name = path.name.removeprefix("shard-").removesuffix(".jsonl")
     summary.segment = segment_of(path)
     return scan, summary
-
-
-def _vector_reader(opts: FoldOptions) -> bool:
-    """`SHARDRUN_AGGREGATE_READER=vector`: try the experimental polars reader (`_vector.py`)
-    for full reports; it falls back to the reference fold for anything it cannot match."""
-    if opts.minutes_only or opts.keep_lines or opts.trace:
-        return False
-    return os.environ.get(READER_VAR, "").strip() == "vector"
 
 
 @contextlib.contextmanager
