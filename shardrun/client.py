@@ -14,10 +14,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error
 
-Deadlines: one deadline per attempt that moves as the attempt advances (connect -> first token ->
-idle, each capped by start + total_s), enforced by a watchdog timer that expires the attempt's
-`asyncio.Timeout`; `kind` remembers which limit is armed, so an expiry names its own status.
-A read only stores a float: no timer churn and no task per read.
+Deadlines (one moving deadline per attempt, enforced by a watchdog) and the per-attempt state
+live in `shardrun._attempt`.
 
 Connection timing: `make_session` installs a TraceConfig; `attempt` passes its per-attempt state as
 `trace_request_ctx`, so aiohttp's `on_connection_create_end` / `on_connection_reuseconn` callbacks
@@ -30,104 +28,42 @@ The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pu
 from __future__ import annotations
 
 import asyncio
-import math
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from types import SimpleNamespace
+from collections.abc import Mapping
 from typing import Literal
 
 import aiohttp
 import orjson
 
-from shardrun._chunks import (
-    PARSE_ERRORS,
-    ChunkReader,
-    clip,
-    error_message,
-    is_rate_header,
-    stream_error,
+from shardrun._attempt import (
+    Attempt,
+    AttemptOutcome,
+    CallerError,
+    OnConnReady,
+    OnFirstToken,
+    Timeouts,
+    call_caller,
+    on_conn_created,
+    on_conn_reused,
 )
+from shardrun._chunks import clip, error_message
 from shardrun.clock import Clock
-from shardrun.itl import ItlHistogram
 from shardrun.sse import SSEDecoder
+
+__all__ = [
+    "AttemptOutcome",
+    "OnConnReady",
+    "OnFirstToken",
+    "StreamingClient",
+    "Timeouts",
+    "make_session",
+]
 
 _ERROR_BODY_MAX = 64 * 1024
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
 _NEEDS_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
-
-
-class _CallerError(Exception):
-    """Carries an exception raised by a caller's callback past the failure classification.
-
-    A callback that fails (say, the event writer hits a full disk: OSError) is the caller's
-    problem and must reach the caller, not be mistaken for a network error (conn_reset).
-    """
-
-
-def _call(callback: Callable[..., None], *args: object) -> None:
-    try:
-        callback(*args)
-    except Exception as exc:
-        raise _CallerError(exc) from exc
-
-
-OnConnReady = Callable[[float, bool], None]
-"""Called once per attempt with (conn_ready_at, reused), before any token callback."""
-OnFirstToken = Callable[[float], None]
-"""Called once per attempt with first_token_at."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Timeouts:
-    """Per-attempt limits in seconds; see the module docstring for what each one covers."""
-
-    connect_s: float = 10.0
-    first_token_s: float = 60.0
-    idle_s: float = 30.0
-    total_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            ok = isinstance(v, int | float) and not isinstance(v, bool)
-            if not (ok and math.isfinite(v) and v > 0):
-                raise ValueError(f"timeout {f.name} must be a positive number of seconds: {v!r}")
-
-
-@dataclass(slots=True, kw_only=True)
-class AttemptOutcome:
-    """Everything the shard logs about one attempt. Times are `Clock.now()` seconds.
-
-    `completion_tokens` is the server's usage figure when it sent one, else the number of content
-    chunks (`usage_estimated` True). `itl` holds the gaps between successive content chunks.
-    """
-
-    status: str = "ok"
-    http_status: int | None = None
-    retry_after: str | None = None
-    rate_headers: dict[str, str] = field(default_factory=dict)
-    started_at: float
-    conn_ready_at: float | None = None
-    conn_reused: bool | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    ended_at: float = 0.0
-    text: str = ""
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int = 0
-    usage_estimated: bool = True
-    content_chunks: int = 0
-    itl: ItlHistogram = field(default_factory=ItlHistogram)
-    error: str | None = None
-
-    @property
-    def wasted_tokens(self) -> int:
-        """Content chunks received by an attempt that did not succeed (paid for, thrown away)."""
-        return 0 if self.status == "ok" else self.content_chunks
 
 
 def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
@@ -139,8 +75,8 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
     if cap < 1:
         raise ValueError(f"cap must be at least 1, got {cap}")
     trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(_on_conn_created)
-    trace.on_connection_reuseconn.append(_on_conn_reused)
+    trace.on_connection_create_end.append(on_conn_created)
+    trace.on_connection_reuseconn.append(on_conn_reused)
     connector = aiohttp.TCPConnector(
         limit=cap,
         limit_per_host=cap,
@@ -152,163 +88,6 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
         trace_configs=[trace],
     )
-
-
-async def _on_conn_created(
-    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
-) -> None:
-    if isinstance(st := ctx.trace_request_ctx, _Attempt):
-        st.conn_ready(reused=False)
-
-
-async def _on_conn_reused(
-    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
-) -> None:
-    if isinstance(st := ctx.trace_request_ctx, _Attempt):
-        st.conn_ready(reused=True)
-
-
-class _Attempt:
-    """Mutable state of one attempt and its `trace_request_ctx`; fills `out` as it goes."""
-
-    __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
-                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
-                 "watch_at")  # fmt: skip
-
-    def __init__(self, chat: bool, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
-                 on_conn: OnConnReady | None) -> None:  # fmt: skip
-        self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
-        self.reader = ChunkReader(chat)
-        self.loop = asyncio.get_running_loop()
-        self.out = AttemptOutcome(started_at=clock.now())
-        self.total_dl = self.deadline = self.loop.time() + touts.total_s
-        self.kind = "timeout_total"  # which limit `deadline` stands for
-        self.watch: asyncio.TimerHandle | None = None
-        self.watch_at = math.inf
-        self.pieces: list[str] = []
-        self.done = self.failed = self.notified = False
-        self.resp: aiohttp.ClientResponse | None = None
-
-    def arm(self, delay: float, kind: str) -> None:
-        """Move the deadline to `delay` from now, capped by the total deadline.
-
-        Called on every read, so it only stores a float; the watchdog timer is touched only when
-        the deadline moves *earlier* than it (a few times per attempt). Rescheduling a timer per
-        read would cost more than parsing the chunk.
-        """
-        when = self.loop.time() + delay
-        if when >= self.total_dl:
-            when, kind = self.total_dl, "timeout_total"
-        self.deadline, self.kind = when, kind
-        if when < self.watch_at:
-            if self.watch is not None:
-                self.watch.cancel()
-            self.watch, self.watch_at = self.loop.call_at(when, self._check), when
-
-    def _check(self) -> None:
-        """Watchdog: sleep again if the deadline moved later, else expire the attempt's Timeout."""
-        now = self.loop.time()
-        if now < self.deadline:
-            self.watch, self.watch_at = self.loop.call_at(self.deadline, self._check), self.deadline
-        else:
-            self.watch, self.watch_at = None, math.inf
-            if not self.tm.expired():
-                self.tm.reschedule(now)  # cancels the task; `async with` turns it into TimeoutError
-
-    def disarm(self) -> None:
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
-
-    def conn_ready(self, reused: bool | None) -> None:
-        """A connection is ours: the first-token clock starts now."""
-        if self.out.conn_ready_at is None:
-            self.out.conn_ready_at = self.clock.now()
-            self.out.conn_reused = reused
-            self.arm(self.touts.first_token_s, "timeout_first_token")
-
-    def notify_conn(self) -> None:
-        """Tell the caller once, outside aiohttp's connector (a raising callback can't leak it)."""
-        t = self.out.conn_ready_at
-        if not self.notified and t is not None:
-            self.notified = True
-            if self.on_conn is not None:
-                _call(self.on_conn, t, bool(self.out.conn_reused))
-
-    def fail(self, status: str, error: str) -> None:
-        """Record a failure; the first one wins, and nothing overrides a completed stream."""
-        if not self.failed and not self.done:
-            self.failed = True
-            self.out.status, self.out.error = status, error
-
-    def headers(self, resp: aiohttp.ClientResponse) -> None:
-        """Response headers arrived: status, Retry-After, x-ratelimit-*; trace fallback."""
-        self.resp = resp
-        if self.out.conn_ready_at is None:  # a session without our TraceConfig
-            self.conn_ready(None)
-        out, hdrs = self.out, resp.headers
-        out.http_status = resp.status
-        out.retry_after = hdrs.get("Retry-After")
-        out.rate_headers = {k.lower(): v for k, v in hdrs.items() if is_rate_header(k)}
-        self.notify_conn()
-
-    def take(self, payloads: list[str], now: float) -> bool:
-        """Apply the payloads of one read; True when the stream is finished (done or failed).
-
-        The hot path: per content chunk one `orjson.loads`, one `take_choices`, and the timing.
-        """
-        out, reader, payload = self.out, self.reader, ""
-        try:
-            for payload in payloads:
-                if payload == "[DONE]":
-                    self.done = True
-                    return True
-                obj = orjson.loads(payload)
-                if obj.get("error") is not None:
-                    self.fail(*stream_error(obj["error"], out.content_chunks))
-                    return True
-                if choices := obj.get("choices"):
-                    piece = reader.take_choices(choices)
-                    if piece is not None:
-                        last = out.last_token_at
-                        if last is None:
-                            out.first_token_at = now
-                        else:
-                            out.itl.add(now - last)
-                        out.last_token_at = now
-                        out.content_chunks += 1
-                        self.pieces.append(piece)
-                if usage := obj.get("usage"):
-                    reader.take_usage(usage)
-        except PARSE_ERRORS:
-            n = out.content_chunks
-            self.fail("protocol_error", f"unparseable stream data after {n} tokens: "
-                      f"{clip(payload)}")  # fmt: skip
-            return True
-        return False
-
-    def timed_out(self) -> None:
-        """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""
-        ours = self.tm.expired() or self.out.conn_ready_at is not None
-        kind = self.kind if ours else "timeout_connect"
-        t, n = self.touts, self.out.content_chunks
-        self.fail(kind, {
-            "timeout_connect": f"no connection within {t.connect_s} s",
-            "timeout_first_token": f"no token for {t.first_token_s} s after the connection "
-                                   "was ready",
-            "timeout_idle": f"no data for {t.idle_s} s after {n} tokens",
-            "timeout_total": f"attempt exceeded {t.total_s} s after {n} tokens",
-        }.get(kind, f"timed out after {n} tokens"))  # fmt: skip
-
-    def finish(self) -> AttemptOutcome:
-        out = self.out
-        out.ended_at = self.clock.now()
-        out.text = "".join(self.pieces)
-        r = self.reader
-        out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
-        out.usage_estimated = (tokens := r.completion_tokens) is None
-        out.completion_tokens = out.content_chunks if tokens is None else tokens
-        return out
 
 
 class StreamingClient:
@@ -339,7 +118,7 @@ class StreamingClient:
         """POST `body` (sent as given) and read the stream. Never raises but for cancellation."""
         data = orjson.dumps(body)
         tm = asyncio.timeout(None)
-        st = _Attempt(self._chat, self._clock, self._timeouts, tm, on_conn_ready)
+        st = Attempt(self._chat, self._clock, self._timeouts, tm, on_conn_ready)
         try:
             async with tm:
                 st.arm(self._timeouts.connect_s, "timeout_connect")
@@ -352,7 +131,7 @@ class StreamingClient:
                     await self._read_stream(st, resp, on_first_token)
                 else:
                     await self._read_error(st, resp)
-        except _CallerError as exc:
+        except CallerError as exc:
             raise exc.args[0] from None
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
             st.timed_out()
@@ -362,12 +141,12 @@ class StreamingClient:
             _settle(st)
         try:
             st.notify_conn()  # if the attempt failed after the connection, before headers
-        except _CallerError as exc:
+        except CallerError as exc:
             raise exc.args[0] from None
         return st.finish()
 
     async def _read_stream(
-        self, st: _Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None
+        self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None
     ) -> None:
         """The hot loop: per read one clock sample, one decoder call, payloads applied."""
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
@@ -379,7 +158,7 @@ class StreamingClient:
             if waiting_first and st.out.first_token_at is not None:
                 waiting_first = False
                 if on_first_token is not None:
-                    _call(on_first_token, st.out.first_token_at)
+                    call_caller(on_first_token, st.out.first_token_at)
             if stop or not chunk:
                 break
             if not waiting_first:
@@ -394,7 +173,7 @@ class StreamingClient:
             n = st.out.content_chunks
             st.fail("protocol_error", f"stream ended before [DONE] after {n} tokens{note}")
 
-    async def _read_error(self, st: _Attempt, resp: aiohttp.ClientResponse) -> None:
+    async def _read_error(self, st: Attempt, resp: aiohttp.ClientResponse) -> None:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""
         code = resp.status
         status = (
@@ -412,7 +191,7 @@ class StreamingClient:
         st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
 
 
-def _settle(st: _Attempt) -> None:
+def _settle(st: Attempt) -> None:
     """Give the connection back only after a complete response; otherwise drop it.
 
     A stalled or half-read stream returned to the pool would hand the next attempt a connection

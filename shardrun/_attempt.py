@@ -1,0 +1,254 @@
+"""Per-attempt state of `shardrun.client`: deadlines, connection stamping, chunk application.
+
+`Attempt` is one attempt's mutable state; `StreamingClient.attempt` drives it and the trace hooks
+here (`on_conn_created` / `on_conn_reused`, installed by `make_session`) stamp it. The statuses and
+the limits are described in `shardrun.client`; the public names are re-exported from there.
+
+Deadlines: one deadline per attempt that moves as the attempt advances (connect -> first token ->
+idle, each capped by start + total_s), enforced by a watchdog timer that expires the attempt's
+`asyncio.Timeout`; `kind` remembers which limit is armed, so an expiry names its own status.
+A read only stores a float: no timer churn and no task per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
+
+import aiohttp
+import orjson
+
+from shardrun._chunks import PARSE_ERRORS, ChunkReader, clip, is_rate_header, stream_error
+from shardrun.clock import Clock
+from shardrun.itl import ItlHistogram
+
+
+class CallerError(Exception):
+    """Carries an exception raised by a caller's callback past the failure classification.
+
+    A callback that fails (say, the event writer hits a full disk: OSError) is the caller's
+    problem and must reach the caller, not be mistaken for a network error (conn_reset).
+    """
+
+
+def call_caller(callback: Callable[..., None], *args: object) -> None:
+    try:
+        callback(*args)
+    except Exception as exc:
+        raise CallerError(exc) from exc
+
+
+OnConnReady = Callable[[float, bool], None]
+"""Called once per attempt with (conn_ready_at, reused), before any token callback."""
+OnFirstToken = Callable[[float], None]
+"""Called once per attempt with first_token_at."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timeouts:
+    """Per-attempt limits in seconds; see `shardrun.client` for what each one covers."""
+
+    connect_s: float = 10.0
+    first_token_s: float = 60.0
+    idle_s: float = 30.0
+    total_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            ok = isinstance(v, int | float) and not isinstance(v, bool)
+            if not (ok and math.isfinite(v) and v > 0):
+                raise ValueError(f"timeout {f.name} must be a positive number of seconds: {v!r}")
+
+
+@dataclass(slots=True, kw_only=True)
+class AttemptOutcome:
+    """Everything the shard logs about one attempt. Times are `Clock.now()` seconds.
+
+    `completion_tokens` is the server's usage figure when it sent one, else the number of content
+    chunks (`usage_estimated` True). `itl` holds the gaps between successive content chunks.
+    """
+
+    status: str = "ok"
+    http_status: int | None = None
+    retry_after: str | None = None
+    rate_headers: dict[str, str] = field(default_factory=dict)
+    started_at: float
+    conn_ready_at: float | None = None
+    conn_reused: bool | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    ended_at: float = 0.0
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    usage_estimated: bool = True
+    content_chunks: int = 0
+    itl: ItlHistogram = field(default_factory=ItlHistogram)
+    error: str | None = None
+
+    @property
+    def wasted_tokens(self) -> int:
+        """Content chunks received by an attempt that did not succeed (paid for, thrown away)."""
+        return 0 if self.status == "ok" else self.content_chunks
+
+
+async def on_conn_created(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
+    if isinstance(st := ctx.trace_request_ctx, Attempt):
+        st.conn_ready(reused=False)
+
+
+async def on_conn_reused(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
+    if isinstance(st := ctx.trace_request_ctx, Attempt):
+        st.conn_ready(reused=True)
+
+
+class Attempt:
+    """Mutable state of one attempt and its `trace_request_ctx`; fills `out` as it goes."""
+
+    __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
+                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
+                 "watch_at")  # fmt: skip
+
+    def __init__(self, chat: bool, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
+                 on_conn: OnConnReady | None) -> None:  # fmt: skip
+        self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
+        self.reader = ChunkReader(chat)
+        self.loop = asyncio.get_running_loop()
+        self.out = AttemptOutcome(started_at=clock.now())
+        self.total_dl = self.deadline = self.loop.time() + touts.total_s
+        self.kind = "timeout_total"  # which limit `deadline` stands for
+        self.watch: asyncio.TimerHandle | None = None
+        self.watch_at = math.inf
+        self.pieces: list[str] = []
+        self.done = self.failed = self.notified = False
+        self.resp: aiohttp.ClientResponse | None = None
+
+    def arm(self, delay: float, kind: str) -> None:
+        """Move the deadline to `delay` from now, capped by the total deadline.
+
+        Called on every read, so it only stores a float; the watchdog timer is touched only when
+        the deadline moves *earlier* than it (a few times per attempt). Rescheduling a timer per
+        read would cost more than parsing the chunk.
+        """
+        when = self.loop.time() + delay
+        if when >= self.total_dl:
+            when, kind = self.total_dl, "timeout_total"
+        self.deadline, self.kind = when, kind
+        if when < self.watch_at:
+            if self.watch is not None:
+                self.watch.cancel()
+            self.watch, self.watch_at = self.loop.call_at(when, self._check), when
+
+    def _check(self) -> None:
+        """Watchdog: sleep again if the deadline moved later, else expire the attempt's Timeout."""
+        now = self.loop.time()
+        if now < self.deadline:
+            self.watch, self.watch_at = self.loop.call_at(self.deadline, self._check), self.deadline
+        else:
+            self.watch, self.watch_at = None, math.inf
+            if not self.tm.expired():
+                self.tm.reschedule(now)  # cancels the task; `async with` turns it into TimeoutError
+
+    def disarm(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
+
+    def conn_ready(self, reused: bool | None) -> None:
+        """A connection is ours: the first-token clock starts now."""
+        if self.out.conn_ready_at is None:
+            self.out.conn_ready_at = self.clock.now()
+            self.out.conn_reused = reused
+            self.arm(self.touts.first_token_s, "timeout_first_token")
+
+    def notify_conn(self) -> None:
+        """Tell the caller once, outside aiohttp's connector (a raising callback can't leak it)."""
+        t = self.out.conn_ready_at
+        if not self.notified and t is not None:
+            self.notified = True
+            if self.on_conn is not None:
+                call_caller(self.on_conn, t, bool(self.out.conn_reused))
+
+    def fail(self, status: str, error: str) -> None:
+        """Record a failure; the first one wins, and nothing overrides a completed stream."""
+        if not self.failed and not self.done:
+            self.failed = True
+            self.out.status, self.out.error = status, error
+
+    def headers(self, resp: aiohttp.ClientResponse) -> None:
+        """Response headers arrived: status, Retry-After, x-ratelimit-*; trace fallback."""
+        self.resp = resp
+        if self.out.conn_ready_at is None:  # a session without our TraceConfig
+            self.conn_ready(None)
+        out, hdrs = self.out, resp.headers
+        out.http_status = resp.status
+        out.retry_after = hdrs.get("Retry-After")
+        out.rate_headers = {k.lower(): v for k, v in hdrs.items() if is_rate_header(k)}
+        self.notify_conn()
+
+    def take(self, payloads: list[str], now: float) -> bool:
+        """Apply the payloads of one read; True when the stream is finished (done or failed).
+
+        The hot path: per content chunk one `orjson.loads`, one `take_choices`, and the timing.
+        """
+        out, reader, payload = self.out, self.reader, ""
+        try:
+            for payload in payloads:
+                if payload == "[DONE]":
+                    self.done = True
+                    return True
+                obj = orjson.loads(payload)
+                if obj.get("error") is not None:
+                    self.fail(*stream_error(obj["error"], out.content_chunks))
+                    return True
+                if choices := obj.get("choices"):
+                    piece = reader.take_choices(choices)
+                    if piece is not None:
+                        last = out.last_token_at
+                        if last is None:
+                            out.first_token_at = now
+                        else:
+                            out.itl.add(now - last)
+                        out.last_token_at = now
+                        out.content_chunks += 1
+                        self.pieces.append(piece)
+                if usage := obj.get("usage"):
+                    reader.take_usage(usage)
+        except PARSE_ERRORS:
+            n = out.content_chunks
+            self.fail("protocol_error", f"unparseable stream data after {n} tokens: "
+                      f"{clip(payload)}")  # fmt: skip
+            return True
+        return False
+
+    def timed_out(self) -> None:
+        """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""
+        ours = self.tm.expired() or self.out.conn_ready_at is not None
+        kind = self.kind if ours else "timeout_connect"
+        t, n = self.touts, self.out.content_chunks
+        self.fail(kind, {
+            "timeout_connect": f"no connection within {t.connect_s} s",
+            "timeout_first_token": f"no token for {t.first_token_s} s after the connection "
+                                   "was ready",
+            "timeout_idle": f"no data for {t.idle_s} s after {n} tokens",
+            "timeout_total": f"attempt exceeded {t.total_s} s after {n} tokens",
+        }.get(kind, f"timed out after {n} tokens"))  # fmt: skip
+
+    def finish(self) -> AttemptOutcome:
+        out = self.out
+        out.ended_at = self.clock.now()
+        out.text = "".join(self.pieces)
+        r = self.reader
+        out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
+        out.usage_estimated = (tokens := r.completion_tokens) is None
+        out.completion_tokens = out.content_chunks if tokens is None else tokens
+        return out
