@@ -74,9 +74,54 @@ def test_scheduler_integrals_of_the_hand_fixture() -> None:
     """Backlog 6 s, gap 1 s (queue waiting with a free slot during [0, 1)), idle 0.5 s."""
     s = _shard()
     assert (s.backlog_s, s.gap_s, s.idle_s) == (6.0, 1.0, 0.5)
+    assert (s.busy_slot_s, s.cap_slot_s) == (10.0, 12.0)  # 0 x 1 s + 2 x 5 s; cap 2 x 6 s
     assert (s.queue_depth, s.in_flight, s.open_spans, s.cap) == (0, 0, 0, 2)
     no_input_end = fold_shard(hand_shard())
     assert no_input_end.idle_s == 1.0  # [9, 10): the coordinator never logged input_end
+
+
+def _occupancy_shard() -> list[dict[str, Any]]:
+    def span(sid: str, name: str, t: float, **fields: Any) -> dict[str, Any]:
+        return ev(name, T0 + t, span=sid, id=f"item-{sid}", **fields)
+
+    return [
+        ev("shard_start", T0, cap=2, pid=1, version="0", host="fixture-host"),
+        *(span(sid, "queued", 0, prompt_chars=8) for sid in ("a", "b", "c")),
+        span("a", "admitted", 0), span("b", "admitted", 0),
+        span("a", "released", 6, outcome="abandoned", reason=None),
+        span("c", "admitted", 10),
+        span("b", "released", 11, outcome="abandoned", reason=None),
+        span("c", "released", 11, outcome="abandoned", reason=None),
+        ev("shard_end", T0 + 11),
+    ]
+
+
+def test_occupancy_under_backlog_is_slot_weighted() -> None:
+    """Cap 2; a, b, c queued at 0; a, b admitted at 0; a released at 6; c admitted at 10.
+
+    Queue depth is 1 during [0, 10) and 0 after: backlog_s = 10.
+    in_flight is 2 during [0, 6) and 1 during [6, 10): gap_s = 4, gap_fraction = 4 / 10 = 0.4.
+    Slot-seconds busy = 2 x 6 + 1 x 4 = 16; cap slot-seconds = 2 x 10 = 20;
+    occupancy_under_backlog = 16 / 20 = 0.8, so 1 - 0.8 = 0.2 of the slot time was idle
+    (one slot of two for 4 s of 10), half of what gap_fraction's 0.4 suggests.
+    """
+    s = fold_shard(_occupancy_shard())
+    assert (s.backlog_s, s.gap_s, s.busy_slot_s, s.cap_slot_s) == (10.0, 4.0, 16.0, 20.0)
+    sch = _report([s])["scheduler"]
+    row, over = sch["shards"][0], sch["overall"]
+    for r in (row, over):
+        assert (r["gap_fraction"], r["occupancy_under_backlog"]) == (0.4, 0.8)
+        assert (r["busy_slot_s"], r["cap_slot_s"]) == (16.0, 20.0)
+
+
+def test_occupancy_is_one_without_backlog() -> None:
+    """No queue depth > 0 at all: 0 / 0 slot-seconds reads as 1 (no slot was lost to waiting)."""
+    recs = [ev("shard_start", T0, cap=2),
+            ev("queued", T0, span="a", id="a", prompt_chars=8),
+            ev("admitted", T0, span="a", id="a"),
+            ev("released", T0 + 1, span="a", id="a", outcome="abandoned", reason=None)]
+    row = _report([fold_shard(recs)])["scheduler"]["shards"][0]
+    assert (row["backlog_s"], row["gap_fraction"], row["occupancy_under_backlog"]) == (0, 0, 1.0)
 
 
 def test_attempt_counters_of_the_hand_fixture() -> None:
@@ -99,6 +144,7 @@ def test_report_numbers_of_the_hand_fixture() -> None:
     assert (conn["churn_per_success"], conn["expected_churn"]) == (1.0, round(2 / 3, 6))
     over = doc["scheduler"]["overall"]
     assert (over["gap_fraction"], over["cross_shard_idle_s"]) == (round(1 / 6, 6), 0.5)
+    assert over["occupancy_under_backlog"] == round(10 / 12, 6)
     assert over["cross_shard_idle_fraction"] == round(0.5 / 9.5, 6)  # shard seen 9.5 s before
     dom = doc["triage"]["dominant_bucket"]
     assert (dom["bucket"], dom["share"]) == ("t_stream", round(5 / 14, 4))

@@ -151,6 +151,40 @@ def test_no_backlog_no_gap(plans: list[tuple[Any, ...]]) -> None:
     assert s.backlog_s == 0.0 and doc["scheduler"]["shards"][0]["gap_fraction"] == 0.0
 
 
+def _occupancy(log: tuple[int, list[tuple[Any, ...]]],
+               stalls: list[float] | None = None) -> tuple[Any, dict[str, Any]]:
+    s = fold_shard(simulate(*log, stalls)[0])
+    doc = build_report(RunFacts(run_id="r", run_dir="/", state="finished", state_reason=""),
+                       [], [s])
+    return s, doc["scheduler"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(logs, st.lists(st.floats(0.0, 0.5), min_size=1, max_size=5))
+def test_occupancy_is_a_fraction_bounded_by_the_gap(log: tuple[int, list[tuple[Any, ...]]],
+                                                   stalls: list[float]) -> None:
+    """0 <= occupancy <= 1, and 1 - occupancy <= gap_fraction: a free slot's time is gap time,
+    and at most all cap slots are free in it (cap is constant within this log)."""
+    s, sch = _occupancy(log, stalls)
+    assert 0.0 <= s.busy_slot_s <= s.cap_slot_s + 1e-9
+    assert math.isclose(s.cap_slot_s, s.cap * s.backlog_s, rel_tol=1e-9, abs_tol=1e-9)
+    if s.backlog_s:
+        assert 1 - s.busy_slot_s / s.cap_slot_s <= s.gap_s / s.backlog_s + 1e-9
+    for r in (*sch["shards"], sch["overall"]):
+        assert 0.0 <= r["occupancy_under_backlog"] <= 1.0
+        assert 1 - r["occupancy_under_backlog"] <= r["gap_fraction"] + 2e-6  # both rounded
+
+
+@settings(max_examples=60, deadline=None)
+@given(logs)
+def test_occupancy_is_one_when_slots_fill_at_once(log: tuple[int, list[tuple[Any, ...]]]) -> None:
+    """in_flight at the cap whenever work waits: every cap slot-second is busy, occupancy 1."""
+    s, sch = _occupancy(log)
+    assert s.busy_slot_s == s.cap_slot_s
+    assert sch["shards"][0]["occupancy_under_backlog"] == 1.0
+    assert sch["overall"]["occupancy_under_backlog"] == 1.0
+
+
 values = st.lists(st.one_of(st.floats(0.0, 3600.0), st.floats(1e-7, 1e-2)), min_size=1,
                   max_size=300)
 

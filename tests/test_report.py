@@ -34,6 +34,7 @@ def test_fixture_run_on_disk_gives_the_hand_numbers(tmp_path: Path) -> None:
     assert doc["schema"] == "shardrun.report/1"
     assert (doc["items"]["succeeded"], doc["items"]["dead"]) == (2, 1)
     assert doc["scheduler"]["overall"]["gap_fraction"] == round(1 / 6, 6)
+    assert doc["scheduler"]["overall"]["occupancy_under_backlog"] == round(10 / 12, 6)
     assert doc["latency"]["all"]["e2e"]["sum"] == 14.0
     assert doc["run"]["state"] == "finished" and doc["integrity"]["ok"]
     files = {f["path"]: f for f in doc["integrity"]["files"]}
@@ -51,6 +52,10 @@ def test_terminal_report_has_every_section(tmp_path: Path) -> None:
         assert heading in text, heading
     assert "2027-01-15T07:59Z" in text and "partial" in text
     assert "retry causes: conn_reset 1" in text
+    sched = text[text.index("Scheduler"):]
+    header = next(line for line in sched.splitlines() if "gap_fraction" in line)
+    assert "occupancy" in header.split()
+    assert "83.33%" in sched  # the hand fixture's occupancy under backlog, 10 / 12
 
 
 def test_torn_last_line_is_reported_not_fatal(tmp_path: Path) -> None:

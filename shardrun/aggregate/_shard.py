@@ -255,6 +255,7 @@ class ShardFold:
         s.open_spans = len(self.open)
         s.queue_depth, s.in_flight = sched.q, sched.f
         s.backlog_s, s.gap_s, s.idle_s = sched.backlog, sched.gap, sched.idle
+        s.busy_slot_s, s.cap_slot_s = sched.busy_slots, sched.cap_slots
         s.minutes = self.tally.cells()
         s.segments = self.segments
         s.loop_lag = self.loop_lag

@@ -4,10 +4,12 @@ Queue depth and in_flight change only at `queued` (+1 queue), `admitted` (-1 que
 flight) and `released` (-1 in flight), so between two such events they are constant and every
 time integral below is exact: no sampling.
 
-    backlog_s  time with queue depth > 0
-    gap_s      time with queue depth > 0 and in_flight < cap       (gap_fraction = gap / backlog)
-    idle_s     time with queue depth = 0 and in_flight = 0, before the coordinator's `input_end`
-               (it still held unassigned work then: cross-shard idle)
+    backlog_s    time with queue depth > 0
+    gap_s        time with queue depth > 0 and in_flight < cap     (gap_fraction = gap / backlog)
+    busy_slot_s  integral of in_flight (counted from 0 up to cap) over the backlog time
+    cap_slot_s   integral of cap over the backlog time    (occupancy_under_backlog = busy / cap)
+    idle_s       time with queue depth = 0 and in_flight = 0, before the coordinator's
+                 `input_end` (it still held unassigned work then: cross-shard idle)
 
 `StepTrace` keeps the change points for plots: exactly, up to `TRACE_LIMIT` points per shard;
 past that, per-second envelopes (max queue, min and max in_flight), so memory stays bounded by
@@ -63,7 +65,8 @@ def _bin(bins: dict[int, list[int]], t: float, q: int, f: int) -> None:
 class Scheduler:
     """Queue depth and in_flight of one shard, with their time integrals."""
 
-    __slots__ = ("backlog", "cap", "f", "gap", "idle", "idle_until", "last", "q", "trace")
+    __slots__ = ("backlog", "busy_slots", "cap", "cap_slots", "f", "gap", "idle", "idle_until",
+                 "last", "q", "trace")
 
     def __init__(self, cap: int, idle_until: float, trace: StepTrace | None = None) -> None:
         self.cap = cap
@@ -74,6 +77,8 @@ class Scheduler:
         self.last: float | None = None
         self.backlog = 0.0
         self.gap = 0.0
+        self.busy_slots = 0.0
+        self.cap_slots = 0.0
         self.idle = 0.0
 
     def restart(self, t: float, cap: int) -> None:
@@ -94,9 +99,13 @@ class Scheduler:
         last = self.last
         if last is not None and t > last:
             if self.q > 0:
-                self.backlog += t - last
+                dt = t - last
+                self.backlog += dt
+                cap = max(self.cap, 0)
+                self.cap_slots += cap * dt
+                self.busy_slots += min(max(self.f, 0), cap) * dt
                 if self.f < self.cap:
-                    self.gap += t - last
+                    self.gap += dt
             elif self.f <= 0 and last < self.idle_until:
                 self.idle += min(t, self.idle_until) - last
             self.last = t

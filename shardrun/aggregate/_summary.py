@@ -66,6 +66,8 @@ class ShardSummary:
     rate_wait_retry_s: float = 0.0  # before a later attempt: inside t_retry
     backlog_s: float = 0.0
     gap_s: float = 0.0
+    busy_slot_s: float = 0.0  # integral of in_flight (up to cap) while queue depth > 0
+    cap_slot_s: float = 0.0  # integral of cap while queue depth > 0
     idle_s: float = 0.0
     minutes: dict[int, MinuteCell] = field(default_factory=dict)
     segments: dict[int, Segment] = field(default_factory=dict)

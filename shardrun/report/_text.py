@@ -164,9 +164,10 @@ def format_scheduler(doc: dict[str, Any]) -> str:
                  pct(o["cross_shard_idle_fraction"], 2)])
     waits = sch["rate_waits"]
     lines = [
-        "Scheduler (exact step functions; seconds; stall = gap less our own rate-limit waits)",
-        *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction", "rate-limited",
-                "stall", "idle<input_end", "idle %"], rows),
+        "Scheduler (exact step functions; seconds; stall = gap less our own rate-limit waits; "
+        "occupancy = busy / cap slot-seconds under backlog)",
+        *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction", "occupancy",
+                "rate-limited", "stall", "idle<input_end", "idle %"], rows),
         "  input_end at " + ", ".join(
             when(t) if t else "(not logged: work still unassigned)" for t in sch["input_end_t"]),
     ]  # fmt: skip
@@ -179,6 +180,7 @@ def format_scheduler(doc: dict[str, Any]) -> str:
 
 def _gap_cells(r: dict[str, Any]) -> list[str]:
     return [secs(r["backlog_s"]), secs(r["gap_s"]), pct(r["gap_fraction"], 2),
+            pct(r["occupancy_under_backlog"], 2),
             secs(r["rate_limited_gap_s"]), pct(r["stall_gap_fraction"], 2)]
 
 
