@@ -17,10 +17,12 @@ event and decides about retries from `status`. Only cancellation propagates.
 Deadlines (one moving deadline per attempt, enforced by a watchdog) and the per-attempt state
 live in `shardrun._attempt`.
 
-Connection timing: `make_session` installs a TraceConfig; `attempt` passes its per-attempt state as
-`trace_request_ctx`, so aiohttp's `on_connection_create_end` / `on_connection_reuseconn` callbacks
-stamp `conn_ready_at` and `conn_reused` on the right attempt. The caller's `on_conn_ready` runs
-after aiohttp returns control (response headers or failure), never inside aiohttp's connector.
+Connection timing: `make_session` builds the session on a `StampingConnector`, which stamps
+`conn_ready_at` and `conn_reused` on the attempt running in the calling task (found through a
+context variable that `attempt` sets) when `connect()` hands out a connection. The caller's
+`on_conn_ready` runs after aiohttp returns control (response headers or failure), never inside
+aiohttp's connector. On a session built otherwise, the connection counts as ready at the response
+headers, with `conn_reused` None.
 
 The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pure: no I/O).
 """
@@ -28,6 +30,7 @@ The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pu
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Mapping
 from typing import Literal
@@ -36,15 +39,15 @@ import aiohttp
 import orjson
 
 from shardrun._attempt import (
+    CURRENT,
     Attempt,
     AttemptOutcome,
     CallerError,
     OnConnReady,
     OnFirstToken,
+    StampingConnector,
     Timeouts,
     call_caller,
-    on_conn_created,
-    on_conn_reused,
 )
 from shardrun._chunks import clip, error_message
 from shardrun.clock import Clock
@@ -67,26 +70,19 @@ _NEEDS_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.versi
 
 
 def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
-    """The shard's one session: a pool of `cap` keep-alive connections, traced for reuse.
+    """The shard's one session: a pool of `cap` keep-alive connections that stamp attempts.
 
     Call it inside the running event loop. There is no session-level total/read timeout: the
     client enforces its own deadlines; `sock_connect` is only a per-socket backstop.
     """
     if cap < 1:
         raise ValueError(f"cap must be at least 1, got {cap}")
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(on_conn_created)
-    trace.on_connection_reuseconn.append(on_conn_reused)
-    connector = aiohttp.TCPConnector(
-        limit=cap,
-        limit_per_host=cap,
-        keepalive_timeout=_KEEPALIVE_S,
-        enable_cleanup_closed=_NEEDS_CLEANUP_CLOSED,
+    connector = StampingConnector(
+        limit=cap, keepalive_timeout=_KEEPALIVE_S, cleanup_closed=_NEEDS_CLEANUP_CLOSED
     )
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
-        trace_configs=[trace],
     )
 
 
@@ -119,13 +115,13 @@ class StreamingClient:
         data = orjson.dumps(body)
         tm = asyncio.timeout(None)
         st = Attempt(self._chat, self._clock, self._timeouts, tm, on_conn_ready)
+        token = CURRENT.set(st)  # for the session's StampingConnector, in this task only
         try:
             async with tm:
                 st.arm(self._timeouts.connect_s, "timeout_connect")
                 resp = await self._session.post(
-                    self._url, data=data, headers=self._headers, allow_redirects=False,
-                    trace_request_ctx=st,
-                )  # fmt: skip
+                    self._url, data=data, headers=self._headers, allow_redirects=False
+                )
                 st.headers(resp)
                 if 200 <= resp.status < 300:
                     await self._read_stream(st, resp, on_first_token)
@@ -138,6 +134,7 @@ class StreamingClient:
         except (aiohttp.ClientError, OSError) as exc:
             st.fail(*_describe(exc, st.out.content_chunks))
         finally:
+            CURRENT.reset(token)
             _settle(st)
         try:
             st.notify_conn()  # if the attempt failed after the connection, before headers
@@ -148,17 +145,18 @@ class StreamingClient:
     async def _read_stream(
         self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None
     ) -> None:
-        """The hot loop: per read one clock sample, one decoder call, payloads applied."""
+        """The hot loop: per read one decoder call; per read with events one clock sample."""
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
-        idle = self._timeouts.idle_s
+        feed, out, idle = decoder.feed, st.out, self._timeouts.idle_s
         waiting_first = True
         while True:
             chunk = await read()
-            stop = st.take(decoder.feed(chunk) if chunk else decoder.close(), now_of())
-            if waiting_first and st.out.first_token_at is not None:
+            payloads = feed(chunk) if chunk else decoder.close()
+            stop = st.take(payloads, now_of()) if payloads else False
+            if waiting_first and out.first_token_at is not None:
                 waiting_first = False
                 if on_first_token is not None:
-                    call_caller(on_first_token, st.out.first_token_at)
+                    call_caller(on_first_token, out.first_token_at)
             if stop or not chunk:
                 break
             if not waiting_first:
@@ -211,7 +209,7 @@ def _settle(st: Attempt) -> None:
 
 def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     """Map an aiohttp/OS exception to (status, one human sentence)."""
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+    if isinstance(exc, aiohttp.ClientConnectorError) and _is_dns_failure(exc):
         return "conn_reset", f"cannot resolve {exc.host}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ClientConnectorError):
         where = f"{exc.host}:{exc.port}"
@@ -227,3 +225,10 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
+
+
+def _is_dns_failure(exc: aiohttp.ClientConnectorError) -> bool:
+    """aiohttp >= 3.10.10 raises ClientConnectorDNSError; older ones wrap a gaierror."""
+    named = getattr(aiohttp, "ClientConnectorDNSError", None)
+    dns = named is not None and isinstance(exc, named)
+    return dns or isinstance(exc.os_error, socket.gaierror)

@@ -1,11 +1,13 @@
-"""Incremental Server-Sent Events decoder: bytes in, `data` payloads out. Pure, no I/O.
+"""Incremental Server-Sent Events decoder: bytes in, `data` payloads (bytes) out. Pure, no I/O.
 
 It runs on every network read of every response, so it works on whole reads with
-`bytes.find`/`replace`/`split` (C loops) and touches each *line* in Python, never each byte.
+`bytes.find`/`replace`/`split` (C loops) and touches each *line* in Python, never each byte. The
+common read, whole events of one `data: ` line each, takes one `split` for all its events.
 
-Why it splits on bytes and decodes complete lines only: a network read can end in the middle of a
-multi-byte UTF-8 character ("🙂" is 4 bytes); decoding per read would corrupt it. A complete line
-always holds complete characters.
+Why it splits on bytes and never decodes: a network read can end in the middle of a multi-byte
+UTF-8 character ("🙂" is 4 bytes); decoding per read would corrupt it. Payloads are cut at line
+ends only, so each holds complete characters, and stay bytes for `orjson.loads` (the client reads
+invalid UTF-8 as U+FFFD, as a text decoder with errors="replace" would).
 
 Line endings follow the SSE spec (LF, CRLF or a lone CR). A CR that ends one read may be the first
 half of a CRLF whose LF starts the next read; the decoder remembers that and drops the LF, so the
@@ -25,20 +27,21 @@ _COLON = 0x3A
 class SSEDecoder:
     """Feed it reads as they arrive; it returns the payload of every event each read completes.
 
-    Multiple `data:` lines of one event are joined with "\\n". Comments (lines starting with ':'),
-    keep-alives and the fields `event:`, `id:`, `retry:` are ignored: the OpenAI streaming format
-    carries everything in `data`.
+    Payloads are bytes, exactly as received (`orjson.loads` takes bytes, so nothing is decoded
+    twice). Multiple `data:` lines of one event are joined with b"\\n". Comments (lines starting
+    with ':'), keep-alives and the fields `event:`, `id:`, `retry:` are ignored: the OpenAI
+    streaming format carries everything in `data`.
     """
 
     __slots__ = ("_data", "_parts", "_skip_lf", "_started")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []  # the unterminated last line, as received
-        self._data: list[str] = []  # data lines of the event being assembled
+        self._data: list[bytes] = []  # data lines of the event being assembled
         self._skip_lf = False  # the previous read ended with CR: drop one LF at the next start
         self._started = False  # the first line (which may carry a BOM) has been seen
 
-    def feed(self, data: bytes) -> list[str]:
+    def feed(self, data: bytes) -> list[bytes]:
         """Consume one read; return the payloads of the events it completed (often none)."""
         if self._skip_lf and data:
             self._skip_lf = False
@@ -46,49 +49,70 @@ class SSEDecoder:
                 data = data[1:]
         if not data:
             return []
-        if data.find(b"\n") < 0 and data.find(b"\r") < 0:
+        has_cr = data.find(b"\r") >= 0
+        if not has_cr and data.find(b"\n") < 0:
             self._parts.append(data)  # no line ends here: just keep it, no copying
             return []
-        if self._parts:
+        if self._parts:  # never holds a CR (kept lines are normalized): has_cr stands
             self._parts.append(data)
             data = b"".join(self._parts)
             self._parts.clear()
-        if data.find(b"\r") >= 0:
+        if has_cr:
             self._skip_lf = data[-1] == _CR
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if not self._started:  # data starts with the stream's first line, now complete
+            self._started = True
+            if data.startswith(_BOM):
+                data = data[3:]
+        out: list[bytes] = []
+        if not self._data and data.startswith(b"data: "):
+            # The shape of nearly every read: whole events of one "data: " line each. One split
+            # yields their payloads; the newline count proves no event has any other line.
+            end = data.rfind(b"\n\n")
+            if end > 0:
+                head = data[6:end]
+                payloads = head.split(b"\n\ndata: ")
+                if head.count(b"\n") == 2 * len(payloads) - 2:
+                    out = payloads
+                    data = data[end + 2 :]
+                    if not data:
+                        return out
+                    if data.find(b"\n") < 0:
+                        self._parts.append(data)
+                        return out
         lines = data.split(b"\n")
         rest = lines.pop()
         if rest:
             self._parts.append(rest)
-        return self._take_lines(lines)
+        self._take_lines(lines, out)
+        return out
 
-    def close(self) -> list[str]:
+    def close(self) -> list[bytes]:
         """End of stream: treat any unterminated line and event as complete and return them."""
         lines = [b"".join(self._parts)] if self._parts else []
         self._parts.clear()
         self._skip_lf = False
-        lines.append(b"")
-        return self._take_lines(lines)
-
-    def _take_lines(self, lines: list[bytes]) -> list[str]:
-        """Interpret complete lines; a blank line dispatches the event assembled so far."""
-        if not self._started and lines:
+        if not self._started:
             self._started = True
-            if lines[0].startswith(_BOM):
+            if lines and lines[0].startswith(_BOM):
                 lines[0] = lines[0][3:]
-        out: list[str] = []
+        lines.append(b"")
+        out: list[bytes] = []
+        self._take_lines(lines, out)
+        return out
+
+    def _take_lines(self, lines: list[bytes], out: list[bytes]) -> None:
+        """Interpret complete lines; a blank line dispatches the event assembled so far."""
         data = self._data
         for line in lines:
             if not line:
                 if data:
-                    out.append(data[0] if len(data) == 1 else "\n".join(data))
+                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
                     data.clear()
             elif line.startswith(b"data"):
                 if len(line) == 4:  # "data" with no colon: a data line with an empty value
-                    data.append("")
+                    data.append(b"")
                 elif line[4] == _COLON:
-                    start = 6 if line[5:6] == b" " else 5
-                    data.append(line[start:].decode("utf-8", "replace"))
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
                 # else: a field such as "dataset:" that merely starts with "data": ignored
             # comments (":..."), event/id/retry and unknown fields: ignored
-        return out

@@ -1,11 +1,16 @@
 """Pure parsing of OpenAI stream chunks and error bodies, on hand-written payloads."""
 
 from typing import Any
+from unittest.mock import ANY
 
 import orjson
 import pytest
 
 from shardrun._chunks import (
+    BAD,
+    DONE,
+    ERROR,
+    MORE,
     MSG_MAX,
     PARSE_ERRORS,
     ChunkReader,
@@ -44,21 +49,35 @@ def load(payload: str) -> dict[str, Any]:
     return obj
 
 
+def read(*payloads: str | bytes, chat: bool = True,
+         reader: ChunkReader | None = None) -> tuple[int, list[str], ChunkReader]:  # fmt: skip
+    """(what `ChunkReader.read` returned, the pieces it appended, the reader) for one read."""
+    reader = reader or ChunkReader(chat)
+    pieces: list[str] = []
+    raw = [p.encode() if isinstance(p, str) else p for p in payloads]
+    return reader.read(raw, pieces), pieces, reader
+
+
 def test_chat_delta_piece() -> None:
     """A chat delta yields its content; the role-only first chunk and a finish chunk yield none."""
-    reader = ChunkReader(chat=True)
-    assert reader.take_choices(load(ROLE)["choices"]) is None
-    assert reader.take_choices(load(DELTA)["choices"]) == "héllo 🙂"
-    assert reader.finish_reason is None
-    assert reader.take_choices(load(STOP)["choices"]) is None
-    assert reader.finish_reason == "stop"
+    end, pieces, reader = read(ROLE, DELTA)
+    assert (end, pieces, reader.finish_reason) == (MORE, ["héllo 🙂"], None)
+    end, pieces, reader = read(STOP, reader=reader)
+    assert (end, pieces, reader.finish_reason) == (MORE, [], "stop")
+
+
+def test_pieces_of_one_read_in_order() -> None:
+    """All the payloads of one read are applied in order, each content piece appended once."""
+    end, pieces, reader = read(ROLE, DELTA, DELTA.replace("h\\u00e9llo", "x"), STOP, USAGE_ONLY)
+    assert end == MORE and pieces == ["héllo 🙂", "x 🙂"]
+    assert (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens) == ("stop", 11, 3)
 
 
 def test_completions_text_piece() -> None:
     """A completions chunk yields choices[0].text; each API ignores the other's field."""
-    assert ChunkReader(chat=False).take_choices(load(TEXT)["choices"]) == " world"
-    assert ChunkReader(chat=True).take_choices(load(TEXT)["choices"]) is None
-    assert ChunkReader(chat=False).take_choices(load(DELTA)["choices"]) is None
+    assert read(TEXT, chat=False)[1] == [" world"]
+    assert read(TEXT, chat=True)[1] == []
+    assert read(DELTA, chat=False)[1] == []
 
 
 @pytest.mark.parametrize(
@@ -74,7 +93,7 @@ def test_completions_text_piece() -> None:
 )
 def test_no_piece_without_a_non_empty_string(choice: str) -> None:
     """Content that is null, not a string, or under a delta that is not an object is no piece."""
-    assert ChunkReader(chat=True).take_choices([load(choice)]) is None
+    assert read(f'{{"choices":[{choice}]}}') == (MORE, [], ANY)
 
 
 def test_finish_reason_on_a_later_choice() -> None:
@@ -83,38 +102,52 @@ def test_finish_reason_on_a_later_choice() -> None:
         '{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null},'
         '{"index":1,"delta":{"content":"b"},"finish_reason":"length"}]}'
     )
-    reader = ChunkReader(chat=True)
-    assert reader.take_choices(load(payload)["choices"]) == "a"
-    assert reader.finish_reason == "length"
+    end, pieces, reader = read(payload)
+    assert (end, pieces, reader.finish_reason) == (MORE, ["a"], "length")
 
 
 def test_last_finish_reason_wins_and_null_does_not_reset() -> None:
     """The last truthy finish_reason wins, as a string; later chunks with null keep it."""
-    reader = ChunkReader(chat=True)
     both = '{"choices":[{"delta":{},"finish_reason":"stop"},{"delta":{},"finish_reason":7}]}'
-    reader.take_choices(load(both)["choices"])
+    _, _, reader = read(both)
     assert reader.finish_reason == "7"
-    reader.take_choices(load(DELTA)["choices"])
+    read(DELTA, reader=reader)
     assert reader.finish_reason == "7"
 
 
 def test_usage_only_chunk() -> None:
-    """A usage-only chunk has empty choices (the client skips them) and sets both counts."""
-    obj = load(USAGE_ONLY)
-    assert not obj["choices"]
+    """A usage-only chunk has empty choices (no piece) and sets both counts."""
     reader = ChunkReader(chat=True)
     assert (reader.prompt_tokens, reader.completion_tokens) == (None, None)
-    reader.take_usage(obj["usage"])
+    assert read(USAGE_ONLY, reader=reader)[:2] == (MORE, [])
     assert (reader.prompt_tokens, reader.completion_tokens) == (11, 3)
 
 
 def test_usage_with_non_int_counts() -> None:
     """Counts that are floats, strings, booleans or missing become None."""
-    reader = ChunkReader(chat=True)
-    reader.take_usage(load('{"prompt_tokens":3.0,"completion_tokens":"3"}'))
+    _, _, reader = read(USAGE_ONLY, '{"usage":{"prompt_tokens":3.0,"completion_tokens":"3"}}')
     assert (reader.prompt_tokens, reader.completion_tokens) == (None, None)
-    reader.take_usage(load('{"prompt_tokens":true}'))
+    _, _, reader = read(USAGE_ONLY, '{"usage":{"prompt_tokens":true}}')
     assert (reader.prompt_tokens, reader.completion_tokens) == (None, None)
+
+
+def test_done_stops_the_read() -> None:
+    """[DONE] ends the read: payloads after it in the same read are not applied."""
+    assert read(DELTA, "[DONE]", DELTA)[:2] == (DONE, ["héllo 🙂"])
+    assert read("[DONE]", "{not json")[:2] == (DONE, [])
+
+
+def test_error_object_stops_the_read() -> None:
+    """An error payload ends the read with its value kept; a null error is no error."""
+    end, pieces, reader = read(DELTA, '{"error":{"message":"boom","code":429}}', DELTA)
+    assert (end, pieces, reader.error) == (ERROR, ["héllo 🙂"], {"message": "boom", "code": 429})
+    assert read('{"error":null,"choices":[{"delta":{"content":"a"}}]}')[:2] == (MORE, ["a"])
+
+
+def test_invalid_utf8_reads_as_replacement_character() -> None:
+    """Bytes that are not UTF-8 become U+FFFD, as decoding the line with errors="replace" did."""
+    payload = b'{"choices":[{"delta":{"content":"caf\xe9 \xf0\x9f"}}]}'
+    assert read(payload)[:2] == (MORE, ["caf\ufffd \ufffd"])
 
 
 @pytest.mark.parametrize(
@@ -148,35 +181,38 @@ def test_stream_error_message_is_clipped() -> None:
 
 
 @pytest.mark.parametrize(
-    "payload", ["{not json", '{"choices":[{"delta":{"content":"a"', "", "data: {}"]
+    "payload", ["{not json", '{"choices":[{"delta":{"content":"a"', "", "data: {}", "\xff{}"]
 )
-def test_unparseable_json_is_a_parse_error(payload: str) -> None:
-    """orjson's error on unparseable or truncated payloads is one the client catches."""
-    with pytest.raises(PARSE_ERRORS):
-        orjson.loads(payload)
+def test_unparseable_json_is_bad(payload: str) -> None:
+    """An unparseable or truncated payload ends the read as BAD, the payload kept for the error."""
+    raw = payload.encode("latin-1")
+    end, pieces, reader = read(DELTA, raw, DELTA)
+    assert (end, pieces, reader.bad) == (BAD, ["héllo 🙂"], raw)
 
 
 @pytest.mark.parametrize(
-    "payload", ['{"choices":{"0":{}}}', '{"choices":"abc"}', '{"choices":[5]}', '{"choices":[[]]}']
-)
-def test_malformed_choices_raise_a_parse_error(payload: str) -> None:
-    """Choices that are not a list of objects raise one of PARSE_ERRORS, not something else."""
-    with pytest.raises(PARSE_ERRORS):
-        ChunkReader(chat=True).take_choices(load(payload)["choices"])
+    "payload",
+    ['{"choices":{"0":{}}}', '{"choices":"abc"}', '{"choices":[5]}', '{"choices":[[]]}', "[1]",
+     "5", '{"usage":5}', '{"choices":[{"delta":{"content":"a"}},5]}'],
+)  # fmt: skip
+def test_malformed_shapes_are_bad(payload: str) -> None:
+    """Choices that are not a list of objects, a usage that is not an object, a payload that is
+    not an object: BAD, and a malformed chunk's piece is not appended."""
+    assert read(payload)[:2] == (BAD, [])
 
 
-def test_malformed_usage_raises_a_parse_error() -> None:
-    """A usage value that is not an object raises one of PARSE_ERRORS."""
+def test_parse_errors_cover_what_malformed_data_raises() -> None:
+    """orjson's error and the errors of reading a wrong shape are all in PARSE_ERRORS."""
     with pytest.raises(PARSE_ERRORS):
-        ChunkReader(chat=True).take_usage(load('{"usage":5}')["usage"])
+        orjson.loads(b"{not json")
+    with pytest.raises(PARSE_ERRORS):
+        load('{"choices":"abc"}')["choices"][0].get("delta")
 
 
 def test_finish_reason_noted_before_a_malformed_choice_stays() -> None:
-    """A finish_reason read before a later malformed choice raised is kept, as before the split."""
-    reader = ChunkReader(chat=True)
-    with pytest.raises(PARSE_ERRORS):
-        reader.take_choices(load('{"choices":[{"delta":{},"finish_reason":"stop"},5]}')["choices"])
-    assert reader.finish_reason == "stop"
+    """A finish_reason read before a later malformed choice raised is kept."""
+    end, _, reader = read('{"choices":[{"delta":{},"finish_reason":"stop"},5]}')
+    assert (end, reader.finish_reason) == (BAD, "stop")
 
 
 @pytest.mark.parametrize(

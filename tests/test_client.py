@@ -3,17 +3,24 @@
 import asyncio
 import socket
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any, Literal
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
+from shardrun._attempt import CURRENT, Attempt
+from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, _describe, make_session
 from shardrun.clock import Clock
+from shardrun.itl import ItlHistogram
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,6 +43,17 @@ def sse(obj: object) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
 
 
+async def cut_after_one_token(request: web.Request) -> web.StreamResponse:
+    """Send one content chunk, then abort the TCP connection mid-body."""
+    resp = await open_stream(request)
+    await resp.write(sse(chat("a")))
+    await asyncio.sleep(0.05)
+    assert request.transport is not None
+    request.transport.abort()
+    await asyncio.sleep(1)
+    return resp
+
+
 async def open_stream(request: web.Request, **headers: str) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
     await resp.prepare(request)
@@ -48,13 +66,15 @@ async def serve(
     timeouts: Timeouts = FAST,
     api: Literal["chat", "completions"] = "chat",
     cap: int = 4,
+    plain: bool = False,
 ) -> AsyncIterator[StreamingClient]:
+    """A loopback server for `handler` and a client; `plain`: a bare aiohttp session instead."""
     app = web.Application()
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     app.router.add_post(path, handler)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
-    session = make_session(cap, timeouts)
+    session = aiohttp.ClientSession() if plain else make_session(cap, timeouts)
     base = f"http://127.0.0.1:{server.port}/v1/"
     try:
         yield StreamingClient(session, base, api, {"Authorization": "Bearer k"}, timeouts, Clock())
@@ -219,13 +239,7 @@ def test_connection_dropped_mid_stream() -> None:
     """A connection aborted in the middle of the body is conn_reset, not a hang."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        resp = await open_stream(request)
-        await resp.write(sse(chat("a")))
-        await asyncio.sleep(0.05)
-        assert request.transport is not None
-        request.transport.abort()
-        await asyncio.sleep(1)
-        return resp
+        return await cut_after_one_token(request)
 
     out = run(one(handler))
     assert out.status == "conn_reset" and out.wasted_tokens == 1
@@ -429,3 +443,216 @@ def test_timeouts_validated() -> None:
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="idle_s"):
             Timeouts(idle_s=bad)
+
+
+# -- connection stamping: new or pooled, and when -----------------------------------------------
+
+
+def test_concurrent_attempts_open_new_connections_then_reuse_them() -> None:
+    """Three attempts in flight at once each open a connection, stamped on their own attempt; the
+    next three take those three from the pool."""
+    arrived = 0
+    gate = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 3:
+            gate.set()
+        await gate.wait()  # hold all three open: none can reuse another's connection
+        return await normal_chat(request)
+
+    async def go() -> tuple[list[AttemptOutcome], list[AttemptOutcome], list[bool]]:
+        calls: list[bool] = []
+        async with serve(handler, cap=3) as client:
+            rounds = []
+            for _ in range(2):
+                rounds.append(await asyncio.gather(*(client.attempt(
+                    BODY, on_conn_ready=lambda t, reused: calls.append(reused))
+                    for _ in range(3))))  # fmt: skip
+        return rounds[0], rounds[1], calls
+
+    first, second, calls = run(go())
+    assert [o.status for o in first + second] == ["ok"] * 6
+    assert [o.conn_reused for o in first] == [False] * 3
+    assert [o.conn_reused for o in second] == [True] * 3
+    assert sorted(calls) == [False] * 3 + [True] * 3  # once per attempt
+    for o in first + second:
+        assert o.conn_ready_at is not None and o.first_token_at is not None
+        assert o.started_at <= o.conn_ready_at <= o.first_token_at
+
+
+def test_retry_after_dropped_connection_reports_a_new_connection() -> None:
+    """A pooled connection the server drops mid-stream is conn_reset (and was reused); the retry
+    on the same session opens a new one and says so: the dead one never went back to the pool."""
+    calls = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls != 2:
+            return await normal_chat(request)
+        return await cut_after_one_token(request)
+
+    async def go() -> list[AttemptOutcome]:
+        async with serve(handler) as client:
+            return [await client.attempt(BODY) for _ in range(3)]
+
+    opened, dropped, retried = run(go())
+    assert (opened.status, opened.conn_reused) == ("ok", False)
+    assert (dropped.status, dropped.conn_reused) == ("conn_reset", True)
+    assert (retried.status, retried.conn_reused) == ("ok", False)
+
+
+def test_connection_close_response_is_not_reused() -> None:
+    """After a response with `Connection: close` the next attempt reports a new connection."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp.force_close()
+        await resp.prepare(request)
+        await resp.write(sse(chat("a")) + sse(b"[DONE]"))
+        return resp
+
+    async def go() -> list[AttemptOutcome]:
+        async with serve(handler) as client:
+            return [await client.attempt(BODY) for _ in range(2)]
+
+    outs = run(go())
+    assert [(o.status, o.conn_reused) for o in outs] == [("ok", False), ("ok", False)]
+
+
+def test_session_without_stamping_connector_falls_back_to_headers() -> None:
+    """On a plain aiohttp session the connection counts as ready at the response headers:
+    conn_reused is None, and on_conn_ready still fires once, before the first token."""
+    calls: list[tuple[str, object]] = []
+
+    async def go() -> AttemptOutcome:
+        async with serve(normal_chat, plain=True) as client:
+            return await client.attempt(
+                BODY,
+                on_conn_ready=lambda t, reused: calls.append(("conn", reused)),
+                on_first_token=lambda t: calls.append(("first", t)),
+            )
+
+    out = run(go())
+    assert out.status == "ok" and out.conn_reused is None and out.conn_ready_at is not None
+    assert out.first_token_at is not None and out.conn_ready_at <= out.first_token_at
+    assert calls == [("conn", False), ("first", out.first_token_at)]
+
+
+def test_conn_ready_callback_runs_outside_the_connector() -> None:
+    """on_conn_ready never runs inside a connector's connect() (a callback raising there would
+    leak the connection); a raising callback reaches the caller and the pool stays usable."""
+    stacks: list[list[str]] = []
+
+    def record(t: float, reused: bool) -> None:
+        stacks.append([f.name for f in traceback.extract_stack()])
+
+    def boom(t: float, reused: bool) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def go() -> list[AttemptOutcome]:
+        async with serve(normal_chat, cap=1) as client:
+            outs = [await client.attempt(BODY, on_conn_ready=record)]
+            with pytest.raises(OSError, match="No space left"):
+                await client.attempt(BODY, on_conn_ready=boom)
+            outs.append(await client.attempt(BODY, on_conn_ready=record))
+            return outs
+
+    outs = run(go())
+    assert [o.status for o in outs] == ["ok", "ok"] and len(stacks) == 2
+    assert all("attempt" in names and "connect" not in names for names in stacks)
+
+
+def test_current_attempt_is_visible_only_during_the_attempt() -> None:
+    """The context variable the connector reads is unset before and after every attempt, also
+    after one that failed to connect, so a later request outside `attempt` stamps nothing."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    closed_port = sock.getsockname()[1]
+    sock.close()
+    seen: list[object] = []
+
+    async def go() -> None:
+        async with serve(normal_chat) as client:
+            seen.append(CURRENT.get())
+            await client.attempt(BODY, on_conn_ready=lambda t, r: seen.append(CURRENT.get()))
+            seen.append(CURRENT.get())
+            refused = StreamingClient(client._session, f"http://127.0.0.1:{closed_port}/v1",
+                                      "chat", {}, FAST, Clock())  # fmt: skip
+            assert (await refused.attempt(BODY)).status == "conn_reset"
+            seen.append(CURRENT.get())
+
+    run(go())
+    assert seen[0] is None and isinstance(seen[1], Attempt) and seen[2:] == [None, None]
+
+
+def test_multibyte_text_split_across_writes_arrives_intact() -> None:
+    """A stream written one byte per write (splitting every UTF-8 character between reads) gives
+    the same text as one written whole."""
+    pieces = ["é", "世界", "🙂", " ok"]
+    raw = b"".join(sse(chat(p)) for p in pieces) + sse(b"[DONE]")
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for i in range(len(raw)):
+            await resp.write(raw[i : i + 1])
+            if raw[i] >= 0x80:
+                await asyncio.sleep(0.001)  # let the client read the half character alone
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.text, out.content_chunks) == ("ok", "é世界🙂 ok", 4)
+
+
+# -- per-read timing: the chunks of one read share its timestamp ---------------------------------
+
+
+async def _attempt() -> Attempt:
+    return Attempt(True, Clock(), FAST, asyncio.timeout(None), None)
+
+
+_GAP = st.one_of(st.just(0.0), st.floats(0.0, 1e-6), st.floats(1e-6, 2.0))
+_READ = st.tuples(st.lists(st.sampled_from(["a", "", None, "é🙂"]), max_size=6), _GAP)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_READ, max_size=8))
+def test_batched_itl_equals_chunk_by_chunk(reads: list[tuple[list[str | None], float]]) -> None:
+    """Recording a read's content chunks at once (one gap from the previous token, the rest 0 in
+    one update) gives exactly the histogram, times, count and text of recording them one by one
+    at the read's timestamp."""
+    attempt = asyncio.run(_attempt())  # the constructor needs a running loop; `take` does not
+    expect, first, last, text, now = ItlHistogram(), None, None, "", 1000.0
+    for contents, gap in reads:
+        now += gap
+        if contents:
+            assert attempt.take([orjson.dumps(chat(c)) for c in contents], now) is False
+        for c in contents:
+            if c:
+                if last is None:
+                    first = now
+                else:
+                    expect.add(now - last)
+                last, text = now, text + c
+    out = attempt.finish()
+    assert out.itl == expect and out.itl.count == expect.count
+    assert (out.first_token_at, out.last_token_at, out.text) == (first, last, text)
+    assert out.content_chunks == len([c for contents, _ in reads for c in contents if c])
+
+
+@pytest.mark.parametrize(
+    ("os_error", "expected"),
+    [(socket.gaierror(-2, "Name or service not known"),
+      "cannot resolve nowhere.invalid: Name or service not known"),
+     (ConnectionRefusedError(111, "Connect call failed"),
+      "connection refused by nowhere.invalid:443"),
+     (OSError(113, "No route to host"), "cannot connect to nowhere.invalid:443: No route to host")],
+)  # fmt: skip
+def test_connector_errors_described(os_error: OSError, expected: str) -> None:
+    """DNS failures read as such on every aiohttp from 3.9 (a gaierror inside a connector error
+    there, ClientConnectorDNSError from 3.10.10); refusals and other errors are told apart."""
+    key = SimpleNamespace(host="nowhere.invalid", port=443, ssl=True)
+    exc = aiohttp.ClientConnectorError(key, os_error)  # type: ignore[arg-type]
+    assert _describe(exc, 0) == ("conn_reset", expected)

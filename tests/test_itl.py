@@ -127,3 +127,25 @@ def test_json_round_trip_is_sparse_with_string_keys() -> None:
     assert sum(data.values()) == 4 and len(data) == 3
     assert ItlHistogram.from_json(data) == h
     assert ItlHistogram.from_json(data).count == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(GAPS.flatmap(st.sampled_from), st.integers(0, 40)), max_size=20))
+def test_add_times_equals_adding_one_by_one(batches: list[tuple[float, int]]) -> None:
+    """`add(gap, times)` leaves the histogram exactly as `times` single adds of `gap`."""
+    batched, single = ItlHistogram(), ItlHistogram()
+    for gap, times in batches:
+        batched.add(gap, times)
+        for _ in range(times):
+            single.add(gap)
+    assert batched == single and batched.count == single.count
+    assert batched.to_json() == single.to_json()
+
+
+def test_add_times_validated() -> None:
+    """A negative count is refused; zero adds nothing (not even a bucket with count 0)."""
+    h = ItlHistogram()
+    with pytest.raises(ValueError):
+        h.add(0.0, -1)
+    h.add(0.5, 0)
+    assert h.count == 0 and h.to_json() == {}

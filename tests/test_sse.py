@@ -1,6 +1,7 @@
 """SSEDecoder: payloads must not depend on where the network splits the bytes."""
 
 import itertools
+import re
 
 import orjson
 from hypothesis import given, settings
@@ -34,8 +35,8 @@ CHUNKS = [
     _chunk(None, "stop"),
     USAGE,
 ]
-MULTI = '{"multi":\n"line"}'  # one event sent as two data lines (legal SSE, valid JSON)
-EXPECTED = [orjson.dumps(c).decode() for c in CHUNKS] + [MULTI, "[DONE]"]
+MULTI = b'{"multi":\n"line"}'  # one event sent as two data lines (legal SSE, valid JSON)
+EXPECTED = [orjson.dumps(c) for c in CHUNKS] + [MULTI, b"[DONE]"]
 
 
 def _recorded(eol: bytes) -> bytes:
@@ -44,17 +45,36 @@ def _recorded(eol: bytes) -> bytes:
     for i, payload in enumerate(EXPECTED):
         if i == 2:
             out += [b": keep-alive", b""]
-        lines = [b"data: " + line.encode() for line in payload.split("\n")]
+        lines = [b"data: " + line for line in payload.split(b"\n")]
         out += [b"event: message", b"id: %d" % i, *lines, b""]
     return eol.join(out) + eol
 
 
-STREAMS = [_recorded(b"\n"), _recorded(b"\r\n"), _recorded(b"\r")]
+def _plain(eol: bytes, multi: bool) -> bytes:
+    """The shape OpenAI, vLLM and the simulator send: one `data: ` line and a blank line per event.
+
+    Reads of this shape take the decoder's one-split fast path; `multi` puts the two-line event
+    in the middle, which must fall back to the line-by-line path for just that part.
+    """
+    out = b""
+    for payload in EXPECTED if multi else [p for p in EXPECTED if p != MULTI]:
+        out += b"".join(b"data: " + line + eol for line in payload.split(b"\n")) + eol
+    return out
 
 
-def _decode(pieces: list[bytes]) -> list[str]:
+EOLS = (b"\n", b"\r\n", b"\r")
+STREAMS = [_recorded(eol) for eol in EOLS]
+# (raw stream, its payloads): the recorded streams and the plain ones, in every line ending.
+CASES = [(raw, EXPECTED) for raw in STREAMS] + [
+    (_plain(eol, multi), EXPECTED if multi else [p for p in EXPECTED if p != MULTI])
+    for eol in EOLS
+    for multi in (False, True)
+]
+
+
+def _decode(pieces: list[bytes]) -> list[bytes]:
     dec = SSEDecoder()
-    out: list[str] = []
+    out: list[bytes] = []
     for p in pieces:
         out += dec.feed(p)
     return out + dec.close()
@@ -66,54 +86,122 @@ def _split(raw: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @st.composite
-def _stream_and_cuts(draw: st.DrawFn) -> tuple[bytes, list[int]]:
-    raw = draw(st.sampled_from(STREAMS))
+def _case_and_cuts(draw: st.DrawFn) -> tuple[bytes, list[bytes], list[int]]:
+    raw, expected = draw(st.sampled_from(CASES))
     # Uniform cuts rarely land on the tricky spots, so also cut right after a CR or inside a
     # multi-byte UTF-8 character (bytes >= 0x80) on purpose.
     tricky = [i + 1 for i, byte in enumerate(raw) if byte == 0x0D or byte >= 0x80]
     cut = st.one_of(st.integers(0, len(raw)), st.sampled_from(tricky))
-    return raw, draw(st.lists(cut, max_size=12))
+    return raw, expected, draw(st.lists(cut, max_size=12))
 
 
 def test_whole_stream_yields_every_payload() -> None:
-    """Fed in one piece, each line-ending variant yields exactly the recorded payloads."""
-    for raw in STREAMS:
-        assert _decode([raw]) == EXPECTED
+    """Fed in one piece, each stream and line-ending variant yields exactly its payloads."""
+    for raw, expected in CASES:
+        assert _decode([raw]) == expected
 
 
-@settings(max_examples=400, deadline=None)
-@given(_stream_and_cuts())
-def test_any_split_yields_same_payloads(case: tuple[bytes, list[int]]) -> None:
+@settings(max_examples=600, deadline=None)
+@given(_case_and_cuts())
+def test_any_split_yields_same_payloads(case: tuple[bytes, list[bytes], list[int]]) -> None:
     """Splitting the stream at arbitrary byte positions never changes the payload list."""
-    raw, cuts = case
-    assert _decode(_split(raw, cuts)) == EXPECTED
+    raw, expected, cuts = case
+    assert _decode(_split(raw, cuts)) == expected
 
 
 def test_every_single_cut() -> None:
     """Exhaustively: one cut at every byte position of every variant gives the same payloads."""
-    for raw in STREAMS:
+    for raw, expected in CASES:
         for i in range(len(raw) + 1):
-            assert _decode([raw[:i], raw[i:]]) == EXPECTED, (raw[max(0, i - 20) : i + 20], i)
+            assert _decode([raw[:i], raw[i:]]) == expected, (raw[max(0, i - 20) : i + 20], i)
 
 
 def test_byte_by_byte() -> None:
     """One byte per read (splits every UTF-8 character and every CRLF) still decodes right."""
-    for raw in STREAMS:
-        assert _decode([raw[i : i + 1] for i in range(len(raw))]) == EXPECTED
+    for raw, expected in CASES:
+        assert _decode([raw[i : i + 1] for i in range(len(raw))]) == expected
+
+
+def test_split_multibyte_character_arrives_whole() -> None:
+    """A 4-byte emoji cut in two by the network comes out as one payload of intact UTF-8."""
+    raw = b'data: {"c":"a\xf0\x9f\x99\x82b"}\n\ndata: [DONE]\n\n'
+    cut = raw.index(b"\x9f")
+    dec = SSEDecoder()
+    assert dec.feed(raw[:cut]) == []
+    payloads = dec.feed(raw[cut:])
+    assert payloads == [b'{"c":"a\xf0\x9f\x99\x82b"}', b"[DONE]"]
+    assert orjson.loads(payloads[0]) == {"c": "a\U0001f642b"}
+
+
+def _reference(raw: bytes) -> list[bytes]:
+    """The spec, line by line on the whole stream, plus the documented lenient close."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    out: list[bytes] = []
+    data: list[bytes] = []
+    for line in [*re.split(rb"\r\n|\r|\n", raw), b""]:
+        if not line:
+            if data:
+                out.append(b"\n".join(data))
+            data = []
+        elif line == b"data":
+            data.append(b"")
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return out
+
+
+_LINE = st.one_of(
+    st.builds(lambda v: b"data: " + v, st.sampled_from([b"{}", b"[DONE]", b"x", b"", b" y",
+                                                        "é🙂".encode(), b"data: z", b":"])),
+    st.sampled_from([b"", b"", b"data", b"data:x", b"data:  two", b": ping", b":", b"event: m",
+                     b"id: 1", b"dataset: no", b"retry: 5"]),
+)  # fmt: skip
+
+
+@st.composite
+def _any_stream(draw: st.DrawFn) -> tuple[bytes, list[int]]:
+    """Random SSE: half the time the plain one-data-line shape, else any mix of line kinds."""
+    if draw(st.booleans()):
+        values = st.sampled_from([b"{}", b"x", b"", "é🙂".encode(), b"data: z", b" y"])
+        lines = [line for v in draw(st.lists(values, max_size=8)) for line in (b"data: " + v, b"")]
+    else:
+        lines = draw(st.lists(_LINE, max_size=12))
+    eols = draw(st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=len(lines),
+                         max_size=len(lines)))  # fmt: skip
+    raw = b"".join(line + eol for line, eol in zip(lines, eols, strict=True))
+    if draw(st.booleans()):
+        raw = raw[: draw(st.integers(0, len(raw)))]  # a stream cut anywhere, even mid-line
+    if draw(st.booleans()):
+        raw = b"\xef\xbb\xbf" + raw
+    return raw, draw(st.lists(st.integers(0, len(raw)), max_size=8))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_any_stream())
+def test_matches_line_by_line_reference(case: tuple[bytes, list[int]]) -> None:
+    """Any stream, split anywhere, decodes as the spec's line-by-line reading of it whole.
+
+    This is what holds the one-split fast path to the general path: whatever mix of shapes a
+    read holds, the payloads are the reference's.
+    """
+    raw, cuts = case
+    assert _decode(_split(raw, cuts)) == _reference(raw), raw
 
 
 def test_crlf_split_between_reads_is_one_line_end() -> None:
     """A CR ending one read and the LF starting the next do not make a blank line."""
     dec = SSEDecoder()
     assert dec.feed(b"data: a\r") == []
-    assert dec.feed(b"\ndata: b\r\n\r\n") == ["a\nb"]
+    assert dec.feed(b"\ndata: b\r\n\r\n") == [b"a\nb"]
 
 
 def test_multiline_data_and_field_forms() -> None:
     """Several data lines join with LF; 'data:x', bare 'data' and other fields are per spec."""
     dec = SSEDecoder()
     raw = b"data: one\ndata:two\ndata\ndata:  three\nevent: x\nid: 1\ndataset: no\n\n"
-    assert dec.feed(raw) == ["one\ntwo\n\n three"]
+    assert dec.feed(raw) == [b"one\ntwo\n\n three"]
 
 
 def test_comment_only_and_empty_events_dispatch_nothing() -> None:
@@ -124,16 +212,19 @@ def test_comment_only_and_empty_events_dispatch_nothing() -> None:
 def test_close_flushes_unterminated_event() -> None:
     """A stream ending without the final blank line still yields its last event on close."""
     dec = SSEDecoder()
-    assert dec.feed(b"data: a\n\ndata: [DONE]") == ["a"]
-    assert dec.close() == ["[DONE]"]
+    assert dec.feed(b"data: a\n\ndata: [DONE]") == [b"a"]
+    assert dec.close() == [b"[DONE]"]
     assert dec.close() == []
 
 
 def test_leading_bom_is_ignored() -> None:
     """A UTF-8 byte-order mark at the very start of the stream is not part of the first line."""
-    assert _decode([b"\xef\xbb", b"\xbfdata: x\n\n"]) == ["x"]
+    assert _decode([b"\xef\xbb", b"\xbfdata: x\n\n"]) == [b"x"]
 
 
-def test_invalid_utf8_is_replaced_not_raised() -> None:
-    """Broken UTF-8 from a server becomes U+FFFD instead of an exception."""
-    assert _decode([b"data: \xff\xfe\n\n"]) == ["\ufffd\ufffd"]
+def test_invalid_utf8_passes_through_as_bytes() -> None:
+    """Broken UTF-8 from a server is not the decoder's business: the bytes pass unchanged.
+
+    (The chunk reader reads it as U+FFFD; see test_chunks.)
+    """
+    assert _decode([b"data: \xff\xfe\n\n"]) == [b"\xff\xfe"]
