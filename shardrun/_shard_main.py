@@ -15,8 +15,13 @@ import traceback
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from shardrun import protocol
-from shardrun.shard import ShardConfig, run_shard
+from shardrun import _import_structlog_without_rich
+
+# Before anything imports the event log: a shard never needs rich (see the function).
+_import_structlog_without_rich()
+
+from shardrun import protocol  # noqa: E402
+from shardrun.shard import ShardConfig, run_shard  # noqa: E402
 
 T = TypeVar("T")
 

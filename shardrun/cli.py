@@ -19,7 +19,9 @@ SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "v
 
 
 def _env_help() -> str:
-    from shardrun.spec import ENV_VARS
+    # From `_env`, not `spec`: the table needs no pydantic or YAML, and every command's parser
+    # (`--help` included) builds this text.
+    from shardrun._env import ENV_VARS
 
     width = max(len(var.name) for var in ENV_VARS)
     rows = "\n".join(f"  {var.name:<{width}}  {var.help}" for var in ENV_VARS)

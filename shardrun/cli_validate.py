@@ -14,15 +14,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun.errors import ShardrunError
-from shardrun.spec import LoadedJob, load_job
-from shardrun.validate import InputCheck, PingResult, check_input, config_rows, run_ping
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from shardrun.spec import LoadedJob
+    from shardrun.validate import InputCheck, PingResult
+
+# The CLI imports this module for every command (to register `validate`), so what only the
+# checks need (rich, the spec models, validate.py) is imported when `validate` runs.
 
 __all__ = ["handle", "register"]
 
@@ -50,6 +55,8 @@ def register(subparsers: Any) -> None:
 
 def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the checks and print the report; never raises a shardrun error (prints it)."""
+    from rich.console import Console
+
     stream = out if out is not None else sys.stdout
     console = Console(file=stream, highlight=False)
     try:
@@ -60,6 +67,9 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:
+    from shardrun.spec import load_job
+    from shardrun.validate import check_input
+
     flags = {"shards": args.shards, "concurrency": args.concurrency,
              "rate_limits.rpm": args.rpm, "rate_limits.tpm": args.tpm}  # fmt: skip
     job = load_job(args.job, env=os.environ, flags=flags)
@@ -73,6 +83,15 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     if result is not None and not result.ok:
         return 1
     return 1 if args.strict and check.rejects else 0
+
+
+def run_ping(
+    job: LoadedJob, env: Mapping[str, str], item: Mapping[str, Any] | None
+) -> PingResult:
+    """`validate.run_ping`, imported on use (it brings aiohttp); a seam for tests."""
+    from shardrun.validate import run_ping as ping
+
+    return ping(job, env, item)
 
 
 def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
@@ -109,6 +128,8 @@ def _ping_lines(result: PingResult) -> list[str]:
 
 def format_report(job: LoadedJob, check: InputCheck, result: PingResult | None) -> str:
     """The whole report as plain text."""
+    from shardrun.validate import config_rows
+
     lines = [f"job: {job.origin} is valid", *_input_lines(job, check)]
     lines.extend(f"warning: {w}" for w in job.warnings)
     rows = config_rows(job)
@@ -125,6 +146,10 @@ def print_report(
     console: Console, job: LoadedJob, check: InputCheck, result: PingResult | None
 ) -> None:
     """The same report with rich tables, for a terminal."""
+    from rich.table import Table
+
+    from shardrun.validate import config_rows
+
     console.print(f"[bold]job:[/bold] {job.origin} is [green]valid[/green]")
     for line in _input_lines(job, check):
         console.print(line, markup=False)

@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardrun import events, protocol
+from shardrun import _import_structlog_without_rich, protocol
 from shardrun.clock import Clock
 from shardrun.errors import RunError
-from shardrun.events import EventLog
 from shardrun.manifest import RunDir
 from shardrun.placement import ShardHandle, start_local_shard
 from shardrun.progress import ProgressView
@@ -28,6 +27,13 @@ from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
 from shardrun.summary import RunSummary
 from shardrun.worksource import WorkSource
+
+# Before the event log imports structlog: rich is for the terminal display only, and a run
+# whose output is not a terminal never loads it (see the function and progress.py).
+_import_structlog_without_rich()
+
+from shardrun import events  # noqa: E402
+from shardrun.events import EventLog  # noqa: E402
 
 REFRESH_EVERY_S = 0.25  # the live display redraws from the shards' reports, never per request
 # A run whose shards keep dying is broken, not unlucky: give up after this many deaths.

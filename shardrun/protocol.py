@@ -25,8 +25,12 @@ Message = dict[str, Any]
 
 
 def encode(message: Message) -> bytes:
-    """One message as one line (orjson never emits a raw newline)."""
-    return orjson.dumps(message) + b"\n"
+    """One message as one line (orjson never emits a raw newline).
+
+    orjson appends the newline itself: `dumps(...) + b"\\n"` would copy every batch of items
+    once more.
+    """
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def decode(line: bytes) -> Message:

@@ -7,17 +7,16 @@ coordinator on uvloop and stops the simulator again, whatever happened.
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from shardrun import resume
-from shardrun._shard_main import run_loop
-from shardrun.batch_format import write_batch_files
 from shardrun.coordinator import Coordinator
 from shardrun.errors import InputError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
@@ -25,11 +24,15 @@ from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manife
 from shardrun.pricing import cost
 from shardrun.progress import ProgressView, estimate_total
 from shardrun.shard_config import ShardConfig
-from shardrun.sim.config import SimConfig
-from shardrun.sim.launcher import SimProcess, start_sim
 from shardrun.spec import LoadedJob, load_job
 from shardrun.summary import RunSummary
 from shardrun.worksource import WorkSource, duplicate_reason, id_digest
+
+if TYPE_CHECKING:
+    from shardrun.sim.config import SimConfig
+    from shardrun.sim.launcher import SimProcess
+
+T = TypeVar("T")
 
 SIM_SCHEME = "sim://"
 
@@ -80,6 +83,8 @@ def run(
     base_url = job.spec.endpoint.base_url
     try:
         if sim_config is not None:
+            from shardrun.sim.launcher import start_sim
+
             sim = start_sim(sim_config)
             base_url = sim.base_url
         return _run_pass(job, this, reader, base_url, api_key, argv, options)
@@ -132,10 +137,25 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens))
         status = summary.status
         if spec.output.format == "openai-batch":
+            from shardrun.batch_format import write_batch_files
+
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
         return summary
     finally:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop where it is installed, else on asyncio's default loop.
+
+    The same as `_shard_main.run_loop`, kept apart on purpose: importing `_shard_main` imports
+    the whole shard (aiohttp and its SSL set-up), which the coordinator never uses.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def shard_template(job: LoadedJob, this: Pass, base_url: str, api_key: str | None) -> ShardConfig:
@@ -191,6 +211,8 @@ def _sim_config(job: LoadedJob) -> SimConfig | None:
     endpoint = job.spec.endpoint
     if not endpoint.base_url.startswith(SIM_SCHEME):
         return None
+    from shardrun.sim.config import SimConfig
+
     try:
         return SimConfig.from_mapping(dict(endpoint.sim or {}))
     except ValueError as exc:

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 
-from shardrun.client import StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
 from shardrun.errors import SpecError
 from shardrun.inputs import Reject, make_reader
@@ -115,6 +114,9 @@ async def ping(
     job: LoadedJob, base_url: str, api_key: str | None, item: Mapping[str, Any] | None
 ) -> PingResult:
     """Send one streaming request for `item` (or a one-word prompt) to `base_url`."""
+    # Only a ping needs the HTTP client; plain `validate` never imports aiohttp.
+    from shardrun.client import StreamingClient, Timeouts, make_session
+
     api, body = ping_body(job, item or PING_PROMPT)
     timeouts = Timeouts(**job.spec.timeouts.model_dump())
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

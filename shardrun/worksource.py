@@ -11,11 +11,15 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from shardrun.inputs import InputReader, Reject
+if TYPE_CHECKING:
+    # Imported where used instead: every shard imports this module (through resume.py, for
+    # `id_digest`) but never reads input, and inputs.py brings csv and the tabular and
+    # template parsers with it.
+    from shardrun.inputs import InputReader, Reject
 
 
 def id_digest(item_id: str) -> int:
@@ -50,6 +54,8 @@ class WorkSource:
 
     def take(self, n: int) -> list[dict[str, Any]]:
         """Up to `n` items; rejects go to rejects.jsonl on the way."""
+        from shardrun.inputs import Reject
+
         batch: list[dict[str, Any]] = []
         while self._requeued and len(batch) < n:
             batch.append(self._requeued.popleft())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -125,3 +128,75 @@ def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:
     cost = summary["cost"]
     expected = (summary["prompt_tokens"] * 1.0 + summary["completion_tokens"] * 2.0) / 1e6
     assert abs(cost["spend"] - expected) < 1e-12
+
+
+# -- start-up: what each process imports (docs/PERFORMANCE.md, "Start-up") ---------------------
+
+# Prints the loaded modules after the code in argv[1] ran; the environment is the test's own.
+LIST_MODULES = """
+import contextlib, io, sys, orjson
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    exec(sys.argv[1])
+sys.stdout.write(orjson.dumps(sorted(sys.modules)).decode())
+"""
+
+
+def loaded_after(code: str, cwd: Path) -> set[str]:
+    """Every module a fresh interpreter has loaded after running `code`."""
+    proc = subprocess.run([sys.executable, "-c", LIST_MODULES, code], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("SHARDRUN_")})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return set(orjson.loads(proc.stdout))
+
+
+def packages(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_a_shard_imports_no_display_or_job_file_machinery(tmp_path: Path) -> None:
+    """A shard gets its config as a message: no rich (structlog would pull it), pydantic, YAML,
+    spec or input readers; and rich still imports normally afterwards in the same process."""
+    mods = loaded_after("import shardrun._shard_main; import rich.console", tmp_path)
+    assert {"aiohttp", "structlog", "orjson"} <= packages(mods)  # the test sees a real shard
+    before_rich = loaded_after("import shardrun._shard_main", tmp_path)
+    assert not packages(before_rich) & {"rich", "pygments", "pydantic", "yaml"}
+    assert not before_rich & {"shardrun.spec", "shardrun._models", "shardrun.inputs",
+                              "shardrun.coordinator", "shardrun.progress"}
+    assert "rich.console" in mods
+
+
+def test_the_coordinator_of_a_run_imports_no_http_client(tmp_path: Path) -> None:
+    """`shardrun run` (not on a terminal) loads neither aiohttp, the shard, validate nor rich;
+    the embedded simulator and the shards are other processes."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml")
+    run = ("from shardrun.cli import main; "
+           "assert main(['job.yaml', '--runs-dir', 'runs', '--quiet']) == 0")
+    mods = loaded_after(run, tmp_path)
+    assert {"pydantic", "yaml", "structlog"} <= packages(mods)
+    assert "shardrun.coordinator" in mods
+    assert not packages(mods) & {"aiohttp", "rich", "pygments", "tenacity"}
+    assert not mods & {"shardrun.client", "shardrun.shard", "shardrun._shard_main",
+                       "shardrun.validate", "shardrun.sim.server"}
+    assert len(Run.load(only_run(tmp_path / "runs")).results) == 20
+
+
+def test_help_lists_every_variable_without_loading_the_spec(tmp_path: Path) -> None:
+    """`shardrun --help` lists every environment variable yet imports no pydantic or YAML."""
+    from shardrun.spec import ENV_VARS
+
+    proc = run_cli("--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert all(var.name in proc.stdout for var in ENV_VARS)
+    mods = loaded_after("from shardrun.cli import main; main(['--help'])", tmp_path)
+    assert not packages(mods) & {"pydantic", "yaml", "aiohttp", "rich", "structlog"}
+
+
+def test_validate_without_ping_imports_no_http_client(tmp_path: Path) -> None:
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    mods = loaded_after("from shardrun.cli import main; main(['validate', 'job.yaml'])",
+                        tmp_path)
+    assert "shardrun.validate" in mods and "aiohttp" not in packages(mods)

@@ -173,3 +173,30 @@ def test_estimate_total_by_format(tmp_path: Path) -> None:
     pq.write_table(pa.table({"prompt": ["x"] * 7}), tmp_path / "in.parquet")
     assert estimate_total(tmp_path / "in.parquet", "parquet") == 7
     assert estimate_total(csv_path, "parquet") is None
+
+
+class FakeTty(StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stream_type", "env"), [
+    (StringIO, {}), (FakeTty, {}), (StringIO, {"FORCE_COLOR": "1"}),
+    (StringIO, {"FORCE_COLOR": ""}), (FakeTty, {"TTY_COMPATIBLE": "0"}),
+    (StringIO, {"TTY_COMPATIBLE": "1"}),
+])  # fmt: skip
+def test_terminal_detection_agrees_with_rich(
+    stream_type: type[StringIO], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The view decides tty or not as rich would, but makes no rich Console where it can say
+    "no" without one (a run logging to a file never imports rich)."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    stream = stream_type()
+    view = ProgressView(10, stream=stream, clock=Clock())
+    assert view.tty == Console(file=stream).is_terminal
+    if stream_type is StringIO and not env:
+        assert view.console is None
+    assert ProgressView(10, quiet=True, stream=stream, clock=Clock()).console is None
