@@ -4,8 +4,9 @@
     .venv/bin/python scripts/bench_aggregate.py [--spans 1000000] [--shards 8] [--dir DIR]
                                                [--keep] [--workers N]
 
-The synthetic run is written in the real event format (the key order `EventLog` produces, a
-`checkpoint` line with the running SHA-256 every simulated second, a manifest with file
+The synthetic run is written in the real event format (today's layout: five lines for a
+first-try span, the attempt's instants on its `attempt_end`; the key order `EventLog` produces;
+a `checkpoint` line with the running SHA-256 every simulated second; a manifest with file
 hashes). Each shard is a small discrete-event simulation: a pull-based queue topped up by
 batches of `cap` items, `cap` = 64 slots, connection reuse after the first use of a slot, and a
 realistic mix of faults: 2 % HTTP 429 and 1 % 5xx (retried after backoff), 0.5 % connections
@@ -144,15 +145,15 @@ class ShardSim:
         reused = self.slots_used >= CAP and rng.random() > 0.002
         self.slots_used += 1
         conn = t if reused else t + rng.uniform(0.002, 0.02)
-        self.out.emit("conn_ready", conn, span=sid, id=f"item-{sid}", attempt=n, reused=reused)
         fault = self._fault()
         if fault in ("http_429", "http_5xx", "http_4xx"):
-            self.at(conn + rng.uniform(0.005, 0.05), "fail", sid=sid, attempt=n,
-                    status=fault, wasted=0)
+            self.at(conn + rng.uniform(0.005, 0.05), "fail", sid=sid, attempt=n, status=fault,
+                    conn=conn, reused=reused, first=None, last=None, tokens=0)
             return
         first = conn + rng.lognormvariate(-1.9, 0.4)
         tokens = rng.randint(16, 256)
-        self.at(first, "first", sid=sid, attempt=n, tokens=tokens, fault=fault)
+        self.at(first, "first", sid=sid, attempt=n, tokens=tokens, fault=fault, conn=conn,
+                reused=reused)
 
     def _fault(self) -> str | None:
         u = self.rng.random()
@@ -163,38 +164,40 @@ class ShardSim:
         return None
 
     def _first(self, t: float, st: dict[str, Any]) -> None:
+        """The first token: the attempt's instants travel on to its attempt_end line."""
         sid, n = st["sid"], st["attempt"]
-        self.out.emit("first_token", t, span=sid, id=f"item-{sid}", attempt=n)
         tpot = self.rng.uniform(0.008, 0.012)
         if st["fault"] == "conn_reset":
             got = st["tokens"] // 3
-            self.out.emit("last_token", t + got * tpot, span=sid, id=f"item-{sid}", attempt=n,
-                          tokens=got)
-            self.at(t + got * tpot + 0.001, "fail", sid=sid, attempt=n, status="conn_reset",
-                    wasted=got)
+            last = t + got * tpot
+            self.at(last + 0.001, "fail", sid=sid, attempt=n, status="conn_reset",
+                    conn=st["conn"], reused=st["reused"], first=t, last=last, tokens=got)
             return
         last = t + (st["tokens"] - 1) * tpot
-        self.at(last, "done", sid=sid, attempt=n, tokens=st["tokens"], tpot=tpot)
+        self.at(last, "done", sid=sid, attempt=n, tokens=st["tokens"], tpot=tpot,
+                conn=st["conn"], reused=st["reused"], first=t)
 
     def _done(self, t: float, st: dict[str, Any]) -> None:
         sid, n, tokens = st["sid"], st["attempt"], st["tokens"]
         b = int(math.log2(st["tpot"] * 1e6) * 8)
         hist = {"-1": tokens // 4, str(b): tokens - 1 - tokens // 4 - 2, str(b + 1): 1,
                 str(b + 9): 1}
-        self.out.emit("last_token", t, span=sid, id=f"item-{sid}", attempt=n, tokens=tokens)
         self.out.emit("attempt_end", t + 5e-5, span=sid, id=f"item-{sid}", attempt=n,
-                      status="ok", http=200, retry_after=None,
-                      prompt_tokens=self.prompt_chars[sid] // 4,
+                      status="ok", http=200, retry_after=None, conn_ready_t=st["conn"],
+                      reused=st["reused"], first_token_t=st["first"], last_token_t=t,
+                      tokens=tokens, prompt_tokens=self.prompt_chars[sid] // 4,
                       completion_tokens=tokens, usage_estimated=False, wasted_tokens=0,
-                      reused=True, error=None, itl_hist=hist)
+                      error=None, itl_hist=hist)
         self.at(t + self.rng.uniform(1e-4, 5e-4), "release", sid=sid, outcome="ok")
 
     def _fail(self, t: float, st: dict[str, Any]) -> None:
         sid, n, status = st["sid"], st["attempt"], st["status"]
         self.out.emit("attempt_end", t, span=sid, id=f"item-{sid}", attempt=n, status=status,
-                      http=None, retry_after=None, prompt_tokens=None, completion_tokens=0,
-                      usage_estimated=True, wasted_tokens=st["wasted"], reused=None,
-                      error=status, itl_hist=None)
+                      http=None, retry_after=None, conn_ready_t=st["conn"],
+                      reused=st["reused"], first_token_t=st["first"], last_token_t=st["last"],
+                      tokens=st["tokens"], prompt_tokens=None, completion_tokens=0,
+                      usage_estimated=True, wasted_tokens=st["tokens"], error=status,
+                      itl_hist=None)
         if status == "http_4xx" or n >= 4:
             self.at(t + 1e-4, "release", sid=sid, outcome="dead")
             return

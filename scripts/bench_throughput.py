@@ -17,6 +17,9 @@ What it does (docs/PERFORMANCE.md, "## Throughput", explains how to read the tab
 3. Measures, per run:
    - requests/s and completion tokens/s over the *active window* (first request admitted to
      last request released, from the run's own timestamps; process start-up is reported apart);
+   - requests/s over the *steady window* (the middle 60 % of the active window), which leaves
+     out the ramp while S interpreters start and the last requests drain; "steady / ceiling"
+     is the steady-state throughput that Little's law speaks of;
    - the Little's-law ceiling S x C / mean server time, the server time of a request being
      ttft + (completion_tokens - 1) x itl: the simulator's own schedule for it (the simulator
      does not report per-request times; this is the least time any client could observe);
@@ -58,7 +61,6 @@ import math
 import os
 import platform
 import random
-import select
 import signal
 import statistics
 import subprocess
@@ -72,6 +74,7 @@ from typing import Any
 
 import orjson
 import psutil
+from _bench_sim import stop_sim, wait_for_base_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -125,24 +128,11 @@ class Sim:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, cwd=SRC, env=ENV)  # fmt: skip
         self.ps = psutil.Process(self.proc.pid)
-        line = b""
-        deadline = time.monotonic() + 20
-        assert self.proc.stdout is not None
-        while b"\n" not in line and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                line += chunk
-        text = line.decode(errors="replace")
-        if "listening on " not in text:
+        try:
+            self.base_url = wait_for_base_url(self.proc)
+        except SystemExit:
             self.stop()
-            raise SystemExit(f"simulator did not start: {text!r}")
-        self.base_url = text.split("listening on ", 1)[1].split()[0]
-        if not self.base_url.startswith("http://127.0.0.1:"):
-            self.stop()
-            raise SystemExit(f"simulator is not on loopback: {self.base_url}")
+            raise
 
     def cpu(self) -> float:
         t = self.ps.cpu_times()
@@ -155,16 +145,7 @@ class Sim:
         return data
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
+        stop_sim(self.proc)
         self.err.close()
 
 
@@ -439,6 +420,7 @@ class Result:
     tok_s: float
     ceiling_req_s: float
     achieved: float
+    steady_achieved: float  # steady req/s (middle 60 % of the active window) / ceiling
     gap_fraction: float
     gap_fraction_max_shard: float
     occupancy: float
@@ -507,7 +489,8 @@ def measure(client: str, shards: int, cap: int, repeat: int, items: int, input_p
         point=point, client=client, repeat=repeat, items=items, ok=run["ok"],
         failed=items - run["ok"], exit_code=acc.exit_code,
         req_s=req_s, tok_s=run["tokens"] / window, ceiling_req_s=ceiling,
-        achieved=req_s / ceiling, gap_fraction=run["gap_fraction"],
+        achieved=req_s / ceiling, steady_achieved=st["req_s"] / ceiling,
+        gap_fraction=run["gap_fraction"],
         gap_fraction_max_shard=run["gap_fraction_max_shard"], occupancy=run["occupancy"],
         latency_inflation=run["mean_latency"] / run["mean_server"],
         mean_latency_ms=run["mean_latency"] * 1e3, mean_server_ms=run["mean_server"] * 1e3,
@@ -602,9 +585,10 @@ def _f(v: float, spec: str) -> str:
 def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -> str:
     lines = [
         "| S × cap | client | req/s | completion tok/s | ceiling req/s | achieved / ceiling "
-        "| gap_fraction | CPU ms/req | steady CPU ms/req | CPU s / 1k tok | CPU/req vs floor "
-        "(all / steady) | peak RSS sum MB | max RSS/proc MB | sim CPU (core) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steady / ceiling | gap_fraction | CPU ms/req | steady CPU ms/req | CPU s / 1k tok "
+        "| CPU/req vs floor (all / steady) | peak RSS sum MB | max RSS/proc MB "
+        "| sim CPU (core) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     diag = [
         "| S × cap | client | in-flight occupancy | latency / server time | mean latency ms "
@@ -639,6 +623,7 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
             lines.append(
                 f"| {label} | {client} | {m('req_s'):,.0f} | {m('tok_s'):,.0f} "
                 f"| {m('ceiling_req_s'):,.0f} | {m('achieved'):.1%} "
+                f"| {_f(m('steady_achieved'), '.1%')} "
                 f"| {_f(m('gap_fraction'), '.4f')} | {m('cpu_ms_per_req'):.3f} "
                 f"| {_f(m('steady_cpu_ms_per_req'), '.3f')} | {m('cpu_s_per_1k_tok'):.4f} "
                 f"| {vs} | {m('peak_rss_sum_mb'):.0f} | {m('max_rss_proc_mb'):.0f} "

@@ -1,10 +1,19 @@
 """The event log: event names, and a structlog writer rendering orjson lines to one file per shard.
 
-structlog's `BytesLogger` writes and flushes every line. Flushing per line would cost a system
-call per event on the hot path, so the logger writes into `_HashingSink`, an in-memory buffer
-that also keeps the running SHA-256 of every byte, and `EventLog.flush()` hands the buffer to the
-file on a timer. The running hash is what `checkpoint` lines carry (DESIGN §5): a log cut short
-by a crash verifies up to its last checkpoint.
+The hot path is `EventLog.emit`, about five times per span. It goes through structlog (bound
+context, processor chain, wrapped logger) with as little around it as structlog allows:
+
+- the bound context is `run_id`, `shard` and a placeholder `ev`; `emit` sets `ev` on the call's
+  own keyword dict, and the wrapper class `_EventLogger` hands that dict straight to structlog's
+  `_process_event` (documented as available to custom wrappers). The only dict work per event
+  is then structlog's own: copy the three-key context, merge the fields;
+- the one processor renders with orjson and appends the newline itself;
+- the wrapped logger is `_LineSink`: `msg` hashes the line and appends it to a list. structlog's
+  `BytesLogger` would take a lock, copy the line to add the newline and call flush per line.
+  The lines go to the file in `EventLog.flush()`, on a timer, as one write.
+
+The sink keeps the running SHA-256 of every byte, which `checkpoint` lines carry (DESIGN §5): a
+log cut short by a crash verifies up to its last checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import hashlib
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 import structlog
@@ -22,9 +31,6 @@ SHARD_START = "shard_start"
 QUEUED = "queued"
 ADMITTED = "admitted"
 ATTEMPT_START = "attempt_start"
-CONN_READY = "conn_ready"
-FIRST_TOKEN = "first_token"
-LAST_TOKEN = "last_token"
 ATTEMPT_END = "attempt_end"
 RETRY = "retry"
 RATE_WAIT = "rate_wait"
@@ -32,6 +38,13 @@ RELEASED = "released"
 LOOP_LAG = "loop_lag"
 CHECKPOINT = "checkpoint"
 SHARD_END = "shard_end"
+# Written by shards before the attempt's transitions moved onto `attempt_end` (its
+# `conn_ready_t`, `first_token_t`, `last_token_t`, `tokens`). No shard writes them any more;
+# readers still accept them, so runs already on disk keep their report and their samples.
+CONN_READY = "conn_ready"
+FIRST_TOKEN = "first_token"
+LAST_TOKEN = "last_token"
+LEGACY_ATTEMPT_EVENTS = frozenset({CONN_READY, FIRST_TOKEN, LAST_TOKEN})
 # The coordinator's own log, events/coordinator.jsonl (`shard` is null there).
 RUN_START = "run_start"
 BATCH = "batch"
@@ -45,9 +58,6 @@ ALL_EVENTS = frozenset(
         QUEUED,
         ADMITTED,
         ATTEMPT_START,
-        CONN_READY,
-        FIRST_TOKEN,
-        LAST_TOKEN,
         ATTEMPT_END,
         RETRY,
         RATE_WAIT,
@@ -60,28 +70,35 @@ ALL_EVENTS = frozenset(
         INPUT_END,
         SHARD_EXIT,
         RUN_END,
+        *LEGACY_ATTEMPT_EVENTS,
     }
 )
 
 
-class _HashingSink:
-    """A file-like target for structlog: buffers lines in memory and hashes every byte."""
+class _LineSink:
+    """The logger structlog wraps: hashes each rendered line and keeps it until `take`."""
 
-    __slots__ = ("__weakref__", "_pending", "lines", "sha")
+    __slots__ = ("_pending", "lines", "sha")
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []
         self.sha = hashlib.sha256()
         self.lines = 0
 
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        self._pending.append(data)
-        self.lines += 1
-        return len(data)
+    def resume(self, path: Path) -> int:
+        """Continue the running hash over an existing file's lines (a resumed run appends)."""
+        if path.exists():
+            with open(path, "rb") as existing:
+                for line in existing:
+                    self.sha.update(line)
+                    self.lines += 1
+        return self.lines
 
-    def flush(self) -> None:
-        """Called by BytesLogger after every line: deliberately nothing (see module doc)."""
+    def msg(self, line: bytes) -> None:
+        """One rendered line, newline included."""
+        self.sha.update(line)
+        self._pending.append(line)
+        self.lines += 1
 
     def take(self) -> bytes:
         data = b"".join(self._pending)
@@ -89,8 +106,17 @@ class _HashingSink:
         return data
 
 
+class _EventLogger(structlog.BoundLoggerBase):
+    """structlog's bound logger with one method, `emit`, for a ready keyword dict."""
+
+    def emit(self, event_kw: dict[str, Any]) -> None:
+        # `_process_event` merges the bound context with `event_kw` and runs the processors
+        # (structlog documents it for custom wrappers); `_render` returns the line as bytes.
+        self._logger.msg(*self._process_event("msg", None, event_kw)[0])
+
+
 def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> bytes:
-    return orjson.dumps(event_dict)
+    return orjson.dumps(event_dict, option=orjson.OPT_APPEND_NEWLINE)
 
 
 class EventLog:
@@ -98,27 +124,35 @@ class EventLog:
 
     def __init__(self, path: Path, *, run_id: str, shard: int | None) -> None:
         self.path = path
-        self._sink = _HashingSink()
-        existing = _prime_hash(path, self._sink)
+        self._sink = _LineSink()
+        self._lines_at_checkpoint = self._sink.resume(path)
         self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - lives as long as the log
-        self._lines_at_checkpoint = existing
-        self._log = structlog.wrap_logger(
-            structlog.BytesLogger(self._sink),  # type: ignore[arg-type]
+        logger = structlog.wrap_logger(
+            self._sink,
             processors=[_render],
-            wrapper_class=structlog.BoundLogger,
+            wrapper_class=_EventLogger,
             context_class=dict,
-        ).bind(run_id=run_id, shard=shard)
+            cache_logger_on_first_use=True,
+        ).bind(run_id=run_id, shard=shard, ev=None)
+        self._emit = cast(_EventLogger, logger).emit
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        """Append one event; `fields` must include `t` (anchored time)."""
-        self._log.msg(None, ev=ev, **fields)
+    def emit(self, ev: str, /, **fields: Any) -> None:
+        """Append one event; `fields` must include `t` (anchored time).
+
+        The line's keys come in a fixed order: `run_id`, `shard`, `ev`, then `fields` as given.
+        `ev` is bound with the context as a placeholder so that it keeps its place there when
+        structlog merges `fields` in: setting it on the call's own dict saves copying `fields`.
+        """
+        fields["ev"] = ev
+        self._emit(fields)
 
     def checkpoint(self, t: float) -> None:
         """Record the running hash of every byte before this line, if anything was written."""
-        if self._sink.lines == self._lines_at_checkpoint:
+        sink = self._sink
+        if sink.lines == self._lines_at_checkpoint:
             return
-        self.emit(CHECKPOINT, t=t, lines=self._sink.lines, sha256=self._sink.sha.hexdigest())
-        self._lines_at_checkpoint = self._sink.lines
+        self.emit(CHECKPOINT, t=t, lines=sink.lines, sha256=sink.sha.hexdigest())
+        self._lines_at_checkpoint = sink.lines
 
     def flush(self) -> None:
         """Hand buffered lines to the OS."""
@@ -137,17 +171,6 @@ class EventLog:
         self._file.close()
 
 
-def _prime_hash(path: Path, sink: _HashingSink) -> int:
-    """Continue the running hash over an existing file's bytes (a resumed run appends)."""
-    if not path.exists():
-        return 0
-    with open(path, "rb") as existing:
-        for line in existing:
-            sink.sha.update(line)
-            sink.lines += 1
-    return sink.lines
-
-
 class JsonlWriter:
     """Append-only JSON lines (results, dead letters): buffered, flushed and fsynced on demand."""
 
@@ -157,7 +180,7 @@ class JsonlWriter:
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(orjson.dumps(record) + b"\n")
+        self._file.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
         self.count += 1
 
     def flush(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 from collections import deque
@@ -20,7 +21,7 @@ from typing import Any
 from shardrun import __version__, events, protocol
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
-from shardrun.items import build_request, estimate_prompt_tokens, prompt_chars
+from shardrun.items import CHARS_PER_TOKEN, build_request, prompt_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy
@@ -146,12 +147,12 @@ class Shard:
         Before the first attempt the span is not yet admitted, so the wait is part of t_queue
         and the report can tell "held by our rate limit" from "held by the cap".
         """
-        span.charged = estimate_request_tokens(span.item, self.cfg.params)
-        started = self.clock.now()
+        if not span.charged:  # the same item and params give the same estimate every attempt
+            span.charged = estimate_request_tokens(span.item, self.cfg.params)
         waited = await self.limiter.acquire(span.charged)
-        if waited > 0:
-            self.log.emit(events.RATE_WAIT, t=started, span=span.span_id, id=span.item_id,
-                          attempt=attempt, wait=waited)
+        if waited > 0:  # the clock is read only then: without limits this costs next to nothing
+            self.log.emit(events.RATE_WAIT, t=self.clock.now() - waited, span=span.span_id,
+                          id=span.item_id, attempt=attempt, wait=waited)
 
     def _admit(self, span: Span) -> None:
         span.admitted_at = self.clock.now()
@@ -228,47 +229,46 @@ class Shard:
 
     def _settle_rate(self, span: Span, outcome: AttemptOutcome) -> None:
         """Correct the token charge by what the server counted; heed its rate-limit headers."""
+        limiter = self.limiter
         if outcome.rate_headers:
-            self.limiter.observe_headers(outcome.rate_headers)
+            limiter.observe_headers(outcome.rate_headers)
+        if limiter.tokens is None:
+            return  # no token bucket: `correct` would do nothing, so skip working out usage
+        prompt_estimate = math.ceil(span.prompt_chars / CHARS_PER_TOKEN)  # = items' estimate
         used = tokens_used(outcome.status, outcome.prompt_tokens, outcome.completion_tokens,
-                           outcome.wasted_tokens, estimate_prompt_tokens(span.item))
-        self.limiter.correct(span.charged, used)
+                           outcome.wasted_tokens, prompt_estimate)
+        limiter.correct(span.charged, used)
 
     async def _attempt(self, client: StreamingClient, span: Span, attempt: int,
                        body: dict[str, Any]) -> AttemptOutcome:
-        log, sid, iid = self.log, span.span_id, span.item_id
-        started = self.clock.now()
-        span.attempt_started_at = started
-        log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
-
-        def on_conn_ready(t: float, reused: bool) -> None:
-            # A pooled connection is ready the moment the attempt starts: t_conn is then 0.
-            span.conn_ready_at = started if reused else t
-            log.emit(events.CONN_READY, t=span.conn_ready_at, span=sid, id=iid,
-                     attempt=attempt, reused=reused)
-
-        def on_first_token(t: float) -> None:
-            log.emit(events.FIRST_TOKEN, t=t, span=sid, id=iid, attempt=attempt)
-
-        span.conn_ready_at = None
-        outcome = await client.attempt(body, on_conn_ready, on_first_token)
-        self.counters.attempts += 1
-        self.counters.prompt_tokens += outcome.prompt_tokens or 0
-        self.counters.wasted_tokens += outcome.wasted_tokens
-        if outcome.last_token_at is not None:
-            log.emit(events.LAST_TOKEN, t=outcome.last_token_at, span=sid, id=iid,
-                     attempt=attempt, tokens=outcome.content_chunks)
-        log.emit(events.ATTEMPT_END, t=outcome.ended_at, span=sid, id=iid, attempt=attempt,
-                 status=outcome.status, http=outcome.http_status, retry_after=outcome.retry_after,
-                 prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-                 usage_estimated=outcome.usage_estimated, wasted_tokens=outcome.wasted_tokens,
-                 reused=outcome.conn_reused, error=outcome.error,
-                 itl_hist=outcome.itl.to_json() if outcome.status == "ok" else None)
+        sid, iid = span.span_id, span.item_id
+        started = span.attempt_started_at = self.clock.now()
+        self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
+        # No callbacks: the attempt's transitions are read off the outcome and logged on its
+        # attempt_end line, one line where there were four (docs/ARCHITECTURE.md, Event log).
+        outcome = await client.attempt(body)
+        conn = outcome.conn_ready_at
+        if conn is not None and outcome.conn_reused:
+            conn = started  # A pooled connection is ready the moment the attempt starts.
+        span.conn_ready_at = conn
+        counters = self.counters
+        counters.attempts += 1
+        counters.prompt_tokens += outcome.prompt_tokens or 0
+        wasted = outcome.wasted_tokens
+        counters.wasted_tokens += wasted
+        ok = outcome.status == "ok"
+        self.log.emit(events.ATTEMPT_END, t=outcome.ended_at, span=sid, id=iid, attempt=attempt,
+                      status=outcome.status, http=outcome.http_status,
+                      retry_after=outcome.retry_after, conn_ready_t=conn,
+                      reused=outcome.conn_reused, first_token_t=outcome.first_token_at,
+                      last_token_t=outcome.last_token_at, tokens=outcome.content_chunks,
+                      prompt_tokens=outcome.prompt_tokens,
+                      completion_tokens=outcome.completion_tokens,
+                      usage_estimated=outcome.usage_estimated, wasted_tokens=wasted,
+                      error=outcome.error, itl_hist=outcome.itl.to_json() if ok else None)
         span.history.append({"attempt": attempt, "status": outcome.status,
                              "http": outcome.http_status, "error": outcome.error,
                              "started_at": started, "ended_at": outcome.ended_at})
-        if outcome.conn_ready_at is not None and span.conn_ready_at is None:
-            span.conn_ready_at = started if outcome.conn_reused else outcome.conn_ready_at
         return outcome
 
     def _note_failure(self, outcome: AttemptOutcome) -> None:

@@ -7,7 +7,7 @@ so they telescope: their sum is `released_at - queued_at` up to float rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from shardrun.client import AttemptOutcome
@@ -22,20 +22,19 @@ class Span:
     span_id: str
     item: dict[str, Any]
     queued_at: float
+    item_id: str = field(init=False)  # str(item["id"]), kept: every event line names it
     prompt_chars: int = 0
-    charged: int = 0  # tokens reserved with the rate limiter for the current attempt
+    charged: int = 0  # tokens reserved with the rate limiter (0: not estimated yet)
     admitted_at: float | None = None
     attempt_started_at: float | None = None
-    conn_ready_at: float | None = None
+    conn_ready_at: float | None = None  # of the latest attempt (None: no connection)
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def item_id(self) -> str:
-        return str(self.item["id"])
+    def __post_init__(self) -> None:
+        self.item_id = str(self.item["id"])
 
 
-@dataclass(frozen=True, slots=True)
-class Timeline:
+class Timeline(NamedTuple):
     """The seven instants that delimit the six buckets of a successful span."""
 
     queued: float

@@ -2,6 +2,10 @@
 
 No tests here: the helpers are shared by the aggregate, report and provenance tests.
 
+The fixtures are written in the older layout (separate `conn_ready`, `first_token` and
+`last_token` lines); `to_new_layout` and `to_old_layout` convert between it and today's, where
+`attempt_end` carries those instants, so every fixture serves both.
+
 The hand fixture, one shard with cap 2 (times in seconds after T0; B is a minute boundary and
 T0 = B - 6.5, so s1's last token falls in the minute before B and s2's in the minute of B):
 
@@ -27,6 +31,7 @@ T0 = B - 6.5, so s1's last token falls in the minute before B and s2's in the mi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +106,8 @@ def hand_coordinator(input_end: float = T0 + 9.5) -> list[dict[str, Any]]:
     ]
 
 
-def steady_shard(shard: int, t0: float, minutes: int, per_minute: int,
-                 tokens: int = 5) -> list[dict[str, Any]]:
+def steady_shard(shard: int, t0: float, minutes: int, per_minute: int, tokens: int = 5,
+                 layout: str = "old") -> list[dict[str, Any]]:
     """A shard that finishes `per_minute` one-attempt spans per minute for `minutes` minutes."""
     recs = [ev("shard_start", t0, shard=shard, cap=4, pid=1, version="0", host="fixture-host")]
     step = 60.0 / per_minute
@@ -121,7 +126,73 @@ def steady_shard(shard: int, t0: float, minutes: int, per_minute: int,
                reason=None),
         ]  # fmt: skip
     recs.append(ev("shard_end", recs[-1]["t"] + 0.1, shard=shard))
-    return recs
+    return to_new_layout(recs) if layout == "new" else recs
+
+
+LEGACY = ("conn_ready", "first_token", "last_token")
+# attempt_end's fields in today's layout: these come after `retry_after`, in this order.
+HEAD = ("run_id", "shard", "ev", "t", "span", "id", "attempt", "status", "http", "retry_after")
+ATTEMPT_FIELDS = ("conn_ready_t", "reused", "first_token_t", "last_token_t", "tokens")
+
+
+def to_new_layout(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Today's layout: each attempt's conn_ready, first_token and last_token lines folded into
+    its attempt_end (lines of an attempt that never ended are dropped, as a shard drops them)."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for rec in records:
+        if rec["ev"] in LEGACY:
+            seen.setdefault((rec["span"], rec["attempt"]), {})[rec["ev"]] = rec
+            continue
+        if rec["ev"] == "attempt_end":
+            lines = seen.pop((rec["span"], rec["attempt"]), {})
+            conn, first, last = (lines.get(name) for name in LEGACY)
+            moved = {
+                "conn_ready_t": conn["t"] if conn else None,
+                "reused": conn["reused"] if conn else rec.get("reused"),
+                "first_token_t": first["t"] if first else None,
+                "last_token_t": last["t"] if last else None,
+                "tokens": last["tokens"] if last else 0,
+            }  # fmt: skip
+            head = {k: rec[k] for k in HEAD if k in rec}
+            rec = {**head, **moved, **{k: v for k, v in rec.items() if k not in moved}}
+        out.append(rec)
+    return out
+
+
+def to_old_layout(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The layout of runs written before the change: the attempt's instants as separate lines
+    before its attempt_end, and attempt_end without them."""
+    out = []
+    for rec in records:
+        if rec["ev"] == "attempt_end" and "conn_ready_t" in rec:
+            base = {k: rec[k] for k in ("run_id", "shard")}
+            who = {k: rec[k] for k in ("span", "id", "attempt")}
+            if rec["conn_ready_t"] is not None:
+                out.append({**base, "ev": "conn_ready", "t": rec["conn_ready_t"], **who,
+                            "reused": bool(rec["reused"])})
+            if rec["first_token_t"] is not None:
+                out.append({**base, "ev": "first_token", "t": rec["first_token_t"], **who})
+            if rec["last_token_t"] is not None:
+                out.append({**base, "ev": "last_token", "t": rec["last_token_t"], **who,
+                            "tokens": rec["tokens"]})
+            rec = {k: v for k, v in rec.items() if k not in ATTEMPT_FIELDS or k == "reused"}
+        out.append(rec)
+    return out
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace `path` with `records` written by the real `EventLog`; a `checkpoint` record
+    becomes a fresh checkpoint at the same place (the bytes before it may have changed)."""
+    path.unlink(missing_ok=True)
+    log = EventLog(path, run_id=records[0]["run_id"], shard=records[0]["shard"])
+    for rec in records:
+        if rec["ev"] == "checkpoint":
+            log.checkpoint(rec["t"])
+        else:
+            log.emit(rec["ev"], **{k: v for k, v in rec.items()
+                                   if k not in ("run_id", "shard", "ev")})
+    log.close()
 
 
 def write_log(path: Path, records: list[dict[str, Any]], checkpoint_every: int = 5) -> None:

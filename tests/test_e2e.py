@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import socket
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -14,7 +16,8 @@ import pytest
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spans import BUCKETS
-from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
+from tests.test_aggregate_fixtures import to_old_layout, write_records
 
 SENTINEL_KEY = "sk-test-SENTINEL-0123456789"
 
@@ -37,6 +40,42 @@ def assert_buckets_telescope(run: Run) -> None:
         assert r["e2e"] == pytest.approx(r["released_at"] - r["queued_at"], abs=1e-6)
 
 
+LEGACY_EVENTS = {"conn_ready", "first_token", "last_token"}
+END_FIELDS = ["run_id", "shard", "ev", "t", "span", "id", "attempt", "status", "http",
+              "retry_after", "conn_ready_t", "reused", "first_token_t", "last_token_t", "tokens",
+              "prompt_tokens", "completion_tokens", "usage_estimated", "wasted_tokens", "error",
+              "itl_hist"]
+
+
+def attempt_ends(run: Run) -> list[tuple[dict[str, Any], float]]:
+    """Every attempt_end with the `t` of its attempt_start; checks the layout on the way."""
+    starts = {(e["span"], e["attempt"]): e["t"] for e in run.events if e["ev"] == "attempt_start"}
+    ends = [e for e in run.events if e["ev"] == "attempt_end"]
+    assert not [e for e in run.events if e["ev"] in LEGACY_EVENTS]
+    assert all(list(e) == END_FIELDS for e in ends), "attempt_end fields or their order"
+    return [(e, starts[e["span"], e["attempt"]]) for e in ends]
+
+
+def assert_attempt_ends_carry_the_instants(run: Run) -> None:
+    """Each ok attempt_end holds the instants the result line's buckets were made from."""
+    results = {r["span"]: r for r in run.results}
+    ok = 0
+    for end, start in attempt_ends(run):
+        if end["status"] != "ok":
+            continue
+        ok += 1
+        r = results[end["span"]]
+        first, last = end["first_token_t"], end["last_token_t"]
+        assert (r["first_token_at"], r["last_token_at"]) == (first, last)
+        assert end["tokens"] == r["usage"]["completion_tokens"] >= 1  # the sim counts chunks
+        conn = end["conn_ready_t"]
+        assert start <= conn <= first <= last <= end["t"]
+        assert r["buckets"]["t_conn"] == pytest.approx(conn - start, abs=1e-9)
+        if end["reused"]:
+            assert conn == start  # a pooled connection is ready when the attempt starts
+    assert ok == len(run.results)
+
+
 def test_sim_run_four_shards_2000_items(tmp_path: Path, no_stray_children: None) -> None:
     """4 shards on sim:// answer 2,000 items exactly once, buckets telescope, logs parse."""
     ids = write_input(tmp_path / "input.jsonl", 2000)
@@ -55,6 +94,9 @@ def test_sim_run_four_shards_2000_items(tmp_path: Path, no_stray_children: None)
     kinds = Counter(e["ev"] for e in run.events)
     assert kinds["queued"] == kinds["admitted"] == kinds["released"] == 2000
     assert kinds["attempt_end"] == kinds["attempt_start"] >= 2000
+    assert_attempt_ends_carry_the_instants(run)
+    reused = Counter(bool(e["reused"]) for e, _ in attempt_ends(run))
+    assert reused[True] > 0 and reused[False] > 0
     assert all(e["run_id"] == run.manifest["run_id"] for e in run.events)
     for path in run.path.rglob("*"):
         if path.is_file():
@@ -178,6 +220,11 @@ def test_unreachable_endpoint_fails_every_item_with_cause(tmp_path: Path) -> Non
     attempted = sum(len(d["attempts"]) for d in run.dead)
     # The endpoint was not hammered: far fewer attempts than items.
     assert attempted < len(ids) // 5
+    # No connection, no token: the attempt's instants are null, `tokens` 0.
+    ends = attempt_ends(run)
+    assert len(ends) == attempted
+    assert {(e["conn_ready_t"], e["reused"], e["first_token_t"], e["last_token_t"], e["tokens"])
+            for e, _ in ends} == {(None, None, None, None, 0)}
 
 
 def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:
@@ -192,3 +239,60 @@ def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in run.results) == ["a", "c"]
     rejects = [orjson.loads(x) for x in (run.path / "rejects.jsonl").read_bytes().splitlines()]
     assert [r["line"] for r in rejects] == [2, 3]
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """A report document without what depends on the bytes of the files: their hashes, sizes,
+    line counts and coverage (everything else must not move)."""
+    doc = orjson.loads(orjson.dumps(doc))
+    doc["run"]["dir"] = None
+    for f in doc["integrity"]["files"]:
+        for key in ("sha256", "bytes", "lines", "covered_lines", "covered_bytes"):
+            f[key] = None
+    return doc
+
+
+def test_report_is_the_same_in_the_old_layout(tmp_path: Path) -> None:
+    """A real run with faults (429s, dropped streams: retries, wasted tokens, new and reused
+    connections), its shard logs rewritten in the layout of runs written before the change
+    (separate conn_ready / first_token / last_token lines): `report --json` gives the same
+    document, and a failed attempt's instants survive on its attempt_end."""
+    write_input(tmp_path / "input.jsonl", 300)
+    sim = {**FAST_SIM, "fail_429": 0.1, "retry_after_s": 0.01, "drop_mid_stream": 0.1}
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                               "sim": sim},
+              retry={"backoff_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 8})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "new", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr  # 1: some items dead-lettered (budget)
+    new = tmp_path / "runs" / "new"
+    run = Run.load(new)
+    assert_attempt_ends_carry_the_instants(run)
+    failed = [e for e, _ in attempt_ends(run) if e["status"] != "ok"]
+    assert {e["status"] for e in failed} >= {"http_429"}
+    cut = [e for e in failed if e["tokens"]]
+    assert cut and all(e["wasted_tokens"] == e["tokens"] and e["last_token_t"] is not None
+                       and e["conn_ready_t"] is not None for e in cut)
+
+    old = tmp_path / "runs" / "old"
+    shutil.copytree(new, old)
+    manifest = orjson.loads((old / "manifest.json").read_bytes())
+    listed = {f["path"]: f for f in manifest["files"]}
+    grew = 0
+    for path in sorted((old / "events").glob("shard-*.jsonl")):
+        before = len(path.read_bytes().splitlines())
+        write_records(path, to_old_layout(read_jsonl(path)))
+        data = path.read_bytes()
+        grew += len(data.splitlines()) - before
+        entry = listed[f"events/{path.name}"]
+        entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    (old / "manifest.json").write_bytes(orjson.dumps(manifest))
+    assert grew >= 3 * 300  # at least conn_ready, first_token and last_token per success
+
+    docs = []
+    for which in (new, old):
+        report = run_cli("report", str(which), "--json", cwd=tmp_path)
+        assert report.returncode == 0, report.stderr
+        docs.append(orjson.loads(report.stdout))
+    assert docs[0]["integrity"]["ok"] and docs[1]["integrity"]["ok"]
+    assert docs[0]["connections"]["reused"] > 0 and docs[0]["attempts"]["wasted_tokens"] > 0
+    assert _comparable(docs[1]) == _comparable(docs[0])

@@ -1,4 +1,8 @@
-"""Minute samples: publish, verify, the canonical line hash, and the tamper matrix."""
+"""Minute samples: publish, verify, the canonical line hash, and the tamper matrix.
+
+Runs are written in both event layouts: today's (the last-token instant on `attempt_end`) and
+the older one (a `last_token` line per attempt), whose samples must stay verifiable.
+"""
 
 from __future__ import annotations
 
@@ -26,18 +30,26 @@ def _coordinator() -> list[dict[str, Any]]:
             ev("run_end", B + 160, shard=None, status="succeeded")]
 
 
-def _run(root: Path, status: str = "succeeded") -> Path:
+LAYOUTS = ("new", "old")
+
+
+def _run(root: Path, status: str = "succeeded", layout: str = "new") -> Path:
     """Shard 00: 30 tokens in each of minutes M and M+1; shard 01: 15 more in M+1."""
-    shards = {"00": steady_shard(0, B - 30, minutes=3, per_minute=6),
-              "01": steady_shard(1, B + 59, minutes=1, per_minute=3)}
+    shards = {"00": steady_shard(0, B - 30, minutes=3, per_minute=6, layout=layout),
+              "01": steady_shard(1, B + 59, minutes=1, per_minute=3, layout=layout)}
     return write_run(root, shards, _coordinator(), status=status)
 
 
-@pytest.fixture
-def published(tmp_path: Path) -> tuple[Path, Path]:
-    run = _run(tmp_path / "run")
+@pytest.fixture(params=LAYOUTS)
+def published(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    run = _run(tmp_path / "run", layout=request.param)
     _, path = publish(run)
     return run, path
+
+
+def _lines_per_span(run: Path) -> int:
+    """2 in today's layout (attempt_end, released), 3 in the older one (plus last_token)."""
+    return 3 if b'"ev":"last_token"' in (run / "events" / "shard-00.jsonl").read_bytes() else 2
 
 
 def test_publish_picks_the_peak_full_minute(published: tuple[Path, Path]) -> None:
@@ -49,7 +61,7 @@ def test_publish_picks_the_peak_full_minute(published: tuple[Path, Path]) -> Non
         minute_label(M + 1), 45, 9)
     assert [(s["shard"], s["completion_tokens"], s["spans"]) for s in sample["per_shard"]] == [
         ("00", 30, 6), ("01", 15, 3)]
-    assert sample["partial"] is False and sample["lines_counted"] == 27
+    assert sample["partial"] is False and sample["lines_counted"] == 9 * _lines_per_span(run)
     assert [f["path"] for f in sample["files"]] == [
         "events/coordinator.jsonl", "events/shard-00.jsonl", "events/shard-01.jsonl"]
     assert sample["schema"] == "shardrun.sample/1" and sample["run_id"] == RUN_ID
@@ -67,8 +79,9 @@ def test_verify_confirms_in_one_line(published: tuple[Path, Path],
 
 
 def test_lines_hash_is_the_documented_canonical_order(published: tuple[Path, Path]) -> None:
-    """Per shard: last_token, attempt_end and released lines of each counted span, in release
-    order; overall: SHA-256 of "<file> <lines> <hash>" lines in file order."""
+    """Per shard: the ok attempt_end and released lines of each counted span (before them its
+    last_token line, in the older layout), in release order; overall: SHA-256 of
+    "<file> <lines> <hash>" lines in file order."""
     run, path = published
     sample = orjson.loads(path.read_bytes())
     top = hashlib.sha256()
@@ -81,7 +94,9 @@ def test_lines_hash_is_the_documented_canonical_order(published: tuple[Path, Pat
                 pending.setdefault(rec["span"], []).append(line)
             elif rec["ev"] == "released":
                 kept = [*pending.pop(rec["span"]), line]
-                if int(orjson.loads(kept[0])["t"] // 60) == M + 1:
+                first = orjson.loads(kept[0])
+                last_t = first["t"] if first["ev"] == "last_token" else first["last_token_t"]
+                if int(last_t // 60) == M + 1:
                     sha.update(b"".join(k + b"\n" for k in kept))
                     n += len(kept)
         assert (shard["lines"], shard["lines_sha256"]) == (n, sha.hexdigest())
@@ -285,3 +300,19 @@ def test_report_and_sample_agree_on_every_minute(published: tuple[Path, Path]) -
         assert (sample["completion_tokens"], sample["spans"], sample["partial"]) == (
             row["completion_tokens"], row["spans"], row["partial"])
         assert [s["completion_tokens"] for s in sample["per_shard"]] == row["per_shard"]
+
+
+def test_sample_published_before_the_layout_change_still_verifies(tmp_path: Path) -> None:
+    """tests/data/sample-old-layout.json was published by the version that wrote separate
+    last_token lines, from the old-layout run `_run` writes (byte for byte: the sample's file
+    hashes check it). Today's verify accepts it, and today's publish gives the same figure and
+    counted-line hashes from those files."""
+    run = _run(tmp_path / "run", layout="old")
+    stored = Path(__file__).parent / "data" / "sample-old-layout.json"
+    shutil.copy(stored, tmp_path / "old.json")
+    assert verify(tmp_path / "old.json", run).startswith("ok: run fixture-run minute ")
+    fresh, _ = publish(run, out=tmp_path / "fresh.json")
+    old = orjson.loads(stored.read_bytes())
+    for key in ("minute", "completion_tokens", "spans", "lines_counted", "lines_sha256",
+                "per_shard", "method", "files"):
+        assert fresh[key] == old[key], key

@@ -1,10 +1,14 @@
-"""The flush-before-finished rule of a shard's output files."""
+"""The flush-before-finished rule of a shard's output files, and the event log's lines."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 from pathlib import Path
 
+import orjson
+
+from shardrun.events import EventLog
 from shardrun.shard_config import ShardConfig
 from shardrun.shard_output import ShardOutput
 
@@ -51,3 +55,30 @@ def test_failing_event_log_keeps_nothing_back(tmp_path: Path) -> None:
     assert not out.flush()
     assert out.take_finished() == (["a"], [])
     assert errors == [out.log.path]
+
+
+def test_event_log_lines_keys_and_checkpoints(tmp_path: Path) -> None:
+    """Key order run_id, shard, ev, t, fields; nothing reaches the file before a flush; each
+    checkpoint holds the line count and SHA-256 of every byte before it, across a reopen."""
+    path = tmp_path / "e.jsonl"
+    log = EventLog(path, run_id="r", shard=2)
+    log.emit("released", t=1.5, span="2-1", id="a", outcome="ok", reason=None)
+    log.emit("admitted", t=2.0, span="2-2", id="b")
+    assert path.read_bytes() == b""
+    log.checkpoint(2.5)
+    log.checkpoint(2.6)  # nothing new since the last one: no line
+    log.close()
+    reopened = EventLog(path, run_id="r", shard=2)  # a resumed pass appends
+    reopened.emit("queued", t=3.0, span="2-3", id="c", prompt_chars=4)
+    reopened.checkpoint(3.5)
+    reopened.close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    first = orjson.loads(lines[0])
+    assert list(first) == ["run_id", "shard", "ev", "t", "span", "id", "outcome", "reason"]
+    assert (first["run_id"], first["shard"], first["ev"]) == ("r", 2, "released")
+    assert [orjson.loads(x)["ev"] for x in lines] == [
+        "released", "admitted", "checkpoint", "queued", "checkpoint"]
+    for at in (2, 4):
+        rec = orjson.loads(lines[at])
+        assert rec["lines"] == at
+        assert rec["sha256"] == hashlib.sha256(b"".join(lines[:at])).hexdigest()

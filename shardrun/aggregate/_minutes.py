@@ -1,13 +1,15 @@
 """Completion tokens per UTC minute: the figure behind aggregate TPM and every published sample.
 
 A successful span (a `released` line with `outcome` ok) counts its final attempt's
-`completion_tokens` in the UTC minute `floor(t / 60)` of its last token: the `last_token` event
-of that attempt, or its `attempt_end` when the attempt streamed no content token (exactly the
-rule `spans.timeline` uses for the result line's `last_token_at`).
+`completion_tokens` in the UTC minute `floor(t / 60)` of its last token: that attempt's
+`last_token_t` (on its `attempt_end`; in the older layout, its `last_token` line), or the
+`attempt_end`'s own `t` when the attempt streamed no content token (exactly the rule
+`spans.timeline` uses for the result line's `last_token_at`).
 
 With `keep_lines`, each minute also keeps a SHA-256 over the raw bytes (newline included) of the
 lines that made its figure, per counted span in the order of their `released` lines: the
-`last_token` line when one was used, the `attempt_end` line, the `released` line.
+`last_token` line when one was used (older layout only), the `attempt_end` line, the `released`
+line.
 """
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
 """`ShardFold`: one shard's event records, folded into a `ShardSummary`. Pure: no I/O, no clock.
 
 Records are the parsed lines of `events/shard-NN.jsonl` (see docs/ARCHITECTURE.md), fed in file
-order. State per span lives only while the span is open (from `queued` to `released`); what
-stays is per-minute, per-segment and per-shard. A fold tolerates missing lines (a torn log, a
+order. Both layouts of an attempt are read: the current one, where `attempt_end` carries the
+attempt's `conn_ready_t`, `reused`, `first_token_t` and `last_token_t`, and the older one, where
+those instants came on separate `conn_ready`, `first_token` and `last_token` lines (runs written
+before the change). When a log has both for one attempt, the separate lines win, which is what
+the older fold computed (a writer puts the same instants on both).
+
+State per span lives only while the span is open (from `queued` to `released`); what stays is
+per-minute, per-segment and per-shard. A fold tolerates missing lines (a torn log, a
 log read from its middle, or the `minutes_only` mode of `publish` and `verify`, where only
 `MINUTES_ONLY_EVENTS` are fed): what cannot be computed is counted, never guessed.
 """
@@ -22,12 +28,15 @@ from shardrun.aggregate._summary import ShardSummary, reason_key
 Record = Mapping[str, Any]
 Handler = Callable[[Record, bytes], None]
 
-# Slots of an open span's state list.
+# Slots of an open span's state list: queued, prompt chars, admitted, attempt start, connection
+# ready, first token (the current attempt's), last token with its attempt and raw line (older
+# layout only), and the ok attempt_end.
 Q, PC, A, S, C, F, L, LA, LR, E = range(10)
 _EMPTY: list[Any] = [None] * 10
 MAX_TRACKED_REASONS = 256
 # What `verify` reads: the figure's lines, and every line that moves the log's time window
 # exactly as in a full fold (so both agree on which minutes are partial).
+# (`last_token` only occurs in logs of the older layout.)
 MINUTES_ONLY_EVENTS = frozenset({"shard_start", "last_token", "attempt_end", "released",
                                  "loop_lag", "checkpoint", "shard_end"})
 
@@ -43,6 +52,7 @@ class ShardFold:
         self.tally = MinuteTally(keep_lines=keep_lines)
         self.keep_lines = keep_lines
         self.open: dict[str, list[Any]] = {}
+        self.legacy_conn = False  # a `conn_ready` line was seen: attempt_end may repeat it
         self.segments: dict[int, Segment] = {}
         self.loop_lag = Dist()
         self.handlers: dict[str, Handler] = {
@@ -150,18 +160,19 @@ class ShardFold:
             self.sum.first_attempts += 1
 
     def _conn_ready(self, rec: Record, raw: bytes) -> None:
+        """Older layout: the attempt's connection on its own line."""
         sid = rec["span"]
         (self.open.get(sid) or self._new(sid))[C] = rec["t"]
-        if rec.get("reused"):
-            self.sum.reused_conns += 1
-        else:
-            self.sum.new_conns += 1
+        self.legacy_conn = True
+        self._count_conn(rec)
 
     def _first_token(self, rec: Record, raw: bytes) -> None:
+        """Older layout: the attempt's first content token on its own line."""
         sid = rec["span"]
         (self.open.get(sid) or self._new(sid))[F] = rec["t"]
 
     def _last_token(self, rec: Record, raw: bytes) -> None:
+        """Older layout: the attempt's last content token on its own line."""
         sid = rec["span"]
         span = self.open.get(sid) or self._new(sid)
         span[L] = rec["t"]
@@ -174,12 +185,31 @@ class ShardFold:
         s.by_status[status] = s.by_status.get(status, 0) + 1
         s.wasted_tokens += rec.get("wasted_tokens") or 0
         s.prompt_tokens += rec.get("prompt_tokens") or 0
+        conn = rec.get("conn_ready_t")  # absent in the older layout
+        span = None
+        if conn is not None:
+            if self.legacy_conn:  # the log also has conn_ready lines: count a connection once
+                span = self.open.get(rec["span"])
+            if span is None or span[C] is None:
+                self._count_conn(rec)
+                if span is not None:
+                    span[C] = conn
         if status == "ok":
-            sid = rec["span"]
-            (self.open.get(sid) or self._new(sid))[E] = (
+            span = span or self.open.get(rec["span"]) or self._new(rec["span"])
+            if conn is not None and span[C] is None:
+                span[C] = conn
+            if span[F] is None:
+                span[F] = rec.get("first_token_t")
+            span[E] = (
                 rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
-                rec.get("itl_hist"), rec.get("attempt"), raw,
+                rec.get("itl_hist"), rec.get("attempt"), raw, rec.get("last_token_t"),
             )  # fmt: skip
+
+    def _count_conn(self, rec: Record) -> None:
+        if rec.get("reused"):
+            self.sum.reused_conns += 1
+        else:
+            self.sum.new_conns += 1
 
     def _rate_wait(self, rec: Record, raw: bytes) -> None:
         """Our own rate limit held an attempt; before attempt 1 the span is not yet admitted."""
@@ -205,13 +235,17 @@ class ShardFold:
         if end is None:
             s.ok_without_attempt += 1
             return
-        end_t, tokens, prompt_tokens, itl, attempt, end_raw = end
-        use_last = span[L] is not None and span[LA] == attempt
-        last = span[L] if use_last else end_t
+        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last = end
         s.ok += 1
         s.completion_tokens += tokens
+        lines: tuple[bytes, ...]
+        if span[L] is not None and span[LA] == attempt:
+            # Older layout: the final attempt's own last_token line holds the instant.
+            last, lines = span[L], (span[LR], end_raw, raw)
+        else:
+            # attempt_end's last_token_t; no content token at all: attempt_end's own t.
+            last, lines = (end_last if end_last is not None else end_t), (end_raw, raw)
         if self.keep_lines:
-            lines = (span[LR], end_raw, raw) if use_last else (end_raw, raw)
             self.tally.count(last, tokens, lines)
         else:
             self.tally.count(last, tokens)
