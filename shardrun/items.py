@@ -18,7 +18,7 @@ from typing import Any, Literal
 import orjson
 
 __all__ = ["BATCH_URLS", "CHARS_PER_TOKEN", "build_request", "estimate_prompt_tokens",
-           "prompt_chars"]  # fmt: skip
+           "prompt_chars", "tokens_of_chars"]  # fmt: skip
 
 Api = Literal["chat", "completions"]
 
@@ -79,4 +79,9 @@ def prompt_chars(item: Mapping[str, Any]) -> int:
 
 def estimate_prompt_tokens(item: Mapping[str, Any]) -> int:
     """Prompt tokens before the server counts them: characters / 4, rounded up."""
-    return math.ceil(prompt_chars(item) / CHARS_PER_TOKEN)
+    return tokens_of_chars(prompt_chars(item))
+
+
+def tokens_of_chars(chars: int) -> int:
+    """The prompt-token estimate for `chars` characters of prompt (when they are known)."""
+    return math.ceil(chars / CHARS_PER_TOKEN)

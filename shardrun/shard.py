@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import socket
 from collections import deque
@@ -21,7 +20,7 @@ from typing import Any
 from shardrun import __version__, events, protocol
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
-from shardrun.items import CHARS_PER_TOKEN, build_request, prompt_chars
+from shardrun.items import build_request, prompt_chars, tokens_of_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy
@@ -234,9 +233,8 @@ class Shard:
             limiter.observe_headers(outcome.rate_headers)
         if limiter.tokens is None:
             return  # no token bucket: `correct` would do nothing, so skip working out usage
-        prompt_estimate = math.ceil(span.prompt_chars / CHARS_PER_TOKEN)  # = items' estimate
         used = tokens_used(outcome.status, outcome.prompt_tokens, outcome.completion_tokens,
-                           outcome.wasted_tokens, prompt_estimate)
+                           outcome.wasted_tokens, tokens_of_chars(span.prompt_chars))
         limiter.correct(span.charged, used)
 
     async def _attempt(self, client: StreamingClient, span: Span, attempt: int,

@@ -9,7 +9,6 @@ in `cli_validate`.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ import orjson
 from shardrun.clock import Clock
 from shardrun.errors import SpecError
 from shardrun.inputs import Reject, make_reader
-from shardrun.items import CHARS_PER_TOKEN, build_request, prompt_chars
+from shardrun.items import build_request, prompt_chars, tokens_of_chars
 from shardrun.spec import LoadedJob
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
@@ -44,7 +43,7 @@ class InputCheck:
     @property
     def prompt_tokens_estimate(self) -> int:
         """Prompt tokens by the rule of thumb of 4 characters per token (not a tokenizer)."""
-        return math.ceil(self.prompt_chars / CHARS_PER_TOKEN)
+        return tokens_of_chars(self.prompt_chars)
 
 
 @dataclass(frozen=True)
