@@ -75,6 +75,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("SHARDRUN_RUNS_DIR", "runs_dir", "where run directories are created"),
     EnvVar("SHARDRUN_SHUTDOWN_GRACE_S", "shutdown_grace_s", "seconds in-flight work gets on stop"),
+    EnvVar(
+        "SHARDRUN_SHARD_START", "shard_start", "fork (shards share one import) or spawn"
+    ),
     EnvVar("SHARDRUN_FSYNC_INTERVAL_S", "fsync_interval_s", "seconds between fsyncs of results"),
     EnvVar(
         "SHARDRUN_RPM", "rate_limits.rpm", "requests per minute, whole job (none: unlimited)"

@@ -235,6 +235,9 @@ class JobSpec(_Frozen):
     retry: RetrySpec = Field(default_factory=lambda: RetrySpec())
     runs_dir: str = Field(default="runs", pattern=_NON_BLANK)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # fork: one launcher imports a shard's code once and forks the shards (placement.py);
+    # spawn: a fresh interpreter per shard, for platforms or libraries where fork is unsafe.
+    shard_start: Literal["fork", "spawn"] = "fork"
     # How often results are fsync'ed: the most a machine crash can lose (a kill -9 loses nothing).
     fsync_interval_s: float = Field(default=1.0, gt=0, le=60)
     rate_limits: RateLimitsSpec = Field(default_factory=lambda: RateLimitsSpec())

@@ -11,6 +11,7 @@ files are checked before anything is handed out again, so nothing is lost or don
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -21,7 +22,13 @@ from shardrun import _import_structlog_without_rich, protocol
 from shardrun.clock import Clock
 from shardrun.errors import RunError
 from shardrun.manifest import RunDir
-from shardrun.placement import ShardHandle, start_local_shard
+from shardrun.placement import (
+    Launcher,
+    ShardHandle,
+    fork_available,
+    start_forked_shards,
+    start_local_shard,
+)
 from shardrun.progress import ProgressView
 from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
@@ -38,6 +45,7 @@ from shardrun.events import EventLog  # noqa: E402
 REFRESH_EVERY_S = 0.25  # the live display redraws from the shards' reports, never per request
 # A run whose shards keep dying is broken, not unlucky: give up after this many deaths.
 MAX_SHARD_DEATHS = 3
+LAUNCHER_CLOSE_S = 5.0
 
 
 @dataclass
@@ -63,7 +71,8 @@ class Coordinator:
     """One pass of a run: work source → shards → summary."""
 
     def __init__(self, config: ShardConfig, shards: int, source: WorkSource, run_dir: RunDir,
-                 view: ProgressView, rate_limits: tuple[float | None, float | None]) -> None:
+                 view: ProgressView, rate_limits: tuple[float | None, float | None],
+                 *, fork: bool = True) -> None:
         self.config = config  # the template every shard's config is made from
         self.shard_count = shards
         self.view = view
@@ -84,6 +93,8 @@ class Coordinator:
         self.reassigned = 0
         self.totals = Totals()
         self.started = time.time()
+        self.fork = fork and fork_available()
+        self.launcher: Launcher | None = None
 
     def _input_ended(self) -> None:
         self.view.set_total(self.source.taken)
@@ -195,11 +206,14 @@ class Coordinator:
         self.view.start()
         ticker = asyncio.create_task(self.progress())
         try:
-            for _ in range(self.shard_count):
-                await self._start_shard()
+            await self._start_first_shards()
             await self._supervise()
         finally:
             ticker.cancel()
+            if self.launcher is not None:
+                # It ends right after reporting its last shard's end; don't leave it unreaped.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.launcher.close(), LAUNCHER_CLOSE_S)
             self.view.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -210,9 +224,23 @@ class Coordinator:
             self.log.close()
         return summary
 
+    async def _start_first_shards(self) -> None:
+        """Fork the run's shards from one launcher (one set of imports), else spawn each."""
+        if not self.fork:
+            for _ in range(self.shard_count):
+                await self._start_shard()
+            return
+        handles, self.launcher = await start_forked_shards(
+            range(self.shard_count), self.run_dir.logs, self.run_dir.path, self.config.segment)
+        for handle in handles:
+            self._adopt(handle)
+
     async def _start_shard(self) -> None:
-        handle = await start_local_shard(len(self.states), self.run_dir.logs, self.run_dir.path,
-                                         self.config.segment)
+        """A fresh interpreter: a replacement for a dead shard, or where forking is unavailable."""
+        self._adopt(await start_local_shard(len(self.states), self.run_dir.logs,
+                                            self.run_dir.path, self.config.segment))
+
+    def _adopt(self, handle: ShardHandle) -> None:
         state = ShardState(handle)
         self.states.append(state)
         # The config goes first, before any `rate` message a rebalance may send.

@@ -163,18 +163,67 @@ def _wait_for_results(run_parent: Path, at_least: int) -> None:
 
 
 def _shard_pids(coordinator: int) -> list[int]:
-    return [p.pid for p in psutil.Process(coordinator).children()
-            if "shardrun._shard_main" in " ".join(p.cmdline())]
+    """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
+    pids = []
+    for child in psutil.Process(coordinator).children():
+        cmdline = " ".join(child.cmdline())
+        if "shardrun._shard_main" in cmdline:
+            pids.append(child.pid)
+        elif "shardrun._launcher" in cmdline:
+            pids += [p.pid for p in child.children()]
+    return pids
 
 
 SLOW_SIM = {**FAST_SIM, "ttft_ms": 30, "itl_ms": 2}
 
 
-def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path) -> None:
+def _pipes_of(pid: int) -> set[str]:
+    """The pipes a process holds open, by inode (`pipe:[123]`)."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    return {link for fd in fd_dir.iterdir()
+            if (link := os.readlink(fd)).startswith("pipe:")}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc (Linux)")
+def test_forked_shards_hold_only_their_own_pipes(tmp_path: Path) -> None:
+    """The launcher forks every shard, and no shard keeps a copy of another shard's pipes.
+
+    A stray copy of shard B's stdout in shard A would hide B's death from the coordinator (no
+    EOF while A lives), so each shard's pipes must be its own: stdin and stdout, shared only
+    with the coordinator.
+    """
+    write_input(tmp_path / "input.jsonl", 3000)
+    write_job(tmp_path / "job.yaml", shard_start="fork",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3")
+    try:
+        _wait_for_results(tmp_path / "runs", 100)
+        children = psutil.Process(proc.pid).children()
+        launchers = [c for c in children if "shardrun._launcher" in " ".join(c.cmdline())]
+        assert len(launchers) == 1
+        assert not [c for c in children if "shardrun._shard_main" in " ".join(c.cmdline())]
+        shards = launchers[0].children()
+        assert len(shards) == 3
+        coordinator_pipes = _pipes_of(proc.pid)
+        held = [_pipes_of(shard.pid) for shard in shards]
+        for i, pipes in enumerate(held):
+            assert len(pipes) >= 2  # its stdin and stdout at least
+            others = set().union(*(p for j, p in enumerate(held) if j != i))
+            assert not pipes & others, f"shard {i} shares a pipe with another shard"
+            # stdin and stdout lead to the coordinator (stderr is a log file, not a pipe)
+            assert {os.readlink(f"/proc/{shards[i].pid}/fd/{fd}") for fd in (0, 1)} \
+                <= coordinator_pipes
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=WAIT_GUARD_S)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path, start: str) -> None:
     """kill -9 of one shard mid-run: the run still ends with exactly one line per item."""
     ids = write_input(tmp_path / "input.jsonl", 2000)
-    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
-                                               "model": "m", "sim": SLOW_SIM})
+    write_job(tmp_path / "job.yaml", shard_start=start,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3")
     _wait_for_results(tmp_path / "runs", 200)
     victim = _shard_pids(proc.pid)[0]
