@@ -3,7 +3,8 @@
 `register(subparsers)` adds them to the main parser; each sets `handler`, which takes the parsed
 arguments and returns the exit code. The library raises `ShardrunError`s for user errors; the
 handlers print them as `error: <message>` and return their exit code (2 for a bad run directory
-or an impossible publish, 1 for a sample that does not verify).
+or an impossible publish, 1 for a sample that does not verify). `report` prints its report
+whatever the log's state, and exits 1 when the log fails its integrity check.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the `report`, `publish` and `verify` subcommands."""
     report = subparsers.add_parser(
         "report", help="summarize a run from its raw event log",
-        description="Summarize a run (finished, crashed or still running) from its event log.",
+        description="Summarize a run (finished, crashed or still running) from its event log. "
+                    "Exit 0, or 1 when an event file fails its integrity check (a checkpoint "
+                    "that does not match, unreadable lines, a file changed since the run ended); "
+                    "the report is printed either way.",
     )  # fmt: skip
     report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
     report.add_argument("--json", action="store_true",
@@ -82,7 +86,13 @@ def _guarded(handler: Handler) -> Handler:
 
 @_guarded
 def run_report(args: argparse.Namespace) -> int:
-    from shardrun.report import format_json, format_report, load_report, write_html
+    from shardrun.report import (
+        format_json,
+        format_report,
+        integrity_problem,
+        load_report,
+        write_html,
+    )
 
     doc, loaded = load_report(args.run_dir, trace=args.html is not None)
     if args.html is not None:
@@ -90,6 +100,11 @@ def run_report(args: argparse.Namespace) -> int:
     print(format_json(doc) if args.json else format_report(doc))
     if args.html is not None:
         print(f"wrote {args.html}", file=sys.stderr)
+    problem = integrity_problem(doc)
+    if problem is not None:
+        print(f"error: {args.run_dir}: the event log fails its integrity check ({problem}); "
+              "the figures above come from the lines that could be read", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -101,6 +101,54 @@ def test_changed_after_the_run_ended(tmp_path: Path) -> None:
     assert any("differs from the SHA-256 the manifest recorded" in n for n in doc["notes"])
 
 
+def test_report_exit_code_says_whether_the_log_can_be_trusted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 0 for an intact log, also a crashed one (torn tail); 1, with the reason, for a
+    flipped byte, a garbage line or a file changed since the manifest recorded it. The report
+    is printed in every case."""
+    intact = _hand_run(tmp_path / "intact")
+    assert main(["report", str(intact)]) == 0
+    assert capsys.readouterr().err == ""
+
+    torn = _hand_run(tmp_path / "torn", status="running")
+    log = torn / "events" / "shard-00.jsonl"
+    data = log.read_bytes()
+    log.write_bytes(data[:data.rfind(b'"ev":"shard_end"') + 10])
+    _age(torn)
+    assert main(["report", str(torn)]) == 0
+    assert "CRASHED" in capsys.readouterr().out.upper()
+
+    flipped = _hand_run(tmp_path / "flipped")
+    log = flipped / "events" / "shard-00.jsonl"
+    data = bytearray(log.read_bytes())
+    at = data.index(b'"completion_tokens":') + len(b'"completion_tokens":')
+    data[at] = ord("9") if data[at] != ord("9") else ord("8")  # still valid JSON
+    log.write_bytes(bytes(data))
+    assert main(["report", str(flipped)]) == 1
+    captured = capsys.readouterr()
+    assert "items" in captured.out  # the report still printed
+    (err,) = captured.err.strip().splitlines()
+    assert err.startswith(f"error: {flipped}: the event log fails its integrity check "
+                          "(events/shard-00.jsonl: checkpoint check failed at line ")
+    assert "a byte changed" in err
+
+    garbage = _hand_run(tmp_path / "garbage")
+    log = garbage / "events" / "shard-00.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = b"{not json"
+    log.write_bytes(b"\n".join(lines))
+    assert main(["report", str(garbage), "--json"]) == 1
+    assert orjson.loads(capsys.readouterr().out)["integrity"]["ok"] is False
+
+    changed = _hand_run(tmp_path / "changed")
+    manifest = orjson.loads((changed / "manifest.json").read_bytes())
+    files = [{"path": "events/shard-00.jsonl", "sha256": "0" * 64, "bytes": 1}]
+    (changed / "manifest.json").write_bytes(orjson.dumps({**manifest, "files": files}))
+    assert main(["report", str(changed)]) == 1
+    assert "events/shard-00.jsonl differs from the SHA-256 the manifest recorded" in \
+        capsys.readouterr().err
+
+
 def test_run_states(tmp_path: Path) -> None:
     """Finished by the manifest; running while logs are fresh; crashed once they go stale."""
     finished, _ = load_report(_hand_run(tmp_path / "a"))

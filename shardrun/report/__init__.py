@@ -26,6 +26,7 @@ __all__ = [
     "RunDirError",
     "format_json",
     "format_report",
+    "integrity_problem",
     "load_report",
     "write_html",
 ]
@@ -47,6 +48,23 @@ def load_report(run_dir: Path, *, trace: bool = False,
         files=files, notes=[n for f in files for n in _file_notes(f, state)],
     )  # fmt: skip
     return build_report(facts, loaded.coordinators, loaded.shards), loaded
+
+
+def integrity_problem(doc: dict[str, Any]) -> str | None:
+    """The first reason not to trust the raw log a report was built from, if any.
+
+    A failed checkpoint, unreadable lines, or a file changed since the manifest recorded its
+    SHA-256. A torn last line or lines beyond the last checkpoint are not problems: a crashed or
+    running run has them, and the report says how much of each file is covered.
+    """
+    for f in doc["integrity"]["files"]:
+        if f["checkpoint_error"]:
+            return f"{f['path']}: checkpoint check failed at {f['checkpoint_error']}"
+        if f["bad_lines"]:
+            return f"{f['path']}: {f['bad_lines']:,} unreadable lines, first {f['first_bad'][0]}"
+        if f.get("matches_manifest") is False:
+            return f"{f['path']} differs from the SHA-256 the manifest recorded for it"
+    return None
 
 
 def format_json(doc: dict[str, Any]) -> str:
