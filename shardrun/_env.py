@@ -89,6 +89,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
 
 ENV_BY_KEY: Mapping[str, EnvVar] = {v.key: v for v in ENV_VARS}
 
+# Variables of `report`, `publish` and `verify`, not of a job: no job key, no flag.
+ANALYSIS_VARS: Mapping[str, str] = {
+    "SHARDRUN_AGGREGATE_WORKERS": "worker processes that fold event files (default: one per CPU)",
+    "SHARDRUN_FAST_FOLD": "0 folds event files in Python even where the C fold is built",
+}
+
 
 def flag_for(key: str) -> str:
     """The flag that sets dotted `key`: named after its env var, else after the key itself."""
@@ -108,7 +114,7 @@ def unknown_env_warnings(env: Mapping[str, str]) -> tuple[str, ...]:
 
     Only names are reported, never values: a misspelt variable may well hold a secret.
     """
-    known = {v.name for v in ENV_VARS}
+    known = {v.name for v in ENV_VARS} | set(ANALYSIS_VARS)
     suffixes = [name.removeprefix(PREFIX) for name in sorted(known)]
     warnings = []
     for name in sorted(env):

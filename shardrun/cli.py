@@ -21,12 +21,14 @@ SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "v
 def _env_help() -> str:
     # From `_env`, not `spec`: the table needs no pydantic or YAML, and every command's parser
     # (`--help` included) builds this text.
-    from shardrun._env import ENV_VARS
+    from shardrun._env import ANALYSIS_VARS, ENV_VARS
 
-    width = max(len(var.name) for var in ENV_VARS)
+    width = max(len(name) for name in [*(var.name for var in ENV_VARS), *ANALYSIS_VARS])
     rows = "\n".join(f"  {var.name:<{width}}  {var.help}" for var in ENV_VARS)
+    analysis = "\n".join(f"  {name:<{width}}  {text}" for name, text in ANALYSIS_VARS.items())
     return (
         "environment variables (precedence: flag > environment > job file > default):\n" + rows
+        + "\n\nfor report, publish and verify:\n" + analysis
     )
 
 

@@ -397,7 +397,8 @@ def test_effective_contains_no_secrets(jobs: Path) -> None:
 
 def test_unknown_shardrun_variables_warn_with_suggestion(jobs: Path) -> None:
     """A misspelt SHARDRUN_* variable is a warning naming the closest real one."""
-    env = {"SHARDRUN_SHARD": "3", "SHARDRUN_ZZZZZZ": "1", "OTHER": "x", "SHARDRUN_SHARDS": "2"}
+    env = {"SHARDRUN_SHARD": "3", "SHARDRUN_ZZZZZZ": "1", "OTHER": "x", "SHARDRUN_SHARDS": "2",
+           "SHARDRUN_FAST_FOLD": "0", "SHARDRUN_AGGREGATE_WORKERS": "2"}  # the last two: report's
     job = load(write(jobs, MINIMAL), env)
     assert job.warnings == (
         "SHARDRUN_SHARD is not a shardrun variable (did you mean SHARDRUN_SHARDS?)",

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from shardrun import events
+from shardrun import event_names as events
 from shardrun.aggregate import (
     MINUTES_ONLY_EVENTS,
     CoordinatorFold,
@@ -28,6 +28,7 @@ from shardrun.aggregate import (
     ShardFold,
     ShardSummary,
 )
+from shardrun.aggregate import _fast as fast
 from shardrun.errors import ShardrunError
 from shardrun.report._scan import FileScan, scan_file
 
@@ -124,16 +125,32 @@ def default_cap(manifest: dict[str, Any]) -> int:
 
 def fold_shard_file(path: Path, rel: str, idle_until: float, cap: int,
                     opts: FoldOptions) -> tuple[FileScan, ShardSummary]:
-    """Scan and fold one shard's event file (a top-level function: it runs in workers)."""
+    """Scan and fold one shard's event file (a top-level function: it runs in workers).
+
+    The C fold (`aggregate._fast`) where it is built and the file is in today's layout; the
+    Python fold otherwise, and for the whole file whenever the C fold falls back.
+    """
+    if not opts.trace and fast.available():
+        folder = fast.FastShardFold(idle_until=idle_until, cap=cap,
+                                    minutes_only=opts.minutes_only, keep_lines=opts.keep_lines)
+        try:
+            scan = scan_file(path, rel, {}, folder=folder)
+        except fast.Fallback:
+            pass
+        else:
+            return scan, _named(folder.finish(), path)
     fold = ShardFold(idle_until=idle_until, cap=cap, minutes_only=opts.minutes_only,
                      keep_lines=opts.keep_lines, trace=opts.trace)
     wanted = MINUTES_ONLY_EVENTS if opts.minutes_only else None
     with _no_gc():  # millions of short-lived dicts, no cycles: collection only costs time
         scan = scan_file(path, rel, fold.handlers, wanted)
-    summary = fold.finish()
+    return scan, _named(fold.finish(), path)
+
+
+def _named(summary: ShardSummary, path: Path) -> ShardSummary:
     summary.name = path.name.removeprefix("shard-").removesuffix(".jsonl")
     summary.segment = segment_of(path)
-    return scan, summary
+    return summary
 
 
 @contextlib.contextmanager

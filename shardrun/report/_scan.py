@@ -4,8 +4,9 @@ The file is read in large chunks cut at the last newline. Per chunk, checkpoint 
 by a byte search and checked against the running SHA-256 and line count (DESIGN §5); the other
 lines are parsed with orjson and handed to the fold's handler for their event. Bytes after the
 last newline are a torn line (a crash, or a writer still running): hashed, reported, not parsed.
-A line that is not valid JSON or lacks a field its event needs is counted with its line number,
-never fatal. Checkpoint lines themselves are also fed to the fold.
+A line that is not valid JSON, has no number `t` (every event has one) or lacks a field its
+event needs is counted with its line number, never fatal. Checkpoint lines themselves are also
+fed to the fold.
 
 With `wanted`, lines of other events are skipped before parsing when a cheap look at the bytes
 after `"ev":"` names an event outside `wanted` (lines that do not look as expected are parsed).
@@ -14,22 +15,37 @@ after `"ev":"` names an event outside `wanted` (lines that do not look as expect
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 
-from shardrun.events import ALL_EVENTS
+from shardrun.event_names import ALL_EVENTS
 
 CHUNK = 8 << 20
 CHECKPOINT_MARK = b'"ev":"checkpoint"'
 EV_MARK = b'"ev":"'
 SNIFF = 16
 MAX_LISTED_BAD = 5
+NUMBER = (int, float)  # what every event's `t` must be (not bool, not a string)
 
 Handler = Callable[[Mapping[str, Any], bytes], None]
+
+
+class ChunkFolder(Protocol):
+    """A fold that reads whole chunks of lines itself (the C fold, `aggregate._fast`).
+
+    `body` returns the chunk's line count and, for each line holding `CHECKPOINT_MARK`, its
+    index in the chunk and its start and end offsets: so the reader need not search the bytes
+    again for lines to check.
+    """
+
+    def body(self, chunk: bytes | memoryview) -> tuple[int, list[tuple[int, int, int]]]: ...
+
+    @property
+    def unknown_events(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -87,11 +103,24 @@ class _Hasher:
             at = body.find(CHECKPOINT_MARK, end)
         self.sha.update(view[pos:])
 
-    def _check(self, line: bytes, lines_before: int, bytes_before: int) -> None:
+    def marked(self, body: bytes | memoryview, marks: list[tuple[int, int, int]],
+               base_lines: int, base_bytes: int) -> None:
+        """`body` with its checkpoint lines already found: (line index, start, end) each."""
+        pos = 0
+        view = memoryview(body)
+        for index, start, end in marks:
+            self.sha.update(view[pos:start])
+            pos = start
+            self._check(view[start:end], base_lines + index, base_bytes + start)
+        self.sha.update(view[pos:])
+
+    def _check(self, line: bytes | memoryview, lines_before: int, bytes_before: int) -> None:
         try:
             rec = orjson.loads(line)
             claimed_lines, claimed_sha = rec["lines"], rec["sha256"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
+            claimed_lines = claimed_sha = None
+        if type(claimed_lines) is not int or not isinstance(claimed_sha, str):
             self._fail(f"line {lines_before + 1}: checkpoint line is not a valid checkpoint")
             return
         if self.broken:
@@ -119,28 +148,62 @@ class _Hasher:
 
 
 def scan_file(path: Path, rel: str, handlers: Mapping[str, Handler],
-              wanted: frozenset[str] | None = None) -> FileScan:
-    """Read `path` once, feeding its records to `handlers` (event name -> handler)."""
+              wanted: frozenset[str] | None = None, folder: ChunkFolder | None = None) -> FileScan:
+    """Read `path` once, feeding its records to `handlers` (event name -> handler).
+
+    With `folder`, each chunk's complete lines go to `folder.body` instead (its exceptions
+    propagate: the C fold's `Fallback` means "fold this file in Python").
+    """
     scan = FileScan(rel)
     hasher = _Hasher(scan)
     feeder = _Feeder(scan, handlers, wanted)
-    carry = b""
+
+    def take(body: bytes | memoryview) -> None:
+        if folder is not None:
+            lines, marks = folder.body(body)
+            hasher.marked(body, marks, scan.lines, scan.bytes)
+        else:
+            body = bytes(body)
+            hasher.body(body, scan.lines, scan.bytes)
+            feeder.body(body)
+            lines = body.count(b"\n")
+        scan.lines += lines
+        scan.bytes += len(body)
+
+    tail: list[bytes] = []
     with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            data = carry + block if carry else block
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                body = data[:cut]
-                hasher.body(body, scan.lines, scan.bytes)
-                feeder.body(body)
-                scan.lines += body.count(b"\n")
-                scan.bytes += cut
+        for body in _whole_lines(f, tail):
+            take(body)
+    carry = tail[0]
     hasher.sha.update(carry)
     scan.bytes += len(carry)
     scan.torn_tail_bytes = len(carry)
     scan.sha256 = hasher.sha.hexdigest()
+    if folder is not None:
+        scan.unknown_events += folder.unknown_events
     return scan
+
+
+def _whole_lines(f: BinaryIO, tail: list[bytes]) -> Iterator[bytes | memoryview]:
+    """The file's complete lines, a chunk at a time, without copying chunks; `tail` gets the
+    bytes after the last newline (a torn line)."""
+    carry = b""
+    while block := f.read(CHUNK):
+        start = 0
+        if carry:
+            nl = block.find(b"\n")
+            if nl < 0:
+                carry += block
+                continue
+            yield carry + block[:nl + 1]  # the line that straddles two chunks
+            start = nl + 1
+        cut = block.rfind(b"\n") + 1
+        if cut > start:
+            yield memoryview(block)[start:cut]
+            carry = block[cut:]
+        else:
+            carry = block[start:]
+    tail.append(carry)
 
 
 class _Feeder:
@@ -175,6 +238,8 @@ class _Feeder:
         for i, line in enumerate(lines):
             try:
                 rec = loads(line)
+                if type(rec["t"]) not in NUMBER:
+                    raise TypeError("its t is not a number")
                 handler = get(rec["ev"])
                 if handler is None:
                     scan.unknown_events += 1
@@ -192,6 +257,8 @@ class _Feeder:
                 continue
             try:
                 rec = loads(line)
+                if type(rec["t"]) not in NUMBER:
+                    raise TypeError("its t is not a number")
                 handler = get(rec["ev"])
                 if handler is not None:
                     handler(rec, line)

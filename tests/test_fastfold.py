@@ -1,0 +1,323 @@
+"""The C fold (`aggregate._fast`) computes what the Python fold computes, or hands the file back.
+
+The Python fold (`ShardFold` fed by `report._scan`) is the reference. For every log here both
+folds read the same bytes; the C fold must either raise `Fallback` or produce the same
+`ShardSummary`: every count, dict, minute cell (with its line hash), scheduler integral and
+histogram bucket exactly, and each distribution's float total to rounding (it sums in arrival
+order, the reference in sorted batches). Real runs and generated logs in today's layout must
+not fall back at all; mutated lines may, but must never give a different answer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import FAST_SIM, run_cli, write_input, write_job
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_aggregate_fixtures import hand_shard, to_new_layout, to_old_layout, write_log
+from test_aggregate_props import logs, simulate
+
+from shardrun.aggregate import MINUTES_ONLY_EVENTS, ShardFold, ShardSummary
+from shardrun.aggregate import _fast as fast
+from shardrun.aggregate._dist import Dist
+from shardrun.report._rundir import FoldOptions, fold_shard_file
+from shardrun.report._scan import FileScan, scan_file
+
+MODES = [pytest.param(False, False, id="full"), pytest.param(True, True, id="minutes+lines")]
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    if fast._fastfold is None:
+        if os.environ.get("CI"):
+            pytest.fail("the C fold (shardrun/aggregate/_fastfold.c) was not built by the "
+                        "install: is a C compiler with Python's headers there?")
+        pytest.skip("the C fold is not built here (no C compiler at install time)")
+
+
+def python_fold(path: Path, minutes_only: bool, keep_lines: bool, cap: int = 0,
+                idle_until: float = math.inf) -> tuple[FileScan, ShardSummary]:
+    fold = ShardFold(idle_until=idle_until, cap=cap, minutes_only=minutes_only,
+                     keep_lines=keep_lines)
+    scan = scan_file(path, "log", fold.handlers, MINUTES_ONLY_EVENTS if minutes_only else None)
+    return scan, fold.finish()
+
+
+def c_fold(path: Path, minutes_only: bool, keep_lines: bool, cap: int = 0,
+           idle_until: float = math.inf) -> tuple[FileScan, ShardSummary]:
+    folder = fast.FastShardFold(idle_until=idle_until, cap=cap, minutes_only=minutes_only,
+                                keep_lines=keep_lines)
+    scan = scan_file(path, "log", {}, folder=folder)
+    return scan, folder.finish()
+
+
+def _dist(d: Dist) -> tuple[Any, ...]:
+    return sorted(d.counts.items()), d.n, d.lo, d.hi
+
+
+def view(s: ShardSummary) -> tuple[dict[str, Any], list[float]]:
+    """Everything exact, and the distribution totals apart (compared to rounding)."""
+    exact = {name: getattr(s, name) for name in ShardSummary.__slots__
+             if name not in ("loop_lag", "segments", "minutes", "trace")}
+    exact["minutes"] = dict(s.minutes)
+    exact["loop_lag"] = _dist(s.loop_lag)
+    totals = [s.loop_lag.total]
+    segments = {}
+    for i, seg in s.segments.items():
+        seg.flush()
+        segments[i] = (seg.spans, [_dist(d) for d in seg.dists], seg.itl)
+        totals += [d.total for d in seg.dists]
+    exact["segments"] = segments
+    return exact, totals
+
+
+def assert_same(ref: tuple[FileScan, ShardSummary], got: tuple[FileScan, ShardSummary]) -> None:
+    assert ref[0].as_dict() == got[0].as_dict()
+    (ref_exact, ref_totals), (got_exact, got_totals) = view(ref[1]), view(got[1])
+    assert ref_exact == got_exact
+    assert got_totals == pytest.approx(ref_totals, rel=1e-12, abs=1e-12)
+
+
+def both(path: Path, minutes_only: bool, keep_lines: bool, **kw: Any) -> None:
+    """The C fold does not fall back and agrees with the reference."""
+    assert_same(python_fold(path, minutes_only, keep_lines, **kw),
+                c_fold(path, minutes_only, keep_lines, **kw))
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run on the simulator with 5xx, 429 and dropped streams (retries, waste, dead
+    letters) under a job-wide rate limit (rate waits)."""
+    root = tmp_path_factory.mktemp("fast")
+    write_input(root / "input.jsonl", 400)
+    sim = {**FAST_SIM, "fail_500": 0.05, "fail_429": 0.03, "drop_mid_stream": 0.03}
+    write_job(root / "job.yaml", shards=2, concurrency=8,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
+              retry={"backoff_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 2},
+              rate_limits={"rpm": 15_000})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=root)
+    assert done.returncode in (0, 1), done.stderr
+    return root / "runs" / "r1"
+
+
+@pytest.mark.parametrize(("minutes_only", "keep_lines"), MODES)
+def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
+    files = sorted((real_run / "events").glob("shard-*.jsonl"))
+    assert len(files) == 2
+    for path in files:
+        both(path, minutes_only, keep_lines, cap=8, idle_until=math.inf)
+    text = b"".join(p.read_bytes() for p in files)
+    # the run exercised what the C fold must get right
+    for needle in (b'"ev":"retry"', b'"outcome":"dead"', b'"wasted_tokens":', b'"reused":true',
+                   b'"ev":"rate_wait"', b'"ev":"loop_lag"'):
+        assert needle in text
+
+
+@settings(max_examples=40, deadline=None)
+@given(log=logs, minutes_only=st.booleans())
+def test_generated_logs(log: tuple[int, list[tuple[Any, ...]]], minutes_only: bool) -> None:
+    records, _ = simulate(*log)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "shard-00.jsonl"
+        write_log(path, to_new_layout(records), checkpoint_every=7)
+        both(path, minutes_only, minutes_only, cap=log[0], idle_until=records[-1]["t"] - 0.5)
+
+
+# Values a mutated field may take: each a different type, spelling or edge of the grammar.
+ODD_VALUES = [b"null", b"true", b"false", b"0", b"-0", b"1", b"2", b"-3", b"1.5", b"1e3",
+              b"1E400", b"00", b"1.", b'""', b'"ok"', b'"dead"', b'"x\\"y"', b'"\\u00e9"',
+              '"é"'.encode(), b'"\xff"', b'"a\\u0000b"', b"{}", b"[]", b'{"1":2}',
+              b'{"-0":1}', b'{"3":1,"3":2}', b"1790000000.5", b" 1", b"nul"]
+
+
+def _mutations() -> st.SearchStrategy[tuple[str, int, int, bytes]]:
+    return st.tuples(st.sampled_from(["value", "overwrite", "append"]), st.integers(0, 10_000),
+                     st.integers(0, 10_000),
+                     st.one_of(st.sampled_from(ODD_VALUES), st.binary(max_size=4)))
+
+
+def _mutate(data: bytes, kind: str, line_no: int, at: int, new: bytes) -> bytes:
+    """One line changed: the value after its `at`-th colon replaced by `new` ("value"),
+    bytes overwritten from offset `at` ("overwrite"), or `new` added at its end ("append")."""
+    lines = data.split(b"\n")
+    i = line_no % (len(lines) - 1)
+    line = lines[i]
+    colons = [k for k, c in enumerate(line) if c == ord(":")]
+    if kind == "value" and colons:
+        start = colons[at % len(colons)] + 1
+        end = start
+        depth = 0
+        while end < len(line):  # to the end of this value
+            c = line[end:end + 1]
+            if c == b"{":
+                depth += 1
+            elif c == b"}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif c == b"," and depth == 0:
+                break
+            end += 1
+        lines[i] = line[:start] + new + line[end:]
+    elif kind == "append":
+        lines[i] = line + new
+    else:
+        k = at % max(len(line), 1)
+        lines[i] = line[:k] + new + line[k + len(new):]
+    return b"\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutation=_mutations(), minutes_only=st.booleans(), seed=st.integers(0, 3))
+def test_a_mutated_line_never_gives_a_different_answer(mutation: tuple[str, int, int, bytes],
+                                                       minutes_only: bool, seed: int) -> None:
+    records, _ = simulate(2, _plans(seed))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "shard-00.jsonl"
+        write_log(path, to_new_layout(records), checkpoint_every=9)
+        path.write_bytes(_mutate(path.read_bytes(), *mutation))
+        ref = python_fold(path, minutes_only, minutes_only, cap=2)
+        try:
+            got = c_fold(path, minutes_only, minutes_only, cap=2)
+        except fast.Fallback:
+            return  # handed back: the Python fold's answer is the one used
+        assert ref[0].bad_lines == 0  # a line the reference could not read never passes
+        assert_same(ref, got)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutation=_mutations(), minutes_only=st.booleans())
+def test_a_mutated_line_of_a_real_run_never_gives_a_different_answer(
+        real_run: Path, mutation: tuple[str, int, int, bytes], minutes_only: bool) -> None:
+    head = b"".join((real_run / "events" / "shard-00.jsonl").open("rb").readlines()[:600])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "shard-00.jsonl"
+        path.write_bytes(_mutate(head, *mutation))
+        ref = python_fold(path, minutes_only, minutes_only, cap=8)
+        try:
+            got = c_fold(path, minutes_only, minutes_only, cap=8)
+        except fast.Fallback:
+            return
+        assert ref[0].bad_lines == 0
+        assert_same(ref, got)
+
+
+def _plans(seed: int) -> list[tuple[Any, ...]]:
+    rnd = random.Random(seed)
+    plans = []
+    for _ in range(12):
+        failures = [(rnd.uniform(0.01, 0.5), rnd.uniform(0.001, 0.5))
+                    for _ in range(rnd.randint(0, 1))]
+        plans.append((rnd.uniform(0, 0.5), failures, rnd.uniform(0, 0.05), rnd.random() < 0.5,
+                      rnd.uniform(0.001, 0.5), rnd.uniform(0, 1), rnd.uniform(1e-4, 0.05),
+                      rnd.randint(1, 40), rnd.random() < 0.2))
+    return plans
+
+
+def test_the_older_layout_falls_back_and_the_python_fold_answers(tmp_path: Path) -> None:
+    path = tmp_path / "events" / "shard-00.jsonl"
+    write_log(path, to_old_layout(hand_shard()))
+    with pytest.raises(fast.Fallback):
+        c_fold(path, False, False)
+    opts = FoldOptions()
+    scan, summary = fold_shard_file(path, "events/shard-00.jsonl", math.inf, 0, opts)
+    ref_scan, ref = python_fold(path, False, False)
+    assert summary.ok == ref.ok > 0 and scan.as_dict()["lines"] == ref_scan.lines
+    assert view(summary)[0] | {"name": "", "segment": 0} == view(ref)[0]
+
+
+def test_an_unreadable_line_falls_back_and_is_counted_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "events" / "shard-00.jsonl"
+    write_log(path, to_new_layout(hand_shard()))
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = b"{not json"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(fast.Fallback):
+        c_fold(path, False, False)
+    scan, _ = fold_shard_file(path, "events/shard-00.jsonl", math.inf, 0, FoldOptions())
+    assert scan.bad_lines == 1 and scan.first_bad == ["line 4: not valid JSON"]
+
+
+def test_unknown_events_are_counted_like_the_reference(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00.jsonl"
+    records = to_new_layout(hand_shard())
+    records.insert(3, {**records[2], "ev": "from_the_future", "t": records[2]["t"]})
+    write_log(path, records)
+    for minutes_only in (False, True):
+        both(path, minutes_only, minutes_only)
+    assert c_fold(path, False, False)[0].unknown_events == 1
+
+
+def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fast.available()
+    monkeypatch.setenv(fast.FAST_VAR, "0")
+    assert not fast.available()
+
+
+def test_the_sample_of_a_real_run_is_the_same_either_way(real_run: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`publish` through the C fold and through the Python fold: byte-identical samples."""
+    from shardrun.provenance import publish
+
+    samples = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv(fast.FAST_VAR, flag)
+        sample, _ = publish(real_run, out=real_run / f"sample-{flag}.json")
+        samples.append(orjson.dumps(sample))
+    assert samples[0] == samples[1]
+
+
+@pytest.mark.parametrize("chunk", [1, 37, 4096])
+def test_chunk_boundaries_change_nothing(real_run: Path, chunk: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines cut across the reader's chunks, even one byte at a time: the same scan and fold,
+    for both folds, as with the default chunk; and the file's torn tail still found."""
+    from shardrun.report import _scan
+
+    path = real_run / "events" / "shard-00.jsonl"
+    torn = real_run.parent / "torn.jsonl"
+    torn.write_bytes(path.read_bytes() + b'{"run_id":"r1","sh')
+    for log in (path, torn):
+        expected = python_fold(log, False, False, cap=8), c_fold(log, False, False, cap=8)
+        assert_same(*expected)
+        monkeypatch.setattr(_scan, "CHUNK", chunk)
+        assert_same(expected[0], python_fold(log, False, False, cap=8))
+        assert_same(expected[1], c_fold(log, False, False, cap=8))
+        monkeypatch.undo()
+    assert expected[0][0].torn_tail_bytes == len(b'{"run_id":"r1","sh')
+
+
+@settings(max_examples=3000, deadline=None)
+@given(x=st.floats(allow_nan=False, allow_infinity=False))
+def test_numbers_read_as_python_reads_them(x: float) -> None:
+    """Every float as orjson and repr write it, and the same digits cut short, plus the
+    integers: the C reader's value is Python's, bit for bit (its fast division included)."""
+    from shardrun.aggregate import _fastfold  # type: ignore[attr-defined]
+
+    for text in (repr(x), orjson.dumps(x).decode(), f"{x:.3f}", f"{abs(x) % 1e12:.7f}"):
+        if "e" in text or "inf" in text:
+            expected: float | int = float(text)
+        else:
+            expected = float(text) if "." in text else int(text)
+        got = _fastfold._number(text.encode())
+        assert got == expected and math.copysign(1, got) == math.copysign(1, expected), text
+
+
+@pytest.mark.parametrize("text", [
+    "9007199254740993.0",  # 2^53 + 1: exactly halfway between two doubles (ties to even)
+    "9007199254740995.0", "0.1", "0.30000000000000004", "1795444750.3025353",
+    "2.2250738585072014e-308", "4.9e-324", "123456789012345678.9", "0.0000000000000000000000001",
+    "1.00000000000000011102230246251565404236316680908203125",  # the midpoint above 1.0
+])
+def test_hard_numbers(text: str) -> None:
+    from shardrun.aggregate import _fastfold  # type: ignore[attr-defined]
+
+    assert _fastfold._number(text.encode()) == float(text)
