@@ -46,7 +46,8 @@ DEFAULT_COMPLETION_TOKENS = 256
 DEFAULT_PAUSE_S = 1.0
 """How long to hold off when the server says nothing is left but not when it resets."""
 MAX_PAUSE_S = 60.0
-"""Longest single pause taken on the server's word; the next response refreshes it."""
+"""Longest single pause taken on the server's word; the next response refreshes it. A job's
+`retry.max_server_wait_s` below it lowers it for that job (`RateLimiter(max_pause_s=...)`)."""
 _MAX_REWAITS = 16
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -114,8 +115,10 @@ class RateLimiter:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        max_pause_s: float = MAX_PAUSE_S,
     ) -> None:
         self._clock, self._sleep = clock, sleep
+        self.max_pause_s = min(max_pause_s, MAX_PAUSE_S)
         self.requests = _bucket_for(rpm)
         self.tokens = _bucket_for(tpm)
         self.pause_until = -math.inf
@@ -184,7 +187,7 @@ class RateLimiter:
             if remaining is not None and remaining < about_to_send:
                 reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}"))
                 pause = max(pause, DEFAULT_PAUSE_S if reset is None else reset)
-        pause = min(pause, MAX_PAUSE_S)
+        pause = min(pause, self.max_pause_s)
         if pause > 0:
             self.pause_until = max(self.pause_until, now + pause)
         return pause

@@ -68,8 +68,10 @@ class Shard:
         self.minute_tokens: dict[str, int] = {}
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
-        # Every shard has a limiter: without job limits it still honours the server's headers.
-        self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"))
+        # Every shard has a limiter: without job limits it still honours the server's headers,
+        # pausing no longer than the job lets the server make it wait (max_server_wait_s).
+        self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
+                                   max_pause_s=self.retrier.policy.max_server_wait_s)
 
     # -- messages from the coordinator ---------------------------------------------------------
 

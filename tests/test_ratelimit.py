@@ -164,6 +164,10 @@ def test_server_headers_pause_before_a_429() -> None:
     assert rl.observe_headers({"x-ratelimit-remaining-tokens": "0"}, t.now) == DEFAULT_PAUSE_S
     long = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "6m0s"}
     assert rl.observe_headers(long, t.now) == MAX_PAUSE_S
+    # a job whose retry.max_server_wait_s is lower pauses no longer than that
+    patient = RateLimiter(None, None, clock=lambda: 0.0, max_pause_s=2.5)
+    assert patient.observe_headers(long, 0.0) == 2.5
+    assert RateLimiter(None, None, max_pause_s=3600).max_pause_s == MAX_PAUSE_S
 
 
 def test_pause_arriving_during_a_wait_extends_it() -> None:
