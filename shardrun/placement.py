@@ -106,7 +106,7 @@ class LocalShard:
         return f"exited with status {code}"
 
     def kill(self) -> None:
-        if self.proc.returncode is None:
+        if self.proc.returncode is None or self.proc.returncode == UNKNOWN_EXIT:
             self.proc.kill()
 
     def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
@@ -155,9 +155,10 @@ UNKNOWN_EXIT = -(1 << 16)
 class ForkedProcess:
     """A shard forked by the launcher: its PID, and its exit code as the launcher reports it."""
 
-    def __init__(self, pid: int, ended: asyncio.Future[int]) -> None:
+    def __init__(self, pid: int, ended: asyncio.Future[int], stdout: asyncio.StreamReader) -> None:
         self.pid = pid
         self._ended = ended
+        self._stdout = stdout
 
     @property
     def returncode(self) -> int | None:
@@ -167,8 +168,12 @@ class ForkedProcess:
         return await asyncio.shield(self._ended)
 
     def kill(self) -> None:
-        # Until the launcher reports the end, it has not reaped the shard: the PID is still ours.
-        if not self._ended.done():
+        # Until the launcher reports the end, it has not reaped the shard: the PID is still
+        # ours. With the launcher gone, the shard's stdout still open means it still runs
+        # (it holds the pipe), so the PID cannot have been reused either.
+        gone = self._ended.done() and (self._ended.result() != UNKNOWN_EXIT
+                                       or self._stdout.at_eof())
+        if not gone:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
@@ -264,6 +269,6 @@ async def start_forked_shards(indexes: Sequence[int], log_dir: Path, out_dir: Pa
         await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
                                      stdout_file)
         writer, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin_file)
-        shards.append(LocalShard(index, ForkedProcess(pid, launcher.ends[index]), writer, reader,
-                                 log_path, out_dir, file_name))
+        shards.append(LocalShard(index, ForkedProcess(pid, launcher.ends[index], reader), writer,
+                                 reader, log_path, out_dir, file_name))
     return shards, launcher

@@ -68,6 +68,22 @@ def test_a_shard_outlives_a_killed_launcher_and_ends_with_an_unknown_status(
     asyncio.run(main())
 
 
+def test_kill_still_reaches_a_shard_whose_launcher_is_gone(tmp_path: Path) -> None:
+    """The coordinator's last resort (kill) works on an orphaned shard: its pipes close."""
+    async def main() -> None:
+        logs, out = _dirs(tmp_path)
+        (shard,), launcher = await start_forked_shards([0], logs, out, 0)
+        assert launcher is not None
+        os.kill(launcher.proc.pid, signal.SIGKILL)
+        await asyncio.wait_for(launcher.close(), GUARD_S)
+        shard.kill()  # it waits for a config that never comes: only the kill ends it
+        assert await asyncio.wait_for(shard.stdout.read(), GUARD_S) == b""  # EOF: it is gone
+        assert shard.stdout.at_eof()
+        shard.kill()  # and now does nothing (its PID is no longer ours to signal)
+
+    asyncio.run(main())
+
+
 def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A launcher that forks shard 1 only: shard 0 starts as a fresh interpreter instead."""
