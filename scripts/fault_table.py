@@ -72,7 +72,10 @@ SIM_SLOW = {**SIM_BASE, "itl_ms": 2}  # the kill / interrupt scenarios: a little
 RETRY_FAST = {"max_attempts": 6, "backoff_s": 0.01, "backoff_max_s": 0.05,
               "budget_ratio": 1.0, "budget_floor": 50}  # fmt: skip
 STORM_BUDGET = (0.2, 10)  # the default budget_ratio and budget_floor
-FSIZE_LIMIT = 200_000  # bytes; writes past it fail with EFBIG, as a full disk fails with ENOSPC
+# Bytes per input item a file may reach in the disk-full scenario (200 KB at 2,000 items):
+# writes past it fail with EFBIG, as a full disk fails with ENOSPC. Scaled with the items so
+# the limit is reached whatever --items is (a shard's event log is about 600 B per item).
+FSIZE_PER_ITEM = 100
 
 # (scenario, simulator faults, attempt status the fault shows as, job timeouts)
 FAULT_CLASSES: list[tuple[str, dict[str, Any], tuple[str, ...], dict[str, float]]] = [
@@ -558,13 +561,18 @@ def sc_sigint(sc: Scenario) -> None:
     sc.run("--resume", "latest")
 
 
-def _limit_file_size() -> None:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
+def _file_size_limit(n: int) -> Callable[[], None]:
+    limit = FSIZE_PER_ITEM * n
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
 
 
 def sc_disk_full(sc: Scenario) -> None:
     sc.write({"base_url": "sim://", "sim": SIM_BASE})
-    p = sc.run(preexec=_limit_file_size)
+    p = sc.run(preexec=_file_size_limit(sc.n))
     if "cannot write" not in p.stderr:
         sc.notes.append("the full-disk pass does not say 'cannot write'")
     sc.run("--resume", "latest")
@@ -592,7 +600,7 @@ SCENARIOS: list[tuple[str, Callable[[Scenario], None], str]] = [
     ("kill -9 one shard", sc_kill_shard, "0"),
     ("kill -9 coordinator → resume", sc_kill_coordinator, "-9 → 0"),
     ("SIGINT → resume", sc_sigint, "130 → 0"),
-    ("disk full (RLIMIT_FSIZE 200 KB) → resume", sc_disk_full, "1 → 0"),
+    ("disk full (RLIMIT_FSIZE 100 B per item) → resume", sc_disk_full, "1 → 0"),
     ("refused key (401) → resume with the right key", sc_refused_key, "1 → 0"),
 ]  # fmt: skip
 

@@ -128,6 +128,13 @@ class Coordinator:
             state.died = "closed its pipe without reporting"
         if state.died is not None:
             self._rebalance_rates()
+        elif self.fatal_reason is not None and state.outstanding:
+            # A run stopped by a fatal error (a full disk above all): a write that failed
+            # part-way may have put lines in the files that the shard could not report.
+            # Count what is there, so the summary says what is done (a dead shard's files are
+            # read the same way in `_after_death`).
+            ok, dead = handle.finished_among(set(state.outstanding))
+            self._finished(state, ok, dead)
         self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
                       status=state.died or "done")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -343,8 +344,10 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
 
 
 def _limit_file_size() -> None:
-    # Writes past 200 KB fail with EFBIG, the way a full disk fails with ENOSPC.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+    # Writes past 30 KB fail with EFBIG, the way a full disk fails with ENOSPC. Low enough that
+    # a results write fails part-way (lines on disk the shard could not report), not only the
+    # event log's.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
 
 
 def test_full_disk_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
@@ -352,13 +355,17 @@ def test_full_disk_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     ids = write_input(tmp_path / "input.jsonl", 1500)
     write_job(tmp_path / "job.yaml")
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", preexec=_limit_file_size)
-    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
     assert proc.returncode == 1, err
     assert "cannot write" in err and "Traceback" not in err
     path = only_run(tmp_path / "runs")
-    # Read before any repair: complete result lines only (the disk may have cut the last one).
+    # Complete result lines only (the disk may have cut the last one).
     written = sum(p.read_bytes().count(b"\n") for p in (path / "results").glob("*.jsonl"))
     assert 0 < written < len(ids)
+    # The summary counts every result on disk, also those a failed write could not report.
+    succeeded = re.search(r"^  succeeded +([0-9,]+)$", out, re.M)
+    assert succeeded is not None, out
+    assert int(succeeded.group(1).replace(",", "")) == written
     resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
