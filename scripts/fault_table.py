@@ -255,6 +255,7 @@ def kill_tree(pid: int) -> None:
 
 
 def shard_pids(coordinator: int) -> list[int]:
+    """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
     try:
         kids = psutil.Process(coordinator).children()
     except psutil.NoSuchProcess:
@@ -262,8 +263,11 @@ def shard_pids(coordinator: int) -> list[int]:
     out = []
     for p in kids:
         with contextlib.suppress(psutil.Error):
-            if "shardrun._shard_main" in " ".join(p.cmdline()):
+            cmdline = " ".join(p.cmdline())
+            if "shardrun._shard_main" in cmdline:
                 out.append(p.pid)
+            elif "shardrun._launcher" in cmdline:
+                out += [child.pid for child in p.children()]
     return out
 
 
