@@ -106,7 +106,7 @@ class LocalShard:
         return f"exited with status {code}"
 
     def kill(self) -> None:
-        if self.proc.returncode is None or self.proc.returncode == UNKNOWN_EXIT:
+        with contextlib.suppress(ProcessLookupError):  # it has ended: nothing to kill
             self.proc.kill()
 
     def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
@@ -229,7 +229,7 @@ def fork_available() -> bool:
 
 
 async def start_forked_shards(indexes: Sequence[int], log_dir: Path, out_dir: Path,
-                              segment: int) -> tuple[list[LocalShard], Launcher | None]:
+                              segment: int) -> tuple[list[LocalShard], Launcher]:
     """Start these shards as children of one launcher; any it could not fork are spawned."""
     loop = asyncio.get_running_loop()
     slots: list[Slot] = []
@@ -252,6 +252,11 @@ async def start_forked_shards(indexes: Sequence[int], log_dir: Path, out_dir: Pa
                 *LAUNCHER_ARGV, *(slot.arg() for slot in slots),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
                 pass_fds=child_fds)
+    except BaseException:
+        for stdin_file, stdout_file, _, _ in ours.values():
+            stdin_file.close()
+            stdout_file.close()
+        raise
     finally:
         for fd in child_fds:
             os.close(fd)  # the launcher holds them now (or never will)

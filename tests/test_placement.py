@@ -38,7 +38,6 @@ def test_forked_shards_speak_the_protocol_and_report_their_exit(tmp_path: Path) 
     async def main() -> None:
         logs, out = _dirs(tmp_path)
         shards, launcher = await start_forked_shards([0, 1], logs, out, 0)
-        assert launcher is not None
         assert all(isinstance(s.proc, ForkedProcess) for s in shards)
         assert len({s.pid for s in shards}) == 2 and os.getpid() not in {s.pid for s in shards}
         # Shard 0 gets a message it cannot take as its first: it says so on stderr, exits 2.
@@ -54,14 +53,19 @@ def test_forked_shards_speak_the_protocol_and_report_their_exit(tmp_path: Path) 
     asyncio.run(main())
 
 
+async def _orphan(tmp_path: Path) -> placement.LocalShard:
+    """One forked shard, waiting for its config, whose launcher was killed."""
+    logs, out = _dirs(tmp_path)
+    (shard,), launcher = await start_forked_shards([0], logs, out, 0)
+    os.kill(launcher.proc.pid, signal.SIGKILL)
+    await asyncio.wait_for(launcher.close(), GUARD_S)
+    return shard
+
+
 def test_a_shard_outlives_a_killed_launcher_and_ends_with_an_unknown_status(
         tmp_path: Path) -> None:
     async def main() -> None:
-        logs, out = _dirs(tmp_path)
-        (shard,), launcher = await start_forked_shards([0], logs, out, 0)
-        assert launcher is not None
-        os.kill(launcher.proc.pid, signal.SIGKILL)
-        await asyncio.wait_for(launcher.close(), GUARD_S)
+        shard = await _orphan(tmp_path)
         why = await _end_without_config(shard)
         assert why == "ended with an unknown status: the shard launcher is gone"
 
@@ -71,11 +75,7 @@ def test_a_shard_outlives_a_killed_launcher_and_ends_with_an_unknown_status(
 def test_kill_still_reaches_a_shard_whose_launcher_is_gone(tmp_path: Path) -> None:
     """The coordinator's last resort (kill) works on an orphaned shard: its pipes close."""
     async def main() -> None:
-        logs, out = _dirs(tmp_path)
-        (shard,), launcher = await start_forked_shards([0], logs, out, 0)
-        assert launcher is not None
-        os.kill(launcher.proc.pid, signal.SIGKILL)
-        await asyncio.wait_for(launcher.close(), GUARD_S)
+        shard = await _orphan(tmp_path)
         shard.kill()  # it waits for a config that never comes: only the kill ends it
         assert await asyncio.wait_for(shard.stdout.read(), GUARD_S) == b""  # EOF: it is gone
         assert shard.stdout.at_eof()
@@ -106,7 +106,6 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
     async def main() -> None:
         logs, out = _dirs(tmp_path)
         shards, launcher = await start_forked_shards([0, 1], logs, out, 0)
-        assert launcher is not None
         assert not isinstance(shards[0].proc, ForkedProcess)  # spawned
         assert isinstance(shards[1].proc, ForkedProcess)
         for shard in shards:
