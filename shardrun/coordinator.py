@@ -210,6 +210,8 @@ class Coordinator:
             loop.add_signal_handler(sig, self.interrupt)
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
                       cap=self.config.concurrency)
+        # On disk at once: a coordinator killed in its first second still leaves the run's start.
+        self.log.flush()
         self.view.start()
         ticker = asyncio.create_task(self.progress())
         try:

@@ -263,6 +263,26 @@ def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
     assert any("/shard-02.r1.jsonl" in f["path"] for f in run.manifest["files"])
 
 
+def test_a_coordinator_killed_in_its_first_second_leaves_the_run_start(tmp_path: Path) -> None:
+    """The coordinator's log is flushed once a second, but `run_start` goes to disk at once."""
+    write_input(tmp_path / "input.jsonl", 200)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                               "sim": {**SLOW_SIM, "ttft_ms": 5000}})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
+    deadline = time.monotonic() + WAIT_GUARD_S
+    # Kill as soon as a shard has opened its event log: well inside the first second of a run.
+    while not list((tmp_path / "runs").glob("*/events/shard-*.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no shard ever started"
+        time.sleep(0.01)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=WAIT_GUARD_S)
+    psutil.wait_procs(children, timeout=WAIT_GUARD_S)
+    log = (only_run(tmp_path / "runs") / "events" / "coordinator.jsonl").read_bytes()
+    assert log, "the killed coordinator's event log is empty"
+    assert orjson.loads(log.split(b"\n", 1)[0])["ev"] == "run_start"
+
+
 def test_sigint_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     """SIGINT: exit 130, manifest says interrupted, no torn line; resume finishes exactly once."""
     ids = write_input(tmp_path / "input.jsonl", 2000)
