@@ -117,6 +117,9 @@ def _ping_lines(result: PingResult) -> list[str]:
              f"total {result.total_s:.3f} s, {result.completion_tokens} tokens"]  # fmt: skip
     if result.error:
         lines.append(f"  error: {result.error}")
+        if result.http_status == 404:
+            lines.append("  hint: a 404 means a wrong path or model: OpenAI-compatible servers "
+                         "serve under /v1; check endpoint.base_url and endpoint.model")
     elif result.reply:
         lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
     if result.rate_headers:

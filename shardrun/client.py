@@ -105,6 +105,11 @@ class StreamingClient:
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
 
+    @property
+    def url(self) -> str:
+        """Where every attempt of this client is POSTed."""
+        return self._url
+
     async def attempt(
         self,
         body: Mapping[str, object],

@@ -317,4 +317,5 @@ class Coordinator:
             fatal_reason=self.fatal_reason,
             shard_deaths=len(self.deaths),
             reassigned=self.reassigned,
+            rejects_file=self.source.rejects_path,
         )

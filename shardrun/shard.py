@@ -66,6 +66,10 @@ class Shard:
         self.connect_failures = 0
         self.seq = 0
         self.minute_tokens: dict[str, int] = {}
+        # Why items were dead-lettered, for the run's summary: {kind: [count, first reason]}.
+        # A kind is the retry decision and the last attempt's status ("max_attempts http_5xx"),
+        # so it stays a handful of keys however many items fail.
+        self.dead_reasons: dict[str, list[Any]] = {}
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
@@ -201,7 +205,7 @@ class Shard:
             if outcome.status == "ok":
                 self._succeed(span, outcome)
                 return
-            self._note_failure(outcome)
+            self._note_failure(outcome, client.url)
             decision = self.retrier.decide(outcome.status, outcome.http_status, attempt,
                                            outcome.retry_after, outcome.rate_headers)
             span.history[-1]["wait"] = decision.wait if decision.retry else None
@@ -271,12 +275,21 @@ class Shard:
                              "started_at": started, "ended_at": outcome.ended_at})
         return outcome
 
-    def _note_failure(self, outcome: AttemptOutcome) -> None:
+    def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
         http = outcome.http_status
         if http == 401 or (http == 403 and not self.ok_once):
             self._go_fatal(f"the endpoint refused the credentials (HTTP {http}: "
                            f"{outcome.error or 'no message'})", ABANDON)
+            return
+        if http == 404 and not self.ok_once:
+            # No item makes a completions URL "not found": the path or the model is wrong, and
+            # every other request would end the same way. Stop with the items unfinished, so a
+            # --resume with the right base_url or model runs them.
+            self._go_fatal(f"POST {url} answered {outcome.error or 'HTTP 404'} before any "
+                           "request succeeded: check endpoint.base_url (OpenAI-compatible "
+                           "servers serve under /v1) and endpoint.model, then continue with "
+                           "--resume", ABANDON)
             return
         if self.ever_connected or outcome.conn_ready_at is not None:
             self.ever_connected = True
@@ -330,6 +343,13 @@ class Shard:
             self._abandon(span, admitted=admitted)
             return
         self.counters.dead += 1
+        # The run's fatal reason is one kind, whether or not the item had an attempt.
+        last = span.history[-1]["status"] if span.history and reason != self.fatal_reason else ""
+        kind = f"{reason.split(':', 1)[0]} {last}"
+        if (seen := self.dead_reasons.get(kind)) is None:
+            self.dead_reasons[kind] = [1, reason]
+        else:
+            seen[0] += 1
         self._release(span, "dead", reason, admitted)
 
     def _abandon(self, span: Span, *, admitted: bool = True) -> None:
@@ -376,7 +396,8 @@ class Shard:
         """A progress or done message; `fin_*` list the items whose lines are now flushed."""
         ok, dead = self.out.take_finished()
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
-                "fin_ok": ok, "fin_dead": dead, **self.counters.as_dict()}
+                "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
+                **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

@@ -37,6 +37,10 @@ class RunSummary:
     wasted_tokens: int = 0
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
+    # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
+    # (a shard that died before reporting leaves its dead letters uncounted here).
+    dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
+    rejects_file: Path | None = None  # where this pass set aside bad input lines
 
     @classmethod
     def from_shard_reports(
@@ -55,11 +59,17 @@ class RunSummary:
         fatal_reason: str | None,
         shard_deaths: int = 0,
         reassigned: int = 0,
+        rejects_file: Path | None = None,
     ) -> RunSummary:
         """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
         minutes: Counter[int] = Counter()
+        reasons: dict[str, tuple[int, str]] = {}
         for report in reports:
             minutes.update({int(k): v for k, v in report.get("minutes", {}).items()})
+            for kind, (count, example) in report.get("dead_reasons", {}).items():
+                before = reasons.get(kind)
+                reasons[kind] = (count, example) if before is None else (before[0] + count,
+                                                                        before[1])
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens")}
@@ -86,6 +96,8 @@ class RunSummary:
                        for i, r in enumerate(reports)],
             interrupted=interrupted,
             fatal_reason=fatal_reason,
+            dead_reasons=reasons,
+            rejects_file=rejects_file,
         )
 
     @property
@@ -139,6 +151,8 @@ class RunSummary:
             "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason,
+            "dead_reasons": {kind: {"count": n, "example": example}
+                             for kind, (n, example) in self.dead_reasons.items()},
         }
 
 
@@ -157,6 +171,7 @@ def format_summary(s: RunSummary) -> str:
         f"  failed             {s.failed:,}"
         + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
     ]
+    lines += _failure_lines(s)
     if s.unfinished:
         lines.append(f"  not finished       {s.unfinished:,}")
     if s.prior_dead:
@@ -187,3 +202,30 @@ def format_summary(s: RunSummary) -> str:
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)
+
+
+SHOWN_REASONS = 3
+
+
+def _failure_lines(s: RunSummary) -> list[str]:
+    """Why items failed (the commonest kinds, each with its first reason) and where they are."""
+    lines: list[str] = []
+    ranked = sorted(s.dead_reasons.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    width = len(f"{ranked[0][1][0]:,}") if ranked else 0
+    for _kind, (count, example) in ranked[:SHOWN_REASONS]:
+        lines.append(f"    {count:>{width},}  {_clip(example, 100)}")
+    if len(ranked) > SHOWN_REASONS:
+        rest = sum(n for _, (n, _) in ranked[SHOWN_REASONS:])
+        lines.append(f"    {rest:>{width},}  other reasons ({len(ranked) - SHOWN_REASONS} kinds; "
+                     f"shardrun report {s.run_dir})")
+    if s.dead:
+        lines.append(f"  dead letters       {s.run_dir / 'dead'}/  (another pass: shardrun "
+                     f"retry-failed {s.run_dir})")
+    if s.rejects and s.rejects_file is not None:
+        lines.append(f"  rejected lines     {s.rejects_file}")
+    return lines
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -49,6 +49,11 @@ class WorkSource:
         self.rejects = 0
 
     @property
+    def rejects_path(self) -> Path:
+        """Where this pass writes the input lines it sets aside."""
+        return self._rejects_path
+
+    @property
     def empty(self) -> bool:
         return self.exhausted and not self._requeued
 

@@ -217,6 +217,7 @@ def test_unreachable_endpoint_fails_every_item_with_cause(tmp_path: Path) -> Non
     assert not run.results
     assert sorted(d["id"] for d in run.dead) == sorted(ids)
     assert all("unreachable" in d["reason"] for d in run.dead)
+    assert f"\n    {len(ids)}  endpoint unreachable: " in proc.stdout, proc.stdout
     attempted = sum(len(d["attempts"]) for d in run.dead)
     # The endpoint was not hammered: far fewer attempts than items.
     assert attempted < len(ids) // 5
@@ -239,6 +240,8 @@ def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in run.results) == ["a", "c"]
     rejects = [orjson.loads(x) for x in (run.path / "rejects.jsonl").read_bytes().splitlines()]
     assert [r["line"] for r in rejects] == [2, 3]
+    where = run.path.relative_to(tmp_path) / "rejects.jsonl"
+    assert f"  rejected lines     {where}\n" in proc.stdout, proc.stdout
 
 
 def _comparable(doc: dict[str, Any]) -> dict[str, Any]:

@@ -334,7 +334,11 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
         first = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert first.returncode == 1
     path = only_run(tmp_path / "runs")
-    assert Run.load(path).dead
+    dead = Run.load(path).dead
+    assert dead
+    # The summary says why, with the count, and where the dead letters are.
+    assert f"\n    {len(dead)}  max_attempts: HTTP 500: " in first.stdout, first.stdout
+    assert f"  dead letters       {path.relative_to(tmp_path) / 'dead'}/" in first.stdout
     with sim() as good:
         again = run_cli("retry-failed", str(path), cwd=tmp_path,
                         env={"SHARDRUN_BASE_URL": good.base_url})
@@ -359,6 +363,34 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
         assert sim_stats(server)["requests_total"] < 100
         resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
                           env={"KEY": "right-key"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
+
+
+def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) -> None:
+    """HTTP 404 before any success (a wrong path or model): one sentence naming the URL and
+    what to check, nothing dead-lettered, and --resume with the right URL finishes the job."""
+    ids = write_input(tmp_path / "input.jsonl", 500)
+    with sim() as server:
+        wrong = server.base_url.removesuffix("/v1")
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": wrong, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        assert proc.returncode == 1
+        error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert error == [f"error: POST {wrong}/chat/completions answered HTTP 404: 404: Not "
+                         "Found before any request succeeded: check endpoint.base_url "
+                         "(OpenAI-compatible servers serve under /v1) and endpoint.model, then "
+                         "continue with --resume"], proc.stderr
+        assert "Traceback" not in proc.stderr
+        run = Run.load(only_run(tmp_path / "runs"))
+        assert not run.dead and not run.results
+        # The shards stopped at the first 404 instead of trying all 500 items (the simulator
+        # does not count requests to a path it does not serve, so count what was sent).
+        sent = sum(f.read_bytes().count(b'"ev":"attempt_end"')
+                   for f in (run.path / "events").glob("shard-*.jsonl"))
+        assert 0 < sent < len(ids) / 2
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": server.base_url})
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
 

@@ -18,6 +18,8 @@ from aiohttp.test_utils import TestServer
 from rich.console import Console
 
 from shardrun import cli_validate
+from shardrun.sim.config import SimConfig
+from shardrun.sim.launcher import start_sim
 from shardrun.spec import load_job
 from shardrun.validate import PingResult, check_input, config_rows, ping, run_ping
 from tests.conftest import FAST_SIM, write_job
@@ -136,6 +138,18 @@ def test_failed_ping_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     code, text = validate(str(make_job(tmp_path, GOOD)), "--ping")
     assert code == 1
     assert "ping: http_4xx (HTTP 401)" in text and "  error: HTTP 401: bad key" in text
+
+
+def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> None:
+    """A real 404 (the simulator serves under /v1 only): exit 1, the error and what to check."""
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as server:
+        wrong = server.base_url.removesuffix("/v1")
+        job = make_job(tmp_path, GOOD, endpoint={"base_url": wrong, "api": "chat", "model": "m"})
+        code, text = validate(str(job), "--ping")
+    assert code == 1
+    assert f"ping: http_4xx (HTTP 404) {wrong}/chat/completions" in text
+    assert "  hint: a 404 means a wrong path or model: OpenAI-compatible servers serve under /v1;"\
+           " check endpoint.base_url and endpoint.model" in text
 
 
 def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> None:

@@ -1,0 +1,57 @@
+"""The end-of-run summary: failure reasons merged across shards and shown with their counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shardrun.summary import RunSummary, format_summary
+
+
+def summary_of(reports: list[dict[str, Any]], *, dead: int, rejects: int = 0) -> RunSummary:
+    return RunSummary.from_shard_reports(
+        run_dir=Path("runs/r1"), reports=reports, ok=10, dead=dead, taken=10 + dead,
+        skipped=0, rejects=rejects, started_at=0.0, ended_at=2.0, interrupted=False,
+        fatal_reason=None, rejects_file=Path("runs/r1/rejects.jsonl"),
+    )  # fmt: skip
+
+
+def test_reasons_are_added_up_across_shards_keeping_the_first_example() -> None:
+    s = summary_of([
+        {"dead_reasons": {"max_attempts http_5xx": [3, "max_attempts: HTTP 500: boom"]}},
+        {"dead_reasons": {"max_attempts http_5xx": [4, "max_attempts: HTTP 503: later"],
+                          "not_retryable http_4xx": [1, "not_retryable_http_4xx: HTTP 400: x"]}},
+        {},  # a shard that dead-lettered nothing (or an older shard) sends no reasons
+    ], dead=8)  # fmt: skip
+    assert s.dead_reasons == {"max_attempts http_5xx": (7, "max_attempts: HTTP 500: boom"),
+                              "not_retryable http_4xx": (1, "not_retryable_http_4xx: HTTP 400: x")}
+    lines = format_summary(s).splitlines()
+    at = lines.index("  failed             8  (8 dead-lettered, 0 rejected input lines)")
+    assert lines[at + 1: at + 4] == [
+        "    7  max_attempts: HTTP 500: boom",
+        "    1  not_retryable_http_4xx: HTTP 400: x",
+        "  dead letters       runs/r1/dead/  (another pass: shardrun retry-failed runs/r1)",
+    ]
+    assert s.as_dict()["dead_reasons"]["max_attempts http_5xx"] == {
+        "count": 7, "example": "max_attempts: HTTP 500: boom"}
+
+
+def test_beyond_three_kinds_the_rest_is_one_line_and_counts_still_add_up() -> None:
+    reasons = {f"kind{i}": [i + 1, f"kind{i}: reason {i}\n  with a line break"] for i in range(5)}
+    s = summary_of([{"dead_reasons": reasons}], dead=15, rejects=2)
+    text = format_summary(s)
+    shown = [line for line in text.splitlines() if line.startswith("    ")]
+    assert shown == [
+        "    5  kind4: reason 4 with a line break",
+        "    4  kind3: reason 3 with a line break",
+        "    3  kind2: reason 2 with a line break",
+        "    3  other reasons (2 kinds; shardrun report runs/r1)",
+    ]
+    assert sum(int(line.split()[0]) for line in shown) == s.dead
+    assert "  rejected lines     runs/r1/rejects.jsonl" in text
+
+
+def test_a_clean_run_shows_no_failure_lines() -> None:
+    text = format_summary(summary_of([{"dead_reasons": {}}], dead=0))
+    assert "dead letters" not in text and "rejected lines" not in text
+    assert not [line for line in text.splitlines() if line.startswith("    ")]
