@@ -318,4 +318,5 @@ class Coordinator:
             shard_deaths=len(self.deaths),
             reassigned=self.reassigned,
             rejects_file=self.source.rejects_path,
+            input_read=self.source.exhausted,
         )

@@ -41,6 +41,7 @@ class RunSummary:
     # (a shard that died before reporting leaves its dead letters uncounted here).
     dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     rejects_file: Path | None = None  # where this pass set aside bad input lines
+    input_read: bool = True  # False: the run stopped before reading its input to the end
 
     @classmethod
     def from_shard_reports(
@@ -60,6 +61,7 @@ class RunSummary:
         shard_deaths: int = 0,
         reassigned: int = 0,
         rejects_file: Path | None = None,
+        input_read: bool = True,
     ) -> RunSummary:
         """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
         minutes: Counter[int] = Counter()
@@ -98,6 +100,7 @@ class RunSummary:
             fatal_reason=fatal_reason,
             dead_reasons=reasons,
             rejects_file=rejects_file,
+            input_read=input_read,
         )
 
     @property
@@ -150,7 +153,7 @@ class RunSummary:
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
             "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
-            "fatal_reason": self.fatal_reason,
+            "fatal_reason": self.fatal_reason, "input_read": self.input_read,
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
         }
@@ -166,7 +169,8 @@ def format_summary(s: RunSummary) -> str:
     if s.skipped:
         lines.append(f"  already done       {s.skipped:,} (skipped: finished by an earlier pass)")
     lines += [
-        f"  items              {s.items:,}",
+        f"  items              {s.items:,}"
+        + ("" if s.input_read else "  (read so far: the run stopped before the end of the input)"),
         f"  succeeded          {s.succeeded:,}",
         f"  failed             {s.failed:,}"
         + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),

@@ -382,6 +382,8 @@ def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) ->
                          "(OpenAI-compatible servers serve under /v1) and endpoint.model, then "
                          "continue with --resume"], proc.stderr
         assert "Traceback" not in proc.stderr
+        # The summary's item count is what was read before the stop, and says so.
+        assert "(read so far: the run stopped before the end of the input)" in proc.stdout
         run = Run.load(only_run(tmp_path / "runs"))
         assert not run.dead and not run.results
         # The shards stopped at the first 404 instead of trying all 500 items (the simulator

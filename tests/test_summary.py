@@ -54,4 +54,5 @@ def test_beyond_three_kinds_the_rest_is_one_line_and_counts_still_add_up() -> No
 def test_a_clean_run_shows_no_failure_lines() -> None:
     text = format_summary(summary_of([{"dead_reasons": {}}], dead=0))
     assert "dead letters" not in text and "rejected lines" not in text
+    assert "  items              10\n" in text  # the input was read to its end
     assert not [line for line in text.splitlines() if line.startswith("    ")]
