@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import signal
 import sys
 import time
@@ -319,4 +320,18 @@ class Coordinator:
             reassigned=self.reassigned,
             rejects_file=self.source.rejects_path,
             input_read=self.source.exhausted,
+            client_cpu_s=client_cpu_s(),
         )
+
+
+def client_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and every process it has reaped.
+
+    At the end of a run that is the coordinator, the launcher and every shard, forked or spawned:
+    the launcher reaps its forked shards, which folds their time into its own children's, and
+    the coordinator reaps the launcher. An embedded simulator is still running when this is read,
+    so its time is not in it.
+    """
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime

@@ -42,6 +42,7 @@ class RunSummary:
     dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     rejects_file: Path | None = None  # where this pass set aside bad input lines
     input_read: bool = True  # False: the run stopped before reading its input to the end
+    client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
 
     @classmethod
     def from_shard_reports(
@@ -62,6 +63,7 @@ class RunSummary:
         reassigned: int = 0,
         rejects_file: Path | None = None,
         input_read: bool = True,
+        client_cpu_s: float | None = None,
     ) -> RunSummary:
         """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
         minutes: Counter[int] = Counter()
@@ -101,6 +103,7 @@ class RunSummary:
             dead_reasons=reasons,
             rejects_file=rejects_file,
             input_read=input_read,
+            client_cpu_s=client_cpu_s,
         )
 
     @property
@@ -154,6 +157,7 @@ class RunSummary:
             "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read,
+            "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
         }
@@ -192,6 +196,8 @@ def format_summary(s: RunSummary) -> str:
     peak = s.peak_full_minute
     if peak is not None:
         lines.append(f"  peak full minute   {peak[1]:,} tokens at {_minute(peak[0])}")
+    if s.client_cpu_s is not None:
+        lines.append(_cpu_line(s.client_cpu_s, s.attempts, s.wall_s))
     if s.cost is not None and s.cost.get("basis") is not None:
         per = s.cost["cost_per_success"]
         lines.append(f"  spend              {s.cost['spend']:,.4f}"
@@ -206,6 +212,12 @@ def format_summary(s: RunSummary) -> str:
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)
+
+
+def _cpu_line(cpu_s: float, attempts: int, wall_s: float) -> str:
+    per = f"{cpu_s / attempts * 1e3:,.2f} ms per attempt, " if attempts else ""
+    cores = cpu_s / wall_s if wall_s > 0 else 0.0
+    return f"  client CPU         {cpu_s:,.1f} s  ({per}{cores:.2f} cores on average)"
 
 
 SHOWN_REASONS = 3

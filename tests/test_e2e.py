@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -141,6 +144,33 @@ def test_separately_started_sim_over_http(tmp_path: Path, no_stray_children: Non
     assert stats["requests_total"] == 2000
     # The cap holds (4 shards x 8) and, with a backlog, is reached.
     assert stats["max_in_flight"] == 32
+
+
+def test_summary_client_cpu_is_the_whole_client_tree(tmp_path: Path) -> None:
+    """The summary's client CPU covers the coordinator, the launcher and every shard: the kernel's
+    account of the whole process tree (os.wait4) matches it, less what runs after the summary."""
+    write_input(tmp_path / "input.jsonl", 3000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        write_job(tmp_path / "job.yaml",
+                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
+        with subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--shards", "4",
+                               "--runs-dir", "runs"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            out = proc.stdout.read().decode()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    assert proc.returncode == 0, out
+    tree = usage.ru_utime + usage.ru_stime
+    reported = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())[
+        "summary"]["client_cpu_s"]
+    line = next(x for x in out.splitlines() if x.startswith("  client CPU"))
+    assert line.startswith(f"  client CPU         {reported:,.1f} s  (")
+    assert f"({reported / 3000 * 1e3:,.2f} ms per attempt, " in line
+    # Four shards do most of the work; the coordinator alone would be far below this.
+    assert 0.8 * tree <= reported <= tree
 
 
 def test_messages_field_and_completions_api(tmp_path: Path) -> None:
