@@ -118,8 +118,9 @@ def _ping_lines(result: PingResult) -> list[str]:
     if result.error:
         lines.append(f"  error: {result.error}")
         if result.http_status == 404:
-            lines.append("  hint: a 404 means a wrong path or model: OpenAI-compatible servers "
-                         "serve under /v1; check endpoint.base_url and endpoint.model")
+            lines.append("  hint: a 404 means a wrong path, API or model: OpenAI-compatible "
+                         "servers serve under /v1; check endpoint.base_url, endpoint.api and "
+                         "endpoint.model")
     elif result.reply:
         lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
     if result.rate_headers:

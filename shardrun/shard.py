@@ -283,13 +283,13 @@ class Shard:
                            f"{outcome.error or 'no message'})", ABANDON)
             return
         if http == 404 and not self.ok_once:
-            # No item makes a completions URL "not found": the path or the model is wrong, and
-            # every other request would end the same way. Stop with the items unfinished, so a
-            # --resume with the right base_url or model runs them.
+            # No item makes a completions URL "not found": the path, the API or the model is
+            # wrong, and every other request would end the same way. Stop with the items
+            # unfinished, so a --resume with the right settings runs them.
             self._go_fatal(f"POST {url} answered {outcome.error or 'HTTP 404'} before any "
                            "request succeeded: check endpoint.base_url (OpenAI-compatible "
-                           "servers serve under /v1) and endpoint.model, then continue with "
-                           "--resume", ABANDON)
+                           "servers serve under /v1), endpoint.api and endpoint.model, then "
+                           "continue with --resume", ABANDON)
             return
         if self.ever_connected or outcome.conn_ready_at is not None:
             self.ever_connected = True

@@ -148,8 +148,8 @@ def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> No
         code, text = validate(str(job), "--ping")
     assert code == 1
     assert f"ping: http_4xx (HTTP 404) {wrong}/chat/completions" in text
-    assert "  hint: a 404 means a wrong path or model: OpenAI-compatible servers serve under /v1;"\
-           " check endpoint.base_url and endpoint.model" in text
+    assert "  hint: a 404 means a wrong path, API or model: OpenAI-compatible servers serve under"\
+           " /v1; check endpoint.base_url, endpoint.api and endpoint.model" in text
 
 
 def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> None:
