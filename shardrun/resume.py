@@ -19,6 +19,7 @@ from typing import IO
 
 import orjson
 
+from shardrun.digestset import DigestSet
 from shardrun.errors import SpecError
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
@@ -84,7 +85,7 @@ def _started(path: Path) -> str:
 class Prior:
     """What earlier passes of a run left: finished ids (as digests) and repair notes."""
 
-    done: set[int]
+    done: DigestSet
     notes: list[str]
     retried: int
     dead: int  # dead letters earlier passes left (they stay failed unless retried)
@@ -96,7 +97,7 @@ def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
     retried = 0
     if retry_failed:
         retried = _set_dead_letters_aside(run_path, segment)
-    done: set[int] = set()
+    done = DigestSet()
     dead = 0
     for sub in ("results", "dead"):
         for path in sorted((run_path / sub).glob("*.jsonl")):

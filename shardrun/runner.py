@@ -18,6 +18,7 @@ import orjson
 
 from shardrun import resume
 from shardrun.coordinator import Coordinator
+from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
@@ -55,7 +56,7 @@ class Pass:
 
     run_dir: RunDir
     segment: int
-    done: set[int]
+    done: DigestSet
     info: dict[str, Any]
     lock: IO[bytes]
     prior_dead: int = 0
@@ -100,7 +101,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             raise SpecError("--retry-failed goes with --resume RUN_ID (or use `shardrun "
                             "retry-failed RUN_DIR`)")
         run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
-        return Pass(run_dir, 0, set(), {}, resume.lock_run(run_dir.path))
+        return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path))
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume))
     lock = resume.lock_run(run_dir.path)
     manifest = orjson.loads(run_dir.manifest_path.read_bytes())
@@ -182,14 +183,13 @@ def shard_template(job: LoadedJob, this: Pass, base_url: str, api_key: str | Non
 
 def check_strictly(reader: InputReader) -> None:
     """`--strict`: read the whole input first; the first bad line stops the run unsent."""
-    seen: set[int] = set()
+    seen = DigestSet()
     for entry in reader:
         if isinstance(entry, Reject):
             line, reason = entry.line, entry.reason
-        elif (digest := id_digest(entry["id"])) in seen:
+        elif not seen.add(id_digest(entry["id"])):
             line, reason = reader.lines_read, duplicate_reason(entry["id"])
         else:
-            seen.add(digest)
             continue
         reader.close()
         raise InputError(f"{reader.path} line {line}: {reason}; fix the line, or run without "
