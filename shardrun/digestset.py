@@ -37,16 +37,21 @@ class DigestSet:
         self._mask = slots - 1
         self._limit = slots * _MAX_LOAD_NUM // _MAX_LOAD_DEN
 
+    def _slot(self, digest: int) -> int:
+        """The slot holding `digest`, or the empty slot where it would go."""
+        table, mask = self._table, self._mask
+        i = digest & mask
+        while (held := table[i]) and held != digest:
+            i = (i + 1) & mask
+        return i
+
     def add(self, digest: int) -> bool:
         """Insert `digest`; False if it was already there."""
         digest = digest or 1
-        table, mask = self._table, self._mask
-        i = digest & mask
-        while slot := table[i]:
-            if slot == digest:
-                return False
-            i = (i + 1) & mask
-        table[i] = digest
+        i = self._slot(digest)
+        if self._table[i]:
+            return False
+        self._table[i] = digest
         self._count += 1
         if self._count > self._limit:
             self._grow()
@@ -58,16 +63,7 @@ class DigestSet:
             add(digest)
 
     def __contains__(self, digest: object) -> bool:
-        if not isinstance(digest, int):
-            return False
-        digest = digest or 1
-        table, mask = self._table, self._mask
-        i = digest & mask
-        while slot := table[i]:
-            if slot == digest:
-                return True
-            i = (i + 1) & mask
-        return False
+        return isinstance(digest, int) and self._table[self._slot(digest or 1)] != 0
 
     def __len__(self) -> int:
         return self._count
