@@ -345,7 +345,7 @@ class Shard:
         self.counters.dead += 1
         # The run's fatal reason is one kind, whether or not the item had an attempt.
         last = span.history[-1]["status"] if span.history and reason != self.fatal_reason else ""
-        kind = f"{reason.split(':', 1)[0]} {last}"
+        kind = f"{reason.split(':', 1)[0]} {last}".rstrip()
         if (seen := self.dead_reasons.get(kind)) is None:
             self.dead_reasons[kind] = [1, reason]
         else:

@@ -71,9 +71,8 @@ class RunSummary:
         for report in reports:
             minutes.update({int(k): v for k, v in report.get("minutes", {}).items()})
             for kind, (count, example) in report.get("dead_reasons", {}).items():
-                before = reasons.get(kind)
-                reasons[kind] = (count, example) if before is None else (before[0] + count,
-                                                                        before[1])
+                earlier, first_example = reasons.get(kind, (0, example))
+                reasons[kind] = (earlier + count, first_example)
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens")}
