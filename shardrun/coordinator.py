@@ -96,6 +96,9 @@ class Coordinator:
         self.started = time.time()
         self.fork = fork and fork_available()
         self.launcher: Launcher | None = None
+        # What this process had already reaped before the run: a shell that ran `pip install`
+        # and then exec'd shardrun hands its children's CPU time down through the exec.
+        self.reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
 
     def _input_ended(self) -> None:
         self.view.set_total(self.source.taken)
@@ -320,18 +323,22 @@ class Coordinator:
             reassigned=self.reassigned,
             rejects_file=self.source.rejects_path,
             input_read=self.source.exhausted,
-            client_cpu_s=client_cpu_s(),
+            client_cpu_s=client_cpu_s(self.reaped_before),
         )
 
 
-def client_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and every process it has reaped.
+def client_cpu_s(reaped_before: resource.struct_rusage) -> float:
+    """CPU seconds (user + system) of this process and every process it reaped since
+    `reaped_before` was read.
 
     At the end of a run that is the coordinator, the launcher and every shard, forked or spawned:
     the launcher reaps its forked shards, which folds their time into its own children's, and
     the coordinator reaps the launcher. An embedded simulator is still running when this is read,
-    so its time is not in it.
+    so its time is not in it. The process's own time includes the few milliseconds a shell may
+    have spent before exec'ing it.
     """
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    children = (reaped.ru_utime - reaped_before.ru_utime) + (reaped.ru_stime
+                                                             - reaped_before.ru_stime)
+    return own.ru_utime + own.ru_stime + children

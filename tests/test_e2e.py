@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -171,6 +172,33 @@ def test_summary_client_cpu_is_the_whole_client_tree(tmp_path: Path) -> None:
     assert f"({reported / 3000 * 1e3:,.2f} ms per attempt, " in line
     # Four shards do most of the work; the coordinator alone would be far below this.
     assert 0.8 * tree <= reported <= tree
+
+
+BURN_S = 1.5
+
+
+def test_client_cpu_leaves_out_what_a_shell_ran_before_exec_ing_shardrun(tmp_path: Path) -> None:
+    """`sh -c 'pip install ...; exec shardrun ...'`: the shell's reaped children (here a child
+    that burns BURN_S of CPU) pass their time down through exec; the summary must not count it."""
+    write_input(tmp_path / "input.jsonl", 500)
+    burn = (f"import time\nt = time.process_time()\nwhile time.process_time() - t < {BURN_S}:"
+            "\n    pass")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        write_job(tmp_path / "job.yaml",
+                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
+        script = (f"{shlex.quote(sys.executable)} -c {shlex.quote(burn)} && exec "
+                  f"{shlex.quote(sys.executable)} -m shardrun job.yaml --shards 2 --runs-dir runs")
+        with subprocess.Popen(["sh", "-c", script], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL) as proc:  # fmt: skip
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    tree = usage.ru_utime + usage.ru_stime  # the burner, the shell and shardrun's whole tree
+    reported = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())[
+        "summary"]["client_cpu_s"]
+    assert 0 < reported <= tree - BURN_S + 0.05
 
 
 def test_messages_field_and_completions_api(tmp_path: Path) -> None:
