@@ -595,6 +595,15 @@ def sc_refused_key(sc: Scenario) -> None:
         sc.run("--resume", "latest", env={"FAULT_TABLE_KEY": "right-key"})
 
 
+def sc_wrong_path(sc: Scenario) -> None:
+    with external_sim() as server:
+        sc.write({"base_url": server.base_url.removesuffix("/v1")})
+        p = sc.run()
+        if "answered HTTP 404" not in p.stderr:
+            sc.notes.append("the 404 pass does not say 'answered HTTP 404'")
+        sc.run("--resume", "latest", env={"SHARDRUN_BASE_URL": server.base_url})
+
+
 SCENARIOS: list[tuple[str, Callable[[Scenario], None], str]] = [
     ("baseline", sc_baseline, "0"),
     *[(f"{kind} {next(v for k, v in f.items() if k == kind):g}",
@@ -606,6 +615,7 @@ SCENARIOS: list[tuple[str, Callable[[Scenario], None], str]] = [
     ("SIGINT → resume", sc_sigint, "130 → 0"),
     ("disk full (RLIMIT_FSIZE 100 B per item) → resume", sc_disk_full, "1 → 0"),
     ("refused key (401) → resume with the right key", sc_refused_key, "1 → 0"),
+    ("base_url without /v1 (404) → resume with the right one", sc_wrong_path, "1 → 0"),
 ]  # fmt: skip
 
 
