@@ -224,15 +224,20 @@ SHOWN_REASONS = 3
 
 def _failure_lines(s: RunSummary) -> list[str]:
     """Why items failed (the commonest kinds, each with its first reason) and where they are."""
-    lines: list[str] = []
     ranked = sorted(s.dead_reasons.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    width = len(f"{ranked[0][1][0]:,}") if ranked else 0
-    for _kind, (count, example) in ranked[:SHOWN_REASONS]:
-        lines.append(f"    {count:>{width},}  {_clip(example, 100)}")
+    # Dead letters a shard wrote but could not report (it died, or the disk filled up) were
+    # counted from its files; their reasons are in those lines only.
+    unreported = s.dead - sum(n for n, _ in s.dead_reasons.values())
+    width = len(f"{max([n for _, (n, _) in ranked] + [unreported, 0]):,}")
+    lines = [f"    {count:>{width},}  {_clip(example, 100)}"
+             for _, (count, example) in ranked[:SHOWN_REASONS]]
     if len(ranked) > SHOWN_REASONS:
         rest = sum(n for _, (n, _) in ranked[SHOWN_REASONS:])
         lines.append(f"    {rest:>{width},}  other reasons ({len(ranked) - SHOWN_REASONS} kinds; "
                      f"shardrun report {s.run_dir})")
+    if unreported > 0:
+        lines.append(f"    {unreported:>{width},}  reason in the dead-letter lines (written by a "
+                     "shard that could not report them)")
     if s.dead:
         lines.append(f"  dead letters       {s.run_dir / 'dead'}/  (another pass: shardrun "
                      f"retry-failed {s.run_dir})")

@@ -56,3 +56,13 @@ def test_a_clean_run_shows_no_failure_lines() -> None:
     assert "dead letters" not in text and "rejected lines" not in text
     assert "  items              10\n" in text  # the input was read to its end
     assert not [line for line in text.splitlines() if line.startswith("    ")]
+
+
+def test_dead_letters_no_shard_reported_are_shown_as_such() -> None:
+    """A shard that died wrote dead letters the coordinator counted from its files."""
+    s = summary_of([{"dead_reasons": {"max_attempts http_5xx": [2, "max_attempts: HTTP 500"]}}],
+                   dead=5)
+    shown = [line for line in format_summary(s).splitlines() if line.startswith("    ")]
+    assert shown == ["    2  max_attempts: HTTP 500",
+                     "    3  reason in the dead-letter lines (written by a shard that could not "
+                     "report them)"]
