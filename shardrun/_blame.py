@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from shardrun._ellipsis import ellipsize
 from shardrun._env import ENV_BY_KEY
 
 Problem = tuple[str | None, str]
@@ -155,8 +156,7 @@ def show(key: str, value: object, blame: Blame) -> str:
     """The rejected value as the user wrote it: their text for env/flags, else a short repr."""
     if key in blame.shown:
         value = blame.shown[key]
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return ellipsize(repr(value), 60)
 
 
 def value_problem(key: str, value: object, blame: Blame, loc_rest: Sequence[object]) -> Problem:

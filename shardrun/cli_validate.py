@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from shardrun._ellipsis import ellipsize
 from shardrun.errors import ShardrunError
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 # checks need (rich, the spec models, validate.py) is imported when `validate` runs.
 
 __all__ = ["handle", "register"]
+
+VALUE_MAX = 60  # characters of a configuration value shown in the table
 
 
 def register(subparsers: Any) -> None:
@@ -140,7 +143,7 @@ def format_report(job: LoadedJob, check: InputCheck, result: PingResult | None) 
     width = max(len(k) for k, _, _ in rows)
     vwidth = min(40, max(len(v) for _, v, _ in rows))
     lines.append("configuration (value, and where it came from):")
-    lines.extend(f"  {k:<{width}}  {_clip(v):<{vwidth}}  {s}" for k, v, s in rows)
+    lines.extend(f"  {k:<{width}}  {ellipsize(v, VALUE_MAX):<{vwidth}}  {s}" for k, v, s in rows)
     if result is not None:
         lines.extend(_ping_lines(result))
     return "\n".join(lines)
@@ -163,7 +166,8 @@ def print_report(
     for name in ("key", "value", "source"):
         table.add_column(name)
     for key, value, source in config_rows(job):
-        table.add_row(key, _clip(value), source, style="dim" if source == "default" else None)
+        table.add_row(key, ellipsize(value, VALUE_MAX), source,
+                      style="dim" if source == "default" else None)
     console.print(table)
     if result is not None:
         for line in _ping_lines(result):
@@ -172,7 +176,3 @@ def print_report(
 
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."

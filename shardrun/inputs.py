@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
+from shardrun._ellipsis import ellipsize
 from shardrun._tabular import CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
 from shardrun._template import MissingField, Template, parse_template
 from shardrun.errors import InputError
@@ -252,8 +253,7 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
 
 def _short(value: object) -> str:
     """A rejected value for a reason sentence: JSON, at most 40 characters."""
-    text = orjson.dumps(value, default=str).decode()
-    return text if len(text) <= 40 else text[:37] + "..."
+    return ellipsize(orjson.dumps(value, default=str).decode(), 40)
 
 
 def _item_id(record: Mapping[str, Any], key: bytes, id_field: str) -> str:

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shardrun._ellipsis import ellipsize
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
@@ -229,7 +231,7 @@ def _failure_lines(s: RunSummary) -> list[str]:
     # counted from its files; their reasons are in those lines only.
     unreported = s.dead - sum(n for n, _ in s.dead_reasons.values())
     width = len(f"{max([n for _, (n, _) in ranked] + [unreported, 0]):,}")
-    lines = [f"    {count:>{width},}  {_clip(example, 100)}"
+    lines = [f"    {count:>{width},}  {ellipsize(' '.join(example.split()), 100)}"
              for _, (count, example) in ranked[:SHOWN_REASONS]]
     if len(ranked) > SHOWN_REASONS:
         rest = sum(n for _, (n, _) in ranked[SHOWN_REASONS:])
@@ -244,8 +246,3 @@ def _failure_lines(s: RunSummary) -> list[str]:
     if s.rejects and s.rejects_file is not None:
         lines.append(f"  rejected lines     {s.rejects_file}")
     return lines
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
