@@ -196,17 +196,17 @@ class Launcher:
         try:
             while line := await self.proc.stdout.readline():
                 try:
-                    kind, index, value = line.decode("utf-8", "replace").split(" ", 2)
-                    int(index)
+                    kind, index_text, value = line.decode("utf-8", "replace").split(" ", 2)
+                    index = int(index_text)
                 except ValueError:
                     continue  # not a report line
                 value = value.strip()
                 if kind == "pid":
-                    _resolve(self.pids.get(int(index)), int(value))
+                    _resolve(self.pids.get(index), int(value))
                 elif kind == "exit":
-                    _resolve(self.ends.get(int(index)), int(value))
+                    _resolve(self.ends.get(index), int(value))
                 elif kind == "fail":  # the reason is in its stderr log too
-                    _resolve(self.pids.get(int(index)), None)
+                    _resolve(self.pids.get(index), None)
         finally:
             await self.proc.wait()
             for pid in self.pids.values():
