@@ -9,9 +9,24 @@ Malformed shapes are not checked up front: a chunk whose `choices` is not a list
 catches it around the whole read and reports BAD (the client's `protocol_error`). That keeps the
 per-chunk path free of `isinstance` checks for the shapes every real server sends; whatever a
 chunk set before it raised stays set.
+
+Envelope: most servers wrap every content chunk of a stream in the same bytes, all but the content
+value (vLLM, llama.cpp, the simulator: `{"id":"chatcmpl-1",...,"delta":{"content":"` + value +
+`"},"logprobs":null,"finish_reason":null}]}`). Parsing such a chunk builds five objects to read one
+string. So the reader learns the envelope from the first plain content chunk it parses (one whose
+only effect is its piece), as the bytes before and after the content's raw value, and later
+payloads that are exactly prefix + value + suffix, with a value free of quotes, backslashes and
+control bytes, are read by slicing: JSON tokenizes such a payload exactly as the learned one, so
+its only effect is the value as a piece. A probe (the content with `PROBE_MARK` appended, parsed
+once) proves the bytes found are the content and not an equal value elsewhere. Anything else is
+parsed, in order, so the result is always what parsing every payload would give. An envelope
+that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lessons per stream
+(`LEARN_MAX`), then the stream is parsed as before.
 """
 
 from __future__ import annotations
+
+from operator import itemgetter
 
 import orjson
 
@@ -24,16 +39,24 @@ PARSE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError)
 MORE, DONE, ERROR, BAD = 0, 1, 2, 3
 """What `ChunkReader.read` met: nothing final, `[DONE]`, an error object, a malformed payload."""
 
+LEARN_MAX = 3
+"""Envelopes one stream may try to learn (see "Envelope" above)."""
+PROBE_MARK = b"~"
+"""Appended to a content to probe a learned envelope: any byte JSON takes unescaped would do."""
+_UNSAFE = b'"\\' + bytes(range(0x20))
+"""The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
+
 
 class ChunkReader:
     """Reads one stream's payloads in order; keeps what outlives one chunk.
 
-    `read` takes all the payloads of one network read in a single call with the per-chunk work
-    inlined (one `orjson.loads` and a few dict gets per payload): it runs once per content chunk
-    of every response, where a method call or a tuple per chunk is a measurable share.
+    `read` takes all the payloads of one network read in a single call. Parsed payloads have the
+    per-chunk work inlined (one `orjson.loads` and a few dict gets each); payloads that fit the
+    stream's learned envelope are not parsed at all (module docstring, "Envelope").
     """
 
-    __slots__ = ("bad", "chat", "completion_tokens", "error", "finish_reason", "prompt_tokens")
+    __slots__ = ("_learns", "_prefix", "_suffix", "bad", "chat", "completion_tokens", "error",
+                 "finish_reason", "prompt_tokens")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -42,6 +65,10 @@ class ChunkReader:
         self.completion_tokens: int | None = None
         self.error: object = None  # the value of the `error` payload that ended the stream
         self.bad = b""  # the payload that could not be read (for the error message)
+        # The envelope: a plain content chunk is _prefix + the content's raw bytes + _suffix.
+        # An empty _suffix means none is known (a learned suffix holds at least the closing ").
+        self._prefix = self._suffix = b""
+        self._learns = LEARN_MAX
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
@@ -55,9 +82,73 @@ class ChunkReader:
         become None. A chunk that turns out malformed halfway keeps what it set before (a
         finish_reason), but its piece is not appended.
         """
+        if not self._suffix:
+            return self._parse(payloads, 0, pieces)
+        prefix, suffix = self._prefix, self._suffix
+        if len(payloads) == 1:  # the usual read of a server that streams tokens as they come
+            payload = payloads[0]
+            if (payload.endswith(suffix) and payload.startswith(prefix)
+                    and len(payload) >= len(prefix) + len(suffix)):  # fmt: skip
+                value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
+                if len(value.translate(None, _UNSAFE)) == len(value):
+                    try:
+                        text = value.decode()  # strict UTF-8, as orjson reads
+                    except UnicodeDecodeError:
+                        pass
+                    else:
+                        if text:  # an empty content is no piece
+                            pieces.append(text)
+                        return MORE
+            return self._parse(payloads, 0, pieces)
+        # The run to read unparsed: up to the last payload that fits the envelope (a read often
+        # ends with the finish, usage and [DONE] payloads, which do not).
+        end = len(payloads)
+        while end and not (payloads[end - 1].endswith(suffix)
+                           and payloads[end - 1].startswith(prefix)):  # fmt: skip
+            end -= 1
+        start = 0
+        if end:
+            code = self._read_run(payloads if end == len(payloads) else payloads[:end], pieces)
+            if code is not None:
+                if code != MORE or end == len(payloads):
+                    return code
+                start = end
+        return self._parse(payloads, start, pieces)
+
+    def _read_run(self, run: list[bytes], pieces: list[str]) -> int | None:
+        """Read payloads that may each be the envelope's prefix + a value + its suffix.
+
+        None, with nothing applied, when one is not; else what `read` returns. When a value needs
+        JSON escaping or is not UTF-8, the payloads are read one at a time (so that one is
+        parsed), in order. The checks run as C loops (`map`): a Python loop per payload would
+        cost as much as the parsing it saves.
+        """
+        prefix, suffix = self._prefix, self._suffix
+        values = list(map(itemgetter(slice(len(prefix), -len(suffix))), run))
+        # Each payload is prefix + value + suffix iff the concatenations are equal: a payload
+        # too short for both gets an empty value, and then the rebuilt bytes are longer.
+        if b"".join(run) != b"".join((prefix, (suffix + prefix).join(values), suffix)):
+            return None
+        raw = b"".join(values)
+        if len(raw.translate(None, _UNSAFE)) == len(raw):
+            try:
+                texts = list(map(bytes.decode, values))  # strict UTF-8, as orjson reads
+            except UnicodeDecodeError:
+                pass
+            else:
+                pieces.extend(filter(None, texts))  # an empty content is no piece
+                return MORE
+        for payload in run:
+            if (code := self.read([payload], pieces)) != MORE:
+                return code
+        return MORE
+
+    def _parse(self, payloads: list[bytes], start: int, pieces: list[str]) -> int:
+        """`read` for payloads[start:], each parsed with orjson; learns the envelope on the way."""
         chat, append, payload = self.chat, pieces.append, b""
         try:
-            for payload in payloads:
+            for i in range(start, len(payloads)):
+                payload = payloads[i]
                 if payload == b"[DONE]":
                     return DONE
                 try:
@@ -69,6 +160,7 @@ class ChunkReader:
                 if (err := obj.get("error")) is not None:
                     self.error = err
                     return ERROR
+                usage = obj.get("usage")
                 if choices := obj.get("choices"):
                     first = choices[0]
                     if chat:
@@ -84,13 +176,67 @@ class ChunkReader:
                                 self.finish_reason = str(reason)
                     if piece and isinstance(piece, str):
                         append(piece)
-                if usage := obj.get("usage"):
+                        # A plain content chunk (nothing but its piece to apply): its bytes
+                        # may teach the envelope, and then the rest of the read is a run.
+                        if ((self._learns or self._suffix) and not reason and not usage
+                                and len(choices) == 1 and self._adopt(payload, piece)):  # fmt: skip
+                            return self.read(payloads[i + 1 :], pieces)
+                if usage:
                     self.prompt_tokens = as_int(usage.get("prompt_tokens"))
                     self.completion_tokens = as_int(usage.get("completion_tokens"))
         except PARSE_ERRORS:
             self.bad = payload
             return BAD
         return MORE
+
+    def _adopt(self, payload: bytes, piece: str) -> bool:
+        """A parsed plain content chunk: learn its envelope when none is known. True if learned.
+
+        A chunk that fits the known envelope was parsed for its content (escapes): nothing to
+        learn. One that does not means the envelope changed: forget it, and learn this one's
+        while the stream's budget lasts (a server that varies every chunk exhausts it, and the
+        stream is then parsed as before, at the cost of a few failed lessons).
+        """
+        if self._suffix:
+            if payload.startswith(self._prefix) and payload.endswith(self._suffix):
+                return False
+            self._prefix = self._suffix = b""
+        raw = piece.encode()
+        if not self._learns or len(raw.translate(None, _UNSAFE)) != len(raw) or b"\n" in payload:
+            return False  # no budget, or a content sent escaped: wait for a plainer chunk
+        self._learns -= 1
+        at = payload.find(b'"' + raw + b'"')
+        if at < 0:
+            return False  # the server escaped more than JSON requires (non-ASCII as \\u escapes)
+        prefix, suffix = payload[: at + 1], payload[at + 1 + len(raw) :]
+        # The bytes found might be another field's equal value: a probe with another value in
+        # their place must read as a plain chunk with exactly that content.
+        try:
+            probe = orjson.loads(prefix + raw + PROBE_MARK + suffix)
+        except orjson.JSONDecodeError:
+            return False
+        if plain_piece(probe, self.chat) != piece + PROBE_MARK.decode():
+            return False
+        self._prefix, self._suffix = prefix, suffix
+        return True
+
+
+def plain_piece(obj: object, chat: bool) -> str | None:
+    """The piece of a chunk whose only effect on a `ChunkReader` is to append it, else None."""
+    if not isinstance(obj, dict) or obj.get("error") is not None or obj.get("usage"):
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    first = choices[0]
+    if first.get("finish_reason"):
+        return None
+    if chat:
+        delta = first.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        piece = first.get("text")
+    return piece if piece and isinstance(piece, str) else None
 
 
 def stream_error(err: object, tokens: int) -> tuple[str, str]:

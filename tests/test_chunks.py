@@ -5,11 +5,14 @@ from unittest.mock import ANY
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardrun._chunks import (
     BAD,
     DONE,
     ERROR,
+    LEARN_MAX,
     MORE,
     MSG_MAX,
     PARSE_ERRORS,
@@ -261,3 +264,251 @@ def test_is_rate_header() -> None:
     assert not is_rate_header("x-ratelimit")
     assert not is_rate_header("Retry-After")
     assert not is_rate_header("x-request-id")
+
+
+# -- the envelope: plain content chunks read without parsing -----------------------------------
+#
+# Every case below compares `ChunkReader` with `reference`, a plain reading of each payload with
+# orjson (the documented behaviour), on the same reads.
+
+
+Outcome = tuple[list[int], list[str], tuple[Any, ...]]
+"""Per read what `read` returned, every piece appended, and the reader's state at the end."""
+
+
+def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
+    """Each payload parsed on its own, in order, until one ends the stream."""
+    pieces: list[str] = []
+    codes: list[int] = []
+    finish = prompt = completion = error = None
+    bad = b""
+    for payloads in reads:
+        code = MORE
+        for payload in payloads:
+            if payload == b"[DONE]":
+                code = DONE
+                break
+            try:
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    obj = orjson.loads(payload.decode("utf-8", "replace"))
+                if obj.get("error") is not None:
+                    error, code = obj["error"], ERROR
+                    break
+                usage = obj.get("usage")
+                if choices := obj.get("choices"):
+                    first = choices[0]
+                    if chat:
+                        delta = first.get("delta")
+                        piece = delta.get("content") if isinstance(delta, dict) else None
+                    else:
+                        piece = first.get("text")
+                    for choice in choices:
+                        if reason := choice.get("finish_reason"):
+                            finish = str(reason)
+                    if piece and isinstance(piece, str):
+                        pieces.append(piece)
+                if usage:
+                    prompt = as_int(usage.get("prompt_tokens"))
+                    completion = as_int(usage.get("completion_tokens"))
+            except PARSE_ERRORS:
+                bad, code = payload, BAD
+                break
+        codes.append(code)
+        if code != MORE:
+            break
+    return codes, pieces, (finish, prompt, completion, error, bad)
+
+
+def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
+    reader = ChunkReader(chat)
+    pieces: list[str] = []
+    codes: list[int] = []
+    for payloads in reads:
+        codes.append(reader.read(payloads, pieces))
+        if codes[-1] != MORE:
+            break
+    r = reader
+    return codes, pieces, (r.finish_reason, r.prompt_tokens, r.completion_tokens, r.error, r.bad)
+
+
+def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", created: int = 1,
+          extra: dict[str, Any] | None = None, finish: object = None) -> dict[str, Any]:
+    """A chunk shaped as vLLM and the simulator send it."""
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["delta"] = {"content": content}
+    else:
+        choice["text"] = content
+    choice |= {"logprobs": None, "finish_reason": finish}
+    obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": "m",
+           "choices": [choice]}  # fmt: skip
+    return obj | (extra or {})
+
+
+class CountingLoads:
+    """Stands in for the orjson module inside `shardrun._chunks`, counting `loads` calls."""
+
+    JSONDecodeError = orjson.JSONDecodeError
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def loads(self, data: bytes | str) -> Any:
+        self.calls += 1
+        return orjson.loads(data)
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> CountingLoads:
+    counter = CountingLoads()
+    monkeypatch.setattr("shardrun._chunks.orjson", counter)
+    return counter
+
+
+def test_a_learned_envelope_reads_plain_chunks_without_parsing(loads: CountingLoads) -> None:
+    """After one plain chunk (parsed, plus one probe), the stream's other plain chunks are sliced,
+    one per read or many per read; the finish, usage and [DONE] payloads are parsed."""
+    words = [" the", " quick", " brown", " fox", " jumps", " over"]
+    payloads = [orjson.dumps(chunk(w)) for w in words]
+    tail = [orjson.dumps(chunk(None, finish="stop")), USAGE_ONLY.encode(), b"[DONE]"]
+    reads = [[ROLE.encode()], payloads[:1], payloads[1:2], payloads[2:], tail]
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader(reads, True)[1] == words
+    loads.calls = 0
+    by_reader(reads, True)
+    # role + first word + probe, then only the finish and usage chunks ([DONE] is no JSON)
+    assert loads.calls == 3 + 2
+
+
+def test_escaped_content_in_a_run_is_parsed_alone(loads: CountingLoads) -> None:
+    """Content that JSON escapes (a line break, a quote) or that is not UTF-8 makes its own
+    payload parsed; the plain ones around it in the same read are still sliced."""
+    payloads = [orjson.dumps(chunk(w)) for w in ["a", "b", "line\nbreak", 'say "hi"', "c"]]
+    broken = orjson.dumps(chunk("caf\u00e9")).replace("é".encode(), b"\xe9")
+    reads = [payloads[:2], [*payloads[2:], broken, payloads[4]], [payloads[0], broken]]
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader(reads, True)[1] == ["a", "b", "line\nbreak", 'say "hi"', "c", "caf\ufffd", "c",
+                                         "a", "caf\ufffd"]  # fmt: skip
+    loads.calls = 0
+    by_reader(reads, True)
+    # "a" + probe; then the two escaped contents, and the broken one twice (bytes, then text)
+    # in each of the two reads that hold it
+    assert loads.calls == 2 + 2 + 2 * 2
+
+
+def test_an_equal_value_elsewhere_is_not_taken_for_the_content() -> None:
+    """A server that escapes more than JSON needs, with a field holding the same text as the
+    content: the raw bytes found are that field's. The probe rejects them, so a later chunk's
+    content is not read from the other field."""
+    reads = [[b'{"id":"x","choices":[{"delta":{"content":"\\u0078"}}]}'],
+             [b'{"id":"y","choices":[{"delta":{"content":"\\u0078"}}]}'],
+             [b'{"id":"z","choices":[{"delta":{"content":"\\u0078"}}]}']]  # fmt: skip
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader(reads, True)[1] == ["x", "x", "x"]
+
+
+def test_overlapping_prefix_and_suffix_are_no_empty_content() -> None:
+    """A payload that starts with the prefix and ends with the suffix only by sharing their
+    quote is not a chunk with empty content: it is parsed (and is invalid JSON)."""
+    good = orjson.dumps(chunk("a"))
+    at = good.index(b'"a"')
+    short = good[: at + 1] + good[at + 3 :]  # ...{"content":"},"logprobs"...: one quote
+    for reads in ([[good], [short]], [[good], [good, short]], [[good], [short, good]]):
+        assert by_reader(reads, True) == reference(reads, True)
+        assert by_reader(reads, True)[0][-1] == BAD
+
+
+def test_an_envelope_that_changes_per_chunk(loads: CountingLoads) -> None:
+    """Padding that differs per chunk (OpenAI's `obfuscation`): every payload is parsed, and
+    the failed lessons cost at most LEARN_MAX probes per stream."""
+    payloads = [orjson.dumps(chunk(f" w{i}", extra={"obfuscation": "x" * (i % 7)}))
+                for i in range(40)]  # fmt: skip
+    reads = [[p] for p in payloads[:20]] + [payloads[20:]]
+    assert by_reader(reads, True) == reference(reads, True)
+    loads.calls = 0
+    by_reader(reads, True)
+    assert len(payloads) <= loads.calls <= len(payloads) + LEARN_MAX
+
+
+def test_a_new_envelope_mid_stream_is_learned(loads: CountingLoads) -> None:
+    """A field that changes once (a `created` second ticking over) is learned again."""
+    payloads = [orjson.dumps(chunk(f" w{i}", created=1 if i < 5 else 2)) for i in range(10)]
+    reads = [[p] for p in payloads]
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader([*reads, payloads], True) == reference([*reads, payloads], True)
+    loads.calls = 0
+    by_reader(reads, True)
+    assert loads.calls == 2 + 2  # each envelope: its first chunk and a probe
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_completions_and_spaced_json(chat: bool) -> None:
+    """The completions `text` field, and JSON written with spaces (Python's json module)."""
+    import json
+
+    payloads = [json.dumps(chunk(w, chat=chat)).encode() for w in ["a", " b", "ü", "", " c"]]
+    reads = [payloads[:1], payloads[1:2], payloads[2:]]
+    assert by_reader(reads, chat) == reference(reads, chat)
+    assert by_reader(reads, chat)[1] == ["a", " b", "ü", " c"]
+
+
+INTERESTING = [b'"', b"\\", b"}", b"]", b",", b":", b"\n", b"\x00", b"\x1f", b"\xff", b"\xc3",
+               b"\xa9", b"a", b"0", b"~", b" ", b"null", b'"}', b'\\"', b'"x":"']  # fmt: skip
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
+    """Payloads of one stream (mostly chunks of one envelope, some altered), cut into reads."""
+    import json
+
+    chat = draw(st.booleans())
+    dump = draw(st.sampled_from([
+        orjson.dumps,
+        lambda o: json.dumps(o).encode(),  # spaces, non-ASCII as \u escapes
+        lambda o: json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode(),
+    ]))  # fmt: skip
+    cid = draw(st.sampled_from(["chatcmpl-1", "a", " b", ""]))
+    text = st.one_of(
+        st.sampled_from(["a", " b", "", "~", cid, "\n", '"', "\\", "é", "🙂", "\u2028", "\x7f"]),
+        st.text(max_size=6),
+    )
+    payloads: list[bytes] = []
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["plain"] * 6 + ["finish", "usage", "other", "mutated",
+                                                        "done", "error", "created"]))  # fmt: skip
+        if kind == "plain":
+            payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
+        elif kind == "created":
+            payloads.append(dump(chunk(draw(text), chat=chat, cid=cid, created=2)))
+        elif kind == "finish":
+            payloads.append(dump(chunk(draw(text), chat=chat, cid=cid, finish="stop")))
+        elif kind == "usage":
+            payloads.append(USAGE_ONLY.encode())
+        elif kind == "other":
+            payloads.append(dump(chunk(draw(text), chat=chat, cid=cid,
+                                       extra={"x": draw(text)})))  # fmt: skip
+        elif kind == "mutated":  # bytes spliced anywhere into a plain chunk
+            base = dump(chunk(draw(text), chat=chat, cid=cid))
+            at = draw(st.integers(0, len(base)))
+            cut = draw(st.integers(0, 3))
+            payloads.append(base[:at] + draw(st.sampled_from(INTERESTING)) + base[at + cut :])
+        elif kind == "done":
+            payloads.append(b"[DONE]")
+        else:
+            payloads.append(b'{"error":{"message":"boom","code":500}}')
+    cuts = sorted(draw(st.sets(st.integers(1, max(len(payloads) - 1, 1)))))
+    reads = [payloads[a:b] for a, b in zip([0, *cuts], [*cuts, len(payloads)], strict=True)]
+    return [r for r in reads if r], chat
+
+
+@settings(max_examples=1500, deadline=None)
+@given(streams())
+def test_envelope_reading_equals_parsing_every_payload(
+    stream: tuple[list[list[bytes]], bool],
+) -> None:
+    """Whatever the payloads and however they are cut into reads, the reader's codes, pieces and
+    state are those of parsing each payload with orjson."""
+    reads, chat = stream
+    assert by_reader(reads, chat) == reference(reads, chat)
