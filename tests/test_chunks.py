@@ -329,8 +329,8 @@ def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
         codes.append(reader.read(payloads, pieces))
         if codes[-1] != MORE:
             break
-    r = reader
-    return codes, pieces, (r.finish_reason, r.prompt_tokens, r.completion_tokens, r.error, r.bad)
+    state = (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens, reader.error)
+    return codes, pieces, (*state, reader.bad)
 
 
 def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", created: int = 1,
