@@ -47,6 +47,11 @@ REFRESH_EVERY_S = 0.25  # the live display redraws from the shards' reports, nev
 # A run whose shards keep dying is broken, not unlucky: give up after this many deaths.
 MAX_SHARD_DEATHS = 3
 LAUNCHER_CLOSE_S = 5.0
+# A shard's stdout ends when it exits, so its exit status follows at once. When it does not (a
+# shard that closed its stdout and hung, a launcher that stopped reporting), the run must not
+# wait for ever: kill the shard, and after a second wait go on without its status.
+EXIT_AFTER_EOF_S = 10.0
+KILL_WAIT_S = 5.0
 
 
 @dataclass
@@ -127,7 +132,12 @@ class Coordinator:
                     self._rebalance_rates()
             elif kind == protocol.FATAL:
                 self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index)
-        state.died = await handle.wait()
+        state.died, killed = await self._exit_status(handle)
+        if killed and state.done is not None:
+            # Its work is all reported: the run goes on as if it had exited, and says so.
+            print(f"warning: shard {handle.index} {killed}; its results stand (it had "
+                  "reported done)", file=sys.stderr)
+            state.died = None
         if state.done is None and state.died is None:
             state.died = "closed its pipe without reporting"
         if state.died is not None:
@@ -139,8 +149,25 @@ class Coordinator:
             # read the same way in `_after_death`).
             ok, dead = handle.finished_among(set(state.outstanding))
             self._finished(state, ok, dead)
+        extra = {"killed": killed} if killed else {}
         self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
-                      status=state.died or "done")
+                      status=state.died or "done", **extra)
+
+    @staticmethod
+    async def _exit_status(handle: ShardHandle) -> tuple[str | None, str]:
+        """`handle.wait()` for a shard whose output has ended, bounded in time.
+
+        (its status, "") when it exits in time; otherwise it is killed, and both values say so.
+        """
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(handle.wait(), EXIT_AFTER_EOF_S), ""
+        handle.kill()
+        why = f"closed its output but did not exit within {EXIT_AFTER_EOF_S:g} s; it was killed"
+        try:
+            await asyncio.wait_for(handle.wait(), KILL_WAIT_S)
+        except TimeoutError:
+            why += ", and its end was never reported"
+        return why, why
 
     def _hand_out(self, state: ShardState, n: int) -> None:
         batch = self.source.take(n) if self.handing_out else []
@@ -224,9 +251,7 @@ class Coordinator:
         finally:
             ticker.cancel()
             if self.launcher is not None:
-                # It ends right after reporting its last shard's end; don't leave it unreaped.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.launcher.close(), LAUNCHER_CLOSE_S)
+                await self._close_launcher(self.launcher)
             self.view.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -236,6 +261,18 @@ class Coordinator:
             self.log.checkpoint(self.clock.now())
             self.log.close()
         return summary
+
+    @staticmethod
+    async def _close_launcher(launcher: Launcher) -> None:
+        """Reap the launcher: it ends right after reporting its last shard's end. One that
+        does not (stopped, or stuck) is killed, or the event loop's shutdown would wait for it."""
+        try:
+            await asyncio.wait_for(launcher.close(), LAUNCHER_CLOSE_S)
+            return
+        except TimeoutError:
+            launcher.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(launcher.close(), LAUNCHER_CLOSE_S)
 
     async def _start_first_shards(self) -> None:
         """Fork the run's shards from one launcher (one set of imports), else spawn each."""

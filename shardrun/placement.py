@@ -218,6 +218,11 @@ class Launcher:
         """Wait for the launcher to end (it does once its last shard has been reaped)."""
         await asyncio.shield(self.reader)
 
+    def kill(self) -> None:
+        """SIGKILL the launcher (not its shards); `close` then returns once it is reaped."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
 
 def _resolve(future: asyncio.Future[T] | None, value: T) -> None:
     if future is not None and not future.done():

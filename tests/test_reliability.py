@@ -17,7 +17,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import pytest
 
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
-from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
 
 WAIT_GUARD_S = 120.0  # hang guards only; no test asserts on wall time
 
@@ -238,6 +238,124 @@ def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path, start: str) -> No
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert not run.dead
+
+
+# A stand-in for the shard launcher: it forks a shard per slot, as `_launcher.py` does, but
+# shard 0 may run HUNG (a program text) instead, and in "silent" mode it never reaps a shard or
+# reports its end, as a launcher stopped under a debugger would. Both sleep far longer than the
+# test's hang guard, so a run that waits for them fails; they write their PIDs to files (in the
+# run's working directory) for the test to end them.
+STAND_IN_LAUNCHER = """
+import os, sys, time
+mode, hung = sys.argv[1:3]
+slots = [tuple(map(int, arg.split(":"))) for arg in sys.argv[3:]]
+passed = {fd for slot in slots for fd in slot[1:]}
+with open("launcher.pid", "w") as f:
+    f.write(str(os.getpid()))
+children = {}
+for index, stdin, stdout, stderr in slots:
+    pid = os.fork()
+    if pid == 0:
+        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, target)
+        for fd in passed - {0, 1, 2}:
+            os.close(fd)
+        shard = ["-c", hung] if index == 0 and hung else ["-m", "shardrun._shard_main"]
+        os.execv(sys.executable, [sys.executable, *shard])
+    children[pid] = index
+    print(f"pid {index} {pid}", flush=True)
+for fd in passed:
+    os.close(fd)
+if mode == "silent":
+    time.sleep(600)
+while children:
+    pid, status = os.wait()
+    print(f"exit {children.pop(pid)} {os.waitstatus_to_exitcode(status)}", flush=True)
+"""
+# A shard that takes a batch, closes its stdout and hangs: only a kill ends it.
+STALL_GUARD_S = 60.0  # a run that waits for the sleepers above fails on this, not in 10 minutes
+HUNG_SHARD = """
+import os, sys, time
+with open("hung.pid", "w") as f:
+    f.write(str(os.getpid()))
+sys.stdin.readline()
+os.write(1, b'{"t": "want", "n": 16}\\n')
+sys.stdin.readline()
+os.close(1)
+time.sleep(600)
+"""
+
+
+def shard_exits(run: Run) -> list[dict[str, Any]]:
+    """The coordinator's `shard_exit` events, in order."""
+    log = read_jsonl(run.path / "events" / "coordinator.jsonl")
+    return [e for e in log if e["ev"] == "shard_exit"]
+
+
+def _run_with_stand_in_launcher(tmp_path: Path, mode: str, hung: str,
+                                ) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a process of its own, with the stand-in launcher and short waits."""
+    stand_in = tmp_path / "launcher.py"
+    stand_in.write_text(STAND_IN_LAUNCHER)
+    code = (
+        "import sys\n"
+        "from shardrun import coordinator, placement\n"
+        f"placement.LAUNCHER_ARGV = (sys.executable, {str(stand_in)!r}, {mode!r}, {hung!r})\n"
+        "coordinator.EXIT_AFTER_EOF_S = coordinator.KILL_WAIT_S = 0.5\n"
+        "coordinator.LAUNCHER_CLOSE_S = 0.5\n"
+        "from shardrun.cli import main\n"
+        "raise SystemExit(main(['job.yaml', '--runs-dir', 'runs', '--quiet']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    try:
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=STALL_GUARD_S,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        for pid_file in (tmp_path / "launcher.pid", tmp_path / "hung.pid"):
+            if pid_file.exists():  # ours, and asleep unless the run killed it
+                with suppress(ProcessLookupError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_shard_that_closes_its_output_and_hangs_is_killed_and_replaced(
+        tmp_path: Path) -> None:
+    """Its stdout ended, its process did not: the run kills it after a bounded wait, gives its
+    batch to a replacement and ends with exactly one line per item, instead of waiting for
+    ever for an exit status."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", shard_start="fork", shards=3)
+    proc = _run_with_stand_in_launcher(tmp_path, "report", HUNG_SHARD)
+    assert proc.returncode == 0, proc.stderr
+    assert ("shard 0 died (closed its output but did not exit within 0.5 s; it was killed)"
+            in proc.stderr), proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    exits = {e["to"]: e for e in shard_exits(run)}
+    assert exits[0]["killed"] == exits[0]["status"]
+    assert exits[0]["status"].startswith("closed its output but did not exit")
+    assert {exits[i]["status"] for i in exits if i != 0} == {"done"}
+    assert 3 in exits  # the replacement
+
+
+def test_shards_whose_end_is_never_reported_do_not_stall_the_run(tmp_path: Path) -> None:
+    """A launcher that stops reporting (stopped under a debugger, say) leaves every exit status
+    unknown: each shard had reported done, so the run ends after bounded waits, says so, and
+    keeps every result."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", shard_start="fork", shards=2)
+    proc = _run_with_stand_in_launcher(tmp_path, "silent", "")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: shard")]
+    assert len(warnings) == 2, proc.stderr
+    assert all(line.endswith("it was killed, and its end was never reported; its results "
+                             "stand (it had reported done)") for line in warnings), warnings
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    exits = shard_exits(run)
+    assert [e["status"] for e in exits] == ["done", "done"]
+    assert all("never reported" in e["killed"] for e in exits)
 
 
 def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
