@@ -1,5 +1,5 @@
 """`python -m shardrun` runs the command line."""
 
-from shardrun.cli import main
+from shardrun.cli import entry
 
-raise SystemExit(main())
+entry()

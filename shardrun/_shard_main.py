@@ -9,6 +9,8 @@ stdin reaches EOF and the shard stops by itself, so a killed coordinator leaves 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 import traceback
@@ -73,4 +75,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the coordinator may be gone
+            stream.flush()
+    os._exit(status)  # no teardown, like a forked shard (see `_launcher.py`)

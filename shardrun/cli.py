@@ -7,10 +7,12 @@ errors, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from shardrun import __version__, cli_analysis, cli_validate
 from shardrun.errors import ShardrunError
@@ -106,6 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def entry() -> NoReturn:
+    """The console script and `python -m shardrun`: `main()`, then exit without a teardown.
+
+    Every file a command writes is closed before `main` returns (a run's also fsynced), so all
+    the interpreter's teardown would still do is free, object by object, memory the OS frees at
+    once: about 0.03 CPU-s with a run's modules loaded, billed to the run's client CPU.
+    """
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away: nothing to do
+            stream.flush()
+    os._exit(status)
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

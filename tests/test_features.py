@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -10,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+import pytest
 
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
@@ -31,6 +34,33 @@ def test_plain_progress_lines_without_escape_codes(tmp_path: Path) -> None:
     assert all("/1,500" in line or "1,500" in line for line in status), status
     quiet = run_cli("job.yaml", "--runs-dir", "b", "--quiet", cwd=tmp_path)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@pytest.mark.parametrize("how", ["python -m shardrun", "console script"])
+def test_output_and_status_survive_the_exit_without_teardown(tmp_path: Path, how: str) -> None:
+    """The command line ends with `os._exit` (`cli.entry`). Piped stdout is block-buffered when
+    PYTHONUNBUFFERED is unset, so a missing flush would lose the summary: it must arrive whole,
+    with the exit status, from both ways of starting shardrun."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml")
+    script = shutil.which("shardrun", path=str(Path(sys.executable).parent))
+    assert script is not None, "the console script is installed next to this interpreter"
+    argv = [sys.executable, "-m", "shardrun"] if how.startswith("python") else [script]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*argv, *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    ok = cli("job.yaml", "--runs-dir", "runs", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("run succeeded: ")
+    assert re.search(r"^  succeeded +20$", ok.stdout, re.M), ok.stdout
+    assert re.search(r"^  items per shard +min \d+ / max \d+$", ok.stdout, re.M), ok.stdout
+    missing = cli("nowhere.yaml")
+    assert missing.returncode == 2
+    assert missing.stderr == "error: nowhere.yaml: job file not found\n"
 
 
 def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
