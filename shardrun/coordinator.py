@@ -257,7 +257,10 @@ class Coordinator:
                 loop.remove_signal_handler(sig)
             self.source.reader.close()
             summary = self.summary()
-            self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status)
+            # The client's CPU goes into the log too, so that `report` reads it from the
+            # evidence rather than from the manifest's summary.
+            self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
+                          client_cpu_s=summary.client_cpu_s)
             self.log.checkpoint(self.clock.now())
             self.log.close()
         return summary

@@ -343,3 +343,26 @@ def test_abandoned_spans_are_neither_ok_nor_dead() -> None:
     s = fold_shard(recs)
     assert (s.abandoned, s.dead, s.ok, s.open_spans) == (1, 0, 0, 0)
     assert _report([s])["items"]["success_rate"] is None
+
+
+def _coordinator_with_cpu(cpu: object) -> list[dict[str, Any]]:
+    """The hand fixture's coordinator log, its `run_end` recording `client_cpu_s`."""
+    *rest, end = hand_coordinator()
+    return [*rest, {**end, "client_cpu_s": cpu}]
+
+
+def test_client_cpu_comes_from_each_pass_run_end() -> None:
+    """2.2 CPU-s over the log's 4 attempts, 14 completion tokens and the run's 11 s (T0 - 0.5 to
+    T0 + 10.5); a second pass with nothing recorded keeps the sum but drops the ratios, which
+    would understate the cost; a value that is not a CPU time counts as not recorded."""
+    cpu = _report([_shard()], _coordinator_with_cpu(2.2))["client_cpu"]
+    assert cpu == {"passes": 1, "passes_recorded": 1, "cpu_s": 2.2, "ms_per_attempt": 550.0,
+                   "s_per_1k_completion_tokens": round(2200 / 14, 5), "cores": 0.2}
+    facts = RunFacts(run_id="r", run_dir="/x", state="finished", state_reason="test")
+    passes = [fold_coordinator(_coordinator_with_cpu(2.2)), fold_coordinator(hand_coordinator())]
+    partial = build_report(facts, passes, [_shard()])["client_cpu"]
+    assert (partial["passes"], partial["passes_recorded"], partial["cpu_s"]) == (2, 1, 2.2)
+    assert partial["ms_per_attempt"] is partial["cores"] is None
+    for odd in (None, True, -1.0, "2.2"):
+        none = _report([_shard()], _coordinator_with_cpu(odd))["client_cpu"]
+        assert (none["passes_recorded"], none["cpu_s"], none["ms_per_attempt"]) == (0, None, None)

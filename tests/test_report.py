@@ -241,6 +241,22 @@ def test_real_run_matches_its_result_files(real_run: Path) -> None:
     assert doc["attempts"]["retries"] > 0 and "http_5xx" in doc["attempts"]["retry_causes"]
 
 
+def test_real_run_reports_the_client_cpu_from_its_log(real_run: Path) -> None:
+    """`run_end` carries the client CPU the summary printed; the report reads it from the log
+    and divides it by the log's attempts."""
+    manifest = orjson.loads((real_run / "manifest.json").read_bytes())
+    doc, _ = load_report(real_run)
+    cpu = doc["client_cpu"]
+    assert cpu["cpu_s"] == manifest["summary"]["client_cpu_s"] > 0
+    assert (cpu["passes"], cpu["passes_recorded"]) == (1, 1)
+    attempts = doc["attempts"]["started"]
+    # cpu_s is rounded to the millisecond, the ratio is taken before that rounding
+    assert cpu["ms_per_attempt"] == pytest.approx(cpu["cpu_s"] * 1e3 / attempts,
+                                                  abs=0.5 / attempts + 1e-4)
+    line = next(ln for ln in format_report(doc).splitlines() if "client CPU" in ln)
+    assert f"{cpu['ms_per_attempt']:,.3f} ms per attempt" in line, line
+
+
 def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     """--json prints the schema'd document; --html writes one self-contained page."""

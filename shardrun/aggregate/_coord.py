@@ -1,7 +1,8 @@
 """`CoordinatorFold`: the coordinator's own log (`events/coordinator.jsonl`). Pure.
 
-It matters for three numbers: the run's first and last instants (which minutes are full), the
-instant of `input_end` (before it, an idle shard is cross-shard idle) and how the run ended.
+It matters for four numbers: the run's first and last instants (which minutes are full), the
+instant of `input_end` (before it, an idle shard is cross-shard idle), how the run ended and the
+client's CPU time that `run_end` records.
 """
 
 from __future__ import annotations
@@ -41,3 +42,6 @@ class CoordinatorFold:
         elif ev == "run_end":
             s.run_end = t
             s.run_status = rec.get("status")
+            cpu = rec.get("client_cpu_s")
+            if isinstance(cpu, int | float) and not isinstance(cpu, bool) and cpu >= 0:
+                s.client_cpu_s = float(cpu)

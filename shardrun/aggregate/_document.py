@@ -14,6 +14,7 @@ from shardrun import __version__
 from shardrun.aggregate._cost import Pricing, cost_section
 from shardrun.aggregate._metrics import (
     attempts_section,
+    client_cpu_section,
     connections_section,
     items_section,
     latency_section,
@@ -64,6 +65,8 @@ def build_report(facts: RunFacts, coords: list[CoordinatorSummary],
         "connections": connections_section(shards, items["succeeded"]),
         "scheduler": scheduler_section(coords, shards),
         "loop_lag": loop_lag_section(shards),
+        "client_cpu": client_cpu_section(coords, sum(s.attempts for s in shards),
+                                         items["completion_tokens"], duration),
         "cost": cost_section(facts.pricing, successes=items["succeeded"],
                              prompt_tokens=items["prompt_tokens"],
                              completion_tokens=items["completion_tokens"],

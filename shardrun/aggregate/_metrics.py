@@ -148,3 +148,23 @@ def loop_lag_section(shards: list[ShardSummary]) -> dict[str, Any]:
         "client_limited": limited,
         "limits": {"p50_s": LAG_P50_LIMIT_S, "p99_s": LAG_P99_LIMIT_S},
     }
+
+
+def client_cpu_section(coords: list[CoordinatorSummary], attempts: int, completion_tokens: int,
+                       duration_s: float) -> dict[str, Any]:
+    """The client's CPU time, summed over the passes whose `run_end` recorded it.
+
+    The ratios need every pass: a pass that did not end cleanly has no `run_end`, and dividing
+    the other passes' CPU by all the attempts would understate the cost.
+    """
+    recorded = [c.client_cpu_s for c in coords if c.client_cpu_s is not None]
+    cpu = sum(recorded)
+    complete = bool(coords) and len(recorded) == len(coords)
+    return {
+        "passes": len(coords),
+        "passes_recorded": len(recorded),
+        "cpu_s": round(cpu, 3) if recorded else None,
+        "ms_per_attempt": ratio(cpu * 1e3, attempts, 4) if complete else None,
+        "s_per_1k_completion_tokens": ratio(cpu * 1e3, completion_tokens, 5) if complete else None,
+        "cores": ratio(cpu, duration_s, 3) if complete else None,
+    }

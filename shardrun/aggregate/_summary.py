@@ -99,6 +99,7 @@ class CoordinatorSummary:
     run_start: float | None = None
     run_end: float | None = None
     run_status: str | None = None
+    client_cpu_s: float | None = None  # user + sys of coordinator, launcher and shards
     input_end: float | None = None
     input_lines: int | None = None
     rejects: int | None = None

@@ -151,7 +151,20 @@ def format_attempts(doc: dict[str, Any]) -> str:
         f"  event-loop lag: p50 {ms(lag['p50'])} ms, p99 {ms(lag['p99'])} ms, max "
         f"{ms(lag['max'])} ms over {num(lag['samples'])} samples: {limited} (limits p50 >= "
         f"{ms(lag['limits']['p50_s'])} ms or p99 >= {ms(lag['limits']['p99_s'])} ms)",
+        f"  client CPU: {_client_cpu(doc['client_cpu'])}",
     ])  # fmt: skip
+
+
+def _client_cpu(cpu: dict[str, Any]) -> str:
+    if cpu["cpu_s"] is None:
+        return "not in the log (no pass recorded it at its run_end)"
+    if cpu["ms_per_attempt"] is None:
+        return (f"{num(cpu['cpu_s'], 1)} s in {cpu['passes_recorded']} of {cpu['passes']} "
+                "passes (a pass that did not end cleanly records none)")
+    return (f"{num(cpu['cpu_s'], 1)} s user+sys of coordinator, launcher and shards: "
+            f"{num(cpu['ms_per_attempt'], 3)} ms per attempt, "
+            f"{num(cpu['s_per_1k_completion_tokens'], 4)} s per 1k completion tokens, "
+            f"{num(cpu['cores'], 2)} cores on average")
 
 
 def format_scheduler(doc: dict[str, Any]) -> str:
