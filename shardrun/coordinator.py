@@ -259,8 +259,9 @@ class Coordinator:
             summary = self.summary()
             # The client's CPU goes into the log too, so that `report` reads it from the
             # evidence rather than from the manifest's summary.
+            cpu = summary.client_cpu_s
             self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
-                          client_cpu_s=summary.client_cpu_s)
+                          client_cpu_s=None if cpu is None else round(cpu, 3))
             self.log.checkpoint(self.clock.now())
             self.log.close()
         return summary

@@ -272,8 +272,8 @@ while children:
     pid, status = os.wait()
     print(f"exit {children.pop(pid)} {os.waitstatus_to_exitcode(status)}", flush=True)
 """
+STALL_GUARD_S = 60.0  # a run that waits for the sleepers fails on this, not in 10 minutes
 # A shard that takes a batch, closes its stdout and hangs: only a kill ends it.
-STALL_GUARD_S = 60.0  # a run that waits for the sleepers above fails on this, not in 10 minutes
 HUNG_SHARD = """
 import os, sys, time
 with open("hung.pid", "w") as f:

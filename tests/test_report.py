@@ -52,6 +52,7 @@ def test_terminal_report_has_every_section(tmp_path: Path) -> None:
         assert heading in text, heading
     assert "2027-01-15T07:59Z" in text and "partial" in text
     assert "retry causes: conn_reset 1" in text
+    assert "client CPU: not in the log" in text  # the hand fixture's run_end records none
     sched = text[text.index("Scheduler"):]
     header = next(line for line in sched.splitlines() if "gap_fraction" in line)
     assert "occupancy" in header.split()

@@ -158,7 +158,7 @@ def format_attempts(doc: dict[str, Any]) -> str:
 def _client_cpu(cpu: dict[str, Any]) -> str:
     if cpu["cpu_s"] is None:
         return "not in the log (no pass recorded it at its run_end)"
-    if cpu["ms_per_attempt"] is None:
+    if cpu["passes_recorded"] < cpu["passes"]:
         return (f"{num(cpu['cpu_s'], 1)} s in {cpu['passes_recorded']} of {cpu['passes']} "
                 "passes (a pass that did not end cleanly records none)")
     return (f"{num(cpu['cpu_s'], 1)} s user+sys of coordinator, launcher and shards: "
