@@ -35,8 +35,9 @@ What it does (docs/PERFORMANCE.md, "## Throughput", explains how to read the tab
      largest single process's max RSS (wait4's ru_maxrss);
    - the simulator's CPU as a share of one core, and the whole machine's busy share (to see
      whether the simulator or the machine saturated, and whether something else ran).
-4. Prints a markdown table of medians over repeats; ratios against the floor are taken per
-   repeat (floor measured in the same repeat, back to back), then the median is shown.
+4. Prints markdown tables of medians over repeats; ratios against the floor are taken per
+   repeat (floor measured in the same repeat, back to back), then the median is shown. A third
+   table lists every repeat's ratios and achieved / ceiling, since a median hides the spread.
    The machine may be shared: "other load" is the machine's busy CPU minus client and
    simulator over the steady window. A run during which other processes used more than
    `--rerun-above` cores is measured again (at most `--max-reruns` times, within
@@ -601,6 +602,12 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
         "| sim CPU (cores, steady) | other load (cores, steady) | runs kept / made | failed |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    # Each repeat's own figures: the medians above hide how far apart the repeats were.
+    spread = [
+        "| S × cap | client | CPU/req vs floor, all-in, per repeat | steady, per repeat "
+        "| achieved / ceiling, per repeat |",
+        "|---|---|---|---|---|",
+    ]
     for shards, cap in points:
         point = f"{shards}x{cap}"
         by = {c: [r for r in results if r.point == point and r.client == c] for c in CLIENTS}
@@ -611,19 +618,17 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
             def m(name: str, rs: list[Result] = rs) -> float:
                 return _med([getattr(r, name) for r in rs])
 
-            ratios_all: list[float] = []
-            ratios_steady: list[float] = []
-            for rep in range(repeats):
-                mine = [r for r in rs if r.repeat == rep]
-                floor = [r for r in by["floor"] if r.repeat == rep]
-                if mine and floor:
-                    ratios_all.append(mine[0].cpu_ms_per_req / floor[0].cpu_ms_per_req)
-                    ratios_steady.append(
-                        mine[0].steady_cpu_ms_per_req / floor[0].steady_cpu_ms_per_req
-                    )
+            ratios_all, ratios_steady = _ratios_to_floor(rs, by["floor"], repeats)
             vs = (f"{_f(_med(ratios_all), '.2f')}× / {_f(_med(ratios_steady), '.2f')}×"
                   if client != "floor" else "1")  # fmt: skip
             label = f"{shards} × {cap}"
+            if client != "floor":
+                spread.append(
+                    f"| {label} | {client.replace('×S', f' ×{shards} procs')} "
+                    f"| {', '.join(f'{x:.2f}×' for x in ratios_all)} "
+                    f"| {', '.join(f'{x:.2f}×' for x in ratios_steady)} "
+                    f"| {', '.join(f'{r.achieved:.1%}' for r in sorted(rs, key=_rep))} |"
+                )
             client = client.replace("×S", f" ×{shards} procs")
             lines.append(
                 f"| {label} | {client} | {m('req_s'):,.0f} | {m('tok_s'):,.0f} "
@@ -643,7 +648,25 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
                 f"| {_f(m('other_load_cores'), '.2f')} | {len(rs)} / {sum(r.attempts for r in rs)} "
                 f"| {sum(r.failed for r in rs)} |"
             )
-    return "\n".join(lines) + "\n\n" + "\n".join(diag) + "\n"
+    return "\n\n".join("\n".join(table) for table in (lines, diag, spread)) + "\n"
+
+
+def _rep(r: Result) -> int:
+    return r.repeat
+
+
+def _ratios_to_floor(mine: list[Result], floor: list[Result],
+                     repeats: int) -> tuple[list[float], list[float]]:
+    """Per repeat, in order: CPU per request over the floor's in the same repeat (all, steady)."""
+    all_in: list[float] = []
+    steady: list[float] = []
+    for rep in range(repeats):
+        a = [r for r in mine if r.repeat == rep]
+        b = [r for r in floor if r.repeat == rep]
+        if a and b:
+            all_in.append(a[0].cpu_ms_per_req / b[0].cpu_ms_per_req)
+            steady.append(a[0].steady_cpu_ms_per_req / b[0].steady_cpu_ms_per_req)
+    return all_in, steady
 
 
 # -- main ----------------------------------------------------------------------------------------
