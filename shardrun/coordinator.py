@@ -52,6 +52,10 @@ LAUNCHER_CLOSE_S = 5.0
 # wait for ever: kill the shard, and after a second wait go on without its status.
 EXIT_AFTER_EOF_S = 10.0
 KILL_WAIT_S = 5.0
+# A shard reports progress every 0.2 s while it runs, busy or idle. One silent this long has a
+# blocked event loop or a stopped process: it is killed, and its items go to a replacement.
+SHARD_SILENCE_S = 60.0
+WATCH_EVERY_S = 1.0
 
 
 @dataclass
@@ -63,6 +67,8 @@ class ShardState:
     progress: dict[str, Any] = field(default_factory=dict)
     done: dict[str, Any] | None = None
     died: str | None = None
+    heard_at: float = 0.0  # event-loop time of its last message (or of its start)
+    silenced: str = ""  # why the watchdog killed it, if it did
 
 
 @dataclass
@@ -119,7 +125,9 @@ class Coordinator:
     async def serve(self, state: ShardState) -> None:
         """Answer one shard's messages until it finishes or dies."""
         handle = state.handle
+        loop = asyncio.get_running_loop()
         while (message := await handle.receive()) is not None:
+            state.heard_at = loop.time()
             kind = message["t"]
             if kind == protocol.WANT:
                 self._hand_out(state, int(message["n"]))
@@ -138,6 +146,8 @@ class Coordinator:
             print(f"warning: shard {handle.index} {killed}; its results stand (it had "
                   "reported done)", file=sys.stderr)
             state.died = None
+        if state.silenced and state.done is None:
+            state.died = state.silenced
         if state.done is None and state.died is None:
             state.died = "closed its pipe without reporting"
         if state.died is not None:
@@ -233,6 +243,26 @@ class Coordinator:
                 self.log.checkpoint(self.clock.now())
                 self.log.flush()
 
+    async def watch(self) -> None:
+        """Kill a running shard that has sent nothing for `SHARD_SILENCE_S` (its pipe then
+        closes, and `serve` treats it as a death with that reason)."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            now = loop.time()
+            if now - last > 5 * WATCH_EVERY_S:
+                # This process was itself stopped or starved (Ctrl-Z of the whole job, a
+                # suspended machine): the shards' silence over that time proves nothing.
+                for state in self.states:
+                    state.heard_at = max(state.heard_at, now)
+            last = now
+            for state in self._live():
+                if not state.silenced and now - state.heard_at > SHARD_SILENCE_S:
+                    state.silenced = (f"sent nothing for {SHARD_SILENCE_S:g} s (a blocked "
+                                      "event loop or a stopped process); it was killed")
+                    state.handle.kill()
+
     # -- the run -------------------------------------------------------------------------------
 
     async def run(self) -> RunSummary:
@@ -245,11 +275,13 @@ class Coordinator:
         self.log.flush()
         self.view.start()
         ticker = asyncio.create_task(self.progress())
+        watchdog = asyncio.create_task(self.watch())
         try:
             await self._start_first_shards()
             await self._supervise()
         finally:
             ticker.cancel()
+            watchdog.cancel()
             if self.launcher is not None:
                 await self._close_launcher(self.launcher)
             self.view.stop()
@@ -295,7 +327,7 @@ class Coordinator:
                                             self.run_dir.path, self.config.segment))
 
     def _adopt(self, handle: ShardHandle) -> None:
-        state = ShardState(handle)
+        state = ShardState(handle, heard_at=asyncio.get_running_loop().time())
         self.states.append(state)
         # The config goes first, before any `rate` message a rebalance may send.
         rpm, tpm = shares(*self.rate_limits, len(self._live()))

@@ -292,20 +292,24 @@ def shard_exits(run: Run) -> list[dict[str, Any]]:
     return [e for e in log if e["ev"] == "shard_exit"]
 
 
-def _run_with_stand_in_launcher(tmp_path: Path, mode: str, hung: str,
+def _cli_code(setup: str) -> str:
+    """A program that runs the real CLI on job.yaml after `setup` (lines that patch it)."""
+    return ("import sys\n"
+            "from shardrun import coordinator, placement\n"
+            f"{setup}"
+            "from shardrun.cli import main\n"
+            "raise SystemExit(main(['job.yaml', '--runs-dir', 'runs', '--quiet']))\n")
+
+
+def _run_with_stand_in_launcher(tmp_path: Path, mode: str, hung: str, setup: str = "",
                                 ) -> subprocess.CompletedProcess[str]:
     """The real CLI in a process of its own, with the stand-in launcher and short waits."""
     stand_in = tmp_path / "launcher.py"
     stand_in.write_text(STAND_IN_LAUNCHER)
-    code = (
-        "import sys\n"
-        "from shardrun import coordinator, placement\n"
+    code = _cli_code(
         f"placement.LAUNCHER_ARGV = (sys.executable, {str(stand_in)!r}, {mode!r}, {hung!r})\n"
         "coordinator.EXIT_AFTER_EOF_S = coordinator.KILL_WAIT_S = 0.5\n"
-        "coordinator.LAUNCHER_CLOSE_S = 0.5\n"
-        "from shardrun.cli import main\n"
-        "raise SystemExit(main(['job.yaml', '--runs-dir', 'runs', '--quiet']))\n"
-    )
+        f"coordinator.LAUNCHER_CLOSE_S = 0.5\n{setup}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
     try:
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
@@ -356,6 +360,56 @@ def test_shards_whose_end_is_never_reported_do_not_stall_the_run(tmp_path: Path)
     exits = shard_exits(run)
     assert [e["status"] for e in exits] == ["done", "done"]
     assert all("never reported" in e["killed"] for e in exits)
+
+
+def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> None:
+    """A shard that takes a batch and then sends nothing, its stdout still open (a blocked event
+    loop, a stopped process): the watchdog kills it once its silence passes the limit, and its
+    batch goes to a replacement."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", shard_start="fork", shards=3)
+    silent = HUNG_SHARD.replace("os.close(1)\n", "")
+    proc = _run_with_stand_in_launcher(
+        tmp_path, "report", silent,
+        "coordinator.SHARD_SILENCE_S = 2.0\ncoordinator.WATCH_EVERY_S = 0.2\n")
+    assert proc.returncode == 0, proc.stderr
+    assert ("shard 0 died (sent nothing for 2 s (a blocked event loop or a stopped process); "
+            "it was killed)" in proc.stderr), proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    exits = {e["to"]: e["status"] for e in shard_exits(run)}
+    assert exits[0].startswith("sent nothing for 2 s")
+    assert exits[1] == exits[2] == exits[3] == "done"  # 3 replaced shard 0
+
+
+def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:
+    """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit:
+    the coordinator sees that it was stopped too, and no shard is taken for hung."""
+    ids = write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml", shards=3,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    code = _cli_code("coordinator.SHARD_SILENCE_S = 4.0\ncoordinator.WATCH_EVERY_S = 0.2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for_results(tmp_path / "runs", 100)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        time.sleep(10.0)  # well past the 4 s limit (not a timing assertion)
+        os.killpg(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "died" not in err, err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert {e["status"] for e in shard_exits(run)} == {"done"}
 
 
 def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
