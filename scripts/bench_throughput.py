@@ -605,8 +605,9 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
     # Each repeat's own figures: the medians above hide how far apart the repeats were.
     spread = [
         "| S × cap | client | CPU/req vs floor, all-in, per repeat | steady, per repeat "
-        "| achieved / ceiling, per repeat |",
-        "|---|---|---|---|---|",
+        "| ÷ sim CPU, median (all / steady) | ÷ sim CPU, all-in, per repeat "
+        "| ÷ sim CPU, steady, per repeat | achieved / ceiling, per repeat |",
+        "|---|---|---|---|---:|---|---|---|",
     ]
     for shards, cap in points:
         point = f"{shards}x{cap}"
@@ -618,15 +619,17 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
             def m(name: str, rs: list[Result] = rs) -> float:
                 return _med([getattr(r, name) for r in rs])
 
-            ratios_all, ratios_steady = _ratios_to_floor(rs, by["floor"], repeats)
-            vs = (f"{_f(_med(ratios_all), '.2f')}× / {_f(_med(ratios_steady), '.2f')}×"
+            ratios = _ratios_to_floor(rs, by["floor"], repeats)
+            vs = (f"{_f(_med(ratios.all_in), '.2f')}× / {_f(_med(ratios.steady), '.2f')}×"
                   if client != "floor" else "1")  # fmt: skip
             label = f"{shards} × {cap}"
             if client != "floor":
                 spread.append(
                     f"| {label} | {client.replace('×S', f' ×{shards} procs')} "
-                    f"| {', '.join(f'{x:.2f}×' for x in ratios_all)} "
-                    f"| {', '.join(f'{x:.2f}×' for x in ratios_steady)} "
+                    f"| {_xs(ratios.all_in)} | {_xs(ratios.steady)} "
+                    f"| {_f(_med(ratios.all_in_sim), '.2f')}× / "
+                    f"{_f(_med(ratios.steady_sim), '.2f')}× "
+                    f"| {_xs(ratios.all_in_sim)} | {_xs(ratios.steady_sim)} "
                     f"| {', '.join(f'{r.achieved:.1%}' for r in sorted(rs, key=_rep))} |"
                 )
             client = client.replace("×S", f" ×{shards} procs")
@@ -651,25 +654,56 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
     return "\n\n".join("\n".join(table) for table in (lines, diag, spread)) + "\n"
 
 
+def _xs(values: list[float]) -> str:
+    return ", ".join(f"{x:.2f}×" for x in values)
+
+
 def _rep(r: Result) -> int:
     return r.repeat
 
 
-def _ratios_to_floor(mine: list[Result], floor: list[Result],
-                     repeats: int) -> tuple[list[float], list[float]]:
-    """Per repeat, in order: CPU per request over the floor's in the same repeat (all, steady)."""
-    all_in: list[float] = []
-    steady: list[float] = []
+def _ratios_to_floor(mine: list[Result], floor: list[Result], repeats: int) -> Ratios:
+    """Per repeat, in order: CPU per request over the floor's in the same repeat (all, steady),
+    then the same with each run's CPU first divided by the simulator's in that run."""
+    out = Ratios()
     for rep in range(repeats):
         a = [r for r in mine if r.repeat == rep]
         b = [r for r in floor if r.repeat == rep]
         if a and b:
-            all_in.append(a[0].cpu_ms_per_req / b[0].cpu_ms_per_req)
-            steady.append(a[0].steady_cpu_ms_per_req / b[0].steady_cpu_ms_per_req)
-    return all_in, steady
+            out.all_in.append(a[0].cpu_ms_per_req / b[0].cpu_ms_per_req)
+            out.steady.append(a[0].steady_cpu_ms_per_req / b[0].steady_cpu_ms_per_req)
+            out.all_in_sim.append(_per_sim_cpu(a[0]) / _per_sim_cpu(b[0]))
+            out.steady_sim.append((a[0].steady_client_core / a[0].steady_sim_core)
+                                  / (b[0].steady_client_core / b[0].steady_sim_core))  # fmt: skip
+    return out
+
+
+@dataclass
+class Ratios:
+    all_in: list[float] = field(default_factory=list)
+    steady: list[float] = field(default_factory=list)
+    all_in_sim: list[float] = field(default_factory=list)
+    steady_sim: list[float] = field(default_factory=list)
+
+
+def _per_sim_cpu(r: Result) -> float:
+    """The client's CPU over the simulator's in the same run. The simulator does the same work
+    for every client, so its CPU per request tracks how fast the shared machine is right then;
+    dividing by it takes the machine's slow and fast spells out of a ratio of two runs."""
+    sim_ms_per_req = r.sim_cpu_core / r.req_s * 1e3  # sim_cpu_core is over the active window
+    return r.cpu_ms_per_req / sim_ms_per_req if sim_ms_per_req > 0 else math.nan
 
 
 # -- main ----------------------------------------------------------------------------------------
+
+
+def print_saved(path: Path) -> int:
+    """The tables of an earlier run, from its --json output (its points and repeats)."""
+    rows = orjson.loads(path.read_bytes())  # orjson wrote each NaN as null
+    results = [Result(**{k: math.nan if v is None else v for k, v in row.items()}) for row in rows]
+    points = list(dict.fromkeys(tuple(map(int, r.point.split("x"))) for r in results))
+    print(report(results, [(s, c) for s, c in points], 1 + max(r.repeat for r in results)))
+    return 0
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -735,9 +769,13 @@ def main() -> int:
     )
     p.add_argument("--json", type=Path, help="also write every raw measurement here")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--tables-from", type=Path, metavar="JSON",
+                   help="measure nothing: print the tables of a --json file")  # fmt: skip
     p.add_argument("--rev", help="benchmark shardrun/ as of this git revision (read-only "
                    "git archive) instead of a copy of the working tree")  # fmt: skip
     args = p.parse_args()
+    if args.tables_from:
+        return print_saved(args.tables_from)
     points = parse_points(args.points or ("1x32,8x32" if args.quick else "1x32,4x32,8x32,8x64"))
     repeats = args.repeats or (1 if args.quick else 3)
     if args.max_reruns is None:
