@@ -310,10 +310,30 @@ def test_idle_gap_signature() -> None:
     assert seen["present"] and seen["evidence"]["worst_shard"] == "01"
     assert "scheduler" in seen["meaning"]
     idle = idle_gaps({"shards": rows, "overall": {**over, "stall_gap_fraction": 0.0,
+                                                  "cross_shard_idle_s": 3.0,
                                                   "cross_shard_idle_fraction": 0.3}})
     assert idle["present"] and "unassigned work" in idle["meaning"]
     limited = idle_gaps({"shards": rows, "overall": {**over, "stall_gap_fraction": 0.01}})
     assert not limited["present"]  # a gap that is our own rate limit is not a stall
+
+
+def test_idle_gaps_need_a_second_of_time() -> None:
+    """A tiny run's backlog of milliseconds, all of it gap, is no finding; the same fractions
+    with a second or more behind them are. The rate-limited part of the gap does not count."""
+    from shardrun.aggregate._triage import MIN_GAP_S, idle_gaps
+
+    rows = [{"shard": "00", "stall_gap_fraction": 1.0}]
+    tiny = {"gap_fraction": 1.0, "stall_gap_fraction": 1.0, "rate_limited_gap_s": 0.0,
+            "gap_s": 0.0006, "backlog_s": 0.0006, "cross_shard_idle_s": 0.013,
+            "cross_shard_idle_fraction": 1.0}
+    found = idle_gaps({"shards": rows, "overall": tiny})
+    assert not found["present"] and found["evidence"]["min_s"] == MIN_GAP_S
+    gap = {**tiny, "gap_s": MIN_GAP_S, "backlog_s": MIN_GAP_S}
+    assert idle_gaps({"shards": rows, "overall": gap})["present"]
+    rate_held = {**gap, "gap_s": MIN_GAP_S + 0.5, "rate_limited_gap_s": 0.6}
+    assert not idle_gaps({"shards": rows, "overall": rate_held})["present"]
+    idle = idle_gaps({"shards": rows, "overall": {**tiny, "cross_shard_idle_s": MIN_GAP_S}})
+    assert idle["present"] and "unassigned work" in idle["meaning"]
 
 
 def test_rate_waits_are_not_stalls() -> None:

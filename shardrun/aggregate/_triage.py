@@ -12,6 +12,10 @@ TTFT_TAIL_RATIO = 3.0  # p99/p50 of t_first_token at or above: the tail moves
 STREAM_STABLE_RATIO = 2.0  # p99/p50 of TPOT at or below: decode speed is stable
 GAP_FRACTION_LIMIT = 0.05
 IDLE_FRACTION_LIMIT = 0.05
+# Below this much gap (or cross-shard idle) time, summed over shards, neither is a finding: the
+# first batch of any run waits a few ms for its admissions, which in a run of seconds is a
+# large fraction of a tiny backlog and tells nothing about the scheduler.
+MIN_GAP_S = 1.0
 RETRY_RATE_LIMIT = 0.05
 RATE_LIMIT_SHARE = 0.05  # rate waits before admission, as a share of backlog time
 CHURN_FACTOR = 2.0
@@ -93,9 +97,11 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
     worst = max(scheduler["shards"], key=lambda r: r["stall_gap_fraction"], default=None)
     gap = over["stall_gap_fraction"]
     idle = over["cross_shard_idle_fraction"]
-    present = gap >= GAP_FRACTION_LIMIT or idle >= IDLE_FRACTION_LIMIT
-    only_idle = gap < GAP_FRACTION_LIMIT and idle >= IDLE_FRACTION_LIMIT
-    key = "cross_shard_idle" if only_idle else "idle_gaps"
+    stall_s = over["gap_s"] - over["rate_limited_gap_s"]
+    gap_seen = gap >= GAP_FRACTION_LIMIT and stall_s >= MIN_GAP_S
+    idle_seen = idle >= IDLE_FRACTION_LIMIT and over["cross_shard_idle_s"] >= MIN_GAP_S
+    present = gap_seen or idle_seen
+    key = "cross_shard_idle" if idle_seen and not gap_seen else "idle_gaps"
     meaning, control = TABLE[key]
     return {"id": "idle_gaps_under_backlog", "present": present,
             "title": "idle gaps under backlog",
@@ -107,7 +113,8 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
                          else worst["stall_gap_fraction"],
                          "cross_shard_idle_fraction": idle,
                          "cross_shard_idle_s": over["cross_shard_idle_s"],
-                         "thresholds": [GAP_FRACTION_LIMIT, IDLE_FRACTION_LIMIT]},
+                         "thresholds": [GAP_FRACTION_LIMIT, IDLE_FRACTION_LIMIT],
+                         "min_s": MIN_GAP_S},
             "meaning": meaning, "control": control}
 
 
