@@ -34,7 +34,7 @@ from shardrun.progress import ProgressView
 from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
 from shardrun.summary import RunSummary
-from shardrun.worksource import WorkSource
+from shardrun.worksource import WorkSource, fair_share
 
 # Before the event log imports structlog: rich is for the terminal display only, and a run
 # whose output is not a terminal never loads it (see the function and progress.py).
@@ -56,6 +56,8 @@ KILL_WAIT_S = 5.0
 # blocked event loop or a stopped process: it is killed, and its items go to a replacement.
 SHARD_SILENCE_S = 60.0
 WATCH_EVERY_S = 1.0
+# The input is read at most this far ahead of what has been handed out, to see its end coming.
+LOOKAHEAD_MAX = 4096
 
 
 @dataclass
@@ -180,7 +182,7 @@ class Coordinator:
         return why, why
 
     def _hand_out(self, state: ShardState, n: int) -> None:
-        batch = self.source.take(n) if self.handing_out else []
+        batch = self.source.take(self._share(state, n)) if self.handing_out else []
         if batch:
             for item in batch:
                 state.outstanding[item["id"]] = item
@@ -189,6 +191,15 @@ class Coordinator:
         # Items a shard gives back when it dies go to a replacement shard, so END is final.
         if not self.handing_out or self.source.empty:
             state.handle.send({"t": protocol.END})
+
+    def _share(self, state: ShardState, n: int) -> int:
+        """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`)."""
+        live = self._live()
+        left = self.source.remaining(min(len(live) * n, LOOKAHEAD_MAX))
+        if left is None:
+            return n
+        held = sum(len(s.outstanding) for s in live)
+        return fair_share(n, left, len(state.outstanding), held, len(live))
 
     def _finished(self, state: ShardState, ok: list[str], dead: list[str]) -> None:
         for item_id in ok:

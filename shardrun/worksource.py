@@ -34,19 +34,42 @@ def duplicate_reason(item_id: str) -> str:
     return f"duplicate id {item_id!r} (an earlier line has it)"
 
 
+def fair_share(asked: int, left: int, holds: int, held: int, shards: int) -> int:
+    """How many items a shard that asks for `asked` gets when only `left` are left to hand out.
+
+    `holds` is what this shard holds (handed out, not yet reported finished), `held` what all
+    `shards` running shards hold together, this one included. The aim is that every shard ends
+    up holding an even part of the work still to do, so that the last items never wait in one
+    shard's queue while another shard has free slots: a small job would otherwise land on the
+    first shards to ask, and every job's last stretch would queue behind a few shards.
+    A shard that already holds its part still gets one item: every request is answered with
+    items or with the end of the input, which keeps the protocol free of waiting states.
+    """
+    # Rounded down: the remainder (fewer items than shards) goes out one at a time to whoever
+    # asks next, rather than as an extra item each to the first askers, leaving the last none.
+    part = (left + held) // max(1, shards)
+    return max(1, min(asked, left, part - holds))
+
+
 class WorkSource:
-    """Hands out items in input order, re-queued items first."""
+    """Hands out items in input order, re-queued items first.
+
+    It can read a bounded stretch of the input ahead of what it hands out (`remaining`), so that
+    the coordinator knows when the input is about to run out and can split what is left evenly.
+    """
 
     def __init__(self, reader: InputReader, rejects_path: Path,
                  done: DigestSet | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
+        self._ahead: deque[dict[str, Any]] = deque()  # read and accepted, not handed out yet
+        self._read_all = False  # the input iterator has ended
         self._seen = DigestSet()
         self._done = DigestSet() if done is None else done
         self._rejects_path = rejects_path
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
-        self.exhausted = False
+        self.exhausted = False  # every input item has been handed out
         self.taken = 0
         self.skipped = 0
         self.rejects = 0
@@ -60,15 +83,40 @@ class WorkSource:
     def empty(self) -> bool:
         return self.exhausted and not self._requeued
 
+    def remaining(self, limit: int) -> int | None:
+        """How many items are left to hand out, if that is at most `limit`; else None.
+
+        Reads ahead up to `limit` items to find out; they are handed out later, in order."""
+        if not self._read_all and len(self._ahead) < limit:
+            self._read(limit - len(self._ahead), self._ahead)
+        if not self._read_all:
+            return None
+        left = len(self._requeued) + len(self._ahead)
+        return left if left <= limit else None
+
     def take(self, n: int) -> list[dict[str, Any]]:
         """Up to `n` items; rejects go to rejects.jsonl on the way."""
-        from shardrun.inputs import Reject
-
         batch: list[dict[str, Any]] = []
         while self._requeued and len(batch) < n:
             batch.append(self._requeued.popleft())
-        if len(batch) >= n or self.exhausted:
-            return batch
+        fresh = len(batch)
+        while self._ahead and len(batch) < n:
+            batch.append(self._ahead.popleft())
+        if len(batch) < n and not self._read_all:
+            self._read(n - len(batch), batch)
+        self.taken += len(batch) - fresh
+        if self._read_all and not self._ahead and not self.exhausted:
+            self.exhausted = True
+            if self.on_input_end is not None:
+                self.on_input_end()
+        return batch
+
+    def _read(self, n: int, into: list[dict[str, Any]] | deque[dict[str, Any]]) -> None:
+        """Append up to `n` new items from the input to `into`, skipping rejects, duplicates
+        and items an earlier pass finished."""
+        from shardrun.inputs import Reject
+
+        wanted = len(into) + n
         for entry in self._items:
             if isinstance(entry, Reject):
                 self.reject(entry)
@@ -80,14 +128,10 @@ class WorkSource:
             if digest in self._done:
                 self.skipped += 1
                 continue
-            self.taken += 1
-            batch.append(entry)
-            if len(batch) >= n:
-                return batch
-        self.exhausted = True
-        if self.on_input_end is not None:
-            self.on_input_end()
-        return batch
+            into.append(entry)
+            if len(into) >= wanted:
+                return
+        self._read_all = True
 
     def requeue(self, items: Iterable[dict[str, Any]]) -> None:
         """Give items back (their shard died before finishing them); served before new ones."""

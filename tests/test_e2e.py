@@ -107,6 +107,22 @@ def test_sim_run_four_shards_2000_items(tmp_path: Path, no_stray_children: None)
             assert SENTINEL_KEY.encode() not in path.read_bytes(), f"API key leaked into {path}"
 
 
+def test_a_small_input_is_split_over_every_shard(tmp_path: Path) -> None:
+    """200 items on 8 shards of 32: no batch holds more than an even part (25), whatever order
+    the shards ask in. Before, the first shards to ask got 64 each and five shards none."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    proc = run_cli("--shards", "8", "--concurrency", "32", "job.yaml", "--runs-dir", "runs",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    coordinator = read_jsonl(run.path / "events" / "coordinator.jsonl")
+    batches = [e["n"] for e in coordinator if e["ev"] == "batch"]
+    assert sum(batches) == 200 and max(batches) <= 200 // 8, batches
+
+
 def test_manifest_lists_files_and_sources(tmp_path: Path) -> None:
     """The manifest records effective values with sources and every file with its hash."""
     write_input(tmp_path / "input.jsonl", 50)

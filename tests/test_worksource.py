@@ -1,0 +1,100 @@
+"""The work source's read-ahead and the even split of the input's last stretch."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardrun.inputs import InputPlan, InputReader
+from shardrun.worksource import WorkSource, fair_share
+
+FIELDS = InputPlan(id_field="id", prompt_field="prompt")
+
+
+def _source(tmp_path: Path, lines: list[bytes]) -> WorkSource:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return WorkSource(InputReader(path, FIELDS), tmp_path / "rejects.jsonl")
+
+
+def _item(item_id: str) -> bytes:
+    return orjson.dumps({"id": item_id, "prompt": "p"})
+
+
+def test_first_asks_split_a_small_input_evenly() -> None:
+    """200 items, 8 shards of cap 32 asking for 64 each: 25 apiece, where the first three asks
+    used to take 192 of them and left five shards idle."""
+    left, held, got = 200, 0, []
+    for _ in range(8):
+        n = fair_share(64, left, 0, held, 8)
+        got.append(n)
+        left, held = left - n, held + n
+    assert got == [25] * 8 and left == 0
+
+
+def test_a_shard_holding_its_part_gets_one_item() -> None:
+    """Asking again before the others have asked gets a single item (never nothing: every ask
+    is answered); a shard holding less than its part is topped up to it."""
+    assert fair_share(64, 175, 25, 25, 8) == 1
+    assert fair_share(64, 150, 0, 50, 8) == 25
+    assert fair_share(64, 150, 10, 50, 8) == 15
+    assert fair_share(10, 150, 0, 50, 8) == 10  # never more than asked for
+    assert [fair_share(64, 9 - k, 0, k, 8) for k in range(8)] == [1] * 8  # 9 items, 8 shards
+
+
+@given(shards=st.integers(1, 64), asked=st.integers(1, 200), data=st.data())
+def test_one_round_of_first_asks(shards: int, asked: int, data: st.DataObject) -> None:
+    """Shards that hold nothing each get at most an even part of what is left and at least one
+    item while any is left; what the round leaves is fewer items than shards."""
+    total = data.draw(st.integers(1, shards * asked))
+    left, got = total, []
+    for _ in range(shards):
+        n = min(fair_share(asked, left, 0, total - left, shards), left)  # take() gives <= left
+        got.append(n)
+        left -= n
+    assert max(got) <= math.ceil(total / shards)
+    assert all(n >= 1 for n in got[: min(shards, total)])
+    assert left < shards
+
+
+def test_reading_ahead_loses_and_reorders_nothing(tmp_path: Path) -> None:
+    """`remaining` reads ahead: items still come out once each, in input order; rejects and
+    duplicates found on the way are written with their line numbers; `taken` counts only what
+    was handed out; the input's end is announced when its last item is handed out."""
+    lines = [_item(f"i{k}") for k in range(6)]
+    lines.insert(2, b"{not json")
+    lines.insert(5, _item("i1"))  # a duplicate of line 2's id
+    source = _source(tmp_path, lines)
+    ended: list[int] = []
+    source.on_input_end = lambda: ended.append(source.taken)
+
+    assert [i["id"] for i in source.take(1)] == ["i0"]
+    assert source.remaining(3) is None  # more than 3 left: unknown how many
+    assert source.remaining(10) == 5
+    assert source.taken == 1 and not source.exhausted and not ended
+    rejects = [orjson.loads(x) for x in (tmp_path / "rejects.jsonl").read_bytes().splitlines()]
+    assert [(r["line"], r["reason"][:12]) for r in rejects] == [
+        (3, "not valid JS"), (6, "duplicate id")]
+
+    assert [i["id"] for i in source.take(2)] == ["i1", "i2"]
+    source.requeue([{"id": "i0", "prompt": "p"}])
+    assert source.remaining(10) == 4  # the re-queued item counts
+    assert [i["id"] for i in source.take(10)] == ["i0", "i3", "i4", "i5"]
+    assert source.exhausted and source.empty and ended == [6] and source.taken == 6
+    assert source.take(5) == [] and ended == [6]
+
+
+def test_remaining_on_an_input_read_without_it(tmp_path: Path) -> None:
+    """Without read-ahead the source behaves as it always did: the end is announced by the
+    take that reaches it."""
+    source = _source(tmp_path, [_item("a"), _item("b")])
+    ended: list[bool] = []
+    source.on_input_end = lambda: ended.append(True)
+    assert [i["id"] for i in source.take(2)] == ["a", "b"]
+    assert not ended  # the input's end has not been read yet
+    assert source.take(2) == [] and ended == [True] and source.empty
+    assert source.remaining(5) == 0
