@@ -193,11 +193,14 @@ class Coordinator:
             state.handle.send({"t": protocol.END})
 
     def _share(self, state: ShardState, n: int) -> int:
-        """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`)."""
-        live = self._live()
-        left = self.source.remaining(min(len(live) * n, LOOKAHEAD_MAX))
+        """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`).
+
+        Until the input's end is in sight this costs no pass over the shards: a run of a
+        thousand shards asks a thousand times a second."""
+        left = self.source.remaining(min(len(self.states) * n, LOOKAHEAD_MAX))
         if left is None:
             return n
+        live = self._live()
         held = sum(len(s.outstanding) for s in live)
         return fair_share(n, left, len(state.outstanding), held, len(live))
 
