@@ -701,8 +701,8 @@ def print_saved(path: Path) -> int:
     """The tables of an earlier run, from its --json output (its points and repeats)."""
     rows = orjson.loads(path.read_bytes())  # orjson wrote each NaN as null
     results = [Result(**{k: math.nan if v is None else v for k, v in row.items()}) for row in rows]
-    points = list(dict.fromkeys(tuple(map(int, r.point.split("x"))) for r in results))
-    print(report(results, [(s, c) for s, c in points], 1 + max(r.repeat for r in results)))
+    points = parse_points(",".join(dict.fromkeys(r.point for r in results)))
+    print(report(results, points, 1 + max(r.repeat for r in results)))
     return 0
 
 

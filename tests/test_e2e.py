@@ -107,9 +107,9 @@ def test_sim_run_four_shards_2000_items(tmp_path: Path, no_stray_children: None)
             assert SENTINEL_KEY.encode() not in path.read_bytes(), f"API key leaked into {path}"
 
 
-def test_a_small_input_is_split_over_every_shard(tmp_path: Path) -> None:
+def test_a_small_input_is_split_evenly(tmp_path: Path) -> None:
     """200 items on 8 shards of 32: no batch holds more than an even part (25), whatever order
-    the shards ask in. Before, the first shards to ask got 64 each and five shards none."""
+    the shards ask in. Before, the first four to ask got 64, 64, 64 and 8, the others none."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     write_job(tmp_path / "job.yaml",
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
