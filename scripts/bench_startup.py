@@ -18,7 +18,8 @@ Rows (docs/PERFORMANCE.md, "## Start-up", explains how to read the table):
   embedded `sim://` simulator with fast settings. CPU is the whole process tree's user+sys
   (`os.wait4` on the root: the coordinator, every shard and the simulator, which is the
   coordinator's child); "shards up" is the last shard's `shard_start` minus the coordinator's
-  `run_start`, from the run's own event logs.
+  `run_start`, from the run's own event logs, and "client CPU" the run's own `client_cpu_s`
+  (coordinator, launcher and shards: the tree without the simulator).
 
 Every row runs once unmeasured (warm page cache), then `--repeats` times; the table shows the
 median (and the range). With several `--src`, each row's repeats alternate between them (in
@@ -77,7 +78,8 @@ for name in orjson.loads(open(sys.argv[1], "rb").read()):
 class Sample:
     cpu_s: float
     wall_s: float
-    extra: float | None = None
+    shards_up_s: float | None = None
+    client_cpu_s: float | None = None  # the run's own figure: coordinator, launcher, shards
 
 
 def measure(argv: Sequence[str], env: dict[str, str], cwd: Path) -> Sample:
@@ -122,14 +124,17 @@ def write_job(work: Path, items: int, shards: int) -> Path:
     return path
 
 
-def shards_up(run_dir: Path) -> float:
-    """Seconds from the coordinator's run_start to the last shard's shard_start."""
-    coord = orjson.loads((run_dir / "events" / "coordinator.jsonl").read_bytes().split(b"\n")[0])
+def run_figures(run_dir: Path) -> tuple[float, float]:
+    """Seconds from the coordinator's run_start to the last shard's shard_start, and the
+    client CPU the run reports on `run_end` (everything but the simulator)."""
+    coord_log = [orjson.loads(line) for line in
+                 (run_dir / "events" / "coordinator.jsonl").read_bytes().splitlines() if line]
     starts = []
     for log in sorted((run_dir / "events").glob("shard-*.jsonl")):
         first = orjson.loads(log.read_bytes().split(b"\n", 1)[0])
         starts.append(float(first["t"]))
-    return max(starts) - float(coord["t"])
+    (end,) = [e for e in coord_log if e["ev"] == "run_end"]
+    return max(starts) - float(coord_log[0]["t"]), float(end["client_cpu_s"])
 
 
 @dataclass
@@ -146,9 +151,9 @@ class Target:
     modules: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[Sample]] = field(default_factory=dict)
 
-    def last_run_up(self) -> float:
+    def last_run(self) -> tuple[float, float]:
         latest = max(self.runs.iterdir(), key=lambda p: p.stat().st_mtime)
-        return shards_up(latest)
+        return run_figures(latest)
 
 
 def prepare(label: str, src: Path, scratch: Path, items: int, shards: int) -> Target:
@@ -177,14 +182,15 @@ BARE, AIOHTTP = "`python -c pass`", "`python -c 'import aiohttp'`"
 SHARD, COORD, HELP = "shard imports", "coordinator imports (run)", "`shardrun --help`"
 
 
-def plan(t: Target, tiny: str) -> list[tuple[str, list[str], Callable[[], float] | None]]:
+def plan(t: Target, tiny: str,
+         ) -> list[tuple[str, list[str], Callable[[], tuple[float, float]] | None]]:
     return [
         (BARE, [PY, "-c", "pass"], None),
         (AIOHTTP, [PY, "-c", "import aiohttp"], None),
         (SHARD, [PY, "-c", "import shardrun._shard_main"], None),
         (COORD, [PY, "-c", REPLAY, str(t.listing)], None),
         (HELP, [PY, "-m", "shardrun", "--help"], None),
-        (tiny, [PY, "-m", "shardrun", *t.run_args], t.last_run_up),
+        (tiny, [PY, "-m", "shardrun", *t.run_args], t.last_run),
     ]
 
 
@@ -226,7 +232,7 @@ def main() -> int:
                     name, argv, after = plan(t, tiny)[row]
                     sample = measure(argv, t.env, t.work)
                     if after is not None:
-                        sample.extra = after()
+                        sample.shards_up_s, sample.client_cpu_s = after()
                     t.samples.setdefault(name, []).append(sample)
             print(f"  {plan(targets[0], tiny)[row][0]}: done", file=sys.stderr)
 
@@ -234,15 +240,16 @@ def main() -> int:
           f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}, "
           f"median (min-max) of {args.repeats}; "
           + ", ".join(f"{t.label.split('-', 1)[1]} = {t.src}" for t in targets) + "\n")
-    print("| measurement | code | CPU s | wall s | modules | shards up s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| measurement | code | CPU s | wall s | modules | shards up s | client CPU s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in targets[0].samples:
         for t in targets:
             samples = t.samples[name]
-            extra = [s.extra for s in samples if s.extra is not None]
+            up = [s.shards_up_s for s in samples if s.shards_up_s is not None]
+            client = [s.client_cpu_s for s in samples if s.client_cpu_s is not None]
             print(f"| {name} | {t.label.split('-', 1)[1]} | {cell([s.cpu_s for s in samples])} "
                   f"| {cell([s.wall_s for s in samples])} | {t.modules.get(name, '')} "
-                  f"| {cell(extra)} |")
+                  f"| {cell(up)} | {cell(client)} |")
     if args.json:
         args.json.write_bytes(orjson.dumps(
             {t.label: {name: [s.__dict__ for s in samples]

@@ -257,16 +257,19 @@ def kill_tree(pid: int) -> None:
 def shard_pids(coordinator: int) -> list[int]:
     """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
     try:
-        kids = psutil.Process(coordinator).children()
+        parent = psutil.Process(coordinator)
+        kids = parent.children()
+        own_cmdline = parent.cmdline()
     except psutil.NoSuchProcess:
         return []
     out = []
     for p in kids:
         with contextlib.suppress(psutil.Error):
-            cmdline = " ".join(p.cmdline())
-            if "shardrun._shard_main" in cmdline:
+            cmdline = p.cmdline()
+            if "shardrun._shard_main" in " ".join(cmdline):
                 out.append(p.pid)
-            elif "shardrun._launcher" in cmdline:
+            # the launcher: a fork of the coordinator, or `python -m shardrun._launcher`
+            elif cmdline == own_cmdline or "shardrun._launcher" in " ".join(cmdline):
                 out += [child.pid for child in p.children()]
     return out
 

@@ -1,21 +1,27 @@
-"""Process entry of the shard launcher: import a shard's code once, then fork every shard from it.
-
-    python -m shardrun._launcher INDEX:STDIN_FD:STDOUT_FD:STDERR_FD ...
+"""The shard launcher: import a shard's code once, then fork every shard of the run from it.
 
 Why: a shard's imports (aiohttp, uvloop, structlog, orjson and shardrun's own modules) cost
-about 0.4 CPU-s per process, and eight shards starting at once on two cores spend more than a
+about 0.2 CPU-s per process, and eight shards starting at once on two cores spend more than a
 second of wall time on nothing but imports. Forked children share the imported modules, so a
 run pays for them once (docs/PERFORMANCE.md, "Start-up").
 
-The coordinator creates each shard's pipes and passes their child ends as inherited descriptors;
-a forked shard moves them onto its fds 0, 1 and 2, closes every other passed descriptor (a stray
-copy of another shard's stdout would hide that shard's end from the coordinator) and runs
-`_shard_main.main()`, exactly what a spawned shard runs. Forking happens here, in a process with
-one thread and no event loop, never in the coordinator.
+The launcher is itself a fork of the coordinator, made before the coordinator's event loop
+starts (`launch.fork_launcher`), so it starts with everything the coordinator had already
+imported (asyncio, structlog, orjson and a good part of shardrun) and adds only the client's
+libraries. Where that fork is not safe (the process runs other threads, or a loop is already
+running) the coordinator starts `python -m shardrun._launcher INDEX:STDIN:STDOUT:STDERR ...`
+instead; both run `serve`.
 
-On stdout the launcher reports, one line each, `pid INDEX PID` after a fork and `exit INDEX CODE`
-when it reaps a shard (CODE as `subprocess` gives it: negative for a signal), then exits when no
-shard is left. It ignores SIGINT like the shards do: the coordinator decides how they stop.
+The coordinator creates each shard's pipes; a slot names a shard's three descriptors as the
+launcher holds them. A forked shard moves them onto its fds 0, 1 and 2, closes every other
+slot's descriptors (a stray copy of another shard's stdout would hide that shard's end from the
+coordinator) and runs `_shard_main.main()`, exactly what a spawned shard runs. Forking happens
+in a process with one thread and no event loop, never in a running coordinator.
+
+On fd 1 the launcher reports, one line each, `pid INDEX PID` after a fork, `fail INDEX REASON`
+when a fork failed, and `exit INDEX CODE` when it reaps a shard (CODE as `subprocess` gives it:
+negative for a signal), then exits when no shard is left. It ignores SIGINT like the shards do:
+the coordinator decides how they stop.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from shardrun import _import_structlog_without_rich
@@ -53,11 +60,58 @@ class Slot:
 
 
 def _report(line: str) -> None:
+    # os.write on fd 1, not sys.stdout: in a launcher forked from the coordinator, sys.stdout
+    # may be anything the coordinator's caller put there.
+    with contextlib.suppress(BrokenPipeError):  # the coordinator is gone: its shards see EOF
+        os.write(1, (line + "\n").encode())
+
+
+@contextlib.contextmanager
+def ca_store_deferred() -> Iterator[list[ssl.SSLContext]]:
+    """Within: SSL contexts skip loading the system's CA store; yields the contexts that did.
+
+    aiohttp builds two default SSL contexts when it is imported, each loading every system CA
+    certificate: about 0.04 CPU-s, a sixth of a launcher's imports. A run against a plain
+    `http://` endpoint never opens a TLS connection (the client follows no redirects), so it
+    has no use for them. A context without CA certificates verifies no server at all: a TLS
+    connection made with one fails with a certificate error, never succeeds unverified.
+    Calling `set_default_verify_paths()` on the yielded contexts loads what was skipped.
+    """
+    skipped: list[ssl.SSLContext] = []
+    name = "set_default_verify_paths"
+    own = ssl.SSLContext.__dict__.get(name)  # None: inherited from the C base class
+
+    def skip(context: ssl.SSLContext) -> None:
+        skipped.append(context)
+
+    setattr(ssl.SSLContext, name, skip)
     try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        pass  # the coordinator is gone; its shards see EOF and stop by themselves
+        yield skipped
+    finally:
+        if own is None:
+            delattr(ssl.SSLContext, name)
+        else:
+            setattr(ssl.SSLContext, name, own)
+
+
+def import_shard(*, tls: bool) -> Callable[[], int]:
+    """Import everything a shard runs, once, and return its entry point.
+
+    Without `tls` (the endpoint is plain http), aiohttp's CA store is not loaded.
+    """
+    # Before anything imports the event log: a shard never needs rich (see the function).
+    _import_structlog_without_rich()
+    with contextlib.ExitStack() as stack:
+        if not tls:
+            stack.enter_context(ca_store_deferred())
+        from shardrun import _shard_main  # the whole shard: what the children share
+
+        with contextlib.suppress(ImportError):
+            import uvloop  # noqa: F401  (`_shard_main.run_loop` imports it on first use)
+    # `socket.getaddrinfo` encodes the host name with the idna codec, which Python imports on
+    # first use: once here rather than once in every shard.
+    import encodings.idna  # noqa: F401
+    return _shard_main.main
 
 
 def _run_child(slot: Slot, passed: set[int], shard_main: Callable[[], int]) -> int:
@@ -88,23 +142,15 @@ def _fork(slot: Slot, passed: set[int], shard_main: Callable[[], int]) -> int:
             os._exit(code)  # never unwind into the launcher's own code
 
 
-def main(argv: list[str]) -> int:
+def serve(slots: list[Slot], *, tls: bool = True) -> int:
+    """Fork a shard per slot, report each one, and reap them all; the launcher's whole life."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Imported here, not at the top: the coordinator imports this module for `Slot` alone and
-    # must not load a shard's libraries. Before anything imports the event log: a shard never
-    # needs rich (see the function).
-    _import_structlog_without_rich()
-    from shardrun import _shard_main  # the whole shard: what the children share
-
-    with contextlib.suppress(ImportError):
-        import uvloop  # noqa: F401  (`_shard_main.run_loop` imports it on first use)
-
-    slots = [Slot.parse(arg) for arg in argv]
+    shard_main = import_shard(tls=tls)
     passed = {fd for slot in slots for fd in slot.fds()}
     children: dict[int, int] = {}
     for slot in slots:
         try:
-            pid = _fork(slot, passed, _shard_main.main)
+            pid = _fork(slot, passed, shard_main)
         except OSError as exc:  # the coordinator spawns this shard instead
             print(f"launcher: could not fork shard {slot.index}: {exc}", file=sys.stderr)
             _report(f"fail {slot.index} {exc}")
@@ -121,9 +167,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str]) -> int:
+    return serve([Slot.parse(arg) for arg in argv])
+
+
 if __name__ == "__main__":
     status = main(sys.argv[1:])
-    sys.stderr.flush()  # stdout is flushed after every report
+    sys.stderr.flush()
     # No interpreter teardown: freeing aiohttp's modules object by object costs about 0.02
     # CPU-s, billed to every run's client CPU, for memory the OS frees at once.
     os._exit(status)

@@ -18,18 +18,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from shardrun import _import_structlog_without_rich, protocol
 from shardrun.clock import Clock
 from shardrun.errors import RunError
-from shardrun.manifest import RunDir
-from shardrun.placement import (
+from shardrun.launch import (
     Launcher,
-    ShardHandle,
+    PreparedLaunch,
     fork_available,
+    fork_launcher,
     start_forked_shards,
-    start_local_shard,
 )
+from shardrun.manifest import RunDir
+from shardrun.placement import ShardHandle, start_local_shard
 from shardrun.progress import ProgressView
 from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
@@ -109,6 +111,7 @@ class Coordinator:
         self.started = time.time()
         self.fork = fork and fork_available()
         self.launcher: Launcher | None = None
+        self.prepared: PreparedLaunch | None = None
         # What this process had already reaped before the run: a shell that ran `pip install`
         # and then exec'd shardrun hands its children's CPU time down through the exec.
         self.reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -279,6 +282,18 @@ class Coordinator:
 
     # -- the run -------------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        """Before the event loop starts: fork the shard launcher from this process.
+
+        The launcher then starts with what this process has already imported and loads only
+        the client's libraries (docs/PERFORMANCE.md, "Start-up"). Where the fork is unsafe,
+        `run` starts the launcher as a fresh interpreter instead.
+        """
+        if self.fork and self.prepared is None:
+            self.prepared = fork_launcher(range(self.shard_count), self.run_dir.logs,
+                                          self.config.segment,
+                                          tls=urlsplit(self.config.base_url).scheme != "http")
+
     async def run(self) -> RunSummary:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -294,6 +309,8 @@ class Coordinator:
             await self._start_first_shards()
             await self._supervise()
         finally:
+            if self.prepared is not None:  # never started: its shards must not linger
+                self.prepared.abandon()
             ticker.cancel()
             watchdog.cancel()
             if self.launcher is not None:
@@ -330,8 +347,13 @@ class Coordinator:
             for _ in range(self.shard_count):
                 await self._start_shard()
             return
-        handles, self.launcher = await start_forked_shards(
-            range(self.shard_count), self.run_dir.logs, self.run_dir.path, self.config.segment)
+        if self.prepared is not None:
+            prepared, self.prepared = self.prepared, None
+            handles, self.launcher = await prepared.start(self.run_dir.path)
+        else:
+            handles, self.launcher = await start_forked_shards(
+                range(self.shard_count), self.run_dir.logs, self.run_dir.path,
+                self.config.segment)
         for handle in handles:
             self._adopt(handle)
 

@@ -133,6 +133,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
     status = "failed"
     summary: RunSummary | None = None
     try:
+        coordinator.prepare()  # forks: before the loop starts
         summary = run_loop(coordinator.run())
         summary = replace(summary, prior_dead=this.prior_dead, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,

@@ -1,22 +1,31 @@
 """Local placement: shards forked by the launcher, and what happens when the launcher fails.
 
-Real processes and real pipes throughout: the launcher is `python -m shardrun._launcher` (or, for
-the failure paths, a stand-in script speaking its report lines), and a shard that gets no config
+Real processes and real pipes throughout: the launcher is forked from the test process before
+any event loop runs (as the coordinator does), or started as `python -m shardrun._launcher` (or,
+for the failure paths, a stand-in script speaking its report lines); a shard that gets no config
 exits by itself when its stdin closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import ssl
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
-from shardrun import placement, protocol
-from shardrun.placement import ForkedProcess, start_forked_shards
+from shardrun import launch, placement, protocol
+from shardrun._launcher import ca_store_deferred
+from shardrun.launch import ForkedProcess, start_forked_shards
 
 GUARD_S = 60.0  # hang guard only
 
@@ -101,7 +110,7 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
         "_, status = os.waitpid(pid, 0)\n"
         "print(f'exit 1 {os.waitstatus_to_exitcode(status)}', flush=True)\n"
     )
-    monkeypatch.setattr(placement, "LAUNCHER_ARGV", (sys.executable, str(stand_in)))
+    monkeypatch.setattr(launch, "LAUNCHER_ARGV", (sys.executable, str(stand_in)))
 
     async def main() -> None:
         logs, out = _dirs(tmp_path)
@@ -113,3 +122,191 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
         await asyncio.wait_for(launcher.close(), GUARD_S)
 
     asyncio.run(main())
+
+
+# -- the launcher forked from this process, before any event loop ------------------------------
+
+@pytest.fixture
+def one_thread() -> None:
+    """`fork_launcher` declines beside another thread, and an earlier test's asyncio child
+    watcher thread (one per subprocess, on plain asyncio) may still be on its way out."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            thread.join(GUARD_S)
+    assert threading.active_count() == 1
+
+
+def _fds_of(pid: int) -> dict[int, str]:
+    """A process's open descriptors and what each points at (Linux /proc)."""
+    fds = {}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile (our listing's own)
+            fds[int(fd.name)] = os.readlink(fd)
+    return fds
+
+
+def _run_prepared(prepared: launch.PreparedLaunch, out: Path,
+                  check: Callable[[list[placement.LocalShard], launch.Launcher], None],
+                  ) -> None:
+    """Start a prepared launch in a loop, run `check`, then end both shards and the launcher."""
+    async def main() -> None:
+        shards, launcher = await prepared.start(out)
+        try:
+            check(shards, launcher)
+        except BaseException:  # no process outlives a failed check
+            for shard in shards:
+                shard.kill()
+            launcher.kill()
+            await asyncio.wait_for(launcher.close(), GUARD_S)
+            raise
+        for shard in shards:
+            assert await _end_without_config(shard) == "exited with status 2"
+        await asyncio.wait_for(launcher.close(), GUARD_S)
+        assert launcher.proc.returncode == 0
+
+    asyncio.run(main())
+
+
+def test_a_launcher_forked_before_the_loop_forks_the_shards(tmp_path: Path,
+                                                            one_thread: None) -> None:
+    logs, out = _dirs(tmp_path)
+    prepared = launch.fork_launcher([0, 1], logs, 0, tls=False)
+    assert prepared is not None
+    launcher_pid = prepared.process.pid
+
+    def check(shards: list[placement.LocalShard], launcher: launch.Launcher) -> None:
+        assert launcher.proc.pid == launcher_pid != os.getpid()
+        assert all(isinstance(s.proc, ForkedProcess) for s in shards)
+        for shard in shards:  # children of the launcher, not of this process
+            assert psutil.Process(shard.pid).ppid() == launcher_pid
+
+    _run_prepared(prepared, out, check)
+    assert "expected a config message first" in (logs / "shard-01.log").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc (Linux)")
+def test_the_forked_launcher_keeps_none_of_our_descriptors(tmp_path: Path,
+                                                           one_thread: None) -> None:
+    """Whatever this process had open (a run's lock, its event log, a simulator's pipes) is
+    closed in the launcher and so in every shard: a copy of a pipe would hide its end, a copy
+    of the lock would outlive the coordinator."""
+    logs, out = _dirs(tmp_path)
+    ours = open(tmp_path / "held.lock", "ab")  # noqa: SIM115
+    pipe_r, pipe_w = os.pipe()
+    try:
+        prepared = launch.fork_launcher([0, 1], logs, 0, tls=False)
+        assert prepared is not None
+
+        def check(shards: list[placement.LocalShard], launcher: launch.Launcher) -> None:
+            deadline = time.monotonic() + GUARD_S
+            # It closes the slots once every shard is forked, just after reporting the last.
+            while set(held := _fds_of(launcher.proc.pid)) != {0, 1, 2} and (
+                    time.monotonic() < deadline):
+                time.sleep(0.01)
+            assert set(held) == {0, 1, 2}, held  # every slot was handed to its shard
+            assert held[0] == os.devnull and held[1].startswith("pipe:")
+            assert held[2] == str(logs / "launcher.log")
+            mine = {link for fd, link in _fds_of(os.getpid()).items()
+                    if fd in (ours.fileno(), pipe_r, pipe_w)}
+            for shard in shards:
+                theirs = set(_fds_of(shard.pid).values())
+                assert not theirs & mine, theirs & mine
+
+        _run_prepared(prepared, out, check)
+    finally:
+        ours.close()
+        os.close(pipe_r)
+        os.close(pipe_w)
+
+
+def test_no_launcher_is_forked_beside_another_thread_or_in_a_running_loop(
+        tmp_path: Path, one_thread: None) -> None:
+    logs, _ = _dirs(tmp_path)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert launch.fork_launcher([0], logs, 0, tls=False) is None
+    finally:
+        release.set()
+        other.join()
+
+    async def in_a_loop() -> launch.PreparedLaunch | None:
+        return launch.fork_launcher([0], logs, 0, tls=False)
+
+    assert asyncio.run(in_a_loop()) is None
+    assert not list(logs.iterdir())  # nothing was even opened
+
+
+def test_a_launch_that_never_starts_leaves_no_process(tmp_path: Path, one_thread: None,
+                                                      no_stray_children: None) -> None:
+    logs, _ = _dirs(tmp_path)
+    prepared = launch.fork_launcher([0, 1], logs, 0, tls=False)
+    assert prepared is not None
+    prepared.abandon()
+    assert prepared.process.returncode == 0  # its shards saw EOF and ended; so did it
+    assert "expected a config message first" in (logs / "shard-00.log").read_text()
+
+
+# -- the CA store -------------------------------------------------------------------------------
+
+TEST_CA = Path(__file__).parent / "data" / "test-ca.pem"  # one self-signed CA certificate
+
+
+def test_a_deferred_ca_store_is_skipped_then_loaded_on_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(TEST_CA))
+    loaded = ssl.create_default_context().cert_store_stats()["x509_ca"]
+    assert loaded >= 1
+    with ca_store_deferred() as skipped:
+        context = ssl.create_default_context()
+    assert skipped == [context]
+    assert context.cert_store_stats()["x509_ca"] == 0  # verifies no server at all
+    context.set_default_verify_paths()
+    assert context.cert_store_stats()["x509_ca"] == loaded
+    assert "set_default_verify_paths" not in ssl.SSLContext.__dict__  # the patch is gone
+    assert ssl.create_default_context().cert_store_stats()["x509_ca"] == loaded
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_the_launcher_loads_the_ca_store_only_for_tls(tls: bool) -> None:
+    """aiohttp loads the store into its default contexts at import; a launcher for a plain
+    http endpoint skips that, one for https does not."""
+    code = ("from shardrun._launcher import import_shard\n"
+            f"import_shard(tls={tls})\n"
+            "from aiohttp import connector\n"
+            "print(connector._SSL_CONTEXT_VERIFIED.cert_store_stats()['x509_ca'])\n")
+    env = {**os.environ, "SSL_CERT_FILE": str(TEST_CA)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=GUARD_S, check=True).stdout
+    assert int(out) == (1 if tls else 0)
+
+
+def test_with_stdin_closed_no_shard_pipe_lands_on_fd_0(tmp_path: Path) -> None:
+    """With fd 0 closed, the next pipe would be fd 0, and the launcher's /dev/null on fd 0 would
+    replace a shard's stdin: the hole is filled first, and the shard reads its own pipe."""
+    logs, _ = _dirs(tmp_path)
+    code = ("import asyncio, os, sys, time\n"
+            "os.close(0)\n"
+            "from pathlib import Path\n"
+            "from shardrun import launch\n"
+            "prepared = launch.fork_launcher([0], Path(sys.argv[1]), 0, tls=False)\n"
+            "async def main():\n"
+            "    (shard,), launcher = await prepared.start(Path(sys.argv[1]))\n"
+            "    link, deadline = '', time.monotonic() + 30\n"
+            "    while time.monotonic() < deadline:  # until the shard has moved its pipes\n"
+            "        try:\n"
+            "            link = os.readlink(f'/proc/{shard.pid}/fd/0')\n"
+            "        except FileNotFoundError:  # it is gone (read EOF, exited)\n"
+            "            break\n"
+            "        if link.startswith('pipe:'):\n"
+            "            break\n"
+            "        time.sleep(0.01)\n"
+            "    print(link, flush=True)\n"
+            "    shard.kill()\n"
+            "    await launcher.close()\n"
+            "asyncio.run(main())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(logs)], capture_output=True,
+                          text=True, timeout=GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("pipe:"), proc.stdout

@@ -165,14 +165,21 @@ def _wait_for_results(run_parent: Path, at_least: int) -> None:
     raise AssertionError("the run never produced results")
 
 
+def _is_launcher(child: psutil.Process, coordinator: psutil.Process) -> bool:
+    """The shard launcher: a fork of the coordinator (the same command line), or where that
+    fork was unsafe, `python -m shardrun._launcher`."""
+    cmdline = child.cmdline()
+    return cmdline == coordinator.cmdline() or "shardrun._launcher" in " ".join(cmdline)
+
+
 def _shard_pids(coordinator: int) -> list[int]:
     """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
+    parent = psutil.Process(coordinator)
     pids = []
-    for child in psutil.Process(coordinator).children():
-        cmdline = " ".join(child.cmdline())
-        if "shardrun._shard_main" in cmdline:
+    for child in parent.children():
+        if "shardrun._shard_main" in " ".join(child.cmdline()):
             pids.append(child.pid)
-        elif "shardrun._launcher" in cmdline:
+        elif _is_launcher(child, parent):
             pids += [p.pid for p in child.children()]
     return pids
 
@@ -201,13 +208,16 @@ def test_forked_shards_hold_only_their_own_pipes(tmp_path: Path) -> None:
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3")
     try:
         _wait_for_results(tmp_path / "runs", 100)
-        children = psutil.Process(proc.pid).children()
-        launchers = [c for c in children if "shardrun._launcher" in " ".join(c.cmdline())]
+        coordinator = psutil.Process(proc.pid)
+        children = coordinator.children()
+        launchers = [c for c in children if _is_launcher(c, coordinator)]
         assert len(launchers) == 1
         assert not [c for c in children if "shardrun._shard_main" in " ".join(c.cmdline())]
         shards = launchers[0].children()
         assert len(shards) == 3
         coordinator_pipes = _pipes_of(proc.pid)
+        # The launcher (a fork of the coordinator) keeps one pipe: the one it reports on.
+        assert len(_pipes_of(launchers[0].pid)) == 1
         held = [_pipes_of(shard.pid) for shard in shards]
         for i, pipes in enumerate(held):
             assert len(pipes) >= 2  # its stdin and stdout at least
@@ -295,7 +305,7 @@ def shard_exits(run: Run) -> list[dict[str, Any]]:
 def _cli_code(setup: str) -> str:
     """A program that runs the real CLI on job.yaml after `setup` (lines that patch it)."""
     return ("import sys\n"
-            "from shardrun import coordinator, placement\n"
+            "from shardrun import coordinator, launch\n"
             f"{setup}"
             "from shardrun.cli import main\n"
             "raise SystemExit(main(['job.yaml', '--runs-dir', 'runs', '--quiet']))\n")
@@ -307,7 +317,8 @@ def _run_with_stand_in_launcher(tmp_path: Path, mode: str, hung: str, setup: str
     stand_in = tmp_path / "launcher.py"
     stand_in.write_text(STAND_IN_LAUNCHER)
     code = _cli_code(
-        f"placement.LAUNCHER_ARGV = (sys.executable, {str(stand_in)!r}, {mode!r}, {hung!r})\n"
+        f"launch.LAUNCHER_ARGV = (sys.executable, {str(stand_in)!r}, {mode!r}, {hung!r})\n"
+        "launch.FORK_LAUNCHER = False\n"
         "coordinator.EXIT_AFTER_EOF_S = coordinator.KILL_WAIT_S = 0.5\n"
         f"coordinator.LAUNCHER_CLOSE_S = 0.5\n{setup}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
