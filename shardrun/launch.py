@@ -292,13 +292,20 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
     # Frozen objects are never examined by the collector, so the child cannot collect (and
     # close) a file object of ours that happened to be garbage at the fork.
     gc.freeze()
+    # SIGINT is held back across the fork: a KeyboardInterrupt raised in the child before it
+    # ignores SIGINT would unwind into this process's code (its `finally` blocks, the manifest)
+    # there. One that arrives meanwhile reaches this process when the mask is restored.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         pid = os.fork()
     except OSError:
         pid = -1
     if pid == 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shards do: the coordinator decides
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _become_launcher(shards.slots, *launcher_fds, keep={*theirs, *launcher_fds}, tls=tls)
     gc.unfreeze()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in [*theirs, *launcher_fds]:
         os.close(fd)
     shards.slots = []
