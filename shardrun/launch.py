@@ -191,9 +191,17 @@ class _Slots:
         try:
             for index in indexes:
                 file_name, log_path = log_path_of(index, log_dir, segment)
-                in_r, in_w = os.pipe()
-                out_r, out_w = os.pipe()
-                err = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fresh: list[int] = []  # this shard's, until they are in `made`
+                try:
+                    fresh += os.pipe()
+                    fresh += os.pipe()
+                    fresh.append(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                         0o644))
+                except BaseException:
+                    for fd in fresh:
+                        os.close(fd)
+                    raise
+                in_r, in_w, out_r, out_w, err = fresh
                 made.slots.append(Slot(index, in_r, out_w, err))
                 made.ends[index] = _Ends(open(in_w, "wb", buffering=0),  # noqa: SIM115
                                          open(out_r, "rb", buffering=0),  # noqa: SIM115
@@ -280,15 +288,26 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
             _loop_running()):
         return None
     _occupy_standard_fds()  # so no pipe made below is fd 0, 1 or 2 (see `_become_launcher`)
-    shards = _Slots.open(indexes, log_dir, segment)
+    try:
+        shards = _Slots.open(indexes, log_dir, segment)  # closes what it made if it fails
+    except OSError:  # out of descriptors, say: the loop's way meets it again and says so
+        return None
+    made: list[int] = []
+    try:
+        report_r, report_w = os.pipe()
+        made += [report_r, report_w]
+        null = os.open(os.devnull, os.O_RDONLY)
+        made.append(null)
+        log = os.open(log_dir / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        made.append(log)
+    except OSError:
+        for fd in made:
+            os.close(fd)
+        shards.close_ours()
+        shards.close_theirs()
+        return None
+    launcher_fds = (null, report_w, log)  # its stdin, stdout and stderr
     theirs = shards.theirs()
-    report_r, report_w = os.pipe()
-    launcher_fds = [os.open(os.devnull, os.O_RDONLY), report_w,
-                    os.open(log_dir / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                            0o644)]
-    for stream in (sys.stdout, sys.stderr):  # a child would write their buffers out again
-        with contextlib.suppress(Exception):
-            stream.flush()
     # Frozen objects are never examined by the collector, so the child cannot collect (and
     # close) a file object of ours that happened to be garbage at the fork.
     gc.freeze()
@@ -306,9 +325,9 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
         _become_launcher(shards.slots, *launcher_fds, keep={*theirs, *launcher_fds}, tls=tls)
     gc.unfreeze()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for fd in [*theirs, *launcher_fds]:
+    for fd in launcher_fds:
         os.close(fd)
-    shards.slots = []
+    shards.close_theirs()
     if pid < 0:
         os.close(report_r)
         shards.close_ours()

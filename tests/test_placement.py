@@ -310,3 +310,32 @@ def test_with_stdin_closed_no_shard_pipe_lands_on_fd_0(tmp_path: Path) -> None:
                           text=True, timeout=GUARD_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("pipe:"), proc.stdout
+
+
+# Fails at the first shard's second pipe, the second shard's second pipe, the launcher's own
+# descriptors (one more is free than `spare`: the one that listed /proc/self/fd).
+@pytest.mark.parametrize("spare", [1, 6, 11])
+def test_out_of_descriptors_no_launcher_is_forked_and_none_leak(tmp_path: Path,
+                                                                 spare: int) -> None:
+    """Two slots need ten descriptors and the launcher three more: with fewer left, there is
+    no fork (the coordinator's loop then tries the other way and reports the error), and
+    every descriptor made on the way is closed again."""
+    logs, _ = _dirs(tmp_path)
+    code = ("import os, resource, sys\n"
+            "from pathlib import Path\n"
+            "from shardrun import launch\n"
+            "before = sorted(os.listdir('/proc/self/fd'))\n"
+            "used = {int(fd) for fd in before}\n"
+            "limit, free = 0, 0\n"  # the limit below which exactly `spare` fds are free
+            f"while free < {spare}:\n"
+            "    free += limit not in used\n"
+            "    limit += 1\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))\n"
+            "print(launch.fork_launcher([0, 1], Path(sys.argv[1]), 0, tls=False))\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))\n"
+            "print(sorted(os.listdir('/proc/self/fd')) == before)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(logs)], capture_output=True,
+                          text=True, timeout=GUARD_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None", "True"], proc.stdout
