@@ -126,6 +126,14 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
 
 # -- the launcher forked from this process, before any event loop ------------------------------
 
+def _python(code: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run `code` in an interpreter of its own (to fork from, or to limit); return its stdout."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=GUARD_S, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 @pytest.fixture
 def one_thread() -> None:
     """`fork_launcher` declines beside another thread, and an earlier test's asyncio child
@@ -276,9 +284,7 @@ def test_the_launcher_loads_the_ca_store_only_for_tls(tls: bool) -> None:
             f"import_shard(tls={tls})\n"
             "from aiohttp import connector\n"
             "print(connector._SSL_CONTEXT_VERIFIED.cert_store_stats()['x509_ca'])\n")
-    env = {**os.environ, "SSL_CERT_FILE": str(TEST_CA)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=GUARD_S, check=True).stdout
+    out = _python(code, env={**os.environ, "SSL_CERT_FILE": str(TEST_CA)})
     assert int(out) == (1 if tls else 0)
 
 
@@ -306,10 +312,8 @@ def test_with_stdin_closed_no_shard_pipe_lands_on_fd_0(tmp_path: Path) -> None:
             "    shard.kill()\n"
             "    await launcher.close()\n"
             "asyncio.run(main())\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(logs)], capture_output=True,
-                          text=True, timeout=GUARD_S)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("pipe:"), proc.stdout
+    out = _python(code, str(logs))
+    assert out.startswith("pipe:"), out
 
 
 # Fails at the first shard's second pipe, the second shard's second pipe, the launcher's own
@@ -335,7 +339,5 @@ def test_out_of_descriptors_no_launcher_is_forked_and_none_leak(tmp_path: Path,
             "print(launch.fork_launcher([0, 1], Path(sys.argv[1]), 0, tls=False))\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))\n"
             "print(sorted(os.listdir('/proc/self/fd')) == before)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(logs)], capture_output=True,
-                          text=True, timeout=GUARD_S)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["None", "True"], proc.stdout
+    out = _python(code, str(logs))
+    assert out.split() == ["None", "True"], out
