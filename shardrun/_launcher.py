@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import ssl
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardrun import _import_structlog_without_rich
+from shardrun._tls import ca_store_deferred
 
 
 @dataclass(frozen=True)
@@ -64,34 +64,6 @@ def _report(line: str) -> None:
     # may be anything the coordinator's caller put there.
     with contextlib.suppress(BrokenPipeError):  # the coordinator is gone: its shards see EOF
         os.write(1, (line + "\n").encode())
-
-
-@contextlib.contextmanager
-def ca_store_deferred() -> Iterator[list[ssl.SSLContext]]:
-    """Within: SSL contexts skip loading the system's CA store; yields the contexts that did.
-
-    aiohttp builds two default SSL contexts when it is imported, each loading every system CA
-    certificate: about 0.04 CPU-s, a sixth of a launcher's imports. A run against a plain
-    `http://` endpoint never opens a TLS connection (the client follows no redirects), so it
-    has no use for them. A context without CA certificates verifies no server at all: a TLS
-    connection made with one fails with a certificate error, never succeeds unverified.
-    Calling `set_default_verify_paths()` on the yielded contexts loads what was skipped.
-    """
-    skipped: list[ssl.SSLContext] = []
-    name = "set_default_verify_paths"
-    own = ssl.SSLContext.__dict__.get(name)  # None: inherited from the C base class
-
-    def skip(context: ssl.SSLContext) -> None:
-        skipped.append(context)
-
-    setattr(ssl.SSLContext, name, skip)
-    try:
-        yield skipped
-    finally:
-        if own is None:
-            delattr(ssl.SSLContext, name)
-        else:
-            setattr(ssl.SSLContext, name, own)
 
 
 def import_shard(*, tls: bool) -> Callable[[], int]:

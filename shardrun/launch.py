@@ -282,7 +282,7 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
     (another thread may hold a lock the child would wait on for ever) and no running loop (the
     child would share its epoll set); where either does not hold, or the fork fails, this
     returns None and the coordinator starts `LAUNCHER_ARGV` from its loop instead. `tls`:
-    whether the shards need the system's CA store (see `_launcher.ca_store_deferred`).
+    whether the shards need the system's CA store (see `_tls.ca_store_deferred`).
     """
     if not (FORK_LAUNCHER and fork_available()) or threading.active_count() > 1 or (
             _loop_running()):

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from shardrun import launch, placement, protocol
-from shardrun._launcher import ca_store_deferred
+from shardrun._tls import ca_store_deferred
 from shardrun.launch import ForkedProcess, start_forked_shards
 
 GUARD_S = 60.0  # hang guard only
@@ -341,3 +341,17 @@ def test_out_of_descriptors_no_launcher_is_forked_and_none_leak(tmp_path: Path,
             "print(sorted(os.listdir('/proc/self/fd')) == before)\n")
     out = _python(code, str(logs))
     assert out.split() == ["None", "True"], out
+
+
+def test_the_simulator_process_loads_no_ca_store() -> None:
+    """`python -m shardrun.sim` (how a run starts its simulator) serves plain HTTP only."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['shardrun.sim', '--help']\n"
+            "try:\n"
+            "    runpy.run_module('shardrun.sim', run_name='__main__')\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "from aiohttp import connector\n"
+            "print('loaded', connector._SSL_CONTEXT_VERIFIED.cert_store_stats()['x509_ca'])\n")
+    out = _python(code, env={**os.environ, "SSL_CERT_FILE": str(TEST_CA)})
+    assert out.splitlines()[-1] == "loaded 0", out[-300:]
