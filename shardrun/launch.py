@@ -232,6 +232,9 @@ class _Slots:
         for index, ends in self.ends.items():
             pid = await launcher.pids[index]
             if pid is None:  # not forked: the same shard as a fresh interpreter
+                print(f"warning: the shard launcher did not fork shard {index} (see "
+                      f"{self.log_dir / 'launcher.log'}); it starts as a fresh interpreter",
+                      file=sys.stderr)
                 ends.close()
                 shards.append(await start_local_shard(index, self.log_dir, out_dir,
                                                       self.segment))

@@ -94,7 +94,9 @@ def test_kill_still_reaches_a_shard_whose_launcher_is_gone(tmp_path: Path) -> No
 
 
 def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        ) -> None:
     """A launcher that forks shard 1 only: shard 0 starts as a fresh interpreter instead."""
     stand_in = tmp_path / "launcher.py"
     stand_in.write_text(
@@ -122,6 +124,10 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
         await asyncio.wait_for(launcher.close(), GUARD_S)
 
     asyncio.run(main())
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"warning: the shard launcher did not fork shard 0 (see "
+                        f"{tmp_path / 'logs' / 'launcher.log'}); it starts as a fresh "
+                        "interpreter"]
 
 
 # -- the launcher forked from this process, before any event loop ------------------------------
