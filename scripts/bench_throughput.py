@@ -48,7 +48,10 @@ What it does (docs/PERFORMANCE.md, "## Throughput", explains how to read the tab
 The code measured is a snapshot taken at start: a copy of the working tree's `shardrun/`
 package, or `--rev REV` (read-only `git archive`), run with PYTHONPATH pointing at it, so
 edits made to the tree while the benchmark runs do not mix versions between runs. The copy's
-bytecode is compiled up front, as an install would have it.
+bytecode is compiled up front, as an install would have it. `--compare REV` snapshots a second
+copy, shardrun as of REV, and measures it in every repeat next to the first (client
+`shardrun@base`, its own PYTHONPATH and working directory); a fourth table pairs the two repeat
+by repeat, which resolves changes of a few per cent that the ratios to the floor cannot.
 
 Only loopback traffic. Every loop is bounded in count and time; every process it starts is
 stopped by PID. `--json PATH` also writes every raw measurement.
@@ -83,6 +86,8 @@ PY = sys.executable
 ENV = dict(os.environ)  # PYTHONPATH is set to the snapshot in main()
 SRC = ROOT  # the snapshot directory (holds shardrun/ and floor_client.py); set in main()
 CLIENTS = ("shardrun", "floor", "floor×S")  # floor×S: S floor processes of cap each
+BASE = "shardrun@base"  # with --compare REV: shardrun as of REV, from its own snapshot
+BASE_SRC = ROOT  # that snapshot's directory; set in main()
 SAMPLE_S = 0.25
 STEADY_TRIM = 0.2  # the steady window leaves out the first and last 20 % of the active window
 
@@ -200,7 +205,7 @@ def _tree_sample(root: psutil.Process, cache: dict[int, psutil.Process]) -> tupl
 
 
 def run_measured(argv: list[str], cwd: Path, sim: Sim, timeout_s: float,
-                 log_prefix: Path) -> Accounting:  # fmt: skip
+                 log_prefix: Path, env: dict[str, str] | None = None) -> Accounting:  # fmt: skip
     """Run argv; reap it with wait4 so its rusage covers its whole reaped tree; sample meanwhile."""
     out = open(f"{log_prefix}.stdout", "wb")  # noqa: SIM115
     err = open(f"{log_prefix}.stderr", "wb")  # noqa: SIM115
@@ -208,7 +213,7 @@ def run_measured(argv: list[str], cwd: Path, sim: Sim, timeout_s: float,
     started = time.time()
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        argv, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=ENV
+        argv, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env or ENV
     )
     root = psutil.Process(proc.pid)
     cache: dict[int, psutil.Process] = {}
@@ -453,17 +458,19 @@ def measure(client: str, shards: int, cap: int, repeat: int, items: int, input_p
             sim: Sim, args: argparse.Namespace, work: Path,
             suffix: str = "") -> Result:  # fmt: skip
     point = f"{shards}x{cap}"
-    tag = f"{client.replace('×', 'x')}-{point}-r{repeat}{suffix}"
+    tag = f"{client.replace('×', 'x').replace('@', '-at-')}-{point}-r{repeat}{suffix}"
     expected = items / (shards * cap / (args.ttft_ms / 1e3))
     timeout = 60 + 10 * expected
     ttft_s, itl_s = args.ttft_ms / 1e3, args.itl_ms / 1e3
     before = sim.stats()
-    if client == "shardrun":
+    if client.startswith("shardrun"):
         job = work / f"job-{tag}.yaml"
         write_job(job, sim.base_url, input_path, args.max_tokens)
         argv = [PY, "-m", "shardrun", str(job), "--shards", str(shards), "--concurrency",
                 str(cap), "--runs-dir", str(work / "runs"), "--run-id", tag]  # fmt: skip
-        acc = run_measured(argv, SRC, sim, timeout, work / tag)
+        # `python -m` puts its working directory first on sys.path: run each copy from its own.
+        src = BASE_SRC if client == BASE else SRC
+        acc = run_measured(argv, src, sim, timeout, work / tag, env={**ENV, "PYTHONPATH": str(src)})
         _check(acc, work / tag)
         run = read_shardrun_run(work / "runs" / tag, ttft_s, itl_s)
     else:
@@ -505,7 +512,7 @@ def measure(client: str, shards: int, cap: int, repeat: int, items: int, input_p
         other_load_cores=st["machine_busy"] * (psutil.cpu_count() or 1) - st["client_core"]
         - st["sim_core"], attempts=1,
         agg_gap_fraction=_aggregate_gap_fraction(work / "runs" / tag)
-        if client == "shardrun" else math.nan,
+        if client.startswith("shardrun") else math.nan,
         startup_s=run["first"] - acc.started_at, wall_s=acc.wall_s,
         lag_p50_ms=run["lag_p50"] * 1e3, lag_max_ms=run["lag_max"] * 1e3,
     )  # fmt: skip
@@ -538,14 +545,14 @@ def _check(acc: Accounting, prefix: Path) -> None:
         )
 
 
-def snapshot(work: Path, rev: str | None) -> str:
-    """Copy the code under test to work/src; return a description of what was copied."""
+def snapshot(work: Path, rev: str | None, name: str = "src") -> str:
+    """Copy the code under test to work/NAME; return a description of what was copied."""
     import hashlib
     import io
     import shutil
     import tarfile
 
-    src = work / "src"
+    src = work / name
     src.mkdir()
     if rev:
         data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "shardrun"],
@@ -567,8 +574,9 @@ def snapshot(work: Path, rev: str | None) -> str:
         h.update(path.relative_to(src).as_posix().encode() + b"\0" + path.read_bytes())
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    check = subprocess.run([PY, "-c", "import shardrun.runner, shardrun._shard_main"],
-                           cwd=src, env=ENV, capture_output=True, text=True)  # fmt: skip
+    check = subprocess.run([PY, "-c", "import shardrun.runner, shardrun._shard_main"], cwd=src,
+                           env={**ENV, "PYTHONPATH": str(src)}, capture_output=True,
+                           text=True)  # fmt: skip
     if check.returncode != 0:
         raise SystemExit(
             f"the {what} snapshot does not import (try --rev HEAD):\n{check.stderr[-1500:]}"
@@ -610,9 +618,26 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
         "| achieved / ceiling, per repeat |",
         "|---|---|---|---|---:|---|---|---:|---|",
     ]
+    # With --compare: the code under test over the compared revision, repeat by repeat. Both
+    # run the same processes, so here the ÷ sim figures carry no bias from process count.
+    paired = [
+        f"| S × cap | shardrun over {BASE}: CPU/req all-in, per repeat | steady, per repeat "
+        "| median (all / steady) | ÷ sim CPU, median (all / steady) "
+        "| achieved / ceiling, median (shardrun / base) |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for shards, cap in points:
         point = f"{shards}x{cap}"
-        by = {c: [r for r in results if r.point == point and r.client == c] for c in CLIENTS}
+        by = {c: [r for r in results if r.point == point and r.client == c]
+              for c in (*CLIENTS, BASE)}
+        if by[BASE] and by["shardrun"]:
+            pair = _ratios_to_floor(by["shardrun"], by[BASE], repeats)
+            paired.append(
+                f"| {shards} × {cap} | {_xs(pair.all_in)} | {_xs(pair.steady)} "
+                f"| {_f(_med(pair.all_in), '.3f')}× / {_f(_med(pair.steady), '.3f')}× "
+                f"| {_f(_med(pair.all_in_sim), '.3f')}× / {_f(_med(pair.steady_sim), '.3f')}× "
+                f"| {_med([r.achieved for r in by['shardrun']]):.1%} / "
+                f"{_med([r.achieved for r in by[BASE]]):.1%} |")
         for client, rs in by.items():
             if not rs:
                 continue
@@ -653,7 +678,8 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
                 f"| {_f(m('other_load_cores'), '.2f')} | {len(rs)} / {sum(r.attempts for r in rs)} "
                 f"| {sum(r.failed for r in rs)} |"
             )
-    return "\n\n".join("\n".join(table) for table in (lines, diag, spread)) + "\n"
+    tables = (lines, diag, spread, paired) if len(paired) > 2 else (lines, diag, spread)
+    return "\n\n".join("\n".join(table) for table in tables) + "\n"
 
 
 def _xs(values: list[float]) -> str:
@@ -666,7 +692,8 @@ def _rep(r: Result) -> int:
 
 def _ratios_to_floor(mine: list[Result], floor: list[Result], repeats: int) -> Ratios:
     """Per repeat, in order: CPU per request over the floor's in the same repeat (all, steady),
-    then the same with each run's CPU first divided by the simulator's in that run."""
+    then the same with each run's CPU first divided by the simulator's in that run. (`floor`
+    may be any client's results: `--compare` pairs two shardrun copies the same way.)"""
     out = Ratios()
     for rep in range(repeats):
         a = [r for r in mine if r.repeat == rep]
@@ -781,6 +808,10 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--tables-from", type=Path, metavar="JSON",
                    help="measure nothing: print the tables of a --json file")  # fmt: skip
+    p.add_argument("--compare", metavar="REV",
+                   help="also measure shardrun as of this git revision, in every repeat, next "
+                        "to the code under test (client shardrun@base; a paired table compares "
+                        "the two)")
     p.add_argument("--rev", help="benchmark shardrun/ as of this git revision (read-only "
                    "git archive) instead of a copy of the working tree")  # fmt: skip
     args = p.parse_args()
@@ -797,12 +828,18 @@ def main() -> int:
         args.itl_ms / 1e3
     )
 
-    global SRC
+    global SRC, BASE_SRC
     work = Path(tempfile.mkdtemp(prefix="shardrun-bench-"))
     SRC = work / "src"
     ENV["PYTHONPATH"] = str(SRC)
     code = snapshot(work, args.rev)
     print(f"# code under test: {code}", file=sys.stderr)
+    clients: tuple[str, ...] = CLIENTS
+    if args.compare:
+        BASE_SRC = work / "base"
+        code += f"; {BASE}: {snapshot(work, args.compare, 'base')}"
+        print(f"# compared with: {code.split('; ', 1)[1]}", file=sys.stderr)
+        clients = ("shardrun", BASE, "floor", "floor×S")
     print(f"# shardrun throughput benchmark: {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}; work dir {work}",
           file=sys.stderr)  # fmt: skip
@@ -824,7 +861,7 @@ def main() -> int:
               file=sys.stderr)  # fmt: skip
         for rep in range(repeats):
             for shards, cap in points:
-                order = CLIENTS if rep % 2 == 0 else CLIENTS[::-1]
+                order = clients if rep % 2 == 0 else clients[::-1]
                 for client in order:
                     if client == "floor×S" and (shards == 1 or args.no_sharded_floor):
                         continue
@@ -848,7 +885,7 @@ def main() -> int:
                         r.attempts = attempt
                         rerun_s += time.monotonic() - t_rerun
                     results.append(r)
-                    print(f"  r{rep} {shards}x{cap:<3} {client:8} {r.ok:6,} ok  "
+                    print(f"  r{rep} {shards}x{cap:<3} {client:13} {r.ok:6,} ok  "
                           f"{r.req_s:7,.0f} req/s  {r.achieved:6.1%} of ceiling  "
                           f"cpu {r.cpu_ms_per_req:.3f} ms/req (steady "
                           f"{r.steady_cpu_ms_per_req:.3f})  sim {r.sim_cpu_core:.2f} core  "
