@@ -132,6 +132,9 @@ def test_a_shard_the_launcher_could_not_fork_is_spawned(tmp_path: Path,
 
 # -- the launcher forked from this process, before any event loop ------------------------------
 
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc (Linux)")
+
+
 def _python(code: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Run `code` in an interpreter of its own (to fork from, or to limit); return its stdout."""
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
@@ -198,7 +201,7 @@ def test_a_launcher_forked_before_the_loop_forks_the_shards(tmp_path: Path,
     assert "expected a config message first" in (logs / "shard-01.log").read_text()
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc (Linux)")
+@LINUX_PROC
 def test_the_forked_launcher_keeps_none_of_our_descriptors(tmp_path: Path,
                                                            one_thread: None) -> None:
     """Whatever this process had open (a run's lock, its event log, a simulator's pipes) is
@@ -294,6 +297,7 @@ def test_the_launcher_loads_the_ca_store_only_for_tls(tls: bool) -> None:
     assert int(out) == (1 if tls else 0)
 
 
+@LINUX_PROC
 def test_with_stdin_closed_no_shard_pipe_lands_on_fd_0(tmp_path: Path) -> None:
     """With fd 0 closed, the next pipe would be fd 0, and the launcher's /dev/null on fd 0 would
     replace a shard's stdin: the hole is filled first, and the shard reads its own pipe."""
@@ -324,6 +328,7 @@ def test_with_stdin_closed_no_shard_pipe_lands_on_fd_0(tmp_path: Path) -> None:
 
 # Fails at the first shard's second pipe, the second shard's second pipe, the launcher's own
 # descriptors (one more is free than `spare`: the one that listed /proc/self/fd).
+@LINUX_PROC
 @pytest.mark.parametrize("spare", [1, 6, 11])
 def test_out_of_descriptors_no_launcher_is_forked_and_none_leak(tmp_path: Path,
                                                                  spare: int) -> None:
