@@ -257,19 +257,18 @@ def kill_tree(pid: int) -> None:
 def shard_pids(coordinator: int) -> list[int]:
     """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
     try:
-        parent = psutil.Process(coordinator)
-        kids = parent.children()
-        own_cmdline = parent.cmdline()
+        kids = psutil.Process(coordinator).children()
     except psutil.NoSuchProcess:
         return []
     out = []
     for p in kids:
         with contextlib.suppress(psutil.Error):
-            cmdline = p.cmdline()
-            if "shardrun._shard_main" in " ".join(cmdline):
+            title = " ".join(p.cmdline()).strip()
+            # a spawned shard is titled `shardrun: shard N of RUN` once it has its config
+            if title.startswith("shardrun: shard") or "shardrun._shard_main" in title:
                 out.append(p.pid)
-            # the launcher: a fork of the coordinator, or `python -m shardrun._launcher`
-            elif cmdline == own_cmdline or "shardrun._launcher" in " ".join(cmdline):
+            # the launcher: `shardrun: launcher of RUN` (a fork), or `shardrun._launcher`
+            elif title.startswith("shardrun: launcher") or "shardrun._launcher" in title:
                 out += [child.pid for child in p.children()]
     return out
 

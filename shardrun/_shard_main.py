@@ -23,6 +23,7 @@ from shardrun import _import_structlog_without_rich
 _import_structlog_without_rich()
 
 from shardrun import protocol  # noqa: E402
+from shardrun._title import set_title, shard_title  # noqa: E402
 from shardrun.shard import ShardConfig, run_shard  # noqa: E402
 
 T = TypeVar("T")
@@ -48,7 +49,9 @@ async def _main() -> int:
     if first is None or first["t"] != protocol.CONFIG:
         print("shard: expected a config message first", file=sys.stderr)
         return 2
-    await run_shard(ShardConfig.from_message(first), receive, send)
+    config = ShardConfig.from_message(first)
+    set_title(shard_title(config.shard, config.run_id))
+    await run_shard(config, receive, send)
     # Let the transport drain the final `done` message before the process exits.
     while transport.get_write_buffer_size():
         await asyncio.sleep(0.01)

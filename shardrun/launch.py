@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
 from shardrun._launcher import Slot, serve
+from shardrun._title import launcher_title, set_title
 from shardrun.placement import (
     PIPE_LIMIT,
     UNKNOWN_EXIT,
@@ -325,6 +326,7 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
     if pid == 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shards do: the coordinator decides
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        set_title(launcher_title(log_dir.parent.name))  # the run directory's name is its id
         _become_launcher(shards.slots, *launcher_fds, keep={*theirs, *launcher_fds}, tls=tls)
     gc.unfreeze()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)

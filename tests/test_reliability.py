@@ -165,21 +165,30 @@ def _wait_for_results(run_parent: Path, at_least: int) -> None:
     raise AssertionError("the run never produced results")
 
 
-def _is_launcher(child: psutil.Process, coordinator: psutil.Process) -> bool:
-    """The shard launcher: a fork of the coordinator (the same command line), or where that
-    fork was unsafe, `python -m shardrun._launcher`."""
-    cmdline = child.cmdline()
-    return cmdline == coordinator.cmdline() or "shardrun._launcher" in " ".join(cmdline)
+def _title(process: psutil.Process) -> str:
+    return " ".join(process.cmdline()).strip()
+
+
+def _is_launcher(child: psutil.Process) -> bool:
+    """The shard launcher: a fork of the coordinator titled `shardrun: launcher of RUN`, or
+    where that fork was unsafe, `python -m shardrun._launcher`."""
+    title = _title(child)
+    return title.startswith("shardrun: launcher") or "shardrun._launcher" in title
+
+
+def _is_spawned_shard(child: psutil.Process) -> bool:
+    """Titled `shardrun: shard N of RUN` once it has its config, `_shard_main` before."""
+    title = _title(child)
+    return title.startswith("shardrun: shard") or "shardrun._shard_main" in title
 
 
 def _shard_pids(coordinator: int) -> list[int]:
-    """Spawned shards run `_shard_main`; forked ones are the shard launcher's children."""
-    parent = psutil.Process(coordinator)
+    """Spawned shards are the coordinator's children; forked ones the shard launcher's."""
     pids = []
-    for child in parent.children():
-        if "shardrun._shard_main" in " ".join(child.cmdline()):
+    for child in psutil.Process(coordinator).children():
+        if _is_spawned_shard(child):
             pids.append(child.pid)
-        elif _is_launcher(child, parent):
+        elif _is_launcher(child):
             pids += [p.pid for p in child.children()]
     return pids
 
@@ -208,13 +217,17 @@ def test_forked_shards_hold_only_their_own_pipes(tmp_path: Path) -> None:
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3")
     try:
         _wait_for_results(tmp_path / "runs", 100)
-        coordinator = psutil.Process(proc.pid)
-        children = coordinator.children()
-        launchers = [c for c in children if _is_launcher(c, coordinator)]
+        children = psutil.Process(proc.pid).children()
+        launchers = [c for c in children if _is_launcher(c)]
         assert len(launchers) == 1
-        assert not [c for c in children if "shardrun._shard_main" in " ".join(c.cmdline())]
-        shards = launchers[0].children()
+        assert not [c for c in children if _is_spawned_shard(c)]
+        shards = sorted(launchers[0].children(), key=_title)
         assert len(shards) == 3
+        # `ps` tells them apart (the forks would all show the coordinator's command line)
+        run_id = only_run(tmp_path / "runs").name
+        assert _title(launchers[0]) == f"shardrun: launcher of {run_id}"
+        assert [_title(s) for s in shards] == [f"shardrun: shard {i} of {run_id}"
+                                               for i in range(3)]
         coordinator_pipes = _pipes_of(proc.pid)
         # The launcher (a fork of the coordinator) keeps one pipe: the one it reports on.
         assert len(_pipes_of(launchers[0].pid)) == 1
