@@ -73,9 +73,7 @@ def import_shard(*, tls: bool) -> Callable[[], int]:
     """
     # Before anything imports the event log: a shard never needs rich (see the function).
     _import_structlog_without_rich()
-    with contextlib.ExitStack() as stack:
-        if not tls:
-            stack.enter_context(ca_store_deferred())
+    with contextlib.nullcontext() if tls else ca_store_deferred():
         from shardrun import _shard_main  # the whole shard: what the children share
 
         with contextlib.suppress(ImportError):

@@ -208,8 +208,7 @@ class _Slots:
                                          open(out_r, "rb", buffering=0),  # noqa: SIM115
                                          file_name, log_path)
         except BaseException:
-            made.close_ours()
-            made.close_theirs()
+            made.close()
             raise
         return made
 
@@ -225,6 +224,11 @@ class _Slots:
     def close_ours(self) -> None:
         for ends in self.ends.values():
             ends.close()
+
+    def close(self) -> None:
+        """Both sides: no launcher will take them."""
+        self.close_ours()
+        self.close_theirs()
 
     async def adopt(self, launcher: Launcher, out_dir: Path) -> list[LocalShard]:
         """Our side of each shard the launcher forked; a spawned one for each it could not."""
@@ -307,11 +311,10 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
     except OSError:
         for fd in made:
             os.close(fd)
-        shards.close_ours()
-        shards.close_theirs()
+        shards.close()
         return None
     launcher_fds = (null, report_w, log)  # its stdin, stdout and stderr
-    theirs = shards.theirs()
+    theirs = shards.theirs()  # the slots' descriptors: the only ones the launcher keeps
     # Frozen objects are never examined by the collector, so the child cannot collect (and
     # close) a file object of ours that happened to be garbage at the fork.
     gc.freeze()
@@ -327,7 +330,7 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shards do: the coordinator decides
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         set_title(launcher_title(log_dir.parent.name))  # the run directory's name is its id
-        _become_launcher(shards.slots, *launcher_fds, keep={*theirs, *launcher_fds}, tls=tls)
+        _become_launcher(shards.slots, *launcher_fds, keep=set(theirs), tls=tls)
     gc.unfreeze()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in launcher_fds:
@@ -377,7 +380,7 @@ def _become_launcher(slots: list[Slot], stdin: int, stdout: int, stderr: int, *,
         os.dup2(stdin, 0)
         os.dup2(stdout, 1)
         os.dup2(stderr, 2)
-        _close_all_but({0, 1, 2} | (keep - {stdin, stdout, stderr}))
+        _close_all_but({0, 1, 2} | keep)
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
