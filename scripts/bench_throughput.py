@@ -631,7 +631,7 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
         by = {c: [r for r in results if r.point == point and r.client == c]
               for c in (*CLIENTS, BASE)}
         if by[BASE] and by["shardrun"]:
-            pair = _ratios_to_floor(by["shardrun"], by[BASE], repeats)
+            pair = _paired_ratios(by["shardrun"], by[BASE], repeats)
             paired.append(
                 f"| {shards} × {cap} | {_xs(pair.all_in)} | {_xs(pair.steady)} "
                 f"| {_f(_med(pair.all_in), '.3f')}× / {_f(_med(pair.steady), '.3f')}× "
@@ -645,7 +645,7 @@ def report(results: list[Result], points: list[tuple[int, int]], repeats: int) -
             def m(name: str, rs: list[Result] = rs) -> float:
                 return _med([getattr(r, name) for r in rs])
 
-            ratios = _ratios_to_floor(rs, by["floor"], repeats)
+            ratios = _paired_ratios(rs, by["floor"], repeats)
             vs = (f"{_f(_med(ratios.all_in), '.2f')}× / {_f(_med(ratios.steady), '.2f')}×"
                   if client != "floor" else "1")  # fmt: skip
             label = f"{shards} × {cap}"
@@ -690,14 +690,14 @@ def _rep(r: Result) -> int:
     return r.repeat
 
 
-def _ratios_to_floor(mine: list[Result], floor: list[Result], repeats: int) -> Ratios:
-    """Per repeat, in order: CPU per request over the floor's in the same repeat (all, steady),
-    then the same with each run's CPU first divided by the simulator's in that run. (`floor`
-    may be any client's results: `--compare` pairs two shardrun copies the same way.)"""
+def _paired_ratios(mine: list[Result], other: list[Result], repeats: int) -> Ratios:
+    """Per repeat, in order: CPU per request over `other`'s in the same repeat (all, steady),
+    then the same with each run's CPU first divided by the simulator's in that run. `other`
+    is the floor, or with `--compare` the other copy of shardrun."""
     out = Ratios()
     for rep in range(repeats):
         a = [r for r in mine if r.repeat == rep]
-        b = [r for r in floor if r.repeat == rep]
+        b = [r for r in other if r.repeat == rep]
         if a and b:
             out.all_in.append(a[0].cpu_ms_per_req / b[0].cpu_ms_per_req)
             out.steady.append(a[0].steady_cpu_ms_per_req / b[0].steady_cpu_ms_per_req)
