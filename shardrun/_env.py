@@ -80,6 +80,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("SHARDRUN_FSYNC_INTERVAL_S", "fsync_interval_s", "seconds between fsyncs of results"),
     EnvVar(
+        "SHARDRUN_SHARD_SILENCE_S", "shard_silence_s",
+        "seconds a shard may send nothing before it is killed and replaced (>= 2)",
+    ),
+    EnvVar(
         "SHARDRUN_RPM", "rate_limits.rpm", "requests per minute, whole job (none: unlimited)"
     ),
     EnvVar(

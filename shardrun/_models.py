@@ -240,6 +240,9 @@ class JobSpec(_Frozen):
     shard_start: Literal["fork", "spawn"] = "fork"
     # How often results are fsync'ed: the most a machine crash can lose (a kill -9 loses nothing).
     fsync_interval_s: float = Field(default=1.0, gt=0, le=60)
+    # A running shard reports every 0.2 s, busy or idle; one silent this long is killed and
+    # replaced. The floor of 2 s keeps a loaded machine's hiccups from passing for a hang.
+    shard_silence_s: float = Field(default=60.0, ge=2, le=86_400)
     rate_limits: RateLimitsSpec = Field(default_factory=lambda: RateLimitsSpec())
     pricing: PricingSpec = Field(default_factory=lambda: PricingSpec())
     output: OutputSpec = Field(default_factory=lambda: OutputSpec())

@@ -54,9 +54,9 @@ LAUNCHER_CLOSE_S = 5.0
 # wait for ever: kill the shard, and after a second wait go on without its status.
 EXIT_AFTER_EOF_S = 10.0
 KILL_WAIT_S = 5.0
-# A shard reports progress every 0.2 s while it runs, busy or idle. One silent this long has a
-# blocked event loop or a stopped process: it is killed, and its items go to a replacement.
-SHARD_SILENCE_S = 60.0
+# A shard reports progress every 0.2 s while it runs, busy or idle. One silent for the job's
+# `shard_silence_s` has a blocked event loop or a stopped process: it is killed, and its items
+# go to a replacement. The watchdog looks this often.
 WATCH_EVERY_S = 1.0
 # The input is read at most this far ahead of what has been handed out, to see its end coming.
 LOOKAHEAD_MAX = 4096
@@ -88,11 +88,12 @@ class Coordinator:
 
     def __init__(self, config: ShardConfig, shards: int, source: WorkSource, run_dir: RunDir,
                  view: ProgressView, rate_limits: tuple[float | None, float | None],
-                 *, fork: bool = True) -> None:
+                 *, silence_s: float, fork: bool = True) -> None:
         self.config = config  # the template every shard's config is made from
         self.shard_count = shards
         self.view = view
         self.rate_limits = rate_limits
+        self.silence_s = silence_s
         self.source = source
         self.run_dir = run_dir
         self.clock = Clock()
@@ -261,8 +262,8 @@ class Coordinator:
                 self.log.flush()
 
     async def watch(self) -> None:
-        """Kill a running shard that has sent nothing for `SHARD_SILENCE_S` (its pipe then
-        closes, and `serve` treats it as a death with that reason)."""
+        """Kill a running shard that has sent nothing for `silence_s` (its pipe then closes, and
+        `serve` treats it as a death with that reason)."""
         loop = asyncio.get_running_loop()
         last = loop.time()
         while True:
@@ -275,9 +276,10 @@ class Coordinator:
                     state.heard_at = max(state.heard_at, now)
             last = now
             for state in self._live():
-                if not state.silenced and now - state.heard_at > SHARD_SILENCE_S:
-                    state.silenced = (f"sent nothing for {SHARD_SILENCE_S:g} s (a blocked "
-                                      "event loop or a stopped process); it was killed")
+                if not state.silenced and now - state.heard_at > self.silence_s:
+                    state.silenced = (f"sent nothing for {self.silence_s:g} s, the "
+                                      "shard_silence_s limit (a blocked event loop or a "
+                                      "stopped process); it was killed")
                     state.handle.kill()
 
     # -- the run -------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
     coordinator = Coordinator(shard_template(job, this, base_url, api_key), spec.shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),
-                              fork=spec.shard_start == "fork")
+                              silence_s=spec.shard_silence_s, fork=spec.shard_start == "fork")
     status = "failed"
     summary: RunSummary | None = None
     try:

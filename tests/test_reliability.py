@@ -388,17 +388,16 @@ def test_shards_whose_end_is_never_reported_do_not_stall_the_run(tmp_path: Path)
 
 def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> None:
     """A shard that takes a batch and then sends nothing, its stdout still open (a blocked event
-    loop, a stopped process): the watchdog kills it once its silence passes the limit, and its
-    batch goes to a replacement."""
+    loop, a stopped process): the watchdog kills it once its silence passes the job's
+    `shard_silence_s`, and its batch goes to a replacement."""
     ids = write_input(tmp_path / "input.jsonl", 400)
-    write_job(tmp_path / "job.yaml", shard_start="fork", shards=3)
+    write_job(tmp_path / "job.yaml", shard_start="fork", shards=3, shard_silence_s=2)
     silent = HUNG_SHARD.replace("os.close(1)\n", "")
-    proc = _run_with_stand_in_launcher(
-        tmp_path, "report", silent,
-        "coordinator.SHARD_SILENCE_S = 2.0\ncoordinator.WATCH_EVERY_S = 0.2\n")
+    proc = _run_with_stand_in_launcher(tmp_path, "report", silent,
+                                       "coordinator.WATCH_EVERY_S = 0.2\n")
     assert proc.returncode == 0, proc.stderr
-    assert ("shard 0 died (sent nothing for 2 s (a blocked event loop or a stopped process); "
-            "it was killed)" in proc.stderr), proc.stderr
+    assert ("shard 0 died (sent nothing for 2 s, the shard_silence_s limit (a blocked event "
+            "loop or a stopped process); it was killed)" in proc.stderr), proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert not run.dead
@@ -408,13 +407,15 @@ def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> Non
 
 
 def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:
-    """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit:
-    the coordinator sees that it was stopped too, and no shard is taken for hung."""
+    """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit
+    (set through its environment variable): the coordinator sees that it was stopped too, and
+    no shard is taken for hung."""
     ids = write_input(tmp_path / "input.jsonl", 1500)
     write_job(tmp_path / "job.yaml", shards=3,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
-    code = _cli_code("coordinator.SHARD_SILENCE_S = 4.0\ncoordinator.WATCH_EVERY_S = 0.2\n")
+    code = _cli_code("coordinator.WATCH_EVERY_S = 0.2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env["SHARDRUN_SHARD_SILENCE_S"] = "4"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -431,6 +432,9 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
             proc.kill()
     assert proc.returncode == 0, err
     assert "died" not in err, err
+    manifest = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())
+    assert manifest["effective"]["shard_silence_s"] == {  # the limit the stop outlasted
+        "value": 4.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert {e["status"] for e in shard_exits(run)} == {"done"}

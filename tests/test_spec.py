@@ -189,6 +189,24 @@ def test_env_values_are_converted_and_empty_means_unset(jobs: Path) -> None:
     assert job.sources["retry.max_attempts"] == "default"
 
 
+def test_shard_silence_limit_from_file_and_env_with_a_floor(jobs: Path) -> None:
+    """`shard_silence_s`, how long a shard may send nothing before it is killed: 60 s unless the
+    job file or SHARDRUN_SHARD_SILENCE_S says otherwise, never under 2 s (reports come every
+    0.2 s, so less would take a busy machine's hiccup for a hang)."""
+    path = write(jobs, MINIMAL)
+    job = load(path)
+    assert (job.spec.shard_silence_s, job.sources["shard_silence_s"]) == (60.0, "default")
+    job = load(write(jobs, MINIMAL + "shard_silence_s: 300\n"))
+    assert job.effective()["shard_silence_s"] == {"value": 300.0, "source": "job file"}
+    job = load(path, {"SHARDRUN_SHARD_SILENCE_S": "600"})
+    assert job.effective()["shard_silence_s"] == {
+        "value": 600.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
+    assert error_of(path, env={"SHARDRUN_SHARD_SILENCE_S": "1"}) == (
+        "environment variable SHARDRUN_SHARD_SILENCE_S must be a number from 2 to 86400, got '1'"
+    )
+    assert "shard_silence_s" in error_of(write(jobs, MINIMAL + "shard_silence_s: 0.5\n"))
+
+
 def test_flag_errors_name_the_flag(jobs: Path) -> None:
     """A bad flag value is blamed on the flag; argparse's ints and Paths are accepted."""
     path = write(jobs, MINIMAL)
