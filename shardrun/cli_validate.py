@@ -118,6 +118,8 @@ def _ping_lines(result: PingResult) -> list[str]:
     http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
     lines = [f"ping: {result.status} ({http}) {result.url}: TTFT {ttft}, "
              f"total {result.total_s:.3f} s, {result.completion_tokens} tokens"]  # fmt: skip
+    if result.proxy is not None:
+        lines.append(f"  through the proxy {result.proxy['url']} (from {result.proxy['from']})")
     if result.error:
         lines.append(f"  error: {result.error}")
         if result.http_status == 404:

@@ -33,7 +33,7 @@ import asyncio
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import orjson
@@ -97,6 +97,9 @@ class StreamingClient:
         headers: Mapping[str, str],
         timeouts: Timeouts,
         clock: Clock,
+        *,
+        proxy: str | None = None,
+        proxy_authorization: str | None = None,
     ) -> None:
         path = "/chat/completions" if api == "chat" else "/completions"
         self._session, self._timeouts, self._clock = session, timeouts, clock
@@ -104,6 +107,19 @@ class StreamingClient:
         self._url = base_url.rstrip("/") + path
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
+        # The POST's other arguments, worked out once. `proxy` is an http://host:port URL
+        # (shardrun.proxy), `proxy_authorization` the Proxy-Authorization header's value. That
+        # header goes on the CONNECT that opens a tunnel for https, which aiohttp sends with
+        # `proxy_headers`, and on the request itself for http, where aiohttp does not add them;
+        # never into a tunnel, where the endpoint would read it.
+        self._post_kw: dict[str, Any] = {"allow_redirects": False}
+        if proxy is not None:
+            self._post_kw["proxy"] = proxy
+        if proxy is not None and proxy_authorization is not None:
+            if self._url.startswith("https:"):
+                self._post_kw["proxy_headers"] = {"Proxy-Authorization": proxy_authorization}
+            else:
+                self._headers["Proxy-Authorization"] = proxy_authorization
 
     @property
     def url(self) -> str:
@@ -125,7 +141,7 @@ class StreamingClient:
             async with tm:
                 st.arm(self._timeouts.connect_s, "timeout_connect")
                 resp = await self._session.post(
-                    self._url, data=data, headers=self._headers, allow_redirects=False
+                    self._url, data=data, headers=self._headers, **self._post_kw
                 )
                 st.headers(resp)
                 if 200 <= resp.status < 300:
@@ -136,6 +152,10 @@ class StreamingClient:
             raise exc.args[0] from None
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
             st.timed_out()
+        except aiohttp.ClientHttpProxyError as exc:  # the proxy refused the tunnel (CONNECT)
+            st.out.http_status = exc.status
+            st.fail(_status_of(exc.status), f"the proxy answered HTTP {exc.status}: "
+                                            f"{clip(exc.message)}")
         except (aiohttp.ClientError, OSError) as exc:
             st.fail(*_describe(exc, st.out.content_chunks))
         finally:
@@ -179,12 +199,8 @@ class StreamingClient:
     async def _read_error(self, st: Attempt, resp: aiohttp.ClientResponse) -> None:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""
         code = resp.status
-        status = (
-            "http_429" if code == 429 else "http_5xx" if code >= 500
-            else "http_4xx" if code >= 400 else "protocol_error"
-        )  # fmt: skip
         prefix = f"HTTP {code}" if code >= 400 else f"unexpected HTTP {code}"
-        st.fail(status, prefix)  # stands if reading the body fails or times out
+        st.fail(_status_of(code), prefix)  # stands if reading the body fails or times out
         st.arm(self._timeouts.idle_s, "timeout_idle")
         parts: list[bytes] = []
         size = 0
@@ -192,6 +208,14 @@ class StreamingClient:
             parts.append(chunk)
             size += len(chunk)
         st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
+
+
+def _status_of(code: int) -> str:
+    """The attempt status of a non-2xx HTTP answer."""
+    return (
+        "http_429" if code == 429 else "http_5xx" if code >= 500
+        else "http_4xx" if code >= 400 else "protocol_error"
+    )  # fmt: skip
 
 
 def _settle(st: Attempt) -> None:
@@ -214,10 +238,13 @@ def _settle(st: Attempt) -> None:
 
 def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     """Map an aiohttp/OS exception to (status, one human sentence)."""
-    if isinstance(exc, aiohttp.ClientConnectorError) and _is_dns_failure(exc):
-        return "conn_reset", f"cannot resolve {exc.host}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        where = f"{exc.host}:{exc.port}"
+        # Through a proxy (shardrun.proxy), the connection that failed is the proxy's.
+        via = "the proxy " if isinstance(exc, aiohttp.ClientProxyConnectionError) else ""
+        if _is_dns_failure(exc):
+            return "conn_reset", (f"cannot resolve {via}{exc.host}: "
+                                  f"{exc.os_error.strerror or exc.os_error}")
+        where = f"{via}{exc.host}:{exc.port}"
         if isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower():
             return "conn_reset", f"connection refused by {where}"
         return "conn_reset", f"cannot connect to {where}: {exc.os_error.strerror or exc.os_error}"

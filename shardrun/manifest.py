@@ -117,8 +117,11 @@ def versions() -> dict[str, str]:
 
 
 def start_manifest(
-    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str]
+    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str],
+    proxy: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The manifest of a new run, written at once. `proxy`: the proxy's URL (no credentials)
+    and the variable that named it, None for direct connections."""
     job_sha, job_size = file_digest(job.job_path)
     manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
@@ -128,6 +131,7 @@ def start_manifest(
         "job": {"path": str(job.job_path), "sha256": job_sha, "bytes": job_size},
         "effective": job.effective(),
         "endpoint_url": base_url,
+        "proxy": proxy,
         "shards": job.spec.shards,
         "versions": versions(),
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
@@ -141,7 +145,8 @@ def start_manifest(
 
 
 def resume_manifest(
-    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str], pass_info: dict[str, Any]
+    job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str], pass_info: dict[str, Any],
+    proxy: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Record a resume pass in an existing manifest (status back to `running`)."""
     manifest: dict[str, Any] = orjson.loads(run_dir.manifest_path.read_bytes())
@@ -155,6 +160,7 @@ def resume_manifest(
         "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
         "effective": job.effective(),
         "endpoint_url": base_url,
+        "proxy": proxy,
     })
     manifest["status"] = "running"
     manifest["ended_at"] = None

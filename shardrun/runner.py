@@ -24,6 +24,7 @@ from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
 from shardrun.pricing import cost
 from shardrun.progress import ProgressView, estimate_total
+from shardrun.proxy import Proxy, proxy_for
 from shardrun.shard_config import ShardConfig
 from shardrun.spec import LoadedJob, load_job
 from shardrun.summary import RunSummary
@@ -48,6 +49,15 @@ class RunOptions:
     strict: bool = False
     quiet: bool = False
     progress_interval: float = 10.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where this pass sends requests: the URL (the simulator's, for sim://), key and proxy."""
+
+    base_url: str
+    api_key: str | None
+    proxy: Proxy | None
 
 
 @dataclass
@@ -76,6 +86,8 @@ def run(
         print(f"warning: {warning}", file=sys.stderr)
     api_key = job.api_key(env)
     sim_config = _sim_config(job)
+    # The embedded simulator is a process of this run on loopback: never through a proxy.
+    proxy = None if sim_config is not None else proxy_for(job.spec.endpoint.base_url, env)
     reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
         check_strictly(make_reader(job))
@@ -88,7 +100,7 @@ def run(
 
             sim = start_sim(sim_config)
             base_url = sim.base_url
-        return _run_pass(job, this, reader, base_url, api_key, argv, options)
+        return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy), argv, options)
     finally:
         if sim is not None:
             sim.stop()
@@ -115,18 +127,19 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead)
 
 
-def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, base_url: str,
-              api_key: str | None, argv: list[str], options: RunOptions) -> RunSummary:
+def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoint,
+              argv: list[str], options: RunOptions) -> RunSummary:
+    proxy = None if endpoint.proxy is None else endpoint.proxy.describe()
     if this.segment == 0:
-        manifest = start_manifest(job, this.run_dir, base_url, argv)
+        manifest = start_manifest(job, this.run_dir, endpoint.base_url, argv, proxy)
     else:
-        manifest = resume_manifest(job, this.run_dir, base_url, argv, this.info)
+        manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done)
     total = estimate_total(job.input_path, spec.input.format)
     view = ProgressView(None if total is None else max(0, total - len(this.done)),
                         quiet=options.quiet, interval=options.progress_interval)
-    coordinator = Coordinator(shard_template(job, this, base_url, api_key), spec.shards,
+    coordinator = Coordinator(shard_template(job, this, endpoint), spec.shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),
                               silence_s=spec.shard_silence_s, fork=spec.shard_start == "fork")
@@ -161,17 +174,20 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-def shard_template(job: LoadedJob, this: Pass, base_url: str, api_key: str | None) -> ShardConfig:
+def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfig:
     """The configuration every shard of this pass gets (the coordinator sets `shard`)."""
     spec = job.spec
+    proxy = endpoint.proxy
     return ShardConfig(
         shard=0,
         run_id=this.run_dir.run_id,
         out_dir=str(this.run_dir.path),
-        base_url=base_url,
+        base_url=endpoint.base_url,
         api=spec.endpoint.api,
         model=spec.endpoint.model,
-        api_key=api_key,
+        api_key=endpoint.api_key,
+        proxy=None if proxy is None else proxy.url,
+        proxy_authorization=None if proxy is None else proxy.authorization,
         params=dict(spec.params),
         concurrency=spec.concurrency,
         retry=spec.retry.model_dump(),

@@ -282,6 +282,11 @@ class Shard:
             self._go_fatal(f"the endpoint refused the credentials (HTTP {http}: "
                            f"{outcome.error or 'no message'})", ABANDON)
             return
+        if http == 407:
+            self._go_fatal(f"the proxy refused the credentials (HTTP 407: "
+                           f"{outcome.error or 'no message'}); set them in the proxy variable "
+                           "as http://user:password@host:port", ABANDON)
+            return
         if http == 404 and not self.ok_once:
             # No item makes a completions URL "not found": the path, the API or the model is
             # wrong, and every other request would end the same way. Stop with the items
@@ -420,7 +425,9 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
     timeouts = Timeouts(**cfg.timeouts)
     async with make_session(cfg.concurrency, timeouts) as session:
         shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,
-                                              shard.clock) for api in ("chat", "completions")}
+                                              shard.clock, proxy=cfg.proxy,
+                                              proxy_authorization=cfg.proxy_authorization)
+                         for api in ("chat", "completions")}
         reader = asyncio.create_task(_pump(receive, shard))
         ticker = asyncio.create_task(shard.ticker())
         try:

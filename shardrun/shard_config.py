@@ -31,6 +31,10 @@ class ShardConfig:
     api: str
     model: str
     api_key: str | None = None
+    # The HTTP proxy to send requests through (shardrun.proxy): its URL without credentials,
+    # and the Proxy-Authorization value made of them.
+    proxy: str | None = None
+    proxy_authorization: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 16
     retry: dict[str, Any] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from shardrun.clock import Clock
 from shardrun.errors import SpecError
 from shardrun.inputs import Reject, make_reader
 from shardrun.items import build_request, prompt_chars, tokens_of_chars
+from shardrun.proxy import Proxy, proxy_for
 from shardrun.spec import LoadedJob
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
@@ -59,6 +60,7 @@ class PingResult:
     reply: str
     error: str | None
     rate_headers: Mapping[str, str] = field(default_factory=dict)
+    proxy: Mapping[str, str] | None = None  # Proxy.describe() of the proxy it went through
 
     @property
     def ok(self) -> bool:
@@ -110,9 +112,11 @@ def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[str, dict[str, A
 
 
 async def ping(
-    job: LoadedJob, base_url: str, api_key: str | None, item: Mapping[str, Any] | None
+    job: LoadedJob, base_url: str, api_key: str | None, item: Mapping[str, Any] | None,
+    proxy: Proxy | None = None,
 ) -> PingResult:
-    """Send one streaming request for `item` (or a one-word prompt) to `base_url`."""
+    """Send one streaming request for `item` (or a one-word prompt) to `base_url`, through
+    `proxy` as a run would."""
     # Only a ping needs the HTTP client; plain `validate` never imports aiohttp.
     from shardrun.client import StreamingClient, Timeouts, make_session
 
@@ -121,13 +125,17 @@ async def ping(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with make_session(1, timeouts) as session:
         client = StreamingClient(session, base_url, "chat" if api == "chat" else "completions",
-                                 headers, timeouts, Clock())  # fmt: skip
+                                 headers, timeouts, Clock(),
+                                 proxy=None if proxy is None else proxy.url,
+                                 proxy_authorization=None if proxy is None
+                                 else proxy.authorization)  # fmt: skip
         out = await client.attempt(body)
     ttft = None if out.first_token_at is None else out.first_token_at - out.started_at
     path = "/chat/completions" if api == "chat" else "/completions"
     return PingResult(base_url.rstrip("/") + path, out.status, out.http_status, ttft,
                       out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
-                      out.error, dict(out.rate_headers))  # fmt: skip
+                      out.error, dict(out.rate_headers),
+                      None if proxy is None else proxy.describe())  # fmt: skip
 
 
 def run_ping(
@@ -140,7 +148,8 @@ def run_ping(
     api_key = job.api_key(env)
     endpoint = job.spec.endpoint
     if endpoint.base_url != "sim://":
-        return asyncio.run(ping(job, endpoint.base_url, api_key, item))
+        proxy = proxy_for(endpoint.base_url, env)
+        return asyncio.run(ping(job, endpoint.base_url, api_key, item, proxy))
     try:
         config = SimConfig.from_mapping(dict(endpoint.sim or {}))
     except ValueError as exc:

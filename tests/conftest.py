@@ -93,6 +93,16 @@ def only_run(runs_dir: Path) -> Path:
     return run
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_proxy_variables() -> Iterator[None]:
+    """The tests talk to loopback servers directly: a developer's proxy variables would send
+    their runs through the proxy (tests/test_proxy.py sets its own, per run)."""
+    names = {f"{scheme}_proxy" for scheme in ("http", "https", "all", "no")}
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in names}
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def no_stray_children() -> Iterator[None]:
     """Fail a test that leaves child processes of this test process behind."""
