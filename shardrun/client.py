@@ -50,6 +50,7 @@ from shardrun._attempt import (
     call_caller,
 )
 from shardrun._chunks import clip, error_message
+from shardrun._urls import masked_url
 from shardrun.clock import Clock
 from shardrun.sse import SSEDecoder
 
@@ -123,8 +124,9 @@ class StreamingClient:
 
     @property
     def url(self) -> str:
-        """Where every attempt of this client is POSTed."""
-        return self._url
+        """Where every attempt of this client is POSTed, as messages may show it (a password in
+        the URL masked)."""
+        return masked_url(self._url)
 
     async def attempt(
         self,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from shardrun import __version__
+from shardrun._urls import masked_url
 from shardrun.errors import SpecError
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def start_manifest(
         "command": ["shardrun", *argv],
         "job": {"path": str(job.job_path), "sha256": job_sha, "bytes": job_size},
         "effective": job.effective(),
-        "endpoint_url": base_url,
+        "endpoint_url": masked_url(base_url),
         "proxy": proxy,
         "shards": job.spec.shards,
         "versions": versions(),
@@ -159,7 +160,7 @@ def resume_manifest(
         "job_sha256": job_sha,
         "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
         "effective": job.effective(),
-        "endpoint_url": base_url,
+        "endpoint_url": masked_url(base_url),
         "proxy": proxy,
     })
     manifest["status"] = "running"

@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
+import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from shardrun import __version__, events, protocol
+from shardrun._chunks import clip
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.clock import Clock
 from shardrun.items import build_request, prompt_chars, tokens_of_chars
@@ -183,6 +186,8 @@ class Shard:
                 self._request_more()
                 await self._rate_wait(span, 1)
                 self._admit(span)
+        except Exception as exc:  # a bug, or an error no one foresaw: never a silent end
+            self._unexpected(span, exc)
         finally:
             self.sem.release()
 
@@ -304,6 +309,18 @@ class Shard:
             if self.connect_failures >= UNREACHABLE_AFTER:
                 self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}")
 
+    def _unexpected(self, span: Span, exc: Exception) -> None:
+        """An exception escaped a span: the traceback goes to the shard's log (its stderr), the
+        run stops with one sentence, and this span, like every queued one, is left unfinished
+        for --resume (unless it had already ended)."""
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        self._go_fatal(f"shard {self.cfg.shard} stopped on an unexpected {type(exc).__name__}: "
+                       f"{clip(exc)} (the traceback is in its log); continue with --resume",
+                       ABANDON)
+        if not span.ended:
+            self._abandon(span, admitted=span.admitted_at is not None)
+
     def _go_fatal(self, reason: str, mode: str = DEAD_LETTER, *, tell: bool = True) -> None:
         """Stop sending requests; queued and later items end as `mode` says."""
         if self.fatal_reason is not None:
@@ -342,6 +359,7 @@ class Shard:
         self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome="ok", reason=None)
+        span.ended = True
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
         if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
@@ -369,6 +387,7 @@ class Shard:
             self.log.emit(events.ADMITTED, t=released_at, span=span.span_id, id=span.item_id)
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome=outcome, reason=reason)
+        span.ended = True
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "

@@ -29,6 +29,7 @@ class Span:
     attempt_started_at: float | None = None
     conn_ready_at: float | None = None  # of the latest attempt (None: no connection)
     history: list[dict[str, Any]] = field(default_factory=list)
+    ended: bool = False  # released (ok, dead or abandoned)
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

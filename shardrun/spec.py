@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -40,6 +40,7 @@ from shardrun._models import (
     TimeoutsSpec,
     kind_of,
 )
+from shardrun._urls import masked_url
 from shardrun.errors import SpecError
 
 __all__ = [
@@ -87,7 +88,7 @@ class LoadedJob:
         for key in LEAF_KEYS:
             value = copy.deepcopy(_leaf(self.spec, key))
             if key == "endpoint.base_url":
-                value = _mask_url_password(str(value))
+                value = masked_url(str(value))
             out[key] = {"value": value, "source": self.sources[key]}
         return out
 
@@ -101,6 +102,14 @@ class LoadedJob:
         if name is None:
             return None
         value = env.get(name, "").strip()
+        if value and urlsplit(self.spec.endpoint.base_url).username is not None:
+            # aiohttp turns a URL's user and password into an Authorization header, and one
+            # request cannot carry both that and the key's.
+            raise SpecError(
+                f"{self.origin or self.job_path}: endpoint.base_url carries a user name and "
+                f"password, and api_key_env names a key ({name}): a request sends one "
+                "Authorization header, so keep only one of the two"
+            )
         if value:
             return value
         source = self.sources.get("endpoint.api_key_env", "job file")
@@ -279,12 +288,3 @@ def _leaf(spec: JobSpec, key: str) -> object:
     for name in key.split("."):
         node = getattr(node, name)
     return node
-
-
-def _mask_url_password(url: str) -> str:
-    """`https://user:pw@host/v1` -> `https://user:***@host/v1`; anything else unchanged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

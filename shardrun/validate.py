@@ -131,8 +131,7 @@ async def ping(
                                  else proxy.authorization)  # fmt: skip
         out = await client.attempt(body)
     ttft = None if out.first_token_at is None else out.first_token_at - out.started_at
-    path = "/chat/completions" if api == "chat" else "/completions"
-    return PingResult(base_url.rstrip("/") + path, out.status, out.http_status, ttft,
+    return PingResult(client.url, out.status, out.http_status, ttft,
                       out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
                       out.error, dict(out.rate_headers),
                       None if proxy is None else proxy.describe())  # fmt: skip

@@ -549,6 +549,68 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
     assert list((path / "dead").glob("superseded-r1/*.jsonl"))
 
 
+def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
+    """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
+    the URL masks the password, and no file of the run holds it, manifest included."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    with sim() as server:
+        right = server.base_url.replace("http://", "http://alice:pw-secret@")
+        wrong = right.removesuffix("/v1")
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": wrong, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        assert proc.returncode == 1
+        shown = wrong.replace("pw-secret", "***")
+        assert f"error: POST {shown}/chat/completions answered HTTP 404" in proc.stderr
+        assert "pw-secret" not in proc.stdout + proc.stderr
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": right})
+    assert resumed.returncode == 0, resumed.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert run.manifest["endpoint_url"] == shown
+    assert run.manifest["resumes"][0]["endpoint_url"] == right.replace("pw-secret", "***")
+    for path in run.path.rglob("*"):
+        if path.is_file():
+            assert b"pw-secret" not in path.read_bytes(), path
+
+
+def test_an_unexpected_exception_in_a_shard_stops_the_run_with_one_sentence(
+        tmp_path: Path) -> None:
+    """An exception no code path expects (here planted in building one item's request): the run
+    stops with one sentence, the traceback is in the shard's log, every span still ends with
+    one `released`, and --resume finishes every item exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    write_job(tmp_path / "job.yaml", shards=2)
+    plant = ("from shardrun import shard\n"
+             "real = shard.build_request\n"
+             "def build_request(item, **kw):\n"
+             "    if item['id'] == 'item-00007':\n"
+             "        raise RuntimeError('planted for the test')\n"
+             "    return real(item, **kw)\n"
+             "shard.build_request = build_request\n")  # the shards are forked: they inherit it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.run([sys.executable, "-c", _cli_code(plant)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=STALL_GUARD_S,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: shard \d stopped on an unexpected RuntimeError: planted for the test \(the "
+        r"traceback is in its log\); continue with --resume", errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+    path = only_run(tmp_path / "runs")
+    logs = "".join(p.read_text() for p in (path / "logs").glob("shard-*.log"))
+    assert "Traceback (most recent call last)" in logs and "planted for the test" in logs
+    run = Run.load(path)
+    assert not run.dead
+    queued = Counter(e["span"] for e in run.events if e["ev"] == "queued")
+    released = Counter(e["span"] for e in run.events if e["ev"] == "released")
+    assert queued == released and set(released.values()) == {1}
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -> None:
     """HTTP 401 stops the run with one clear message; nothing is dead-lettered; resume works."""
     ids = write_input(tmp_path / "input.jsonl", 500)

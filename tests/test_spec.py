@@ -404,13 +404,28 @@ def test_effective_contains_no_secrets(jobs: Path) -> None:
     )
     env = {"OPENAI_API_KEY": sentinel, "SHARDRUN_API_KEY": sentinel}
     job = load(write(jobs, text), env)
-    assert job.api_key(env) == sentinel
     dumped = json.dumps(job.effective())
     assert sentinel not in dumped and "pw-secret" not in dumped
     assert job.effective()["endpoint.api_key_env"]["value"] == "OPENAI_API_KEY"
     assert job.effective()["endpoint.base_url"]["value"] == "https://user:***@h:8443/v1"
     assert set(job.effective()) == set(LEAF_KEYS)
     assert not any(sentinel in w for w in job.warnings)
+
+
+def test_a_url_password_and_an_api_key_cannot_both_authorize(jobs: Path) -> None:
+    """Both would be an Authorization header: an error up front, naming both, never a request
+    that fails in the shard. Either one alone is fine."""
+    with_user = MINIMAL.replace("sim://", "'https://user:pw-secret@h/v1'")
+    path = write(jobs, with_user.replace("model:", "api_key_env: KEY\n  model:"))
+    with pytest.raises(SpecError) as caught:
+        load(path).api_key({"KEY": "sk-1"})
+    assert str(caught.value) == (
+        f"{path}: endpoint.base_url carries a user name and password, and api_key_env names a "
+        "key (KEY): a request sends one Authorization header, so keep only one of the two")
+    assert load(write(jobs, with_user)).api_key({"KEY": "sk-1"}) is None
+    plain = MINIMAL.replace("sim://", "'https://h/v1'").replace(
+        "model:", "api_key_env: KEY\n  model:")
+    assert load(write(jobs, plain)).api_key({"KEY": "sk-1"}) == "sk-1"
 
 
 def test_unknown_shardrun_variables_warn_with_suggestion(jobs: Path) -> None:

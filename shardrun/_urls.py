@@ -1,0 +1,15 @@
+"""URLs as they may be shown: in messages, the manifest, a report. Pure, and light to import
+(the shard uses it)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+
+def masked_url(url: str) -> str:
+    """`https://user:pw@host/v1` -> `https://user:***@host/v1`; anything else unchanged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
