@@ -33,6 +33,8 @@ _MUST_BE_OVERRIDES: Mapping[str, str] = {
     "endpoint.api_key_env": (
         "the name of an environment variable (like OPENAI_API_KEY), not the key itself"
     ),
+    "endpoint.api_key_header": "an HTTP header name, such as Authorization or api-key",
+    "endpoint.headers": "a mapping of header names to text (quote a number: X-Version: '2')",
     "rate_limits.rpm": "a number greater than 0 (requests per minute), or none for no limit",
     "rate_limits.tpm": "a number greater than 0 (tokens per minute), or none for no limit",
 }
@@ -60,6 +62,14 @@ _CROSS_FIELD: Mapping[str, str] = {
         "{subject} cannot be combined with {other}: give either an hourly price or per-token"
         " prices"
     ),
+    "key_header_in_headers": (
+        "{subject} must not set {other_value}, the header {other} names for the key of"
+        " endpoint.api_key_env"
+    ),
+    "url_auth_in_headers": (
+        "{subject} must not set Authorization: {other} carries a user name and password,"
+        " which are sent as that header"
+    ),
     "params_reserved": (
         "{subject} must not set {got}: shardrun sends the model, the prompt or messages,"
         " and stream itself"
@@ -68,6 +78,7 @@ _CROSS_FIELD: Mapping[str, str] = {
 
 _VALUE_RULES: Mapping[str, str] = {
     "template_syntax": "{subject} is not a valid template: {why}",
+    "header_rule": "{subject} {why}",
 }
 """Single-field rules whose reason is more useful than 'must be <type>'."""
 

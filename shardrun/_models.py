@@ -8,6 +8,7 @@ from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import PurePath
 from types import MappingProxyType
@@ -24,6 +25,10 @@ from shardrun._template import TemplateError, parse_template
 _NON_BLANK = r"\S"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _RESERVED_PARAMS = ("model", "prompt", "messages", "stream")
+_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP token (RFC 9110)
+# Headers the client sets itself or that HTTP's framing owns: a job may not replace them.
+_RESERVED_HEADERS = frozenset({"accept", "connection", "content-length", "content-type", "host",
+                               "proxy-authorization", "transfer-encoding"})  # fmt: skip
 
 
 class _Frozen(BaseModel):
@@ -39,7 +44,26 @@ class EndpointSpec(_Frozen):
     api: Literal["chat", "completions"] = "chat"
     model: str = Field(pattern=_NON_BLANK)
     api_key_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    # The header that carries the key: `Authorization` sends `Bearer KEY`; any other header
+    # (`api-key`, `x-api-key`, as some servers and gateways want) sends the key as it is.
+    api_key_header: str = Field(default="Authorization", pattern=_HEADER_NAME)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with every request, as given
     sim: dict[str, Any] | None = None
+
+    @field_validator("headers")
+    @classmethod
+    def _usable_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            why = None
+            if not re.match(_HEADER_NAME, name):
+                why = f"has {name!r}, which is not an HTTP header name"
+            elif name.lower() in _RESERVED_HEADERS:
+                why = f"must not set {name}: shardrun sends it itself"
+            elif "\r" in value or "\n" in value:
+                why = f"has a line break in the value of {name}"
+            if why is not None:
+                raise PydanticCustomError("header_rule", "bad header: {why}", {"why": why})
+        return headers
 
     @field_validator("base_url")
     @classmethod
@@ -51,6 +75,26 @@ class EndpointSpec(_Frozen):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("base_url must start with http:// or https://, or be sim://")
         return url
+
+    @model_validator(mode="after")
+    def _one_source_per_header(self) -> EndpointSpec:
+        """A job header must not stand for the key's header (one would replace the other), nor
+        for Authorization when the URL has a user and password (aiohttp sends those as it)."""
+        names = {name.lower() for name in self.headers}
+        if self.api_key_env is not None and self.api_key_header.lower() in names:
+            raise PydanticCustomError(
+                "key_header_in_headers",
+                "endpoint.headers sets the header that carries the key",
+                {"field": "headers", "other": "api_key_header",
+                 "other_value": self.api_key_header},
+            )
+        if "authorization" in names and urlsplit(self.base_url).username is not None:
+            raise PydanticCustomError(
+                "url_auth_in_headers",
+                "endpoint.headers sets Authorization and base_url has credentials",
+                {"field": "headers", "other": "base_url"},
+            )
+        return self
 
     @model_validator(mode="after")
     def _sim_needs_sim_url(self) -> EndpointSpec:

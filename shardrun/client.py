@@ -61,6 +61,7 @@ __all__ = [
     "StreamingClient",
     "Timeouts",
     "make_session",
+    "request_headers",
 ]
 
 _ERROR_BODY_MAX = 64 * 1024
@@ -210,6 +211,17 @@ class StreamingClient:
             parts.append(chunk)
             size += len(chunk)
         st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
+
+
+def request_headers(api_key: str | None, key_header: str,
+                    extra: Mapping[str, str]) -> dict[str, str]:
+    """The headers a job adds to every request: its own, and the key in `key_header` (as
+    `Bearer KEY` in Authorization, as it is in any other header)."""
+    headers = dict(extra)
+    if api_key:
+        bearer = key_header.lower() == "authorization"
+        headers[key_header] = f"Bearer {api_key}" if bearer else api_key
+    return headers
 
 
 def _status_of(code: int) -> str:

@@ -186,6 +186,8 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         api=spec.endpoint.api,
         model=spec.endpoint.model,
         api_key=endpoint.api_key,
+        api_key_header=spec.endpoint.api_key_header,
+        headers=dict(spec.endpoint.headers),
         proxy=None if proxy is None else proxy.url,
         proxy_authorization=None if proxy is None else proxy.authorization,
         params=dict(spec.params),

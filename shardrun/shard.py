@@ -21,7 +21,13 @@ from typing import Any
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import clip
-from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
+from shardrun.client import (
+    AttemptOutcome,
+    StreamingClient,
+    Timeouts,
+    make_session,
+    request_headers,
+)
 from shardrun.clock import Clock
 from shardrun.items import build_request, prompt_chars, tokens_of_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
@@ -440,7 +446,7 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
     shard = Shard(cfg, send)
     shard.log.emit(events.SHARD_START, t=shard.clock.now(), cap=cfg.concurrency, pid=os.getpid(),
                    version=__version__, host=socket.gethostname())
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    headers = request_headers(cfg.api_key, cfg.api_key_header, cfg.headers)
     timeouts = Timeouts(**cfg.timeouts)
     async with make_session(cfg.concurrency, timeouts) as session:
         shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,

@@ -31,6 +31,8 @@ class ShardConfig:
     api: str
     model: str
     api_key: str | None = None
+    api_key_header: str = "Authorization"
+    headers: dict[str, str] = field(default_factory=dict)  # the job's own, for every request
     # The HTTP proxy to send requests through (shardrun.proxy): its URL without credentials,
     # and the Proxy-Authorization value made of them.
     proxy: str | None = None

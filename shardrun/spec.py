@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ from shardrun._models import (
 )
 from shardrun._urls import masked_url
 from shardrun.errors import SpecError
+
+# Job headers whose values the manifest masks: the README says secrets belong in api_key_env,
+# but a pasted `Authorization: Bearer ...` must not end up in a published manifest.
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
 
 __all__ = [
     "ENV_VARS",
@@ -83,12 +88,16 @@ class LoadedJob:
 
     def effective(self) -> dict[str, dict[str, object]]:
         """Every leaf's value and source, for the manifest. Holds no secret: the API key is
-        never read here, only the *name* of its variable, and URL passwords are masked."""
+        never read here, only the *name* of its variable; URL passwords are masked, and so are
+        job headers whose names say they hold a credential."""
         out: dict[str, dict[str, object]] = {}
         for key in LEAF_KEYS:
             value = copy.deepcopy(_leaf(self.spec, key))
             if key == "endpoint.base_url":
                 value = masked_url(str(value))
+            elif key == "endpoint.headers":
+                value = {name: "***" if _SECRET_HEADER.search(name) else text
+                         for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
             out[key] = {"value": value, "source": self.sources[key]}
         return out
 
@@ -102,7 +111,9 @@ class LoadedJob:
         if name is None:
             return None
         value = env.get(name, "").strip()
-        if value and urlsplit(self.spec.endpoint.base_url).username is not None:
+        endpoint = self.spec.endpoint
+        if (value and endpoint.api_key_header.lower() == "authorization"
+                and urlsplit(endpoint.base_url).username is not None):
             # aiohttp turns a URL's user and password into an Authorization header, and one
             # request cannot carry both that and the key's.
             raise SpecError(

@@ -118,11 +118,12 @@ async def ping(
     """Send one streaming request for `item` (or a one-word prompt) to `base_url`, through
     `proxy` as a run would."""
     # Only a ping needs the HTTP client; plain `validate` never imports aiohttp.
-    from shardrun.client import StreamingClient, Timeouts, make_session
+    from shardrun.client import StreamingClient, Timeouts, make_session, request_headers
 
     api, body = ping_body(job, item or PING_PROMPT)
     timeouts = Timeouts(**job.spec.timeouts.model_dump())
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    endpoint = job.spec.endpoint
+    headers = request_headers(api_key, endpoint.api_key_header, endpoint.headers)
     async with make_session(1, timeouts) as session:
         client = StreamingClient(session, base_url, "chat" if api == "chat" else "completions",
                                  headers, timeouts, Clock(),

@@ -3,13 +3,14 @@
     python tests/forward_proxy.py LOG [--upstream HOST:PORT] [--require AUTH] [--tls PEM]
 
 It listens on a free loopback port and prints `listening on PORT`. Per client connection it
-reads the first request head and appends one JSON line to LOG: method, target and the
-Proxy-Authorization header. With `--require`, a head whose header is not exactly AUTH gets a
-407 and the connection closes. Otherwise it connects to the target the head names (host:port
-for CONNECT, the absolute URL's host and port for plain HTTP), or to `--upstream` whatever the
-head names, and relays bytes both ways until either side closes. A CONNECT is answered with
-200 first; a plain-HTTP head is passed on as it came, and so are later requests on the same
-connection (an HTTP/1.1 server must accept absolute-form targets).
+reads the first request head and appends one JSON line to LOG: method, target, the
+Proxy-Authorization header and all of the head's headers. With `--require`, a head whose
+Proxy-Authorization is not exactly AUTH gets a 407 and the connection closes. Otherwise it
+connects to the target the head names (host:port for CONNECT, the absolute URL's host and port
+for plain HTTP), or to `--upstream` whatever the head names, and relays bytes both ways until
+either side closes. A CONNECT is answered with 200 first; a plain-HTTP head is passed on as it
+came, and so are later requests on the same connection (an HTTP/1.1 server must accept
+absolute-form targets).
 
 `--tls PEM` (a key and certificate chain) makes it the far end of every CONNECT tunnel itself:
 it answers the TLS handshake, logs the first request head inside the tunnel (method `tunnel`:
@@ -52,11 +53,11 @@ async def read_head(args: argparse.Namespace, reader: asyncio.StreamReader,
         return None
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
-    auth = next((line.split(": ", 1)[1] for line in lines[1:]
-                 if line.lower().startswith("proxy-authorization: ")), None)  # fmt: skip
+    fields = [line.split(": ", 1) for line in lines[1:] if ": " in line]
+    auth = next((value for name, value in fields if name.lower() == "proxy-authorization"), None)
     with open(args.log, "a") as log:
-        log.write(json.dumps({"method": as_method or method, "target": target, "auth": auth})
-                  + "\n")
+        log.write(json.dumps({"method": as_method or method, "target": target, "auth": auth,
+                              "headers": dict(fields)}) + "\n")
     return head, method, target, auth
 
 

@@ -260,3 +260,33 @@ def test_validate_ping_goes_through_the_proxy_and_says_so(tmp_path: Path) -> Non
     assert f"ping: ok (HTTP 200) http://{CLOSED}/v1/chat/completions: " in proc.stdout
     assert f"\n  through the proxy http://127.0.0.1:{port} (from http_proxy)\n" in proc.stdout
     assert [s["target"] for s in read_jsonl(log)] == [f"http://{CLOSED}/v1/chat/completions"]
+
+
+def test_the_jobs_headers_and_the_key_in_a_header_of_its_choosing(tmp_path: Path) -> None:
+    """`endpoint.headers` go with every request as given; `api_key_header: api-key` carries the
+    key as it is, and no Authorization header is sent. Seen on the wire, by the proxy the
+    requests pass through."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    write_job(tmp_path / "job.yaml", endpoint={
+        "base_url": f"http://{CLOSED}/v1", "api": "chat", "model": "m", "api_key_env": "KEY",
+        "api_key_header": "api-key", "headers": {"X-Org": "acme", "OpenAI-Beta": "x=1"}})
+    log = tmp_path / "proxy.jsonl"
+    with proxy_to_sim(log) as port:
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path,
+                       env={"HTTP_PROXY": f"http://127.0.0.1:{port}", "KEY": "sk-test-4242"})
+    assert proc.returncode == 0, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert sorted(r["id"] for r in run.results) == ids
+    seen = read_jsonl(log)
+    assert seen
+    for request in seen:
+        names = {name.lower(): value for name, value in request["headers"].items()}
+        assert names["api-key"] == "sk-test-4242"
+        assert names["x-org"] == "acme" and names["openai-beta"] == "x=1"
+        assert "authorization" not in names
+    effective = run.manifest["effective"]
+    assert effective["endpoint.headers"]["value"] == {"X-Org": "acme", "OpenAI-Beta": "x=1"}
+    assert effective["endpoint.api_key_header"]["value"] == "api-key"
+    for path in run.path.rglob("*"):
+        if path.is_file():
+            assert b"sk-test-4242" not in path.read_bytes(), path

@@ -6,8 +6,10 @@ import json
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -595,3 +597,43 @@ def test_output_format(jobs: Path) -> None:
     assert error_of(write(jobs, MINIMAL + "rate_limits: {rmp: 5}\n")) == (
         "jobs/x.yaml: unknown key 'rate_limits.rmp' (did you mean 'rate_limits.rpm'?)"
     )
+
+
+@pytest.mark.parametrize(("endpoint", "message"), [
+    ({"headers": {"Bad Name": "x"}}, "endpoint.headers has 'Bad Name', which is not an HTTP "
+                                     "header name"),
+    ({"headers": {"content-type": "text/plain"}}, "endpoint.headers must not set content-type: "
+                                                  "shardrun sends it itself"),
+    ({"headers": {"X-A": "a\nb"}}, "endpoint.headers has a line break in the value of X-A"),
+    ({"headers": {"X-A": 5}}, "endpoint.headers must be a mapping of header names to text "
+                              "(quote a number: X-Version: '2'), got 5"),
+    ({"api_key_header": "two words"}, "endpoint.api_key_header must be an HTTP header name, "
+                                      "such as Authorization or api-key, got 'two words'"),
+    ({"api_key_env": "K", "api_key_header": "api-key", "headers": {"API-Key": "x"}},
+     "endpoint.headers must not set 'api-key', the header endpoint.api_key_header names for the "
+     "key of endpoint.api_key_env"),
+    ({"base_url": "https://u:p@h/v1", "headers": {"Authorization": "Bearer x"}},
+     "endpoint.headers must not set Authorization: endpoint.base_url carries a user name and "
+     "password, which are sent as that header"),
+])  # fmt: skip
+def test_request_headers_are_checked_before_any_request(jobs: Path, endpoint: dict[str, Any],
+                                                        message: str) -> None:
+    """endpoint.headers and endpoint.api_key_header: one sentence per mistake, naming the key."""
+    job = {"endpoint": {"base_url": "https://h/v1", "model": "m", **endpoint},
+           "input": {"path": "data.jsonl"}}
+    path = write(jobs, yaml.safe_dump(job))
+    assert error_of(path) == f"{path}: {message}"
+
+
+def test_request_headers_default_and_pass_through(jobs: Path) -> None:
+    """No job headers and the key in Authorization by default; job headers reach the manifest
+    view as given, but for values whose names say they are credentials."""
+    job = load(write(jobs, MINIMAL))
+    assert (job.spec.endpoint.headers, job.spec.endpoint.api_key_header) == ({}, "Authorization")
+    text = MINIMAL.replace("  model: sim-small\n", "  model: sim-small\n  headers: {X-Org: acme, "
+                           "Authorization: Bearer sk-1, X-Api-Key: k2, Cookie: c3}\n")
+    job = load(write(jobs, text))
+    assert job.spec.endpoint.headers["Authorization"] == "Bearer sk-1"  # sent as given
+    assert job.effective()["endpoint.headers"] == {  # but masked where it is recorded
+        "value": {"X-Org": "acme", "Authorization": "***", "X-Api-Key": "***", "Cookie": "***"},
+        "source": "job file"}
