@@ -74,6 +74,8 @@ class EndpointSpec(_Frozen):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("base_url must start with http:// or https://, or be sim://")
+        if parts.fragment:
+            raise ValueError("base_url must start with http:// or https://, or be sim://")
         return url
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -60,6 +61,7 @@ __all__ = [
     "OnFirstToken",
     "StreamingClient",
     "Timeouts",
+    "endpoint_url",
     "make_session",
     "request_headers",
 ]
@@ -106,7 +108,7 @@ class StreamingClient:
         path = "/chat/completions" if api == "chat" else "/completions"
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._chat = api == "chat"
-        self._url = base_url.rstrip("/") + path
+        self._url = endpoint_url(base_url, path)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
         # The POST's other arguments, worked out once. `proxy` is an http://host:port URL
@@ -211,6 +213,13 @@ class StreamingClient:
             parts.append(chunk)
             size += len(chunk)
         st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
+
+
+def endpoint_url(base_url: str, path: str) -> str:
+    """`path` appended to the base URL's path; its query stays at the end, so a server that wants
+    one (`?api-version=...` for Azure OpenAI's deployments) gets it on every request."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
 
 
 def request_headers(api_key: str | None, key_header: str,

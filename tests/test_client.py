@@ -18,7 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun._attempt import CURRENT, Attempt
-from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, _describe, make_session
+from shardrun.client import (
+    AttemptOutcome,
+    StreamingClient,
+    Timeouts,
+    _describe,
+    endpoint_url,
+    make_session,
+)
 from shardrun.clock import Clock
 from shardrun.itl import ItlHistogram
 
@@ -656,3 +663,13 @@ def test_connector_errors_described(os_error: OSError, expected: str) -> None:
     key = SimpleNamespace(host="nowhere.invalid", port=443, ssl=True)
     exc = aiohttp.ClientConnectorError(key, os_error)  # type: ignore[arg-type]
     assert _describe(exc, 0) == ("conn_reset", expected)
+
+
+def test_the_path_goes_before_the_base_urls_query() -> None:
+    """A base URL with a query (Azure OpenAI's `?api-version=`) keeps it at the end."""
+    assert endpoint_url("https://h/v1", "/chat/completions") == "https://h/v1/chat/completions"
+    assert endpoint_url("https://h/v1/", "/completions") == "https://h/v1/completions"
+    assert endpoint_url("https://r.openai.azure.com/openai/deployments/d?api-version=2024-10-21",
+                        "/chat/completions") == (
+        "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21")
+    assert endpoint_url("http://u:p@h:8000", "/completions") == "http://u:p@h:8000/completions"

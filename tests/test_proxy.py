@@ -290,3 +290,18 @@ def test_the_jobs_headers_and_the_key_in_a_header_of_its_choosing(tmp_path: Path
     for path in run.path.rglob("*"):
         if path.is_file():
             assert b"sk-test-4242" not in path.read_bytes(), path
+
+
+def test_a_query_in_the_base_url_reaches_every_request(tmp_path: Path) -> None:
+    """`?api-version=...` (Azure OpenAI deployments) stays after the path on the wire."""
+    ids = write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", endpoint={
+        "base_url": f"http://{CLOSED}/v1?api-version=2024-10-21", "api": "chat", "model": "m"})
+    log = tmp_path / "proxy.jsonl"
+    with proxy_to_sim(log) as port:
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path,
+                       env={"HTTP_PROXY": f"http://127.0.0.1:{port}"})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == ids
+    assert {s["target"] for s in read_jsonl(log)} == {
+        f"http://{CLOSED}/v1/chat/completions?api-version=2024-10-21"}

@@ -637,3 +637,11 @@ def test_request_headers_default_and_pass_through(jobs: Path) -> None:
     assert job.effective()["endpoint.headers"] == {  # but masked where it is recorded
         "value": {"X-Org": "acme", "Authorization": "***", "X-Api-Key": "***", "Cookie": "***"},
         "source": "job file"}
+
+
+def test_a_base_url_fragment_is_refused(jobs: Path) -> None:
+    """A `#fragment` is never sent: a URL that has one is a mistake (a query is fine)."""
+    path = write(jobs, MINIMAL.replace("sim://", "'https://h/v1#x'"))
+    assert error_of(path) == (f"{path}: endpoint.base_url must be a URL starting with http:// "
+                              "or https:// (no #fragment), or sim://, got 'https://h/v1#x'")
+    assert load(write(jobs, MINIMAL.replace("sim://", "'https://h/v1?a=1'"))) is not None
