@@ -109,6 +109,8 @@ class StreamingClient:
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._chat = api == "chat"
         self._url = endpoint_url(base_url, path)
+        # Where every attempt is POSTed, as messages show it (a password in the URL masked).
+        self.url = masked_url(self._url)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
         # The POST's other arguments, worked out once. `proxy` is an http://host:port URL
@@ -124,12 +126,6 @@ class StreamingClient:
                 self._post_kw["proxy_headers"] = {"Proxy-Authorization": proxy_authorization}
             else:
                 self._headers["Proxy-Authorization"] = proxy_authorization
-
-    @property
-    def url(self) -> str:
-        """Where every attempt of this client is POSTed, as messages may show it (a password in
-        the URL masked)."""
-        return masked_url(self._url)
 
     async def attempt(
         self,
