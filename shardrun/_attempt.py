@@ -29,8 +29,18 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from shardrun._chunks import BAD, DONE, MORE, RATE_PREFIX, ChunkReader, clip, stream_error
+from shardrun._chunks import (
+    BAD,
+    DONE,
+    MORE,
+    RATE_PREFIX,
+    ChunkReader,
+    clip,
+    read_whole,
+    stream_error,
+)
 from shardrun.clock import Clock
+from shardrun.items import tokens_of_chars
 from shardrun.itl import ItlHistogram
 
 if TYPE_CHECKING:
@@ -83,7 +93,8 @@ class AttemptOutcome:
     """Everything the shard logs about one attempt. Times are `Clock.now()` seconds.
 
     `completion_tokens` is the server's usage figure when it sent one, else the number of content
-    chunks (`usage_estimated` True). `itl` holds the gaps between successive content chunks.
+    chunks, or for a whole (non-streamed) answer its characters / 4 (`usage_estimated` True).
+    `itl` holds the gaps between successive content chunks.
     """
 
     status: str = "ok"
@@ -146,7 +157,7 @@ class Attempt:
 
     __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
                  "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
-                 "watch_at")  # fmt: skip
+                 "watch_at", "whole_estimate")  # fmt: skip
 
     def __init__(self, chat: bool, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
                  on_conn: OnConnReady | None) -> None:  # fmt: skip
@@ -161,6 +172,7 @@ class Attempt:
         self.pieces: list[str] = []
         self.done = self.failed = self.notified = False
         self.resp: aiohttp.ClientResponse | None = None
+        self.whole_estimate: int | None = None  # see take_whole
 
     def arm(self, delay: float, kind: str) -> None:
         """Move the deadline to `delay` from now, capped by the total deadline.
@@ -257,6 +269,29 @@ class Attempt:
             self.fail(*stream_error(self.reader.error, out.content_chunks))
         return True
 
+    def take_whole(self, body: bytes, now: float) -> bool:
+        """A 2xx body with no stream in it, read to its end at `now`: apply it if it is one
+        complete JSON answer (a server that does not stream). False when it is not one.
+
+        The text arrives as one piece (one content chunk), so first and last token are both
+        `now` and there are no gaps. Without usage, its token count is estimated as characters
+        / 4: a stream's estimate counts chunks, and here there is only one.
+        """
+        text = read_whole(body, self.reader)
+        if text is None:
+            return False
+        if self.reader.error is not None:
+            self.fail(*stream_error(self.reader.error, 0))
+            return True
+        if text:
+            self.pieces.append(text)
+            out = self.out
+            out.content_chunks = 1
+            out.first_token_at = out.last_token_at = now
+            self.whole_estimate = tokens_of_chars(len(text))
+        self.done = True
+        return True
+
     def timed_out(self) -> None:
         """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""
         ours = self.tm.expired() or self.out.conn_ready_at is not None
@@ -277,5 +312,7 @@ class Attempt:
         r = self.reader
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
-        out.completion_tokens = out.content_chunks if tokens is None else tokens
+        if tokens is None:
+            tokens = out.content_chunks if self.whole_estimate is None else self.whole_estimate
+        out.completion_tokens = tokens
         return out

@@ -134,6 +134,8 @@ def must_be(key: str, field: FieldInfo) -> str:
         return "a mapping with string keys"
     if annotation is str:
         return "a non-empty string"
+    if annotation is bool:
+        return "true or false"
     noun = "an integer" if annotation is int else "a number"
     return noun + _bounds(field.metadata)
 

@@ -221,6 +221,41 @@ class ChunkReader:
         return True
 
 
+def read_whole(body: bytes, reader: ChunkReader) -> str | None:
+    """A complete (non-streamed) answer's text, with its finish_reason and usage set on `reader`.
+
+    For servers that answer a streaming request with one `chat.completion` or `text_completion`
+    object. None when `body` is not such an object (then it is no answer at all); an `{"error":
+    ...}` object sets `reader.error` and gives "". The text is choices[0]'s message content
+    (chat) or text (completions).
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if (err := obj.get("error")) is not None:
+        reader.error = err
+        return ""
+    choices = obj.get("choices")
+    if type(choices) is not list or not choices or not all(isinstance(c, dict) for c in choices):
+        return None
+    for choice in choices:
+        if reason := choice.get("finish_reason"):
+            reader.finish_reason = str(reason)
+    first = choices[0]
+    if reader.chat:
+        message = first.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+    else:
+        text = first.get("text")
+    if isinstance(usage := obj.get("usage"), dict):
+        reader.prompt_tokens = as_int(usage.get("prompt_tokens"))
+        reader.completion_tokens = as_int(usage.get("completion_tokens"))
+    return text if isinstance(text, str) else ""
+
+
 def plain_piece(obj: object, chat: bool) -> str | None:
     """The piece of a chunk whose only effect on a `ChunkReader` is to append it, else None."""
     if not isinstance(obj, dict) or obj.get("error") is not None or obj.get("usage"):

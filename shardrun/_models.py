@@ -48,6 +48,9 @@ class EndpointSpec(_Frozen):
     # (`api-key`, `x-api-key`, as some servers and gateways want) sends the key as it is.
     api_key_header: str = Field(default="Authorization", pattern=_HEADER_NAME)
     headers: dict[str, str] = Field(default_factory=dict)  # sent with every request, as given
+    # Ask for usage in the stream (stream_options.include_usage). Servers and API versions that
+    # predate the option answer 400; without it, completion tokens are counted from the stream.
+    stream_usage: bool = True
     sim: dict[str, Any] | None = None
 
     @field_validator("headers")

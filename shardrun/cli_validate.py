@@ -114,6 +114,8 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
 
 
 def _ping_lines(result: PingResult) -> list[str]:
+    from shardrun.client import refused_stream_options  # imported by the ping already
+
     ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
     http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
     lines = [f"ping: {result.status} ({http}) {result.url}: TTFT {ttft}, "
@@ -126,6 +128,9 @@ def _ping_lines(result: PingResult) -> list[str]:
             lines.append("  hint: a 404 means a wrong path, API or model: OpenAI-compatible "
                          "servers serve under /v1; check endpoint.base_url, endpoint.api and "
                          "endpoint.model")
+        elif refused_stream_options(result.http_status, result.error):
+            lines.append("  hint: this server does not take stream_options, which asks for usage "
+                         "in the stream; set endpoint.stream_usage: false")
     elif result.reply:
         lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
     if result.rate_headers:

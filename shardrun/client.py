@@ -4,7 +4,8 @@ A failed request is data, not an exception: the shard turns every outcome into a
 event and decides about retries from `status`. Only cancellation propagates.
 
     status               when
-    ok                   the stream reached `data: [DONE]`
+    ok                   the stream reached `data: [DONE]`, or the 2xx body was one complete
+                         JSON answer instead of a stream (a server that ignores `stream`)
     http_429 / _5xx      HTTP 429 / 5xx, or an error object with that code inside the stream
     http_4xx             any other HTTP 4xx (message taken from the error body, <= 64 KiB read)
     timeout_connect      no connection (pool slot + DNS + TCP/TLS) within connect_s
@@ -63,10 +64,12 @@ __all__ = [
     "Timeouts",
     "endpoint_url",
     "make_session",
+    "refused_stream_options",
     "request_headers",
 ]
 
 _ERROR_BODY_MAX = 64 * 1024
+_WHOLE_MAX = 16 * 1024 * 1024  # the largest non-streamed answer taken (see _read_stream)
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -171,13 +174,25 @@ class StreamingClient:
     async def _read_stream(
         self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None
     ) -> None:
-        """The hot loop: per read one decoder call; per read with events one clock sample."""
+        """The hot loop: per read one decoder call; per read with events one clock sample.
+
+        Until the first event the body is kept: a server that ignores `stream` sends one JSON
+        answer instead, which is taken whole at the end of the body (`Attempt.take_whole`).
+        """
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
         feed, out, idle = decoder.feed, st.out, self._timeouts.idle_s
         waiting_first = True
+        before_events: list[bytes] | None = []
+        kept = 0
         while True:
             chunk = await read()
             payloads = feed(chunk) if chunk else decoder.close()
+            if before_events is not None:
+                kept += len(chunk)
+                if payloads or kept > _WHOLE_MAX:
+                    before_events = None
+                else:
+                    before_events.append(chunk)
             stop = st.take(payloads, now_of()) if payloads else False
             if waiting_first and out.first_token_at is not None:
                 waiting_first = False
@@ -192,6 +207,10 @@ class StreamingClient:
             while await read():
                 pass
         elif not chunk:
+            if before_events and st.take_whole(b"".join(before_events), now_of()):
+                if out.first_token_at is not None and on_first_token is not None:
+                    call_caller(on_first_token, out.first_token_at)
+                return
             ctype = resp.headers.get("Content-Type", "")
             note = "" if "event-stream" in ctype else f" (content-type {ctype or 'missing'})"
             n = st.out.content_chunks
@@ -227,6 +246,13 @@ def request_headers(api_key: str | None, key_header: str,
         bearer = key_header.lower() == "authorization"
         headers[key_header] = f"Bearer {api_key}" if bearer else api_key
     return headers
+
+
+def refused_stream_options(http_status: int | None, error: str | None) -> bool:
+    """Whether an answer says the server does not know `stream_options`, the option that asks
+    for usage in a stream: servers and API versions that predate it answer 400 naming it (422
+    from a strict request schema)."""
+    return http_status in (400, 422) and "stream_options" in (error or "")
 
 
 def _status_of(code: int) -> str:

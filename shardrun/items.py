@@ -37,12 +37,15 @@ def build_request(
     model: str,
     params: Mapping[str, Any],
     api: Api,
+    stream_usage: bool = True,
 ) -> tuple[Api, dict[str, Any]]:
     """The API to call and the streaming request body for one item of any shape.
 
     A body item keeps its own body and names its API by its url; the job's `params` only fill
-    keys the body lacks, and `model` only when the body names none. Every body streams with
-    usage reported, whatever the line said about `stream`.
+    keys the body lacks, and `model` only when the body names none. Every body streams,
+    whatever the line said about `stream`; with `stream_usage` it also asks for usage
+    (`stream_options.include_usage`), which servers that predate that option refuse, so
+    without it any `stream_options` the body has go as they are.
     """
     if "body" in item:
         api = BATCH_URLS.get(str(item.get("url")), api)
@@ -57,10 +60,11 @@ def build_request(
             body["prompt"] = item["prompt"]
         else:
             body["messages"] = [{"role": "user", "content": item["prompt"]}]
-    options = body.get("stream_options")
     body["stream"] = True
-    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                              "include_usage": True}  # fmt: skip
+    if stream_usage:
+        options = body.get("stream_options")
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                                  "include_usage": True}  # fmt: skip
     return api, body
 
 

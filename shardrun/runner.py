@@ -188,6 +188,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         api_key=endpoint.api_key,
         api_key_header=spec.endpoint.api_key_header,
         headers=dict(spec.endpoint.headers),
+        stream_usage=spec.endpoint.stream_usage,
         proxy=None if proxy is None else proxy.url,
         proxy_authorization=None if proxy is None else proxy.authorization,
         params=dict(spec.params),

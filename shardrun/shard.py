@@ -26,6 +26,7 @@ from shardrun.client import (
     StreamingClient,
     Timeouts,
     make_session,
+    refused_stream_options,
     request_headers,
 )
 from shardrun.clock import Clock
@@ -198,8 +199,9 @@ class Shard:
             self.sem.release()
 
     async def _attempts(self, span: Span) -> None:
-        api, body = build_request(span.item, model=self.cfg.model, params=self.cfg.params,
-                                  api=self.cfg.api)  # type: ignore[arg-type]
+        cfg = self.cfg
+        api, body = build_request(span.item, model=cfg.model, params=cfg.params,
+                                  api=cfg.api, stream_usage=cfg.stream_usage)  # type: ignore[arg-type]
         client = self.clients[api]
         attempt = 0
         while True:
@@ -306,6 +308,15 @@ class Shard:
                            "request succeeded: check endpoint.base_url (OpenAI-compatible "
                            "servers serve under /v1), endpoint.api and endpoint.model, then "
                            "continue with --resume", ABANDON)
+            return
+        if (self.cfg.stream_usage and not self.ok_once
+                and refused_stream_options(http, outcome.error)):
+            # The server does not know the option that asks for usage in the stream (older
+            # API versions and servers): every request would be refused the same way.
+            self._go_fatal(f"the endpoint refused stream_options, which asks it to report "
+                           f"usage in the stream ({outcome.error}): set endpoint.stream_usage: "
+                           "false in the job file (completion tokens are then counted from the "
+                           "stream and marked estimated), then continue with --resume", ABANDON)
             return
         if self.ever_connected or outcome.conn_ready_at is not None:
             self.ever_connected = True

@@ -33,6 +33,7 @@ class ShardConfig:
     api_key: str | None = None
     api_key_header: str = "Authorization"
     headers: dict[str, str] = field(default_factory=dict)  # the job's own, for every request
+    stream_usage: bool = True  # ask for usage in the stream (stream_options.include_usage)
     # The HTTP proxy to send requests through (shardrun.proxy): its URL without credentials,
     # and the Proxy-Authorization value made of them.
     proxy: str | None = None

@@ -104,7 +104,8 @@ def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[str, dict[str, A
     """The request a run would send for `item`, with its token limit capped for the ping."""
     spec = job.spec
     api, body = build_request(item, model=spec.endpoint.model, params=spec.params,
-                              api=spec.endpoint.api)  # fmt: skip
+                              api=spec.endpoint.api,
+                              stream_usage=spec.endpoint.stream_usage)  # fmt: skip
     for key in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(key), int):
             body[key] = min(body[key], PING_MAX_TOKENS)

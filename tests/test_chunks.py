@@ -21,6 +21,7 @@ from shardrun._chunks import (
     clip,
     error_message,
     is_rate_header,
+    read_whole,
     stream_error,
 )
 
@@ -512,3 +513,46 @@ def test_envelope_reading_equals_parsing_every_payload(
     state are those of parsing each payload with orjson."""
     reads, chat = stream
     assert by_reader(reads, chat) == reference(reads, chat)
+
+
+def test_read_whole_chat_answer_with_usage() -> None:
+    """A non-streamed chat.completion: message content, the last finish_reason, usage."""
+    reader = ChunkReader(chat=True)
+    body = {"object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "héllo"},
+                         "finish_reason": "stop"},
+                        {"index": 1, "message": {"content": "x"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}  # fmt: skip
+    assert read_whole(orjson.dumps(body), reader) == "héllo"
+    assert (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens) == (
+        "length", 7, 2)  # fmt: skip
+    assert reader.error is None
+
+
+def test_read_whole_completions_answer_without_usage() -> None:
+    reader = ChunkReader(chat=False)
+    body = {"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}]}
+    assert read_whole(orjson.dumps(body), reader) == "abc"
+    assert (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens) == (
+        "stop", None, None)  # fmt: skip
+
+
+def test_read_whole_error_object_and_empty_content() -> None:
+    """An error object is recorded and gives no text; a null content (a tool call) is ''."""
+    reader = ChunkReader(chat=True)
+    assert read_whole(b'{"error": {"message": "boom", "code": 503}}', reader) == ""
+    assert reader.error == {"message": "boom", "code": 503}
+    reader = ChunkReader(chat=True)
+    body = {"choices": [{"message": {"content": None, "tool_calls": []},
+                         "finish_reason": "tool_calls"}]}  # fmt: skip
+    assert read_whole(orjson.dumps(body), reader) == ""
+    assert reader.finish_reason == "tool_calls" and reader.error is None
+
+
+@pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b'{"id": "x"}',
+                                  b'{"choices": []}', b'{"choices": ["a"]}',
+                                  b'{"choices": [{"text": "a"}]'])
+def test_read_whole_refuses_what_is_no_answer(body: bytes) -> None:
+    reader = ChunkReader(chat=False)
+    assert read_whole(body, reader) is None
+    assert reader.error is None and reader.finish_reason is None

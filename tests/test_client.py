@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardrun import client as client_module
 from shardrun._attempt import CURRENT, Attempt
 from shardrun.client import (
     AttemptOutcome,
@@ -240,6 +241,79 @@ def test_stream_cut_without_done() -> None:
     assert out.status == "protocol_error"
     assert out.error == "stream ended before [DONE] after 2 tokens"
     assert out.wasted_tokens == 2 and out.text == "ab"
+
+
+def whole_answer(body: bytes, content_type: str = "application/json",
+                 pieces: int = 1) -> Handler:
+    """A handler that ignores `stream` and sends one JSON body, written in `pieces` parts."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        step = -(-len(body) // pieces)
+        for at in range(0, len(body), step):
+            await resp.write(body[at : at + step])
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+def test_a_whole_json_answer_is_taken_as_one_piece() -> None:
+    """A server that answers a streaming request with one chat.completion (in several reads):
+    ok, the text and usage as sent, first and last token at the end of the body, no gaps."""
+    body = orjson.dumps({"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "héllo 世界"},
+         "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+    firsts: list[float] = []
+
+    async def go() -> AttemptOutcome:
+        async with serve(whole_answer(body, pieces=3)) as client:
+            return await client.attempt(BODY, on_first_token=firsts.append)
+
+    out = run(go())
+    assert (out.status, out.error, out.finish_reason) == ("ok", None, "stop")
+    assert out.text == "héllo 世界"
+    assert (out.prompt_tokens, out.completion_tokens, out.usage_estimated) == (5, 4, False)
+    assert out.first_token_at is not None and out.first_token_at == out.last_token_at
+    assert out.conn_ready_at is not None and out.conn_ready_at <= out.first_token_at
+    assert out.first_token_at <= out.ended_at and out.itl.count == 0 and out.content_chunks == 1
+    assert firsts == [out.first_token_at]
+
+
+def test_a_whole_answer_without_usage_estimates_tokens_from_characters() -> None:
+    """No usage and no chunks to count: characters / 4, marked estimated; the content type
+    does not matter (a server may label its JSON as an event stream)."""
+    body = orjson.dumps({"choices": [{"index": 0, "text": "x" * 41, "finish_reason": "length"}]})
+    out = run(one(whole_answer(body, content_type="text/event-stream"), api="completions"))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "x" * 41, "length")
+    assert (out.completion_tokens, out.usage_estimated, out.prompt_tokens) == (11, True, None)
+    assert out.content_chunks == 1
+
+
+def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body with no events is kept only up to the cap: past it, it is no answer."""
+    body = orjson.dumps({"choices": [{"index": 0, "text": "x" * 2000, "finish_reason": "stop"}]})
+    monkeypatch.setattr(client_module, "_WHOLE_MAX", len(body) - 1)
+    out = run(one(whole_answer(body, pieces=4), api="completions"))
+    assert out.status == "protocol_error" and out.text == ""
+    monkeypatch.setattr(client_module, "_WHOLE_MAX", len(body))
+    assert run(one(whole_answer(body, pieces=4), api="completions")).status == "ok"
+
+
+def test_a_whole_error_object_with_status_200_is_classified() -> None:
+    body = b'{"error": {"message": "overloaded", "code": 503}}'
+    out = run(one(whole_answer(body)))
+    assert out.status == "http_5xx" and out.text == ""
+    assert out.error == "error 503 in stream after 0 tokens: overloaded"
+
+
+def test_a_json_body_that_is_no_answer_is_a_protocol_error() -> None:
+    out = run(one(whole_answer(b'{"id": "x", "object": "chat.completion"}')))
+    assert out.status == "protocol_error"
+    assert out.error == ("stream ended before [DONE] after 0 tokens "
+                         "(content-type application/json)")  # fmt: skip
 
 
 def test_connection_dropped_mid_stream() -> None:

@@ -328,6 +328,18 @@ def test_build_request_for_each_item_shape() -> None:
     assert own_model["model"] == "gpt-x" and "stream" not in CHAT_BODY
 
 
+def test_build_request_without_stream_usage_adds_no_stream_options() -> None:
+    """stream_usage False: the body streams but asks for no usage; options the job or the line
+    gave go as they are."""
+    _, sent = build_request({"id": "1", "prompt": "p"}, model="m", params={}, api="chat",
+                            stream_usage=False)  # fmt: skip
+    assert sent["stream"] is True and "stream_options" not in sent
+    own = {"stream_options": {"continuous_usage_stats": True}}
+    _, sent = build_request({"id": "1", "prompt": "p"}, model="m", params=own, api="chat",
+                            stream_usage=False)  # fmt: skip
+    assert sent["stream_options"] == {"continuous_usage_stats": True}
+
+
 def test_prompt_size_estimates() -> None:
     """Prompt characters count message contents or the prompt, also inside a body."""
     assert prompt_chars({"prompt": "abcdefghi"}) == 9

@@ -466,6 +466,7 @@ def test_decide_is_pure_and_follows_cumulative_shares() -> None:
         ({"retry_after_s": -2}, ["retry_after_s"]),
         ({"fail_first_n": -1}, ["fail_first_n"]),
         ({"retry_after_503": "yes"}, ["retry_after_503"]),
+        ({"ignore_stream": 1}, ["ignore_stream"]),
         ({"auth_required": ""}, ["auth_required"]),
         ({"auth_required": "two words"}, ["auth_required"]),
     ],
@@ -492,8 +493,9 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
                      fail_429=0.1, fail_500=0.05, fail_503=0.05, reset_before_headers=0.1,
                      drop_mid_stream=0.1, stall_mid_stream=0.1, slow_first_token=0.1,
                      retry_after_s=0.5, retry_after_503=True, stall_s=2, slow_first_token_s=3,
-                     fail_first_n=7, auth_required="sk-x")  # fmt: skip
-    for c in (full, SimConfig()):
+                     fail_first_n=7, auth_required="sk-x", reject_stream_options=True,
+                     ignore_stream=True)  # fmt: skip
+    for c in (full, SimConfig(), SimConfig(ignore_stream=True)):
         args = c.to_args()
         assert len(args) % 2 == 0 and config_from_argv(args) == c
     assert config_from_argv(["--retry-after-503"]).retry_after_503 is True

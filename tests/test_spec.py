@@ -645,3 +645,17 @@ def test_a_base_url_fragment_is_refused(jobs: Path) -> None:
     assert error_of(path) == (f"{path}: endpoint.base_url must be a URL starting with http:// "
                               "or https:// (no #fragment), or sim://, got 'https://h/v1#x'")
     assert load(write(jobs, MINIMAL.replace("sim://", "'https://h/v1?a=1'"))) is not None
+
+
+def test_stream_usage_is_on_by_default_and_takes_only_true_or_false(jobs: Path) -> None:
+    """endpoint.stream_usage: true unless the job says false; any other value is one sentence."""
+    job = load(write(jobs, MINIMAL))
+    assert job.spec.endpoint.stream_usage is True
+    assert job.effective()["endpoint.stream_usage"] == {"value": True, "source": "default"}
+    off = MINIMAL.replace("  model: sim-small\n", "  model: sim-small\n  stream_usage: false\n")
+    job = load(write(jobs, off))
+    assert job.spec.endpoint.stream_usage is False
+    assert job.effective()["endpoint.stream_usage"] == {"value": False, "source": "job file"}
+    path = write(jobs, MINIMAL.replace("  model: sim-small\n",
+                                       "  model: sim-small\n  stream_usage: 'no'\n"))
+    assert error_of(path) == f"{path}: endpoint.stream_usage must be true or false, got 'no'"

@@ -69,6 +69,13 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                    help="the first N requests all get 503")  # fmt: skip
     g.add_argument("--auth-required", default=d.auth_required, metavar="KEY",
                    help="answer 401 unless `Authorization: Bearer KEY` (a made-up test key)")
+    c = p.add_argument_group("compatibility (behave like servers that lack a feature)")
+    c.add_argument("--reject-stream-options", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.reject_stream_options,
+                   help="answer 400 to a request with stream_options, as older API versions do")
+    c.add_argument("--ignore-stream", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.ignore_stream,
+                   help="answer with one JSON body even when the request asks to stream")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -105,7 +105,7 @@ FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop
                "stall_mid_stream", "slow_first_token")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s")
 _INTS = ("capacity", "seed", "fail_first_n")
-_BOOLS = ("retry_after_503",)
+_BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -132,6 +132,10 @@ class SimConfig:
     stall_s: float = 5.0  # pause in the middle of a stall_mid_stream answer
     slow_first_token_s: float = 5.0  # added to the first-token delay of slow_first_token
     fail_first_n: int = 0  # the first N requests, in arrival order, all get 503
+    # Behave like servers that lack a feature: refuse `stream_options` with a 400 (servers and
+    # API versions that predate it), or answer with one JSON body when asked to stream.
+    reject_stream_options: bool = False
+    ignore_stream: bool = False
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -185,8 +189,9 @@ class SimConfig:
         ]  # fmt: skip
         for name in (*FAULT_KINDS, "retry_after_s", "stall_s", "slow_first_token_s"):
             args += [_flag(name), repr(float(getattr(self, name)))]
-        args += ["--retry-after-503", "true" if self.retry_after_503 else "false",
-                 "--fail-first-n", str(self.fail_first_n)]  # fmt: skip
+        for name in _BOOLS:
+            args += [_flag(name), "true" if getattr(self, name) else "false"]
+        args += ["--fail-first-n", str(self.fail_first_n)]
         if self.auth_required is not None:
             args += ["--auth-required", self.auth_required]
         return args
@@ -337,6 +342,10 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
         raise BadRequest("'stream' must be a boolean.", "stream")
     if not isinstance(opts, dict):
         raise BadRequest("'stream_options' must be an object.", "stream_options")
+    if cfg.reject_stream_options and "stream_options" in body:
+        # The wording of an API version that predates the option.
+        raise BadRequest("Unrecognized request argument supplied: stream_options",
+                         None, "unrecognized_argument")  # fmt: skip
     cap = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
     digest = hashlib.blake2b(
         orjson.dumps(content, option=orjson.OPT_SORT_KEYS),
@@ -347,5 +356,5 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     n = cfg.token_spec.sample(rng)
     finish = "length" if cap is not None and n >= cap else "stop"
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
-    return Plan(kind, model, stream, opts.get("include_usage") is True, words, finish,
-                max(1, (chars + 3) // 4))  # fmt: skip
+    return Plan(kind, model, stream and not cfg.ignore_stream, opts.get("include_usage") is True,
+                words, finish, max(1, (chars + 3) // 4))  # fmt: skip

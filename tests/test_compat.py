@@ -1,0 +1,101 @@
+"""Servers that lack a feature, through the real CLI against the simulator's own process.
+
+Two kinds of OpenAI-compatible server a user meets: one that refuses `stream_options` (servers
+and API versions older than the option), and one that ignores `stream` and answers with one
+JSON body. The simulator imitates each (`reject_stream_options`, `ignore_stream`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+from tests.test_e2e import assert_buckets_telescope, assert_exactly_once
+
+REFUSAL = ("error: the endpoint refused stream_options, which asks it to report usage in the "
+           "stream (HTTP 400: Unrecognized request argument supplied: stream_options): set "
+           "endpoint.stream_usage: false in the job file (completion tokens are then counted "
+           "from the stream and marked estimated), then continue with --resume")  # fmt: skip
+
+
+def endpoint(**settings: Any) -> dict[str, Any]:
+    """A sim:// endpoint whose simulator has `settings` on top of the fast ones."""
+    return {"base_url": "sim://", "api": "chat", "model": "m", "sim": {**FAST_SIM, **settings}}
+
+
+def outputs(run: Run) -> dict[str, tuple[str, int]]:
+    return {r["id"]: (r["output"], r["usage"]["completion_tokens"]) for r in run.results}
+
+
+def test_a_server_that_ignores_stream_gives_the_same_answers(tmp_path: Path) -> None:
+    """Whole JSON answers count as answers: the same texts and token counts as the same
+    simulator streaming them, each attempt one piece (first token = last token, no gaps)."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    runs = {}
+    for name, settings in (("streamed", {}), ("whole", {"ignore_stream": True})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "input.jsonl").write_bytes((tmp_path / "input.jsonl").read_bytes())
+        write_job(tmp_path / name / "job.yaml", endpoint=endpoint(**settings))
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path / name)
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = Run.load(only_run(tmp_path / name / "runs"))
+    whole = runs["whole"]
+    assert_exactly_once(whole, ids)
+    assert_buckets_telescope(whole)
+    assert outputs(whole) == outputs(runs["streamed"])
+    assert all(r["attempts"] == 1 and r["usage"]["estimated"] is False for r in whole.results)
+    assert all(r["first_token_at"] == r["last_token_at"] for r in whole.results)
+    assert all(r["buckets"]["t_stream"] == 0 for r in whole.results)
+    ends = [e for e in whole.events if e["ev"] == "attempt_end"]
+    assert len(ends) == len(ids)
+    assert all(e["status"] == "ok" and e["tokens"] == 1 for e in ends)
+    # The streamed run saw the gaps between tokens; the whole answers have none to see.
+    assert any(e["itl_hist"] for e in runs["streamed"].events if e["ev"] == "attempt_end")
+    assert not any(e["itl_hist"] for e in ends)
+
+
+def test_a_refused_stream_options_stops_the_run_and_resume_without_it_finishes(
+    tmp_path: Path,
+) -> None:
+    """A 400 naming stream_options before any success: one sentence saying what to set,
+    nothing dead-lettered, few requests spent; --resume with stream_usage: false runs every
+    item once, with token counts marked estimated."""
+    ids = write_input(tmp_path / "input.jsonl", 500)
+    job = write_job(tmp_path / "job.yaml", endpoint=endpoint(reject_stream_options=True))
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [REFUSAL]
+    assert "Traceback" not in proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.results and not run.dead
+    sent = [e for e in run.events if e["ev"] == "attempt_end"]
+    assert sent and all(e["http"] == 400 for e in sent) and len(sent) < len(ids) / 2
+
+    spec = yaml.safe_load(job.read_text())
+    spec["endpoint"]["stream_usage"] = False
+    job.write_text(yaml.safe_dump(spec))
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert all(r["usage"]["estimated"] is True and r["usage"]["completion_tokens"] >= 1
+               for r in run.results)  # fmt: skip
+    (last,) = run.manifest["resumes"][-1:]
+    assert last["effective"]["endpoint.stream_usage"] == {"value": False, "source": "job file"}
+
+
+def test_validate_ping_says_what_to_set_when_stream_options_is_refused(tmp_path: Path) -> None:
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", endpoint=endpoint(reject_stream_options=True))
+    proc = run_cli("validate", "job.yaml", "--ping", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert ("  hint: this server does not take stream_options, which asks for usage in the "
+            "stream; set endpoint.stream_usage: false") in proc.stdout.splitlines()
+    write_job(tmp_path / "job.yaml", endpoint={**endpoint(reject_stream_options=True),
+                                               "stream_usage": False})  # fmt: skip
+    proc = run_cli("validate", "job.yaml", "--ping", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hint:" not in proc.stdout
