@@ -33,7 +33,7 @@ from shardrun.clock import Clock
 from shardrun.items import build_request, prompt_chars, tokens_of_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
-from shardrun.retry import Retrier, RetryPolicy
+from shardrun.retry import Retrier, RetryPolicy, is_retryable
 from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
 from shardrun.shard_output import ShardOutput
 from shardrun.spans import Span, dead_record, result_record
@@ -49,6 +49,10 @@ TICK_S = 1.0  # loop-lag samples and checkpoints
 # unreachable and the shard stops sending requests (instead of retrying every item).
 UNREACHABLE_AFTER = 3
 UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
+# Requests refused in a row with one and the same HTTP 4xx answer, before any success, after
+# which the job (not an item) is taken to be wrong: a parameter or model the server refuses.
+# Item-specific refusals (a prompt over the context length) differ from item to item.
+REFUSED_ALIKE_AFTER = 10
 
 
 class Shard:
@@ -74,6 +78,8 @@ class Shard:
         self.ok_once = False
         self.ever_connected = False
         self.connect_failures = 0
+        self.refusal: str | None = None  # the last HTTP 4xx answer, before any success
+        self.refusals = 0  # how many attempts in a row got exactly that answer
         self.seq = 0
         self.minute_tokens: dict[str, int] = {}
         # Why items were dead-lettered, for the run's summary: {kind: [count, first reason]}.
@@ -318,6 +324,10 @@ class Shard:
                            "false in the job file (completion tokens are then counted from the "
                            "stream and marked estimated), then continue with --resume", ABANDON)
             return
+        if outcome.status == "http_4xx" and not self.ok_once and not is_retryable(
+                outcome.status, http):
+            self._note_refusal(outcome.error)
+            return
         if self.ever_connected or outcome.conn_ready_at is not None:
             self.ever_connected = True
             return
@@ -325,6 +335,21 @@ class Shard:
             self.connect_failures += 1
             if self.connect_failures >= UNREACHABLE_AFTER:
                 self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}")
+
+    def _note_refusal(self, error: str | None) -> None:
+        """Count refusals in a row with the same answer; enough of them stop the run (abandon,
+        so that --resume with a fixed job runs the rest)."""
+        self.ever_connected = True  # an HTTP answer came back
+        if error != self.refusal:
+            self.refusal, self.refusals = error, 0
+        self.refusals += 1
+        if self.refusals >= REFUSED_ALIKE_AFTER:
+            self._go_fatal(f"the endpoint refused {self.refusals} requests in a row with the "
+                           f"same answer before any succeeded ({error or 'no message'}): the "
+                           "job's params, endpoint.model or endpoint.api do not suit this "
+                           "server; fix the job file, then continue with --resume "
+                           "--retry-failed (which also gives the items dead-lettered so far "
+                           "another pass)", ABANDON)
 
     def _unexpected(self, span: Span, exc: Exception) -> None:
         """An exception escaped a span: the traceback goes to the shard's log (its stderr), the

@@ -1,17 +1,23 @@
-"""Servers that lack a feature, through the real CLI against the simulator's own process.
+"""Servers that refuse what the job asks or lack a feature, mostly through the real CLI against
+the simulator's own process.
 
-Two kinds of OpenAI-compatible server a user meets: one that refuses `stream_options` (servers
-and API versions older than the option), and one that ignores `stream` and answers with one
-JSON body. The simulator imitates each (`reject_stream_options`, `ignore_stream`).
+Three cases a user meets: a server that refuses `stream_options` (servers and API versions older
+than the option), one that ignores `stream` and answers with one JSON body (the simulator
+imitates both: `reject_stream_options`, `ignore_stream`), and a job whose parameters the server
+refuses for every request alike.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from shardrun import protocol
+from shardrun.client import AttemptOutcome
+from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig
 from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
 from tests.test_e2e import assert_buckets_telescope, assert_exactly_once
 
@@ -99,3 +105,67 @@ def test_validate_ping_says_what_to_set_when_stream_options_is_refused(tmp_path:
     proc = run_cli("validate", "job.yaml", "--ping", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hint:" not in proc.stdout
+
+
+def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_path: Path) -> None:
+    """Every request refused with the same 400 (a parameter the server does not take): the run
+    stops after a few, with one sentence; --resume --retry-failed with the job fixed runs every
+    item once, those dead-lettered before the stop included."""
+    ids = write_input(tmp_path / "input.jsonl", 500)
+    job = write_job(tmp_path / "job.yaml", params={"max_tokens": 0})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
+        "answer before any succeeded (HTTP 400: 'max_tokens' must be an integer >= 1, not 0.): "
+        "the job's params, endpoint.model or endpoint.api do not suit this server; fix the job "
+        "file, then continue with --resume --retry-failed (which also gives the items "
+        "dead-lettered so far another pass)"], proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.results and run.dead
+    sent = [e for e in run.events if e["ev"] == "attempt_end"]
+    assert all(e["http"] == 400 for e in sent) and len(sent) < len(ids) / 2
+
+    spec = yaml.safe_load(job.read_text())
+    spec["params"]["max_tokens"] = 16
+    job.write_text(yaml.safe_dump(spec))
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--retry-failed",
+                      cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == sorted(ids)
+
+
+def refused(error: str, http: int = 400) -> AttemptOutcome:
+    return AttemptOutcome(status="http_4xx", http_status=http, started_at=0.0,
+                          conn_ready_at=0.0, error=error)  # fmt: skip
+
+
+def test_refusals_stop_only_when_alike_in_a_row_and_before_any_success(tmp_path: Path) -> None:
+    """Answers that differ (item-specific refusals) never stop the shard, nor do retryable
+    4xx or refusals after a success; the same answer REFUSED_ALIKE_AFTER times in a row does."""
+
+    async def go() -> None:
+        sent: list[protocol.Message] = []
+        cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                          api="chat", model="m")  # fmt: skip
+        shard = Shard(cfg, sent.append)
+        url = "http://x/chat/completions"
+        for i in range(3 * REFUSED_ALIKE_AFTER):  # context lengths differ per prompt
+            shard._note_failure(refused(f"HTTP 400: prompt of {1000 + i} tokens is too long"), url)
+        for _ in range(3 * REFUSED_ALIKE_AFTER):  # retried, so no verdict on the job
+            shard._note_failure(refused("HTTP 409: busy", 409), url)
+        for _ in range(REFUSED_ALIKE_AFTER - 1):
+            shard._note_failure(refused("HTTP 400: unsupported parameter"), url)
+        assert shard.fatal_reason is None and not sent
+        shard._note_failure(refused("HTTP 400: unsupported parameter"), url)
+        assert shard.fatal_reason is not None and shard.fatal_mode == ABANDON
+        assert [m["t"] for m in sent] == [protocol.FATAL]
+
+        after_success = Shard(cfg, sent.append)
+        after_success.ok_once = True
+        for _ in range(3 * REFUSED_ALIKE_AFTER):
+            after_success._note_failure(refused("HTTP 400: unsupported parameter"), url)
+        assert after_success.fatal_reason is None
+
+    asyncio.run(go())
