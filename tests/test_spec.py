@@ -13,6 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardrun._urls import masked_url
 from shardrun.errors import SpecError
 from shardrun.spec import ENV_VARS, LEAF_KEYS, LoadedJob, flag_for, load_job
 
@@ -659,3 +660,11 @@ def test_stream_usage_is_on_by_default_and_takes_only_true_or_false(jobs: Path) 
     path = write(jobs, MINIMAL.replace("  model: sim-small\n",
                                        "  model: sim-small\n  stream_usage: 'no'\n"))
     assert error_of(path) == f"{path}: endpoint.stream_usage must be true or false, got 'no'"
+
+
+def test_masked_url_keeps_everything_but_the_password() -> None:
+    assert masked_url("http://u:p@[::1]:8000/v1") == "http://u:***@[::1]:8000/v1"
+    assert masked_url("https://User:s3cr%40t@Host.example/v1?api-version=1") == (
+        "https://User:***@Host.example/v1?api-version=1")
+    assert masked_url("https://u@h/v1") == "https://u@h/v1"  # no password: nothing to hide
+    assert masked_url("https://h/v1") == "https://h/v1"
