@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from shardrun import __version__, cli_analysis, cli_validate
+from shardrun import __version__, cli_analysis, cli_export, cli_validate
 from shardrun.errors import ShardrunError
 
-SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify")
+SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify",
+               "export")
 
 
 def _env_help() -> str:
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     cli_validate.register(sub)
     cli_analysis.register(sub)
+    cli_export.register(sub)
     sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
     return parser
 

@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler) -> Handler:
     """Print a `ShardrunError` as `error: <message>` and return its exit code, so a handler
     behaves the same whether or not the caller catches errors itself."""
 
@@ -84,7 +84,7 @@ def _guarded(handler: Handler) -> Handler:
     return run
 
 
-@_guarded
+@guarded
 def run_report(args: argparse.Namespace) -> int:
     from shardrun.report import (
         format_json,
@@ -108,7 +108,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guarded
+@guarded
 def run_publish(args: argparse.Namespace) -> int:
     from shardrun.provenance import format_sample, publish
 
@@ -118,7 +118,7 @@ def run_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guarded
+@guarded
 def run_verify(args: argparse.Namespace) -> int:
     from shardrun.provenance import verify
 

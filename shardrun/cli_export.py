@@ -1,0 +1,71 @@
+"""The `shardrun export` subcommand: argument parsing and presentation only.
+
+    shardrun export RUN_DIR [-o FILE] [--format jsonl|csv] [--job JOB.yaml]
+
+Exit codes: 0 when the export was written (whatever its rows' statuses; the counts go to
+standard error), 2 when the run directory, its job file or its input is unusable, 1 when the
+export could not be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardrun.cli_analysis import guarded
+
+__all__ = ["handle", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add `export` to the CLI's subparsers; the handler is in `set_defaults(handler=...)`."""
+    p = subparsers.add_parser(
+        "export",
+        help="write a run's answers as one file, one row per input record, in input order",
+        description="Write one row per input record, in input order: the answer (status ok), "
+                    "the reason it failed (failed), why the line was set aside (rejected), or "
+                    "nothing yet (pending: resume the run). The input is read again and must "
+                    "be the one the run read.",
+    )  # fmt: skip
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+                   help="the file to write (default: standard output); replaced only once "
+                        "the export is whole")  # fmt: skip
+    p.add_argument("--format", choices=("jsonl", "csv"),
+                   help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
+    p.add_argument("--job", type=Path, metavar="JOB.yaml",
+                   help="the run's job file, if it has moved since the run")
+    p.set_defaults(handler=handle)
+
+
+@guarded
+def handle(args: argparse.Namespace) -> int:
+    from shardrun.export import export, format_of
+
+    fmt = format_of(args.output, args.format)
+    summary = export(args.run_dir, args.output, fmt, args.job)
+    for warning in summary.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    where = "standard output" if args.output is None else str(args.output)
+    print(f"exported {summary.rows:,} rows to {where} ({fmt}, in input order): "
+          f"{summary.ok:,} ok, {summary.failed:,} failed, {summary.rejected:,} rejected, "
+          f"{summary.pending:,} pending", file=sys.stderr)  # fmt: skip
+    run = args.run_dir
+    notes = [
+        (summary.pending, "record has", "records have", "no answer yet: `shardrun JOB.yaml "
+         f"--resume {run.name} --runs-dir {run.parent}` runs them"),
+        (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}` gives "
+         "them another pass"),
+        (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
+         "writing, or one killed since): their records count as pending"),
+        (summary.repeated, "id has", "ids have", "more than one line in the run: the first "
+         "line was exported"),
+        (summary.orphans, "line of the run matches", "lines of the run match", "no input "
+         "record: not in the export"),
+    ]  # fmt: skip
+    for count, one, many, text in notes:
+        if count:
+            print(f"  {count:,} {one if count == 1 else many} {text}", file=sys.stderr)
+    return 0

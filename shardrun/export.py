@@ -1,0 +1,410 @@
+"""`shardrun export`: a run's answers as one file, one row per input record, in input order.
+
+A run writes each answer where and when it finishes: a results file and a dead-letter file per
+shard and segment, in completion order. Putting them back next to the input is the first thing
+a user does with them, so `export` does it once and the same way every time. It reads the input
+again with the job's own reader, so ids, rejected lines and duplicate ids come out exactly as
+the run saw them, and writes for each record the row of the line that ended it:
+
+    status    where the row comes from
+    ok        the item's result line: output, finish_reason, usage, attempts
+    failed    its dead-letter line: error (the reason), attempts
+    rejected  an input line the run set aside (not a record, a duplicate id): error
+    pending   no line yet: the run was stopped before the item ended (resume finishes it)
+
+Every row has the same keys, `line` (the record's line or row number in the input) first.
+
+The id -> (file, offset) index lives in a SQLite table in a temporary directory, and a row's
+line is read back from its file when its record comes up; per record, memory holds only the
+8-byte digest of its id (about 20 bytes in a `DigestSet`), which finds duplicate ids.
+Before anything is written, the input's bytes are checked against the SHA-256 the manifest
+recorded, because an input edited since the run would pair answers with the wrong lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import os
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from shardrun.digestset import DigestSet
+from shardrun.errors import RunError, SpecError
+from shardrun.inputs import InputReader, Reject, make_reader
+from shardrun.manifest import file_digest
+from shardrun.worksource import duplicate_reason, id_digest
+
+if TYPE_CHECKING:
+    from shardrun.spec import LoadedJob
+
+__all__ = ["COLUMNS", "ExportSummary", "export", "format_of"]
+
+Format = Literal["jsonl", "csv"]
+
+COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
+           "completion_tokens", "usage_estimated", "attempts", "error")  # fmt: skip
+"""CSV columns; a JSON line has the same values, with usage as one object."""
+
+_READ_BLOCK = 1 << 20
+_WRITE_BLOCK = 1 << 16  # characters of CSV text per write
+
+
+@dataclass
+class ExportSummary:
+    """What one export wrote and what it noticed on the way."""
+
+    rows: int = 0
+    ok: int = 0
+    failed: int = 0
+    rejected: int = 0
+    pending: int = 0
+    orphans: int = 0  # lines of the run whose id no input record has
+    repeated: int = 0  # further lines for an id that already has one (the first one is kept)
+    torn: int = 0  # lines cut short (a run still writing, or killed without a resume since)
+    warnings: list[str] = field(default_factory=list)
+
+
+def format_of(out: Path | None, given: str | None) -> Format:
+    """The output format: as given, else from the output's suffix (`.csv`), else JSON lines."""
+    if given is not None:
+        if given not in ("jsonl", "csv"):
+            raise SpecError(f"--format {given}: use jsonl or csv")
+        return "csv" if given == "csv" else "jsonl"
+    return "csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl"
+
+
+def export(run_path: Path, out: Path | None, fmt: Format,
+           job_path: Path | None = None) -> ExportSummary:  # fmt: skip
+    """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
+    output when `out` is None. `job_path` stands in for the job file the manifest names."""
+    manifest = _manifest(run_path)
+    job = _load_job(run_path, manifest, job_path)
+    summary = ExportSummary()
+    if _job_sha256(manifest) != file_digest(job.job_path)[0]:
+        summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
+                                "current input settings were used")  # fmt: skip
+    reader = make_reader(job)  # a missing or unreadable input fails here, with its own message
+    try:
+        _check_input(run_path, manifest, job.input_path, summary)
+        _export(run_path, reader, fmt, out, summary)
+    finally:
+        reader.close()
+    return summary
+
+
+def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
+            summary: ExportSummary) -> None:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="shardrun-export-") as scratch:
+        try:
+            index = _Index(Path(scratch) / "index.sqlite")
+            try:
+                for sub in ("results", "dead"):
+                    for path in sorted((run_path / sub).glob("*.jsonl")):
+                        index.add(path, failed=sub == "dead", summary=summary)
+                if out is None:
+                    _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary)
+                else:
+                    _write_atomically(index, reader, fmt, out, summary)
+            finally:
+                index.close()
+        except sqlite3.Error as exc:
+            raise RunError(f"the export's scratch index in {Path(scratch).parent} failed "
+                           f"({exc}); free some space there, or set TMPDIR to a directory "
+                           "that has some") from None  # fmt: skip
+        except OSError as exc:  # reading the run or the input: writes are wrapped in _WriteError
+            where = f" {exc.filename}" if exc.filename else " the run's files or the input"
+            raise RunError(f"could not read{where}: {_why(exc)}") from None
+    summary.orphans = index.size - summary.ok - summary.failed
+
+
+def _manifest(run_path: Path) -> dict[str, Any]:
+    path = run_path / "manifest.json"
+    if not path.is_file():
+        raise SpecError(f"{run_path} is not a run directory (it has no manifest.json)")
+    try:
+        manifest: dict[str, Any] = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise RunError(f"{path} cannot be read ({exc}); the run directory is damaged") from None
+    return manifest
+
+
+def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -> LoadedJob:
+    from shardrun.spec import load_job
+
+    if job_path is None:
+        job_path = Path(manifest.get("job", {}).get("path", ""))
+        if not job_path.is_file():
+            raise SpecError(f"the job file of run {run_path.name}, {job_path}, no longer "
+                            "exists; name it with --job JOB.yaml")  # fmt: skip
+    # The job is read as written: only its input settings matter here, and no environment
+    # variable changes them (an override meant for a run must not fail an export).
+    return load_job(job_path, env={}, flags={})
+
+
+def _job_sha256(manifest: dict[str, Any]) -> str | None:
+    """The SHA-256 of the job file as the newest pass read it."""
+    for entry in reversed(manifest.get("resumes") or []):
+        if entry.get("job_sha256"):
+            return str(entry["job_sha256"])
+    sha = manifest.get("job", {}).get("sha256")
+    return None if sha is None else str(sha)
+
+
+def _input_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the newest pass that ended recorded of the input it read (bytes and SHA-256)."""
+    for record in [*reversed(manifest.get("resumes") or []), manifest]:
+        if isinstance(found := record.get("input"), dict) and "sha256_of_bytes_read" in found:
+            return found
+    return None
+
+
+def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
+                 summary: ExportSummary) -> None:  # fmt: skip
+    """Fail unless the input starts with the bytes the run read (their count and SHA-256)."""
+    record = _input_record(manifest)
+    if record is None:
+        summary.warnings.append(f"no pass of run {run_path.name} has ended, so the input could "
+                                "not be checked against what the run read")  # fmt: skip
+        return
+    want, size = record["sha256_of_bytes_read"], int(record.get("bytes_read", 0))
+    got = _prefix_sha256(input_path, size)
+    if got != want:
+        raise SpecError(f"the input {input_path} is not what run {run_path.name} read (its first "
+                        f"{size:,} bytes have another SHA-256 than the manifest records): "
+                        "export pairs answers with input lines, so it needs the input as the "
+                        "run read it")  # fmt: skip
+
+
+def _prefix_sha256(path: Path, size: int) -> str | None:
+    """SHA-256 of the file's first `size` bytes; None if it has fewer or cannot be read."""
+    sha, left = hashlib.sha256(), size
+    try:
+        with open(path, "rb") as f:
+            while left > 0 and (block := f.read(min(left, _READ_BLOCK))):
+                sha.update(block)
+                left -= len(block)
+    except OSError:
+        return None
+    return None if left else sha.hexdigest()
+
+
+class _Index:
+    """Where each id's line is: a SQLite table on disk, so memory stays flat however many."""
+
+    def __init__(self, db_path: Path) -> None:
+        # No journal and no syncs: the table is scratch, gone with its directory.
+        self._db = sqlite3.connect(db_path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode = OFF")
+        self._db.execute("PRAGMA synchronous = OFF")
+        self._db.execute("CREATE TABLE line (id TEXT PRIMARY KEY, file INTEGER, at INTEGER) "
+                         "WITHOUT ROWID")  # fmt: skip
+        self._files: list[tuple[Path, bool]] = []  # (path, holds dead letters)
+        self._open: dict[int, IO[bytes]] = {}
+        self.size = 0
+
+    def add(self, path: Path, *, failed: bool, summary: ExportSummary) -> None:
+        number = len(self._files)
+        self._files.append((path, failed))
+        lines = _Lines(path, number, summary)
+        self._db.execute("BEGIN")
+        before = self._db.total_changes
+        self._db.executemany("INSERT OR IGNORE INTO line VALUES (?, ?, ?)", lines)
+        added = self._db.total_changes - before
+        self._db.execute("COMMIT")
+        self.size += added
+        summary.repeated += lines.count - added
+
+    def find(self, item_id: str) -> tuple[dict[str, Any], bool] | None:
+        """The line that ended `item_id` and whether it is a dead letter, or None."""
+        hit = self._db.execute("SELECT file, at FROM line WHERE id = ?", (item_id,)).fetchone()
+        if hit is None:
+            return None
+        number, at = hit
+        f = self._open.get(number)
+        if f is None:
+            f = self._open[number] = open(self._files[number][0], "rb")  # noqa: SIM115
+        f.seek(at)
+        return orjson.loads(f.readline()), self._files[number][1]
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._db.close()
+
+
+class _Lines:
+    """Iterates (id, file number, offset) of every whole line of a results or dead-letter file.
+
+    A line without its newline is one a run was writing (or a crash cut): not an ending yet, so
+    it is counted in `summary.torn` and left out. `count` is how many were yielded.
+    """
+
+    def __init__(self, path: Path, number: int, summary: ExportSummary) -> None:
+        self.path, self.number, self.summary, self.count = path, number, summary, 0
+
+    def __iter__(self) -> Iterator[tuple[str, int, int]]:
+        at = 0
+        with open(self.path, "rb") as f:
+            for raw in f:
+                start, at = at, at + len(raw)
+                if not raw.endswith(b"\n"):
+                    self.summary.torn += 1
+                    continue
+                if not raw.strip():
+                    continue
+                try:
+                    item_id = orjson.loads(raw)["id"]
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    raise RunError(f"{self.path} at byte {start} holds a line that is not a "
+                                   "record; the run directory was edited or damaged") from None
+                self.count += 1
+                yield str(item_id), self.number, start
+
+
+def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterator[dict[str, Any]]:
+    """One row per input record, in input order (see the module docstring for the statuses)."""
+    seen = DigestSet()
+    for entry in reader:
+        summary.rows += 1
+        if isinstance(entry, Reject):
+            summary.rejected += 1
+            yield _row(entry.line, None, "rejected", error=entry.reason)
+            continue
+        line, item_id = reader.lines_read, entry["id"]
+        if not seen.add(id_digest(item_id)):
+            summary.rejected += 1
+            yield _row(line, item_id, "rejected", error=duplicate_reason(item_id))
+            continue
+        found = index.find(item_id)
+        if found is None:
+            summary.pending += 1
+            yield _row(line, item_id, "pending")
+        elif found[1]:
+            summary.failed += 1
+            yield _dead_row(line, item_id, found[0])
+        else:
+            summary.ok += 1
+            yield _ok_row(line, item_id, found[0])
+
+
+def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"line": line, "id": item_id, "status": status, "output": None,
+                           "finish_reason": None, "usage": None, "attempts": None, "error": None}
+    row.update(values)
+    return row
+
+
+def _ok_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    return _row(line, item_id, "ok", output=record.get("output"),
+                finish_reason=record.get("finish_reason"), usage=record.get("usage"),
+                attempts=record.get("attempts"))  # fmt: skip
+
+
+def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    attempts = record.get("attempts")
+    return _row(line, item_id, "failed", error=record.get("reason"),
+                attempts=len(attempts) if isinstance(attempts, list) else None)
+
+
+def _csv_values(row: dict[str, Any]) -> list[Any]:
+    usage = row["usage"] if isinstance(row["usage"], dict) else {}
+    return [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
+            usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("estimated"),
+            row["attempts"], row["error"]]  # fmt: skip
+
+
+class _WriteError(Exception):
+    """Writing the export failed (the OSError is its cause); reading the run did not."""
+
+
+def _write(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
+           summary: ExportSummary) -> None:  # fmt: skip
+    """Write every row to `sink`. Only the writes are wrapped in `_WriteError`: a failure to
+    read the run or the input keeps its own error."""
+    rows = _rows(index, reader, summary)
+    if fmt == "jsonl":
+        option = orjson.OPT_APPEND_NEWLINE
+        for row in rows:
+            _put(sink, orjson.dumps(row, option=option))
+    else:
+        # csv writes text: rows go through a string buffer, encoded and written in blocks.
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(COLUMNS)
+        for row in rows:
+            writer.writerow(_csv_values(row))
+            if text.tell() >= _WRITE_BLOCK:
+                _put(sink, text.getvalue().encode())
+                text.seek(0)
+                text.truncate()
+        _put(sink, text.getvalue().encode())
+    try:
+        sink.flush()
+    except OSError as exc:
+        raise _WriteError from exc
+
+
+def _put(sink: IO[bytes], data: bytes) -> None:
+    try:
+        sink.write(data)
+    except OSError as exc:
+        raise _WriteError from exc
+
+
+def _write_to_stdout(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
+                     summary: ExportSummary) -> None:  # fmt: skip
+    try:
+        _write(index, reader, fmt, sink, summary)
+    except _WriteError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BrokenPipeError):  # `shardrun export RUN | head`: the CLI's case
+            raise cause from None
+        raise RunError(f"could not write the export to standard output: {_why(cause)}") from None
+
+
+def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path,
+                      summary: ExportSummary) -> None:  # fmt: skip
+    """Write next to `out`, then rename: a failed export leaves no half file (nor a half-new
+    version of an earlier export)."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below, before the rename
+        except OSError as exc:
+            raise _WriteError from exc
+        try:
+            _write(index, reader, fmt, f, summary)
+            try:
+                os.fsync(f.fileno())
+            except OSError as exc:
+                raise _WriteError from exc
+        finally:
+            # After a failed write, closing would retry the buffered bytes and fail again; after
+            # a good one, everything is flushed and synced already.
+            with contextlib.suppress(OSError):
+                f.close()
+        try:
+            os.replace(tmp, out)
+        except OSError as exc:
+            raise _WriteError from exc
+    except _WriteError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"could not write {out}: {_why(exc.__cause__)}; nothing was written "
+                       "(free some space, or name another file with -o)") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _why(exc: BaseException | None) -> str:
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).lower()

@@ -1,0 +1,388 @@
+"""`shardrun export`: one row per input record, in input order, from a real run's files.
+
+One run against the simulator's own process (some items dead-lettered by simulated HTTP 500s,
+a malformed line, a duplicate id, a blank line) is shared; each test that alters files works on
+its own copy of the run's directory, its job and its input.
+"""
+
+from __future__ import annotations
+
+import csv
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from shardrun.export import COLUMNS, format_of
+from shardrun.worksource import duplicate_reason
+from tests.conftest import (
+    CLI_TIMEOUT_S,
+    FAST_SIM,
+    Run,
+    only_run,
+    read_jsonl,
+    run_cli,
+    write_input,
+    write_job,
+)
+
+N = 150
+BAD_LINE = b"this line is not JSON\n"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run in `base/runs/<id>` of `base/job.yaml` over `base/input.jsonl`.
+
+    The input: N records, then a blank line, a line that is not JSON, and a repeat of the
+    first record's id. max_attempts 1 with 30 % simulated 500s dead-letters about a third.
+    """
+    root = tmp_path_factory.mktemp("export")
+    ids = write_input(root / "input.jsonl", N)
+    with open(root / "input.jsonl", "ab") as f:
+        f.write(b"\n" + BAD_LINE)
+        f.write(orjson.dumps({"id": ids[0], "prompt": "again"}) + b"\n")
+    write_job(root / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
+                        "sim": {**FAST_SIM, "fail_500": 0.3}},
+              retry={"max_attempts": 1})  # fmt: skip
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=root)
+    assert done.returncode == 1, done.stderr  # some items failed, as the job intends
+    return root
+
+
+def copy_of(base: Path, to: Path) -> tuple[Path, Path]:
+    """A copy of the job, input and run under `to`: (run directory, job file)."""
+    shutil.copytree(base, to / "w")
+    return only_run(to / "w" / "runs"), to / "w" / "job.yaml"
+
+
+def export(*args: str, cwd: Path) -> Any:
+    return run_cli("export", *args, cwd=cwd)
+
+
+def expected_rows(run: Run) -> list[dict[str, Any]]:
+    """What the export must hold, built from the run's own files and the input as written."""
+    results = {r["id"]: r for r in run.results}
+    dead = {d["id"]: d for d in run.dead}
+    rows = []
+    for line in range(1, N + 1):
+        item_id = f"item-{line - 1:05d}"
+        row = {"line": line, "id": item_id, "output": None, "finish_reason": None,
+               "usage": None, "attempts": None, "error": None}  # fmt: skip
+        if item_id in results:
+            r = results[item_id]
+            row.update(status="ok", output=r["output"], finish_reason=r["finish_reason"],
+                       usage=r["usage"], attempts=r["attempts"])  # fmt: skip
+        else:
+            d = dead[item_id]
+            row.update(status="failed", error=d["reason"], attempts=len(d["attempts"]))
+        rows.append(row)
+    blank_then_bad = N + 2  # line N+1 is blank: no record, no row
+    rows.append({"line": blank_then_bad, "id": None, "status": "rejected"})
+    rows.append({"line": N + 3, "id": "item-00000", "status": "rejected",
+                 "error": duplicate_reason("item-00000")})  # fmt: skip
+    return rows
+
+
+def test_jsonl_has_one_row_per_record_in_input_order(base: Path, tmp_path: Path) -> None:
+    run = Run.load(only_run(base / "runs"))
+    assert run.dead and run.results  # both kinds of ending are there to export
+    out = tmp_path / "answers.jsonl"
+    done = export(str(run.path), "-o", str(out), cwd=base)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    want = expected_rows(run)
+    assert [r["line"] for r in rows] == [w["line"] for w in want]
+    for row, w in zip(rows, want, strict=True):
+        assert list(row) == ["line", "id", "status", "output", "finish_reason", "usage",
+                             "attempts", "error"]  # fmt: skip
+        assert {k: row[k] for k in w} == w
+    # The rejected rows say what the run's own rejects.jsonl says.
+    rejects = read_jsonl(run.path / "rejects.jsonl")
+    assert [(r["line"], r["error"]) for r in rows[-2:]] == [(j["line"], j["reason"])
+                                                            for j in rejects]  # fmt: skip
+    ok, failed = len(run.results), len(run.dead)
+    assert (f"exported {N + 2} rows to {out} (jsonl, in input order): {ok} ok, {failed} "
+            f"failed, 2 rejected, 0 pending") in done.stderr  # fmt: skip
+    assert f"  {failed} records failed: `shardrun retry-failed {run.path}`" in done.stderr
+    assert "pending" not in done.stderr.split("\n", 1)[1]
+    assert "warning" not in done.stderr  # the job and input are those of the run
+
+
+def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
+    run_dir = only_run(base / "runs")
+    as_json, as_csv = tmp_path / "a.jsonl", tmp_path / "a.csv"
+    assert export(str(run_dir), "-o", str(as_json), cwd=base).returncode == 0
+    done = export(str(run_dir), "-o", str(as_csv), cwd=base)  # the suffix picks CSV
+    assert done.returncode == 0, done.stderr
+    assert "(csv, in input order)" in done.stderr
+    with open(as_csv, newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))
+    assert tuple(table[0]) == COLUMNS
+    rows = read_jsonl(as_json)
+    assert len(table) == len(rows) + 1
+
+    def text(value: object) -> str:
+        return "" if value is None else str(value)
+
+    for cells, row in zip(table[1:], rows, strict=True):
+        usage = row["usage"] or {}
+        assert cells == [text(row["line"]), text(row["id"]), row["status"], text(row["output"]),
+                         text(row["finish_reason"]), text(usage.get("prompt_tokens")),
+                         text(usage.get("completion_tokens")), text(usage.get("estimated")),
+                         text(row["attempts"]), text(row["error"])]  # fmt: skip
+
+
+def test_standard_output_is_the_default(base: Path, tmp_path: Path) -> None:
+    run_dir = only_run(base / "runs")
+    out = tmp_path / "a.jsonl"
+    assert export(str(run_dir), "-o", str(out), cwd=base).returncode == 0
+    done = export(str(run_dir), "--format", "jsonl", cwd=base)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.encode() == out.read_bytes()
+    assert "rows to standard output (jsonl" in done.stderr
+
+
+def test_items_without_a_line_are_pending(base: Path, tmp_path: Path) -> None:
+    """A run stopped early: records whose lines are missing, or cut short, are pending."""
+    run_dir, _ = copy_of(base, tmp_path)
+    results = sorted((run_dir / "results").glob("shard-*.jsonl"))[0]
+    lines = results.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 4
+    gone = [orjson.loads(line)["id"] for line in lines[-3:]]
+    # The last two lines removed, the one before them cut short as a killed writer leaves it.
+    results.write_bytes(b"".join(lines[:-3]) + lines[-3][: len(lines[-3]) // 2])
+    out = tmp_path / "a.jsonl"
+    done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    pending = [r for r in read_jsonl(out) if r["status"] == "pending"]
+    assert sorted(r["id"] for r in pending) == sorted(gone)
+    assert all(r["output"] is None and r["error"] is None for r in pending)
+    assert ", 3 pending\n" in done.stderr
+    assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in done.stderr
+    assert "  1 line of the run is cut short" in done.stderr
+
+
+def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> None:
+    """Lines the invariant rules out (a second line for one id, a line for an id the input does
+    not have) are reported, not exported: the first line of an id is the one exported."""
+    run_dir, _ = copy_of(base, tmp_path)
+    first, second = sorted((run_dir / "results").glob("shard-*.jsonl"))[:2]
+    record = orjson.loads(first.read_bytes().splitlines()[0])
+    stray = {**record, "id": "not-in-the-input"}
+    with open(second, "ab") as f:
+        f.write(orjson.dumps({**record, "output": "a second answer"}) + b"\n")
+        f.write(orjson.dumps(stray) + b"\n")
+    out = tmp_path / "a.jsonl"
+    done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in read_jsonl(out) if r["id"] == record["id"] and r["status"] == "ok"]
+    assert row["output"] == record["output"]
+    assert "  1 id has more than one line in the run: the first line was exported\n" in done.stderr
+    assert "  1 line of the run matches no input record: not in the export\n" in done.stderr
+
+
+def test_a_damaged_run_file_is_one_sentence(base: Path, tmp_path: Path) -> None:
+    run_dir, _ = copy_of(base, tmp_path)
+    results = sorted((run_dir / "results").glob("shard-*.jsonl"))[0]
+    size = results.stat().st_size
+    with open(results, "ab") as f:
+        f.write(b"not a record\n")
+    done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (f"error: {results} at byte {size} holds a line that is not a record; "
+                           "the run directory was edited or damaged\n")  # fmt: skip
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_a_changed_input_is_refused_and_nothing_is_written(base: Path, tmp_path: Path) -> None:
+    run_dir, job = copy_of(base, tmp_path)
+    out = tmp_path / "a.jsonl"
+    out.write_bytes(b"an earlier export\n")
+    # The copied job names the copied input (relative paths); the manifest names the original.
+    assert export(str(run_dir), "-o", str(out), "--job", str(job), cwd=tmp_path).returncode == 0
+    assert out.read_bytes() != b"an earlier export\n"
+    out.write_bytes(b"an earlier export\n")
+    data = (job.parent / "input.jsonl").read_bytes()
+    (job.parent / "input.jsonl").write_bytes(data.replace(b"Question 7:", b"Question 8:", 1))
+    done = export(str(run_dir), "-o", str(out), "--job", str(job), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: the input {job.parent / 'input.jsonl'} is not what "
+                                  f"run {run_dir.name} read (its first "), done.stderr  # fmt: skip
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert out.read_bytes() == b"an earlier export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "w"]  # no temporary left
+
+
+def test_a_moved_job_file_is_named_with_job(base: Path, tmp_path: Path) -> None:
+    run_dir, job = copy_of(base, tmp_path)
+    manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
+    manifest["job"]["path"] = str(tmp_path / "gone.yaml")
+    (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = export(str(run_dir), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (f"error: the job file of run {run_dir.name}, {tmp_path / 'gone.yaml'},"
+                           " no longer exists; name it with --job JOB.yaml\n")  # fmt: skip
+    assert export(str(run_dir), "--job", str(job), cwd=tmp_path).returncode == 0
+
+
+def test_a_missing_input_is_named(base: Path, tmp_path: Path) -> None:
+    run_dir, job = copy_of(base, tmp_path)
+    (job.parent / "input.jsonl").unlink()
+    done = export(str(run_dir), "--job", str(job), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (f"error: input file {job.parent / 'input.jsonl'} does not exist; "
+                           "check input.path in the job file\n")  # fmt: skip
+
+
+def test_an_edited_job_file_is_a_warning(base: Path, tmp_path: Path) -> None:
+    run_dir, job = copy_of(base, tmp_path)
+    settings = yaml.safe_load(job.read_text())
+    settings["concurrency"] = 3
+    job.write_text(yaml.safe_dump(settings))
+    done = export(str(run_dir), "--job", str(job), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"warning: the job file {job} changed since the run;" in done.stderr
+
+
+def test_a_run_that_never_ended_a_pass_is_exported_unchecked(base: Path, tmp_path: Path) -> None:
+    """A run killed in its first pass recorded no input digest: export says it cannot check."""
+    run_dir, _ = copy_of(base, tmp_path)
+    manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
+    del manifest["input"]
+    (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(f"warning: no pass of run {run_dir.name} has ended, so the "
+                                  "input could not be checked against what the run read\n")
+    assert len(read_jsonl(tmp_path / "a.jsonl")) == N + 2
+
+
+def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
+    run_dir = only_run(base / "runs")
+    missing = tmp_path / "no-such-dir" / "a.jsonl"
+    done = export(str(run_dir), "-o", str(missing), cwd=base)
+    assert done.returncode == 1
+    assert done.stderr == (f"error: could not write {missing}: no such file or directory; "
+                           "nothing was written (free some space, or name another file with "
+                           "-o)\n")  # fmt: skip
+    with open("/dev/full", "wb") as full:  # a disk with no space left
+        proc = subprocess.run([sys.executable, "-m", "shardrun", "export", str(run_dir)],
+                              cwd=base, stdout=full, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == ("error: could not write the export to standard output: no space "
+                           "left on device\n")  # fmt: skip
+
+
+def files_up_to(size: int) -> Callable[[], None]:
+    """For a child process: its files may not grow past `size` bytes, and a write past that
+    fails (EFBIG, "file too large") instead of killing the process (SIGXFSZ ignored)."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
+
+
+def export_limited(run_dir: Path, out: Path, size: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardrun", "export", str(run_dir), "-o",
+                           str(out)], cwd=out.parent, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S,
+                          preexec_fn=files_up_to(size))  # fmt: skip
+
+
+def test_a_write_failing_halfway_keeps_the_earlier_export(base: Path, tmp_path: Path) -> None:
+    run_dir = only_run(base / "runs")
+    out = tmp_path / "a.jsonl"
+    assert export(str(run_dir), "-o", str(out), cwd=base).returncode == 0
+    whole = out.read_bytes()
+    out.write_bytes(b"an earlier export\n")
+    # Half the export's size: the scratch index (a few pages) fits, the export does not.
+    proc = export_limited(run_dir, out, len(whole) // 2)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"error: could not write {out}: file too large; nothing was written "
+                           "(free some space, or name another file with -o)\n")  # fmt: skip
+    assert out.read_bytes() == b"an earlier export\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.jsonl"]
+
+
+def test_a_full_scratch_disk_is_one_sentence(base: Path, tmp_path: Path) -> None:
+    run_dir = only_run(base / "runs")
+    out = tmp_path / "a.jsonl"
+    proc = export_limited(run_dir, out, 4096)  # not even the index's second page fits
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: the export's scratch index in "), proc.stderr
+    assert proc.stderr.endswith(" failed (disk I/O error); free some space there, or set "
+                                "TMPDIR to a directory that has some\n"), proc.stderr
+    assert not out.exists()
+
+
+def test_not_a_run_directory(tmp_path: Path) -> None:
+    done = export(str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == f"error: {tmp_path} is not a run directory (it has no manifest.json)\n"
+
+
+def test_after_retry_failed_the_new_segment_counts(base: Path, tmp_path: Path) -> None:
+    """Segments: results of the second pass (shard-NN.r1.jsonl) are found; superseded dead
+    letters (dead/superseded-r1/) are not."""
+    run_dir, job = copy_of(base, tmp_path)
+    settings = yaml.safe_load(job.read_text())
+    settings["endpoint"]["sim"].pop("fail_500")
+    job.write_text(yaml.safe_dump(settings))
+    again = run_cli(str(job), "--resume", run_dir.name, "--runs-dir", str(run_dir.parent),
+                    "--retry-failed", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 1, again.stderr  # the two rejected input lines count as failed
+    assert "failed             2  (0 dead-lettered, 2 rejected input lines)" in again.stdout
+    assert list((run_dir / "results").glob("shard-*.r1.jsonl"))
+    out = tmp_path / "a.jsonl"
+    # --job: the manifest names the job file the copied run was started with, not the copy.
+    done = export(str(run_dir), "-o", str(out), "--job", str(job), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "more than one line" not in done.stderr  # dead/superseded-r1/ is not read
+    assert "warning" not in done.stderr  # the job edited before the resume is the newest pass's
+    rows = read_jsonl(out)
+    assert [r["status"] for r in rows] == ["ok"] * N + ["rejected"] * 2
+    results = {r["id"]: r for r in Run.load(run_dir).results}
+    assert len(results) == N
+    assert all(r["output"] == results[r["id"]]["output"] for r in rows[:N])
+
+
+def test_format_of() -> None:
+    assert format_of(None, None) == "jsonl"
+    assert format_of(Path("x.CSV"), None) == "csv"
+    assert format_of(Path("x.csv"), "jsonl") == "jsonl"
+    assert format_of(Path("x.txt"), None) == "jsonl"
+    assert format_of(None, "csv") == "csv"
+
+
+def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
+    """A CSV input (one prompt spans two physical lines): rows in the input's order, each with
+    the line the run would name in rejects.jsonl."""
+    rows = [["id", "prompt"], *[[f"c{i}", f"Question {i}"] for i in range(12)]]
+    rows[4][1] = "a prompt\nover two lines"
+    with open(tmp_path / "input.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    write_job(tmp_path / "job.yaml", input={"path": "input.csv"})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "a.jsonl"
+    exported = export(str(only_run(tmp_path / "runs")), "-o", str(out), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    got = read_jsonl(out)
+    assert [r["id"] for r in got] == [f"c{i}" for i in range(12)]
+    assert {r["status"] for r in got} == {"ok"}
+    # The header is line 1. c3 spans lines 5-6 and is numbered by its last line, as the run
+    # numbers a CSV record in rejects.jsonl (csv's line_num); every later record is one on.
+    assert [r["line"] for r in got] == [2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14]
