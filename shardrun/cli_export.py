@@ -3,8 +3,9 @@
     shardrun export RUN_DIR [-o FILE] [--format jsonl|csv] [--job JOB.yaml]
 
 Exit codes: 0 when the export was written (whatever its rows' statuses; the counts go to
-standard error), 2 when the run directory, its job file or its input is unusable, 1 when the
-export could not be written.
+standard error), 2 when the run directory, its job file or its input is unusable (the input
+changed since the run included), 1 when a file of the run cannot be read or the export cannot
+be written.
 """
 
 from __future__ import annotations
