@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import io
 import os
 import sqlite3
@@ -55,7 +54,6 @@ COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
            "completion_tokens", "usage_estimated", "attempts", "error")  # fmt: skip
 """CSV columns; a JSON line has the same values, with usage as one object."""
 
-_READ_BLOCK = 1 << 20
 _WRITE_BLOCK = 1 << 16  # characters of CSV text per write
 
 
@@ -186,16 +184,12 @@ def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
 
 
 def _prefix_sha256(path: Path, size: int) -> str | None:
-    """SHA-256 of the file's first `size` bytes; None if it has fewer or cannot be read."""
-    sha, left = hashlib.sha256(), size
+    """SHA-256 of the file's first `size` bytes (of all of them, if it has fewer: a different
+    digest then), or None if it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            while left > 0 and (block := f.read(min(left, _READ_BLOCK))):
-                sha.update(block)
-                left -= len(block)
+        return file_digest(path, limit=size)[0]
     except OSError:
         return None
-    return None if left else sha.hexdigest()
 
 
 class _Index:

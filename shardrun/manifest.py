@@ -86,12 +86,13 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def file_digest(path: Path) -> tuple[str, int]:
-    """SHA-256 hex and size of a file, read in chunks."""
+def file_digest(path: Path, limit: int | None = None) -> tuple[str, int]:
+    """SHA-256 hex and size of a file (of its first `limit` bytes, if given), read in chunks."""
     sha = hashlib.sha256()
     size = 0
+    block = 1 << 20
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while chunk := f.read(block if limit is None else min(block, limit - size)):
             sha.update(chunk)
             size += len(chunk)
     return sha.hexdigest(), size

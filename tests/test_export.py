@@ -223,6 +223,19 @@ def test_a_changed_input_is_refused_and_nothing_is_written(base: Path, tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "w"]  # no temporary left
 
 
+def test_records_appended_since_the_run_are_pending(base: Path, tmp_path: Path) -> None:
+    """Only the bytes the run read are checked: records added after them export as pending."""
+    run_dir, job = copy_of(base, tmp_path)
+    with open(job.parent / "input.jsonl", "ab") as f:
+        f.write(orjson.dumps({"id": "added-later", "prompt": "new"}) + b"\n")
+    out = tmp_path / "a.jsonl"
+    done = export(str(run_dir), "-o", str(out), "--job", str(job), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    last = read_jsonl(out)[-1]
+    assert (last["line"], last["id"], last["status"]) == (N + 4, "added-later", "pending")
+    assert ", 1 pending\n" in done.stderr
+
+
 def test_a_moved_job_file_is_named_with_job(base: Path, tmp_path: Path) -> None:
     run_dir, job = copy_of(base, tmp_path)
     manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
