@@ -8,6 +8,7 @@ coordinator on uvloop and stops the simulator again, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
@@ -150,7 +151,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         summary = run_loop(coordinator.run())
         summary = replace(summary, prior_dead=this.prior_dead, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
-            successes=summary.succeeded, wasted_tokens=summary.wasted_tokens))
+            successes=summary.succeeded, wasted_tokens=summary.wasted_tokens),
+            resume_command=resume_command(job, this.run_dir))
         status = summary.status
         if spec.output.format == "openai-batch":
             from shardrun.batch_format import write_batch_files
@@ -159,6 +161,15 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         return summary
     finally:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
+
+
+def resume_command(job: LoadedJob, run_dir: RunDir) -> str:
+    """The command that continues this run: the job file as the user named it, and the runs
+    directory unless the job file (or the default) gives it anyway."""
+    words = ["shardrun", job.origin or str(job.job_path), "--resume", run_dir.run_id]
+    if job.sources["runs_dir"] not in ("job file", "default"):
+        words += ["--runs-dir", str(run_dir.path.parent)]
+    return shlex.join(words)
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

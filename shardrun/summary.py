@@ -45,6 +45,7 @@ class RunSummary:
     rejects_file: Path | None = None  # where this pass set aside bad input lines
     input_read: bool = True  # False: the run stopped before reading its input to the end
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
+    resume_command: str | None = None  # the command that finishes what this pass left undone
 
     @classmethod
     def from_shard_reports(
@@ -183,6 +184,8 @@ def format_summary(s: RunSummary) -> str:
     lines += _failure_lines(s)
     if s.unfinished:
         lines.append(f"  not finished       {s.unfinished:,}")
+    if s.resume_command and (s.unfinished or not s.input_read):
+        lines.append(f"  to finish the run  {s.resume_command}")
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
                      f"(another pass: shardrun retry-failed {s.run_dir})")

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -491,7 +492,7 @@ def test_sigint_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
     _wait_for_results(tmp_path / "runs", 100)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     path = only_run(tmp_path / "runs")
@@ -502,8 +503,14 @@ def test_sigint_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
             orjson.loads(line)
     assert orjson.loads((path / "manifest.json").read_bytes())["status"] == "interrupted"
     assert len(Run.load(path).results) < len(ids)
-    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", path.name, cwd=tmp_path)
+    # The summary says how to finish the run, and that command, as printed, does it.
+    hint = [line for line in out.splitlines() if line.startswith("  to finish the run  ")]
+    assert len(hint) == 1, out
+    command = shlex.split(hint[0].removeprefix("  to finish the run  "))
+    assert command == ["shardrun", "job.yaml", "--resume", path.name, "--runs-dir", "runs"]
+    resumed = run_cli(*command[1:], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    assert "to finish the run" not in resumed.stdout
     assert_exactly_once(Run.load(path), ids)
 
 

@@ -1,10 +1,19 @@
-"""The end-of-run summary: failure reasons merged across shards and shown with their counts."""
+"""The end-of-run summary: failure reasons merged across shards and shown with their counts,
+and the command that finishes a run left unfinished."""
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import write_job
+
+from shardrun.manifest import RunDir
+from shardrun.runner import resume_command
+from shardrun.spec import load_job
 from shardrun.summary import RunSummary, format_summary
 
 
@@ -66,3 +75,34 @@ def test_dead_letters_no_shard_reported_are_shown_as_such() -> None:
     assert shown == ["    2  max_attempts: HTTP 500",
                      "    3  reason in the dead-letter lines (written by a shard that could not "
                      "report them)"]
+
+
+def test_the_command_that_finishes_the_run_shows_only_when_something_is_left() -> None:
+    command = "shardrun job.yaml --resume r1"
+    done = replace(summary_of([{}], dead=0), resume_command=command)
+    assert "to finish the run" not in format_summary(done)
+    # Items taken but not ended (stopped mid-run) ...
+    stopped = replace(done, items=15, interrupted=True)
+    assert f"  to finish the run  {command}" in format_summary(stopped).splitlines()
+    # ... or every item taken ended, but the input was not read to its end.
+    unread = replace(done, input_read=False, interrupted=True)
+    assert f"  to finish the run  {command}" in format_summary(unread).splitlines()
+
+
+@pytest.mark.parametrize(("given", "env", "path_in_job", "words"), [
+    ({}, {}, None, []),  # the default: the same job file finds the run again
+    ({}, {}, "elsewhere", []),  # the job file names it
+    ({"runs_dir": "flagged"}, {}, None, ["--runs-dir", "flagged"]),
+    ({}, {"SHARDRUN_RUNS_DIR": "from env"}, None, ["--runs-dir", "from env"]),
+])  # fmt: skip
+def test_the_resume_command_names_the_runs_directory_only_when_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, str],
+    env: dict[str, str], path_in_job: str | None, words: list[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    extra = {} if path_in_job is None else {"runs_dir": path_in_job}
+    write_job(tmp_path / "my job.yaml", **extra)
+    job = load_job(Path("my job.yaml"), env=env, flags=given)  # as typed: a relative path
+    run_dir = RunDir(job.runs_path / "r1", "r1")
+    command = resume_command(job, run_dir)
+    assert shlex.split(command) == ["shardrun", "my job.yaml", "--resume", "r1", *words]
