@@ -40,7 +40,7 @@ import orjson
 from shardrun.digestset import DigestSet
 from shardrun.errors import RunError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
-from shardrun.manifest import file_digest
+from shardrun.manifest import file_digest, newest_job_path
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -
     from shardrun.spec import load_job
 
     if job_path is None:
-        job_path = Path(manifest.get("job", {}).get("path", ""))
+        job_path = newest_job_path(manifest)
         if not job_path.is_file():
             raise SpecError(f"the job file of run {run_path.name}, {job_path}, no longer "
                             "exists; name it with --job JOB.yaml")  # fmt: skip

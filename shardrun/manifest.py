@@ -158,6 +158,7 @@ def resume_manifest(
         "command": ["shardrun", *argv],
         "started_at": iso(time.time()),
         "ended_at": None,
+        "job_path": str(job.job_path),
         "job_sha256": job_sha,
         "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
         "effective": job.effective(),
@@ -168,6 +169,14 @@ def resume_manifest(
     manifest["ended_at"] = None
     write_json_atomic(run_dir.manifest_path, manifest)
     return manifest
+
+
+def newest_job_path(manifest: dict[str, Any]) -> Path:
+    """The job file the newest pass ran (a resume may name another file than the first pass)."""
+    for entry in reversed(manifest.get("resumes") or []):
+        if entry.get("job_path"):
+            return Path(entry["job_path"])
+    return Path(manifest.get("job", {}).get("path", ""))
 
 
 def finish_manifest(

@@ -22,7 +22,14 @@ from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
-from shardrun.manifest import RunDir, finish_manifest, new_run_id, resume_manifest, start_manifest
+from shardrun.manifest import (
+    RunDir,
+    finish_manifest,
+    new_run_id,
+    newest_job_path,
+    resume_manifest,
+    start_manifest,
+)
 from shardrun.pricing import cost
 from shardrun.progress import ProgressView, estimate_total
 from shardrun.proxy import Proxy, proxy_for
@@ -232,7 +239,7 @@ def job_of_run(run_path: Path) -> tuple[Path, Path]:
     manifest_path = run_path / "manifest.json"
     if not manifest_path.is_file():
         raise SpecError(f"{run_path} is not a run directory (it has no manifest.json)")
-    job = Path(orjson.loads(manifest_path.read_bytes())["job"]["path"])
+    job = newest_job_path(orjson.loads(manifest_path.read_bytes()))
     if not job.is_file():
         raise SpecError(f"the job file of run {run_path.name}, {job}, no longer exists; use "
                         f"`shardrun JOB.yaml --resume {run_path.name} --retry-failed`")

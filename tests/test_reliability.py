@@ -556,6 +556,32 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
     assert list((path / "dead").glob("superseded-r1/*.jsonl"))
 
 
+def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: Path) -> None:
+    """A resume with another job file (the first one since deleted): `retry-failed RUN_DIR` and
+    `export RUN_DIR` read that one, the file the manifest's newest pass names."""
+    ids = write_input(tmp_path / "input.jsonl", 100)
+    failing = {"base_url": "sim://", "api": "chat", "model": "m",
+               "sim": {**FAST_SIM, "fail_500": 0.5}}
+    write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
+    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    assert Run.load(path).dead
+    # The new job file has a healthy simulator; the resume has nothing left to run.
+    write_job(tmp_path / "fixed.yaml", retry={"max_attempts": 1})
+    resumed = run_cli("fixed.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stderr  # the earlier pass's dead letters remain
+    assert Run.load(path).manifest["resumes"][0]["job_path"] == str(tmp_path / "fixed.yaml")
+    (tmp_path / "job.yaml").unlink()
+    again = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert_exactly_once(Run.load(path), ids)
+    exported = run_cli("export", str(path), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    rows = [orjson.loads(line) for line in exported.stdout.splitlines()]
+    assert [row["id"] for row in rows] == ids
+    assert {row["status"] for row in rows} == {"ok"}
+
+
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
     """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
     the URL masks the password, and no file of the run holds it, manifest included."""
