@@ -3,6 +3,7 @@
     ShardrunError            root; never escapes the CLI as a traceback
     ├── SpecError            the job file, a flag or an environment variable is wrong (exit 2)
     ├── InputError           the input file is missing or unreadable (exit 2)
+    ├── RunDirError          a run directory is missing, or its manifest damaged (exit 2)
     ├── EndpointError        the endpoint cannot be used at all (unreachable, auth refused)
     └── RunError             the run itself cannot go on (a shard died, the disk is full)
 
@@ -24,6 +25,12 @@ class SpecError(ShardrunError):
 
 class InputError(ShardrunError):
     """The input file cannot be read."""
+
+    exit_code = 2
+
+
+class RunDirError(ShardrunError):
+    """A run directory (given to resume, export, report...) is missing or cannot be read."""
 
     exit_code = 2
 

@@ -40,7 +40,7 @@ import orjson
 from shardrun.digestset import DigestSet
 from shardrun.errors import RunError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
-from shardrun.manifest import file_digest, newest_job_path
+from shardrun.manifest import file_digest, newest_job_path, read_manifest
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def export(run_path: Path, out: Path | None, fmt: Format,
            job_path: Path | None = None) -> ExportSummary:  # fmt: skip
     """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
     output when `out` is None. `job_path` stands in for the job file the manifest names."""
-    manifest = _manifest(run_path)
+    manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
     summary = ExportSummary()
     if _job_sha256(manifest) != file_digest(job.job_path)[0]:
@@ -125,25 +125,15 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
     summary.orphans = index.size - summary.ok - summary.failed
 
 
-def _manifest(run_path: Path) -> dict[str, Any]:
-    path = run_path / "manifest.json"
-    if not path.is_file():
-        raise SpecError(f"{run_path} is not a run directory (it has no manifest.json)")
-    try:
-        manifest: dict[str, Any] = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise RunError(f"{path} cannot be read ({exc}); the run directory is damaged") from None
-    return manifest
-
-
 def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -> LoadedJob:
     from shardrun.spec import load_job
 
     if job_path is None:
         job_path = newest_job_path(manifest)
-        if not job_path.is_file():
-            raise SpecError(f"the job file of run {run_path.name}, {job_path}, no longer "
-                            "exists; name it with --job JOB.yaml")  # fmt: skip
+        if job_path is None or not job_path.is_file():
+            what = f", {job_path}, no longer exists" if job_path else " is not in its manifest"
+            raise SpecError(f"the job file of run {run_path.name}{what}; name it with "
+                            "--job JOB.yaml")  # fmt: skip
     # The job is read as written: only its input settings matter here, and no environment
     # variable changes them (an override meant for a run must not fail an export).
     return load_job(job_path, env={}, flags={})

@@ -25,7 +25,7 @@ import orjson
 
 from shardrun import __version__
 from shardrun._urls import masked_url
-from shardrun.errors import SpecError
+from shardrun.errors import RunDirError, SpecError
 
 if TYPE_CHECKING:
     from shardrun.inputs import InputReader
@@ -151,7 +151,7 @@ def resume_manifest(
     proxy: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Record a resume pass in an existing manifest (status back to `running`)."""
-    manifest: dict[str, Any] = orjson.loads(run_dir.manifest_path.read_bytes())
+    manifest = read_manifest(run_dir.path)
     job_sha, _ = file_digest(job.job_path)
     manifest.setdefault("resumes", []).append({
         **pass_info,
@@ -171,12 +171,35 @@ def resume_manifest(
     return manifest
 
 
-def newest_job_path(manifest: dict[str, Any]) -> Path:
-    """The job file the newest pass ran (a resume may name another file than the first pass)."""
-    for entry in reversed(manifest.get("resumes") or []):
-        if entry.get("job_path"):
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    """A run's manifest, or a RunDirError saying in one sentence why there is none to read."""
+    path = run_dir / "manifest.json"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory")
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json") from None
+    except OSError as exc:
+        raise RunDirError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is not valid JSON ({exc}); the run directory is "
+                          "damaged") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is not a JSON object; the run directory is damaged")
+    return data
+
+
+def newest_job_path(manifest: dict[str, Any]) -> Path | None:
+    """The job file the newest pass ran (a resume may name another file than the first pass),
+    or None if the manifest names none."""
+    resumes = manifest.get("resumes")
+    for entry in reversed(resumes if isinstance(resumes, list) else []):
+        if isinstance(entry, dict) and isinstance(entry.get("job_path"), str):
             return Path(entry["job_path"])
-    return Path(manifest.get("job", {}).get("path", ""))
+    job = manifest.get("job")
+    path = job.get("path") if isinstance(job, dict) else None
+    return Path(path) if isinstance(path, str) and path else None
 
 
 def finish_manifest(

@@ -23,16 +23,9 @@ import orjson
 from shardrun import __version__
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
 from shardrun.aggregate._metrics import windows
-from shardrun.errors import ShardrunError
-from shardrun.report._rundir import (
-    FoldOptions,
-    LoadedRun,
-    RunDirError,
-    event_files,
-    load_run,
-    read_manifest,
-    run_state,
-)
+from shardrun.errors import RunDirError, ShardrunError
+from shardrun.manifest import read_manifest
+from shardrun.report._rundir import FoldOptions, LoadedRun, event_files, load_run, run_state
 from shardrun.report._scan import FileScan
 
 SAMPLE_SCHEMA = "shardrun.sample/1"

@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-import orjson
-
 from shardrun import resume
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
@@ -27,6 +25,7 @@ from shardrun.manifest import (
     finish_manifest,
     new_run_id,
     newest_job_path,
+    read_manifest,
     resume_manifest,
     start_manifest,
 )
@@ -124,7 +123,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path))
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume))
     lock = resume.lock_run(run_dir.path)
-    manifest = orjson.loads(run_dir.manifest_path.read_bytes())
+    manifest = read_manifest(run_dir.path)
     segment = len(manifest.get("resumes", [])) + 1
     prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
     for note in prior.notes:
@@ -236,12 +235,10 @@ def check_strictly(reader: InputReader) -> None:
 
 def job_of_run(run_path: Path) -> tuple[Path, Path]:
     """The job file and runs directory of an existing run (for `retry-failed RUN_DIR`)."""
-    manifest_path = run_path / "manifest.json"
-    if not manifest_path.is_file():
-        raise SpecError(f"{run_path} is not a run directory (it has no manifest.json)")
-    job = newest_job_path(orjson.loads(manifest_path.read_bytes()))
-    if not job.is_file():
-        raise SpecError(f"the job file of run {run_path.name}, {job}, no longer exists; use "
+    job = newest_job_path(read_manifest(run_path))
+    if job is None or not job.is_file():
+        what = f", {job}, no longer exists" if job else " is not in its manifest"
+        raise SpecError(f"the job file of run {run_path.name}{what}; use "
                         f"`shardrun JOB.yaml --resume {run_path.name} --retry-failed`")
     return job, run_path.parent
 

@@ -344,7 +344,7 @@ def test_a_full_scratch_disk_is_one_sentence(base: Path, tmp_path: Path) -> None
 def test_not_a_run_directory(tmp_path: Path) -> None:
     done = export(str(tmp_path), cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr == f"error: {tmp_path} is not a run directory (it has no manifest.json)\n"
+    assert done.stderr == f"error: {tmp_path} is not a run directory: it has no manifest.json\n"
 
 
 def test_after_retry_failed_the_new_segment_counts(base: Path, tmp_path: Path) -> None:

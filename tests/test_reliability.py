@@ -582,6 +582,35 @@ def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: P
     assert {row["status"] for row in rows} == {"ok"}
 
 
+@pytest.mark.parametrize(("damage", "why"), [
+    (b'{"job": ', "is not valid JSON (unexpected end of data: line 1 column 9 (char 8)); "),
+    (b"[]", "is not a JSON object; "),
+])
+def test_a_damaged_manifest_is_one_sentence_for_every_command_that_reads_it(
+        tmp_path: Path, damage: bytes, why: str) -> None:
+    """A hand-edited manifest.json: resume, retry-failed, export and report each say which file
+    is damaged and how, exit 2, and change nothing."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    (path / "manifest.json").write_bytes(damage)
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    given = f"runs/{path.name}"  # each command names the file as the user named the run
+    expected = f"error: {given}/manifest.json {why}the run directory is damaged\n"
+    for args in (["job.yaml", "--runs-dir", "runs", "--resume", path.name],
+                 ["retry-failed", given], ["export", given], ["report", given]):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert (proc.returncode, proc.stderr, proc.stdout) == (2, expected, ""), args
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+
+
+def test_retry_failed_of_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
+    proc = run_cli("retry-failed", str(tmp_path), cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (
+        2, f"error: {tmp_path} is not a run directory: it has no manifest.json\n")
+
+
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
     """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
     the URL masks the password, and no file of the run holds it, manifest included."""

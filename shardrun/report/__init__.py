@@ -14,8 +14,9 @@ from typing import Any
 import orjson
 
 from shardrun.aggregate import RunFacts, build_report, pricing_from_effective
+from shardrun.errors import RunDirError
 from shardrun.report._html import HtmlExtraMissing, write_html
-from shardrun.report._rundir import FoldOptions, LoadedRun, RunDirError, load_run, run_state
+from shardrun.report._rundir import FoldOptions, LoadedRun, load_run, run_state
 from shardrun.report._scan import FileScan
 from shardrun.report._text import format_report
 

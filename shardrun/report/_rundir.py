@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from shardrun import event_names as events
 from shardrun.aggregate import (
     MINUTES_ONLY_EVENTS,
@@ -29,7 +27,8 @@ from shardrun.aggregate import (
     ShardSummary,
 )
 from shardrun.aggregate import _fast as fast
-from shardrun.errors import ShardrunError
+from shardrun.errors import RunDirError
+from shardrun.manifest import read_manifest
 from shardrun.report._scan import FileScan, scan_file
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -38,12 +37,6 @@ RUNNING_WINDOW_S = 10.0  # a live shard writes its log at least once a second
 STALLED_WINDOW_S = 300.0  # a shard process alive but silent this long is not trusted as ours
 COORDINATOR_EVENTS = (events.RUN_START, events.BATCH, events.INPUT_END, events.SHARD_EXIT,
                       events.RUN_END, events.CHECKPOINT)
-
-
-class RunDirError(ShardrunError):
-    """The run directory cannot be read."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,21 +73,6 @@ class LoadedRun:
                                                                              scan.bytes):
                 out.append(scan.path)
         return out
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is not a directory")
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json") from None
-    except orjson.JSONDecodeError as exc:
-        raise RunDirError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{path} is not a JSON object")
-    return data
 
 
 def shard_files(run_dir: Path) -> list[Path]:
