@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import os
 import sqlite3
@@ -55,6 +56,7 @@ COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
 """CSV columns; a JSON line has the same values, with usage as one object."""
 
 _WRITE_BLOCK = 1 << 16  # characters of CSV text per write
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write failed for want of space
 
 
 @dataclass
@@ -85,6 +87,8 @@ def export(run_path: Path, out: Path | None, fmt: Format,
            job_path: Path | None = None) -> ExportSummary:  # fmt: skip
     """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
     output when `out` is None. `job_path` stands in for the job file the manifest names."""
+    if out is not None and out.is_dir():
+        raise SpecError(f"-o {out} is a directory; name the file to write")
     manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
     summary = ExportSummary()
@@ -383,8 +387,11 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
             raise _WriteError from exc
     except _WriteError as exc:
         tmp.unlink(missing_ok=True)
-        raise RunError(f"could not write {out}: {_why(exc.__cause__)}; nothing was written "
-                       "(free some space, or name another file with -o)") from None
+        cause = exc.__cause__
+        full = isinstance(cause, OSError) and cause.errno in _NO_ROOM
+        raise RunError(f"could not write {out}: {_why(cause)}; nothing was written ("
+                       f"{'free some space, or ' if full else ''}name another file with "
+                       "-o)") from None  # fmt: skip
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -286,8 +286,11 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
     done = export(str(run_dir), "-o", str(missing), cwd=base)
     assert done.returncode == 1
     assert done.stderr == (f"error: could not write {missing}: no such file or directory; "
-                           "nothing was written (free some space, or name another file with "
-                           "-o)\n")  # fmt: skip
+                           "nothing was written (name another file with -o)\n")  # fmt: skip
+    done = export(str(run_dir), "-o", str(tmp_path), cwd=base)
+    assert (done.returncode, done.stderr) == (
+        2, f"error: -o {tmp_path} is a directory; name the file to write\n")
+    assert list(tmp_path.iterdir()) == []
     with open("/dev/full", "wb") as full:  # a disk with no space left
         proc = subprocess.run([sys.executable, "-m", "shardrun", "export", str(run_dir)],
                               cwd=base, stdout=full, stderr=subprocess.PIPE, text=True,
