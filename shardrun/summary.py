@@ -175,8 +175,7 @@ def format_summary(s: RunSummary) -> str:
     if s.skipped:
         lines.append(f"  already done       {s.skipped:,} (skipped: finished by an earlier pass)")
     lines += [
-        f"  items              {s.items:,}"
-        + ("" if s.input_read else "  (read so far: the run stopped before the end of the input)"),
+        f"  items              {s.items:,}" + _items_note(s),
         f"  succeeded          {s.succeeded:,}",
         f"  failed             {s.failed:,}"
         + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
@@ -216,6 +215,14 @@ def format_summary(s: RunSummary) -> str:
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)
+
+
+def _items_note(s: RunSummary) -> str:
+    if not s.input_read:
+        return "  (read so far: the run stopped before the end of the input)"
+    if s.items == 0 and s.skipped == 0:
+        return "  (the input holds no records: is it the right file?)"
+    return ""
 
 
 def _cpu_line(cpu_s: float, attempts: int, wall_s: float) -> str:

@@ -106,3 +106,13 @@ def test_the_resume_command_names_the_runs_directory_only_when_needed(
     run_dir = RunDir(job.runs_path / "r1", "r1")
     command = resume_command(job, run_dir)
     assert shlex.split(command) == ["shardrun", "my job.yaml", "--resume", "r1", *words]
+
+
+def test_an_empty_input_is_pointed_out() -> None:
+    empty = RunSummary.from_shard_reports(
+        run_dir=Path("runs/r1"), reports=[{}], ok=0, dead=0, taken=0, skipped=0, rejects=0,
+        started_at=0.0, ended_at=1.0, interrupted=False, fatal_reason=None)  # fmt: skip
+    note = "  items              0  (the input holds no records: is it the right file?)"
+    assert note in format_summary(empty).splitlines()
+    # A resume with nothing left to do read records: it says how many were already done.
+    assert note not in format_summary(replace(empty, skipped=5)).splitlines()
