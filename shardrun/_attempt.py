@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -94,7 +94,10 @@ class AttemptOutcome:
 
     `completion_tokens` is the server's usage figure when it sent one, else the number of content
     chunks, or for a whole (non-streamed) answer its characters / 4 (`usage_estimated` True).
-    `itl` holds the gaps between successive content chunks.
+    `itl` holds the gaps between successive content chunks. A content chunk is one that carries
+    generated text: the answer's, or reasoning, or a piece of a tool call (all three are tokens
+    the model generated, and count as such for the first and last token too); `text` is the
+    answer's alone, `reasoning` and `tool_calls` the others (None when the answer had none).
     """
 
     status: str = "ok"
@@ -108,6 +111,8 @@ class AttemptOutcome:
     last_token_at: float | None = None
     ended_at: float = 0.0
     text: str = ""
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
@@ -244,10 +249,10 @@ class Attempt:
         The content chunks of one read share its timestamp `now`: the first one's gap is measured
         from the previous token, the others' gaps are 0 and go into the histogram in one update.
         """
-        pieces, out = self.pieces, self.out
-        before = len(pieces)
-        end = self.reader.read(payloads, pieces)
-        if n := len(pieces) - before:
+        pieces, out, reader = self.pieces, self.out, self.reader
+        before, others = len(pieces), reader.other_chunks
+        end = reader.read(payloads, pieces)
+        if n := len(pieces) - before + reader.other_chunks - others:
             out.content_chunks += n
             last = out.last_token_at
             if last is None:
@@ -280,15 +285,18 @@ class Attempt:
         text = read_whole(body, self.reader)
         if text is None:
             return False
-        if self.reader.error is not None:
-            self.fail(*stream_error(self.reader.error, 0))
+        reader = self.reader
+        if reader.error is not None:
+            self.fail(*stream_error(reader.error, 0))
             return True
-        if text:
+        if text or reader.reasoning or reader.tool_calls:
             self.pieces.append(text)
             out = self.out
             out.content_chunks = 1
             out.first_token_at = out.last_token_at = now
-            self.whole_estimate = tokens_of_chars(len(text))
+            chars = len(text) + sum(map(len, reader.reasoning)) + sum(
+                len(c["function"]["arguments"]) for c in reader.tool_calls.values())
+            self.whole_estimate = tokens_of_chars(chars)
         self.done = True
         return True
 
@@ -310,6 +318,9 @@ class Attempt:
         out.ended_at = self.clock.now()
         out.text = "".join(self.pieces)
         r = self.reader
+        if r.reasoning:
+            out.reasoning = "".join(r.reasoning)
+        out.tool_calls = r.tool_call_list()
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
         if tokens is None:

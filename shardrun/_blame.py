@@ -74,6 +74,10 @@ _CROSS_FIELD: Mapping[str, str] = {
         "{subject} must not set {got}: shardrun sends the model, the prompt or messages,"
         " and stream itself"
     ),
+    "params_n": (
+        "{subject} must not set n to {got}: a result holds one answer, so to get several,"
+        " give the input one record per answer"
+    ),
 }
 
 _VALUE_RULES: Mapping[str, str] = {
@@ -245,7 +249,7 @@ def _cross_field(kind: str, base: str, ctx: Mapping[str, Any], blame: Blame) -> 
         other=other,
         other_value=show(other, ctx.get("other_value"), blame),
         other_src=blame.source_note(other),
-        got=ctx["got"] if kind == "params_reserved" else show(key, ctx.get("value"), blame),
+        got=ctx["got"] if kind.startswith("params_") else show(key, ctx.get("value"), blame),
     )
     return origin, text
 

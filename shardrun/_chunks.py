@@ -27,6 +27,7 @@ that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lesso
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import Any
 
 import orjson
 
@@ -44,6 +45,8 @@ LEARN_MAX = 3
 PROBE_MARK = b"~"
 """Appended to a content to probe a learned envelope: any byte JSON takes unescaped would do."""
 _UNSAFE = b'"\\' + bytes(range(0x20))
+_OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls")
+"""Delta keys whose text is not the content (`ChunkReader._other`)."""
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 
 
@@ -56,7 +59,8 @@ class ChunkReader:
     """
 
     __slots__ = ("_learns", "_prefix", "_suffix", "bad", "chat", "completion_tokens", "error",
-                 "finish_reason", "prompt_tokens")  # fmt: skip
+                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
+                 "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -65,6 +69,11 @@ class ChunkReader:
         self.completion_tokens: int | None = None
         self.error: object = None  # the value of the `error` payload that ended the stream
         self.bad = b""  # the payload that could not be read (for the error message)
+        # Generated text that is not the answer's content (chat only, see `read`): reasoning
+        # pieces, tool calls by index, and how many chunks carried either.
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.other_chunks = 0
         # The envelope: a plain content chunk is _prefix + the content's raw bytes + _suffix.
         # An empty _suffix means none is known (a learned suffix holds at least the closing ").
         self._prefix = self._suffix = b""
@@ -81,6 +90,12 @@ class ChunkReader:
         on any choice; the last truthy one wins (as a string). Usage counts that are not ints
         become None. A chunk that turns out malformed halfway keeps what it set before (a
         finish_reason), but its piece is not appended.
+
+        A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
+        as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`) and tool calls, whose
+        pieces are merged by index (`merge_tool_calls`). They go to `reasoning` and
+        `tool_calls`, and `other_chunks` counts the chunks that carried any: those are tokens
+        the model generated as much as the content is.
         """
         if not self._suffix:
             return self._parse(payloads, 0, pieces)
@@ -162,10 +177,17 @@ class ChunkReader:
                     return ERROR
                 usage = obj.get("usage")
                 if choices := obj.get("choices"):
-                    first = choices[0]
+                    first, other = choices[0], False
                     if chat:
                         delta = first.get("delta")
-                        piece = delta.get("content") if isinstance(delta, dict) else None
+                        if isinstance(delta, dict):
+                            piece = delta.get("content")
+                            # A plain content delta has one key (two with its role): only a
+                            # fuller one, or one without content, may carry other text.
+                            if (piece is None or len(delta) > 1) and self._other(delta):
+                                other = True
+                        else:
+                            piece = None
                     else:
                         piece = first.get("text")
                     if reason := first.get("finish_reason"):
@@ -179,7 +201,8 @@ class ChunkReader:
                         # A plain content chunk (nothing but its piece to apply): its bytes
                         # may teach the envelope, and then the rest of the read is a run.
                         if ((self._learns or self._suffix) and not reason and not usage
-                                and len(choices) == 1 and self._adopt(payload, piece)):  # fmt: skip
+                                and not other and len(choices) == 1
+                                and self._adopt(payload, piece)):  # fmt: skip
                             return self.read(payloads[i + 1 :], pieces)
                 if usage:
                     self.prompt_tokens = as_int(usage.get("prompt_tokens"))
@@ -188,6 +211,24 @@ class ChunkReader:
             self.bad = payload
             return BAD
         return MORE
+
+    def _other(self, delta: dict[str, Any]) -> bool:
+        """Apply a delta's reasoning and tool-call pieces; True if it had any."""
+        found = False
+        text = delta.get("reasoning_content") or delta.get("reasoning")
+        if text and isinstance(text, str):
+            self.reasoning.append(text)
+            found = True
+        if calls := delta.get("tool_calls"):
+            merge_tool_calls(self.tool_calls, calls)
+            found = True
+        if found:
+            self.other_chunks += 1
+        return found
+
+    def tool_call_list(self) -> list[dict[str, Any]] | None:
+        """The tool calls in index order, as a chat message holds them; None if there were none."""
+        return [self.tool_calls[i] for i in sorted(self.tool_calls)] if self.tool_calls else None
 
     def _adopt(self, payload: bytes, piece: str) -> bool:
         """A parsed plain content chunk: learn its envelope when none is known. True if learned.
@@ -221,6 +262,31 @@ class ChunkReader:
         return True
 
 
+def merge_tool_calls(calls: dict[int, dict[str, Any]], deltas: object) -> None:
+    """Merge one chunk's `tool_calls` deltas into `calls`, the calls so far by index.
+
+    A stream sends each call in pieces: its first delta has the `id`, `type` and function
+    `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
+    of the function are appended (a server may split a name too); `id` and `type` are set.
+    A delta not shaped so raises one of `PARSE_ERRORS` (the stream is then malformed).
+    """
+    for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
+        index = delta.get("index", 0)
+        call = calls.get(index)
+        if call is None:
+            call = calls[index] = {"id": None, "type": "function",
+                                   "function": {"name": "", "arguments": ""}}  # fmt: skip
+        if ident := delta.get("id"):
+            call["id"] = str(ident)
+        if kind := delta.get("type"):
+            call["type"] = str(kind)
+        if function := delta.get("function"):
+            into = call["function"]
+            for key in ("name", "arguments"):
+                if text := function.get(key):
+                    into[key] += text if isinstance(text, str) else orjson.dumps(text).decode()
+
+
 def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     """A complete (non-streamed) answer's text, with its finish_reason and usage set on `reader`.
 
@@ -248,6 +314,14 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     if reader.chat:
         message = first.get("message")
         text = message.get("content") if isinstance(message, dict) else None
+        if isinstance(message, dict):
+            thought = message.get("reasoning_content") or message.get("reasoning")
+            if thought and isinstance(thought, str):
+                reader.reasoning.append(thought)
+            calls = message.get("tool_calls")
+            if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
+                merge_tool_calls(reader.tool_calls,
+                                 [{**call, "index": i} for i, call in enumerate(calls)])
     else:
         text = first.get("text")
     if isinstance(usage := obj.get("usage"), dict):
@@ -268,7 +342,9 @@ def plain_piece(obj: object, chat: bool) -> str | None:
         return None
     if chat:
         delta = first.get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(delta, dict) or any(delta.get(k) for k in _OTHER_KEYS):
+            return None
+        piece = delta.get("content")
     else:
         piece = first.get("text")
     return piece if piece and isinstance(piece, str) else None

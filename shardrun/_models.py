@@ -306,6 +306,11 @@ class JobSpec(_Frozen):
             raise PydanticCustomError(
                 "params_reserved", "params must not set {got}", {"field": "", "got": names}
             )
+        # Several choices stream interleaved into one answer's text: refuse rather than mix.
+        if params.get("n", 1) != 1:
+            raise PydanticCustomError(
+                "params_n", "params.n must be 1", {"field": "", "got": repr(params["n"])}
+            )
         return params
 
     @model_validator(mode="after")

@@ -58,7 +58,13 @@ def batch_output_line(
     if completions:
         choice["text"] = result.get("output", "")
     else:
-        choice["message"] = {"role": "assistant", "content": result.get("output", "")}
+        message = choice["message"] = {"role": "assistant", "content": result.get("output", "")}
+        # As OpenAI's own message holds them: a call's answer has content null.
+        if result.get("reasoning") is not None:
+            message["reasoning_content"] = result["reasoning"]
+        if result.get("tool_calls") is not None:
+            message["tool_calls"] = result["tool_calls"]
+            message["content"] = message["content"] or None
     choice.update(logprobs=None, finish_reason=result.get("finish_reason"))
     body = {
         "id": f"{'cmpl' if completions else 'chatcmpl'}-{suffix}",

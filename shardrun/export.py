@@ -52,8 +52,10 @@ __all__ = ["COLUMNS", "ExportSummary", "export", "format_of"]
 Format = Literal["jsonl", "csv"]
 
 COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
-           "completion_tokens", "usage_estimated", "attempts", "error")  # fmt: skip
-"""CSV columns; a JSON line has the same values, with usage as one object."""
+           "completion_tokens", "usage_estimated", "attempts", "error", "reasoning",
+           "tool_calls")  # fmt: skip
+"""CSV columns; a JSON line has the same values, with usage as one object (and tool calls as
+a list, where CSV has their JSON text)."""
 
 _WRITE_BLOCK = 1 << 16  # characters of CSV text per write
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write failed for want of space
@@ -287,7 +289,8 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
 
 def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"line": line, "id": item_id, "status": status, "output": None,
-                           "finish_reason": None, "usage": None, "attempts": None, "error": None}
+                           "finish_reason": None, "usage": None, "attempts": None, "error": None,
+                           "reasoning": None, "tool_calls": None}  # fmt: skip
     row.update(values)
     return row
 
@@ -295,7 +298,8 @@ def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str
 def _ok_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
     return _row(line, item_id, "ok", output=record.get("output"),
                 finish_reason=record.get("finish_reason"), usage=record.get("usage"),
-                attempts=record.get("attempts"))  # fmt: skip
+                attempts=record.get("attempts"), reasoning=record.get("reasoning"),
+                tool_calls=record.get("tool_calls"))  # fmt: skip
 
 
 def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -306,9 +310,11 @@ def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]
 
 def _csv_values(row: dict[str, Any]) -> list[Any]:
     usage = row["usage"] if isinstance(row["usage"], dict) else {}
+    calls = row["tool_calls"]
     return [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
             usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("estimated"),
-            row["attempts"], row["error"]]  # fmt: skip
+            row["attempts"], row["error"], row["reasoning"],
+            None if calls is None else orjson.dumps(calls).decode()]  # fmt: skip
 
 
 class _WriteError(Exception):

@@ -248,6 +248,9 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     need = "messages" if api == "chat" else "prompt"
     if body.get(need) is None:
         return Reject(line_no, f"body has no '{need}' (required for {url})")
+    if body.get("n", 1) != 1:
+        return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
+                               "one, so give one line per answer")  # fmt: skip
     return {"id": custom_id, "body": body, "url": url}
 
 

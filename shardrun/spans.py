@@ -74,7 +74,7 @@ def result_record(
 ) -> dict[str, Any]:
     """The results/shard-NN.jsonl line of a successful span."""
     tl = timeline(span, outcome, released_at)
-    return {
+    record: dict[str, Any] = {
         "id": span.item_id,
         "output": outcome.text,
         "finish_reason": outcome.finish_reason,
@@ -95,6 +95,12 @@ def result_record(
         "ttft": tl.first_token - tl.queued,
         "buckets": buckets(tl),
     }
+    # Only answers that have them carry these keys: most lines stay as short as they were.
+    if outcome.reasoning is not None:
+        record["reasoning"] = outcome.reasoning
+    if outcome.tool_calls is not None:
+        record["tool_calls"] = outcome.tool_calls
+    return record
 
 
 def dead_record(span: Span, reason: str, shard: int) -> dict[str, Any]:

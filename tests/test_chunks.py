@@ -21,6 +21,7 @@ from shardrun._chunks import (
     clip,
     error_message,
     is_rate_header,
+    merge_tool_calls,
     read_whole,
     stream_error,
 )
@@ -283,6 +284,9 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
     codes: list[int] = []
     finish = prompt = completion = error = None
     bad = b""
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    others = 0
     for payloads in reads:
         code = MORE
         for payload in payloads:
@@ -303,6 +307,14 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                     if chat:
                         delta = first.get("delta")
                         piece = delta.get("content") if isinstance(delta, dict) else None
+                        if isinstance(delta, dict):
+                            thought = delta.get("reasoning_content") or delta.get("reasoning")
+                            if thought and isinstance(thought, str):
+                                reasoning.append(thought)
+                            if delta.get("tool_calls"):
+                                merge_tool_calls(calls, delta["tool_calls"])
+                            if (thought and isinstance(thought, str)) or delta.get("tool_calls"):
+                                others += 1
                     else:
                         piece = first.get("text")
                     for choice in choices:
@@ -319,7 +331,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
         codes.append(code)
         if code != MORE:
             break
-    return codes, pieces, (finish, prompt, completion, error, bad)
+    return codes, pieces, (finish, prompt, completion, error, bad, reasoning, calls, others)
 
 
 def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
@@ -331,15 +343,17 @@ def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
         if codes[-1] != MORE:
             break
     state = (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens, reader.error)
-    return codes, pieces, (*state, reader.bad)
+    return codes, pieces, (*state, reader.bad, reader.reasoning, reader.tool_calls,
+                           reader.other_chunks)  # fmt: skip
 
 
 def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", created: int = 1,
-          extra: dict[str, Any] | None = None, finish: object = None) -> dict[str, Any]:
-    """A chunk shaped as vLLM and the simulator send it."""
+          extra: dict[str, Any] | None = None, finish: object = None,
+          delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A chunk shaped as vLLM and the simulator send it; `delta` adds keys to a chat delta."""
     choice: dict[str, Any] = {"index": 0}
     if chat:
-        choice["delta"] = {"content": content}
+        choice["delta"] = {"content": content} | (delta or {})
     else:
         choice["text"] = content
     choice |= {"logprobs": None, "finish_reason": finish}
@@ -478,9 +492,19 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
     payloads: list[bytes] = []
     for _ in range(draw(st.integers(1, 14))):
         kind = draw(st.sampled_from(["plain"] * 6 + ["finish", "usage", "other", "mutated",
-                                                        "done", "error", "created"]))  # fmt: skip
+                                                        "done", "error", "created", "reasoning",
+                                                        "tool_call"]))  # fmt: skip
         if kind == "plain":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
+        elif kind == "reasoning":  # reasoning alone, or beside a content
+            field = draw(st.sampled_from(["reasoning_content", "reasoning"]))
+            both = draw(st.booleans())
+            payloads.append(dump(chunk(draw(text) if both else None, chat=chat, cid=cid,
+                                       delta={field: draw(text)})))  # fmt: skip
+        elif kind == "tool_call":
+            call = {"index": draw(st.integers(0, 1)), "function": {"arguments": draw(text)}}
+            payloads.append(dump(chunk(None, chat=chat, cid=cid,
+                                       delta={"tool_calls": [call]})))  # fmt: skip
         elif kind == "created":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid, created=2)))
         elif kind == "finish":
@@ -513,6 +537,79 @@ def test_envelope_reading_equals_parsing_every_payload(
     state are those of parsing each payload with orjson."""
     reads, chat = stream
     assert by_reader(reads, chat) == reference(reads, chat)
+
+
+# -- text that is not the content: reasoning and tool calls ------------------------------------
+
+
+def test_reasoning_then_content_as_reasoning_models_stream_it() -> None:
+    """Reasoning pieces (either field name) are kept apart from the content and counted as
+    chunks of generated text; an envelope learned from the content does not swallow them."""
+    reasoning = [orjson.dumps(chunk(None, delta={"reasoning_content": w})) for w in ["Let", " me"]]
+    content = [orjson.dumps(chunk(w)) for w in ["The", " answer", " is"]]
+    late = orjson.dumps(chunk(None, delta={"reasoning": " (check)"}))
+    reads = [[ROLE.encode()], reasoning[:1], reasoning[1:], content[:1], content[1:2],
+             [content[2], late, content[1]]]  # fmt: skip
+    assert by_reader(reads, True) == reference(reads, True)
+    _, pieces, state = by_reader(reads, True)
+    assert pieces == ["The", " answer", " is", " answer"]
+    assert state[5:] == (["Let", " me", " (check)"], {}, 3)
+    # A chunk with both is never an envelope to slice by: sliced, its reasoning would be lost.
+    both = orjson.dumps(chunk(" x", delta={"reasoning_content": " y"}))
+    reads = [[both], [both], [both, both]]
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader(reads, True)[2][5] == [" y"] * 4
+
+
+def test_tool_calls_are_merged_by_index_across_chunks_and_reads() -> None:
+    """Two calls streamed in pieces, interleaved: each keeps its id, type and name from its
+    first delta and appends its arguments in order."""
+    def call(**delta: Any) -> bytes:
+        return orjson.dumps(chunk(None, delta={"tool_calls": [delta]}))
+
+    reads = [
+        [call(index=0, id="call_a", type="function", function={"name": "get", "arguments": ""})],
+        [call(index=0, function={"arguments": '{"city": '}),
+         call(index=1, id="call_b", type="function", function={"name": "put"})],
+        [call(index=1, function={"arguments": "{}"}),
+         call(index=0, function={"arguments": '"Oslo"}'})],
+        [orjson.dumps(chunk(None, finish="tool_calls")), b"[DONE]"],
+    ]  # fmt: skip
+    reader = ChunkReader(chat=True)
+    pieces: list[str] = []
+    assert [reader.read(r, pieces) for r in reads] == [MORE, MORE, MORE, DONE]
+    assert pieces == [] and reader.finish_reason == "tool_calls" and reader.other_chunks == 5
+    assert reader.tool_call_list() == [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "put", "arguments": "{}"}},
+    ]  # fmt: skip
+    assert ChunkReader(chat=True).tool_call_list() is None
+
+
+def test_a_malformed_tool_call_delta_is_bad() -> None:
+    for calls in ("abc", [1], [{"index": [0]}], [{"function": "x"}]):
+        reader = ChunkReader(chat=True)
+        payload = orjson.dumps(chunk(None, delta={"tool_calls": calls}))
+        assert reader.read([payload], []) == BAD, calls
+
+
+def test_merge_tool_calls_takes_names_in_pieces_and_arguments_as_objects() -> None:
+    """Some servers split a name too, or send arguments as an object instead of JSON text."""
+    calls: dict[int, dict[str, Any]] = {}
+    merge_tool_calls(calls, [{"function": {"name": "get_"}}])
+    merge_tool_calls(calls, [{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}])
+    assert calls == {0: {"id": None, "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}}
+
+
+def test_read_whole_with_reasoning_and_tool_calls() -> None:
+    reader = ChunkReader(chat=True)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = {"choices": [{"message": {"content": None, "reasoning": "hmm", "tool_calls": [call]},
+                         "finish_reason": "tool_calls"}]}  # fmt: skip
+    assert read_whole(orjson.dumps(body), reader) == ""
+    assert reader.reasoning == ["hmm"] and reader.tool_call_list() == [call]
 
 
 def test_read_whole_chat_answer_with_usage() -> None:

@@ -77,7 +77,8 @@ def expected_rows(run: Run) -> list[dict[str, Any]]:
     for line in range(1, N + 1):
         item_id = f"item-{line - 1:05d}"
         row = {"line": line, "id": item_id, "output": None, "finish_reason": None,
-               "usage": None, "attempts": None, "error": None}  # fmt: skip
+               "usage": None, "attempts": None, "error": None, "reasoning": None,
+               "tool_calls": None}  # fmt: skip
         if item_id in results:
             r = results[item_id]
             row.update(status="ok", output=r["output"], finish_reason=r["finish_reason"],
@@ -104,7 +105,7 @@ def test_jsonl_has_one_row_per_record_in_input_order(base: Path, tmp_path: Path)
     assert [r["line"] for r in rows] == [w["line"] for w in want]
     for row, w in zip(rows, want, strict=True):
         assert list(row) == ["line", "id", "status", "output", "finish_reason", "usage",
-                             "attempts", "error"]  # fmt: skip
+                             "attempts", "error", "reasoning", "tool_calls"]  # fmt: skip
         assert {k: row[k] for k in w} == w
     # The rejected rows say what the run's own rejects.jsonl says.
     rejects = read_jsonl(run.path / "rejects.jsonl")
@@ -139,7 +140,8 @@ def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
         assert cells == [text(row["line"]), text(row["id"]), row["status"], text(row["output"]),
                          text(row["finish_reason"]), text(usage.get("prompt_tokens")),
                          text(usage.get("completion_tokens")), text(usage.get("estimated")),
-                         text(row["attempts"]), text(row["error"])]  # fmt: skip
+                         text(row["attempts"]), text(row["error"]), text(row["reasoning"]),
+                         text(row["tool_calls"])]  # fmt: skip
 
 
 def test_standard_output_is_the_default(base: Path, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import shutil
@@ -14,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardrun.sim.config import SimConfig
+from shardrun.sim.config import WORDS, SimConfig, make_plan
 from shardrun.sim.launcher import start_sim
 from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
 
@@ -230,3 +232,62 @@ def test_validate_without_ping_imports_no_http_client(tmp_path: Path) -> None:
     mods = loaded_after("from shardrun.cli import main; main(['validate', 'job.yaml'])",
                         tmp_path)
     assert "shardrun.validate" in mods and "aiohttp" not in packages(mods)
+
+
+TOOL = {"type": "function", "function": {"name": "save_answer",
+                                         "parameters": {"type": "object"}}}  # fmt: skip
+
+
+def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Path) -> None:
+    """A reasoning model that answers with a tool call (the simulator, a separate process):
+    reasoning that lasts longer than first_token_s does not time out (its tokens are tokens);
+    each result holds the reasoning and the call exactly as the server generated them, and the
+    export and the Batch output carry them. Lines of plain answers have neither key."""
+    write_input(tmp_path / "input.jsonl", 40)
+    sim = {**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "flush_ms": 1, "reasoning_tokens": 12}
+    params = {"max_tokens": 64, "tools": [TOOL]}
+    write_job(tmp_path / "job.yaml", params=params, timeouts={"first_token_s": 0.3},
+              retry={"max_attempts": 1}, output={"format": "openai-batch"},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = only_run(tmp_path / "runs")
+    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    config = SimConfig.from_mapping(sim)
+    results = Run.load(path).results
+    assert len(results) == 40
+    for result in results:
+        body = {"model": "m", "messages": [{"role": "user", "content": prompts[result["id"]]}],
+                **params}  # fmt: skip
+        plan = make_plan(orjson.dumps(body), "chat", config)
+        words = [WORDS[i].decode() for i in plan.words]
+        assert result["reasoning"] == "".join(words[:12])
+        [call] = result["tool_calls"]
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        arguments = orjson.dumps({"text": "".join(words[12:])}).decode()
+        assert call["function"] == {"name": "save_answer", "arguments": arguments}
+        assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
+        assert result["usage"]["completion_tokens"] == len(words)
+    by_id = {r["id"]: r for r in results}
+    for row in read_jsonl_text(run_cli("export", str(path), cwd=tmp_path).stdout):
+        assert (row["reasoning"], row["tool_calls"]) == (
+            by_id[row["id"]]["reasoning"], by_id[row["id"]]["tool_calls"])
+    exported = run_cli("export", str(path), "--format", "csv", cwd=tmp_path).stdout
+    for row in csv.DictReader(io.StringIO(exported)):
+        assert orjson.loads(row["tool_calls"]) == by_id[row["id"]]["tool_calls"]
+        assert row["reasoning"] == by_id[row["id"]]["reasoning"]
+    for line in read_jsonl(path / "batch_output.jsonl"):
+        message = line["response"]["body"]["choices"][0]["message"]
+        result = by_id[line["custom_id"]]
+        assert message == {"role": "assistant", "content": None,
+                           "reasoning_content": result["reasoning"],
+                           "tool_calls": result["tool_calls"]}  # fmt: skip
+    # Without tools and reasoning, a result line is as it always was.
+    write_job(tmp_path / "plain.yaml")
+    assert run_cli("plain.yaml", "--runs-dir", "plain", cwd=tmp_path).returncode == 0
+    for result in Run.load(only_run(tmp_path / "plain")).results:
+        assert "reasoning" not in result and "tool_calls" not in result
+
+
+def read_jsonl_text(text: str) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in text.splitlines()]

@@ -281,6 +281,8 @@ def test_batch_lines_become_body_items() -> None:
         ({"url": "/v1/embeddings"}, "url must be /v1/chat/completions or /v1/completions"),
         ({"body": [1]}, "body must be a JSON object, got [1]"),
         ({"body": {"model": "x"}}, "body has no 'messages'"),
+        ({"body": {"messages": [{"role": "user", "content": "q"}], "n": 3}},
+         "body asks for n = 3 answers; a result holds one, so give one line per answer"),
     ],
 )
 def test_batch_line_rejects(fields: dict[str, object], reason: str) -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from shardrun.errors import RunError
 from shardrun.sim import SimConfig, TokenSpec, main, parse_tokens, start_sim
-from shardrun.sim.config import make_plan
+from shardrun.sim.config import WORDS, BadRequest, make_plan
 from shardrun.sim.render import Frames
 from shardrun.sim.server import Sim, build_app
 
@@ -282,6 +282,25 @@ class _Recorder:
         self.writes.append((asyncio.get_running_loop().time(), data + b"<eof>"))
 
 
+@pytest.mark.parametrize("opener", [b"", b"O;"])
+def test_reasoning_frames_are_the_same_however_the_writes_split_the_words(opener: bytes) -> None:
+    """Reasoning words first, then the opener (a tool call's start) once, then the content:
+    the same bytes whether the words go out in one write or in any run of writes."""
+    frames = Frames(b"R;", b"<", b">", b"T;", 3, b"(", b")", opener)
+    words = bytes(range(7))
+    whole = frames.tokens(words)
+    w = [x.strip() for x in WORDS[:7]]
+    assert whole.replace(b" ", b"") == (b"".join(b"(%b)" % x for x in w[:3]) + opener
+                                        + b"".join(b"<%b>" % x for x in w[3:]))  # fmt: skip
+    for cuts in itertools.combinations(range(1, 7), 2):
+        bounds = [0, *cuts, 7]
+        parts = [frames.tokens(words[a:b], a) for a, b in itertools.pairwise(bounds)]
+        assert b"".join(parts) == whole, cuts
+    # All reasoning (a cap cut the answer short): no content event, no opener.
+    thought = Frames(b"R;", b"<", b">", b"T;", 9, b"(", b")", opener).tokens(words)
+    assert thought.count(b"(") == 7 and b"<" not in thought and b"O;" not in thought
+
+
 def test_emit_coalesces_due_tokens_into_few_writes() -> None:
     """Tokens go out in one write per wake, writes >= flush_ms apart, itl_ms=0 means one write."""
 
@@ -382,3 +401,26 @@ def test_start_sim_failure_raises_run_error_with_stderr() -> None:
     """A simulator that cannot listen makes start_sim raise RunError quoting its stderr."""
     with pytest.raises(RunError, match="cannot listen"):
         start_sim(SimConfig(), host="256.0.0.1", startup_timeout=15)
+
+
+def test_plans_of_a_reasoning_model_and_of_a_tool_call() -> None:
+    """reasoning_tokens come on top of the sampled answer (chat only) and count against the
+    cap; a chat request with tools calls the first one unless tool_choice is "none"."""
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    tool = {"type": "function", "function": {"name": "f"}}
+    plain = make_plan(orjson.dumps(body), "chat", SimConfig(tokens="5"))
+    thinking = make_plan(orjson.dumps(body), "chat", SimConfig(tokens="5", reasoning_tokens=3))
+    assert (plain.thinking, thinking.thinking, len(thinking.words)) == (0, 3, 8)
+    capped = make_plan(orjson.dumps({**body, "max_tokens": 2}), "chat",
+                       SimConfig(tokens="5", reasoning_tokens=3))  # fmt: skip
+    assert (capped.thinking, len(capped.words), capped.finish) == (2, 2, "length")
+    completions = make_plan(orjson.dumps({"prompt": "hi"}), "completions",
+                            SimConfig(tokens="5", reasoning_tokens=3))  # fmt: skip
+    assert (completions.thinking, len(completions.words)) == (0, 5)
+    called = make_plan(orjson.dumps({**body, "tools": [tool]}), "chat", SimConfig())
+    assert (called.tool, called.finish) == ("f", "tool_calls")
+    declined = make_plan(orjson.dumps({**body, "tools": [tool], "tool_choice": "none"}), "chat",
+                         SimConfig())  # fmt: skip
+    assert (declined.tool, declined.finish) == (None, "stop")
+    with pytest.raises(BadRequest, match="'tools' must be a non-empty list"):
+        make_plan(orjson.dumps({**body, "tools": [{"type": "function"}]}), "chat", SimConfig())

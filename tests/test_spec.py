@@ -374,6 +374,16 @@ def test_params_cannot_set_what_the_client_sends(jobs: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("n", ["2", "0", "'3'"])
+def test_params_n_other_than_one_is_refused(jobs: Path, n: str) -> None:
+    """Several choices would stream interleaved into one answer; n: 1 is fine."""
+    path = write(jobs, MINIMAL + f"params: {{n: {n}}}\n")
+    got = repr(yaml.safe_load(n))
+    assert error_of(path) == (f"{path}: params must not set n to {got}: a result holds one "
+                              "answer, so to get several, give the input one record per answer")
+    assert load(write(jobs, MINIMAL + "params: {n: 1}\n")) is not None
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None

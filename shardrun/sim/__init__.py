@@ -92,6 +92,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the deterministic output")
     p.add_argument("--flush-ms", type=float, default=d.flush_ms,
                    help="least time between two writes of one stream")  # fmt: skip
+    p.add_argument("--reasoning-tokens", type=int, default=d.reasoning_tokens, metavar="N",
+                   help="chat answers start with N reasoning tokens (delta.reasoning_content), "
+                        "as a reasoning model's do")  # fmt: skip
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes, so a dead launcher leaves no orphan")  # fmt: skip
     _fault_flags(p, d)

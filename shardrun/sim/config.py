@@ -104,7 +104,7 @@ def parse_tokens(spec: str) -> TokenSpec:
 FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
                "stall_mid_stream", "slow_first_token")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s")
-_INTS = ("capacity", "seed", "fail_first_n")
+_INTS = ("capacity", "seed", "fail_first_n", "reasoning_tokens")
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -136,6 +136,10 @@ class SimConfig:
     # API versions that predate it), or answer with one JSON body when asked to stream.
     reject_stream_options: bool = False
     ignore_stream: bool = False
+    # A reasoning model: the first N tokens of a chat answer are reasoning, sent as
+    # `delta.reasoning_content` (in a whole answer, `message.reasoning_content`). They count in
+    # usage, and `max_tokens` caps them together with the content, as real servers do.
+    reasoning_tokens: int = 0
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +196,7 @@ class SimConfig:
         for name in _BOOLS:
             args += [_flag(name), "true" if getattr(self, name) else "false"]
         args += ["--fail-first-n", str(self.fail_first_n)]
+        args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         if self.auth_required is not None:
             args += ["--auth-required", self.auth_required]
         return args
@@ -277,6 +282,8 @@ class Plan:
     words: bytes  # one byte per output token, indexing WORDS
     finish: str
     prompt_tokens: int
+    thinking: int = 0  # how many of the words are reasoning (they come first)
+    tool: str | None = None  # the function the answer calls, with {"text": content} as arguments
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -346,6 +353,7 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
         # The wording of an API version that predates the option.
         raise BadRequest("Unrecognized request argument supplied: stream_options",
                          None, "unrecognized_argument")  # fmt: skip
+    tool = _tool_called(body) if kind == "chat" else None
     cap = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
     digest = hashlib.blake2b(
         orjson.dumps(content, option=orjson.OPT_SORT_KEYS),
@@ -354,7 +362,23 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     ).digest()
     rng = random.Random(int.from_bytes(digest, "little"))
     n = cfg.token_spec.sample(rng)
-    finish = "length" if cap is not None and n >= cap else "stop"
+    thinking = cfg.reasoning_tokens if kind == "chat" else 0
+    n += thinking  # the reasoning comes on top of the sampled answer
+    finish = "length" if cap is not None and n >= cap else "tool_calls" if tool else "stop"
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
     return Plan(kind, model, stream and not cfg.ignore_stream, opts.get("include_usage") is True,
-                words, finish, max(1, (chars + 3) // 4))  # fmt: skip
+                words, finish, max(1, (chars + 3) // 4), min(thinking, len(words)),
+                tool)  # fmt: skip
+
+
+def _tool_called(body: dict[str, Any]) -> str | None:
+    """The function a chat answer calls: the first of `tools`, unless `tool_choice` is "none"."""
+    tools = body.get("tools")
+    if tools is None or body.get("tool_choice") == "none":
+        return None
+    function = tools[0].get("function") if isinstance(tools, list) and tools and isinstance(
+        tools[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRequest("'tools' must be a non-empty list of {type, function: {name}}.", "tools")
+    return name

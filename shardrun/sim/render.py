@@ -33,10 +33,24 @@ class Frames(NamedTuple):
     head: bytes  # bytes of a token event before its word
     tail: bytes  # bytes of a token event after its word
     end: bytes  # finish chunk, usage chunk when asked for, then [DONE]
+    thinking: int = 0  # the first `thinking` words of the answer are reasoning, framed so:
+    think_head: bytes = b""
+    think_tail: bytes = b""
+    opener: bytes = b""  # sent before the first word after the reasoning (a tool call's start)
 
-    def tokens(self, words: bytes) -> bytes:
-        """The events of these tokens as one bytes object: one join per write, not per token."""
-        return self.head + (self.tail + self.head).join([WORDS[i] for i in words]) + self.tail
+    def tokens(self, words: bytes, start: int = 0) -> bytes:
+        """The events of these tokens (words[start:...] of the answer) as one bytes object: one
+        join per write, not per token."""
+        split = self.thinking - start
+        if split < 0 or (split == 0 and not self.opener):
+            return self.head + (self.tail + self.head).join([WORDS[i] for i in words]) + self.tail
+        thought = b""
+        if split:
+            thought = self.think_head + (self.think_tail + self.think_head).join(
+                [WORDS[i] for i in words[:split]]) + self.think_tail
+        if not words[split:]:
+            return thought
+        return thought + self.opener + self.tokens(words[split:], self.thinking + 1)
 
 
 def render_stream(plan: Plan, rid: str, created: int) -> Frames:
@@ -49,19 +63,46 @@ def render_stream(plan: Plan, rid: str, created: int) -> Frames:
     usage = b""
     if plan.include_usage:
         usage = b'data: {%b,"choices":[],"usage":%b}\n\n' % (ident, orjson.dumps(_usage(plan)))
+    if plan.kind == "chat" and plan.tool is not None:
+        # The content becomes the arguments {"text": "<words>"} of a call, sent in pieces after
+        # the reasoning: the call's first chunk names it, the last closes the JSON.
+        opener = pre + b'"delta":{"tool_calls":[{"index":0,"id":"call_%b","type":"function",' \
+            b'"function":{"name":%b,"arguments":"{\\"text\\":\\""}}]},' % (
+                rid.encode(), orjson.dumps(plan.tool)) + end
+        head = pre + b'"delta":{"tool_calls":[{"index":0,"function":{"arguments":"'
+        tail = b'"}}]},' + end
+        close = (opener if len(plan.words) <= plan.thinking else b"") + head + b'\\"}' + tail
+        return Frames(pre + b'"delta":{"role":"assistant","content":null},' + end, head, tail,
+                      close + pre + b'"delta":{},' + finish + usage + _DONE,
+                      plan.thinking, *_thought_frames(pre, end), opener)  # fmt: skip
     if plan.kind == "chat":
         return Frames(pre + b'"delta":{"role":"assistant","content":""},' + end,
                       pre + b'"delta":{"content":"', b'"},' + end,
-                      pre + b'"delta":{},' + finish + usage + _DONE)  # fmt: skip
+                      pre + b'"delta":{},' + finish + usage + _DONE,
+                      plan.thinking, *_thought_frames(pre, end))  # fmt: skip
     return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE)
+
+
+def _thought_frames(pre: bytes, end: bytes) -> tuple[bytes, bytes]:
+    """Head and tail of a reasoning token's event."""
+    return pre + b'"delta":{"reasoning_content":"', b'"},' + end
 
 
 def render_full(plan: Plan, rid: str, created: int) -> bytes:
     """A complete non-streaming chat.completion or text_completion JSON body."""
-    text = b"".join(WORDS[i] for i in plan.words).decode()
+    thought = b"".join(WORDS[i] for i in plan.words[: plan.thinking]).decode()
+    text = b"".join(WORDS[i] for i in plan.words[plan.thinking :]).decode()
     choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": plan.finish}
     if plan.kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+        message: dict[str, object] = {"role": "assistant", "content": text}
+        if plan.thinking:
+            message["reasoning_content"] = thought
+        if plan.tool is not None:
+            arguments = orjson.dumps({"text": text}).decode()
+            message.update(content=None, tool_calls=[{
+                "id": f"call_{rid}", "type": "function",
+                "function": {"name": plan.tool, "arguments": arguments}}])  # fmt: skip
+        choice["message"] = message
     else:
         choice["text"] = text
     return orjson.dumps({"id": rid, "object": OBJECT[plan.kind][1], "created": created,

@@ -100,7 +100,7 @@ class Sim:
             now = loop.time()
             late = int((now - t0) / self.itl) if self.itl > 0 else n
             due = min(n, max(sent + 1, start + late + 1))
-            data = (frames.role if sent == 0 else b"") + frames.tokens(words[sent:due])
+            data = (frames.role if sent == 0 else b"") + frames.tokens(words[sent:due], sent)
             if due == n:  # the last write also ends the chunked body: one send, not two
                 await (resp.write_eof(data + frames.end) if stop is None else resp.write(data))
                 return
