@@ -45,9 +45,9 @@ LEARN_MAX = 3
 PROBE_MARK = b"~"
 """Appended to a content to probe a learned envelope: any byte JSON takes unescaped would do."""
 _UNSAFE = b'"\\' + bytes(range(0x20))
+"""The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 _OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
-"""The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 
 
 class ChunkReader:

@@ -422,5 +422,7 @@ def test_plans_of_a_reasoning_model_and_of_a_tool_call() -> None:
     declined = make_plan(orjson.dumps({**body, "tools": [tool], "tool_choice": "none"}), "chat",
                          SimConfig())  # fmt: skip
     assert (declined.tool, declined.finish) == (None, "stop")
+    with pytest.raises(ValueError, match="reasoning_tokens must be at most 65536"):
+        SimConfig(reasoning_tokens=10**9)
     with pytest.raises(BadRequest, match="'tools' must be a non-empty list"):
         make_plan(orjson.dumps({**body, "tools": [{"type": "function"}]}), "chat", SimConfig())

@@ -161,6 +161,9 @@ class SimConfig:
                 raise ValueError(f"{name} must be an integer, not {value!r}.")
             if not 0 <= value < 2**63:
                 raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
+        if self.reasoning_tokens > MAX_SAMPLED_TOKENS:
+            raise ValueError(f"reasoning_tokens must be at most {MAX_SAMPLED_TOKENS}, "
+                             f"not {self.reasoning_tokens!r}.")  # fmt: skip
 
     @functools.cached_property
     def token_spec(self) -> TokenSpec:
