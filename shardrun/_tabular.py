@@ -118,7 +118,8 @@ def not_utf8(record: dict[str, Any], names: Sequence[str]) -> str | None:
 class ParquetRows:
     """Rows of a Parquet file, read one record batch at a time (needs pyarrow)."""
 
-    def __init__(self, path: Path, need: Sequence[str], optional: Sequence[str]) -> None:
+    def __init__(self, path: Path, need: Sequence[str], optional: Sequence[str],
+                 every_column: bool = False) -> None:  # fmt: skip
         try:
             import pyarrow.parquet as pq  # type: ignore[import-untyped, import-not-found, unused-ignore]
         except ImportError:
@@ -129,18 +130,25 @@ class ParquetRows:
         except Exception as exc:  # pyarrow raises its own ArrowInvalid for a non-Parquet file
             self._file.close()
             raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-        names = list(self._pf.schema_arrow.names)
-        check_columns(path, names, need, "Parquet schema")
-        self.columns = [*dict.fromkeys([*need, *(c for c in optional if c in names)])]
+        self.names = list(self._pf.schema_arrow.names)
+        check_columns(path, self.names, need, "Parquet schema")
+        # The columns an item is made of; a record without an id is keyed by their values.
+        self.columns = [*dict.fromkeys([*need, *(c for c in optional if c in self.names)])]
+        self._every_column = every_column
         self.num_rows = int(self._pf.metadata.num_rows)
         self.rows_read = 0
 
     def __iter__(self) -> Iterator[Row]:
-        for batch in self._pf.iter_batches(PARQUET_BATCH_ROWS, columns=self.columns or None):
+        """Rows of the item's columns, or of every column with `every_column` (an export that
+        shows the input): the content key is made of the item's columns either way, so an id
+        is the same whichever columns were read."""
+        read = self.names if self._every_column else self.columns
+        for batch in self._pf.iter_batches(PARQUET_BATCH_ROWS, columns=read or None):
             for row in batch.to_pylist():
                 self.rows_read += 1
                 record = {k: v for k, v in row.items() if v is not None}
-                yield self.rows_read, record, orjson.dumps(row, default=str)
+                keyed = {k: row[k] for k in self.columns} if self._every_column else row
+                yield self.rows_read, record, orjson.dumps(keyed, default=str)
 
     def close(self) -> None:
         self._file.close()

@@ -1,6 +1,6 @@
 """The `shardrun export` subcommand: argument parsing and presentation only.
 
-    shardrun export RUN_DIR [-o FILE] [--format jsonl|csv] [--job JOB.yaml]
+    shardrun export RUN_DIR [-o FILE] [--format jsonl|csv] [--job JOB.yaml] [--with-input]
 
 Exit codes: 0 when the export was written (whatever its rows' statuses; the counts go to
 standard error), 2 when the run directory, its job file or its input is unusable (the input
@@ -38,6 +38,10 @@ def register(subparsers: Any) -> None:
                    help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
     p.add_argument("--job", type=Path, metavar="JOB.yaml",
                    help="the run's job file, if it has moved since the run")
+    p.add_argument("--with-input", action="store_true",
+                   help="add each row's input record: as 'input' in JSON lines; in CSV as one "
+                        "input.NAME column per column of a CSV or Parquet input, or one "
+                        "'input' column of JSON text when the input is JSON lines")  # fmt: skip
     p.set_defaults(handler=handle)
 
 
@@ -46,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
 
     fmt = format_of(args.output, args.format)
-    summary = export(args.run_dir, args.output, fmt, args.job)
+    summary = export(args.run_dir, args.output, fmt, args.job, args.with_input)
     for warning in summary.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     where = "standard output" if args.output is None else str(args.output)

@@ -13,6 +13,9 @@ the run saw them, and writes for each record the row of the line that ended it:
     pending   no line yet: the run was stopped before the item ended (resume finishes it)
 
 Every row has the same keys, `line` (the record's line or row number in the input) first.
+With `with_input`, a row also holds its input record, so the answers sit next to the rest of
+the user's data: as `input` in a JSON line, and in CSV as one `input.NAME` column per column
+of a CSV or Parquet input (one `input` column of JSON text when the input is JSON lines).
 
 The id -> (file, offset) index lives in a SQLite table in a temporary directory, and a row's
 line is read back from its file when its record comes up; per record, memory holds only the
@@ -85,10 +88,11 @@ def format_of(out: Path | None, given: str | None) -> Format:
     return "csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl"
 
 
-def export(run_path: Path, out: Path | None, fmt: Format,
-           job_path: Path | None = None) -> ExportSummary:  # fmt: skip
+def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None = None,
+           with_input: bool = False) -> ExportSummary:  # fmt: skip
     """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
-    output when `out` is None. `job_path` stands in for the job file the manifest names."""
+    output when `out` is None. `job_path` stands in for the job file the manifest names;
+    `with_input` adds each row's input record."""
     if out is not None and out.is_dir():
         raise SpecError(f"-o {out} is a directory; name the file to write")
     manifest = read_manifest(run_path)
@@ -97,7 +101,7 @@ def export(run_path: Path, out: Path | None, fmt: Format,
     if _job_sha256(manifest) != file_digest(job.job_path)[0]:
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
-    reader = make_reader(job)  # a missing or unreadable input fails here, with its own message
+    reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
         _check_input(run_path, manifest, job.input_path, summary)
         _export(run_path, reader, fmt, out, summary)
@@ -268,23 +272,29 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
         summary.rows += 1
         if isinstance(entry, Reject):
             summary.rejected += 1
-            yield _row(entry.line, None, "rejected", error=entry.reason)
-            continue
-        line, item_id = reader.lines_read, entry["id"]
-        if not seen.add(id_digest(item_id)):
-            summary.rejected += 1
-            yield _row(line, item_id, "rejected", error=duplicate_reason(item_id))
-            continue
-        found = index.find(item_id)
-        if found is None:
-            summary.pending += 1
-            yield _row(line, item_id, "pending")
-        elif found[1]:
-            summary.failed += 1
-            yield _dead_row(line, item_id, found[0])
+            row = _row(entry.line, None, "rejected", error=entry.reason)
         else:
-            summary.ok += 1
-            yield _ok_row(line, item_id, found[0])
+            row = _record_row(index, reader.lines_read, entry["id"], seen, summary)
+        if reader.keep_records:
+            row["input"] = reader.record
+        yield row
+
+
+def _record_row(index: _Index, line: int, item_id: str, seen: DigestSet,
+                summary: ExportSummary) -> dict[str, Any]:  # fmt: skip
+    """The row of an input record that became an item."""
+    if not seen.add(id_digest(item_id)):
+        summary.rejected += 1
+        return _row(line, item_id, "rejected", error=duplicate_reason(item_id))
+    found = index.find(item_id)
+    if found is None:
+        summary.pending += 1
+        return _row(line, item_id, "pending")
+    if found[1]:
+        summary.failed += 1
+        return _dead_row(line, item_id, found[0])
+    summary.ok += 1
+    return _ok_row(line, item_id, found[0])
 
 
 def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str, Any]:
@@ -308,13 +318,42 @@ def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]
                 attempts=len(attempts) if isinstance(attempts, list) else None)
 
 
-def _csv_values(row: dict[str, Any]) -> list[Any]:
+def _csv_values(row: dict[str, Any], input_columns: list[str] | None) -> list[Any]:
     usage = row["usage"] if isinstance(row["usage"], dict) else {}
-    calls = row["tool_calls"]
-    return [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
-            usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("estimated"),
-            row["attempts"], row["error"], row["reasoning"],
-            None if calls is None else orjson.dumps(calls).decode()]  # fmt: skip
+    values = [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
+              usage.get("prompt_tokens"), usage.get("completion_tokens"),
+              usage.get("estimated"), row["attempts"], row["error"], row["reasoning"],
+              _cell(row["tool_calls"])]  # fmt: skip
+    if "input" in row:
+        record = row["input"]
+        if input_columns is None:  # JSON lines: records need not share their keys
+            values.append(_cell(record))
+        else:
+            values.extend(_cell((record or {}).get(name)) for name in input_columns)
+    return values
+
+
+def _csv_header(reader: InputReader) -> list[str]:
+    if not reader.keep_records:
+        return list(COLUMNS)
+    if reader.columns is None:
+        return [*COLUMNS, "input"]
+    return [*COLUMNS, *(f"input.{name}" for name in reader.columns)]
+
+
+def _cell(value: Any) -> Any:
+    """A value as a CSV cell: text and numbers as they are, anything else (true and false
+    included) as its JSON text."""
+    if value is None or isinstance(value, str | float) or type(value) is int:
+        return value
+    return orjson.dumps(value, default=_plain).decode()
+
+
+def _plain(value: Any) -> str:
+    """A value JSON has no type for (a Parquet input's bytes or decimals) as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
 class _WriteError(Exception):
@@ -329,14 +368,14 @@ def _write(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
     if fmt == "jsonl":
         option = orjson.OPT_APPEND_NEWLINE
         for row in rows:
-            _put(sink, orjson.dumps(row, option=option))
+            _put(sink, orjson.dumps(row, default=_plain, option=option))
     else:
         # csv writes text: rows go through a string buffer, encoded and written in blocks.
         text = io.StringIO()
         writer = csv.writer(text)
-        writer.writerow(COLUMNS)
+        writer.writerow(_csv_header(reader))
         for row in rows:
-            writer.writerow(_csv_values(row))
+            writer.writerow(_csv_values(row, reader.columns))
             if text.tell() >= _WRITE_BLOCK:
                 _put(sink, text.getvalue().encode())
                 text.seek(0)

@@ -82,23 +82,32 @@ class InputReader:
     Parquet is read by random access, so its hash covers the whole file, taken once the last
     row has been read. A CSV header or Parquet schema without a needed column is an
     InputError here, before any item is read.
+
+    With `keep_records`, `record` is the whole input record behind the entry last yielded
+    (None for a line that is not a record) and `columns` the names a CSV header or Parquet
+    schema gives (None for JSON lines); an export that shows the input reads them.
     """
 
-    def __init__(self, path: Path, fields: InputPlan) -> None:
+    def __init__(self, path: Path, fields: InputPlan, keep_records: bool = False) -> None:
         self.path = path
         self.fields = fields
         self.sha = hashlib.sha256()
         self.bytes_read = 0
         self.lines_read = 0
+        self.keep_records = keep_records
+        self.record: dict[str, Any] | None = None
+        self.columns: list[str] | None = None
         self._tabular: CsvRows | ParquetRows | None = None
         if fields.format == "parquet":
             _must_exist(path)
-            self._tabular = ParquetRows(path, fields.needed, [fields.id_field])
+            self._tabular = ParquetRows(path, fields.needed, [fields.id_field], keep_records)
+            self.columns = self._tabular.names
             return
         self._file = _open(path)
         if fields.format == "csv":
             self._tabular = CsvRows(path, self._file, self._count)
             check_columns(path, self._tabular.header, fields.needed, "CSV header")
+            self.columns = self._tabular.header
 
     def _count(self, data: bytes) -> None:
         self.sha.update(data)
@@ -118,14 +127,23 @@ class InputReader:
                 self.lines_read += 1
                 if self.lines_read == 1:
                     raw = raw.removeprefix(_BOM)  # editors on Windows like to add one
-                if raw.strip():
-                    yield parse_line(raw, self.lines_read, self.fields)
+                if not raw.strip():
+                    continue
+                record = decode_line(raw, self.lines_read)
+                if self.keep_records:
+                    self.record = None if isinstance(record, Reject) else record
+                if isinstance(record, Reject):
+                    yield record
+                else:
+                    yield line_item(record, raw, self.lines_read, self.fields)
 
     def _csv_items(self, rows: CsvRows) -> Iterator[dict[str, Any] | Reject]:
         checked = (*self.fields.needed, self.fields.id_field)
         with self._file:
             for line, record, key in rows:
                 self.lines_read = rows.line_num
+                if self.keep_records:
+                    self.record = None if isinstance(record, str) else _whole_row(record, rows)
                 if isinstance(record, str):
                     yield Reject(line, record)
                 elif bad := not_utf8(record, checked):
@@ -137,6 +155,11 @@ class InputReader:
     def _parquet_items(self, rows: ParquetRows) -> Iterator[dict[str, Any] | Reject]:
         for row in rows:
             self.lines_read = rows.rows_read
+            if self.keep_records:
+                record = row[1]
+                # Parquet nulls are left out of a record; shown, they are nulls again.
+                self.record = None if isinstance(record, str) else {**dict.fromkeys(rows.names),
+                                                                    **record}  # fmt: skip
             yield _row_item(row, self.fields)
         self.sha, self.bytes_read = file_sha256(self.path)
         rows.close()
@@ -148,9 +171,9 @@ class InputReader:
             self._file.close()
 
 
-def make_reader(job: LoadedJob) -> InputReader:
+def make_reader(job: LoadedJob, keep_records: bool = False) -> InputReader:
     """Open the job's input for streaming (raises InputError when it cannot be read)."""
-    return InputReader(job.input_path, InputPlan.from_job(job))
+    return InputReader(job.input_path, InputPlan.from_job(job), keep_records)
 
 
 def _must_exist(path: Path) -> None:
@@ -176,14 +199,38 @@ def _row_item(row: Row, plan: InputPlan) -> dict[str, Any] | Reject:
     return record_item(record, key, line, plan)
 
 
+def _whole_row(record: Mapping[str, str], rows: CsvRows) -> dict[str, str]:
+    """A CSV record with every column of the header (CsvRows leaves empty cells out) and text
+    that encodes: a byte that is not UTF-8 is shown as U+FFFD."""
+    row = {}
+    for name in rows.header:
+        value = record.get(name, "")
+        if not value.isascii():
+            value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        row[name] = value
+    return row
+
+
 def parse_line(raw: bytes, line_no: int, fields: InputPlan) -> dict[str, Any] | Reject:
     """One JSON line (JSONL or OpenAI Batch input) to an item, or a Reject saying why not."""
+    record = decode_line(raw, line_no)
+    return record if isinstance(record, Reject) else line_item(record, raw, line_no, fields)
+
+
+def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
+    """One JSON line to its record (an object), or a Reject saying why it is not one."""
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
         return Reject(line_no, f"expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def line_item(record: dict[str, Any], raw: bytes, line_no: int,
+              fields: InputPlan) -> dict[str, Any] | Reject:  # fmt: skip
+    """A JSON line's record to an item (`raw`, the line, keys a record without an id)."""
     if fields.format == "openai-batch":
         return batch_item(record, line_no)
     return record_item(record, raw.strip(), line_no, fields)

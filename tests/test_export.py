@@ -404,3 +404,105 @@ def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
     # The header is line 1. c3 spans lines 5-6 and is numbered by its last line, as the run
     # numbers a CSV record in rejects.jsonl (csv's line_num); every later record is one on.
     assert [r["line"] for r in got] == [2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+
+
+# -- --with-input -----------------------------------------------------------------------------
+
+
+def input_records(path: Path) -> list[Any]:
+    """Each non-blank line of a JSON lines input: its record, or None where it is not JSON."""
+    records: list[Any] = []
+    for raw in path.read_bytes().splitlines():
+        if raw.strip():
+            records.append(None if raw + b"\n" == BAD_LINE else orjson.loads(raw))
+    return records
+
+
+def test_with_input_puts_each_record_next_to_its_answer(base: Path, tmp_path: Path) -> None:
+    """JSON lines: every row holds its input record as written under `input` (None for the
+    line that is not JSON, the repeat's own record for the duplicate id), and the other keys
+    are those of the plain export."""
+    run_dir = only_run(base / "runs")
+    plain, wide = tmp_path / "plain.jsonl", tmp_path / "wide.jsonl"
+    assert export(str(run_dir), "-o", str(plain), cwd=base).returncode == 0
+    done = export(str(run_dir), "-o", str(wide), "--with-input", cwd=base)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(wide)
+    assert [r["input"] for r in rows] == input_records(base / "input.jsonl")
+    assert rows[-1]["input"] == {"id": "item-00000", "prompt": "again"}
+    assert [{k: v for k, v in r.items() if k != "input"} for r in rows] == read_jsonl(plain)
+
+
+def test_with_input_in_csv_is_one_column_of_json_for_a_json_lines_input(
+    base: Path, tmp_path: Path
+) -> None:
+    run_dir = only_run(base / "runs")
+    out = tmp_path / "wide.csv"
+    done = export(str(run_dir), "-o", str(out), "--with-input", cwd=base)
+    assert done.returncode == 0, done.stderr
+    with open(out, newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))
+    assert table[0] == [*COLUMNS, "input"]
+    cells = [row[-1] for row in table[1:]]
+    assert [orjson.loads(c) if c else None for c in cells] == input_records(
+        base / "input.jsonl"
+    )
+
+
+def test_with_input_keeps_every_csv_column(tmp_path: Path) -> None:
+    """A CSV input: one input.NAME column per header column, empty cells included, and a
+    byte that is not UTF-8 in a column the run does not read shown as U+FFFD (it used to be
+    a surrogate no encoder takes)."""
+    lines = [b"id,prompt,note", *[b"c%d,Question %d,n%d" % (i, i, i) for i in range(6)]]
+    lines[2] = b"c1,Question 1,"  # an empty cell
+    lines[3] = b"c2,Question 2,caf\xe9"  # Latin-1, not UTF-8
+    (tmp_path / "input.csv").write_bytes(b"\n".join(lines) + b"\n")
+    write_job(tmp_path / "job.yaml", input={"path": "input.csv"})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = str(only_run(tmp_path / "runs"))
+    out = tmp_path / "wide.csv"
+    exported = export(run_dir, "-o", str(out), "--with-input", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    with open(out, newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0])[-3:] == ["input.id", "input.prompt", "input.note"]
+    assert [r["status"] for r in table] == ["ok"] * 6
+    assert [(r["id"], r["input.id"], r["input.prompt"], r["input.note"]) for r in table] == [
+        ("c0", "c0", "Question 0", "n0"), ("c1", "c1", "Question 1", ""),
+        ("c2", "c2", "Question 2", "caf\ufffd"), *[(f"c{i}", f"c{i}", f"Question {i}", f"n{i}")
+                                                  for i in range(3, 6)],
+    ]  # fmt: skip
+    as_json = tmp_path / "wide.jsonl"
+    assert export(run_dir, "-o", str(as_json), "--with-input", cwd=tmp_path).returncode == 0
+    assert read_jsonl(as_json)[1]["input"] == {"id": "c1", "prompt": "Question 1", "note": ""}
+
+
+def test_with_input_reads_every_parquet_column_and_keeps_content_ids(tmp_path: Path) -> None:
+    """A Parquet input without ids: the run reads the prompt column only and keys each record
+    by it. The export reads every column to show them, and must still find each answer, so
+    its content ids come from the prompt column alone."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    n = 20
+    table = pa.table({"prompt": [f"Question {i}" for i in range(n)],
+                      "score": [None if i == 3 else i / 2 for i in range(n)],
+                      "tags": [["a", str(i)] for i in range(n)],
+                      "flag": [i % 2 == 0 for i in range(n)]})  # fmt: skip
+    pq.write_table(table, tmp_path / "input.parquet")
+    write_job(tmp_path / "job.yaml", input={"path": "input.parquet", "format": "parquet"})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = str(only_run(tmp_path / "runs"))
+    as_json, as_csv = tmp_path / "wide.jsonl", tmp_path / "wide.csv"
+    assert export(run_dir, "-o", str(as_json), "--with-input", cwd=tmp_path).returncode == 0
+    rows = read_jsonl(as_json)
+    assert [r["status"] for r in rows] == ["ok"] * n
+    assert [r["input"] for r in rows] == table.to_pylist()  # the null score is null again
+    done = export(run_dir, "-o", str(as_csv), "--with-input", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with open(as_csv, newline="", encoding="utf-8") as f:
+        cells = list(csv.DictReader(f))
+    assert [(c["input.score"], c["input.tags"], c["input.flag"]) for c in cells[2:4]] == [
+        ("1.0", '["a","2"]', "true"), ("", '["a","3"]', "false")
+    ]
