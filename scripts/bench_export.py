@@ -8,10 +8,10 @@ without running anything: a JSON-lines input of N items, a job file naming it, a
 result files shaped like real ones (about 3 % of the items as dead letters instead), each
 shard's lines in a locally shuffled order as completion order is; the manifest records the job's
 and input's SHA-256 as a run does. Then it runs `python -m shardrun export RUN -o FILE` as a
-child process, in JSON lines and in CSV, and reports wall time, the child's user + sys CPU and
-its peak RSS (`wait4`), medians over the repeats. The reference measured in the same run is
-`cat` of the run's results and dead letters into one file (no order, no join): what the bare
-bytes cost to copy.
+child process, in JSON lines, in CSV and in JSON lines with `--with-input`, and reports wall
+time, the child's user + sys CPU and its peak RSS (`wait4`), medians over the repeats. The
+reference measured in the same run is `cat` of the run's results and dead letters into one file
+(no order, no join): what the bare bytes cost to copy.
 
 It sends nothing anywhere. Every loop is bounded by N.
 """
@@ -135,6 +135,9 @@ def main() -> None:
                                    str(root / "out.jsonl")],
                 "export → csv": [sys.executable, "-m", "shardrun", "export", str(run), "-o",
                                  str(root / "out.csv")],
+                "export --with-input → jsonl": [sys.executable, "-m", "shardrun", "export",
+                                                str(run), "-o", str(root / "wide.jsonl"),
+                                                "--with-input"],
                 "cat (reference)": ["sh", "-c", f"cat {run}/results/*.jsonl {run}/dead/*.jsonl "
                                                 f"> {root / 'cat.jsonl'}"],
             }  # fmt: skip
@@ -142,7 +145,7 @@ def main() -> None:
                 runs = [measure(argv) for _ in range(args.repeats)]
                 wall, cpu, rss = (statistics.median(r[i] for r in runs) for i in range(3))
                 rows.append((items, name, wall, cpu, rss, run_bytes))
-                print(f"  {items:>9,}  {name:<16} wall {wall:6.2f} s  cpu {cpu:6.2f} s  "
+                print(f"  {items:>9,}  {name:<27} wall {wall:6.2f} s  cpu {cpu:6.2f} s  "
                       f"peak RSS {rss:6.1f} MB", file=sys.stderr, flush=True)  # fmt: skip
     print(f"\n{args.repeats} repeat(s), medians; {os.cpu_count()} cores\n")
     print("| items | run's result files MB | command | wall s | CPU s | µs per item | "
