@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_ab.py --a e9bc4e5               # e9bc4e5 against this tree
     .venv/bin/python scripts/bench_ab.py --a REV1 --b REV2 --repeats 8 --point 4x32
+    .venv/bin/python scripts/bench_ab.py --a 43d457b --reasoning-tokens 256   # a thinking model
 
 Why: on a shared VM the machine's speed drifts by ±15 % between runs taken seconds apart, so
 two copies measured in turn (`bench_throughput.py --compare`) cannot tell a 3 % change. Run at
@@ -37,12 +38,13 @@ RUN_TIMEOUT_S = 600.0  # a hang guard for one run, not a measurement
 
 
 def run_pair(srcs: tuple[Path, Path], sims: tuple[bt.Sim, bt.Sim], input_path: Path,
-             shards: int, cap: int, work: Path, tag: str) -> tuple[dict[str, float], ...]:
+             shards: int, cap: int, work: Path, tag: str,
+             max_tokens: int = 128) -> tuple[dict[str, float], ...]:  # fmt: skip
     """Start both copies at once, each on its simulator; wait for both; return their figures."""
     procs = []
     for side, src, sim in zip("ab", srcs, sims, strict=True):
         job = work / f"job-{tag}-{side}.yaml"
-        bt.write_job(job, sim.base_url, input_path, 128)
+        bt.write_job(job, sim.base_url, input_path, max_tokens)
         argv = [bt.PY, "-m", "shardrun", str(job), "--shards", str(shards), "--concurrency",
                 str(cap), "--runs-dir", str(work / "runs"), "--run-id", f"{tag}-{side}",
                 "--quiet"]
@@ -85,12 +87,17 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--duration", type=float, default=10.0,
                    help="seconds each run lasts at the ceiling (sets the input size)")
+    p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
+                   help="the simulators think N tokens before each answer (max_tokens grows "
+                        "by N); the reference must have the simulator's --reasoning-tokens")
     args = p.parse_args()
     (shards, cap), = bt.parse_points(args.point)
     if not 1 <= args.repeats <= 30 or not 0 < args.duration <= 120:
         p.error("--repeats must be 1..30 and --duration 0..120")
+    if not 0 <= args.reasoning_tokens <= 4096:
+        p.error("--reasoning-tokens must be 0..4096")
     sim_args = argparse.Namespace(ttft_ms=200.0, itl_ms=0.0, tokens="uniform:16:96",
-                                  flush_ms=20.0)
+                                  flush_ms=20.0, reasoning_tokens=args.reasoning_tokens)
     work = Path(tempfile.mkdtemp(prefix="shardrun-ab-"))
     sims: list[bt.Sim] = []
     try:
@@ -109,7 +116,8 @@ def main() -> int:
         rows = []
         for rep in range(args.repeats):
             pair = (sims[0], sims[1]) if rep % 2 == 0 else (sims[1], sims[0])
-            a, b = run_pair(srcs, pair, input_path, shards, cap, work, f"r{rep}")
+            a, b = run_pair(srcs, pair, input_path, shards, cap, work, f"r{rep}",
+                            128 + args.reasoning_tokens)
             rows.append((a, b))
             print(f"  r{rep}: a {a['cpu_s']:.3f} CPU-s, b {b['cpu_s']:.3f} CPU-s, "
                   f"b/a {b['cpu_s'] / a['cpu_s']:.3f}", file=sys.stderr)
@@ -118,7 +126,9 @@ def main() -> int:
             sim.stop()
         shutil.rmtree(work, ignore_errors=True)
     ratios = [b["cpu_s"] / a["cpu_s"] for a, b in rows]
-    print(f"\na: {what['a']}\nb: {what['b']}\n{shards} × {cap}, {n:,} items per run, "
+    thinking = (f", {args.reasoning_tokens} reasoning tokens per answer"
+                if args.reasoning_tokens else "")
+    print(f"\na: {what['a']}\nb: {what['b']}\n{shards} × {cap}, {n:,} items per run{thinking}, "
           f"{args.repeats} repeats side by side\n")
     print("| repeat | a client CPU s | b client CPU s | b / a | a wall s | b wall s |")
     print("|---:|---:|---:|---:|---:|---:|")

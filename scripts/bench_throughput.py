@@ -132,6 +132,8 @@ class Sim:
         argv = [PY, "-m", "shardrun", "sim", "--port", "0", "--ttft-ms", str(args.ttft_ms),
                 "--itl-ms", str(args.itl_ms), "--tokens", args.tokens, "--seed", "1",
                 "--flush-ms", str(args.flush_ms), "--exit-on-stdin-eof"]  # fmt: skip
+        if reasoning := getattr(args, "reasoning_tokens", 0):  # a reasoning model (bench_ab)
+            argv += ["--reasoning-tokens", str(reasoning)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, cwd=SRC, env=ENV)  # fmt: skip
         self.ps = psutil.Process(self.proc.pid)

@@ -22,10 +22,17 @@ once) proves the bytes found are the content and not an equal value elsewhere. A
 parsed, in order, so the result is always what parsing every payload would give. An envelope
 that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lessons per stream
 (`LEARN_MAX`), then the stream is parsed as before.
+
+A reasoning model's stream is mostly reasoning chunks (`"delta":{"reasoning_content":"` + value
++ ...), so the reader learns a second envelope, the thought envelope, from the first plain
+reasoning chunk (`plain_thought`) the same way, and slices those chunks into `reasoning`. One
+difference: an empty value is parsed, not sliced, because `reasoning_content or reasoning` then
+reads the other key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -58,9 +65,9 @@ class ChunkReader:
     stream's learned envelope are not parsed at all (module docstring, "Envelope").
     """
 
-    __slots__ = ("_learns", "_prefix", "_suffix", "bad", "chat", "completion_tokens", "error",
-                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
-                 "tool_calls")  # fmt: skip
+    __slots__ = ("_learns", "_prefix", "_suffix", "_tlearns", "_tprefix", "_tsuffix", "bad",
+                 "chat", "completion_tokens", "error", "finish_reason", "other_chunks",
+                 "prompt_tokens", "reasoning", "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -78,6 +85,9 @@ class ChunkReader:
         # An empty _suffix means none is known (a learned suffix holds at least the closing ").
         self._prefix = self._suffix = b""
         self._learns = LEARN_MAX
+        # The thought envelope: a plain reasoning chunk, the same way (its own budget).
+        self._tprefix = self._tsuffix = b""
+        self._tlearns = LEARN_MAX
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
@@ -97,48 +107,58 @@ class ChunkReader:
         `tool_calls`, and `other_chunks` counts the chunks that carried any: those are tokens
         the model generated as much as the content is.
         """
-        if not self._suffix:
-            return self._parse(payloads, 0, pieces)
-        prefix, suffix = self._prefix, self._suffix
         if len(payloads) == 1:  # the usual read of a server that streams tokens as they come
             payload = payloads[0]
-            if (payload.endswith(suffix) and payload.startswith(prefix)
-                    and len(payload) >= len(prefix) + len(suffix)):  # fmt: skip
-                value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
-                if len(value.translate(None, _UNSAFE)) == len(value):
-                    try:
-                        text = value.decode()  # strict UTF-8, as orjson reads
-                    except UnicodeDecodeError:
-                        pass
-                    else:
-                        if text:  # an empty content is no piece
-                            pieces.append(text)
-                        return MORE
+            if suffix := self._suffix:  # `_slice` inline: the hottest path of a stream
+                prefix = self._prefix
+                if (payload.endswith(suffix) and payload.startswith(prefix)
+                        and len(payload) >= len(prefix) + len(suffix)):  # fmt: skip
+                    value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
+                    if len(value.translate(None, _UNSAFE)) == len(value):
+                        try:
+                            text = value.decode()  # strict UTF-8, as orjson reads
+                        except UnicodeDecodeError:
+                            pass
+                        else:
+                            if text:  # an empty content is no piece
+                                pieces.append(text)
+                            return MORE
+            # An empty thought is parsed: the other field may hold one (module docstring).
+            if self._tsuffix and (thought := _slice(payload, self._tprefix, self._tsuffix)):
+                self.reasoning.append(thought)
+                self.other_chunks += 1
+                return MORE
             return self._parse(payloads, 0, pieces)
-        # The run to read unparsed: up to the last payload that fits the envelope (a read often
-        # ends with the finish, usage and [DONE] payloads, which do not).
+        if self._suffix:
+            code = self._read_run(payloads, pieces, self._prefix, self._suffix, False)
+            if code is not None:
+                return code
+        if self._tsuffix:
+            code = self._read_run(payloads, pieces, self._tprefix, self._tsuffix, True)
+            if code is not None:
+                return code
+        return self._parse(payloads, 0, pieces)
+
+    def _read_run(self, payloads: list[bytes], pieces: list[str], prefix: bytes, suffix: bytes,
+                  thought: bool) -> int | None:  # fmt: skip
+        """`read` of several payloads by one envelope (the thought envelope's values go to
+        `reasoning`): None, with nothing applied, unless the payloads up to the last one that
+        fits the envelope all do; else what `read` returns.
+
+        Those are read unparsed; when a value needs JSON escaping or is not UTF-8 (or is an
+        empty thought), they are read one at a time (so that one is parsed), in order. The
+        checks run as C loops (`map`): a Python loop per payload would cost as much as the
+        parsing it saves. The payloads after the run are parsed.
+        """
+        # The run: up to the last payload that fits the envelope (a read often ends with the
+        # finish, usage and [DONE] payloads, which do not).
         end = len(payloads)
         while end and not (payloads[end - 1].endswith(suffix)
                            and payloads[end - 1].startswith(prefix)):  # fmt: skip
             end -= 1
-        start = 0
-        if end:
-            code = self._read_run(payloads if end == len(payloads) else payloads[:end], pieces)
-            if code is not None:
-                if code != MORE or end == len(payloads):
-                    return code
-                start = end
-        return self._parse(payloads, start, pieces)
-
-    def _read_run(self, run: list[bytes], pieces: list[str]) -> int | None:
-        """Read payloads that may each be the envelope's prefix + a value + its suffix.
-
-        None, with nothing applied, when one is not; else what `read` returns. When a value needs
-        JSON escaping or is not UTF-8, the payloads are read one at a time (so that one is
-        parsed), in order. The checks run as C loops (`map`): a Python loop per payload would
-        cost as much as the parsing it saves.
-        """
-        prefix, suffix = self._prefix, self._suffix
+        if not end:
+            return None
+        run = payloads if end == len(payloads) else payloads[:end]
         values = list(map(itemgetter(slice(len(prefix), -len(suffix))), run))
         # Each payload is prefix + value + suffix iff the concatenations are equal: a payload
         # too short for both gets an empty value, and then the rebuilt bytes are longer.
@@ -151,12 +171,17 @@ class ChunkReader:
             except UnicodeDecodeError:
                 pass
             else:
-                pieces.extend(filter(None, texts))  # an empty content is no piece
-                return MORE
+                if not thought:
+                    pieces.extend(filter(None, texts))  # an empty content is no piece
+                    return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
+                if all(texts):
+                    self.reasoning.extend(texts)
+                    self.other_chunks += len(texts)
+                    return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
         for payload in run:
             if (code := self.read([payload], pieces)) != MORE:
                 return code
-        return MORE
+        return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
 
     def _parse(self, payloads: list[bytes], start: int, pieces: list[str]) -> int:
         """`read` for payloads[start:], each parsed with orjson; learns the envelope on the way."""
@@ -177,7 +202,7 @@ class ChunkReader:
                     return ERROR
                 usage = obj.get("usage")
                 if choices := obj.get("choices"):
-                    first, other = choices[0], False
+                    first, other, piece = choices[0], False, None
                     if chat:
                         delta = first.get("delta")
                         if isinstance(delta, dict):
@@ -186,8 +211,6 @@ class ChunkReader:
                             # fuller one, or one without content, may carry other text.
                             if (piece is None or len(delta) > 1) and self._other(delta):
                                 other = True
-                        else:
-                            piece = None
                     else:
                         piece = first.get("text")
                     if reason := first.get("finish_reason"):
@@ -202,8 +225,16 @@ class ChunkReader:
                         # may teach the envelope, and then the rest of the read is a run.
                         if ((self._learns or self._suffix) and not reason and not usage
                                 and not other and len(choices) == 1
-                                and self._adopt(payload, piece)):  # fmt: skip
+                                and self._adopt(payload, piece, False)):  # fmt: skip
                             return self.read(payloads[i + 1 :], pieces)
+                    elif (other and (self._tlearns or self._tsuffix) and not reason
+                            and not usage and len(choices) == 1
+                            and isinstance(thought := delta.get("reasoning_content")
+                                           or delta.get("reasoning"), str)
+                            and self._adopt(payload, thought, True)):  # fmt: skip
+                        # A plain reasoning chunk may teach the thought envelope (the probe
+                        # rejects one that also had a tool call or a content).
+                        return self.read(payloads[i + 1 :], pieces)
                 if usage:
                     self.prompt_tokens = as_int(usage.get("prompt_tokens"))
                     self.completion_tokens = as_int(usage.get("completion_tokens"))
@@ -230,36 +261,67 @@ class ChunkReader:
         """The tool calls in index order, as a chat message holds them; None if there were none."""
         return [self.tool_calls[i] for i in sorted(self.tool_calls)] if self.tool_calls else None
 
-    def _adopt(self, payload: bytes, piece: str) -> bool:
-        """A parsed plain content chunk: learn its envelope when none is known. True if learned.
+    def _adopt(self, payload: bytes, text: str, thought: bool) -> bool:
+        """A parsed plain content (or `thought`: reasoning) chunk: learn its envelope when none
+        is known. True if learned.
 
-        A chunk that fits the known envelope was parsed for its content (escapes): nothing to
+        A chunk that fits the known envelope was parsed for its text (escapes): nothing to
         learn. One that does not means the envelope changed: forget it, and learn this one's
         while the stream's budget lasts (a server that varies every chunk exhausts it, and the
         stream is then parsed as before, at the cost of a few failed lessons).
         """
-        if self._suffix:
-            if payload.startswith(self._prefix) and payload.endswith(self._suffix):
-                return False
-            self._prefix = self._suffix = b""
-        raw = piece.encode()
-        if not self._learns or len(raw.translate(None, _UNSAFE)) != len(raw) or b"\n" in payload:
-            return False  # no budget, or a content sent escaped: wait for a plainer chunk
-        self._learns -= 1
-        at = payload.find(b'"' + raw + b'"')
-        if at < 0:
-            return False  # the server escaped more than JSON requires (non-ASCII as \\u escapes)
-        prefix, suffix = payload[: at + 1], payload[at + 1 + len(raw) :]
-        # The bytes found might be another field's equal value: a probe with another value in
-        # their place must read as a plain chunk with exactly that content.
-        try:
-            probe = orjson.loads(prefix + raw + PROBE_MARK + suffix)
-        except orjson.JSONDecodeError:
+        if thought:
+            prefix, suffix, learns = self._tprefix, self._tsuffix, self._tlearns
+        else:
+            prefix, suffix, learns = self._prefix, self._suffix, self._learns
+        if suffix and payload.startswith(prefix) and payload.endswith(suffix):
             return False
-        if plain_piece(probe, self.chat) != piece + PROBE_MARK.decode():
-            return False
-        self._prefix, self._suffix = prefix, suffix
-        return True
+        found = None
+        raw = text.encode()
+        # No budget, or a text sent escaped: wait for a plainer chunk.
+        if learns and len(raw.translate(None, _UNSAFE)) == len(raw) and b"\n" not in payload:
+            learns -= 1
+            found = _envelope(payload, raw, plain_thought if thought else plain_piece, self.chat)
+        prefix, suffix = found or (b"", b"")
+        if thought:
+            self._tprefix, self._tsuffix, self._tlearns = prefix, suffix, learns
+        else:
+            self._prefix, self._suffix, self._learns = prefix, suffix, learns
+        return found is not None
+
+
+def _slice(payload: bytes, prefix: bytes, suffix: bytes) -> str | None:
+    """The value of a payload that is prefix + value + suffix, if JSON holds it as its raw
+    bytes (no quote, backslash or control byte) and they are UTF-8; else None."""
+    if not (payload.endswith(suffix) and payload.startswith(prefix)
+            and len(payload) >= len(prefix) + len(suffix)):  # fmt: skip
+        return None
+    value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
+    if len(value.translate(None, _UNSAFE)) != len(value):
+        return None
+    try:
+        return value.decode()  # strict UTF-8, as orjson reads
+    except UnicodeDecodeError:
+        return None
+
+
+def _envelope(payload: bytes, raw: bytes, plain: Callable[[object, bool], str | None],
+              chat: bool) -> tuple[bytes, bytes] | None:  # fmt: skip
+    """(prefix, suffix) around the text `raw` in a parsed plain chunk, where `plain` (of a
+    parsed chunk) gives the text it applies; None when the bytes found are not provably it."""
+    at = payload.find(b'"' + raw + b'"')
+    if at < 0:
+        return None  # the server escaped more than JSON requires (non-ASCII as \\u escapes)
+    prefix, suffix = payload[: at + 1], payload[at + 1 + len(raw) :]
+    # The bytes found might be another field's equal value: a probe with another value in
+    # their place must read as a plain chunk with exactly that text.
+    try:
+        probe = orjson.loads(prefix + raw + PROBE_MARK + suffix)
+    except orjson.JSONDecodeError:
+        return None
+    if plain(probe, chat) != (raw + PROBE_MARK).decode():
+        return None
+    return prefix, suffix
 
 
 def merge_tool_calls(calls: dict[int, dict[str, Any]], deltas: object) -> None:
@@ -332,13 +394,8 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
 
 def plain_piece(obj: object, chat: bool) -> str | None:
     """The piece of a chunk whose only effect on a `ChunkReader` is to append it, else None."""
-    if not isinstance(obj, dict) or obj.get("error") is not None or obj.get("usage"):
-        return None
-    choices = obj.get("choices")
-    if type(choices) is not list or len(choices) != 1 or not isinstance(choices[0], dict):
-        return None
-    first = choices[0]
-    if first.get("finish_reason"):
+    first = _lone_choice(obj)
+    if first is None:
         return None
     if chat:
         delta = first.get("delta")
@@ -348,6 +405,28 @@ def plain_piece(obj: object, chat: bool) -> str | None:
     else:
         piece = first.get("text")
     return piece if piece and isinstance(piece, str) else None
+
+
+def plain_thought(obj: object, chat: bool) -> str | None:
+    """The reasoning of a chat chunk whose only effect on a `ChunkReader` is to append it to
+    `reasoning` (and count one other chunk), else None."""
+    first = _lone_choice(obj) if chat else None
+    delta = None if first is None else first.get("delta")
+    if not isinstance(delta, dict) or delta.get("content") or delta.get("tool_calls"):
+        return None
+    text = delta.get("reasoning_content") or delta.get("reasoning")
+    return text if text and isinstance(text, str) else None
+
+
+def _lone_choice(obj: object) -> dict[str, Any] | None:
+    """The one choice of a chunk with no error, no usage and no finish_reason, else None."""
+    if not isinstance(obj, dict) or obj.get("error") is not None or obj.get("usage"):
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    first: dict[str, Any] = choices[0]
+    return None if first.get("finish_reason") else first
 
 
 def stream_error(err: object, tokens: int) -> tuple[str, str]:

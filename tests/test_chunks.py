@@ -22,6 +22,7 @@ from shardrun._chunks import (
     error_message,
     is_rate_header,
     merge_tool_calls,
+    plain_thought,
     read_whole,
     stream_error,
 )
@@ -362,6 +363,22 @@ def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", create
     return obj | (extra or {})
 
 
+def thinking(text: str, field: str, shape: str, *, chat: bool = True, cid: str = "chatcmpl-7",
+             other: str | None = None) -> dict[str, Any]:
+    """A reasoning chunk as reasoning models' servers send it: `field` holds the text, beside
+    a null content (`null_content`), without one (`no_content`), or with the other field name
+    holding `other` (default: the same text, as servers that send both names do)."""
+    obj = chunk(None, chat=chat, cid=cid, delta={field: text})
+    if chat:
+        delta = obj["choices"][0]["delta"]
+        if shape != "null_content":
+            del delta["content"]
+        if shape == "both_fields":
+            twin = "reasoning" if field == "reasoning_content" else "reasoning_content"
+            delta[twin] = text if other is None else other
+    return obj
+
+
 class CountingLoads:
     """Stands in for the orjson module inside `shardrun._chunks`, counting `loads` calls."""
 
@@ -489,13 +506,23 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
         st.sampled_from(["a", " b", "", "~", cid, "\n", '"', "\\", "é", "🙂", "\u2028", "\x7f"]),
         st.text(max_size=6),
     )
+    # How this stream's model sends its thinking (see `thinking`).
+    field = draw(st.sampled_from(["reasoning_content", "reasoning"]))
+    shape = draw(st.sampled_from(["null_content", "no_content", "both_fields"]))
     payloads: list[bytes] = []
     for _ in range(draw(st.integers(1, 14))):
-        kind = draw(st.sampled_from(["plain"] * 6 + ["finish", "usage", "other", "mutated",
-                                                        "done", "error", "created", "reasoning",
-                                                        "tool_call"]))  # fmt: skip
+        kind = draw(st.sampled_from(["plain"] * 6 + ["thinking"] * 4 + [
+            "finish", "usage", "other", "mutated", "done", "error", "created", "reasoning",
+            "tool_call", "mutated_thinking"]))  # fmt: skip
         if kind == "plain":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
+        elif kind == "thinking":
+            payloads.append(dump(thinking(draw(text), field, shape, chat=chat, cid=cid)))
+        elif kind == "mutated_thinking":
+            base = dump(thinking(draw(text), field, shape, chat=chat, cid=cid))
+            at = draw(st.integers(0, len(base)))
+            cut = draw(st.integers(0, 3))
+            payloads.append(base[:at] + draw(st.sampled_from(INTERESTING)) + base[at + cut :])
         elif kind == "reasoning":  # reasoning alone, or beside a content
             field = draw(st.sampled_from(["reasoning_content", "reasoning"]))
             both = draw(st.booleans())
@@ -559,6 +586,74 @@ def test_reasoning_then_content_as_reasoning_models_stream_it() -> None:
     reads = [[both], [both], [both, both]]
     assert by_reader(reads, True) == reference(reads, True)
     assert by_reader(reads, True)[2][5] == [" y"] * 4
+
+
+def test_a_learned_thought_envelope_reads_reasoning_without_parsing(
+    loads: CountingLoads,
+) -> None:
+    """A reasoning model's stream: after one plain reasoning chunk (parsed, plus one probe), the
+    others are sliced into `reasoning`, one per read or many per read, and each counts as a
+    chunk of generated text; the content that follows learns its own envelope."""
+    words = [" Let", " me", " think", " about", " it", "."]
+    thoughts = [orjson.dumps(thinking(w, "reasoning_content", "no_content")) for w in words]
+    answer = [orjson.dumps(chunk(w)) for w in [" Yes", ",", " it", " is"]]
+    tail = [orjson.dumps(chunk(None, finish="stop")), USAGE_ONLY.encode(), b"[DONE]"]
+    reads = [[ROLE.encode()], thoughts[:1], thoughts[1:2], thoughts[2:], answer[:1], answer[1:2],
+             answer[2:], tail]  # fmt: skip
+    assert by_reader(reads, True) == reference(reads, True)
+    _, pieces, state = by_reader(reads, True)
+    assert pieces == [" Yes", ",", " it", " is"]
+    assert state[5:] == (words, {}, len(words))
+    loads.calls = 0
+    by_reader(reads, True)
+    # role; first thought + probe; first answer word + probe; then the finish and usage chunks
+    assert loads.calls == 1 + 2 + 2 + 2
+
+
+def test_an_empty_thought_that_fits_the_envelope_is_parsed() -> None:
+    """Learned from a chunk whose `reasoning` field holds a constant beside the text in
+    `reasoning_content`, the envelope fits a chunk with an empty text too, but that chunk's
+    reasoning is the constant (`reasoning_content or reasoning`): it must be parsed, not
+    sliced to nothing, alone or in a run."""
+    def odd(text: str) -> bytes:
+        return orjson.dumps(thinking(text, "reasoning_content", "both_fields", other="zz"))
+
+    for reads in ([[odd("a")], [odd("b")], [odd("")], [odd("c")]],
+                  [[odd("a")], [odd("b"), odd(""), odd("c")]]):  # fmt: skip
+        assert by_reader(reads, True) == reference(reads, True)
+        assert by_reader(reads, True)[2][5] == ["a", "b", "zz", "c"]
+
+
+def test_a_thought_envelope_never_takes_a_chunk_with_a_tool_call_or_content() -> None:
+    """Chunks that carry reasoning and also a tool call or a content are parsed every time,
+    and then nothing of theirs is lost."""
+    call = {"index": 0, "function": {"arguments": "{}"}}
+    mixed = [orjson.dumps(chunk(None, delta={"reasoning_content": "r", "tool_calls": [call]})),
+             orjson.dumps(chunk("c", delta={"reasoning_content": "r"}))]  # fmt: skip
+    for payload in mixed:
+        reads = [[payload], [payload], [payload, payload]]
+        assert by_reader(reads, True) == reference(reads, True)
+        assert by_reader(reads, True)[2][5] == ["r"] * 4
+
+
+@pytest.mark.parametrize(("obj", "thought"), [
+    (thinking("r", "reasoning_content", "no_content"), "r"),
+    (thinking("r", "reasoning", "null_content"), "r"),
+    (thinking("r", "reasoning_content", "both_fields", other="s"), "r"),
+    (thinking("", "reasoning_content", "both_fields", other="s"), "s"),  # `or` reads the other
+    (chunk("c", delta={"reasoning_content": "r"}), None),  # a content is appended too
+    (chunk(None, delta={"reasoning": "r", "tool_calls": [{"index": 0}]}), None),
+    (chunk(None, delta={"reasoning": "r"}, finish="stop"), None),
+    (chunk(None, delta={"reasoning": "r"}, extra={"usage": {"completion_tokens": 1}}), None),
+    (chunk(None, delta={"reasoning": 5}), None),
+    (chunk("c"), None),
+    ({"choices": [thinking("r", "reasoning", "no_content")["choices"][0]] * 2}, None),
+])  # fmt: skip
+def test_plain_thought_is_a_chunk_whose_only_effect_is_its_reasoning(
+    obj: dict[str, Any], thought: str | None
+) -> None:
+    assert plain_thought(obj, True) == thought
+    assert plain_thought(obj, False) is None  # completions have no reasoning
 
 
 def test_tool_calls_are_merged_by_index_across_chunks_and_reads() -> None:
