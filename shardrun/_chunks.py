@@ -18,8 +18,10 @@ only effect is its piece), as the bytes before and after the content's raw value
 payloads that are exactly prefix + value + suffix, with a value free of quotes, backslashes and
 control bytes, are read by slicing: JSON tokenizes such a payload exactly as the learned one, so
 its only effect is the value as a piece. A probe (the content with `PROBE_MARK` appended, parsed
-once) proves the bytes found are the content and not an equal value elsewhere. Anything else is
-parsed, in order, so the result is always what parsing every payload would give. An envelope
+once) proves the bytes found are the content and not an equal value elsewhere. A value with
+escapes (a line break, a quote) is read by parsing only the string it is, when it is exactly one
+JSON string (`_escaped`). Anything else is parsed, in order, so the result is always what
+parsing every payload would give. An envelope
 that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lessons per stream
 (`LEARN_MAX`), then the stream is parsed as before.
 
@@ -123,6 +125,9 @@ class ChunkReader:
                             if text:  # an empty content is no piece
                                 pieces.append(text)
                             return MORE
+                    elif (escaped := _escaped(value)) is not None:
+                        pieces.append(escaped)
+                        return MORE
             # An empty thought is parsed: the other field may hold one (module docstring).
             if self._tsuffix and (thought := _slice(payload, self._tprefix, self._tsuffix)):
                 self.reasoning.append(thought)
@@ -298,11 +303,26 @@ def _slice(payload: bytes, prefix: bytes, suffix: bytes) -> str | None:
         return None
     value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
     if len(value.translate(None, _UNSAFE)) != len(value):
-        return None
+        return _escaped(value)
     try:
         return value.decode()  # strict UTF-8, as orjson reads
     except UnicodeDecodeError:
         return None
+
+
+def _escaped(value: bytes) -> str | None:
+    """The text of a value with escapes (a line break, a quote: the bytes `_UNSAFE` names),
+    if the value between two quotes is exactly one JSON string; else None.
+
+    Then the payload tokenizes as the learned chunk did, with this string in the value's place,
+    so reading the string alone gives what parsing the payload would (a raw quote would end
+    the string early and leave bytes after it, which orjson refuses).
+    """
+    try:
+        text = orjson.loads(b'"' + value + b'"')
+    except orjson.JSONDecodeError:
+        return None
+    return text if isinstance(text, str) and text else None
 
 
 def _envelope(payload: bytes, raw: bytes, plain: Callable[[object, bool], str | None],

@@ -386,9 +386,11 @@ class CountingLoads:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.seen: list[bytes | str] = []
 
     def loads(self, data: bytes | str) -> Any:
         self.calls += 1
+        self.seen.append(data)
         return orjson.loads(data)
 
 
@@ -414,9 +416,9 @@ def test_a_learned_envelope_reads_plain_chunks_without_parsing(loads: CountingLo
     assert loads.calls == 3 + 2
 
 
-def test_escaped_content_in_a_run_is_parsed_alone(loads: CountingLoads) -> None:
-    """Content that JSON escapes (a line break, a quote) or that is not UTF-8 makes its own
-    payload parsed; the plain ones around it in the same read are still sliced."""
+def test_escaped_content_in_a_run_is_read_alone(loads: CountingLoads) -> None:
+    """Content that JSON escapes (a line break, a quote) has its string parsed, and content
+    that is not UTF-8 its payload; the plain ones around them in the same read are sliced."""
     payloads = [orjson.dumps(chunk(w)) for w in ["a", "b", "line\nbreak", 'say "hi"', "c"]]
     broken = orjson.dumps(chunk("caf\u00e9")).replace("é".encode(), b"\xe9")
     reads = [payloads[:2], [*payloads[2:], broken, payloads[4]], [payloads[0], broken]]
@@ -425,9 +427,31 @@ def test_escaped_content_in_a_run_is_parsed_alone(loads: CountingLoads) -> None:
                                          "a", "caf\ufffd"]  # fmt: skip
     loads.calls = 0
     by_reader(reads, True)
-    # "a" + probe; then the two escaped contents, and the broken one twice (bytes, then text)
-    # in each of the two reads that hold it
+    # "a" + probe; then the two escaped contents' strings, and the broken payload twice (bytes,
+    # then text) in each of the two reads that hold it
     assert loads.calls == 2 + 2 + 2 * 2
+    assert loads.seen[2:4] == [b'"line\\nbreak"', b'"say \\"hi\\""']
+
+
+@pytest.mark.parametrize("value", [
+    b"line\\nbreak", b'a\\"', b"\\u00e9t\\u00e9", b"\\ud83d\\ude42", b"tab\\t",
+    b"\\\\", b"\\", b'a\\"b\\', b'a","x":"b', b'a"', b"\\ud83d", b"\\x41", b"\\u12",
+    b"ok\\n\x01", b"\\n\xff",
+])  # fmt: skip
+def test_escaped_values_that_fit_the_envelope_read_as_parsing_would(value: bytes) -> None:
+    """A value with escapes between a learned prefix and suffix, well formed or not (a raw
+    quote that ends the string early, a bad escape, a lone surrogate, a control or non-UTF-8
+    byte): read alone or in a run, the outcome is that of parsing every payload."""
+    good = [orjson.dumps(chunk(w)) for w in ["a", "b"]]
+    at = good[0].index(b'"a"') + 1
+    odd = good[0][:at] + value + good[0][at + 1 :]
+    thought = [orjson.dumps(thinking(w, "reasoning_content", "no_content")) for w in ["a", "b"]]
+    t_at = thought[0].index(b'"a"') + 1
+    t_odd = thought[0][:t_at] + value + thought[0][t_at + 1 :]
+    for reads in ([good[:1], good[1:], [odd], good[:1]], [good[:1], [good[1], odd, good[0]]],
+                  [thought[:1], thought[1:], [t_odd], thought[:1]],
+                  [thought[:1], [thought[1], t_odd, thought[0]]]):  # fmt: skip
+        assert by_reader(reads, True) == reference(reads, True)
 
 
 def test_an_equal_value_elsewhere_is_not_taken_for_the_content() -> None:

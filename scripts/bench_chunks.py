@@ -1,0 +1,117 @@
+"""What reading a stream's chunks costs, per payload, by the kind of text a model generates.
+
+    .venv/bin/python scripts/bench_chunks.py                  # this tree alone
+    .venv/bin/python scripts/bench_chunks.py --a 43d457b      # and a git revision beside it
+
+A script, not a test. It feeds synthetic streams, chunks shaped as vLLM and the simulator send
+them, one payload per read, to `ChunkReader.read` and reports nanoseconds per payload, the
+median of the repeats. With `--a REV`, `shardrun/_chunks.py` of that revision is loaded from
+git and measured in the same loop, alternating, so both see the machine at the same moments.
+
+The streams: plain words; prose with line breaks and quotes (about a quarter of the chunks
+hold a byte JSON escapes); JSON-mode output (about half of them); a reasoning model's thinking
+followed by its answer. A payload that fits the stream's learned envelope is sliced, not parsed
+(docs/ARCHITECTURE.md, "The envelope"); the rest is parsed with orjson.
+
+It sends nothing anywhere. Every loop is bounded by its counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+PAYLOADS = 400  # per stream
+STREAMS = 100  # per timing
+
+PLAIN = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
+PROSE = [" It", " said", ' "', "hello", '"', ".", "\n", " The", " end", " came", ".", "\n\n",
+         " Then", " we", " left", "."]  # fmt: skip
+JSON_MODE = ['{"', "name", '":"', "Ann", " Lee", '","', "age", '":', "31", ',"', "tags", '":["',
+             "a", '","', "b", '"]}', "\n"]  # fmt: skip
+
+
+def chunk(delta: dict[str, Any]) -> bytes:
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                         "model": "m", "choices": [{"index": 0, "delta": delta,
+                                                    "logprobs": None, "finish_reason": None}]})
+
+
+def streams() -> dict[str, list[bytes]]:
+    def words(pool: list[str], key: str = "content", n: int = PAYLOADS) -> list[bytes]:
+        return [chunk({key: pool[i % len(pool)]}) for i in range(n)]
+
+    thinking = words(PLAIN, "reasoning_content", PAYLOADS * 3 // 4)
+    return {
+        "plain words": words(PLAIN),
+        "prose, line breaks, quotes": words(PROSE),
+        "JSON mode": words(JSON_MODE),
+        "thinking, then answer": thinking + words(PLAIN, n=PAYLOADS - len(thinking)),
+    }
+
+
+def load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_once(module: ModuleType, payloads: list[bytes]) -> float:
+    """Seconds for STREAMS readers to read `payloads`, one per read."""
+    reader_class = module.ChunkReader
+    reads = [[p] for p in payloads]
+    started = time.perf_counter()
+    for _ in range(STREAMS):
+        reader, pieces = reader_class(True), list[str]()
+        for read in reads:
+            reader.read(read, pieces)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--a", metavar="REV", help="a git revision to measure beside this tree")
+    p.add_argument("--repeats", type=int, default=9)
+    args = p.parse_args()
+    if not 1 <= args.repeats <= 100:
+        p.error("--repeats must be 1..100")
+    modules = {"this tree": load(ROOT / "shardrun" / "_chunks.py", "chunks_b")}
+    if args.a:
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.a}:shardrun/_chunks.py"],
+                                check=True, capture_output=True).stdout  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "_chunks.py").write_bytes(source)
+            modules = {args.a: load(Path(tmp) / "_chunks.py", "chunks_a"), **modules}
+    names = list(modules)
+    print(f"ns per payload, one payload per read, median of {args.repeats}; {PAYLOADS} payloads "
+          f"per stream, {STREAMS} streams per timing\n")
+    print("| stream | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else ""))
+    print("|---|" + "---:|" * (len(names) + (len(names) == 2)))
+    for label, payloads in streams().items():
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(args.repeats):
+            for name in names:  # alternating: both see the machine at the same moments
+                times[name].append(time_once(modules[name], payloads))
+        ns = {name: statistics.median(t) / (STREAMS * len(payloads)) * 1e9
+              for name, t in times.items()}  # fmt: skip
+        cells = " | ".join(f"{ns[name]:.0f}" for name in names)
+        ratio = f" | {ns[names[1]] / ns[names[0]]:.2f}" if len(names) == 2 else ""
+        print(f"| {label} | {cells}{ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
