@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "every item that has a result or dead-letter line")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: give dead-lettered items another pass")
+    run.add_argument("--limit", type=int, metavar="N",
+                     help="run at most N items in this pass, the first N of the input not "
+                          "done yet (try a job on a few); --resume runs the rest")
     run.add_argument("--strict", action="store_true",
                      help="check the whole input first; the first bad line is an error")
     run.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
@@ -137,7 +140,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         job, runs_dir = args.job, args.runs_dir
         options = RunOptions(run_id=args.run_id, resume=args.resume,
                              retry_failed=args.retry_failed, strict=args.strict,
-                             quiet=args.quiet, progress_interval=args.progress_interval)
+                             quiet=args.quiet, progress_interval=args.progress_interval,
+                             limit=args.limit)
     flags = {
         "shards": args.shards,
         "concurrency": args.concurrency,

@@ -433,7 +433,8 @@ class Coordinator:
             shard_deaths=len(self.deaths),
             reassigned=self.reassigned,
             rejects_file=self.source.rejects_path,
-            input_read=self.source.exhausted,
+            input_read=self.source.read_to_end,
+            limit=self.source.limit if self.source.limit_reached else None,
             client_cpu_s=client_cpu_s(self.reaped_before),
         )
 

@@ -56,6 +56,7 @@ class RunOptions:
     strict: bool = False
     quiet: bool = False
     progress_interval: float = 10.0
+    limit: int | None = None  # at most this many new items in this pass (--limit)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def run(
     argv: list[str],
 ) -> RunSummary:
     """Run (or resume) a job file to the end and return the summary of this pass."""
+    if options.limit is not None and options.limit < 1:
+        raise SpecError(f"--limit {options.limit}: give the number of items to run, at least 1")
     job = load_job(job_path, env=env, flags=flags)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -142,10 +145,13 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     else:
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     spec = job.spec
-    source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done)
+    source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
+                        options.limit)
     total = estimate_total(job.input_path, spec.input.format)
-    view = ProgressView(None if total is None else max(0, total - len(this.done)),
-                        quiet=options.quiet, interval=options.progress_interval)
+    left = None if total is None else max(0, total - len(this.done))
+    if options.limit is not None:
+        left = options.limit if left is None else min(left, options.limit)
+    view = ProgressView(left, quiet=options.quiet, interval=options.progress_interval)
     coordinator = Coordinator(shard_template(job, this, endpoint), spec.shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),

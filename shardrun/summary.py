@@ -44,6 +44,7 @@ class RunSummary:
     dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     rejects_file: Path | None = None  # where this pass set aside bad input lines
     input_read: bool = True  # False: the run stopped before reading its input to the end
+    limit: int | None = None  # --limit, when it ended this pass's input early
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
     resume_command: str | None = None  # the command that finishes what this pass left undone
 
@@ -66,6 +67,7 @@ class RunSummary:
         reassigned: int = 0,
         rejects_file: Path | None = None,
         input_read: bool = True,
+        limit: int | None = None,
         client_cpu_s: float | None = None,
     ) -> RunSummary:
         """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
@@ -105,6 +107,7 @@ class RunSummary:
             dead_reasons=reasons,
             rejects_file=rejects_file,
             input_read=input_read,
+            limit=limit,
             client_cpu_s=client_cpu_s,
         )
 
@@ -158,7 +161,7 @@ class RunSummary:
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
             "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
-            "fatal_reason": self.fatal_reason, "input_read": self.input_read,
+            "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
@@ -218,6 +221,8 @@ def format_summary(s: RunSummary) -> str:
 
 
 def _items_note(s: RunSummary) -> str:
+    if s.limit is not None:
+        return f"  (--limit {s.limit:,}: the command below runs the rest of the input, if any)"
     if not s.input_read:
         return "  (read so far: the run stopped before the end of the input)"
     if s.items == 0 and s.skipped == 0:

@@ -56,10 +56,13 @@ class WorkSource:
 
     It can read a bounded stretch of the input ahead of what it hands out (`remaining`), so that
     the coordinator knows when the input is about to run out and can split what is left evenly.
+    With a `limit` it takes at most that many new items from the input and reads no line past
+    the last of them: for this pass the input ends there (`limit_reached`), and a resume runs
+    the rest.
     """
 
     def __init__(self, reader: InputReader, rejects_path: Path,
-                 done: DigestSet | None = None) -> None:
+                 done: DigestSet | None = None, limit: int | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -70,6 +73,9 @@ class WorkSource:
         self._rejects_path = rejects_path
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
         self.exhausted = False  # every input item has been handed out
+        self.limit = limit
+        self.limit_reached = False  # the limit ended the input early (there may be more)
+        self._accepted = 0  # new items read from the input
         self.taken = 0
         self.skipped = 0
         self.rejects = 0
@@ -82,6 +88,11 @@ class WorkSource:
     @property
     def empty(self) -> bool:
         return self.exhausted and not self._requeued
+
+    @property
+    def read_to_end(self) -> bool:
+        """Every item of the input has been handed out, none left unread."""
+        return self.exhausted and not self.limit_reached
 
     def remaining(self, limit: int) -> int | None:
         """How many items are left to hand out, if that is at most `limit`; else None.
@@ -117,6 +128,9 @@ class WorkSource:
         from shardrun.inputs import Reject
 
         wanted = len(into) + n
+        if self.limit is not None and self._accepted >= self.limit:
+            self._read_all = self.limit_reached = True
+            return
         for entry in self._items:
             if isinstance(entry, Reject):
                 self.reject(entry)
@@ -129,6 +143,10 @@ class WorkSource:
                 self.skipped += 1
                 continue
             into.append(entry)
+            self._accepted += 1
+            if self._accepted == self.limit:  # no line past the last item is read
+                self._read_all = self.limit_reached = True
+                return
             if len(into) >= wanted:
                 return
         self._read_all = True

@@ -6,6 +6,7 @@ import csv
 import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -287,6 +288,39 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     assert run_cli("plain.yaml", "--runs-dir", "plain", cwd=tmp_path).returncode == 0
     for result in Run.load(only_run(tmp_path / "plain")).results:
         assert "reasoning" not in result and "tool_calls" not in result
+
+
+def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
+    tmp_path: Path,
+) -> None:
+    """--limit 25 on 60 items (a bad line among the first ones): exactly the first 25 items of
+    the input are answered, the input is read no further than the 25th, the manifest records
+    the limit, and the command the summary prints answers the other 35, each once."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    lines = (tmp_path / "input.jsonl").read_bytes().splitlines(keepends=True)
+    lines.insert(3, b"not json\n")
+    (tmp_path / "input.jsonl").write_bytes(b"".join(lines))
+    write_job(tmp_path / "job.yaml")
+    first = run_cli("job.yaml", "--limit", "25", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr  # the bad line is a reject
+    path = only_run(tmp_path / "runs")
+    assert sorted(r["id"] for r in Run.load(path).results) == ids[:25]
+    record = orjson.loads((path / "manifest.json").read_bytes())
+    assert record["summary"]["limit"] == 25 and record["summary"]["input_read"] is False
+    assert record["input"]["bytes_read"] == sum(len(line) for line in lines[:26])
+    assert "items              26  (--limit 25: the command below runs the rest" in first.stdout
+    [hint] = [line for line in first.stdout.splitlines() if "to finish the run" in line]
+    command = shlex.split(hint.split("to finish the run", 1)[1])
+    rest = run_cli(*command[1:], "--quiet", cwd=tmp_path)
+    assert rest.returncode == 1, rest.stdout + rest.stderr  # a resume reads the bad line again
+    results = Run.load(path).results
+    assert sorted(r["id"] for r in results) == ids and len(results) == len(ids)
+    assert "already done       25" in rest.stdout and "to finish the run" not in rest.stdout
+    done = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["summary"]
+    assert done["limit"] is None and done["input_read"] is True
+    bad = run_cli("job.yaml", "--limit", "0", cwd=tmp_path)
+    assert (bad.returncode, bad.stderr.strip()) == (
+        2, "error: --limit 0: give the number of items to run, at least 1")
 
 
 def read_jsonl_text(text: str) -> list[dict[str, object]]:

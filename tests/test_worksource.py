@@ -9,8 +9,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardrun.digestset import DigestSet
 from shardrun.inputs import InputPlan, InputReader
-from shardrun.worksource import WorkSource, fair_share
+from shardrun.worksource import WorkSource, fair_share, id_digest
 
 FIELDS = InputPlan(id_field="id", prompt_field="prompt")
 
@@ -98,3 +99,40 @@ def test_remaining_on_an_input_read_without_it(tmp_path: Path) -> None:
     assert not ended  # the input's end has not been read yet
     assert source.take(2) == [] and ended == [True] and source.empty
     assert source.remaining(5) == 0
+
+
+def test_a_limit_takes_that_many_new_items_and_reads_no_line_past_them(tmp_path: Path) -> None:
+    """--limit 3: rejects, duplicates and items an earlier pass finished do not count; the
+    input ends for this pass right after the third item (its line is the last one read, so
+    the manifest's hash covers no line the pass did not use), and the source says so."""
+    lines = [_item("a"), b"{not json", _item("done"), _item("a"), _item("b"), _item("c"),
+             _item("d")]  # fmt: skip
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    done = DigestSet()
+    done.add(id_digest("done"))
+    reader = InputReader(path, FIELDS)
+    source = WorkSource(reader, tmp_path / "rejects.jsonl", done, limit=3)
+    ended: list[int] = []
+    source.on_input_end = lambda: ended.append(source.taken)
+    assert source.remaining(10) == 3  # read ahead: the limit is the end
+    assert [i["id"] for i in source.take(2)] == ["a", "b"]
+    assert [i["id"] for i in source.take(5)] == ["c"]
+    assert ended == [3] and source.exhausted and source.limit_reached
+    assert not source.read_to_end
+    assert (source.skipped, source.rejects) == (1, 2)
+    assert reader.lines_read == 6 and reader.bytes_read == sum(len(x) + 1 for x in lines[:6])
+    assert source.take(5) == []
+
+
+def test_a_limit_above_the_input_reads_it_to_the_end(tmp_path: Path) -> None:
+    source = WorkSource(InputReader(_write(tmp_path, [_item("a"), _item("b")]), FIELDS),
+                        tmp_path / "rejects.jsonl", limit=5)  # fmt: skip
+    assert [i["id"] for i in source.take(10)] == ["a", "b"]
+    assert source.exhausted and source.read_to_end and not source.limit_reached
+
+
+def _write(tmp_path: Path, lines: list[bytes]) -> Path:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
