@@ -10,8 +10,9 @@ git and measured in the same loop, alternating, so both see the machine at the s
 
 The streams: plain words; prose with line breaks and quotes (about a quarter of the chunks
 hold a byte JSON escapes); JSON-mode output (about half of them); a reasoning model's thinking
-followed by its answer. A payload that fits the stream's learned envelope is sliced, not parsed
-(docs/ARCHITECTURE.md, "The envelope"); the rest is parsed with orjson.
+followed by its answer; a function call whose arguments (the same JSON) stream in pieces. A
+payload that fits the stream's learned envelope is sliced, not parsed (docs/ARCHITECTURE.md,
+"The envelope"); the rest is parsed with orjson.
 
 It sends nothing anywhere. Every loop is bounded by its counts.
 """
@@ -53,11 +54,16 @@ def streams() -> dict[str, list[bytes]]:
         return [chunk({key: pool[i % len(pool)]}) for i in range(n)]
 
     thinking = words(PLAIN, "reasoning_content", PAYLOADS * 3 // 4)
+    start = chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                   "function": {"name": "save", "arguments": ""}}]})
+    call = [start, *(chunk({"tool_calls": [{"index": 0, "function": {
+        "arguments": JSON_MODE[i % len(JSON_MODE)]}}]}) for i in range(PAYLOADS - 1))]
     return {
         "plain words": words(PLAIN),
         "prose, line breaks, quotes": words(PROSE),
         "JSON mode": words(JSON_MODE),
         "thinking, then answer": thinking + words(PLAIN, n=PAYLOADS - len(thinking)),
+        "function call arguments": call,
     }
 
 

@@ -27,9 +27,11 @@ that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lesso
 
 A reasoning model's stream is mostly reasoning chunks (`"delta":{"reasoning_content":"` + value
 + ...), so the reader learns a second envelope, the thought envelope, from the first plain
-reasoning chunk (`plain_thought`) the same way, and slices those chunks into `reasoning`. One
-difference: an empty value is parsed, not sliced, because `reasoning_content or reasoning` then
-reads the other key.
+reasoning chunk (`plain_thought`) the same way, and slices those chunks into `reasoning`. A
+function call's arguments stream the same way, so a third, the arguments envelope, is learned
+from the first plain arguments chunk of a call (`plain_arguments`) and extends that call's
+arguments. An empty value in those two is parsed, not sliced: a thought's other field may hold
+the text (`reasoning_content or reasoning`), and an empty arguments piece still counts a chunk.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ _UNSAFE = b'"\\' + bytes(range(0x20))
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 _OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
+CONTENT, THOUGHT, ARGUMENTS = 0, 1, 2
+"""The envelopes a stream may teach (see "Envelope" above)."""
 
 
 class ChunkReader:
@@ -67,9 +71,10 @@ class ChunkReader:
     stream's learned envelope are not parsed at all (module docstring, "Envelope").
     """
 
-    __slots__ = ("_learns", "_prefix", "_suffix", "_tlearns", "_tprefix", "_tsuffix", "bad",
-                 "chat", "completion_tokens", "error", "finish_reason", "other_chunks",
-                 "prompt_tokens", "reasoning", "tool_calls")  # fmt: skip
+    __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_prefix", "_suffix",
+                 "_tlearns", "_tprefix", "_tsuffix", "bad", "chat", "completion_tokens", "error",
+                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
+                 "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -90,6 +95,11 @@ class ChunkReader:
         # The thought envelope: a plain reasoning chunk, the same way (its own budget).
         self._tprefix = self._tsuffix = b""
         self._tlearns = LEARN_MAX
+        # The arguments envelope: a plain arguments chunk of one call, whose `function` object
+        # (in `tool_calls`) is _acall.
+        self._aprefix = self._asuffix = b""
+        self._alearns = LEARN_MAX
+        self._acall: dict[str, str] = {}
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
@@ -133,25 +143,32 @@ class ChunkReader:
                 self.reasoning.append(thought)
                 self.other_chunks += 1
                 return MORE
+            if self._asuffix and (arguments := _slice(payload, self._aprefix, self._asuffix)):
+                self._acall["arguments"] += arguments
+                self.other_chunks += 1
+                return MORE
             return self._parse(payloads, 0, pieces)
         if self._suffix:
-            code = self._read_run(payloads, pieces, self._prefix, self._suffix, False)
+            code = self._read_run(payloads, pieces, self._prefix, self._suffix, CONTENT)
             if code is not None:
                 return code
         if self._tsuffix:
-            code = self._read_run(payloads, pieces, self._tprefix, self._tsuffix, True)
+            code = self._read_run(payloads, pieces, self._tprefix, self._tsuffix, THOUGHT)
+            if code is not None:
+                return code
+        if self._asuffix:
+            code = self._read_run(payloads, pieces, self._aprefix, self._asuffix, ARGUMENTS)
             if code is not None:
                 return code
         return self._parse(payloads, 0, pieces)
 
     def _read_run(self, payloads: list[bytes], pieces: list[str], prefix: bytes, suffix: bytes,
-                  thought: bool) -> int | None:  # fmt: skip
-        """`read` of several payloads by one envelope (the thought envelope's values go to
-        `reasoning`): None, with nothing applied, unless the payloads up to the last one that
-        fits the envelope all do; else what `read` returns.
+                  kind: int) -> int | None:  # fmt: skip
+        """`read` of several payloads by the envelope `kind`: None, with nothing applied, unless
+        the payloads up to the last one that fits the envelope all do; else what `read` returns.
 
-        Those are read unparsed; when a value needs JSON escaping or is not UTF-8 (or is an
-        empty thought), they are read one at a time (so that one is parsed), in order. The
+        Those are read unparsed; when a value needs JSON escaping or is not UTF-8 (or is empty,
+        but for a content), they are read one at a time (so that one is parsed), in order. The
         checks run as C loops (`map`): a Python loop per payload would cost as much as the
         parsing it saves. The payloads after the run are parsed.
         """
@@ -176,11 +193,14 @@ class ChunkReader:
             except UnicodeDecodeError:
                 pass
             else:
-                if not thought:
+                if kind == CONTENT:
                     pieces.extend(filter(None, texts))  # an empty content is no piece
                     return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
                 if all(texts):
-                    self.reasoning.extend(texts)
+                    if kind == THOUGHT:
+                        self.reasoning.extend(texts)
+                    else:
+                        self._acall["arguments"] += "".join(texts)
                     self.other_chunks += len(texts)
                     return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
         for payload in run:
@@ -230,15 +250,10 @@ class ChunkReader:
                         # may teach the envelope, and then the rest of the read is a run.
                         if ((self._learns or self._suffix) and not reason and not usage
                                 and not other and len(choices) == 1
-                                and self._adopt(payload, piece, False)):  # fmt: skip
+                                and self._adopt(payload, piece, CONTENT)):  # fmt: skip
                             return self.read(payloads[i + 1 :], pieces)
-                    elif (other and (self._tlearns or self._tsuffix) and not reason
-                            and not usage and len(choices) == 1
-                            and isinstance(thought := delta.get("reasoning_content")
-                                           or delta.get("reasoning"), str)
-                            and self._adopt(payload, thought, True)):  # fmt: skip
-                        # A plain reasoning chunk may teach the thought envelope (the probe
-                        # rejects one that also had a tool call or a content).
+                    elif (other and not reason and not usage and len(choices) == 1
+                            and self._learn_other(payload, delta)):  # fmt: skip
                         return self.read(payloads[i + 1 :], pieces)
                 if usage:
                     self.prompt_tokens = as_int(usage.get("prompt_tokens"))
@@ -262,23 +277,41 @@ class ChunkReader:
             self.other_chunks += 1
         return found
 
+    def _learn_other(self, payload: bytes, delta: dict[str, Any]) -> bool:
+        """A parsed chunk of reasoning or of one call's arguments may teach its envelope (the
+        probe rejects a chunk that had more to apply). True if it did."""
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if thought and isinstance(thought, str):
+            return bool(self._tlearns or self._tsuffix) and self._adopt(payload, thought, THOUGHT)
+        calls = delta.get("tool_calls")
+        if not (self._alearns or self._asuffix) or type(calls) is not list or len(calls) != 1:
+            return False
+        function = calls[0].get("function")  # a parsed call: a dict, or merging had raised
+        text = function.get("arguments") if isinstance(function, dict) else None
+        if not (text and isinstance(text, str) and self._adopt(payload, text, ARGUMENTS)):
+            return False
+        self._acall = self.tool_calls[calls[0].get("index", 0)]["function"]  # as merged
+        return True
+
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The tool calls in index order, as a chat message holds them; None if there were none."""
         return [self.tool_calls[i] for i in sorted(self.tool_calls)] if self.tool_calls else None
 
-    def _adopt(self, payload: bytes, text: str, thought: bool) -> bool:
-        """A parsed plain content (or `thought`: reasoning) chunk: learn its envelope when none
-        is known. True if learned.
+    def _adopt(self, payload: bytes, text: str, kind: int) -> bool:
+        """A parsed plain chunk of the envelope `kind`: learn the envelope when none is known.
+        True if learned.
 
         A chunk that fits the known envelope was parsed for its text (escapes): nothing to
         learn. One that does not means the envelope changed: forget it, and learn this one's
         while the stream's budget lasts (a server that varies every chunk exhausts it, and the
         stream is then parsed as before, at the cost of a few failed lessons).
         """
-        if thought:
+        if kind == CONTENT:
+            prefix, suffix, learns = self._prefix, self._suffix, self._learns
+        elif kind == THOUGHT:
             prefix, suffix, learns = self._tprefix, self._tsuffix, self._tlearns
         else:
-            prefix, suffix, learns = self._prefix, self._suffix, self._learns
+            prefix, suffix, learns = self._aprefix, self._asuffix, self._alearns
         if suffix and payload.startswith(prefix) and payload.endswith(suffix):
             return False
         found = None
@@ -286,12 +319,14 @@ class ChunkReader:
         # No budget, or a text sent escaped: wait for a plainer chunk.
         if learns and len(raw.translate(None, _UNSAFE)) == len(raw) and b"\n" not in payload:
             learns -= 1
-            found = _envelope(payload, raw, plain_thought if thought else plain_piece, self.chat)
+            found = _envelope(payload, raw, _PLAIN[kind], self.chat)
         prefix, suffix = found or (b"", b"")
-        if thought:
+        if kind == CONTENT:
+            self._prefix, self._suffix, self._learns = prefix, suffix, learns
+        elif kind == THOUGHT:
             self._tprefix, self._tsuffix, self._tlearns = prefix, suffix, learns
         else:
-            self._prefix, self._suffix, self._learns = prefix, suffix, learns
+            self._aprefix, self._asuffix, self._alearns = prefix, suffix, learns
         return found is not None
 
 
@@ -438,6 +473,27 @@ def plain_thought(obj: object, chat: bool) -> str | None:
     return text if text and isinstance(text, str) else None
 
 
+def plain_arguments(obj: object, chat: bool) -> str | None:
+    """The arguments text of a chat chunk whose only effect on a `ChunkReader` is to append it
+    to one call's arguments (and count one other chunk), else None."""
+    first = _lone_choice(obj) if chat else None
+    delta = None if first is None else first.get("delta")
+    if (not isinstance(delta, dict) or delta.get("content") or delta.get("reasoning_content")
+            or delta.get("reasoning")):  # fmt: skip
+        return None
+    calls = delta.get("tool_calls")
+    if type(calls) is not list or len(calls) != 1 or not isinstance(calls[0], dict):
+        return None
+    call = calls[0]
+    function = call.get("function")
+    if call.get("id") or call.get("type") or not isinstance(function, dict):
+        return None
+    text = function.get("arguments")
+    if function.get("name") or not (text and isinstance(text, str)):
+        return None
+    return text
+
+
 def _lone_choice(obj: object) -> dict[str, Any] | None:
     """The one choice of a chunk with no error, no usage and no finish_reason, else None."""
     if not isinstance(obj, dict) or obj.get("error") is not None or obj.get("usage"):
@@ -494,3 +550,8 @@ def is_rate_header(name: str) -> bool:
 
 
 RATE_PREFIX = "x-ratelimit-"
+
+
+_PLAIN: tuple[Callable[[object, bool], str | None], ...] = (plain_piece, plain_thought,
+                                                            plain_arguments)  # fmt: skip
+"""By envelope kind: the text a parsed chunk applies when that is all it does (the probe)."""

@@ -22,6 +22,7 @@ from shardrun._chunks import (
     error_message,
     is_rate_header,
     merge_tool_calls,
+    plain_arguments,
     plain_thought,
     read_whole,
     stream_error,
@@ -379,6 +380,16 @@ def thinking(text: str, field: str, shape: str, *, chat: bool = True, cid: str =
     return obj
 
 
+def arguments(text: str, index: int = 0, *, chat: bool = True,
+              cid: str = "chatcmpl-7") -> dict[str, Any]:
+    """A chunk with the next piece of one call's arguments, as servers stream a tool call."""
+    obj = chunk(None, chat=chat, cid=cid,
+                delta={"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+    if chat:
+        del obj["choices"][0]["delta"]["content"]
+    return obj
+
+
 class CountingLoads:
     """Stands in for the orjson module inside `shardrun._chunks`, counting `loads` calls."""
 
@@ -530,28 +541,37 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
         st.sampled_from(["a", " b", "", "~", cid, "\n", '"', "\\", "é", "🙂", "\u2028", "\x7f"]),
         st.text(max_size=6),
     )
-    # How this stream's model sends its thinking (see `thinking`).
+    # How this stream's model sends its thinking (see `thinking`), and which call it makes.
     field = draw(st.sampled_from(["reasoning_content", "reasoning"]))
     shape = draw(st.sampled_from(["null_content", "no_content", "both_fields"]))
+    index = draw(st.integers(0, 1))
     payloads: list[bytes] = []
     for _ in range(draw(st.integers(1, 14))):
-        kind = draw(st.sampled_from(["plain"] * 6 + ["thinking"] * 4 + [
+        kind = draw(st.sampled_from(["plain"] * 6 + ["thinking"] * 4 + ["arguments"] * 4 + [
             "finish", "usage", "other", "mutated", "done", "error", "created", "reasoning",
-            "tool_call", "mutated_thinking"]))  # fmt: skip
+            "tool_call", "mutated_thinking", "mutated_arguments", "call_start"]))  # fmt: skip
         if kind == "plain":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
         elif kind == "thinking":
             payloads.append(dump(thinking(draw(text), field, shape, chat=chat, cid=cid)))
-        elif kind == "mutated_thinking":
-            base = dump(thinking(draw(text), field, shape, chat=chat, cid=cid))
+        elif kind == "arguments":
+            payloads.append(dump(arguments(draw(text), index, chat=chat, cid=cid)))
+        elif kind == "call_start":
+            payloads.append(dump(chunk(None, chat=chat, cid=cid, delta={"tool_calls": [
+                {"index": index, "id": "call_x", "type": "function",
+                 "function": {"name": "f", "arguments": draw(text)}}]})))  # fmt: skip
+        elif kind in ("mutated_thinking", "mutated_arguments"):
+            base = dump(thinking(draw(text), field, shape, chat=chat, cid=cid)
+                        if kind == "mutated_thinking" else
+                        arguments(draw(text), index, chat=chat, cid=cid))  # fmt: skip
             at = draw(st.integers(0, len(base)))
             cut = draw(st.integers(0, 3))
             payloads.append(base[:at] + draw(st.sampled_from(INTERESTING)) + base[at + cut :])
         elif kind == "reasoning":  # reasoning alone, or beside a content
-            field = draw(st.sampled_from(["reasoning_content", "reasoning"]))
+            name = draw(st.sampled_from(["reasoning_content", "reasoning"]))
             both = draw(st.booleans())
             payloads.append(dump(chunk(draw(text) if both else None, chat=chat, cid=cid,
-                                       delta={field: draw(text)})))  # fmt: skip
+                                       delta={name: draw(text)})))  # fmt: skip
         elif kind == "tool_call":
             call = {"index": draw(st.integers(0, 1)), "function": {"arguments": draw(text)}}
             payloads.append(dump(chunk(None, chat=chat, cid=cid,
@@ -678,6 +698,54 @@ def test_plain_thought_is_a_chunk_whose_only_effect_is_its_reasoning(
 ) -> None:
     assert plain_thought(obj, True) == thought
     assert plain_thought(obj, False) is None  # completions have no reasoning
+
+
+def test_a_learned_arguments_envelope_reads_a_call_without_parsing(loads: CountingLoads) -> None:
+    """A function call streamed as JSON text in pieces (half of them with quotes): after the
+    call's first plain arguments chunk (parsed, plus one probe), its pieces are sliced, or read
+    from their string when escaped, into that call's arguments, each counted as a chunk; a
+    second call has other bytes, is parsed, and teaches the envelope again."""
+    pieces = ['{"', "city", '":"', "Oslo", '","', "days", '":', "3", "}"]
+    start = orjson.dumps(chunk(None, delta={"tool_calls": [
+        {"index": 0, "id": "call_a", "type": "function",
+         "function": {"name": "weather", "arguments": ""}}]}))  # fmt: skip
+    first = [orjson.dumps(arguments(w)) for w in pieces]
+    second = [orjson.dumps(arguments(w, 1)) for w in ["{", "}"]]
+    reads = [[ROLE.encode()], [start], first[:1], first[1:2], first[2:5], *[[p] for p in first[5:]],
+             second[:1], second[1:], [orjson.dumps(chunk(None, finish="tool_calls")), b"[DONE]"]]
+    assert by_reader(reads, True) == reference(reads, True)
+    _, _, state = by_reader(reads, True)
+    assert state[6][0]["function"] == {"name": "weather", "arguments": "".join(pieces)}
+    assert state[6][1]["function"]["arguments"] == "{}" and state[7] == 1 + 9 + 2
+    loads.calls = 0
+    loads.seen.clear()
+    by_reader(reads, True)
+    whole = {first[0], *first[2:], *second}
+    parsed = [x for x in loads.seen if isinstance(x, bytes) and x in whole]
+    # Parsed whole, besides "city" (which teaches the envelope): call 0's first piece, whose
+    # quote makes it no lesson, and call 1's first, whose other bytes teach it again.
+    assert parsed == [first[0], second[0]]
+
+
+@pytest.mark.parametrize(("obj", "text"), [
+    (arguments("{}"), "{}"),
+    (arguments("{}", 1), "{}"),
+    (arguments(""), None),
+    (chunk(None, delta={"tool_calls": [{"index": 0, "id": "c", "function": {"arguments": "x"}}]}),
+     None),  # an id is set too
+    (chunk(None, delta={"tool_calls": [{"index": 0, "function": {"name": "f",
+                                                               "arguments": "x"}}]}), None),
+    (chunk(None, delta={"tool_calls": [{"function": {"arguments": "x"}}] * 2}), None),
+    (chunk("c", delta={"tool_calls": [{"function": {"arguments": "x"}}]}), None),
+    (chunk(None, delta={"reasoning": "r", "tool_calls": [{"function": {"arguments": "x"}}]}),
+     None),
+    (chunk(None, delta={"tool_calls": [{"function": {"arguments": {"a": 1}}}]}), None),
+])  # fmt: skip
+def test_plain_arguments_is_a_chunk_whose_only_effect_is_one_calls_arguments(
+    obj: dict[str, Any], text: str | None
+) -> None:
+    assert plain_arguments(obj, True) == text
+    assert plain_arguments(obj, False) is None
 
 
 def test_tool_calls_are_merged_by_index_across_chunks_and_reads() -> None:
