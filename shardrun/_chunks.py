@@ -61,6 +61,9 @@ _OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
 CONTENT, THOUGHT, ARGUMENTS = 0, 1, 2
 """The envelopes a stream may teach (see "Envelope" above)."""
+_ENVELOPE_SLOTS = (("_prefix", "_suffix", "_learns"), ("_tprefix", "_tsuffix", "_tlearns"),
+                   ("_aprefix", "_asuffix", "_alearns"))  # fmt: skip
+"""By envelope kind: the `ChunkReader` slots of its prefix, suffix and lessons left."""
 
 
 class ChunkReader:
@@ -187,6 +190,7 @@ class ChunkReader:
         if b"".join(run) != b"".join((prefix, (suffix + prefix).join(values), suffix)):
             return None
         raw = b"".join(values)
+        sliced = False
         if len(raw.translate(None, _UNSAFE)) == len(raw):
             try:
                 texts = list(map(bytes.decode, values))  # strict UTF-8, as orjson reads
@@ -195,17 +199,18 @@ class ChunkReader:
             else:
                 if kind == CONTENT:
                     pieces.extend(filter(None, texts))  # an empty content is no piece
-                    return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
-                if all(texts):
+                    sliced = True
+                elif all(texts):
                     if kind == THOUGHT:
                         self.reasoning.extend(texts)
                     else:
                         self._acall["arguments"] += "".join(texts)
                     self.other_chunks += len(texts)
-                    return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
-        for payload in run:
-            if (code := self.read([payload], pieces)) != MORE:
-                return code
+                    sliced = True
+        if not sliced:
+            for payload in run:
+                if (code := self.read([payload], pieces)) != MORE:
+                    return code
         return MORE if end == len(payloads) else self._parse(payloads, end, pieces)
 
     def _parse(self, payloads: list[bytes], start: int, pieces: list[str]) -> int:
@@ -306,12 +311,8 @@ class ChunkReader:
         while the stream's budget lasts (a server that varies every chunk exhausts it, and the
         stream is then parsed as before, at the cost of a few failed lessons).
         """
-        if kind == CONTENT:
-            prefix, suffix, learns = self._prefix, self._suffix, self._learns
-        elif kind == THOUGHT:
-            prefix, suffix, learns = self._tprefix, self._tsuffix, self._tlearns
-        else:
-            prefix, suffix, learns = self._aprefix, self._asuffix, self._alearns
+        slots = _ENVELOPE_SLOTS[kind]
+        prefix, suffix, learns = (getattr(self, name) for name in slots)
         if suffix and payload.startswith(prefix) and payload.endswith(suffix):
             return False
         found = None
@@ -321,12 +322,8 @@ class ChunkReader:
             learns -= 1
             found = _envelope(payload, raw, _PLAIN[kind], self.chat)
         prefix, suffix = found or (b"", b"")
-        if kind == CONTENT:
-            self._prefix, self._suffix, self._learns = prefix, suffix, learns
-        elif kind == THOUGHT:
-            self._tprefix, self._tsuffix, self._tlearns = prefix, suffix, learns
-        else:
-            self._aprefix, self._asuffix, self._alearns = prefix, suffix, learns
+        for name, value in zip(slots, (prefix, suffix, learns), strict=True):
+            setattr(self, name, value)
         return found is not None
 
 

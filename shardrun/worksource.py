@@ -128,9 +128,6 @@ class WorkSource:
         from shardrun.inputs import Reject
 
         wanted = len(into) + n
-        if self.limit is not None and self._accepted >= self.limit:
-            self._read_all = self.limit_reached = True
-            return
         for entry in self._items:
             if isinstance(entry, Reject):
                 self.reject(entry)

@@ -654,6 +654,20 @@ def test_a_learned_thought_envelope_reads_reasoning_without_parsing(
     assert loads.calls == 1 + 2 + 2 + 2
 
 
+def test_each_envelope_has_its_own_budget(loads: CountingLoads) -> None:
+    """Reasoning padded differently per chunk spends every lesson of the thought envelope;
+    the answer that follows still learns its own envelope and is sliced."""
+    thoughts = [orjson.dumps(chunk(None, delta={"reasoning_content": f" t{i}"},
+                                   extra={"obfuscation": "x" * i})) for i in range(8)]
+    answer = [orjson.dumps(chunk(f" w{i}")) for i in range(8)]
+    reads = [[p] for p in thoughts + answer]
+    assert by_reader(reads, True) == reference(reads, True)
+    loads.calls = 0
+    by_reader(reads, True)
+    # every thought parsed, plus LEARN_MAX failed probes; the first answer word and its probe
+    assert loads.calls == len(thoughts) + LEARN_MAX + 2
+
+
 def test_an_empty_thought_that_fits_the_envelope_is_parsed() -> None:
     """Learned from a chunk whose `reasoning` field holds a constant beside the text in
     `reasoning_content`, the envelope fits a chunk with an empty text too, but that chunk's
