@@ -10,7 +10,8 @@ git and measured in the same loop, alternating, so both see the machine at the s
 
 The streams: plain words; prose with line breaks and quotes (about a quarter of the chunks
 hold a byte JSON escapes); JSON-mode output (about half of them); a reasoning model's thinking
-followed by its answer; a function call whose arguments (the same JSON) stream in pieces. A
+followed by its answer; a function call whose arguments (the same JSON) stream in pieces, in a
+stream of the usual length and in one of LONG_CALL pieces (some 100 KB of arguments). A
 payload that fits the stream's learned envelope is sliced, not parsed (docs/ARCHITECTURE.md,
 "The envelope"); the rest is parsed with orjson.
 
@@ -35,6 +36,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOADS = 400  # per stream
 STREAMS = 100  # per timing
+LONG_CALL = 40_000  # argument pieces of the long call
 
 PLAIN = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
 PROSE = [" It", " said", ' "', "hello", '"', ".", "\n", " The", " end", " came", ".", "\n\n",
@@ -56,14 +58,17 @@ def streams() -> dict[str, list[bytes]]:
     thinking = words(PLAIN, "reasoning_content", PAYLOADS * 3 // 4)
     start = chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                    "function": {"name": "save", "arguments": ""}}]})
-    call = [start, *(chunk({"tool_calls": [{"index": 0, "function": {
-        "arguments": JSON_MODE[i % len(JSON_MODE)]}}]}) for i in range(PAYLOADS - 1))]
+    pieces = [chunk({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+              for text in JSON_MODE]  # fmt: skip
+    call = [start, *(pieces[i % len(pieces)] for i in range(PAYLOADS - 1))]
+    long_call = [start, *(pieces[i % len(pieces)] for i in range(LONG_CALL))]
     return {
         "plain words": words(PLAIN),
         "prose, line breaks, quotes": words(PROSE),
         "JSON mode": words(JSON_MODE),
         "thinking, then answer": thinking + words(PLAIN, n=PAYLOADS - len(thinking)),
         "function call arguments": call,
+        f"one call of {LONG_CALL:,} argument pieces": long_call,
     }
 
 
@@ -75,12 +80,17 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
+def streams_per_timing(payloads: list[bytes]) -> int:
+    """STREAMS for a stream of the usual length; fewer, as many payloads in all, for a longer."""
+    return max(1, STREAMS * PAYLOADS // len(payloads))
+
+
 def time_once(module: ModuleType, payloads: list[bytes]) -> float:
-    """Seconds for STREAMS readers to read `payloads`, one per read."""
+    """Seconds for `streams_per_timing` readers to read `payloads`, one per read."""
     reader_class = module.ChunkReader
     reads = [[p] for p in payloads]
     started = time.perf_counter()
-    for _ in range(STREAMS):
+    for _ in range(streams_per_timing(payloads)):
         reader, pieces = reader_class(True), list[str]()
         for read in reads:
             reader.read(read, pieces)
@@ -103,7 +113,7 @@ def main() -> int:
             modules = {args.a: load(Path(tmp) / "_chunks.py", "chunks_a"), **modules}
     names = list(modules)
     print(f"ns per payload, one payload per read, median of {args.repeats}; {PAYLOADS} payloads "
-          f"per stream, {STREAMS} streams per timing\n")
+          f"per stream, {STREAMS} streams per timing (the long call: one)\n")
     print("| stream | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else ""))
     print("|---|" + "---:|" * (len(names) + (len(names) == 2)))
     for label, payloads in streams().items():
@@ -111,7 +121,8 @@ def main() -> int:
         for _ in range(args.repeats):
             for name in names:  # alternating: both see the machine at the same moments
                 times[name].append(time_once(modules[name], payloads))
-        ns = {name: statistics.median(t) / (STREAMS * len(payloads)) * 1e9
+        count = streams_per_timing(payloads) * len(payloads)
+        ns = {name: statistics.median(t) / count * 1e9
               for name, t in times.items()}  # fmt: skip
         cells = " | ".join(f"{ns[name]:.0f}" for name in names)
         ratio = f" | {ns[names[1]] / ns[names[0]]:.2f}" if len(names) == 2 else ""

@@ -295,7 +295,7 @@ class Attempt:
             out.content_chunks = 1
             out.first_token_at = out.last_token_at = now
             chars = len(text) + sum(map(len, reader.reasoning)) + sum(
-                len(c["function"]["arguments"]) for c in reader.tool_calls.values())
+                len(piece) for c in reader.tool_calls.values() for piece in c.arguments)
             self.whole_estimate = tokens_of_chars(chars)
         self.done = True
         return True

@@ -89,7 +89,7 @@ class ChunkReader:
         # Generated text that is not the answer's content (chat only, see `read`): reasoning
         # pieces, tool calls by index, and how many chunks carried either.
         self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.tool_calls: dict[int, ToolCallParts] = {}
         self.other_chunks = 0
         # The envelope: a plain content chunk is _prefix + the content's raw bytes + _suffix.
         # An empty _suffix means none is known (a learned suffix holds at least the closing ").
@@ -98,11 +98,11 @@ class ChunkReader:
         # The thought envelope: a plain reasoning chunk, the same way (its own budget).
         self._tprefix = self._tsuffix = b""
         self._tlearns = LEARN_MAX
-        # The arguments envelope: a plain arguments chunk of one call, whose `function` object
-        # (in `tool_calls`) is _acall.
+        # The arguments envelope: a plain arguments chunk of one call, whose argument pieces
+        # (in `tool_calls`) are _acall.
         self._aprefix = self._asuffix = b""
         self._alearns = LEARN_MAX
-        self._acall: dict[str, str] = {}
+        self._acall: list[str] = []
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
@@ -147,7 +147,7 @@ class ChunkReader:
                 self.other_chunks += 1
                 return MORE
             if self._asuffix and (arguments := _slice(payload, self._aprefix, self._asuffix)):
-                self._acall["arguments"] += arguments
+                self._acall.append(arguments)
                 self.other_chunks += 1
                 return MORE
             return self._parse(payloads, 0, pieces)
@@ -204,7 +204,7 @@ class ChunkReader:
                     if kind == THOUGHT:
                         self.reasoning.extend(texts)
                     else:
-                        self._acall["arguments"] += "".join(texts)
+                        self._acall.extend(texts)
                     self.other_chunks += len(texts)
                     sliced = True
         if not sliced:
@@ -295,12 +295,13 @@ class ChunkReader:
         text = function.get("arguments") if isinstance(function, dict) else None
         if not (text and isinstance(text, str) and self._adopt(payload, text, ARGUMENTS)):
             return False
-        self._acall = self.tool_calls[calls[0].get("index", 0)]["function"]  # as merged
+        self._acall = self.tool_calls[calls[0].get("index", 0)].arguments  # as merged
         return True
 
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The tool calls in index order, as a chat message holds them; None if there were none."""
-        return [self.tool_calls[i] for i in sorted(self.tool_calls)] if self.tool_calls else None
+        calls = self.tool_calls
+        return [calls[i].as_message() for i in sorted(calls)] if calls else None
 
     def _adopt(self, payload: bytes, text: str, kind: int) -> bool:
         """A parsed plain chunk of the envelope `kind`: learn the envelope when none is known.
@@ -376,29 +377,53 @@ def _envelope(payload: bytes, raw: bytes, plain: Callable[[object, bool], str | 
     return prefix, suffix
 
 
-def merge_tool_calls(calls: dict[int, dict[str, Any]], deltas: object) -> None:
+class ToolCallParts:
+    """One tool call of a stream as it arrives: its `id` and `type`, and its function's `name`
+    and `arguments` as the pieces sent. They are joined once, by `as_message`: appending to a
+    string copies all of it, which for an argument text of many pieces is quadratic."""
+
+    __slots__ = ("arguments", "id", "name", "type")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.type = "function"
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def as_message(self) -> dict[str, Any]:
+        """The call as a chat message holds it."""
+        return {"id": self.id, "type": self.type,
+                "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)}}
+
+
+def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
     """Merge one chunk's `tool_calls` deltas into `calls`, the calls so far by index.
 
     A stream sends each call in pieces: its first delta has the `id`, `type` and function
     `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
-    of the function are appended (a server may split a name too); `id` and `type` are set.
-    A delta not shaped so raises one of `PARSE_ERRORS` (the stream is then malformed).
+    of the function are appended (a server may split a name too; arguments sent as an object
+    are appended as its JSON text); `id` and `type` are set. A delta not shaped so raises one
+    of `PARSE_ERRORS` (the stream is then malformed).
     """
     for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
         index = delta.get("index", 0)
         call = calls.get(index)
         if call is None:
-            call = calls[index] = {"id": None, "type": "function",
-                                   "function": {"name": "", "arguments": ""}}  # fmt: skip
+            call = calls[index] = ToolCallParts()
         if ident := delta.get("id"):
-            call["id"] = str(ident)
+            call.id = str(ident)
         if kind := delta.get("type"):
-            call["type"] = str(kind)
+            call.type = str(kind)
         if function := delta.get("function"):
-            into = call["function"]
-            for key in ("name", "arguments"):
-                if text := function.get(key):
-                    into[key] += text if isinstance(text, str) else orjson.dumps(text).decode()
+            if name := function.get("name"):
+                call.name.append(_text(name))
+            if text := function.get("arguments"):
+                call.arguments.append(_text(text))
+
+
+def _text(value: object) -> str:
+    """A tool call's string as it was sent, or the JSON text of a value that is not one."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def read_whole(body: bytes, reader: ChunkReader) -> str | None:

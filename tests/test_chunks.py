@@ -17,6 +17,7 @@ from shardrun._chunks import (
     MSG_MAX,
     PARSE_ERRORS,
     ChunkReader,
+    ToolCallParts,
     as_int,
     clip,
     error_message,
@@ -314,7 +315,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                             if thought and isinstance(thought, str):
                                 reasoning.append(thought)
                             if delta.get("tool_calls"):
-                                merge_tool_calls(calls, delta["tool_calls"])
+                                merge_calls_by_hand(calls, delta["tool_calls"])
                             if (thought and isinstance(thought, str)) or delta.get("tool_calls"):
                                 others += 1
                     else:
@@ -333,7 +334,24 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
         codes.append(code)
         if code != MORE:
             break
-    return codes, pieces, (finish, prompt, completion, error, bad, reasoning, calls, others)
+    call_list = [calls[i] for i in sorted(calls)] if calls else None
+    return codes, pieces, (finish, prompt, completion, error, bad, reasoning, call_list, others)
+
+
+def merge_calls_by_hand(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
+    """`merge_tool_calls` as documented, on plain dicts, for `reference`."""
+    for delta in deltas:
+        call = calls.setdefault(delta.get("index", 0), {
+            "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        if delta.get("id"):
+            call["id"] = str(delta["id"])
+        if delta.get("type"):
+            call["type"] = str(delta["type"])
+        if function := delta.get("function"):
+            for key in ("name", "arguments"):
+                if text := function.get(key):
+                    call["function"][key] += (text if isinstance(text, str)
+                                              else orjson.dumps(text).decode())
 
 
 def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
@@ -345,7 +363,7 @@ def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
         if codes[-1] != MORE:
             break
     state = (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens, reader.error)
-    return codes, pieces, (*state, reader.bad, reader.reasoning, reader.tool_calls,
+    return codes, pieces, (*state, reader.bad, reader.reasoning, reader.tool_call_list(),
                            reader.other_chunks)  # fmt: skip
 
 
@@ -624,7 +642,7 @@ def test_reasoning_then_content_as_reasoning_models_stream_it() -> None:
     assert by_reader(reads, True) == reference(reads, True)
     _, pieces, state = by_reader(reads, True)
     assert pieces == ["The", " answer", " is", " answer"]
-    assert state[5:] == (["Let", " me", " (check)"], {}, 3)
+    assert state[5:] == (["Let", " me", " (check)"], None, 3)
     # A chunk with both is never an envelope to slice by: sliced, its reasoning would be lost.
     both = orjson.dumps(chunk(" x", delta={"reasoning_content": " y"}))
     reads = [[both], [both], [both, both]]
@@ -647,7 +665,7 @@ def test_a_learned_thought_envelope_reads_reasoning_without_parsing(
     assert by_reader(reads, True) == reference(reads, True)
     _, pieces, state = by_reader(reads, True)
     assert pieces == [" Yes", ",", " it", " is"]
-    assert state[5:] == (words, {}, len(words))
+    assert state[5:] == (words, None, len(words))
     loads.calls = 0
     by_reader(reads, True)
     # role; first thought + probe; first answer word + probe; then the finish and usage chunks
@@ -797,11 +815,13 @@ def test_a_malformed_tool_call_delta_is_bad() -> None:
 
 def test_merge_tool_calls_takes_names_in_pieces_and_arguments_as_objects() -> None:
     """Some servers split a name too, or send arguments as an object instead of JSON text."""
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, ToolCallParts] = {}
     merge_tool_calls(calls, [{"function": {"name": "get_"}}])
     merge_tool_calls(calls, [{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}])
-    assert calls == {0: {"id": None, "type": "function",
-                         "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}}
+    assert list(calls) == [0]
+    assert calls[0].as_message() == {
+        "id": None, "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
 
 
 def test_read_whole_with_reasoning_and_tool_calls() -> None:

@@ -292,6 +292,19 @@ def test_a_whole_answer_without_usage_estimates_tokens_from_characters() -> None
     assert out.content_chunks == 1
 
 
+def test_a_whole_answer_of_a_thought_and_a_call_estimates_from_both() -> None:
+    """A whole chat answer with no content and no usage: the estimate counts the reasoning's
+    characters and the call's arguments (12 + 20 = 32, so 8 tokens; 3 without the call)."""
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "save", "arguments": '{"note":"' + "n" * 9 + '"}'}}
+    body = orjson.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "content": None, "reasoning_content": "r" * 12, "tool_calls": [call]}}]})
+    out = run(one(whole_answer(body)))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "", "tool_calls")
+    assert (out.reasoning, out.tool_calls) == ("r" * 12, [call])
+    assert (out.completion_tokens, out.usage_estimated) == (8, True)
+
+
 def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """A body with no events is kept only up to the cap: past it, it is no answer."""
     body = orjson.dumps({"choices": [{"index": 0, "text": "x" * 2000, "finish_reason": "stop"}]})
