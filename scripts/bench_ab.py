@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_ab.py --a e9bc4e5               # e9bc4e5 against this tree
     .venv/bin/python scripts/bench_ab.py --a REV1 --b REV2 --repeats 8 --point 4x32
     .venv/bin/python scripts/bench_ab.py --a 43d457b --reasoning-tokens 256   # a thinking model
+    .venv/bin/python scripts/bench_ab.py --a 43d457b --text prose --sim-from b  # escaped words
 
 Why: on a shared VM the machine's speed drifts by ±15 % between runs taken seconds apart, so
 two copies measured in turn (`bench_throughput.py --compare`) cannot tell a 3 % change. Run at
@@ -90,6 +91,12 @@ def main() -> int:
     p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
                    help="the simulators think N tokens before each answer (max_tokens grows "
                         "by N); the reference must have the simulator's --reasoning-tokens")
+    p.add_argument("--text", choices=("words", "prose"), default="words",
+                   help="the simulators' words: plain, or prose whose every fourth word JSON "
+                        "escapes (a line break, quotes); needs a simulator with --text")
+    p.add_argument("--sim-from", choices=("a", "b"), default="a",
+                   help="the copy the simulators run from (default a, the reference; b when "
+                        "the reference's simulator lacks a flag asked for)")
     args = p.parse_args()
     (shards, cap), = bt.parse_points(args.point)
     if not 1 <= args.repeats <= 30 or not 0 < args.duration <= 120:
@@ -97,15 +104,16 @@ def main() -> int:
     if not 0 <= args.reasoning_tokens <= 4096:
         p.error("--reasoning-tokens must be 0..4096")
     sim_args = argparse.Namespace(ttft_ms=200.0, itl_ms=0.0, tokens="uniform:16:96",
-                                  flush_ms=20.0, reasoning_tokens=args.reasoning_tokens)
+                                  flush_ms=20.0, reasoning_tokens=args.reasoning_tokens,
+                                  text=args.text)  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="shardrun-ab-"))
     sims: list[bt.Sim] = []
     try:
         what = {side: bt.snapshot(work, rev, side) for side, rev in (("a", args.a),
                                                                      ("b", args.b))}
         srcs = (work / "a", work / "b")
-        bt.SRC = srcs[0]  # the simulators run from the reference's copy
-        bt.ENV["PYTHONPATH"] = str(srcs[0])
+        bt.SRC = srcs["ab".index(args.sim_from)]  # the simulators' copy
+        bt.ENV["PYTHONPATH"] = str(bt.SRC)
         n = round(shards * cap / 0.2 * args.duration)
         input_path = work / "input.jsonl"
         bt.write_input(input_path, n)
@@ -127,7 +135,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     ratios = [b["cpu_s"] / a["cpu_s"] for a, b in rows]
     thinking = (f", {args.reasoning_tokens} reasoning tokens per answer"
-                if args.reasoning_tokens else "")
+                if args.reasoning_tokens else "") + (", prose" if args.text == "prose" else "")
     print(f"\na: {what['a']}\nb: {what['b']}\n{shards} × {cap}, {n:,} items per run{thinking}, "
           f"{args.repeats} repeats side by side\n")
     print("| repeat | a client CPU s | b client CPU s | b / a | a wall s | b wall s |")

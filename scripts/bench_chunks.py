@@ -2,9 +2,11 @@
 
     .venv/bin/python scripts/bench_chunks.py                  # this tree alone
     .venv/bin/python scripts/bench_chunks.py --a 43d457b      # and a git revision beside it
+    .venv/bin/python scripts/bench_chunks.py --a HEAD --per-read 50   # reads of 50 payloads
 
 A script, not a test. It feeds synthetic streams, chunks shaped as vLLM and the simulator send
-them, one payload per read, to `ChunkReader.read` and reports nanoseconds per payload, the
+them, one payload per read (or `--per-read N`, as a server that sends many tokens per write
+is read), to `ChunkReader.read` and reports nanoseconds per payload, the
 median of the repeats. With `--a REV`, `shardrun/_chunks.py` of that revision is loaded from
 git and measured in the same loop, alternating, so both see the machine at the same moments.
 
@@ -85,10 +87,10 @@ def streams_per_timing(payloads: list[bytes]) -> int:
     return max(1, STREAMS * PAYLOADS // len(payloads))
 
 
-def time_once(module: ModuleType, payloads: list[bytes]) -> float:
-    """Seconds for `streams_per_timing` readers to read `payloads`, one per read."""
+def time_once(module: ModuleType, payloads: list[bytes], per_read: int = 1) -> float:
+    """Seconds for `streams_per_timing` readers to read `payloads`, `per_read` per read."""
     reader_class = module.ChunkReader
-    reads = [[p] for p in payloads]
+    reads = [payloads[i : i + per_read] for i in range(0, len(payloads), per_read)]
     started = time.perf_counter()
     for _ in range(streams_per_timing(payloads)):
         reader, pieces = reader_class(True), list[str]()
@@ -101,9 +103,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--a", metavar="REV", help="a git revision to measure beside this tree")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--per-read", type=int, default=1, metavar="N",
+                   help="payloads per read (default 1)")
     args = p.parse_args()
-    if not 1 <= args.repeats <= 100:
-        p.error("--repeats must be 1..100")
+    if not 1 <= args.repeats <= 100 or not 1 <= args.per_read <= 1000:
+        p.error("--repeats must be 1..100 and --per-read 1..1000")
     modules = {"this tree": load(ROOT / "shardrun" / "_chunks.py", "chunks_b")}
     if args.a:
         source = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.a}:shardrun/_chunks.py"],
@@ -112,15 +116,15 @@ def main() -> int:
             (Path(tmp) / "_chunks.py").write_bytes(source)
             modules = {args.a: load(Path(tmp) / "_chunks.py", "chunks_a"), **modules}
     names = list(modules)
-    print(f"ns per payload, one payload per read, median of {args.repeats}; {PAYLOADS} payloads "
-          f"per stream, {STREAMS} streams per timing (the long call: one)\n")
+    print(f"ns per payload, {args.per_read} per read, median of {args.repeats}; {PAYLOADS} "
+          f"payloads per stream, {STREAMS} streams per timing (the long call: one)\n")
     print("| stream | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else ""))
     print("|---|" + "---:|" * (len(names) + (len(names) == 2)))
     for label, payloads in streams().items():
         times: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.repeats):
             for name in names:  # alternating: both see the machine at the same moments
-                times[name].append(time_once(modules[name], payloads))
+                times[name].append(time_once(modules[name], payloads, args.per_read))
         count = streams_per_timing(payloads) * len(payloads)
         ns = {name: statistics.median(t) / count * 1e9
               for name, t in times.items()}  # fmt: skip

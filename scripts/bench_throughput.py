@@ -134,6 +134,8 @@ class Sim:
                 "--flush-ms", str(args.flush_ms), "--exit-on-stdin-eof"]  # fmt: skip
         if reasoning := getattr(args, "reasoning_tokens", 0):  # a reasoning model (bench_ab)
             argv += ["--reasoning-tokens", str(reasoning)]
+        if (text := getattr(args, "text", "words")) != "words":  # escaped words (bench_ab)
+            argv += ["--text", text]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, cwd=SRC, env=ENV)  # fmt: skip
         self.ps = psutil.Process(self.proc.pid)

@@ -20,10 +20,11 @@ control bytes, are read by slicing: JSON tokenizes such a payload exactly as the
 its only effect is the value as a piece. A probe (the content with `PROBE_MARK` appended, parsed
 once) proves the bytes found are the content and not an equal value elsewhere. A value with
 escapes (a line break, a quote) is read by parsing only the string it is, when it is exactly one
-JSON string (`_escaped`). Anything else is parsed, in order, so the result is always what
-parsing every payload would give. An envelope
-that changes per chunk (OpenAI's `obfuscation` padding) costs a few failed lessons per stream
-(`LEARN_MAX`), then the stream is parsed as before.
+JSON string (`_escaped`), and those of a read of many payloads all in one parse, as one JSON
+array of strings (`_escaped_run`). Anything else is parsed, in order, so the result is always
+what parsing every payload would give. An envelope that changes per chunk (OpenAI's
+`obfuscation` padding) costs a few failed lessons per stream (`LEARN_MAX`), then the stream is
+parsed as before.
 
 A reasoning model's stream is mostly reasoning chunks (`"delta":{"reasoning_content":"` + value
 + ...), so the reader learns a second envelope, the thought envelope, from the first plain
@@ -170,10 +171,11 @@ class ChunkReader:
         """`read` of several payloads by the envelope `kind`: None, with nothing applied, unless
         the payloads up to the last one that fits the envelope all do; else what `read` returns.
 
-        Those are read unparsed; when a value needs JSON escaping or is not UTF-8 (or is empty,
-        but for a content), they are read one at a time (so that one is parsed), in order. The
-        checks run as C loops (`map`): a Python loop per payload would cost as much as the
-        parsing it saves. The payloads after the run are parsed.
+        Those are read unparsed, and their values with escapes all in one parse
+        (`_escaped_run`); when that fails or a value is not UTF-8 (or is empty, but for a
+        content), they are read one at a time (so that one is parsed), in order. The checks run
+        as C loops (`map`): a Python loop per payload would cost as much as the parsing it
+        saves. The payloads after the run are parsed.
         """
         # The run: up to the last payload that fits the envelope (a read often ends with the
         # finish, usage and [DONE] payloads, which do not).
@@ -190,23 +192,22 @@ class ChunkReader:
         if b"".join(run) != b"".join((prefix, (suffix + prefix).join(values), suffix)):
             return None
         raw = b"".join(values)
-        sliced = False
         if len(raw.translate(None, _UNSAFE)) == len(raw):
-            try:
-                texts = list(map(bytes.decode, values))  # strict UTF-8, as orjson reads
-            except UnicodeDecodeError:
-                pass
-            else:
-                if kind == CONTENT:
-                    pieces.extend(filter(None, texts))  # an empty content is no piece
-                    sliced = True
-                elif all(texts):
-                    if kind == THOUGHT:
-                        self.reasoning.extend(texts)
-                    else:
-                        self._acall.extend(texts)
-                    self.other_chunks += len(texts)
-                    sliced = True
+            texts = _decoded(values)
+        else:
+            texts = _escaped_run(values)
+        sliced = False
+        if texts is not None:
+            if kind == CONTENT:
+                pieces.extend(filter(None, texts))  # an empty content is no piece
+                sliced = True
+            elif all(texts):
+                if kind == THOUGHT:
+                    self.reasoning.extend(texts)
+                else:
+                    self._acall.extend(texts)
+                self.other_chunks += len(texts)
+                sliced = True
         if not sliced:
             for payload in run:
                 if (code := self.read([payload], pieces)) != MORE:
@@ -356,6 +357,37 @@ def _escaped(value: bytes) -> str | None:
     except orjson.JSONDecodeError:
         return None
     return text if isinstance(text, str) and text else None
+
+
+def _decoded(values: list[bytes]) -> list[str] | None:
+    """The values as text, if all are strict UTF-8 (as orjson reads them); else None."""
+    try:
+        return list(map(bytes.decode, values))
+    except UnicodeDecodeError:
+        return None
+
+
+def _escaped_run(values: list[bytes]) -> list[str] | None:
+    """The texts of several values, some with escapes, if each is exactly one JSON string
+    between two quotes (as `_escaped` reads one); else None. One parse reads them all.
+
+    They are parsed as the JSON array `["` + values joined by `","` + `"]`, whose strings are
+    the values one for one unless a value holds a quote that ends a string (one that no
+    backslash escapes). That is checked here, on the values with their escaped backslashes and
+    quotes taken out (a NUL between two values, so that no pair spans two). A value that ends
+    in a lone backslash escapes the quote after it, which puts every later value outside the
+    strings and leaves the array's last quote opening a string that never closes: orjson
+    refuses that, as it refuses a bad escape, a control byte or bytes that are not UTF-8 in
+    any value (a `\\u` escape cut short by a value's end meets a quote, which is no hex digit).
+    """
+    bare = b"\0".join(values).replace(b"\\\\", b"").replace(b'\\"', b"")
+    if b'"' in bare:
+        return None
+    try:
+        texts: list[str] = orjson.loads(b'["' + b'","'.join(values) + b'"]')
+    except orjson.JSONDecodeError:
+        return None
+    return texts
 
 
 def _envelope(payload: bytes, raw: bytes, plain: Callable[[object, bool], str | None],

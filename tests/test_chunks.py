@@ -445,21 +445,27 @@ def test_a_learned_envelope_reads_plain_chunks_without_parsing(loads: CountingLo
     assert loads.calls == 3 + 2
 
 
-def test_escaped_content_in_a_run_is_read_alone(loads: CountingLoads) -> None:
-    """Content that JSON escapes (a line break, a quote) has its string parsed, and content
-    that is not UTF-8 its payload; the plain ones around them in the same read are sliced."""
+def test_escaped_content_in_a_run_is_read_from_its_strings(loads: CountingLoads) -> None:
+    """Content that JSON escapes (a line break, a quote) has its string parsed, all of a read's
+    in one array, and content that is not UTF-8 its payload; the plain ones around them in the
+    same read are sliced. A read whose array fails (here the non-UTF-8 bytes) is read one
+    payload at a time."""
     payloads = [orjson.dumps(chunk(w)) for w in ["a", "b", "line\nbreak", 'say "hi"', "c"]]
     broken = orjson.dumps(chunk("caf\u00e9")).replace("é".encode(), b"\xe9")
-    reads = [payloads[:2], [*payloads[2:], broken, payloads[4]], [payloads[0], broken]]
+    reads = [payloads[:2], [*payloads[2:], broken, payloads[4]], [payloads[0], broken],
+             payloads[2:]]  # fmt: skip
     assert by_reader(reads, True) == reference(reads, True)
-    assert by_reader(reads, True)[1] == ["a", "b", "line\nbreak", 'say "hi"', "c", "caf\ufffd", "c",
-                                         "a", "caf\ufffd"]  # fmt: skip
+    assert by_reader(reads, True)[1] == [
+        "a", "b", "line\nbreak", 'say "hi"', "c", "caf\ufffd", "c", "a", "caf\ufffd",
+        "line\nbreak", 'say "hi"', "c"]  # fmt: skip
     loads.calls = 0
     by_reader(reads, True)
-    # "a" + probe; then the two escaped contents' strings, and the broken payload twice (bytes,
-    # then text) in each of the two reads that hold it
-    assert loads.calls == 2 + 2 + 2 * 2
-    assert loads.seen[2:4] == [b'"line\\nbreak"', b'"say \\"hi\\""']
+    # "a" + probe; then the second read's array, which fails, its two escaped contents' strings
+    # and the broken payload twice (bytes, then text); the same twice in the third read; the
+    # last read's array
+    assert loads.calls == 2 + (1 + 2 + 2) + 2 + 1
+    assert loads.seen[3:5] == [b'"line\\nbreak"', b'"say \\"hi\\""']
+    assert loads.seen[-1] == b'["line\\nbreak","say \\"hi\\"","c"]'
 
 
 @pytest.mark.parametrize("value", [
@@ -481,6 +487,31 @@ def test_escaped_values_that_fit_the_envelope_read_as_parsing_would(value: bytes
                   [thought[:1], thought[1:], [t_odd], thought[:1]],
                   [thought[:1], [thought[1], t_odd, thought[0]]]):  # fmt: skip
         assert by_reader(reads, True) == reference(reads, True)
+
+
+@pytest.mark.parametrize("values", [
+    (b"\\n", b"\\n"), (b"\\\\", b'\\"'), (b'say \\"hi\\"', b"\\u00e9"), (b"a", b"\\t"),
+    (b"a\\", b' ,"b'), (b"a\\", b"b"), (b"\\u12", b"34"), (b'a","b', b"c"), (b'a"', b'"b'),
+    (b"x\\", b'",\\"y'), (b"\\n", b"\xff"), (b"ok\\n", b"\x01"), (b"\\n", b"\x00"),
+    (b"\\", b"\\"), (b'a\\\\", "b', b"c"), (b'\\\\\\\\"', b"x"),
+])  # fmt: skip
+def test_escaped_values_side_by_side_in_a_run_read_as_parsing_would(
+    values: tuple[bytes, bytes],
+) -> None:
+    """Two values with escapes in one read, where a run parses its escaped values as one
+    array: well formed, or shaped to fool that array (a backslash that escapes the quote after
+    its value, a raw quote that opens another string, one after an escaped backslash, a `\\u`
+    escape cut at the value's end), the outcome is that of parsing every payload, for content,
+    thought and arguments alike."""
+    makers = [lambda w: chunk(w), lambda w: thinking(w, "reasoning_content", "no_content"),
+              lambda w: arguments(w)]  # fmt: skip
+    for make in makers:
+        good = [orjson.dumps(make(w)) for w in ["a", "b"]]
+        at = good[0].index(b'"a"') + 1
+        odd = [good[0][:at] + value + good[0][at + 1 :] for value in values]
+        for reads in ([good[:1], [good[1], *odd, good[0]]], [good[:1], [*odd, *odd]],
+                      [good[:1], [*odd, *good]]):  # fmt: skip
+            assert by_reader(reads, True) == reference(reads, True), (make, reads)
 
 
 def test_an_equal_value_elsewhere_is_not_taken_for_the_content() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardrun.sim.config import WORDS, SimConfig, make_plan
+from shardrun.sim.config import TEXT_WORDS, WORDS, SimConfig, make_plan
 from shardrun.sim.launcher import start_sim
 from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
 
@@ -288,6 +288,39 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     assert run_cli("plain.yaml", "--runs-dir", "plain", cwd=tmp_path).returncode == 0
     for result in Run.load(only_run(tmp_path / "plain")).results:
         assert "reasoning" not in result and "tool_calls" not in result
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path,
+                                                                 tools: bool) -> None:  # fmt: skip
+    """The simulator's prose (line breaks, quotes, backslashes, tabs, which JSON escapes), over
+    loopback from its own process: each result's content or call arguments, and its
+    reasoning, are the text the server generated, character for character."""
+    write_input(tmp_path / "input.jsonl", 40)
+    sim = {**FAST_SIM, "tokens": "uniform:24:48", "text": "prose", "reasoning_tokens": 6}
+    params = {"max_tokens": 64, **({"tools": [TOOL]} if tools else {})}
+    write_job(tmp_path / "job.yaml", params=params,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    config, prose = SimConfig.from_mapping(sim), TEXT_WORDS["prose"]
+    results = Run.load(only_run(tmp_path / "runs")).results
+    assert sorted(r["id"] for r in results) == sorted(prompts)
+    escaped = 0
+    for result in results:
+        body = {"model": "m", "messages": [{"role": "user", "content": prompts[result["id"]]}],
+                **params}  # fmt: skip
+        words = [prose[i] for i in make_plan(orjson.dumps(body), "chat", config).words]
+        answer = "".join(words[6:])
+        escaped += bool(set(answer) & set('\n"\\\t'))
+        assert result["reasoning"] == "".join(words[:6])
+        if tools:
+            [call] = result["tool_calls"]
+            assert orjson.loads(call["function"]["arguments"]) == {"text": answer}
+        else:
+            assert result["output"] == answer and "tool_calls" not in result
+    assert escaped >= 30  # nearly every answer has a word that JSON escapes
 
 
 def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(

@@ -18,8 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun.errors import RunError
-from shardrun.sim import SimConfig, TokenSpec, main, parse_tokens, start_sim
-from shardrun.sim.config import WORDS, BadRequest, make_plan
+from shardrun.sim import (
+    SimConfig,
+    TokenSpec,
+    config_from_argv,
+    main,
+    parse_tokens,
+    start_sim,
+)
+from shardrun.sim.config import TEXT_WORDS, WORDS, BadRequest, make_plan
 from shardrun.sim.render import Frames
 from shardrun.sim.server import Sim, build_app
 
@@ -286,7 +293,7 @@ class _Recorder:
 def test_reasoning_frames_are_the_same_however_the_writes_split_the_words(opener: bytes) -> None:
     """Reasoning words first, then the opener (a tool call's start) once, then the content:
     the same bytes whether the words go out in one write or in any run of writes."""
-    frames = Frames(b"R;", b"<", b">", b"T;", 3, b"(", b")", opener)
+    frames = Frames(b"R;", b"<", b">", b"T;", WORDS, 3, b"(", b")", opener, WORDS)
     words = bytes(range(7))
     whole = frames.tokens(words)
     w = [x.strip() for x in WORDS[:7]]
@@ -297,7 +304,7 @@ def test_reasoning_frames_are_the_same_however_the_writes_split_the_words(opener
         parts = [frames.tokens(words[a:b], a) for a, b in itertools.pairwise(bounds)]
         assert b"".join(parts) == whole, cuts
     # All reasoning (a cap cut the answer short): no content event, no opener.
-    thought = Frames(b"R;", b"<", b">", b"T;", 9, b"(", b")", opener).tokens(words)
+    thought = Frames(b"R;", b"<", b">", b"T;", WORDS, 9, b"(", b")", opener, WORDS).tokens(words)
     assert thought.count(b"(") == 7 and b"<" not in thought and b"O;" not in thought
 
 
@@ -305,7 +312,7 @@ def test_emit_coalesces_due_tokens_into_few_writes() -> None:
     """Tokens go out in one write per wake, writes >= flush_ms apart, itl_ms=0 means one write."""
 
     async def emit(cfg: SimConfig, n: int) -> list[tuple[float, bytes]]:
-        rec, frames = _Recorder(), Frames(b"R;", b"<", b">", b"T;")
+        rec, frames = _Recorder(), Frames(b"R;", b"<", b">", b"T;", WORDS)
         words = bytes(i % 256 for i in range(n))
         await Sim(cfg).emit(rec, frames, words)  # type: ignore[arg-type]
         assert b"".join(d for _, d in rec.writes) == b"R;" + frames.tokens(words) + b"T;<eof>"
@@ -357,13 +364,15 @@ def test_simconfig_rejects_bad_values_naming_field(kwargs: dict[str, Any], field
 
 def test_simconfig_mapping_and_args() -> None:
     """from_mapping coerces numbers and rejects unknown keys; to_args round-trips every field."""
-    cfg = SimConfig.from_mapping({"ttft_ms": 5, "capacity": "3", "tokens": "lognormal:40:0.5"})
-    assert cfg == SimConfig(ttft_ms=5.0, capacity=3, tokens="lognormal:40:0.5")
+    cfg = SimConfig.from_mapping({"ttft_ms": 5, "capacity": "3", "tokens": "lognormal:40:0.5",
+                                  "text": "prose"})  # fmt: skip
+    assert cfg == SimConfig(ttft_ms=5.0, capacity=3, tokens="lognormal:40:0.5", text="prose")
     with pytest.raises(ValueError, match="ttft"):
         SimConfig.from_mapping({"ttft": 5})
     args = cfg.to_args()
     flags = dict(zip(args[::2], args[1::2], strict=True))
     assert flags["--capacity"] == "3" and flags["--tokens"] == "lognormal:40:0.5"
+    assert config_from_argv(args) == cfg
     assert parse_tokens(" 64 ") == TokenSpec("fixed", 64)
 
 
@@ -426,3 +435,57 @@ def test_plans_of_a_reasoning_model_and_of_a_tool_call() -> None:
         SimConfig(reasoning_tokens=10**9)
     with pytest.raises(BadRequest, match="'tools' must be a non-empty list"):
         make_plan(orjson.dumps({**body, "tools": [{"type": "function"}]}), "chat", SimConfig())
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_prose_text_is_escaped_on_the_wire_and_parses_back_to_the_plan(tools: bool) -> None:
+    """text: prose puts line breaks, quotes, backslashes and tabs in the words. Streamed and
+    whole, as content, reasoning and a call's arguments (JSON inside JSON), every payload is
+    valid JSON whose text is the plan's words as prose; completions too."""
+    cfg = SimConfig(ttft_ms=5, itl_ms=1, tokens="40", flush_ms=5, text="prose",
+                    reasoning_tokens=4)  # fmt: skip
+    tool = {"type": "function", "function": {"name": "f"}}
+    body = {**CHAT, **({"tools": [tool]} if tools else {})}
+    prose = TEXT_WORDS["prose"]
+    plan = make_plan(orjson.dumps(body), "chat", cfg)
+    thought = "".join(prose[i] for i in plan.words[:4])
+    answer = "".join(prose[i] for i in plan.words[4:])
+    assert set(answer) & set('\n"\\\t') and set(answer) - set('\n"\\\t')  # both kinds of word
+
+    def said(message: dict[str, Any]) -> str:
+        if not tools:
+            return str(message["content"])
+        [call] = message["tool_calls"]
+        return str(orjson.loads(call["function"]["arguments"])["text"])
+
+    async def go() -> None:
+        async with serving(cfg) as (s, root):
+            events, _ = await stream(s, root + "/v1/chat/completions", body)
+            async with s.post(root + "/v1/chat/completions", json=body) as resp:
+                whole = (await resp.json())["choices"][0]["message"]
+            prompt = {"model": "m", "prompt": "Once upon a time"}
+            completion, _ = await stream(s, root + "/v1/completions", prompt)
+        deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == thought
+        if tools:
+            pieces = [c["function"].get("arguments") or ""
+                      for d in deltas for c in d.get("tool_calls") or []]  # fmt: skip
+            streamed = {"tool_calls": [{"function": {"arguments": "".join(pieces)}}]}
+        else:
+            streamed = {"content": text_of(events)}
+        assert said(streamed) == answer
+        assert (whole["reasoning_content"], said(whole)) == (thought, answer)
+        words = make_plan(orjson.dumps(prompt), "completions", cfg).words
+        assert text_of(completion, "text") == "".join(prose[i] for i in words)
+
+    run(go())
+
+
+def test_text_is_words_or_prose() -> None:
+    """The default text is plain words, the table every other mode rewrites; a mode the
+    simulator does not know is refused naming the setting, as a flag and as a job key."""
+    assert SimConfig().text == "words" and TEXT_WORDS["words"] == tuple(w.decode() for w in WORDS)
+    assert sum(a != b for a, b in zip(*TEXT_WORDS.values(), strict=True)) == 64
+    with pytest.raises(ValueError, match="text must be one of words, prose, not 'poetry'"):
+        SimConfig.from_mapping({"text": "poetry"})
+    assert main(["--text", "poetry"]) == 2

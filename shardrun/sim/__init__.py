@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from typing import NoReturn
 
-from shardrun.sim.config import FAULT_KINDS, SimConfig, TokenSpec, parse_tokens
+from shardrun.sim.config import FAULT_KINDS, TEXTS, SimConfig, TokenSpec, parse_tokens
 from shardrun.sim.launcher import SimProcess, start_sim
 
 __all__ = ["FAULT_KINDS", "SimConfig", "SimProcess", "TokenSpec", "config_from_argv", "main",
@@ -87,6 +87,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--itl-ms", type=float, default=d.itl_ms, help="inter-token delay")
     p.add_argument("--tokens", default=d.tokens,
                    help="output length: N, uniform:LO:HI or lognormal:MEDIAN:SIGMA")  # fmt: skip
+    p.add_argument("--text", choices=TEXTS, default=d.text,
+                   help="words: plain words; prose: every fourth word holds a line break, "
+                        "quotes, a backslash or a tab, which JSON escapes")  # fmt: skip
     p.add_argument("--capacity", type=int, default=d.capacity,
                    help="requests served at once, the rest queue (0 = unlimited)")  # fmt: skip
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the deterministic output")

@@ -28,10 +28,27 @@ MAX_SAMPLED_TOKENS = 65536
 
 TokenKind = Literal["fixed", "uniform", "lognormal"]
 Kind = Literal["chat", "completions"]
+TEXTS = ("words", "prose")
+"""What the words look like (`SimConfig.text`): plain, or prose with bytes JSON escapes."""
 
 #: 256 distinct three-letter words; byte i of a per-request random string picks word i.
 _C, _V = "bdfgklmnprstvz", "aeiou"
 WORDS: tuple[bytes, ...] = tuple(f" {a}{v}{b}".encode() for a in _C for v in _V for b in _C)[:256]
+
+
+def _prose(i: int, word: str) -> str:
+    """Word i as prose: every fourth ends a line, is quoted, ends in a backslash or starts
+    with a tab, the bytes a JSON string holds only escaped (as prose, code and JSON output do)."""
+    if i % 4 != 3:
+        return word
+    return (word + ".\n", ' "' + word[1:] + '"', word + "\\", "\t" + word[1:])[i // 4 % 4]
+
+
+#: The words as text, by `SimConfig.text` (text mode "words": WORDS decoded).
+TEXT_WORDS: dict[str, tuple[str, ...]] = {
+    "words": tuple(w.decode() for w in WORDS),
+    "prose": tuple(_prose(i, w.decode()) for i, w in enumerate(WORDS)),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +133,7 @@ class SimConfig:
     ttft_ms: float = 100.0
     itl_ms: float = 2.0
     tokens: str = "uniform:16:96"
+    text: str = "words"  # one of TEXTS
     capacity: int = 0
     seed: int = 0
     flush_ms: float = 20.0
@@ -147,6 +165,8 @@ class SimConfig:
         self._check_numbers()
         _check_faults(self)
         parse_tokens(self.tokens)
+        if self.text not in TEXTS:
+            raise ValueError(f"text must be one of {', '.join(TEXTS)}, not {self.text!r}.")
 
     def _check_numbers(self) -> None:
         for name in _FLOATS:
@@ -190,6 +210,7 @@ class SimConfig:
             "--ttft-ms", repr(float(self.ttft_ms)),
             "--itl-ms", repr(float(self.itl_ms)),
             "--tokens", self.tokens,
+            "--text", self.text,
             "--capacity", str(self.capacity),
             "--seed", str(self.seed),
             "--flush-ms", repr(float(self.flush_ms)),
@@ -282,11 +303,12 @@ class Plan:
     model: str
     stream: bool
     include_usage: bool
-    words: bytes  # one byte per output token, indexing WORDS
+    words: bytes  # one byte per output token, indexing WORDS (and TEXT_WORDS[text])
     finish: str
     prompt_tokens: int
     thinking: int = 0  # how many of the words are reasoning (they come first)
     tool: str | None = None  # the function the answer calls, with {"text": content} as arguments
+    text: str = "words"  # how the words read (TEXT_WORDS)
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -371,7 +393,7 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
     return Plan(kind, model, stream and not cfg.ignore_stream, opts.get("include_usage") is True,
                 words, finish, max(1, (chars + 3) // 4), min(thinking, len(words)),
-                tool)  # fmt: skip
+                tool, cfg.text)  # fmt: skip
 
 
 def _tool_called(body: dict[str, Any]) -> str | None:

@@ -1,7 +1,8 @@
 """The bytes of an answer: prebuilt SSE templates of a stream, or one JSON body.
 
 Built once per request from its `Plan`; token events are joined from the templates per write,
-so a stream costs one join and one write per wake, never JSON encoding per token.
+so a stream costs one join and one write per wake, never JSON encoding per token: each word's
+bytes inside a JSON string (escaped when the text is prose) are tabled once, at import.
 """
 
 from __future__ import annotations
@@ -10,9 +11,21 @@ from typing import NamedTuple
 
 import orjson
 
-from shardrun.sim.config import WORDS, Plan
+from shardrun.sim.config import TEXT_WORDS, Plan
 
 __all__ = ["OBJECT", "Frames", "render_full", "render_stream"]
+
+
+def _in_string(text: str) -> bytes:
+    """The bytes of `text` inside a JSON string (escaped as JSON needs)."""
+    return orjson.dumps(text)[1:-1]
+
+
+#: By text mode: each word as a JSON string holds it, and as the arguments of a tool call hold
+#: it (a JSON string inside the JSON text {"text": "..."}, so escaped twice).
+_JSON_WORDS = {mode: tuple(map(_in_string, texts)) for mode, texts in TEXT_WORDS.items()}
+_ARGUMENT_WORDS = {mode: tuple(_in_string(_in_string(t).decode()) for t in texts)
+                   for mode, texts in TEXT_WORDS.items()}  # fmt: skip
 
 _DONE = b"data: [DONE]\n\n"
 OBJECT = {"chat": (b"chat.completion.chunk", "chat.completion", "chatcmpl"),
@@ -27,27 +40,32 @@ def _usage(plan: Plan) -> dict[str, int]:
 
 
 class Frames(NamedTuple):
-    """Prebuilt SSE bytes of one stream; words are plain ASCII, so no JSON encoding per token."""
+    """Prebuilt SSE bytes of one stream; each word's bytes come from a table, so no JSON
+    encoding per token."""
 
     role: bytes  # chat's first chunk (role "assistant"); b"" for completions
     head: bytes  # bytes of a token event before its word
     tail: bytes  # bytes of a token event after its word
     end: bytes  # finish chunk, usage chunk when asked for, then [DONE]
+    table: tuple[bytes, ...]  # a word's bytes between head and tail, by word
     thinking: int = 0  # the first `thinking` words of the answer are reasoning, framed so:
     think_head: bytes = b""
     think_tail: bytes = b""
     opener: bytes = b""  # sent before the first word after the reasoning (a tool call's start)
+    think_table: tuple[bytes, ...] = ()  # a reasoning word's bytes, by word
 
     def tokens(self, words: bytes, start: int = 0) -> bytes:
         """The events of these tokens (words[start:...] of the answer) as one bytes object: one
         join per write, not per token."""
         split = self.thinking - start
         if split < 0 or (split == 0 and not self.opener):
-            return self.head + (self.tail + self.head).join([WORDS[i] for i in words]) + self.tail
+            table = self.table
+            return self.head + (self.tail + self.head).join([table[i] for i in words]) + self.tail
         thought = b""
         if split:
+            table = self.think_table
             thought = self.think_head + (self.think_tail + self.think_head).join(
-                [WORDS[i] for i in words[:split]]) + self.think_tail
+                [table[i] for i in words[:split]]) + self.think_tail
         if not words[split:]:
             return thought
         return thought + self.opener + self.tokens(words[split:], self.thinking + 1)
@@ -74,13 +92,16 @@ def render_stream(plan: Plan, rid: str, created: int) -> Frames:
         close = (opener if len(plan.words) <= plan.thinking else b"") + head + b'\\"}' + tail
         return Frames(pre + b'"delta":{"role":"assistant","content":null},' + end, head, tail,
                       close + pre + b'"delta":{},' + finish + usage + _DONE,
-                      plan.thinking, *_thought_frames(pre, end), opener)  # fmt: skip
+                      _ARGUMENT_WORDS[plan.text], plan.thinking, *_thought_frames(pre, end),
+                      opener, _JSON_WORDS[plan.text])  # fmt: skip
+    table = _JSON_WORDS[plan.text]
     if plan.kind == "chat":
         return Frames(pre + b'"delta":{"role":"assistant","content":""},' + end,
                       pre + b'"delta":{"content":"', b'"},' + end,
-                      pre + b'"delta":{},' + finish + usage + _DONE,
-                      plan.thinking, *_thought_frames(pre, end))  # fmt: skip
-    return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE)
+                      pre + b'"delta":{},' + finish + usage + _DONE, table,
+                      plan.thinking, *_thought_frames(pre, end), b"", table)  # fmt: skip
+    return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE,
+                  table)  # fmt: skip
 
 
 def _thought_frames(pre: bytes, end: bytes) -> tuple[bytes, bytes]:
@@ -90,8 +111,9 @@ def _thought_frames(pre: bytes, end: bytes) -> tuple[bytes, bytes]:
 
 def render_full(plan: Plan, rid: str, created: int) -> bytes:
     """A complete non-streaming chat.completion or text_completion JSON body."""
-    thought = b"".join(WORDS[i] for i in plan.words[: plan.thinking]).decode()
-    text = b"".join(WORDS[i] for i in plan.words[plan.thinking :]).decode()
+    texts = TEXT_WORDS[plan.text]
+    thought = "".join(texts[i] for i in plan.words[: plan.thinking])
+    text = "".join(texts[i] for i in plan.words[plan.thinking :])
     choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": plan.finish}
     if plan.kind == "chat":
         message: dict[str, object] = {"role": "assistant", "content": text}
