@@ -15,6 +15,7 @@ whether that is fatal (`--strict`) or a line in rejects.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -80,8 +81,10 @@ class InputReader:
 
     The hash and byte count go into the manifest, so a published figure names the exact input.
     Parquet is read by random access, so its hash covers the whole file, taken once the last
-    row has been read. A CSV header or Parquet schema without a needed column is an
-    InputError here, before any item is read.
+    row has been read, or at `close` after some were (a pass stopped early). A CSV is read in
+    blocks, so a pass that stops early may have hashed past its last row, to the end of a
+    block: the figures are always those of the file's first `bytes_read` bytes. A CSV header
+    or Parquet schema without a needed column is an InputError here, before any item is read.
 
     With `keep_records`, `record` is the whole input record behind the entry last yielded
     (None for a line that is not a record) and `columns` the names a CSV header or Parquet
@@ -161,14 +164,23 @@ class InputReader:
                 self.record = None if isinstance(record, str) else {**dict.fromkeys(rows.names),
                                                                     **record}  # fmt: skip
             yield _row_item(row, self.fields)
-        self.sha, self.bytes_read = file_sha256(self.path)
+        self._hash_parquet()
         rows.close()
+
+    def _hash_parquet(self) -> None:
+        """Take a Parquet file's hash, the whole file's, once: it is read by random access, so
+        a pass that stops early (`--limit`, a stop) has read from all of it too."""
+        if not self.bytes_read:
+            self.sha, self.bytes_read = file_sha256(self.path)
 
     def close(self) -> None:
         if self._tabular is not None:
             self._tabular.close()
         if self.fields.format != "parquet":
             self._file.close()
+        elif self.lines_read:
+            with contextlib.suppress(OSError):  # gone since: the manifest then says 0 bytes
+                self._hash_parquet()
 
 
 def make_reader(job: LoadedJob, keep_records: bool = False) -> InputReader:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,36 @@ def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
     data = path.read_bytes()
     assert reader.sha.hexdigest() == hashlib.sha256(data).hexdigest()
     assert (reader.bytes_read, reader.lines_read) == (len(data), 3)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_a_reader_stopped_early_hashes_a_prefix_of_the_file(tmp_path: Path, fmt: str) -> None:
+    """A pass that stops after a few items (`--limit`, a stop) records the hash of the file's
+    first bytes_read bytes, which hold every line it used: for JSON lines exactly those, for a
+    CSV up to the end of a block, for Parquet (random access) the whole file."""
+    rows = [{"id": f"i{i}", "prompt": f"prompt {i} " * 5} for i in range(3000)]
+    path = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    elif fmt == "csv":
+        path.write_text("id,prompt\n" + "".join(f"{r['id']},{r['prompt']}\n" for r in rows))
+    else:
+        pa = pytest.importorskip("pyarrow")
+        pytest.importorskip("pyarrow.parquet").write_table(pa.Table.from_pylist(rows), path)
+    reader = InputReader(path, InputPlan(format=fmt))  # type: ignore[arg-type]
+    used = list(itertools.islice(reader, 10))
+    reader.close()
+    assert [item["id"] for item in used] == [f"i{i}" for i in range(10)]  # type: ignore[index]
+    data = path.read_bytes()
+    assert reader.bytes_read > 0 and reader.sha.hexdigest() == hashlib.sha256(
+        data[: reader.bytes_read]).hexdigest()
+    need = {"jsonl": 10, "csv": 11}.get(fmt)  # lines, with the CSV header
+    if need is None:
+        assert reader.bytes_read == len(data)
+    else:
+        assert data[: reader.bytes_read].count(b"\n") >= need
+    if fmt == "jsonl":
+        assert reader.bytes_read == sum(len(orjson.dumps(r)) + 1 for r in rows[:10])
 
 
 def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
