@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,16 @@ class InputReader:
             yield _row_item(row, self.fields)
         self._hash_parquet()
         rows.close()
+
+    def at_end(self) -> bool:
+        """Whether nothing follows the entries read so far: the last byte of a JSON lines file
+        (a blank line after it counts as more), the last row of a Parquet file. False for a
+        CSV, which is read in blocks, so that only reading on could tell."""
+        if isinstance(self._tabular, ParquetRows):
+            return self._tabular.rows_read == self._tabular.num_rows
+        if self._tabular is not None:
+            return False
+        return self.bytes_read == os.fstat(self._file.fileno()).st_size
 
     def _hash_parquet(self) -> None:
         """Take a Parquet file's hash, the whole file's, once: it is read by random access, so

@@ -57,8 +57,8 @@ class WorkSource:
     It can read a bounded stretch of the input ahead of what it hands out (`remaining`), so that
     the coordinator knows when the input is about to run out and can split what is left evenly.
     With a `limit` it takes at most that many new items from the input and reads no line past
-    the last of them: for this pass the input ends there (`limit_reached`), and a resume runs
-    the rest.
+    the last of them: for this pass the input ends there (`limit_reached`, unless the reader
+    knows that nothing follows), and a resume runs the rest.
     """
 
     def __init__(self, reader: InputReader, rejects_path: Path,
@@ -142,7 +142,8 @@ class WorkSource:
             into.append(entry)
             self._accepted += 1
             if self._accepted == self.limit:  # no line past the last item is read
-                self._read_all = self.limit_reached = True
+                self._read_all = True
+                self.limit_reached = not self.reader.at_end()
                 return
             if len(into) >= wanted:
                 return

@@ -354,6 +354,16 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     bad = run_cli("job.yaml", "--limit", "0", cwd=tmp_path)
     assert (bad.returncode, bad.stderr.strip()) == (
         2, "error: --limit 0: give the number of items to run, at least 1")
+    # A limit at the input's last item: the input was read to the end, nothing is left to run.
+    (tmp_path / "exact").mkdir()
+    write_input(tmp_path / "exact" / "input.jsonl", 5)
+    write_job(tmp_path / "exact" / "job.yaml")
+    whole = run_cli("job.yaml", "--limit", "5", "--runs-dir", "runs", cwd=tmp_path / "exact")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "to finish the run" not in whole.stdout and "--limit" not in whole.stdout
+    path = only_run(tmp_path / "exact" / "runs")
+    summary = orjson.loads((path / "manifest.json").read_bytes())["summary"]
+    assert summary["limit"] is None and summary["input_read"] is True
 
 
 def read_jsonl_text(text: str) -> list[dict[str, object]]:

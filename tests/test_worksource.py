@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -130,6 +131,32 @@ def test_a_limit_above_the_input_reads_it_to_the_end(tmp_path: Path) -> None:
                         tmp_path / "rejects.jsonl", limit=5)  # fmt: skip
     assert [i["id"] for i in source.take(10)] == ["a", "b"]
     assert source.exhausted and source.read_to_end and not source.limit_reached
+
+
+@pytest.mark.parametrize(("fmt", "tail", "more"), [
+    ("jsonl", b"", False), ("jsonl", b"\n", True), ("jsonl", _item("c") + b"\n", True),
+    ("csv", b"", True), ("parquet", b"", False), ("parquet", _item("c"), True),
+])  # fmt: skip
+def test_a_limit_at_the_inputs_last_item_reads_it_to_the_end(
+    tmp_path: Path, fmt: str, tail: bytes, more: bool
+) -> None:
+    """--limit 2 with two items: a JSON lines file whose last byte was read, or a Parquet file
+    whose last row was, is read to the end (nothing for a resume to do). A line after them,
+    even a blank one, or a CSV (read in blocks, so only reading on could tell) may hold more."""
+    lines = [_item("a"), _item("b"), *([tail.rstrip(b"\n")] if tail else [])]
+    path = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        path.write_bytes(b"".join(line + b"\n" for line in lines[:2]) + tail)
+    elif fmt == "csv":
+        path.write_text("id,prompt\na,p\nb,p\n")
+    else:
+        pa = pytest.importorskip("pyarrow")
+        rows = [orjson.loads(line) for line in lines]
+        pytest.importorskip("pyarrow.parquet").write_table(pa.Table.from_pylist(rows), path)
+    reader = InputReader(path, InputPlan(format=fmt))  # type: ignore[arg-type]
+    source = WorkSource(reader, tmp_path / "rejects.jsonl", limit=2)
+    assert [i["id"] for i in source.take(5)] == ["a", "b"]
+    assert source.exhausted and source.limit_reached is more and source.read_to_end is not more
 
 
 def _write(tmp_path: Path, lines: list[bytes]) -> Path:
