@@ -1,9 +1,10 @@
 """Continuing a run in its own directory: find it, lock it, repair it, learn what is done.
 
-Exactly-once across passes rests on three things: every process that writes into a run holds a
+Exactly-once across passes rests on four things: every process that writes into a run holds a
 shared lock on `<run>/.lock` and a new pass takes it exclusively first (so it waits for the
-shards of a killed coordinator to finish their grace period); torn last lines are cut; and the
-ids in the results and dead-letter files are the set of finished items.
+shards of a killed coordinator to finish their grace period); torn last lines are cut; the ids
+in the results and dead-letter files are the set of finished items; and a pass names items as
+the run's first did (`ITEM_NAMING`, compared by `setting_changes`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
@@ -25,6 +26,29 @@ from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
 
 LOCK_WAIT_S = 60.0
+ITEM_NAMING = ("input.id_field",)
+"""Settings a resume must keep: they say which item a line is, so a change would run every item
+again under another id."""
+ANSWER_SHAPING = ("endpoint.api", "endpoint.model", "endpoint.sim", "params", "input.prompt_field",
+                  "input.messages_field", "input.template", "input.system_prompt")  # fmt: skip
+"""Settings whose change makes a pass's answers differ from the earlier passes' (a resume warns
+and records it)."""
+
+
+def setting_changes(started: object, now: dict[str, dict[str, object]],
+                    keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:  # fmt: skip
+    """(key, value when the run started, value now) for each of `keys` whose effective value
+    differs. `started` is the manifest's `effective` record; a key it lacks (a run started by an
+    older version) is not compared."""
+    changes = []
+    for key in keys:
+        entry = started.get(key) if isinstance(started, dict) else None
+        if not isinstance(entry, dict) or "value" not in entry:
+            continue
+        value = orjson.loads(orjson.dumps(now[key]["value"]))  # as the manifest holds it
+        if value != entry["value"]:
+            changes.append((key, entry["value"], value))
+    return changes
 
 
 def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:

@@ -15,7 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+import orjson
+
 from shardrun import resume
+from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, SpecError
@@ -127,14 +130,37 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume))
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)
+    changed = _check_settings(job, manifest, run_dir.run_id)
     segment = len(manifest.get("resumes", [])) + 1
     prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
     for note in prior.notes:
         print(f"repaired: {note}", file=sys.stderr)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
-            "already_done": len(prior.done)}
+            "already_done": len(prior.done), "answer_settings_changed": changed}
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead)
+
+
+def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> list[str]:
+    """Refuse a resume that names items otherwise than the run did; warn of settings that make
+    this pass's answers differ from earlier ones, and return their keys (for the manifest)."""
+    now, started = job.effective(), manifest.get("effective")
+    for key, old, new in resume.setting_changes(started, now, resume.ITEM_NAMING):
+        raise SpecError(f"{key} is {_shown(new)} in {job.origin or job.job_path} but was "
+                        f"{_shown(old)} when run {run_id} started: a resume must name items as "
+                        "the run did, or every item would run again under another id; set it "
+                        "back, or start a new run without --resume")  # fmt: skip
+    changes = resume.setting_changes(started, now, resume.ANSWER_SHAPING)
+    for key, old, new in changes:
+        print(f"warning: {key} is {_shown(new)} but was {_shown(old)} when run {run_id} "
+              "started, so this pass's answers may differ from the earlier ones (the manifest "
+              "records it)", file=sys.stderr)  # fmt: skip
+    return [key for key, _, _ in changes]
+
+
+def _shown(value: object) -> str:
+    """A setting's value in a one-line message."""
+    return ellipsize(orjson.dumps(value).decode(), 80)
 
 
 def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoint,

@@ -8,6 +8,7 @@ import orjson
 
 from shardrun.inputs import FieldMap, InputReader
 from shardrun.recovery import line_ids, repair_torn_tail
+from shardrun.resume import setting_changes
 from shardrun.worksource import WorkSource, id_digest
 
 FIELDS = FieldMap("id", "prompt", None)
@@ -57,3 +58,19 @@ def test_requeued_items_come_first(tmp_path: Path) -> None:
     assert [i["id"] for i in source.take(2)] == ["a", "b"]
     assert [i["id"] for i in source.take(5)] == ["c"]
     assert source.empty
+
+
+def test_setting_changes_compares_values_as_the_manifest_holds_them() -> None:
+    """A value is compared after a JSON round trip (a tuple equals the list the manifest
+    holds); a key an older manifest lacks, or a damaged record, is not compared."""
+    now: dict[str, dict[str, object]] = {
+        "params": {"value": {"stop": ("a", "b")}, "source": "job file"},
+        "endpoint.model": {"value": "m2", "source": "job file"},
+        "endpoint.api": {"value": "chat", "source": "default"},
+    }
+    started = {"params": {"value": {"stop": ["a", "b"]}, "source": "job file"},
+               "endpoint.model": {"value": "m1", "source": "environment"}}  # fmt: skip
+    keys = ("params", "endpoint.model", "endpoint.api")
+    assert setting_changes(started, now, keys) == [("endpoint.model", "m1", "m2")]
+    assert setting_changes(None, now, keys) == []
+    assert setting_changes({"endpoint.model": "m1"}, now, keys) == []

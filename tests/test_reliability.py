@@ -850,3 +850,44 @@ def test_endpoint_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
                           env={"SHARDRUN_BASE_URL": good.base_url})
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
+    tmp_path: Path,
+) -> None:
+    """A resume with another input.id_field is refused before it touches the run (every item
+    would run again under another id); one with other params or model runs, warns once per
+    changed setting, and the manifest records which."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml")
+    first = run_cli("job.yaml", "--limit", "10", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    before = {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+    write_job(tmp_path / "job.yaml", input={"path": "input.jsonl", "id_field": "prompt"})
+    renamed = run_cli("job.yaml", "--resume", "latest", "--runs-dir", "runs", cwd=tmp_path)
+    assert renamed.returncode == 2, renamed.stdout + renamed.stderr
+    assert renamed.stderr.strip() == (
+        f'error: input.id_field is "prompt" in job.yaml but was "id" when run {path.name} '
+        "started: a resume must name items as the run did, or every item would run again under "
+        "another id; set it back, or start a new run without --resume")
+    assert {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*")
+            if p.is_file()} == before  # fmt: skip
+
+    write_job(tmp_path / "job.yaml", params={"max_tokens": 32, "temperature": 0.5},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "other",
+                        "sim": FAST_SIM})  # fmt: skip
+    rest = run_cli("job.yaml", "--resume", "latest", "--runs-dir", "runs", "--quiet",
+                   cwd=tmp_path)  # fmt: skip
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    warnings = rest.stderr.splitlines()
+    assert warnings == [
+        f'warning: endpoint.model is "other" but was "sim-test" when run {path.name} started, '
+        "so this pass's answers may differ from the earlier ones (the manifest records it)",
+        'warning: params is {"max_tokens":32,"temperature":0.5} but was {"max_tokens":32} when '
+        f"run {path.name} started, so this pass's answers may differ from the earlier ones (the "
+        "manifest records it)"]
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    assert manifest["resumes"][-1]["answer_settings_changed"] == ["endpoint.model", "params"]
+    assert sorted(r["id"] for r in Run.load(path).results) == ids
