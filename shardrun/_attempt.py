@@ -39,6 +39,7 @@ from shardrun._chunks import (
     read_whole,
     stream_error,
 )
+from shardrun._responses import ResponsesReader, read_whole_response
 from shardrun.clock import Clock
 from shardrun.items import tokens_of_chars
 from shardrun.itl import ItlHistogram
@@ -164,10 +165,11 @@ class Attempt:
                  "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
                  "watch_at", "whole_estimate")  # fmt: skip
 
-    def __init__(self, chat: bool, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
+    def __init__(self, api: str, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
                  on_conn: OnConnReady | None) -> None:  # fmt: skip
         self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
-        self.reader = ChunkReader(chat)
+        self.reader: ChunkReader | ResponsesReader = (
+            ResponsesReader() if api == "responses" else ChunkReader(api == "chat"))
         self.loop = asyncio.get_running_loop()
         self.out = AttemptOutcome(started_at=clock.now())
         self.total_dl = self.deadline = self.loop.time() + touts.total_s
@@ -282,10 +284,13 @@ class Attempt:
         `now` and there are no gaps. Without usage, its token count is estimated as characters
         / 4: a stream's estimate counts chunks, and here there is only one.
         """
-        text = read_whole(body, self.reader)
+        reader = self.reader
+        if isinstance(reader, ResponsesReader):
+            text = read_whole_response(body, reader)
+        else:
+            text = read_whole(body, reader)
         if text is None:
             return False
-        reader = self.reader
         if reader.error is not None:
             self.fail(*stream_error(reader.error, 0))
             return True

@@ -47,8 +47,12 @@ _CROSS_FIELD: Mapping[str, str] = {
     ),
     "one_input_field": "{subject} and {other} are both set; give exactly one of them",
     "messages_need_chat": (
-        "{subject} needs endpoint.api 'chat' (the completions API takes no message lists),"
-        " but endpoint.api is {other_value}{other_src}"
+        "{subject} needs endpoint.api 'chat' or 'responses' (the completions API takes no"
+        " message lists), but endpoint.api is {other_value}{other_src}"
+    ),
+    "responses_limit": (
+        "{subject} does not apply to the Responses API (endpoint.api is"
+        " {other_value}{other_src}): give the token limit as params.max_output_tokens"
     ),
     "system_with_messages": (
         "{subject} cannot be combined with {other}: a message list carries its own system"
@@ -71,8 +75,8 @@ _CROSS_FIELD: Mapping[str, str] = {
         " which are sent as that header"
     ),
     "params_reserved": (
-        "{subject} must not set {got}: shardrun sends the model, the prompt or messages,"
-        " and stream itself"
+        "{subject} must not set {got}: shardrun sends the model, the prompt, messages or"
+        " input, and stream itself"
     ),
     "params_n": (
         "{subject} must not set n to {got}: a result holds one answer, so to get several,"
@@ -133,7 +137,8 @@ def must_be(key: str, field: FieldInfo) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "a mapping"
     if typing.get_origin(annotation) is typing.Literal:
-        return " or ".join(repr(choice) for choice in typing.get_args(annotation))
+        *first, last = (repr(choice) for choice in typing.get_args(annotation))
+        return f"{', '.join(first)} or {last}" if first else last
     if typing.get_origin(annotation) is dict:
         return "a mapping with string keys"
     if annotation is str:

@@ -466,11 +466,8 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     ...}` object sets `reader.error` and gives "". The text is choices[0]'s message content
     (chat) or text (completions).
     """
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+    obj = json_object(body)
+    if obj is None:
         return None
     if (err := obj.get("error")) is not None:
         reader.error = err
@@ -499,6 +496,15 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         reader.prompt_tokens = as_int(usage.get("prompt_tokens"))
         reader.completion_tokens = as_int(usage.get("completion_tokens"))
     return text if isinstance(text, str) else ""
+
+
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object a whole body holds; None when it is not JSON or not an object."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def plain_piece(obj: object, chat: bool) -> str | None:

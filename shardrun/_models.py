@@ -24,7 +24,7 @@ from shardrun._template import TemplateError, parse_template
 
 _NON_BLANK = r"\S"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-_RESERVED_PARAMS = ("model", "prompt", "messages", "stream")
+_RESERVED_PARAMS = ("model", "prompt", "messages", "input", "stream")
 _HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP token (RFC 9110)
 # Headers the client sets itself or that HTTP's framing owns: a job may not replace them.
 _RESERVED_HEADERS = frozenset({"accept", "connection", "content-length", "content-type", "host",
@@ -41,7 +41,7 @@ class EndpointSpec(_Frozen):
     """Where requests go. `sim` (simulator settings) is only meaningful with `sim://`."""
 
     base_url: str
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "responses"] = "chat"
     model: str = Field(pattern=_NON_BLANK)
     api_key_env: str | None = Field(default=None, pattern=_ENV_NAME)
     # The header that carries the key: `Authorization` sends `Bearer KEY`; any other header
@@ -315,13 +315,14 @@ class JobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _messages_need_chat(self) -> JobSpec:
-        """Message lists only make sense for the chat API; completions takes a prompt string.
+        """Message lists only make sense for the chat and Responses APIs; completions takes a
+        prompt string.
 
         A system prompt makes a message list too; a template alone does not (with the
         completions API the filled template is the prompt).
         """
         for name in ("messages_field", "system_prompt"):
-            if getattr(self.input, name) is not None and self.endpoint.api != "chat":
+            if getattr(self.input, name) is not None and self.endpoint.api == "completions":
                 raise PydanticCustomError(
                     "messages_need_chat",
                     "input.{name} needs endpoint.api 'chat'",
@@ -332,6 +333,20 @@ class JobSpec(_Frozen):
                         "other_value": self.endpoint.api,
                     },
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _responses_limit(self) -> JobSpec:
+        """The Responses API names its token limit max_output_tokens and refuses the chat
+        names, which would fail every request of the run: say so before any."""
+        for name in ("max_tokens", "max_completion_tokens"):
+            if self.endpoint.api == "responses" and name in self.params:
+                raise PydanticCustomError(
+                    "responses_limit",
+                    "params.{name} does not apply to endpoint.api 'responses'",
+                    {"field": f"params.{name}", "name": name, "other": "endpoint.api",
+                     "other_value": self.endpoint.api},
+                )  # fmt: skip
         return self
 
 

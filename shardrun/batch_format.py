@@ -5,7 +5,8 @@ end with the two files the Batch API itself would return, so tools written for t
 a shardrun run unchanged:
 
     batch_output.jsonl   one line per result: {id, custom_id, response: {status_code: 200,
-                         request_id, body: chat.completion | text_completion}, error: null}
+                         request_id, body: chat.completion | text_completion | response},
+                         error: null}
     batch_errors.jsonl   one line per dead letter: {id, custom_id, response: {status_code,
                          request_id, body: {error}} or null when no HTTP status came back,
                          error: {code, message}}
@@ -32,6 +33,7 @@ __all__ = ["batch_error_line", "batch_output_line", "request_id_for", "write_bat
 OUTPUT_NAME = "batch_output.jsonl"
 ERRORS_NAME = "batch_errors.jsonl"
 _COMPLETIONS_URL = "/v1/completions"
+_RESPONSES_URL = "/v1/responses"
 
 
 def request_id_for(run_id: str, span: str) -> str:
@@ -50,10 +52,16 @@ def batch_output_line(
     """
     url = result.get("url")
     completions = url == _COMPLETIONS_URL if url is not None else api == "completions"
+    responses = url == _RESPONSES_URL if url is not None else api == "responses"
     usage = result.get("usage") or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     total = prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
     suffix = request_id.removeprefix("req_")
+    if responses:
+        body = _response_body(result, suffix, result.get("model") or model,
+                              {"input_tokens": prompt, "output_tokens": completion,
+                               "total_tokens": total})  # fmt: skip
+        return _output_line(result, request_id, body)
     choice: dict[str, Any] = {"index": 0}
     if completions:
         choice["text"] = result.get("output", "")
@@ -74,12 +82,47 @@ def batch_output_line(
         "choices": [choice],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total},
     }
+    return _output_line(result, request_id, body)
+
+
+def _output_line(result: Mapping[str, Any], request_id: str,
+                 body: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     return {
         "id": f"batch_{request_id}",
         "custom_id": str(result["id"]),
         "response": {"status_code": 200, "request_id": request_id, "body": body},
         "error": None,
     }
+
+
+def _response_body(result: Mapping[str, Any], suffix: str, model: str,
+                   usage: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """A Responses API object for a result: its reasoning, function calls and message as
+    output items, in that order; status "incomplete" when the token limit cut it."""
+    output: list[dict[str, Any]] = []
+    if result.get("reasoning") is not None:
+        output.append({"id": f"rs_{suffix}", "type": "reasoning", "summary": [],
+                       "content": [{"type": "reasoning_text", "text": result["reasoning"]}]})
+    for i, call in enumerate(result.get("tool_calls") or []):
+        function = call.get("function") or {}
+        output.append({"id": f"fc_{suffix}_{i}", "type": "function_call", "status": "completed",
+                       "call_id": call.get("id"), "name": function.get("name"),
+                       "arguments": function.get("arguments")})  # fmt: skip
+    text = result.get("output", "")
+    if text or not output:
+        output.append({"id": f"msg_{suffix}", "type": "message", "status": "completed",
+                       "role": "assistant",
+                       "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    cut = result.get("finish_reason") == "length"
+    body: dict[str, Any] = {
+        "id": f"resp_{suffix}", "object": "response", "created_at": int(
+            result.get("released_at") or 0),
+        "status": "incomplete" if cut else "completed", "model": model, "output": output,
+        "usage": usage,
+    }  # fmt: skip
+    if cut:
+        body["incomplete_details"] = {"reason": "max_output_tokens"}
+    return body
 
 
 def batch_error_line(dead: Mapping[str, Any], request_id: str = "") -> dict[str, Any]:

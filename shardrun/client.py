@@ -34,7 +34,7 @@ import asyncio
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -54,6 +54,7 @@ from shardrun._attempt import (
 from shardrun._chunks import clip, error_message
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
+from shardrun.items import API_PATHS, Api
 from shardrun.sse import SSEDecoder
 
 __all__ = [
@@ -100,7 +101,7 @@ class StreamingClient:
         self,
         session: aiohttp.ClientSession,
         base_url: str,
-        api: Literal["chat", "completions"],
+        api: Api,
         headers: Mapping[str, str],
         timeouts: Timeouts,
         clock: Clock,
@@ -108,10 +109,9 @@ class StreamingClient:
         proxy: str | None = None,
         proxy_authorization: str | None = None,
     ) -> None:
-        path = "/chat/completions" if api == "chat" else "/completions"
         self._session, self._timeouts, self._clock = session, timeouts, clock
-        self._chat = api == "chat"
-        self._url = endpoint_url(base_url, path)
+        self._api = api
+        self._url = endpoint_url(base_url, API_PATHS[api])
         # Where every attempt is POSTed, as messages show it (a password in the URL masked).
         self.url = masked_url(self._url)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -139,7 +139,7 @@ class StreamingClient:
         """POST `body` (sent as given) and read the stream. Never raises but for cancellation."""
         data = orjson.dumps(body)
         tm = asyncio.timeout(None)
-        st = Attempt(self._chat, self._clock, self._timeouts, tm, on_conn_ready)
+        st = Attempt(self._api, self._clock, self._timeouts, tm, on_conn_ready)
         token = CURRENT.set(st)  # for the session's StampingConnector, in this task only
         try:
             async with tm:
@@ -214,7 +214,8 @@ class StreamingClient:
             ctype = resp.headers.get("Content-Type", "")
             note = "" if "event-stream" in ctype else f" (content-type {ctype or 'missing'})"
             n = st.out.content_chunks
-            st.fail("protocol_error", f"stream ended before [DONE] after {n} tokens{note}")
+            last = "response.completed" if self._api == "responses" else "[DONE]"
+            st.fail("protocol_error", f"stream ended before {last} after {n} tokens{note}")
 
     async def _read_error(self, st: Attempt, resp: aiohttp.ClientResponse) -> None:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""

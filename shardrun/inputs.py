@@ -310,12 +310,11 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
         return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}")
     api = BATCH_URLS.get(url) if isinstance(url, str) else None
     if api is None:
-        return Reject(
-            line_no, f"url must be /v1/chat/completions or /v1/completions, got {_short(url)}"
-        )
+        return Reject(line_no, "url must be /v1/chat/completions, /v1/completions or "
+                               f"/v1/responses, got {_short(url)}")  # fmt: skip
     if not isinstance(body, dict):
         return Reject(line_no, f"body must be a JSON object, got {_short(body)}")
-    need = "messages" if api == "chat" else "prompt"
+    need = {"chat": "messages", "completions": "prompt", "responses": "input"}[api]
     if body.get(need) is None:
         return Reject(line_no, f"body has no '{need}' (required for {url})")
     if body.get("n", 1) != 1:

@@ -2,8 +2,9 @@
 
 Item shapes (made by `inputs`, sent by the coordinator in `items` messages):
 
-    {"id", "prompt": str}                 chat: one user message; completions: the prompt
-    {"id", "messages": [...]}             chat only
+    {"id", "prompt": str}                 chat: one user message; completions and
+                                          responses: the prompt (responses: as `input`)
+    {"id", "messages": [...]}             chat, and responses (as `input`)
     {"id", "body": {...}, "url": str}     an OpenAI Batch line: its own body; url picks the API
 
 Pure functions, importable by a shard without the input readers.
@@ -17,14 +18,18 @@ from typing import Any, Literal
 
 import orjson
 
-__all__ = ["BATCH_URLS", "CHARS_PER_TOKEN", "build_request", "estimate_prompt_tokens",
-           "prompt_chars", "tokens_of_chars"]  # fmt: skip
+__all__ = ["API_PATHS", "BATCH_URLS", "CHARS_PER_TOKEN", "build_request",
+           "estimate_prompt_tokens", "prompt_chars", "tokens_of_chars"]  # fmt: skip
 
-Api = Literal["chat", "completions"]
+Api = Literal["chat", "completions", "responses"]
 
+API_PATHS: Mapping[Api, str] = {"chat": "/chat/completions", "completions": "/completions",
+                                "responses": "/responses"}  # fmt: skip
+"""Where each API is, under the base URL."""
 BATCH_URLS: Mapping[str, Api] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/responses": "responses",
 }
 CHARS_PER_TOKEN = 4
 """The prompt-token estimate used before a server has counted: characters / 4."""
@@ -43,9 +48,10 @@ def build_request(
 
     A body item keeps its own body and names its API by its url; the job's `params` only fill
     keys the body lacks, and `model` only when the body names none. Every body streams,
-    whatever the line said about `stream`; with `stream_usage` it also asks for usage
-    (`stream_options.include_usage`), which servers that predate that option refuse, so
-    without it any `stream_options` the body has go as they are.
+    whatever the line said about `stream`; with `stream_usage` a chat or completions body also
+    asks for usage (`stream_options.include_usage`), which servers that predate that option
+    refuse, so without it any `stream_options` the body has go as they are. The Responses API
+    sends usage in its last event unasked, and takes the prompt or messages as `input`.
     """
     if "body" in item:
         api = BATCH_URLS.get(str(item.get("url")), api)
@@ -54,14 +60,16 @@ def build_request(
             body["model"] = model
     else:
         body = {"model": model, **params}
-        if "messages" in item:
+        if api == "responses":
+            body["input"] = item.get("messages", item.get("prompt"))
+        elif "messages" in item:
             body["messages"] = item["messages"]
         elif api == "completions":
             body["prompt"] = item["prompt"]
         else:
             body["messages"] = [{"role": "user", "content": item["prompt"]}]
     body["stream"] = True
-    if stream_usage:
+    if stream_usage and api != "responses":
         options = body.get("stream_options")
         body["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                   "include_usage": True}  # fmt: skip
@@ -69,13 +77,18 @@ def build_request(
 
 
 def prompt_chars(item: Mapping[str, Any]) -> int:
-    """Characters of prompt text an item sends (message contents, or the prompt)."""
+    """Characters of prompt text an item sends (message contents, or the prompt; a Responses
+    body's `input` is either)."""
     source: Any = item.get("body", item)
-    prompt = source.get("prompt")
+    prompt, messages = source.get("prompt"), source.get("messages")
+    if isinstance(given := source.get("input"), list):
+        messages = given
+    elif given is not None:
+        prompt = given
     if prompt is not None:
         return len(prompt) if isinstance(prompt, str) else len(orjson.dumps(prompt))
     total = 0
-    for message in source.get("messages") or ():
+    for message in messages or ():
         content = message.get("content", "") if isinstance(message, dict) else ""
         total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
     return total

@@ -30,7 +30,7 @@ from shardrun.client import (
     request_headers,
 )
 from shardrun.clock import Clock
-from shardrun.items import build_request, prompt_chars, tokens_of_chars
+from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy, is_retryable
@@ -488,7 +488,7 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
         shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,
                                               shard.clock, proxy=cfg.proxy,
                                               proxy_authorization=cfg.proxy_authorization)
-                         for api in ("chat", "completions")}
+                         for api in API_PATHS}
         reader = asyncio.create_task(_pump(receive, shard))
         ticker = asyncio.create_task(shard.ticker())
         try:

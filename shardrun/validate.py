@@ -18,7 +18,7 @@ import orjson
 from shardrun.clock import Clock
 from shardrun.errors import SpecError
 from shardrun.inputs import Reject, make_reader
-from shardrun.items import build_request, prompt_chars, tokens_of_chars
+from shardrun.items import Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
 from shardrun.spec import LoadedJob
 
@@ -100,13 +100,13 @@ def config_rows(job: LoadedJob) -> list[tuple[str, str, str]]:
     return rows
 
 
-def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[Api, dict[str, Any]]:
     """The request a run would send for `item`, with its token limit capped for the ping."""
     spec = job.spec
     api, body = build_request(item, model=spec.endpoint.model, params=spec.params,
                               api=spec.endpoint.api,
                               stream_usage=spec.endpoint.stream_usage)  # fmt: skip
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(key), int):
             body[key] = min(body[key], PING_MAX_TOKENS)
     return api, body
@@ -126,8 +126,7 @@ async def ping(
     endpoint = job.spec.endpoint
     headers = request_headers(api_key, endpoint.api_key_header, endpoint.headers)
     async with make_session(1, timeouts) as session:
-        client = StreamingClient(session, base_url, "chat" if api == "chat" else "completions",
-                                 headers, timeouts, Clock(),
+        client = StreamingClient(session, base_url, api, headers, timeouts, Clock(),
                                  proxy=None if proxy is None else proxy.url,
                                  proxy_authorization=None if proxy is None
                                  else proxy.authorization)  # fmt: skip

@@ -704,7 +704,7 @@ def test_multibyte_text_split_across_writes_arrives_intact() -> None:
 
 
 async def _attempt() -> Attempt:
-    return Attempt(True, Clock(), FAST, asyncio.timeout(None), None)
+    return Attempt("chat", Clock(), FAST, asyncio.timeout(None), None)
 
 
 _GAP = st.one_of(st.just(0.0), st.floats(0.0, 1e-6), st.floats(1e-6, 2.0))

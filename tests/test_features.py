@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from shardrun._responses import ResponsesReader, read_whole_response
 from shardrun.sim.config import TEXT_WORDS, WORDS, SimConfig, make_plan
 from shardrun.sim.launcher import start_sim
 from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
@@ -321,6 +322,47 @@ def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path,
         else:
             assert result["output"] == answer and "tool_calls" not in result
     assert escaped >= 30  # nearly every answer has a word that JSON escapes
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_the_responses_api_end_to_end(tmp_path: Path, tools: bool) -> None:
+    """api: responses against the simulator in its own process: a thinking model's answer, or
+    a function call, in prose (escapes); each result holds what the server generated, in the
+    keys and shapes a chat run uses, with the server's usage; the Batch output holds response
+    objects that read back to the same."""
+    write_input(tmp_path / "input.jsonl", 30)
+    sim = {**FAST_SIM, "tokens": "uniform:8:24", "text": "prose", "reasoning_tokens": 5}
+    flat_tool = {"type": "function", "name": "save_answer", "parameters": {"type": "object"}}
+    params = {"max_output_tokens": 64, **({"tools": [flat_tool]} if tools else {})}
+    write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
+              endpoint={"base_url": "sim://", "api": "responses", "model": "m", "sim": sim})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = only_run(tmp_path / "runs")
+    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    config, prose = SimConfig.from_mapping(sim), TEXT_WORDS["prose"]
+    results = {r["id"]: r for r in Run.load(path).results}
+    assert sorted(results) == sorted(prompts)
+    for item_id, result in results.items():
+        body = {"model": "m", "input": prompts[item_id], **params}
+        words = [prose[i] for i in make_plan(orjson.dumps(body), "responses", config).words]
+        answer = "".join(words[5:])
+        assert result["reasoning"] == "".join(words[:5])
+        assert result["usage"]["completion_tokens"] == len(words)
+        if tools:
+            [call] = result["tool_calls"]
+            assert call["type"] == "function" and call["id"].startswith("call_")
+            assert call["function"]["name"] == "save_answer"
+            assert orjson.loads(call["function"]["arguments"]) == {"text": answer}
+            assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
+        else:
+            assert (result["output"], result["finish_reason"]) == (answer, "stop")
+    for line in read_jsonl(path / "batch_output.jsonl"):
+        reader = ResponsesReader()
+        text = read_whole_response(orjson.dumps(line["response"]["body"]), reader)
+        result = results[line["custom_id"]]
+        assert (text, "".join(reader.reasoning), reader.tool_call_list()) == (
+            result["output"], result["reasoning"], result.get("tool_calls"))
 
 
 def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(

@@ -301,6 +301,8 @@ def test_batch_lines_become_body_items() -> None:
     }  # fmt: skip
     completion = parse_line(batch_line(url="/v1/completions", body={"prompt": "x"}), 2, BATCH)
     assert completion == {"id": "r1", "body": {"prompt": "x"}, "url": "/v1/completions"}
+    response = parse_line(batch_line(url="/v1/responses", body={"input": "x"}), 3, BATCH)
+    assert response == {"id": "r1", "body": {"input": "x"}, "url": "/v1/responses"}
 
 
 @pytest.mark.parametrize(
@@ -309,7 +311,9 @@ def test_batch_lines_become_body_items() -> None:
         ({"custom_id": None}, "custom_id is missing"),
         ({"custom_id": ""}, "custom_id is missing"),
         ({"method": "GET"}, 'method must be POST, got "GET"'),
-        ({"url": "/v1/embeddings"}, "url must be /v1/chat/completions or /v1/completions"),
+        ({"url": "/v1/embeddings"},
+         "url must be /v1/chat/completions, /v1/completions or /v1/responses"),
+        ({"url": "/v1/responses", "body": {"model": "x"}}, "body has no 'input'"),
         ({"body": [1]}, "body must be a JSON object, got [1]"),
         ({"body": {"model": "x"}}, "body has no 'messages'"),
         ({"body": {"messages": [{"role": "user", "content": "q"}], "n": 3}},

@@ -276,7 +276,7 @@ def test_disconnect_frees_capacity() -> None:
     run(go())
 
 
-class _Recorder:
+class Recorder:
     """Stands in for a StreamResponse: records when each write happens."""
 
     def __init__(self) -> None:
@@ -312,7 +312,7 @@ def test_emit_coalesces_due_tokens_into_few_writes() -> None:
     """Tokens go out in one write per wake, writes >= flush_ms apart, itl_ms=0 means one write."""
 
     async def emit(cfg: SimConfig, n: int) -> list[tuple[float, bytes]]:
-        rec, frames = _Recorder(), Frames(b"R;", b"<", b">", b"T;", WORDS)
+        rec, frames = Recorder(), Frames(b"R;", b"<", b">", b"T;", WORDS)
         words = bytes(i % 256 for i in range(n))
         await Sim(cfg).emit(rec, frames, words)  # type: ignore[arg-type]
         assert b"".join(d for _, d in rec.writes) == b"R;" + frames.tokens(words) + b"T;<eof>"

@@ -250,7 +250,7 @@ def test_wrong_type_names_key_and_file(jobs: Path) -> None:
     )
     text = MINIMAL.replace("model:", "api: chats\n  model:")
     assert error_of(write(jobs, text)) == (
-        "jobs/x.yaml: endpoint.api must be 'chat' or 'completions', got 'chats'"
+        "jobs/x.yaml: endpoint.api must be 'chat', 'completions' or 'responses', got 'chats'"
     )
 
 
@@ -597,7 +597,7 @@ def test_batch_format_takes_no_prompt_settings(jobs: Path) -> None:
         " carries its own request body"
     )
     assert error_of(write(jobs, MINIMAL + "  format: xml\n")).startswith(
-        "jobs/x.yaml: input.format must be 'jsonl' or 'csv' or 'parquet' or 'openai-batch'"
+        "jobs/x.yaml: input.format must be 'jsonl', 'csv', 'parquet' or 'openai-batch'"
     )
 
 

@@ -162,6 +162,17 @@ def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> 
     assert FAST_SIM["ttft_ms"] == 5  # the fast settings the job used
 
 
+def test_ping_of_the_responses_api_caps_its_token_limit(tmp_path: Path) -> None:
+    """api: responses: the ping posts to /v1/responses, caps max_output_tokens like max_tokens,
+    and reads the reply from the simulator's event stream."""
+    job = load_job(make_job(tmp_path, GOOD, params={"max_output_tokens": 500}, endpoint={
+        "base_url": "sim://", "api": "responses", "model": "m",
+        "sim": {**FAST_SIM, "tokens": "40"}}), env={}, flags={})  # fmt: skip
+    result = run_ping(job, {}, check_input(job).first_item)
+    assert result.ok and result.error is None and result.url.endswith("/v1/responses")
+    assert result.completion_tokens == 16 and result.reply
+
+
 def test_ping_reports_rate_headers_and_caps_tokens(tmp_path: Path) -> None:
     """One request, max_tokens capped at 16, x-ratelimit-* headers reported."""
     seen: list[dict[str, Any]] = []

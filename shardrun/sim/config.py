@@ -4,7 +4,7 @@
 travels three ways: built in code (tests, benchmarks), from a job file's mapping
 (`from_mapping`), and as command-line flags (`to_args`) for the launcher's separate process.
 `make_plan` turns a request body into its whole answer up front; the answer depends only on
-the seed and the prompt or messages, never on arrival order, so reruns compare equal.
+the seed and the prompt, messages or input, never on arrival order, so reruns compare equal.
 
 Fault injection (issue #3): the `FAULT_KINDS` fractions (each in [0, 1], summing to at most 1)
 say what share of requests meet each fault; `shardrun.sim.faults` explains how one is drawn.
@@ -17,7 +17,7 @@ import functools
 import hashlib
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ import orjson
 MAX_SAMPLED_TOKENS = 65536
 
 TokenKind = Literal["fixed", "uniform", "lognormal"]
-Kind = Literal["chat", "completions"]
+Kind = Literal["chat", "completions", "responses"]
 TEXTS = ("words", "prose")
 """What the words look like (`SimConfig.text`): plain, or prose with bytes JSON escapes."""
 
@@ -155,8 +155,9 @@ class SimConfig:
     reject_stream_options: bool = False
     ignore_stream: bool = False
     # A reasoning model: the first N tokens of a chat answer are reasoning, sent as
-    # `delta.reasoning_content` (in a whole answer, `message.reasoning_content`). They count in
-    # usage, and `max_tokens` caps them together with the content, as real servers do.
+    # `delta.reasoning_content` (in a whole answer, `message.reasoning_content`); of a Responses
+    # answer, a reasoning item. They count in usage, and `max_tokens` (`max_output_tokens`)
+    # caps them together with the content, as real servers do.
     reasoning_tokens: int = 0
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
@@ -321,14 +322,14 @@ def _opt_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _chat_text_len(messages: object) -> int:
+def _chat_text_len(messages: object, key: str = "messages") -> int:
     """Total characters of the messages' text; rejects shapes no OpenAI server accepts."""
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list.", "messages")
+        raise BadRequest(f"'{key}' must be a non-empty list.", key)
     total = 0
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest("each message must be an object with a string 'role'.", "messages")
+            raise BadRequest("each message must be an object with a string 'role'.", key)
         content = m.get("content")
         if isinstance(content, str):
             total += len(content)
@@ -336,8 +337,20 @@ def _chat_text_len(messages: object) -> int:
             texts = (p.get("text") for p in content if isinstance(p, dict))
             total += sum(len(t) for t in texts if isinstance(t, str))
         elif content is not None:
-            raise BadRequest("message 'content' must be a string or a list.", "messages")
+            raise BadRequest("message 'content' must be a string or a list.", key)
     return total
+
+
+def _input_len(value: object) -> int:
+    """Characters of a Responses `input`: a string, or messages as chat's, each with content
+    (a string or a list of parts such as {"type": "input_text", "text": ...})."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list) and all(isinstance(m, dict) and m.get("content") is not None
+                                       for m in value):  # fmt: skip
+        return _chat_text_len(value, "input")
+    raise BadRequest("'input' must be a string or a non-empty list of messages "
+                     "{role, content}.", "input")  # fmt: skip
 
 
 def _prompt_len(prompt: object) -> int:
@@ -360,26 +373,24 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
         raise BadRequest("the request body is not valid JSON.", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object.", None, "invalid_json")
-    key = "messages" if kind == "chat" else "prompt"
+    key = _CONTENT_KEYS[kind]
     if key not in body:
         raise BadRequest(f"'{key}' is required.", key, "missing_required_parameter")
     content = body[key]
-    chars = _chat_text_len(content) if kind == "chat" else _prompt_len(content)
+    chars = _TEXT_LENS[kind](content)
     model = body.get("model", "sim")
     if not isinstance(model, str):
         raise BadRequest("'model' must be a string.", "model")
     stream = body.get("stream") or False
-    opts = body.get("stream_options") or {}
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean.", "stream")
-    if not isinstance(opts, dict):
-        raise BadRequest("'stream_options' must be an object.", "stream_options")
-    if cfg.reject_stream_options and "stream_options" in body:
-        # The wording of an API version that predates the option.
-        raise BadRequest("Unrecognized request argument supplied: stream_options",
-                         None, "unrecognized_argument")  # fmt: skip
-    tool = _tool_called(body) if kind == "chat" else None
-    cap = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
+    # Responses has no stream_options (usage always comes) and caps with max_output_tokens.
+    include_usage = kind == "responses" or _include_usage(body, cfg)
+    tool = _tool_called(body, kind) if kind != "completions" else None
+    if kind == "responses":
+        cap = _opt_int(body, "max_output_tokens")
+    else:
+        cap = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
     digest = hashlib.blake2b(
         orjson.dumps(content, option=orjson.OPT_SORT_KEYS),
         digest_size=16,
@@ -387,23 +398,44 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     ).digest()
     rng = random.Random(int.from_bytes(digest, "little"))
     n = cfg.token_spec.sample(rng)
-    thinking = cfg.reasoning_tokens if kind == "chat" else 0
+    thinking = cfg.reasoning_tokens if kind != "completions" else 0
     n += thinking  # the reasoning comes on top of the sampled answer
     finish = "length" if cap is not None and n >= cap else "tool_calls" if tool else "stop"
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
-    return Plan(kind, model, stream and not cfg.ignore_stream, opts.get("include_usage") is True,
+    return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, max(1, (chars + 3) // 4), min(thinking, len(words)),
                 tool, cfg.text)  # fmt: skip
 
 
-def _tool_called(body: dict[str, Any]) -> str | None:
-    """The function a chat answer calls: the first of `tools`, unless `tool_choice` is "none"."""
+#: By kind: the field that holds the prompt, and how many characters of text it has.
+_CONTENT_KEYS: dict[Kind, str] = {"chat": "messages", "completions": "prompt",
+                                  "responses": "input"}  # fmt: skip
+_TEXT_LENS: dict[Kind, Callable[[object], int]] = {
+    "chat": _chat_text_len, "completions": _prompt_len, "responses": _input_len}  # fmt: skip
+
+
+def _include_usage(body: dict[str, Any], cfg: SimConfig) -> bool:
+    """Whether chat or completions `stream_options` ask for a usage chunk (or a 400)."""
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object.", "stream_options")
+    if cfg.reject_stream_options and "stream_options" in body:
+        # The wording of an API version that predates the option.
+        raise BadRequest("Unrecognized request argument supplied: stream_options",
+                         None, "unrecognized_argument")  # fmt: skip
+    return opts.get("include_usage") is True
+
+
+def _tool_called(body: dict[str, Any], kind: Kind) -> str | None:
+    """The function an answer calls: the first of `tools`, unless `tool_choice` is "none".
+    Chat nests the name ({type, function: {name}}); Responses tools are flat ({type, name})."""
     tools = body.get("tools")
     if tools is None or body.get("tool_choice") == "none":
         return None
-    function = tools[0].get("function") if isinstance(tools, list) and tools and isinstance(
-        tools[0], dict) else None
+    first = tools[0] if isinstance(tools, list) and tools and isinstance(tools[0], dict) else None
+    function = first if kind == "responses" or first is None else first.get("function")
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
-        raise BadRequest("'tools' must be a non-empty list of {type, function: {name}}.", "tools")
+        shape = "{type, name}" if kind == "responses" else "{type, function: {name}}"
+        raise BadRequest(f"'tools' must be a non-empty list of {shape}.", "tools")
     return name

@@ -3,17 +3,21 @@
 Built once per request from its `Plan`; token events are joined from the templates per write,
 so a stream costs one join and one write per wake, never JSON encoding per token: each word's
 bytes inside a JSON string (escaped when the text is prose) are tabled once, at import.
+
+A Responses stream (`ResponseFrames`) numbers every event (`sequence_number`), so its token
+events are one bytes `%` format each (template, number, tabled word) instead of a plain join;
+its other events are known up front (the plan holds the whole answer) and encoded once.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from shardrun.sim.config import TEXT_WORDS, Plan
 
-__all__ = ["OBJECT", "Frames", "render_full", "render_stream"]
+__all__ = ["OBJECT", "Frames", "ResponseFrames", "render_full", "render_stream"]
 
 
 def _in_string(text: str) -> bytes:
@@ -29,7 +33,10 @@ _ARGUMENT_WORDS = {mode: tuple(_in_string(_in_string(t).decode()) for t in texts
 
 _DONE = b"data: [DONE]\n\n"
 OBJECT = {"chat": (b"chat.completion.chunk", "chat.completion", "chatcmpl"),
-          "completions": (b"text_completion", "text_completion", "cmpl")}  # fmt: skip
+          "completions": (b"text_completion", "text_completion", "cmpl"),
+          "responses": (b"response", "response", "")}  # fmt: skip
+"""By kind: a stream chunk's and a whole answer's `object`, and the request id's prefix (none
+for Responses, whose ids are "resp_", "msg_"... + the request id)."""
 
 
 def _usage(plan: Plan) -> dict[str, int]:
@@ -71,8 +78,10 @@ class Frames(NamedTuple):
         return thought + self.opener + self.tokens(words[split:], self.thinking + 1)
 
 
-def render_stream(plan: Plan, rid: str, created: int) -> Frames:
+def render_stream(plan: Plan, rid: str, created: int) -> Frames | ResponseFrames:
     """The byte templates of a streamed answer; token events are built lazily, per write."""
+    if plan.kind == "responses":
+        return _response_frames(plan, rid, created)
     ident = b'"id":%b,"object":"%b","created":%d,"model":%b' % (
         orjson.dumps(rid), OBJECT[plan.kind][0], created, orjson.dumps(plan.model))
     pre = b"data: {" + ident + b',"choices":[{"index":0,'
@@ -110,7 +119,9 @@ def _thought_frames(pre: bytes, end: bytes) -> tuple[bytes, bytes]:
 
 
 def render_full(plan: Plan, rid: str, created: int) -> bytes:
-    """A complete non-streaming chat.completion or text_completion JSON body."""
+    """A complete non-streaming chat.completion, text_completion or response JSON body."""
+    if plan.kind == "responses":
+        return orjson.dumps(_response(plan, rid, created))
     texts = TEXT_WORDS[plan.text]
     thought = "".join(texts[i] for i in plan.words[: plan.thinking])
     text = "".join(texts[i] for i in plan.words[plan.thinking :])
@@ -129,3 +140,172 @@ def render_full(plan: Plan, rid: str, created: int) -> bytes:
         choice["text"] = text
     return orjson.dumps({"id": rid, "object": OBJECT[plan.kind][1], "created": created,
                          "model": plan.model, "choices": [choice], "usage": _usage(plan)})
+
+
+# The Responses API (POST /v1/responses).
+
+
+class ResponseFrames(NamedTuple):
+    """Prebuilt SSE bytes of one Responses stream, written by `Sim.emit` as `Frames` are.
+
+    Word i of the plan (reasoning first) is one event: `think % (i + think_seq, word)` while
+    i < `thinking`, else `answer % (i + answer_seq, word)`. `middle` (the reasoning item's done
+    and the answer item's start) goes just before the first answer token; without reasoning,
+    the answer item's start is in `role`.
+    """
+
+    role: bytes  # created, in_progress and the first item's start
+    end: bytes  # the last item's closing events, then response.completed or .incomplete
+    think: bytes  # a reasoning token's event: a bytes % template of (sequence number, word)
+    answer: bytes  # an answer token's event (output text, or a piece of a call's arguments)
+    think_table: tuple[bytes, ...]  # a reasoning word's bytes in its event, by word
+    table: tuple[bytes, ...]  # an answer word's bytes in its event, by word
+    thinking: int
+    middle: bytes
+    think_seq: int
+    answer_seq: int
+
+    def tokens(self, words: bytes, start: int = 0) -> bytes:
+        """The events of these tokens (words[start:...] of the answer) as one bytes object."""
+        split = max(0, min(len(words), self.thinking - start))
+        out = b""
+        if split:
+            seq, table, think = start + self.think_seq, self.think_table, self.think
+            out = b"".join([think % (seq + j, table[w]) for j, w in enumerate(words[:split])])
+        if split < len(words):
+            at = start + split  # the plan's index of the first answer word here
+            seq, table, answer = at + self.answer_seq, self.table, self.answer
+            out += (self.middle if at == self.thinking else b"") + b"".join(
+                [answer % (seq + j, table[w]) for j, w in enumerate(words[split:])])
+        return out
+
+
+class _Events:
+    """Numbers and encodes a Responses stream's events in order; `skip` leaves the numbers of
+    token events, which `ResponseFrames` makes per write."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, kind: str, **fields: object) -> bytes:
+        """The next event's bytes."""
+        data = orjson.dumps({"type": kind, "sequence_number": self.seq, **fields})
+        self.seq += 1
+        return b"event: %b\ndata: %b\n\n" % (kind.encode(), data)
+
+    def skip(self, n: int) -> int:
+        """Reserve n sequence numbers for token events; the first of them."""
+        self.seq += n
+        return self.seq - n
+
+
+def _token_event(kind: str, fields: dict[str, object], tail: bytes) -> bytes:
+    """A token event as a bytes % template of (sequence number, word): the word is the string
+    `delta`, after the other fields; `tail` closes the string and the object."""
+    head = orjson.dumps({"type": kind, "sequence_number": 0, **fields})[:-1].replace(b"%", b"%%")
+    head = head.replace(b'"sequence_number":0', b'"sequence_number":%d', 1)
+    return b'event: %b\ndata: %b,"delta":"%%b%b\n\n' % (kind.encode(), head, tail)
+
+
+def _response(plan: Plan, rid: str, created: int) -> dict[str, Any]:
+    """The final response object: a stream's last event holds it; a whole answer is it."""
+    texts = TEXT_WORDS[plan.text]
+    output: list[dict[str, Any]] = []
+    if plan.thinking:
+        thought = "".join(texts[i] for i in plan.words[: plan.thinking])
+        output.append({"id": f"rs_{rid}", "type": "reasoning", "summary": [],
+                       "content": [{"type": "reasoning_text", "text": thought}]})  # fmt: skip
+    if len(plan.words) > plan.thinking:  # a cap may leave only reasoning
+        text = "".join(texts[i] for i in plan.words[plan.thinking :])
+        if plan.tool is None:
+            part = {"type": "output_text", "text": text, "annotations": []}
+            output.append({"id": f"msg_{rid}", "type": "message", "status": "completed",
+                           "role": "assistant", "content": [part]})  # fmt: skip
+        else:
+            output.append({"id": f"fc_{rid}", "type": "function_call", "status": "completed",
+                           "call_id": f"call_{rid}", "name": plan.tool,
+                           "arguments": orjson.dumps({"text": text}).decode()})  # fmt: skip
+    n, prompt = len(plan.words), plan.prompt_tokens
+    usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+             "output_tokens": n, "output_tokens_details": {"reasoning_tokens": plan.thinking},
+             "total_tokens": prompt + n}  # fmt: skip
+    if plan.finish == "length":
+        return _envelope(plan, rid, created, "incomplete", output, usage,
+                         incomplete_details={"reason": "max_output_tokens"})  # fmt: skip
+    return _envelope(plan, rid, created, "completed", output, usage)
+
+
+def _envelope(plan: Plan, rid: str, created: int, status: str, output: list[dict[str, Any]],
+              usage: dict[str, Any] | None, **extra: object) -> dict[str, Any]:  # fmt: skip
+    """A response object with this status, output and usage."""
+    return {"id": f"resp_{rid}", "object": "response", "created_at": created, "status": status,
+            "model": plan.model, "output": output, "usage": usage, **extra}  # fmt: skip
+
+
+def _response_frames(plan: Plan, rid: str, created: int) -> ResponseFrames:
+    """The events of a Responses stream, numbered in order; see `ResponseFrames`."""
+    final = _response(plan, rid, created)
+    output, thinking, event = final["output"], plan.thinking, _Events()
+    start = _envelope(plan, rid, created, "in_progress", [], None)
+    role = event("response.created", response=start) + event("response.in_progress",
+                                                              response=start)  # fmt: skip
+    think, think_seq, middle = b"", 0, b""
+    if thinking:
+        item = output[0]
+        role += event("response.output_item.added", output_index=0,
+                      item={k: item[k] for k in ("id", "type", "summary")})  # fmt: skip
+        think = _token_event("response.reasoning_text.delta", {"item_id": item["id"],
+                             "output_index": 0, "content_index": 0}, b'"}')  # fmt: skip
+        think_seq = event.skip(thinking)
+        middle = event("response.output_item.done", output_index=0, item=item)
+    answer, answer_seq, closer = b"", 0, middle  # without an answer, the reasoning ends it
+    if len(plan.words) > thinking:
+        k = len(output) - 1
+        events = _message_events if plan.tool is None else _call_events
+        opener, answer, first, closer = events(event, output[k], k, len(plan.words) - thinking)
+        answer_seq = first - thinking
+        if thinking:
+            middle += opener
+        else:
+            role += opener
+    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+    words = _ARGUMENT_WORDS if plan.tool is not None else _JSON_WORDS
+    return ResponseFrames(role, closer + event(kind, response=final), think, answer,
+                          _JSON_WORDS[plan.text], words[plan.text], thinking, middle, think_seq,
+                          answer_seq)  # fmt: skip
+
+
+_Opened = tuple[bytes, bytes, int, bytes]
+"""An answer item's events: its start, its token template, its first token's sequence number
+and its end."""
+
+
+def _message_events(event: _Events, item: dict[str, Any], k: int, n: int) -> _Opened:
+    """A message's events at output index k, with n text deltas."""
+    ids = {"item_id": item["id"], "output_index": k, "content_index": 0}
+    part = item["content"][0]
+    opener = event("response.output_item.added", output_index=k,
+                   item={**item, "status": "in_progress", "content": []}) + event(
+        "response.content_part.added", **ids, part={**part, "text": ""})  # fmt: skip
+    template = _token_event("response.output_text.delta", ids, b'","logprobs":[]}')
+    first = event.skip(n)
+    closer = (event("response.output_text.done", **ids, text=part["text"], logprobs=[])
+              + event("response.content_part.done", **ids, part=part)
+              + event("response.output_item.done", output_index=k, item=item))  # fmt: skip
+    return opener, template, first, closer
+
+
+def _call_events(event: _Events, item: dict[str, Any], k: int, n: int) -> _Opened:
+    """A function call's events at output index k: its arguments {"text": ...} in pieces, the
+    opening and closing ones framing the n pieces of words."""
+    ids = {"item_id": item["id"], "output_index": k}
+    delta = "response.function_call_arguments.delta"
+    opener = event("response.output_item.added", output_index=k,
+                   item={**item, "status": "in_progress", "arguments": ""}) + event(
+        delta, **ids, delta='{"text":"')  # fmt: skip
+    template = _token_event(delta, ids, b'"}')
+    first = event.skip(n)
+    closer = (event(delta, **ids, delta='"}')
+              + event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+              + event("response.output_item.done", output_index=k, item=item))  # fmt: skip
+    return opener, template, first, closer

@@ -4,7 +4,8 @@ It shares CPU with the clients it measures, so its cost per stream must stay sma
 never wakes once per token. After the first-token delay it writes, on each wake, every token
 that is due by the wall-clock schedule (token i due at first_token + i * itl) as one write of
 prebuilt SSE bytes, then sleeps at least `flush_ms`. Output length and words depend only on the
-seed and the request's prompt or messages, never on arrival order, so reruns compare equal.
+seed and the request's prompt, messages or input, never on arrival order, so reruns compare
+equal. It serves chat completions, completions and the Responses API (`/v1/responses`).
 Faults (429/500/503, resets, drops, stalls, slow first tokens) are drawn per request by
 `shardrun.sim.faults`; a request without a fault takes exactly the path it took before.
 """
@@ -37,7 +38,7 @@ from shardrun.sim.faults import (
     unauthorized,
 )
 from shardrun.sim.gate import FifoGate
-from shardrun.sim.render import OBJECT, Frames, render_full, render_stream
+from shardrun.sim.render import OBJECT, Frames, ResponseFrames, render_full, render_stream
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 ARRIVALS_KEPT = 200_000
@@ -62,9 +63,11 @@ class Sim:
         self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
 
     def next_id(self, kind: Kind) -> tuple[str, int]:
-        """A response id unique in this server (ids are not part of the deterministic output)."""
+        """A response id unique in this server (ids are not part of the deterministic output);
+        a Responses one has no prefix, its objects' ids add theirs ("resp_sim7", "msg_sim7")."""
         self.seq += 1
-        return f"{OBJECT[kind][2]}-sim{self.seq}", int(time.time())
+        prefix = OBJECT[kind][2]
+        return f"{prefix}-sim{self.seq}" if prefix else f"sim{self.seq}", int(time.time())
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -85,7 +88,7 @@ class Sim:
             st["in_flight"] -= 1
             self.gate.release()
 
-    async def emit(self, resp: web.StreamResponse, frames: Frames, words: bytes,
+    async def emit(self, resp: web.StreamResponse, frames: Frames | ResponseFrames, words: bytes,
                    start: int = 0, stop: int | None = None) -> None:  # fmt: skip
         """Write words[start:stop] on their wall-clock schedule, all due ones per write, >= flush
         apart; without `stop` the last write also carries the end frames and ends the body."""
@@ -129,7 +132,8 @@ SIM_KEY = web.AppKey("sim", Sim)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
-    """Shared handler for chat and completions: auth, plan, fault, capacity, then respond."""
+    """Shared handler for chat, completions and responses: auth, plan, fault, capacity, then
+    respond."""
     sim = request.app[SIM_KEY]
     st, cfg = sim.stats, sim.cfg
     st["requests_total"] += 1
@@ -203,8 +207,9 @@ async def _respond_stream(request: web.Request, sim: Sim, plan: Plan, ident: tup
 
 
 async def _faulty_stream(request: web.Request, sim: Sim, resp: web.StreamResponse,
-                         frames: Frames, words: bytes, fault: str) -> bool:  # fmt: skip
-    """Stream with a fault; False when the answer did not reach [DONE] (dropped or abandoned).
+                         frames: Frames | ResponseFrames, words: bytes, fault: str,
+                         ) -> bool:  # fmt: skip
+    """Stream with a fault; False when the answer did not reach its end (dropped, abandoned).
 
     slow_first_token waits longer for the first token; drop_mid_stream sends about half the
     tokens and resets; stall_mid_stream sends about half, pauses `stall_s`, then finishes.
@@ -232,6 +237,10 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completions")
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "responses")
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -266,6 +275,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.on_shutdown.append(_on_shutdown)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/sim/stats", _stats)

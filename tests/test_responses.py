@@ -1,0 +1,262 @@
+"""The OpenAI Responses API on the client's side: its event stream and whole response objects
+(`shardrun._responses`), the request body, the job rules and the Batch output line."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardrun._chunks import BAD, DONE, ERROR, MORE, stream_error
+from shardrun._responses import ResponsesReader, read_whole_response
+from shardrun.batch_format import batch_output_line
+from shardrun.errors import SpecError
+from shardrun.items import build_request, prompt_chars
+from shardrun.spec import load_job
+from shardrun.sse import SSEDecoder
+
+USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+         "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 12}  # fmt: skip
+
+
+def events(*bodies: dict[str, Any]) -> list[bytes]:
+    """Payloads of a stream: each event with its type and the next sequence number."""
+    return [orjson.dumps({**body, "sequence_number": n}) for n, body in enumerate(bodies)]
+
+
+def response(status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "created_at": 1, "status": status,
+            "model": "m", "output": output, "usage": USAGE, **extra}  # fmt: skip
+
+
+def message(text: str) -> dict[str, Any]:
+    return {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+
+
+def delta(kind: str, text: str, index: int = 0) -> dict[str, Any]:
+    return {"type": kind, "item_id": "x", "output_index": index, "content_index": 0,
+            "delta": text}  # fmt: skip
+
+
+ANSWER = events(
+    {"type": "response.created", "response": response("in_progress", [], usage=None)},
+    {"type": "response.output_item.added", "output_index": 0,
+     "item": {"id": "rs_1", "type": "reasoning", "summary": []}},
+    delta("response.reasoning_text.delta", "Let me"),
+    delta("response.reasoning_summary_text.delta", " think."),
+    {"type": "response.output_item.added", "output_index": 1,
+     "item": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}},
+    delta("response.output_text.delta", "Hé", 1),
+    delta("response.output_text.delta", "llo 🙂\n\"q\"", 1),
+    {"type": "response.output_text.done", "output_index": 1, "text": "Héllo 🙂\n\"q\""},
+    {"type": "response.completed", "response": response("completed", [message("Héllo 🙂")])},
+)  # fmt: skip
+
+
+def read_all(reads: list[list[bytes]]) -> tuple[list[int], list[str], ResponsesReader]:
+    reader, pieces, codes = ResponsesReader(), list[str](), []
+    for payloads in reads:
+        codes.append(reader.read(payloads, pieces))
+        if codes[-1] != MORE:
+            break
+    return codes, pieces, reader
+
+
+def test_a_stream_gives_the_answer_the_reasoning_and_the_usage() -> None:
+    """Deltas make the answer and the reasoning (a thought's text or its summary); the last
+    event ends the stream with usage, and finish_reason as chat says it."""
+    codes, pieces, reader = read_all([ANSWER[:4], ANSWER[4:]])
+    assert codes == [MORE, DONE]
+    assert "".join(pieces) == 'Héllo 🙂\n"q"' and reader.reasoning == ["Let me", " think."]
+    assert (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens) == (
+        "stop", 7, 5)  # fmt: skip
+    assert reader.other_chunks == 2 and reader.tool_call_list() is None
+    assert reader.error is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(cuts=st.lists(st.integers(0, 2000), max_size=12))
+def test_any_split_of_the_bytes_reads_the_same(cuts: list[int]) -> None:
+    """The SSE bytes (with `event:` lines, as the API sends them) cut anywhere, even inside a
+    multi-byte character: the same answer, reasoning, usage and end."""
+    wire = b"".join(b"event: " + orjson.loads(p)["type"].encode() + b"\ndata: " + p + b"\n\n"
+                    for p in ANSWER)  # fmt: skip
+    bounds = sorted({0, len(wire), *(c % (len(wire) + 1) for c in cuts)})
+    decoder, reads = SSEDecoder(), []
+    for a, b in itertools.pairwise(bounds):
+        reads.append(decoder.feed(wire[a:b]))
+    reads.append(decoder.close())
+    codes, pieces, reader = read_all([r for r in reads if r])
+    assert codes[-1] == DONE and "".join(pieces) == 'Héllo 🙂\n"q"'
+    assert "".join(reader.reasoning) == "Let me think." and reader.completion_tokens == 5
+
+
+def test_function_calls_are_read_in_the_chat_shape() -> None:
+    """Two calls, their argument pieces interleaved by output_index: each keeps its call_id
+    and name, the calls come in output order, and the answer ends with "tool_calls"."""
+    def call(index: int, name: str) -> dict[str, Any]:
+        return {"type": "response.output_item.added", "output_index": index,
+                "item": {"id": f"fc_{index}", "type": "function_call", "call_id": f"call_{index}",
+                         "name": name, "arguments": ""}}  # fmt: skip
+
+    args = "response.function_call_arguments.delta"
+    stream = events(call(1, "put"), call(0, "get"), delta(args, '{"a":', 0),
+                    delta(args, "{}", 1), delta(args, "1}", 0),
+                    {"type": "response.completed", "response": response("completed", [])})
+    codes, pieces, reader = read_all([stream])
+    assert codes == [DONE] and pieces == [] and reader.finish_reason == "tool_calls"
+    assert reader.tool_call_list() == [
+        {"id": "call_0", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}},
+        {"id": "call_1", "type": "function", "function": {"name": "put", "arguments": "{}"}}]
+    assert reader.other_chunks == 3
+
+
+def test_a_stream_without_deltas_is_read_from_its_last_event() -> None:
+    """A server that sends the answer only in the final response: its message, reasoning and
+    calls are taken from there, and a call the stream announced is not doubled."""
+    called = {"id": "fc_1", "type": "function_call", "call_id": "call_9", "name": "f",
+              "arguments": '{"x":1}'}  # fmt: skip
+    thought = {"id": "rs", "type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}
+    final = response("completed", [thought, message("all at once"), called])
+    stream = events({"type": "response.output_item.added", "output_index": 2,
+                     "item": {**called, "arguments": ""}},
+                    {"type": "response.completed", "response": final})  # fmt: skip
+    codes, pieces, reader = read_all([stream])
+    assert codes == [DONE] and pieces == ["all at once"] and reader.reasoning == ["s"]
+    assert reader.tool_call_list() == [{"id": "call_9", "type": "function",
+                                        "function": {"name": "f", "arguments": '{"x":1}'}}]
+
+
+@pytest.mark.parametrize(("reason", "finish"), [("max_output_tokens", "length"),
+                                                ("content_filter", "content_filter"),
+                                                (None, "incomplete")])  # fmt: skip
+def test_an_incomplete_response_says_why(reason: str | None, finish: str) -> None:
+    details = {"incomplete_details": None if reason is None else {"reason": reason}}
+    stream = events(delta("response.output_text.delta", "cut"),
+                    {"type": "response.incomplete",
+                     "response": response("incomplete", [message("cut")], **details)})
+    codes, pieces, reader = read_all([stream])
+    assert (codes, pieces, reader.finish_reason) == ([DONE], ["cut"], finish)
+
+
+@pytest.mark.parametrize(("event", "status", "words"), [
+    ({"type": "error", "code": "invalid_prompt", "message": "no"}, "protocol_error",
+     "error invalid_prompt in stream after 1 tokens: no"),
+    ({"type": "error", "error": {"code": "rate_limit_exceeded", "message": "slow down"}},
+     "http_429", "error 429 in stream after 1 tokens: rate_limit_exceeded: slow down"),
+    ({"type": "response.failed", "response": response("failed", [], error={
+        "code": "server_error", "message": "oops"})}, "http_5xx",
+     "error 500 in stream after 1 tokens: server_error: oops"),
+    ({"type": "response.failed", "response": {"status": "failed"}}, "protocol_error",
+     "error in stream after 1 tokens: the response failed"),
+])  # fmt: skip
+def test_errors_end_the_stream_as_retryable_or_not(event: dict[str, Any], status: str,
+                                                   words: str) -> None:  # fmt: skip
+    """An error event or a failed response: ERROR; a rate limit or a server fault is classed
+    as the HTTP status it means, so the attempt is retried as one."""
+    codes, _, reader = read_all([events(delta("response.output_text.delta", "a"), event)])
+    assert codes == [ERROR]
+    assert stream_error(reader.error, 1) == (status, words)
+
+
+@pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"text"',
+                                     b'{"type": "response.output_item.added"}',
+                                     b'{"type": "response.function_call_arguments.delta", '
+                                     b'"output_index": "0", "delta": "x"}',
+                                     b'{"type": "response.completed", "response": 5}'])
+def test_a_payload_that_is_no_event_is_bad(payload: bytes) -> None:
+    codes, _, reader = read_all([[payload]])
+    assert codes == [BAD] and reader.bad == payload
+
+
+def test_done_ends_a_stream_and_other_events_are_passed_over() -> None:
+    stream = events({"type": "response.in_progress"}, {"type": "response.content_part.added"},
+                    {"type": "some.future.event", "delta": "x"})
+    assert read_all([stream, [b"[DONE]"]])[:2] == ([MORE, DONE], [])
+
+
+def test_read_whole_response() -> None:
+    """A whole response object: its output and usage; a failed one and an error body set the
+    error; what is no response gives None."""
+    reader = ResponsesReader()
+    thought = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hm"}],
+               "summary": [{"type": "summary_text", "text": "short"}]}  # fmt: skip
+    body = orjson.dumps(response("completed", [thought, message("hi")]))
+    assert read_whole_response(body, reader) == "hi"
+    assert (reader.reasoning, reader.finish_reason, reader.completion_tokens) == (
+        ["hm"], "stop", 5)  # fmt: skip
+    failed = ResponsesReader()
+    failed_body = response("failed", [], error={"code": "server_error", "message": "x"})
+    assert read_whole_response(orjson.dumps(failed_body), failed) == ""
+    assert failed.error == {"code": 500, "message": "server_error: x"}
+    error = ResponsesReader()
+    assert read_whole_response(b'{"error": {"message": "bad", "code": 400}}', error) == ""
+    assert error.error == {"code": 400, "message": "bad"}
+    for body in (b"nope", b"[]", b'{"id": 1}', b'{"object": "response", "output": [1]}'):
+        assert read_whole_response(body, ResponsesReader()) is None, body
+
+
+def test_the_request_body_takes_the_prompt_or_messages_as_input() -> None:
+    """A prompt or a message list goes as `input`; no stream_options (usage comes unasked);
+    a Batch line's own body keeps its url's API."""
+    api, body = build_request({"id": "a", "prompt": "hi"}, model="m",
+                              params={"max_output_tokens": 9}, api="responses")  # fmt: skip
+    assert (api, body) == ("responses", {"model": "m", "max_output_tokens": 9, "input": "hi",
+                                         "stream": True})  # fmt: skip
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    _, body = build_request({"id": "a", "messages": messages}, model="m", params={},
+                            api="responses")  # fmt: skip
+    assert body["input"] == messages and "stream_options" not in body
+    api, body = build_request({"id": "a", "body": {"input": "x"}, "url": "/v1/responses"},
+                              model="m", params={}, api="chat")  # fmt: skip
+    assert (api, body) == ("responses", {"input": "x", "model": "m", "stream": True})
+    assert prompt_chars({"body": {"input": "four"}}) == 4
+    assert prompt_chars({"body": {"input": messages}}) == len("be brief") + len("hi")
+
+
+def _job(tmp_path: Path, **sections: Any) -> Path:
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    job = {"endpoint": {"base_url": "sim://", "api": "responses", "model": "m"},
+           "input": {"path": "in.jsonl"}, **sections}  # fmt: skip
+    path = tmp_path / "job.yaml"
+    path.write_bytes(orjson.dumps(job))  # JSON is YAML
+    return path
+
+
+def test_the_job_names_the_token_limit_of_this_api(tmp_path: Path) -> None:
+    """params.max_tokens would fail every request: refused before any, naming the key to
+    use. A system prompt (a message list) is fine with this API."""
+    with pytest.raises(SpecError) as info:
+        load_job(_job(tmp_path, params={"max_tokens": 5}), env={}, flags={})
+    assert str(info.value).endswith(
+        "params.max_tokens does not apply to the Responses API (endpoint.api is 'responses'): "
+        "give the token limit as params.max_output_tokens")
+    job = load_job(_job(tmp_path, params={"max_output_tokens": 5},
+                        input={"path": "in.jsonl", "system_prompt": "be brief"}), env={},
+                   flags={})
+    assert job.spec.endpoint.api == "responses"
+
+
+def test_a_batch_output_line_holds_a_response_object() -> None:
+    result = {"id": "q1", "output": "", "finish_reason": "length", "reasoning": "hm",
+              "tool_calls": [{"id": "call_1", "type": "function",
+                              "function": {"name": "f", "arguments": "{}"}}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 4}, "released_at": 9.5}
+    line = batch_output_line(result, "req_abc", model="m", api="responses")
+    body = line["response"]["body"]
+    assert (line["custom_id"], body["object"], body["status"]) == ("q1", "response", "incomplete")
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [item["type"] for item in body["output"]] == ["reasoning", "function_call"]
+    assert body["output"][1] == {"id": "fc_abc_0", "type": "function_call",
+                                 "status": "completed", "call_id": "call_1", "name": "f",
+                                 "arguments": "{}"}  # fmt: skip
+    assert body["usage"] == {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
+    reader = ResponsesReader()
+    assert read_whole_response(orjson.dumps(body), reader) == ""
+    assert reader.tool_call_list() == result["tool_calls"] and reader.finish_reason == "length"
