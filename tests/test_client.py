@@ -7,7 +7,7 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
@@ -28,6 +28,7 @@ from shardrun.client import (
     make_session,
 )
 from shardrun.clock import Clock
+from shardrun.items import API_PATHS, Api
 from shardrun.itl import ItlHistogram
 
 pytestmark = pytest.mark.timeout(30)
@@ -72,14 +73,13 @@ async def open_stream(request: web.Request, **headers: str) -> web.StreamRespons
 async def serve(
     handler: Handler,
     timeouts: Timeouts = FAST,
-    api: Literal["chat", "completions"] = "chat",
+    api: Api = "chat",
     cap: int = 4,
     plain: bool = False,
 ) -> AsyncIterator[StreamingClient]:
     """A loopback server for `handler` and a client; `plain`: a bare aiohttp session instead."""
     app = web.Application()
-    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    app.router.add_post(path, handler)
+    app.router.add_post("/v1" + API_PATHS[api], handler)
     server = TestServer(app, host="127.0.0.1", port=0)
     await server.start_server()
     session = aiohttp.ClientSession() if plain else make_session(cap, timeouts)
@@ -303,6 +303,32 @@ def test_a_whole_answer_of_a_thought_and_a_call_estimates_from_both() -> None:
     assert (out.status, out.text, out.finish_reason) == ("ok", "", "tool_calls")
     assert (out.reasoning, out.tool_calls) == ("r" * 12, [call])
     assert (out.completion_tokens, out.usage_estimated) == (8, True)
+
+
+def test_a_whole_response_object_is_taken_as_one_piece() -> None:
+    """api: responses, a server that answers with the whole response object: its message,
+    reasoning and usage, and the incomplete status as "length"; a stream that ends without
+    its last event is cut, named by that event."""
+    body = orjson.dumps({"object": "response", "status": "incomplete",
+                         "incomplete_details": {"reason": "max_output_tokens"}, "output": [
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "content": [{"type": "output_text", "text": "héllo"}]}],
+        "usage": {"input_tokens": 3, "output_tokens": 9}})  # fmt: skip
+    out = run(one(whole_answer(body, pieces=2), api="responses"))
+    assert (out.status, out.text, out.reasoning, out.finish_reason) == (
+        "ok", "héllo", "hm", "length")  # fmt: skip
+    assert (out.prompt_tokens, out.completion_tokens, out.usage_estimated) == (3, 9, False)
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        delta = {"type": "response.output_text.delta", "output_index": 0, "delta": "a"}
+        await resp.write(b"data: " + orjson.dumps(delta) + b"\n\n")
+        return resp
+
+    out = run(one(cut, api="responses"))
+    assert (out.status, out.text) == ("protocol_error", "a")
+    assert out.error == "stream ended before response.completed after 1 tokens"
 
 
 def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
