@@ -118,6 +118,8 @@ class AttemptOutcome:
     prompt_tokens: int | None = None
     completion_tokens: int = 0
     usage_estimated: bool = True
+    cached_tokens: int | None = None  # of the prompt tokens, where the server counts them
+    reasoning_tokens: int | None = None  # of the completion tokens, likewise
     content_chunks: int = 0
     itl: ItlHistogram = field(default_factory=ItlHistogram)
     error: str | None = None
@@ -327,6 +329,7 @@ class Attempt:
             out.reasoning = "".join(r.reasoning)
         out.tool_calls = r.tool_call_list()
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
+        out.cached_tokens, out.reasoning_tokens = r.cached_tokens, r.reasoning_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
         if tokens is None:
             tokens = out.content_chunks if self.whole_estimate is None else self.whole_estimate

@@ -76,15 +76,19 @@ class ChunkReader:
     """
 
     __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_prefix", "_suffix",
-                 "_tlearns", "_tprefix", "_tsuffix", "bad", "chat", "completion_tokens", "error",
-                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
-                 "tool_calls")  # fmt: skip
+                 "_tlearns", "_tprefix", "_tsuffix", "bad", "cached_tokens", "chat",
+                 "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
+                 "reasoning", "reasoning_tokens", "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
         self.finish_reason: str | None = None  # the last one seen on any choice
         self.prompt_tokens: int | None = None  # from the usage object, when the server sent one
         self.completion_tokens: int | None = None
+        # Of those, where the usage object counts them: prompt tokens the server had cached,
+        # completion tokens the model spent reasoning.
+        self.cached_tokens: int | None = None
+        self.reasoning_tokens: int | None = None
         self.error: object = None  # the value of the `error` payload that ended the stream
         self.bad = b""  # the payload that could not be read (for the error message)
         # Generated text that is not the answer's content (chat only, see `read`): reasoning
@@ -264,6 +268,8 @@ class ChunkReader:
                 if usage:
                     self.prompt_tokens = as_int(usage.get("prompt_tokens"))
                     self.completion_tokens = as_int(usage.get("completion_tokens"))
+                    self.cached_tokens, self.reasoning_tokens = usage_details(
+                        usage, "prompt_tokens_details", "completion_tokens_details")
         except PARSE_ERRORS:
             self.bad = payload
             return BAD
@@ -495,6 +501,8 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     if isinstance(usage := obj.get("usage"), dict):
         reader.prompt_tokens = as_int(usage.get("prompt_tokens"))
         reader.completion_tokens = as_int(usage.get("completion_tokens"))
+        reader.cached_tokens, reader.reasoning_tokens = usage_details(
+            usage, "prompt_tokens_details", "completion_tokens_details")
     return text if isinstance(text, str) else ""
 
 
@@ -597,6 +605,17 @@ def error_message(body: bytes) -> str:
 def clip(value: object) -> str:
     """One line, at most MSG_MAX characters: error sentences go into one-line JSON events."""
     return " ".join(str(value).split())[:MSG_MAX]
+
+
+def usage_details(usage: dict[str, Any], prompt: str,
+                  completion: str) -> tuple[int | None, int | None]:  # fmt: skip
+    """(cached prompt tokens, reasoning tokens) of a usage object, where the server counts them:
+    `prompt` and `completion` name its details objects (`prompt_tokens_details` and
+    `completion_tokens_details` in chat, `input_tokens_details` and `output_tokens_details` in
+    the Responses API)."""
+    cached, spent = usage.get(prompt), usage.get(completion)
+    return (as_int(cached.get("cached_tokens")) if isinstance(cached, dict) else None,
+            as_int(spent.get("reasoning_tokens")) if isinstance(spent, dict) else None)
 
 
 def as_int(value: object) -> int | None:

@@ -37,6 +37,7 @@ from shardrun._chunks import (
     ToolCallParts,
     as_int,
     json_object,
+    usage_details,
 )
 
 __all__ = ["ResponsesReader", "read_whole_response"]
@@ -53,13 +54,16 @@ _ERROR_CODES = {"rate_limit_exceeded": 429, "server_error": 500}
 class ResponsesReader:
     """Reads one Responses stream's payloads in order; the fields are `ChunkReader`'s."""
 
-    __slots__ = ("bad", "completion_tokens", "error", "finish_reason", "other_chunks",
-                 "prompt_tokens", "reasoning", "streamed", "tool_calls")  # fmt: skip
+    __slots__ = ("bad", "cached_tokens", "completion_tokens", "error", "finish_reason",
+                 "other_chunks", "prompt_tokens", "reasoning", "reasoning_tokens", "streamed",
+                 "tool_calls")  # fmt: skip
 
     def __init__(self) -> None:
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.reasoning_tokens: int | None = None
         self.error: object = None
         self.bad = b""
         self.reasoning: list[str] = []
@@ -159,6 +163,8 @@ class ResponsesReader:
         if isinstance(usage, dict):
             self.prompt_tokens = as_int(usage.get("input_tokens"))
             self.completion_tokens = as_int(usage.get("output_tokens"))
+            self.cached_tokens, self.reasoning_tokens = usage_details(
+                usage, "input_tokens_details", "output_tokens_details")
         if response.get("status") == "incomplete":
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None

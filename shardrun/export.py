@@ -55,8 +55,8 @@ __all__ = ["COLUMNS", "ExportSummary", "export", "format_of"]
 Format = Literal["jsonl", "csv"]
 
 COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
-           "completion_tokens", "usage_estimated", "attempts", "error", "reasoning",
-           "tool_calls")  # fmt: skip
+           "completion_tokens", "usage_estimated", "cached_tokens", "reasoning_tokens",
+           "attempts", "error", "reasoning", "tool_calls")  # fmt: skip
 """CSV columns; a JSON line has the same values, with usage as one object (and tool calls as
 a list, where CSV has their JSON text)."""
 
@@ -322,7 +322,8 @@ def _csv_values(row: dict[str, Any], input_columns: list[str] | None) -> list[An
     usage = row["usage"] if isinstance(row["usage"], dict) else {}
     values = [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
               usage.get("prompt_tokens"), usage.get("completion_tokens"),
-              usage.get("estimated"), row["attempts"], row["error"], row["reasoning"],
+              usage.get("estimated"), usage.get("cached_tokens"), usage.get("reasoning_tokens"),
+              row["attempts"], row["error"], row["reasoning"],
               _cell(row["tool_calls"])]  # fmt: skip
     if "input" in row:
         record = row["input"]

@@ -96,6 +96,10 @@ def result_record(
         "buckets": buckets(tl),
     }
     # Only answers that have them carry these keys: most lines stay as short as they were.
+    if outcome.cached_tokens is not None:
+        record["usage"]["cached_tokens"] = outcome.cached_tokens
+    if outcome.reasoning_tokens is not None:
+        record["usage"]["reasoning_tokens"] = outcome.reasoning_tokens
     if outcome.reasoning is not None:
         record["reasoning"] = outcome.reasoning
     if outcome.tool_calls is not None:

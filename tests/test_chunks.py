@@ -864,6 +864,31 @@ def test_read_whole_with_reasoning_and_tool_calls() -> None:
     assert reader.reasoning == ["hmm"] and reader.tool_call_list() == [call]
 
 
+@pytest.mark.parametrize(("usage", "counted"), [
+    ({"prompt_tokens_details": {"cached_tokens": 3},
+      "completion_tokens_details": {"reasoning_tokens": 4}}, (3, 4)),
+    ({"prompt_tokens_details": None, "completion_tokens_details": {"reasoning_tokens": 0}},
+     (None, 0)),
+    ({"prompt_tokens_details": {"cached_tokens": "3"}, "completion_tokens_details": [4]},
+     (None, None)),
+    ({}, (None, None)),
+])  # fmt: skip
+def test_usage_details_are_read_where_the_server_counts_them(
+    usage: dict[str, Any], counted: tuple[int | None, int | None]
+) -> None:
+    """Cached prompt tokens and reasoning tokens, from a stream's usage chunk or a whole
+    answer's usage; anything but an int is no count."""
+    whole = {"prompt_tokens": 9, "completion_tokens": 8, **usage}
+    reader = ChunkReader(chat=True)
+    payload = orjson.dumps({"id": "x", "choices": [], "usage": whole})
+    assert reader.read([payload, b"[DONE]"], []) == DONE
+    assert (reader.cached_tokens, reader.reasoning_tokens) == counted
+    reader = ChunkReader(chat=True)
+    body = {"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}], "usage": whole}
+    assert read_whole(orjson.dumps(body), reader) == "a"
+    assert (reader.cached_tokens, reader.reasoning_tokens) == counted
+
+
 def test_read_whole_chat_answer_with_usage() -> None:
     """A non-streamed chat.completion: message content, the last finish_reason, usage."""
     reader = ChunkReader(chat=True)

@@ -140,6 +140,7 @@ def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
         assert cells == [text(row["line"]), text(row["id"]), row["status"], text(row["output"]),
                          text(row["finish_reason"]), text(usage.get("prompt_tokens")),
                          text(usage.get("completion_tokens")), text(usage.get("estimated")),
+                         text(usage.get("cached_tokens")), text(usage.get("reasoning_tokens")),
                          text(row["attempts"]), text(row["error"]), text(row["reasoning"]),
                          text(row["tool_calls"])]  # fmt: skip
 

@@ -270,6 +270,7 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
         assert call["function"] == {"name": "save_answer", "arguments": arguments}
         assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
         assert result["usage"]["completion_tokens"] == len(words)
+        assert result["usage"]["reasoning_tokens"] == 12 and "cached_tokens" not in result["usage"]
     by_id = {r["id"]: r for r in results}
     for row in read_jsonl_text(run_cli("export", str(path), cwd=tmp_path).stdout):
         assert (row["reasoning"], row["tool_calls"]) == (
@@ -289,6 +290,7 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     assert run_cli("plain.yaml", "--runs-dir", "plain", cwd=tmp_path).returncode == 0
     for result in Run.load(only_run(tmp_path / "plain")).results:
         assert "reasoning" not in result and "tool_calls" not in result
+        assert "reasoning_tokens" not in result["usage"]
 
 
 @pytest.mark.parametrize("tools", [False, True])
@@ -349,6 +351,7 @@ def test_the_responses_api_end_to_end(tmp_path: Path, tools: bool) -> None:
         answer = "".join(words[5:])
         assert result["reasoning"] == "".join(words[:5])
         assert result["usage"]["completion_tokens"] == len(words)
+        assert (result["usage"]["reasoning_tokens"], result["usage"]["cached_tokens"]) == (5, 0)
         if tools:
             [call] = result["tool_calls"]
             assert call["type"] == "function" and call["id"].startswith("call_")

@@ -76,6 +76,7 @@ def test_a_stream_gives_the_answer_the_reasoning_and_the_usage() -> None:
     assert "".join(pieces) == 'Héllo 🙂\n"q"' and reader.reasoning == ["Let me", " think."]
     assert (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens) == (
         "stop", 7, 5)  # fmt: skip
+    assert (reader.cached_tokens, reader.reasoning_tokens) == (0, 2)
     assert reader.other_chunks == 2 and reader.tool_call_list() is None
     assert reader.error is None
 

@@ -200,8 +200,10 @@ def test_capacity_queues_in_fifo_and_lengthens_ttft() -> None:
         ttfts = sorted(first for _, first in results)
         assert st["max_in_flight"] == 2 and st["in_flight"] == 0
         assert st["max_queued"] >= 3 and st["queued"] == 0
-        assert ttfts[-1] >= 2 * ttfts[0]
-        assert ttfts[3] >= 1.5 * ttfts[0]
+        # Lower bounds, which hold on any machine (a sleep never ends early): the second pair
+        # waited for the first pair's 100 ms, the third for both pairs'. Served at once, all
+        # six would be at about 100 ms.
+        assert ttfts[3] >= 0.19 and ttfts[-1] >= 0.29
 
     run(go())
 

@@ -39,11 +39,15 @@ OBJECT = {"chat": (b"chat.completion.chunk", "chat.completion", "chatcmpl"),
 for Responses, whose ids are "resp_", "msg_"... + the request id)."""
 
 
-def _usage(plan: Plan) -> dict[str, int]:
-    """The OpenAI usage object; prompt tokens are the plan's cheap estimate."""
+def _usage(plan: Plan) -> dict[str, object]:
+    """The OpenAI usage object; prompt tokens are the plan's cheap estimate. A thinking
+    model's answer also counts its reasoning tokens, as OpenAI's do."""
     n = len(plan.words)
-    return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
-            "total_tokens": plan.prompt_tokens + n}  # fmt: skip
+    usage: dict[str, object] = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
+                                "total_tokens": plan.prompt_tokens + n}  # fmt: skip
+    if plan.thinking:
+        usage["completion_tokens_details"] = {"reasoning_tokens": plan.thinking}
+    return usage
 
 
 class Frames(NamedTuple):
