@@ -16,7 +16,8 @@ there is no envelope to learn (`_chunks`, "Envelope"): every payload is parsed. 
 - `response.completed` and `response.incomplete`: the end, with usage (`input_tokens`,
   `output_tokens`). finish_reason is "stop", or "tool_calls" when the answer called a function;
   an incomplete response's reason stands for it ("max_output_tokens" reads "length", as chat
-  says it). A stream that sent its answer only in that last event (no deltas) is read from it.
+  says it). What the stream did not send as deltas (the answer, the reasoning, a call's name or
+  arguments: some servers send parts of the output only whole) is read from that last event.
 - `response.failed` and `error`: the end, with the error.
 Other events (created, in_progress, the `.added` and `.done` of text) repeat what the deltas
 carry. The stream has no `[DONE]`; one is taken as the end all the same.
@@ -54,9 +55,9 @@ _ERROR_CODES = {"rate_limit_exceeded": 429, "server_error": 500}
 class ResponsesReader:
     """Reads one Responses stream's payloads in order; the fields are `ChunkReader`'s."""
 
-    __slots__ = ("bad", "cached_tokens", "completion_tokens", "error", "finish_reason",
-                 "other_chunks", "prompt_tokens", "reasoning", "reasoning_tokens", "streamed",
-                 "tool_calls")  # fmt: skip
+    __slots__ = ("answered", "bad", "cached_tokens", "completion_tokens", "error",
+                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
+                 "reasoning_tokens", "tool_calls")  # fmt: skip
 
     def __init__(self) -> None:
         self.finish_reason: str | None = None
@@ -69,7 +70,7 @@ class ResponsesReader:
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, ToolCallParts] = {}  # by output_index
         self.other_chunks = 0  # reasoning and argument pieces (generated tokens all the same)
-        self.streamed = False  # a delta arrived (else the final event's output is the answer)
+        self.answered = False  # a delta of the answer arrived (else the last event has it)
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
         """Apply the payloads in order, appending each piece of the answer to `pieces`: MORE to
@@ -88,23 +89,21 @@ class ResponsesReader:
                 if kind == "response.output_text.delta":
                     if (delta := event.get("delta")) and isinstance(delta, str):
                         pieces.append(delta)
-                        self.streamed = True
+                        self.answered = True
                 elif kind in _THOUGHT_DELTAS:
                     if (delta := event.get("delta")) and isinstance(delta, str):
                         self.reasoning.append(delta)
                         self.other_chunks += 1
-                        self.streamed = True
                 elif kind == "response.function_call_arguments.delta":
                     if (delta := event.get("delta")) and isinstance(delta, str):
                         self._call(event.get("output_index")).arguments.append(delta)
                         self.other_chunks += 1
-                        self.streamed = True
                 elif kind == "response.output_item.added":
                     if (item := event["item"]).get("type") == "function_call":
                         self._start_call(event.get("output_index"), item)
                 elif kind in _ENDS:
                     response = event["response"]
-                    if not self.streamed and (text := self.take_output(response)):
+                    if (text := self.take_output(response)) and not self.answered:
                         pieces.append(text)
                     self.end(response)
                     return DONE
@@ -143,18 +142,21 @@ class ResponsesReader:
             call.arguments.append(arguments)
 
     def take_output(self, response: dict[str, Any]) -> str:
-        """The answer's text of a response object's `output`; its reasoning and function calls
-        are taken too. The reasoning is the item's own text, or its summary if it shows none."""
-        texts = []
+        """The answer's text of a response object's `output`; its reasoning (the item's own
+        text, or its summary if it shows none) and its function calls are taken where the
+        stream has not given them."""
+        texts, thought = [], []
         for index, item in enumerate(response.get("output") or []):
             kind = item.get("type")  # not an object: AttributeError, as in `read`
             if kind == "message":
                 texts += _texts(item.get("content"), "output_text")
             elif kind == "reasoning":
-                self.reasoning += _texts(item.get("content"), "reasoning_text") or _texts(
+                thought += _texts(item.get("content"), "reasoning_text") or _texts(
                     item.get("summary"), "summary_text")
             elif kind == "function_call":
                 self._start_call(index, item)
+        if not self.reasoning:
+            self.reasoning = thought
         return "".join(texts)
 
     def end(self, response: dict[str, Any]) -> None:

@@ -134,6 +134,28 @@ def test_a_stream_without_deltas_is_read_from_its_last_event() -> None:
                                         "function": {"name": "f", "arguments": '{"x":1}'}}]
 
 
+def test_what_the_stream_did_not_send_as_deltas_comes_from_the_last_event() -> None:
+    """Reasoning streamed, the answer and a call's arguments sent only whole: the answer and
+    the arguments come from the final response, the reasoning is not taken twice."""
+    called = {"id": "fc_1", "type": "function_call", "call_id": "call_9", "name": "f",
+              "arguments": '{"x":1}'}  # fmt: skip
+    thought = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hm"}]}
+    stream = events(delta("response.reasoning_text.delta", "hm"),
+                    {"type": "response.output_item.added", "output_index": 2,
+                     "item": {**called, "arguments": ""}},
+                    {"type": "response.completed",
+                     "response": response("completed", [thought, message("whole"), called])})
+    codes, pieces, reader = read_all([stream])
+    assert codes == [DONE] and pieces == ["whole"] and reader.reasoning == ["hm"]
+    assert reader.tool_call_list() == [{"id": "call_9", "type": "function",
+                                        "function": {"name": "f", "arguments": '{"x":1}'}}]
+    # Streamed as deltas, the answer is not taken again from the last event.
+    again = events(delta("response.output_text.delta", "whole"),
+                   {"type": "response.completed",
+                    "response": response("completed", [message("whole")])})
+    assert read_all([again])[1] == ["whole"]
+
+
 @pytest.mark.parametrize(("reason", "finish"), [("max_output_tokens", "length"),
                                                 ("content_filter", "content_filter"),
                                                 (None, "incomplete")])  # fmt: skip
