@@ -41,7 +41,7 @@ from shardrun._chunks import (
 )
 from shardrun._responses import ResponsesReader, read_whole_response
 from shardrun.clock import Clock
-from shardrun.items import tokens_of_chars
+from shardrun.items import Api, tokens_of_chars
 from shardrun.itl import ItlHistogram
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class Attempt:
                  "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
                  "watch_at", "whole_estimate")  # fmt: skip
 
-    def __init__(self, api: str, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
+    def __init__(self, api: Api, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
                  on_conn: OnConnReady | None) -> None:  # fmt: skip
         self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
         self.reader: ChunkReader | ResponsesReader = (
