@@ -57,10 +57,11 @@ def batch_output_line(
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     total = prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
     suffix = request_id.removeprefix("req_")
+    cached, spent = usage.get("cached_tokens"), usage.get("reasoning_tokens")
     if responses:
-        body = _response_body(result, suffix, result.get("model") or model,
-                              {"input_tokens": prompt, "output_tokens": completion,
-                               "total_tokens": total})  # fmt: skip
+        counts = {"input_tokens": prompt, "output_tokens": completion, "total_tokens": total}
+        _details(counts, cached, spent, "input_tokens_details", "output_tokens_details")
+        body = _response_body(result, suffix, result.get("model") or model, counts)
         return _output_line(result, request_id, body)
     choice: dict[str, Any] = {"index": 0}
     if completions:
@@ -82,7 +83,18 @@ def batch_output_line(
         "choices": [choice],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total},
     }
+    _details(body["usage"], cached, spent, "prompt_tokens_details", "completion_tokens_details")
     return _output_line(result, request_id, body)
+
+
+def _details(usage: dict[str, Any], cached: object, spent: object, prompt: str,
+             completion: str) -> None:  # fmt: skip
+    """The server's counts of cached and reasoning tokens, where the result has them, in the
+    usage object's details as the API holds them."""
+    if cached is not None:
+        usage[prompt] = {"cached_tokens": cached}
+    if spent is not None:
+        usage[completion] = {"reasoning_tokens": spent}
 
 
 def _output_line(result: Mapping[str, Any], request_id: str,

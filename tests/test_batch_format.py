@@ -77,6 +77,21 @@ def test_unknown_prompt_tokens_leave_the_total_unknown() -> None:
     assert usage == {"prompt_tokens": None, "completion_tokens": 4, "total_tokens": None}
 
 
+def test_usage_details_go_where_each_api_holds_them() -> None:
+    """Cached and reasoning token counts, where the result has them, in chat's
+    prompt/completion_tokens_details or the Responses API's input/output_tokens_details."""
+    usage = {"prompt_tokens": 9, "completion_tokens": 19, "cached_tokens": 4,
+             "reasoning_tokens": 7}  # fmt: skip
+    chat = batch_output_line({**RESULT, "usage": usage}, "req_1")["response"]["body"]["usage"]
+    assert chat == {"prompt_tokens": 9, "completion_tokens": 19, "total_tokens": 28,
+                    "prompt_tokens_details": {"cached_tokens": 4},
+                    "completion_tokens_details": {"reasoning_tokens": 7}}  # fmt: skip
+    body = batch_output_line({**RESULT, "usage": {**usage, "cached_tokens": None}}, "req_1",
+                             api="responses")["response"]["body"]  # fmt: skip
+    assert body["usage"] == {"input_tokens": 9, "output_tokens": 19, "total_tokens": 28,
+                             "output_tokens_details": {"reasoning_tokens": 7}}  # fmt: skip
+
+
 def test_dead_letter_becomes_an_error_line() -> None:
     """The last attempt's HTTP status and status name the error; the reason is the message."""
     assert batch_error_line(DEAD, "req_9") == {
