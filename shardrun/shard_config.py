@@ -76,6 +76,9 @@ class Counters:
     completion_tokens: int = 0
     prompt_tokens: int = 0  # every attempt's, as billed (server usage, else estimated)
     wasted_tokens: int = 0
+    # Of the successes' tokens, where the server counted them: cached prompt, reasoning.
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
     in_flight: int = 0
     retrying: int = 0
     abandoned: int = 0

@@ -37,6 +37,8 @@ class RunSummary:
     fatal_reason: str | None = None
     prompt_tokens: int = 0
     wasted_tokens: int = 0
+    cached_tokens: int = 0  # of the successes' prompt tokens, as the server counted them
+    reasoning_tokens: int = 0  # of the successes' completion tokens, likewise
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -80,7 +82,8 @@ class RunSummary:
                 reasons[kind] = (earlier + count, first_example)
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
-                           "prompt_tokens", "wasted_tokens")}
+                           "prompt_tokens", "wasted_tokens", "cached_tokens",
+                           "reasoning_tokens")}  # fmt: skip
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -93,6 +96,8 @@ class RunSummary:
             budget_exhausted=total["budget_exhausted"],
             prompt_tokens=total["prompt_tokens"],
             wasted_tokens=total["wasted_tokens"],
+            cached_tokens=total["cached_tokens"],
+            reasoning_tokens=total["reasoning_tokens"],
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -159,6 +164,7 @@ class RunSummary:
             "peak_full_minute": None if peak is None else {"minute": _minute(peak[0]),
                                                             "completion_tokens": peak[1]},
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
+            "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
             "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
@@ -191,8 +197,11 @@ def format_summary(s: RunSummary) -> str:
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
                      f"(another pass: shardrun retry-failed {s.run_dir})")
+    spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
+    lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
+    if s.cached_tokens:
+        lines.append(f"  cached prompt      {s.cached_tokens:,} tokens (the server's count)")
     lines += [
-        f"  completion tokens  {s.completion_tokens:,}",
         f"  attempts           {s.attempts:,} ({s.retries:,} retries"
         + (f", retry budget spent for {s.budget_exhausted:,} items" if s.budget_exhausted else "")
         + ")",

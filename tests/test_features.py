@@ -253,6 +253,7 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(480 reasoning)" in proc.stdout  # 40 answers, 12 reasoning tokens each
     path = only_run(tmp_path / "runs")
     prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
     config = SimConfig.from_mapping(sim)

@@ -67,6 +67,20 @@ def test_a_clean_run_shows_no_failure_lines() -> None:
     assert not [line for line in text.splitlines() if line.startswith("    ")]
 
 
+def test_reasoning_and_cached_tokens_are_summed_and_shown_only_when_counted() -> None:
+    """The shards' counts of reasoning and cached prompt tokens add up; a run whose server
+    counted none shows no such words."""
+    s = summary_of([{"completion_tokens": 900, "reasoning_tokens": 600, "cached_tokens": 0},
+                    {"completion_tokens": 100, "reasoning_tokens": 40, "cached_tokens": 2048}],
+                   dead=0)  # fmt: skip
+    lines = format_summary(s).splitlines()
+    assert "  completion tokens  1,000 (640 reasoning)" in lines
+    assert "  cached prompt      2,048 tokens (the server's count)" in lines
+    assert (s.as_dict()["reasoning_tokens"], s.as_dict()["cached_tokens"]) == (640, 2048)
+    plain = format_summary(summary_of([{"completion_tokens": 5}], dead=0))
+    assert "  completion tokens  5\n" in plain and "cached" not in plain
+
+
 def test_dead_letters_no_shard_reported_are_shown_as_such() -> None:
     """A shard that died wrote dead letters the coordinator counted from its files."""
     s = summary_of([{"dead_reasons": {"max_attempts http_5xx": [2, "max_attempts: HTTP 500"]}}],
