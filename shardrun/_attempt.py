@@ -36,10 +36,9 @@ from shardrun._chunks import (
     RATE_PREFIX,
     ChunkReader,
     clip,
-    read_whole,
     stream_error,
 )
-from shardrun._responses import ResponsesReader, read_whole_response
+from shardrun._responses import ResponsesReader
 from shardrun.clock import Clock
 from shardrun.items import Api, tokens_of_chars
 from shardrun.itl import ItlHistogram
@@ -287,10 +286,7 @@ class Attempt:
         / 4: a stream's estimate counts chunks, and here there is only one.
         """
         reader = self.reader
-        if isinstance(reader, ResponsesReader):
-            text = read_whole_response(body, reader)
-        else:
-            text = read_whole(body, reader)
+        text = reader.read_whole(body)
         if text is None:
             return False
         if reader.error is not None:

@@ -307,8 +307,11 @@ class ChunkReader:
 
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The tool calls in index order, as a chat message holds them; None if there were none."""
-        calls = self.tool_calls
-        return [calls[i].as_message() for i in sorted(calls)] if calls else None
+        return call_list(self.tool_calls)
+
+    def read_whole(self, body: bytes) -> str | None:
+        """`read_whole` of a body with this reader (the method every reader has)."""
+        return read_whole(body, self)
 
     def _adopt(self, payload: bytes, text: str, kind: int) -> bool:
         """A parsed plain chunk of the envelope `kind`: learn the envelope when none is known.
@@ -432,6 +435,12 @@ class ToolCallParts:
         """The call as a chat message holds it."""
         return {"id": self.id, "type": self.type,
                 "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)}}
+
+
+def call_list(calls: dict[int, ToolCallParts]) -> list[dict[str, Any]] | None:
+    """Calls by index (or output index), in that order, as a chat message holds them; None if
+    there are none."""
+    return [calls[i].as_message() for i in sorted(calls)] if calls else None
 
 
 def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:

@@ -37,6 +37,7 @@ from shardrun._chunks import (
     PARSE_ERRORS,
     ToolCallParts,
     as_int,
+    call_list,
     json_object,
     usage_details,
 )
@@ -176,8 +177,11 @@ class ResponsesReader:
 
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The function calls in output order, as a chat message holds them; None if none."""
-        calls = self.tool_calls
-        return [calls[i].as_message() for i in sorted(calls)] if calls else None
+        return call_list(self.tool_calls)
+
+    def read_whole(self, body: bytes) -> str | None:
+        """`read_whole_response` of a body with this reader (the method every reader has)."""
+        return read_whole_response(body, self)
 
 
 def _texts(parts: object, kind: str) -> list[str]:
