@@ -361,6 +361,9 @@ def test_the_responses_api_end_to_end(tmp_path: Path, tools: bool) -> None:
             assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
         else:
             assert (result["output"], result["finish_reason"]) == (answer, "stop")
+    exported = run_cli("export", str(path), "--format", "csv", cwd=tmp_path).stdout
+    for row in csv.DictReader(io.StringIO(exported)):  # usage details in their own columns
+        assert (row["cached_tokens"], row["reasoning_tokens"]) == ("0", "5")
     for line in read_jsonl(path / "batch_output.jsonl"):
         reader = ResponsesReader()
         text = read_whole_response(orjson.dumps(line["response"]["body"]), reader)
