@@ -249,13 +249,18 @@ class PricingSpec(_Frozen):
 
     input_per_1m: float | None = Field(default=None, ge=0)
     output_per_1m: float | None = Field(default=None, ge=0)
+    # Prompt tokens the server read from its prompt cache (usage's cached_tokens); providers
+    # bill them at a discount. Unset: they cost the input rate.
+    cached_input_per_1m: float | None = Field(default=None, ge=0)
     hourly: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _one_basis(self) -> PricingSpec:
         """An hourly price and token prices describe two different bills: pick one."""
         token_key = next(
-            (k for k in ("input_per_1m", "output_per_1m") if getattr(self, k) is not None), None
+            (k for k in ("input_per_1m", "output_per_1m", "cached_input_per_1m")
+             if getattr(self, k) is not None),
+            None,
         )
         if self.hourly is not None and token_key is not None:
             raise PydanticCustomError(

@@ -189,7 +189,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         summary = run_loop(coordinator.run())
         summary = replace(summary, prior_dead=this.prior_dead, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
-            successes=summary.succeeded, wasted_tokens=summary.wasted_tokens),
+            successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
+            cached_tokens=summary.cached_tokens),
             resume_command=resume_command(job, this.run_dir))
         status = summary.status
         if spec.output.format == "openai-batch":

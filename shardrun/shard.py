@@ -277,6 +277,7 @@ class Shard:
         counters = self.counters
         counters.attempts += 1
         counters.prompt_tokens += outcome.prompt_tokens or 0
+        counters.cached_tokens += outcome.cached_tokens or 0
         wasted = outcome.wasted_tokens
         counters.wasted_tokens += wasted
         ok = outcome.status == "ok"
@@ -285,7 +286,7 @@ class Shard:
                       retry_after=outcome.retry_after, conn_ready_t=conn,
                       reused=outcome.conn_reused, first_token_t=outcome.first_token_at,
                       last_token_t=outcome.last_token_at, tokens=outcome.content_chunks,
-                      prompt_tokens=outcome.prompt_tokens,
+                      prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens,
                       completion_tokens=outcome.completion_tokens,
                       usage_estimated=outcome.usage_estimated, wasted_tokens=wasted,
                       error=outcome.error, itl_hist=outcome.itl.to_json() if ok else None)
@@ -397,7 +398,6 @@ class Shard:
             return
         self.counters.ok += 1
         self.counters.completion_tokens += outcome.completion_tokens
-        self.counters.cached_tokens += outcome.cached_tokens or 0
         self.counters.reasoning_tokens += outcome.reasoning_tokens or 0
         minute = str(int(record["last_token_at"] // 60))
         self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens

@@ -76,7 +76,8 @@ class Counters:
     completion_tokens: int = 0
     prompt_tokens: int = 0  # every attempt's, as billed (server usage, else estimated)
     wasted_tokens: int = 0
-    # Of the successes' tokens, where the server counted them: cached prompt, reasoning.
+    # Where the server counted them: of prompt_tokens, those read from its prompt cache (every
+    # attempt's, as prompt_tokens is); of completion_tokens, the reasoning (successes').
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     in_flight: int = 0

@@ -37,7 +37,7 @@ class RunSummary:
     fatal_reason: str | None = None
     prompt_tokens: int = 0
     wasted_tokens: int = 0
-    cached_tokens: int = 0  # of the successes' prompt tokens, as the server counted them
+    cached_tokens: int = 0  # of prompt_tokens (every attempt's), as the server counted them
     reasoning_tokens: int = 0  # of the successes' completion tokens, likewise
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
@@ -200,7 +200,8 @@ def format_summary(s: RunSummary) -> str:
     spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
     lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
     if s.cached_tokens:
-        lines.append(f"  cached prompt      {s.cached_tokens:,} tokens (the server's count)")
+        lines.append(f"  cached prompt      {s.cached_tokens:,} of {s.prompt_tokens:,} "
+                     "prompt tokens (the server's count)")
     lines += [
         f"  attempts           {s.attempts:,} ({s.retries:,} retries"
         + (f", retry budget spent for {s.budget_exhausted:,} items" if s.budget_exhausted else "")

@@ -132,7 +132,7 @@ def test_attempt_counters_of_the_hand_fixture() -> None:
     assert s.by_status == {"conn_reset": 1, "ok": 2, "http_4xx": 1}
     assert (s.new_conns, s.reused_conns, s.ok, s.dead, s.queued) == (2, 2, 2, 1, 3)
     assert s.dead_reasons == {"not_retryable_http_4xx": 1}
-    assert (s.completion_tokens, s.prompt_tokens) == (12 + 2, 320)
+    assert (s.completion_tokens, s.prompt_tokens, s.cached_tokens) == (12 + 2, 320, 256)
 
 
 def test_report_numbers_of_the_hand_fixture() -> None:
@@ -266,6 +266,19 @@ def test_cost_from_manifest_prices() -> None:
     assert cost["wasted_cost"] == pytest.approx(0.000006)
     assert pricing_from_effective({}) is None
     assert _report([_shard()])["cost"] is None
+
+
+def test_cost_prices_cached_prompt_tokens_apart() -> None:
+    """256 of the 320 prompt tokens were cached: 64 at 1/1M + 256 at 0.5/1M + 17 at 2/1M =
+    0.000226. Without a cached price they cost the input rate (0.000354, as above)."""
+    prices = {"pricing.input_per_1m": 1.0, "pricing.output_per_1m": 2.0}
+    cached_price = pricing_from_effective({**prices, "pricing.cached_input_per_1m": 0.5})
+    doc = _report([_shard()], hand_coordinator(), pricing=cached_price)
+    assert doc["items"]["cached_tokens"] == 256 and doc["cost"]["cached_tokens"] == 256
+    assert doc["cost"]["spend"] == pytest.approx(0.000226)
+    assert doc["cost"]["input_cost"] == pytest.approx(0.000192)
+    plain = _report([_shard()], hand_coordinator(), pricing=pricing_from_effective(prices))
+    assert plain["cost"]["spend"] == pytest.approx(0.000354)
 
 
 def test_client_limited_label_follows_loop_lag() -> None:

@@ -69,7 +69,8 @@ def _span_events(sid: str, q: float, a: float, plan: tuple[Any, ...],
     out += [(f, "first_token", sid, {"attempt": n}),
             (last, "last_token", sid, {"attempt": n, "tokens": tokens}),
             (last, "attempt_end", sid, {"attempt": n, "status": "ok", "completion_tokens": tokens,
-                                        "prompt_tokens": 2, "itl_hist": {"100": tokens - 1}}),
+                                        "prompt_tokens": 2, "cached_tokens": tokens % 3,
+                                        "itl_hist": {"100": tokens - 1}}),
             (last + post, "released", sid, {"outcome": "ok"})]
     truth.tokens += tokens
     m = int(last // 60)

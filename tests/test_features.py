@@ -164,6 +164,36 @@ def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:
     assert abs(cost["spend"] - expected) < 1e-12
 
 
+def test_cached_prompt_tokens_are_priced_apart_and_the_report_agrees(tmp_path: Path) -> None:
+    """A server with a prompt cache reports cached prompt tokens; `cached_input_per_1m` prices
+    them apart in the summary, and the report, rebuilt from the event log alone, has the same
+    cached count and spend."""
+    write_input(tmp_path / "input.jsonl", 40)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
+                        "sim": {**FAST_SIM, "cached_tokens": 4}},
+              pricing={"input_per_1m": 1.0, "output_per_1m": 2.0, "cached_input_per_1m": 0.25})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert {r["usage"]["cached_tokens"] for r in run.results} == {4}
+    summary = run.manifest["summary"]
+    prompt, cached = summary["prompt_tokens"], summary["cached_tokens"]
+    assert cached == 4 * 40 and prompt > cached
+    assert f"cached prompt      {cached:,} of {prompt:,} prompt tokens" in proc.stdout
+    expected = ((prompt - cached) * 1.0 + cached * 0.25 + summary["completion_tokens"] * 2.0) / 1e6
+    assert summary["cost"]["spend"] == pytest.approx(expected, rel=1e-12)
+    assert summary["cost"]["cached_tokens"] == cached
+
+    report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    doc = orjson.loads(report.stdout)
+    assert (doc["items"]["prompt_tokens"], doc["items"]["cached_tokens"]) == (prompt, cached)
+    assert doc["cost"]["spend"] == pytest.approx(expected, rel=1e-9)
+    text = run_cli("report", str(run.path), cwd=tmp_path)
+    assert f"({cached:,} prompt tokens cached)" in text.stdout
+
+
 # -- start-up: what each process imports (docs/PERFORMANCE.md, "Start-up") ---------------------
 
 # Prints the loaded modules after the code in argv[1] ran; the environment is the test's own.

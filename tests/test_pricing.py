@@ -22,6 +22,34 @@ def test_per_token_prices() -> None:
     assert got["hours"] is None and got["wasted_tokens"] == 10_000
 
 
+def test_cached_prompt_tokens_at_their_own_price() -> None:
+    """Of 2M prompt tokens 1.5M were cached: 0.5M at 0.15/1M = 0.075 plus 1.5M at 0.075/1M =
+    0.1125, so input 0.1875; output 0.5M at 0.60/1M = 0.30; spend 0.4875."""
+    pricing = PricingSpec(input_per_1m=0.15, output_per_1m=0.60, cached_input_per_1m=0.075)
+    got = cost(pricing, 2_000_000, 500_000, 60.0, successes=1000, cached_tokens=1_500_000)
+    assert got["input_cost"] == pytest.approx(0.1875)
+    assert got["spend"] == pytest.approx(0.4875)
+    assert got["cached_tokens"] == 1_500_000
+    # No cached price: cached tokens cost the input rate, 2M at 0.15/1M = 0.30.
+    unpriced = cost({"input_per_1m": 0.15}, 2_000_000, 0, 60.0, successes=1,
+                    cached_tokens=1_500_000)
+    assert unpriced["input_cost"] == pytest.approx(0.30)
+    # Only a cached price: uncached prompt tokens are free, 1.5M at 0.075/1M = 0.1125.
+    only = cost({"cached_input_per_1m": 0.075}, 2_000_000, 0, 60.0, successes=1,
+                cached_tokens=1_500_000)
+    assert only["basis"] == "tokens" and only["spend"] == pytest.approx(0.1125)
+
+
+def test_a_cached_count_beyond_the_prompt_count_is_clamped() -> None:
+    """A server that reports more cached than prompt tokens (or a negative count) never makes
+    the input cost more than the prompt count allows, or negative."""
+    rates = {"input_per_1m": 1.0, "cached_input_per_1m": 3.0}
+    over = cost(rates, 1_000_000, 0, 1.0, successes=1, cached_tokens=5_000_000)
+    assert (over["cached_tokens"], over["input_cost"]) == (1_000_000, pytest.approx(3.0))
+    under = cost(rates, 1_000_000, 0, 1.0, successes=1, cached_tokens=-7)
+    assert (under["cached_tokens"], under["input_cost"]) == (0, pytest.approx(1.0))
+
+
 def test_hourly_price() -> None:
     """2.50/h for 1,800 s = 1.25; over 500 successes = 0.0025 each; 10k of 100k generated
     tokens wasted = a tenth of the spend, 0.125."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import time
@@ -367,8 +368,9 @@ def test_simconfig_rejects_bad_values_naming_field(kwargs: dict[str, Any], field
 def test_simconfig_mapping_and_args() -> None:
     """from_mapping coerces numbers and rejects unknown keys; to_args round-trips every field."""
     cfg = SimConfig.from_mapping({"ttft_ms": 5, "capacity": "3", "tokens": "lognormal:40:0.5",
-                                  "text": "prose"})  # fmt: skip
-    assert cfg == SimConfig(ttft_ms=5.0, capacity=3, tokens="lognormal:40:0.5", text="prose")
+                                  "text": "prose", "cached_tokens": 5})  # fmt: skip
+    assert cfg == SimConfig(ttft_ms=5.0, capacity=3, tokens="lognormal:40:0.5", text="prose",
+                            cached_tokens=5)  # fmt: skip
     with pytest.raises(ValueError, match="ttft"):
         SimConfig.from_mapping({"ttft": 5})
     args = cfg.to_args()
@@ -437,6 +439,30 @@ def test_plans_of_a_reasoning_model_and_of_a_tool_call() -> None:
         SimConfig(reasoning_tokens=10**9)
     with pytest.raises(BadRequest, match="'tools' must be a non-empty list"):
         make_plan(orjson.dumps({**body, "tools": [{"type": "function"}]}), "chat", SimConfig())
+
+
+def test_a_prompt_cache_counts_cached_prompt_tokens_in_usage() -> None:
+    """cached_tokens: N makes usage count the first N prompt tokens (at most all of them) as
+    cached, streamed and whole, chat and completions; without it chat usage has no details."""
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    completion = {"model": "m", "prompt": "Once upon a time", "stream_options":
+                  {"include_usage": True}}  # fmt: skip
+
+    async def usages(cfg: SimConfig) -> list[dict[str, Any]]:
+        async with serving(cfg) as (s, root):
+            chat, _ = await stream(s, root + "/v1/chat/completions", body)
+            async with s.post(root + "/v1/chat/completions", json=CHAT) as resp:
+                whole = await resp.json()
+            legacy, _ = await stream(s, root + "/v1/completions", completion)
+        return [chat[-2]["usage"], whole["usage"], legacy[-2]["usage"]]
+
+    cached = run(usages(dataclasses.replace(FAST, cached_tokens=3)))
+    assert [u["prompt_tokens_details"] for u in cached] == [{"cached_tokens": 3}] * 3
+    assert all(u["prompt_tokens"] > 3 for u in cached)
+    whole_prompt = run(usages(SimConfig(ttft_ms=5, itl_ms=1, tokens="4", cached_tokens=10**6)))
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in whole_prompt] == [
+        u["prompt_tokens"] for u in whole_prompt]  # fmt: skip
+    assert not any("prompt_tokens_details" in u for u in run(usages(FAST)))
 
 
 @pytest.mark.parametrize("tools", [False, True])

@@ -67,7 +67,8 @@ def deltas(events: list[dict[str, Any]], kind: str) -> str:
 def check_usage(response: dict[str, Any], plan: Plan) -> None:
     n, p = len(plan.words), plan.prompt_tokens
     assert response["usage"] == {
-        "input_tokens": p, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n,
+        "input_tokens": p, "input_tokens_details": {"cached_tokens": plan.cached},
+        "output_tokens": n,
         "output_tokens_details": {"reasoning_tokens": plan.thinking},
         "total_tokens": p + n}  # fmt: skip
 
@@ -224,7 +225,8 @@ def without_ids(obj: Any) -> Any:
 def test_whole_answer_is_the_streamed_final_response(reasoning: int, tools: bool) -> None:
     """stream false, and stream true with ignore_stream, answer one JSON response object equal
     (ids and time aside) to the final event's response of the stream."""
-    cfg = SimConfig(ttft_ms=5, itl_ms=1, flush_ms=5, text="prose", reasoning_tokens=reasoning)
+    cfg = SimConfig(ttft_ms=5, itl_ms=1, flush_ms=5, text="prose", reasoning_tokens=reasoning,
+                    cached_tokens=2)  # fmt: skip
     body = {**BODY, **({"tools": [TOOL]} if tools else {})}
 
     async def go() -> tuple[list[dict[str, Any]], Any, Any]:
@@ -246,6 +248,7 @@ def test_whole_answer_is_the_streamed_final_response(reasoning: int, tools: bool
     assert len(final["output"]) == 1 + (reasoning > 0)
     assert final["output"][-1]["type"] == ("function_call" if tools else "message")
     check_usage(whole, plan_of(body, cfg))
+    assert whole["usage"]["input_tokens_details"] == {"cached_tokens": 2}
 
 
 def test_same_input_same_bytes_and_the_same_words_as_chat() -> None:

@@ -509,7 +509,7 @@ def test_new_sections_default_to_off(jobs: Path) -> None:
     spec = job.spec
     assert (spec.rate_limits.rpm, spec.rate_limits.tpm) == (None, None)
     assert spec.pricing.model_dump() == {"input_per_1m": None, "output_per_1m": None,
-                                         "hourly": None}  # fmt: skip
+                                         "cached_input_per_1m": None, "hourly": None}  # fmt: skip
     assert spec.output.format == "shardrun"
     assert (spec.input.format, spec.input.template, spec.input.system_prompt) == (
         "jsonl", None, None)  # fmt: skip
@@ -558,6 +558,12 @@ def test_pricing_one_basis(jobs: Path) -> None:
         "jobs/x.yaml: pricing.hourly cannot be combined with pricing.output_per_1m: give either"
         " an hourly price or per-token prices"
     )
+    assert error_of(write(jobs, MINIMAL + "pricing: {hourly: 2, cached_input_per_1m: 1}\n")) == (
+        "jobs/x.yaml: pricing.hourly cannot be combined with pricing.cached_input_per_1m: give"
+        " either an hourly price or per-token prices"
+    )
+    cached = load(write(jobs, MINIMAL + "pricing: {input_per_1m: 1, cached_input_per_1m: 0.1}\n"))
+    assert cached.spec.pricing.cached_input_per_1m == 0.1
     assert error_of(write(jobs, MINIMAL + "pricing: {hourly: -1}\n")) == (
         "jobs/x.yaml: pricing.hourly must be a number of at least 0, got -1"
     )

@@ -70,12 +70,13 @@ def test_a_clean_run_shows_no_failure_lines() -> None:
 def test_reasoning_and_cached_tokens_are_summed_and_shown_only_when_counted() -> None:
     """The shards' counts of reasoning and cached prompt tokens add up; a run whose server
     counted none shows no such words."""
-    s = summary_of([{"completion_tokens": 900, "reasoning_tokens": 600, "cached_tokens": 0},
-                    {"completion_tokens": 100, "reasoning_tokens": 40, "cached_tokens": 2048}],
-                   dead=0)  # fmt: skip
+    s = summary_of([{"completion_tokens": 900, "reasoning_tokens": 600, "cached_tokens": 0,
+                     "prompt_tokens": 3000},
+                    {"completion_tokens": 100, "reasoning_tokens": 40, "cached_tokens": 2048,
+                     "prompt_tokens": 4000}], dead=0)  # fmt: skip
     lines = format_summary(s).splitlines()
     assert "  completion tokens  1,000 (640 reasoning)" in lines
-    assert "  cached prompt      2,048 tokens (the server's count)" in lines
+    assert "  cached prompt      2,048 of 7,000 prompt tokens (the server's count)" in lines
     assert (s.as_dict()["reasoning_tokens"], s.as_dict()["cached_tokens"]) == (640, 2048)
     plain = format_summary(summary_of([{"completion_tokens": 5}], dead=0))
     assert "  completion tokens  5\n" in plain and "cached" not in plain

@@ -12,13 +12,14 @@ from typing import Any
 
 from shardrun.pricing import cost
 
-KEYS = ("input_per_1m", "output_per_1m", "hourly")
+KEYS = ("input_per_1m", "output_per_1m", "cached_input_per_1m", "hourly")
 
 
 @dataclass(frozen=True, slots=True)
 class Pricing:
     input_per_1m: float | None = None
     output_per_1m: float | None = None
+    cached_input_per_1m: float | None = None
     hourly: float | None = None
 
 
@@ -42,12 +43,12 @@ def _value(entry: Any) -> Any:
 
 
 def cost_section(pricing: Pricing | None, *, successes: int, prompt_tokens: int,
-                 completion_tokens: int, wasted_tokens: int,
+                 completion_tokens: int, wasted_tokens: int, cached_tokens: int,
                  duration_s: float) -> dict[str, Any] | None:
     """`shardrun.pricing.cost` over the run's tokens and wall time (None without prices)."""
     if pricing is None:
         return None
     out = cost(pricing, prompt_tokens, completion_tokens, duration_s, successes=successes,
-               wasted_tokens=wasted_tokens)
+               wasted_tokens=wasted_tokens, cached_tokens=cached_tokens)
     rounded = {k: round(v, 9) if isinstance(v, float) else v for k, v in out.items()}
     return {"pricing": {k: getattr(pricing, k) for k in KEYS}, **rounded}

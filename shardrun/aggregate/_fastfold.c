@@ -50,7 +50,7 @@ typedef struct {
 enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
-    K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, N_KEYS
+    K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED, N_KEYS
 };
 
 
@@ -97,6 +97,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
     case 13:
         if (memcmp(p, "wasted_tokens", 13) == 0) return K_WASTED;
         if (memcmp(p, "prompt_tokens", 13) == 0) return K_PROMPT_TOKENS;
+        if (memcmp(p, "cached_tokens", 13) == 0) return K_CACHED;
         if (memcmp(p, "first_token_t", 13) == 0) return K_FIRST_TOKEN_T;
         return -1;
     case 17:
@@ -602,7 +603,8 @@ typedef struct {
     PyObject *ok_key;
     long long starts, queued, ok, dead, abandoned, lost_at_restart, other_outcomes;
     long long ok_without_attempt, ok_incomplete, unknown_events, attempts, first_attempts;
-    long long wasted_tokens, prompt_tokens, completion_tokens, new_conns, reused_conns;
+    long long wasted_tokens, prompt_tokens, cached_tokens, completion_tokens;
+    long long new_conns, reused_conns;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
     int ended, has_first, has_last_t;
@@ -993,7 +995,8 @@ static int ev_attempt_start(Fold *s, Val *v) {
 static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     Val *st = &v[K_STATUS];
     NEED(st->type == V_STR || !PRESENT(*st));
-    NEED(IS_INT_OR_NONE(v[K_WASTED]) && IS_INT_OR_NONE(v[K_PROMPT_TOKENS]));
+    NEED(IS_INT_OR_NONE(v[K_WASTED]) && IS_INT_OR_NONE(v[K_PROMPT_TOKENS]) &&
+         IS_INT_OR_NONE(v[K_CACHED]));
     NEED(IS_FLOAT_OR_NONE(v[K_CONN_READY_T]));
     NEED(v[K_REUSED].type != V_INT && v[K_REUSED].type != V_FLOAT &&
          v[K_REUSED].type != V_STR && v[K_REUSED].type != V_OBJ);
@@ -1011,6 +1014,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     if (r < 0) return -1;
     if (v[K_WASTED].type == V_INT) s->wasted_tokens += v[K_WASTED].i;
     if (v[K_PROMPT_TOKENS].type == V_INT) s->prompt_tokens += v[K_PROMPT_TOKENS].i;
+    if (v[K_CACHED].type == V_INT) s->cached_tokens += v[K_CACHED].i;
     int conn = v[K_CONN_READY_T].type == V_FLOAT;
     if (conn) {
         if (v[K_REUSED].type == V_TRUE)
@@ -1398,8 +1402,8 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     if (!lag) goto fail;
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
-        "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,s:N,"
-        "s:L}",
+        "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
+        "s:N,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1409,7 +1413,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         "ok_incomplete", s->ok_incomplete, "attempts", s->attempts, "by_status", s->by_status,
         "retries", s->retries, "retry_minutes", s->retry_minutes, "dead_reasons",
         s->dead_reasons, "first_attempts", s->first_attempts, "wasted_tokens", s->wasted_tokens,
-        "prompt_tokens", s->prompt_tokens, "completion_tokens", s->completion_tokens,
+        "prompt_tokens", s->prompt_tokens, "cached_tokens", s->cached_tokens, "completion_tokens", s->completion_tokens,
         "new_conns", s->new_conns, "reused_conns", s->reused_conns, "rate_wait_first_s",
         s->rate_wait_first_s, "rate_wait_retry_s", s->rate_wait_retry_s, "backlog_s",
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,

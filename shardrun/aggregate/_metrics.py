@@ -67,6 +67,7 @@ def items_section(coords: list[CoordinatorSummary],
         "success_rate": ratio(ok, ok + dead),
         "completion_tokens": sum(s.completion_tokens for s in shards),
         "prompt_tokens": sum(s.prompt_tokens for s in shards),
+        "cached_tokens": sum(s.cached_tokens for s in shards),
     }
 
 

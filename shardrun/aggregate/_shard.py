@@ -185,6 +185,7 @@ class ShardFold:
         s.by_status[status] = s.by_status.get(status, 0) + 1
         s.wasted_tokens += rec.get("wasted_tokens") or 0
         s.prompt_tokens += rec.get("prompt_tokens") or 0
+        s.cached_tokens += rec.get("cached_tokens") or 0
         conn = rec.get("conn_ready_t")  # absent in the older layout
         span = None
         if conn is not None:

@@ -58,6 +58,7 @@ class ShardSummary:
     dead_reasons: dict[str, int] = field(default_factory=dict)
     wasted_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, where the server counted its prompt cache
     completion_tokens: int = 0
     new_conns: int = 0
     reused_conns: int = 0

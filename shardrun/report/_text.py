@@ -201,14 +201,20 @@ def format_cost(doc: dict[str, Any]) -> str:
     cost = doc["cost"]
     if not cost or cost.get("basis") is None:
         return ""
-    basis = ("per token" if cost["basis"] == "tokens"
-             else f"hourly, {_money(cost['hours'])} h of wall time")
-    return "\n".join([
+    per_token = cost["basis"] == "tokens"
+    basis = "per token" if per_token else f"hourly, {_money(cost['hours'])} h of wall time"
+    lines = [
         f"Cost ({basis})",
         f"  spend {_money(cost['spend'])}, cost per success "
         f"{_money(cost['cost_per_success'])}, wasted tokens {num(cost['wasted_tokens'])} "
         f"costing {_money(cost['wasted_cost'])}",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if per_token:
+        cached = cost.get("cached_tokens") or 0  # absent from reports made before it existed
+        lines.append(f"  input {_money(cost['input_cost'])}"
+                     + (f" ({num(cached)} prompt tokens cached)" if cached else "")
+                     + f", output {_money(cost['output_cost'])}")
+    return "\n".join(lines)
 
 
 def _money(x: float | None) -> str:

@@ -121,7 +121,7 @@ def parse_tokens(spec: str) -> TokenSpec:
 FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
                "stall_mid_stream", "slow_first_token")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s")
-_INTS = ("capacity", "seed", "fail_first_n", "reasoning_tokens")
+_INTS = ("capacity", "seed", "fail_first_n", "reasoning_tokens", "cached_tokens")
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -159,6 +159,10 @@ class SimConfig:
     # answer, a reasoning item. They count in usage, and `max_tokens` (`max_output_tokens`)
     # caps them together with the content, as real servers do.
     reasoning_tokens: int = 0
+    # A prompt cache: usage counts the first N prompt tokens (at most all of them) as cached,
+    # in prompt_tokens_details (input_tokens_details for Responses), as servers that cache a
+    # shared prefix report it. 0 leaves chat and completions usage without the details.
+    cached_tokens: int = 0
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +226,7 @@ class SimConfig:
             args += [_flag(name), "true" if getattr(self, name) else "false"]
         args += ["--fail-first-n", str(self.fail_first_n)]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
+        args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:
             args += ["--auth-required", self.auth_required]
         return args
@@ -310,6 +315,7 @@ class Plan:
     thinking: int = 0  # how many of the words are reasoning (they come first)
     tool: str | None = None  # the function the answer calls, with {"text": content} as arguments
     text: str = "words"  # how the words read (TEXT_WORDS)
+    cached: int = 0  # of prompt_tokens, those usage counts as read from the prompt cache
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -402,9 +408,10 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     n += thinking  # the reasoning comes on top of the sampled answer
     finish = "length" if cap is not None and n >= cap else "tool_calls" if tool else "stop"
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
+    prompt = max(1, (chars + 3) // 4)
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
-                words, finish, max(1, (chars + 3) // 4), min(thinking, len(words)),
-                tool, cfg.text)  # fmt: skip
+                words, finish, prompt, min(thinking, len(words)),
+                tool, cfg.text, min(cfg.cached_tokens, prompt))  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.

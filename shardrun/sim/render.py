@@ -41,10 +41,13 @@ for Responses, whose ids are "resp_", "msg_"... + the request id)."""
 
 def _usage(plan: Plan) -> dict[str, object]:
     """The OpenAI usage object; prompt tokens are the plan's cheap estimate. A thinking
-    model's answer also counts its reasoning tokens, as OpenAI's do."""
+    model's answer also counts its reasoning tokens, and a prompt cache its cached prompt
+    tokens, as OpenAI's do."""
     n = len(plan.words)
     usage: dict[str, object] = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
                                 "total_tokens": plan.prompt_tokens + n}  # fmt: skip
+    if plan.cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": plan.cached}
     if plan.thinking:
         usage["completion_tokens_details"] = {"reasoning_tokens": plan.thinking}
     return usage
@@ -230,7 +233,7 @@ def _response(plan: Plan, rid: str, created: int) -> dict[str, Any]:
                            "call_id": f"call_{rid}", "name": plan.tool,
                            "arguments": orjson.dumps({"text": text}).decode()})  # fmt: skip
     n, prompt = len(plan.words), plan.prompt_tokens
-    usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+    usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": plan.cached},
              "output_tokens": n, "output_tokens_details": {"reasoning_tokens": plan.thinking},
              "total_tokens": prompt + n}  # fmt: skip
     if plan.finish == "length":
