@@ -95,9 +95,10 @@ class AttemptOutcome:
     `completion_tokens` is the server's usage figure when it sent one, else the number of content
     chunks, or for a whole (non-streamed) answer its characters / 4 (`usage_estimated` True).
     `itl` holds the gaps between successive content chunks. A content chunk is one that carries
-    generated text: the answer's, or reasoning, or a piece of a tool call (all three are tokens
-    the model generated, and count as such for the first and last token too); `text` is the
-    answer's alone, `reasoning` and `tool_calls` the others (None when the answer had none).
+    generated text: the answer's, or reasoning, or a piece of a tool call or of a refusal (all
+    are tokens the model generated, and count as such for the first and last token too); `text`
+    is the answer's alone, `reasoning`, `tool_calls` and `refusal` the others (None when the
+    answer had none).
     """
 
     status: str = "ok"
@@ -113,6 +114,7 @@ class AttemptOutcome:
     text: str = ""
     reasoning: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = None  # the model declined (OpenAI's `refusal`), in its words
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
@@ -292,12 +294,12 @@ class Attempt:
         if reader.error is not None:
             self.fail(*stream_error(reader.error, 0))
             return True
-        if text or reader.reasoning or reader.tool_calls:
+        if text or reader.reasoning or reader.tool_calls or reader.refusal:
             self.pieces.append(text)
             out = self.out
             out.content_chunks = 1
             out.first_token_at = out.last_token_at = now
-            chars = len(text) + sum(map(len, reader.reasoning)) + sum(
+            chars = len(text) + sum(map(len, [*reader.reasoning, *reader.refusal])) + sum(
                 len(piece) for c in reader.tool_calls.values() for piece in c.arguments)
             self.whole_estimate = tokens_of_chars(chars)
         self.done = True
@@ -324,6 +326,8 @@ class Attempt:
         if r.reasoning:
             out.reasoning = "".join(r.reasoning)
         out.tool_calls = r.tool_call_list()
+        if r.refusal:
+            out.refusal = "".join(r.refusal)
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
         out.cached_tokens, out.reasoning_tokens = r.cached_tokens, r.reasoning_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None

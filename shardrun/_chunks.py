@@ -58,7 +58,7 @@ PROBE_MARK = b"~"
 """Appended to a content to probe a learned envelope: any byte JSON takes unescaped would do."""
 _UNSAFE = b'"\\' + bytes(range(0x20))
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
-_OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls")
+_OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls", "refusal")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
 CONTENT, THOUGHT, ARGUMENTS = 0, 1, 2
 """The envelopes a stream may teach (see "Envelope" above)."""
@@ -78,7 +78,7 @@ class ChunkReader:
     __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_prefix", "_suffix",
                  "_tlearns", "_tprefix", "_tsuffix", "bad", "cached_tokens", "chat",
                  "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
-                 "reasoning", "reasoning_tokens", "tool_calls")  # fmt: skip
+                 "reasoning", "reasoning_tokens", "refusal", "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -92,9 +92,10 @@ class ChunkReader:
         self.error: object = None  # the value of the `error` payload that ended the stream
         self.bad = b""  # the payload that could not be read (for the error message)
         # Generated text that is not the answer's content (chat only, see `read`): reasoning
-        # pieces, tool calls by index, and how many chunks carried either.
+        # pieces, tool calls by index, a refusal's pieces, and how many chunks carried any.
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, ToolCallParts] = {}
+        self.refusal: list[str] = []
         self.other_chunks = 0
         # The envelope: a plain content chunk is _prefix + the content's raw bytes + _suffix.
         # An empty _suffix means none is known (a learned suffix holds at least the closing ").
@@ -122,10 +123,11 @@ class ChunkReader:
         finish_reason), but its piece is not appended.
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
-        as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`) and tool calls, whose
-        pieces are merged by index (`merge_tool_calls`). They go to `reasoning` and
-        `tool_calls`, and `other_chunks` counts the chunks that carried any: those are tokens
-        the model generated as much as the content is.
+        as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
+        pieces are merged by index (`merge_tool_calls`), and a refusal (`refusal`, OpenAI's
+        models declining a structured output). They go to `reasoning`, `tool_calls` and
+        `refusal`, and `other_chunks` counts the chunks that carried any: those are tokens the
+        model generated as much as the content is.
         """
         if len(payloads) == 1:  # the usual read of a server that streams tokens as they come
             payload = payloads[0]
@@ -285,6 +287,10 @@ class ChunkReader:
         if calls := delta.get("tool_calls"):
             merge_tool_calls(self.tool_calls, calls)
             found = True
+        refusal = delta.get("refusal")
+        if refusal and isinstance(refusal, str):
+            self.refusal.append(refusal)
+            found = True
         if found:
             self.other_chunks += 1
         return found
@@ -420,8 +426,9 @@ def _envelope(payload: bytes, raw: bytes, plain: Callable[[object, bool], str | 
 
 class ToolCallParts:
     """One tool call of a stream as it arrives: its `id` and `type`, and its function's `name`
-    and `arguments` as the pieces sent. They are joined once, by `as_message`: appending to a
-    string copies all of it, which for an argument text of many pieces is quadratic."""
+    and `arguments` (a custom tool's `input`) as the pieces sent. They are joined once, by
+    `as_message`: appending to a string copies all of it, which for an argument text of many
+    pieces is quadratic."""
 
     __slots__ = ("arguments", "id", "name", "type")
 
@@ -433,8 +440,10 @@ class ToolCallParts:
 
     def as_message(self) -> dict[str, Any]:
         """The call as a chat message holds it."""
-        return {"id": self.id, "type": self.type,
-                "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)}}
+        name, text = "".join(self.name), "".join(self.arguments)
+        if self.type == "custom":
+            return {"id": self.id, "type": "custom", "custom": {"name": name, "input": text}}
+        return {"id": self.id, "type": self.type, "function": {"name": name, "arguments": text}}
 
 
 def call_list(calls: dict[int, ToolCallParts]) -> list[dict[str, Any]] | None:
@@ -449,8 +458,9 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
     A stream sends each call in pieces: its first delta has the `id`, `type` and function
     `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
     of the function are appended (a server may split a name too; arguments sent as an object
-    are appended as its JSON text); `id` and `type` are set. A delta not shaped so raises one
-    of `PARSE_ERRORS` (the stream is then malformed).
+    are appended as its JSON text); `id` and `type` are set. A custom tool's call (type
+    "custom") has `custom` with `name` and `input` in their place. A delta not shaped so raises
+    one of `PARSE_ERRORS` (the stream is then malformed).
     """
     for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
         index = delta.get("index", 0)
@@ -461,10 +471,10 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
             call.id = str(ident)
         if kind := delta.get("type"):
             call.type = str(kind)
-        if function := delta.get("function"):
+        if function := delta.get("function") or delta.get("custom"):
             if name := function.get("name"):
                 call.name.append(_text(name))
-            if text := function.get("arguments"):
+            if text := function.get("arguments") or function.get("input"):
                 call.arguments.append(_text(text))
 
 
@@ -501,6 +511,9 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
             thought = message.get("reasoning_content") or message.get("reasoning")
             if thought and isinstance(thought, str):
                 reader.reasoning.append(thought)
+            refusal = message.get("refusal")
+            if refusal and isinstance(refusal, str):
+                reader.refusal.append(refusal)
             calls = message.get("tool_calls")
             if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
                 merge_tool_calls(reader.tool_calls,
@@ -544,7 +557,8 @@ def plain_thought(obj: object, chat: bool) -> str | None:
     `reasoning` (and count one other chunk), else None."""
     first = _lone_choice(obj) if chat else None
     delta = None if first is None else first.get("delta")
-    if not isinstance(delta, dict) or delta.get("content") or delta.get("tool_calls"):
+    if (not isinstance(delta, dict) or delta.get("content") or delta.get("tool_calls")
+            or delta.get("refusal")):  # fmt: skip
         return None
     text = delta.get("reasoning_content") or delta.get("reasoning")
     return text if text and isinstance(text, str) else None
@@ -556,7 +570,7 @@ def plain_arguments(obj: object, chat: bool) -> str | None:
     first = _lone_choice(obj) if chat else None
     delta = None if first is None else first.get("delta")
     if (not isinstance(delta, dict) or delta.get("content") or delta.get("reasoning_content")
-            or delta.get("reasoning")):  # fmt: skip
+            or delta.get("reasoning") or delta.get("refusal")):  # fmt: skip
         return None
     calls = delta.get("tool_calls")
     if type(calls) is not list or len(calls) != 1 or not isinstance(calls[0], dict):
@@ -582,18 +596,43 @@ def _lone_choice(obj: object) -> dict[str, Any] | None:
     return None if first.get("finish_reason") else first
 
 
+ERROR_NAMES = {
+    **dict.fromkeys(("rate_limit_exceeded", "too_many_requests", "rate_limit_error"), 429),
+    **dict.fromkeys(("server_error", "internal_error", "internal_server_error", "api_error",
+                     "service_unavailable", "overloaded", "overloaded_error"), 500),
+    **dict.fromkeys(("invalid_request_error", "invalid_prompt", "context_length_exceeded",
+                     "bad_request", "invalid_value", "model_not_found", "insufficient_quota",
+                     "credit_balance_exhausted"), 400),
+}  # fmt: skip
+"""Error codes and types (OpenAI's, and gateways') that mean what an HTTP status would."""
+
+
 def stream_error(err: object, tokens: int) -> tuple[str, str]:
     """(status, error sentence) for an `{"error": err}` payload inside a 2xx stream.
 
-    A code of 429 is http_429, 500-599 http_5xx (as an int or a digit string), anything else or
-    no code protocol_error. `err` may also be a bare message instead of an object.
+    The error's `code` picks the status, else its `type`: 429 or a rate-limit name is
+    http_429, 500-599 or a server-fault name http_5xx, another 400-499 or a name of a request
+    that cannot succeed (`ERROR_NAMES`) http_4xx; a number may come as a digit string. Anything
+    else, or neither, is protocol_error. `err` may also be a bare message instead of an object.
+    An in-stream 4xx (vLLM reports a request it could not serve so, OpenAI a prompt over the
+    context length) is not retried: the same request sent again meets the same answer.
     """
     code: object = err.get("code") if isinstance(err, dict) else None
+    kind: object = err.get("type") if isinstance(err, dict) else None
     msg = err.get("message") if isinstance(err, dict) else err
-    n = int(code) if isinstance(code, int | str) and str(code).isdigit() else 0
-    status = "http_429" if n == 429 else "http_5xx" if 500 <= n < 600 else "protocol_error"
-    label = "" if code is None else f" {code}"
+    n = _error_number(code) or _error_number(kind)
+    status = ("http_429" if n == 429 else "http_5xx" if 500 <= n < 600
+              else "http_4xx" if 400 <= n < 500 else "protocol_error")  # fmt: skip
+    name = code if code is not None else kind if isinstance(kind, str) else None
+    label = "" if name is None else f" {name}"
     return status, f"error{label} in stream after {tokens} tokens: {clip(msg)}"
+
+
+def _error_number(value: object) -> int:
+    """The HTTP status an error's code or type stands for; 0 for none."""
+    if isinstance(value, int | str) and str(value).isdigit():
+        return int(value)
+    return ERROR_NAMES.get(value, 0) if isinstance(value, str) else 0
 
 
 def error_message(body: bytes) -> str:

@@ -9,16 +9,24 @@ the chat shapes, so that results, exports and Batch output have one shape whatev
 A Responses stream is typed events, each with a `sequence_number` that changes every event, so
 there is no envelope to learn (`_chunks`, "Envelope"): every payload is parsed. What is read:
 - `response.output_text.delta`: a piece of the answer.
-- `response.reasoning_text.delta` (a server that shows the model's thought, as vLLM does) and
-  `response.reasoning_summary_text.delta` (OpenAI's models show a summary): a piece of reasoning.
+- `response.reasoning_text.delta` (a server that shows the model's thought, as vLLM does),
+  `response.reasoning_summary_text.delta` (OpenAI's models show a summary) and
+  `response.reasoning.delta` (an older name some gateways still send): a piece of reasoning.
+- `response.refusal.delta`: a piece of a refusal (the model declining a structured output).
 - `response.output_item.added` of a `function_call` item: a call starts (`call_id`, `name`);
-  `response.function_call_arguments.delta`: a piece of its arguments, by `output_index`.
+  `response.function_call_arguments.delta`: a piece of its arguments. A `custom_tool_call`
+  item (a tool that takes free text) is a call the same way, its text in `input` and
+  `response.custom_tool_call_input.delta`. A piece names its call by `item_id` and
+  `output_index`; servers give either or both (llama.cpp no index), and some number the output
+  differently in the stream and in the final response, so a call is found by any name it has
+  had: item id, call id or output index (`_find_call`).
 - `response.completed` and `response.incomplete`: the end, with usage (`input_tokens`,
   `output_tokens`). finish_reason is "stop", or "tool_calls" when the answer called a function;
   an incomplete response's reason stands for it ("max_output_tokens" reads "length", as chat
   says it). What the stream did not send as deltas (the answer, the reasoning, a call's name or
   arguments: some servers send parts of the output only whole) is read from that last event.
-- `response.failed` and `error`: the end, with the error.
+- `response.failed`, `error` and a bare `{"error": ...}` (chat's shape, which some servers
+  send here too): the end, with the error, classed by its code or type (`stream_error`).
 Other events (created, in_progress, the `.added` and `.done` of text) repeat what the deltas
 carry. The stream has no `[DONE]`; one is taken as the end all the same.
 """
@@ -45,20 +53,23 @@ from shardrun._chunks import (
 __all__ = ["ResponsesReader", "read_whole_response"]
 
 _THOUGHT_DELTAS = frozenset({"response.reasoning_text.delta",
-                             "response.reasoning_summary_text.delta"})  # fmt: skip
+                             "response.reasoning_summary_text.delta",
+                             "response.reasoning.delta"})  # fmt: skip
+_CALL_DELTAS = frozenset({"response.function_call_arguments.delta",
+                          "response.custom_tool_call_input.delta"})  # fmt: skip
+_CALL_ITEMS = {"function_call": "arguments", "custom_tool_call": "input"}
+"""Output items that call a tool, and the field that holds what the call passes."""
 _ENDS = frozenset({"response.completed", "response.incomplete"})
 _FINISH = {"max_output_tokens": "length"}
 """An incomplete response's reason, as chat's finish_reason says it (others stand as sent)."""
-_ERROR_CODES = {"rate_limit_exceeded": 429, "server_error": 500}
-"""Error codes of this API that mean what an HTTP status would: retried as 429 and 5xx are."""
 
 
 class ResponsesReader:
     """Reads one Responses stream's payloads in order; the fields are `ChunkReader`'s."""
 
-    __slots__ = ("answered", "bad", "cached_tokens", "completion_tokens", "error",
-                 "finish_reason", "other_chunks", "prompt_tokens", "reasoning",
-                 "reasoning_tokens", "tool_calls")  # fmt: skip
+    __slots__ = ("_calls_by_name", "_last_call", "answered", "bad", "cached_tokens",
+                 "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
+                 "reasoning", "reasoning_tokens", "refusal", "tool_calls")  # fmt: skip
 
     def __init__(self) -> None:
         self.finish_reason: str | None = None
@@ -69,8 +80,12 @@ class ResponsesReader:
         self.error: object = None
         self.bad = b""
         self.reasoning: list[str] = []
-        self.tool_calls: dict[int, ToolCallParts] = {}  # by output_index
-        self.other_chunks = 0  # reasoning and argument pieces (generated tokens all the same)
+        self.refusal: list[str] = []
+        # By output index (where the call that started it had a free one), so in output order.
+        self.tool_calls: dict[int, ToolCallParts] = {}
+        self._calls_by_name: dict[str | int, ToolCallParts] = {}  # item id, call id, index
+        self._last_call: ToolCallParts | None = None
+        self.other_chunks = 0  # reasoning, refusal and argument pieces (generated tokens too)
         self.answered = False  # a delta of the answer arrived (else the last event has it)
 
     def read(self, payloads: list[bytes], pieces: list[str]) -> int:
@@ -95,13 +110,18 @@ class ResponsesReader:
                     if (delta := event.get("delta")) and isinstance(delta, str):
                         self.reasoning.append(delta)
                         self.other_chunks += 1
-                elif kind == "response.function_call_arguments.delta":
+                elif kind in _CALL_DELTAS:
                     if (delta := event.get("delta")) and isinstance(delta, str):
-                        self._call(event.get("output_index")).arguments.append(delta)
+                        call = self._find_call(event.get("output_index"), event.get("item_id"))
+                        call.arguments.append(delta)
+                        self.other_chunks += 1
+                elif kind == "response.refusal.delta":
+                    if (delta := event.get("delta")) and isinstance(delta, str):
+                        self.refusal.append(delta)
                         self.other_chunks += 1
                 elif kind == "response.output_item.added":
-                    if (item := event["item"]).get("type") == "function_call":
-                        self._start_call(event.get("output_index"), item)
+                    if (item := event["item"]).get("type") in _CALL_ITEMS:
+                        self._start_call(item, event.get("output_index"))
                 elif kind in _ENDS:
                     response = event["response"]
                     if (text := self.take_output(response)) and not self.answered:
@@ -113,51 +133,84 @@ class ResponsesReader:
                     self.error = _error(response.get("error") if isinstance(response, dict)
                                         else None)  # fmt: skip
                     return ERROR
-                elif kind == "error":
-                    self.error = _error(event.get("error") or event)
+                elif kind == "error" or (kind is None and event.get("error") is not None):
+                    # OpenAI nests it ({"type": "error", "error": {...}}); its documents show
+                    # the fields on the event itself.
+                    self.error = _error(event.get("error") or {
+                        "code": event.get("code"), "message": event.get("message")})
                     return ERROR
         except PARSE_ERRORS:
             self.bad = payload
             return BAD
         return MORE
 
-    def _call(self, index: object) -> ToolCallParts:
-        """The call at this output index, started if it is new (an int index, else KeyError)."""
-        if type(index) is not int:
-            raise KeyError(index)
-        call = self.tool_calls.get(index)
+    def _find_call(self, index: object, *ids: object) -> ToolCallParts:
+        """The call that its output index or any of its ids (item id, call id) has named
+        before, or a new call; each names it from then on (None for one not given). With no
+        name at all, the latest call: a server that names none streams one call at a time. An
+        index that is not an int, or an id that is not a string, raises KeyError (the event is
+        malformed)."""
+        given: list[str | int] = []  # the ids first: they outrank an index (see take_output)
+        for name in ids:
+            if name is not None:
+                if type(name) is not str:
+                    raise KeyError(name)
+                given.append(name)
+        if index is not None:
+            if type(index) is not int:
+                raise KeyError(index)
+            given.append(index)
+        known = self._calls_by_name
+        call = next((known[n] for n in given if n in known), None)
         if call is None:
-            call = self.tool_calls[index] = ToolCallParts()
+            if not given and self._last_call is not None:
+                return self._last_call
+            calls = self.tool_calls
+            if type(index) is not int or index in calls:
+                index = max(calls, default=-1) + 1
+            call = calls[index] = ToolCallParts()
+        for name in given:
+            known.setdefault(name, call)
+        self._last_call = call
         return call
 
-    def _start_call(self, index: object, item: dict[str, Any]) -> None:
-        """A function_call item: its call id, and its name and arguments where the stream has
-        not given them yet (an item that starts a call has its arguments still to come)."""
-        call = self._call(index)
+    def _start_call(self, item: dict[str, Any], index: object) -> None:
+        """A tool-call item: its call id and kind, and its name and arguments (a custom
+        tool's input) where the stream has not given them yet (an item that starts a call has
+        its arguments still to come)."""
+        call = self._find_call(index, item.get("id"), item.get("call_id"))
+        kind = item["type"]
+        if kind == "custom_tool_call":
+            call.type = "custom"
         if ident := item.get("call_id") or item.get("id"):
             call.id = str(ident)
         if (name := item.get("name")) and not call.name:
             call.name.append(str(name))
-        if (arguments := item.get("arguments")) and isinstance(arguments, str) and (
-                not call.arguments):  # fmt: skip
-            call.arguments.append(arguments)
+        text = item.get(_CALL_ITEMS[kind])
+        if text and isinstance(text, str) and not call.arguments:
+            call.arguments.append(text)
 
     def take_output(self, response: dict[str, Any]) -> str:
         """The answer's text of a response object's `output`; its reasoning (the item's own
-        text, or its summary if it shows none) and its function calls are taken where the
-        stream has not given them."""
-        texts, thought = [], []
+        text, or its summary if it shows none), its refusal and its tool calls are taken where
+        the stream has not given them. A call is matched to the stream's by its item or call
+        id before its place in the output (`_find_call`), which a server may number otherwise
+        in the stream."""
+        texts, thought, refused = [], [], []
         for index, item in enumerate(response.get("output") or []):
             kind = item.get("type")  # not an object: AttributeError, as in `read`
             if kind == "message":
                 texts += _texts(item.get("content"), "output_text")
+                refused += _texts(item.get("content"), "refusal", "refusal")
             elif kind == "reasoning":
                 thought += _texts(item.get("content"), "reasoning_text") or _texts(
                     item.get("summary"), "summary_text")
-            elif kind == "function_call":
-                self._start_call(index, item)
+            elif kind in _CALL_ITEMS:
+                self._start_call(item, index)
         if not self.reasoning:
             self.reasoning = thought
+        if not self.refusal:
+            self.refusal = refused
         return "".join(texts)
 
     def end(self, response: dict[str, Any]) -> None:
@@ -184,23 +237,19 @@ class ResponsesReader:
         return read_whole_response(body, self)
 
 
-def _texts(parts: object, kind: str) -> list[str]:
-    """The `text` of each part of this kind."""
+def _texts(parts: object, kind: str, field: str = "text") -> list[str]:
+    """The text (in `field`) of each part of this kind."""
     if not isinstance(parts, list):
         return []
-    return [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == kind
-            and isinstance(p.get("text"), str)]  # fmt: skip
+    return [p[field] for p in parts if isinstance(p, dict) and p.get("type") == kind
+            and isinstance(p.get(field), str)]  # fmt: skip
 
 
-def _error(err: object) -> dict[str, object]:
-    """An error of this API as `_chunks.stream_error` reads one: a code that means a rate
-    limit or a server fault becomes that HTTP status, so the attempt is retried as one."""
-    if not isinstance(err, dict):
-        return {"code": None, "message": err or "the response failed"}
-    code, message = err.get("code"), err.get("message")
-    if code in _ERROR_CODES:
-        return {"code": _ERROR_CODES[code], "message": f"{code}: {message}"}
-    return {"code": code, "message": message}
+def _error(err: object) -> object:
+    """An error of this API as `_chunks.stream_error` reads one (which classes it by its code
+    or type); a failed response without one still says that it failed."""
+    return err if isinstance(err, dict) else {"code": None,
+                                              "message": err or "the response failed"}
 
 
 def read_whole_response(body: bytes, reader: ResponsesReader) -> str | None:

@@ -74,6 +74,9 @@ def batch_output_line(
         if result.get("tool_calls") is not None:
             message["tool_calls"] = result["tool_calls"]
             message["content"] = message["content"] or None
+        if result.get("refusal") is not None:
+            message["refusal"] = result["refusal"]
+            message["content"] = message["content"] or None
     choice.update(logprobs=None, finish_reason=result.get("finish_reason"))
     body = {
         "id": f"{'cmpl' if completions else 'chatcmpl'}-{suffix}",
@@ -116,15 +119,25 @@ def _response_body(result: Mapping[str, Any], suffix: str, model: str,
         output.append({"id": f"rs_{suffix}", "type": "reasoning", "summary": [],
                        "content": [{"type": "reasoning_text", "text": result["reasoning"]}]})
     for i, call in enumerate(result.get("tool_calls") or []):
+        if call.get("type") == "custom":
+            custom = call.get("custom") or {}
+            output.append({"id": f"ctc_{suffix}_{i}", "type": "custom_tool_call",
+                           "status": "completed", "call_id": call.get("id"),
+                           "name": custom.get("name"), "input": custom.get("input")})
+            continue
         function = call.get("function") or {}
         output.append({"id": f"fc_{suffix}_{i}", "type": "function_call", "status": "completed",
                        "call_id": call.get("id"), "name": function.get("name"),
                        "arguments": function.get("arguments")})  # fmt: skip
-    text = result.get("output", "")
-    if text or not output:
+    text, refusal = result.get("output", ""), result.get("refusal")
+    if text or refusal is not None or not output:
+        parts: list[dict[str, Any]] = []
+        if text or refusal is None:
+            parts.append({"type": "output_text", "text": text, "annotations": []})
+        if refusal is not None:
+            parts.append({"type": "refusal", "refusal": refusal})
         output.append({"id": f"msg_{suffix}", "type": "message", "status": "completed",
-                       "role": "assistant",
-                       "content": [{"type": "output_text", "text": text, "annotations": []}]})
+                       "role": "assistant", "content": parts})
     cut = result.get("finish_reason") == "length"
     body: dict[str, Any] = {
         "id": f"resp_{suffix}", "object": "response", "created_at": int(

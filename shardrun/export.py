@@ -56,7 +56,7 @@ Format = Literal["jsonl", "csv"]
 
 COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
            "completion_tokens", "usage_estimated", "cached_tokens", "reasoning_tokens",
-           "attempts", "error", "reasoning", "tool_calls")  # fmt: skip
+           "attempts", "error", "reasoning", "tool_calls", "refusal")  # fmt: skip
 """CSV columns; a JSON line has the same values, with usage as one object (and tool calls as
 a list, where CSV has their JSON text)."""
 
@@ -300,7 +300,7 @@ def _record_row(index: _Index, line: int, item_id: str, seen: DigestSet,
 def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"line": line, "id": item_id, "status": status, "output": None,
                            "finish_reason": None, "usage": None, "attempts": None, "error": None,
-                           "reasoning": None, "tool_calls": None}  # fmt: skip
+                           "reasoning": None, "tool_calls": None, "refusal": None}  # fmt: skip
     row.update(values)
     return row
 
@@ -309,7 +309,7 @@ def _ok_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
     return _row(line, item_id, "ok", output=record.get("output"),
                 finish_reason=record.get("finish_reason"), usage=record.get("usage"),
                 attempts=record.get("attempts"), reasoning=record.get("reasoning"),
-                tool_calls=record.get("tool_calls"))  # fmt: skip
+                tool_calls=record.get("tool_calls"), refusal=record.get("refusal"))  # fmt: skip
 
 
 def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +324,7 @@ def _csv_values(row: dict[str, Any], input_columns: list[str] | None) -> list[An
               usage.get("prompt_tokens"), usage.get("completion_tokens"),
               usage.get("estimated"), usage.get("cached_tokens"), usage.get("reasoning_tokens"),
               row["attempts"], row["error"], row["reasoning"],
-              _cell(row["tool_calls"])]  # fmt: skip
+              _cell(row["tool_calls"]), row["refusal"]]  # fmt: skip
     if "input" in row:
         record = row["input"]
         if input_columns is None:  # JSON lines: records need not share their keys

@@ -104,6 +104,8 @@ def result_record(
         record["reasoning"] = outcome.reasoning
     if outcome.tool_calls is not None:
         record["tool_calls"] = outcome.tool_calls
+    if outcome.refusal is not None:
+        record["refusal"] = outcome.refusal
     return record
 
 

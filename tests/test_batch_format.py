@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from shardrun._chunks import ChunkReader, read_whole
+from shardrun._responses import ResponsesReader, read_whole_response
 from shardrun.batch_format import (
     batch_error_line,
     batch_output_line,
@@ -90,6 +92,30 @@ def test_usage_details_go_where_each_api_holds_them() -> None:
                              api="responses")["response"]["body"]  # fmt: skip
     assert body["usage"] == {"input_tokens": 9, "output_tokens": 19, "total_tokens": 28,
                              "output_tokens_details": {"reasoning_tokens": 7}}  # fmt: skip
+
+
+def test_a_refusal_and_a_custom_call_round_trip_through_each_apis_body() -> None:
+    """A result with a refusal and a custom tool's call: chat's message holds them as OpenAI's
+    does (content null), a Responses body as a refusal part and a custom_tool_call item; the
+    project's own readers read each body back to the same refusal and calls."""
+    custom = {"id": "call_c", "type": "custom", "custom": {"name": "shell", "input": "ls"}}
+    function = {"id": "call_f", "type": "function",
+                "function": {"name": "get", "arguments": '{"x":1}'}}  # fmt: skip
+    record = {**RESULT, "output": "", "refusal": "I can't.", "tool_calls": [custom, function]}
+    chat = batch_output_line(record, "req_1")["response"]["body"]
+    message = chat["choices"][0]["message"]
+    assert (message["content"], message["refusal"]) == (None, "I can't.")
+    reader = ChunkReader(chat=True)
+    assert read_whole(orjson.dumps(chat), reader) == ""
+    assert (reader.refusal, reader.tool_call_list()) == (["I can't."], [custom, function])
+
+    body = batch_output_line(record, "req_1", api="responses")["response"]["body"]
+    kinds = [item["type"] for item in body["output"]]
+    assert kinds == ["custom_tool_call", "function_call", "message"]
+    assert body["output"][-1]["content"] == [{"type": "refusal", "refusal": "I can't."}]
+    responses = ResponsesReader()
+    assert read_whole_response(orjson.dumps(body), responses) == ""
+    assert (responses.refusal, responses.tool_call_list()) == (["I can't."], [custom, function])
 
 
 def test_dead_letter_becomes_an_error_line() -> None:

@@ -167,12 +167,20 @@ def test_invalid_utf8_reads_as_replacement_character() -> None:
          " tokens: busy"),
         ('{"error":{"message":"busy","code":"503"}}', "http_5xx", "error 503 in stream after 3"
          " tokens: busy"),
-        ('{"error":{"message":"no","code":"bad_request"}}', "protocol_error", "error bad_request"
+        ('{"error":{"message":"no","code":"bad_request"}}', "http_4xx", "error bad_request"
          " in stream after 3 tokens: no"),
-        ('{"error":{"message":"gone","code":404}}', "protocol_error", "error 404 in stream"
+        ('{"error":{"message":"gone","code":404}}', "http_4xx", "error 404 in stream"
          " after 3 tokens: gone"),
-        ('{"error":{"message":"boom","type":"server_error"}}', "protocol_error", "error in"
-         " stream after 3 tokens: boom"),
+        ('{"error":{"message":"boom","type":"server_error"}}', "http_5xx", "error server_error"
+         " in stream after 3 tokens: boom"),
+        ('{"error":{"message":"hm","code":"new_code","type":"server_error"}}', "http_5xx",
+         "error new_code in stream after 3 tokens: hm"),
+        ('{"error":{"message":"?","code":"new_code"}}', "protocol_error", "error new_code"
+         " in stream after 3 tokens: ?"),
+        ('{"error":{"message":"x","code":600}}', "protocol_error", "error 600 in stream"
+         " after 3 tokens: x"),
+        ('{"error":{"message":"x","code":true}}', "protocol_error", "error True in stream"
+         " after 3 tokens: x"),
         ('{"error":"plain text"}', "protocol_error", "error in stream after 3 tokens: plain text"),
     ],
 )  # fmt: skip
@@ -288,6 +296,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
     finish = prompt = completion = error = None
     bad = b""
     reasoning: list[str] = []
+    refusal: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     others = 0
     for payloads in reads:
@@ -316,7 +325,11 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                                 reasoning.append(thought)
                             if delta.get("tool_calls"):
                                 merge_calls_by_hand(calls, delta["tool_calls"])
-                            if (thought and isinstance(thought, str)) or delta.get("tool_calls"):
+                            refused = delta.get("refusal")
+                            if refused and isinstance(refused, str):
+                                refusal.append(refused)
+                            if ((thought and isinstance(thought, str)) or delta.get("tool_calls")
+                                    or (refused and isinstance(refused, str))):  # fmt: skip
                                 others += 1
                     else:
                         piece = first.get("text")
@@ -335,7 +348,8 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
         if code != MORE:
             break
     call_list = [calls[i] for i in sorted(calls)] if calls else None
-    return codes, pieces, (finish, prompt, completion, error, bad, reasoning, call_list, others)
+    return codes, pieces, (finish, prompt, completion, error, bad, reasoning, call_list, others,
+                           refusal)  # fmt: skip
 
 
 def merge_calls_by_hand(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
@@ -364,7 +378,7 @@ def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
             break
     state = (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens, reader.error)
     return codes, pieces, (*state, reader.bad, reader.reasoning, reader.tool_call_list(),
-                           reader.other_chunks)  # fmt: skip
+                           reader.other_chunks, reader.refusal)  # fmt: skip
 
 
 def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", created: int = 1,
@@ -598,7 +612,8 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
     for _ in range(draw(st.integers(1, 14))):
         kind = draw(st.sampled_from(["plain"] * 6 + ["thinking"] * 4 + ["arguments"] * 4 + [
             "finish", "usage", "other", "mutated", "done", "error", "created", "reasoning",
-            "tool_call", "mutated_thinking", "mutated_arguments", "call_start"]))  # fmt: skip
+            "tool_call", "mutated_thinking", "mutated_arguments", "call_start",
+            "refusal"]))  # fmt: skip
         if kind == "plain":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
         elif kind == "thinking":
@@ -625,6 +640,10 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
             call = {"index": draw(st.integers(0, 1)), "function": {"arguments": draw(text)}}
             payloads.append(dump(chunk(None, chat=chat, cid=cid,
                                        delta={"tool_calls": [call]})))  # fmt: skip
+        elif kind == "refusal":  # alone (content null), or beside reasoning or a content
+            beside = draw(st.sampled_from([{}, {field: draw(text)}]))
+            payloads.append(dump(chunk(draw(st.sampled_from([None, "", "a"])), chat=chat,
+                                       cid=cid, delta={"refusal": draw(text), **beside})))
         elif kind == "created":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid, created=2)))
         elif kind == "finish":
@@ -673,7 +692,7 @@ def test_reasoning_then_content_as_reasoning_models_stream_it() -> None:
     assert by_reader(reads, True) == reference(reads, True)
     _, pieces, state = by_reader(reads, True)
     assert pieces == ["The", " answer", " is", " answer"]
-    assert state[5:] == (["Let", " me", " (check)"], None, 3)
+    assert state[5:8] == (["Let", " me", " (check)"], None, 3)
     # A chunk with both is never an envelope to slice by: sliced, its reasoning would be lost.
     both = orjson.dumps(chunk(" x", delta={"reasoning_content": " y"}))
     reads = [[both], [both], [both, both]]
@@ -696,7 +715,7 @@ def test_a_learned_thought_envelope_reads_reasoning_without_parsing(
     assert by_reader(reads, True) == reference(reads, True)
     _, pieces, state = by_reader(reads, True)
     assert pieces == [" Yes", ",", " it", " is"]
-    assert state[5:] == (words, None, len(words))
+    assert state[5:8] == (words, None, len(words))
     loads.calls = 0
     by_reader(reads, True)
     # role; first thought + probe; first answer word + probe; then the finish and usage chunks
@@ -753,6 +772,7 @@ def test_a_thought_envelope_never_takes_a_chunk_with_a_tool_call_or_content() ->
     (chunk(None, delta={"reasoning": "r"}, finish="stop"), None),
     (chunk(None, delta={"reasoning": "r"}, extra={"usage": {"completion_tokens": 1}}), None),
     (chunk(None, delta={"reasoning": 5}), None),
+    (chunk(None, delta={"reasoning": "r", "refusal": "no"}), None),  # the refusal is kept too
     (chunk("c"), None),
     ({"choices": [thinking("r", "reasoning", "no_content")["choices"][0]] * 2}, None),
 ])  # fmt: skip
@@ -858,10 +878,25 @@ def test_merge_tool_calls_takes_names_in_pieces_and_arguments_as_objects() -> No
 def test_read_whole_with_reasoning_and_tool_calls() -> None:
     reader = ChunkReader(chat=True)
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    body = {"choices": [{"message": {"content": None, "reasoning": "hmm", "tool_calls": [call]},
+    custom = {"id": "c2", "type": "custom", "custom": {"name": "shell", "input": "ls -l"}}
+    body = {"choices": [{"message": {"content": None, "reasoning": "hmm",
+                                     "tool_calls": [call, custom]},
                          "finish_reason": "tool_calls"}]}  # fmt: skip
     assert read_whole(orjson.dumps(body), reader) == ""
-    assert reader.reasoning == ["hmm"] and reader.tool_call_list() == [call]
+    assert reader.reasoning == ["hmm"] and reader.tool_call_list() == [call, custom]
+
+
+def test_a_refusal_is_kept_apart_from_the_content() -> None:
+    """OpenAI's models decline a structured output with `refusal` where the content would be:
+    streamed, its pieces land in `refusal` and count as generated chunks; whole, likewise."""
+    refusal = [orjson.dumps(chunk(None, delta={"refusal": w})) for w in ["I can't", " do that"]]
+    reads = [[ROLE.encode()], refusal, [orjson.dumps(chunk(None, finish="stop")), b"[DONE]"]]
+    assert by_reader(reads, True) == reference(reads, True)
+    codes, pieces, state = by_reader(reads, True)
+    assert (codes[-1], pieces, state[7:]) == (DONE, [], (2, ["I can't", " do that"]))
+    reader = ChunkReader(chat=True)
+    body = {"choices": [{"message": {"content": None, "refusal": "No."}, "finish_reason": "stop"}]}
+    assert read_whole(orjson.dumps(body), reader) == "" and reader.refusal == ["No."]
 
 
 @pytest.mark.parametrize(("usage", "counted"), [

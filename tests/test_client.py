@@ -213,9 +213,11 @@ def test_400_reports_error_body_message() -> None:
 
 
 @pytest.mark.parametrize(("code", "status"), [(429, "http_429"), ("503", "http_5xx"),
-                                              ("bad_request", "protocol_error")])  # fmt: skip
+                                              ("bad_request", "http_4xx"),
+                                              ("new_code", "protocol_error")])  # fmt: skip
 def test_error_object_inside_stream(code: object, status: str) -> None:
-    """An {"error": ...} payload mid-stream maps its code: 429, 5xx, else protocol_error."""
+    """An {"error": ...} payload mid-stream maps its code: 429, 5xx, a request that cannot
+    succeed as 4xx, else protocol_error."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
@@ -329,6 +331,68 @@ def test_a_whole_response_object_is_taken_as_one_piece() -> None:
     out = run(one(cut, api="responses"))
     assert (out.status, out.text) == ("protocol_error", "a")
     assert out.error == "stream ended before response.completed after 1 tokens"
+
+
+def streaming(*payloads: object, events: bool = False) -> Handler:
+    """A handler that streams these SSE payloads, a few ms apart; `events`: each with an
+    `event:` line naming its type, as vLLM frames the Responses API."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for payload in payloads:
+            kind = payload.get("type") if isinstance(payload, dict) else None
+            await resp.write((f"event: {kind}\n".encode() if events and kind else b"")
+                             + sse(payload))  # fmt: skip
+            await asyncio.sleep(0.002)
+        return resp
+
+    return handler
+
+
+def test_a_refusal_streams_as_generated_tokens_apart_from_the_answer() -> None:
+    """A chat model that declines (OpenAI's `refusal` delta): ok, no answer text, the refusal
+    in its own field, and its pieces are tokens (first and last token set)."""
+    pieces = [{"choices": [{"index": 0, "delta": {"refusal": w}, "finish_reason": None}]}
+              for w in ["I can't", " help."]]  # fmt: skip
+    out = run(one(streaming(chat(""), *pieces, chat(None, "stop"), b"[DONE]")))
+    assert (out.status, out.text, out.refusal, out.finish_reason) == (
+        "ok", "", "I can't help.", "stop")  # fmt: skip
+    assert out.first_token_at is not None and out.last_token_at is not None
+    assert (out.content_chunks, out.completion_tokens, out.usage_estimated) == (2, 2, True)
+
+
+def test_a_responses_call_streamed_as_llama_cpp_and_vllm_frame_it() -> None:
+    """api: responses, `event:` lines before each payload, a call item with no id and no
+    output index and argument pieces naming it only by item_id: one call, its arguments once."""
+    item = {"type": "function_call", "call_id": "fc_1", "name": "get", "arguments": ""}
+    args = "response.function_call_arguments.delta"
+    final = {"object": "response", "status": "completed",
+             "output": [{**item, "arguments": '{"x":1}'}],
+             "usage": {"input_tokens": 4, "output_tokens": 2}}  # fmt: skip
+    handler = streaming({"type": "response.created", "response": {**final, "output": []}},
+                        {"type": "response.output_item.added", "item": item},
+                        {"type": args, "item_id": "fc_1", "delta": '{"x":'},
+                        {"type": args, "item_id": "fc_1", "delta": "1}"},
+                        {"type": "response.completed", "response": final}, events=True)
+    out = run(one(handler, api="responses"))
+    assert (out.status, out.finish_reason, out.content_chunks) == ("ok", "tool_calls", 2)
+    assert out.tool_calls == [{"id": "fc_1", "type": "function",
+                               "function": {"name": "get", "arguments": '{"x":1}'}}]
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    ({"type": "too_many_requests", "code": "too_many_requests", "message": "busy"}, "http_429"),
+    ({"code": "context_length_exceeded", "message": "too long"}, "http_4xx"),
+    ({"code": "server_error", "message": "oops"}, "http_5xx"),
+])  # fmt: skip
+def test_a_responses_error_event_is_classed_by_its_code(error: dict[str, str],
+                                                        status: str) -> None:  # fmt: skip
+    """An `error` event after a token: the attempt ends with the status its code means, and
+    the error names the code."""
+    delta = {"type": "response.output_text.delta", "output_index": 0, "delta": "a"}
+    out = run(one(streaming(delta, {"type": "error", "error": error}), api="responses"))
+    assert (out.status, out.text) == (status, "a")
+    assert out.error == f"error {error['code']} in stream after 1 tokens: {error['message']}"
 
 
 def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run in `base/runs/<id>` of `base/job.yaml` over `base/input.jsonl`.
 
     The input: N records, then a blank line, a line that is not JSON, and a repeat of the
-    first record's id. max_attempts 1 with 30 % simulated 500s dead-letters about a third.
+    first record's id. max_attempts 1 with 30 % simulated 500s dead-letters about a third; a
+    fifth of the answers are refusals.
     """
     root = tmp_path_factory.mktemp("export")
     ids = write_input(root / "input.jsonl", N)
@@ -52,7 +53,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f.write(orjson.dumps({"id": ids[0], "prompt": "again"}) + b"\n")
     write_job(root / "job.yaml",
               endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
-                        "sim": {**FAST_SIM, "fail_500": 0.3}},
+                        "sim": {**FAST_SIM, "fail_500": 0.3, "refusal": 0.2}},
               retry={"max_attempts": 1})  # fmt: skip
     done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=root)
     assert done.returncode == 1, done.stderr  # some items failed, as the job intends
@@ -78,11 +79,12 @@ def expected_rows(run: Run) -> list[dict[str, Any]]:
         item_id = f"item-{line - 1:05d}"
         row = {"line": line, "id": item_id, "output": None, "finish_reason": None,
                "usage": None, "attempts": None, "error": None, "reasoning": None,
-               "tool_calls": None}  # fmt: skip
+               "tool_calls": None, "refusal": None}  # fmt: skip
         if item_id in results:
             r = results[item_id]
             row.update(status="ok", output=r["output"], finish_reason=r["finish_reason"],
-                       usage=r["usage"], attempts=r["attempts"])  # fmt: skip
+                       usage=r["usage"], attempts=r["attempts"],
+                       refusal=r.get("refusal"))  # fmt: skip
         else:
             d = dead[item_id]
             row.update(status="failed", error=d["reason"], attempts=len(d["attempts"]))
@@ -97,6 +99,8 @@ def expected_rows(run: Run) -> list[dict[str, Any]]:
 def test_jsonl_has_one_row_per_record_in_input_order(base: Path, tmp_path: Path) -> None:
     run = Run.load(only_run(base / "runs"))
     assert run.dead and run.results  # both kinds of ending are there to export
+    refused = [r for r in run.results if "refusal" in r]
+    assert refused and all(r["output"] == "" and r["refusal"] for r in refused)
     out = tmp_path / "answers.jsonl"
     done = export(str(run.path), "-o", str(out), cwd=base)
     assert done.returncode == 0, done.stderr
@@ -105,7 +109,8 @@ def test_jsonl_has_one_row_per_record_in_input_order(base: Path, tmp_path: Path)
     assert [r["line"] for r in rows] == [w["line"] for w in want]
     for row, w in zip(rows, want, strict=True):
         assert list(row) == ["line", "id", "status", "output", "finish_reason", "usage",
-                             "attempts", "error", "reasoning", "tool_calls"]  # fmt: skip
+                             "attempts", "error", "reasoning", "tool_calls",
+                             "refusal"]  # fmt: skip
         assert {k: row[k] for k in w} == w
     # The rejected rows say what the run's own rejects.jsonl says.
     rejects = read_jsonl(run.path / "rejects.jsonl")
@@ -142,7 +147,7 @@ def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
                          text(usage.get("completion_tokens")), text(usage.get("estimated")),
                          text(usage.get("cached_tokens")), text(usage.get("reasoning_tokens")),
                          text(row["attempts"]), text(row["error"]), text(row["reasoning"]),
-                         text(row["tool_calls"])]  # fmt: skip
+                         text(row["tool_calls"]), text(row["refusal"])]  # fmt: skip
 
 
 def test_standard_output_is_the_default(base: Path, tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def message(text: str) -> dict[str, Any]:
 
 
 def delta(kind: str, text: str, index: int = 0) -> dict[str, Any]:
-    return {"type": kind, "item_id": "x", "output_index": index, "content_index": 0,
+    return {"type": kind, "item_id": f"item_{index}", "output_index": index, "content_index": 0,
             "delta": text}  # fmt: skip
 
 
@@ -156,6 +156,131 @@ def test_what_the_stream_did_not_send_as_deltas_comes_from_the_last_event() -> N
     assert read_all([again])[1] == ["whole"]
 
 
+ARGS = "response.function_call_arguments.delta"
+GET_X = {"id": "call_x", "type": "function", "function": {"name": "get", "arguments": '{"x":1}'}}
+
+
+def test_a_call_named_only_by_item_id_as_llama_cpp_streams_it() -> None:
+    """llama.cpp's items have no `id` and no `output_index`, its argument pieces only an
+    `item_id` (the call id): the pieces still make one call, not doubled by the final
+    response that holds it whole."""
+    item = {"type": "function_call", "call_id": "call_x", "name": "get", "arguments": "",
+            "status": "in_progress"}  # fmt: skip
+    stream = events({"type": "response.output_item.added", "item": item},
+                    {"type": ARGS, "item_id": "call_x", "delta": '{"x":'},
+                    {"type": ARGS, "item_id": "call_x", "delta": "1}"},
+                    {"type": "response.completed", "response": response("completed", [
+                        {**item, "arguments": '{"x":1}', "status": "completed"}])})
+    codes, _, reader = read_all([stream])
+    assert codes == [DONE] and reader.tool_call_list() == [GET_X]
+    assert (reader.finish_reason, reader.other_chunks) == ("tool_calls", 2)
+    # Two such calls, their pieces interleaved: each piece goes to the call its item_id names.
+    other = {**item, "call_id": "call_y", "name": "put"}
+    stream = events({"type": "response.output_item.added", "item": item},
+                    {"type": "response.output_item.added", "item": other},
+                    {"type": ARGS, "item_id": "call_x", "delta": '{"x":'},
+                    {"type": ARGS, "item_id": "call_y", "delta": "{}"},
+                    {"type": ARGS, "item_id": "call_x", "delta": "1}"},
+                    {"type": "response.completed", "response": response("completed", [])})
+    assert read_all([stream])[2].tool_call_list() == [GET_X, {
+        "id": "call_y", "type": "function", "function": {"name": "put", "arguments": "{}"}}]
+
+
+def test_a_call_numbered_otherwise_in_the_final_response_is_not_doubled() -> None:
+    """A server that numbers a call 1 in the stream and puts it first in the final output
+    (SGLang did): the call is matched by its id, so the answer has it once. An item with no
+    id at all is matched by its place, as before."""
+    item = {"id": "fc_1", "type": "function_call", "call_id": "call_x", "name": "get",
+            "arguments": ""}  # fmt: skip
+    stream = events({"type": "response.output_item.added", "output_index": 1, "item": item},
+                    {"type": ARGS, "item_id": "fc_1", "output_index": 1, "delta": '{"x":1}'},
+                    {"type": "response.completed", "response": response("completed", [
+                        {**item, "arguments": '{"x":1}'}])})
+    assert read_all([stream])[2].tool_call_list() == [GET_X]
+    # Two calls announced at 1 and 2, their arguments only in the final output, at 0 and 1:
+    # each call's ids outrank the place, so the second does not take the first's.
+    put = {"id": "fc_2", "type": "function_call", "call_id": "call_y", "name": "put",
+           "arguments": ""}  # fmt: skip
+    stream = events({"type": "response.output_item.added", "output_index": 1, "item": item},
+                    {"type": "response.output_item.added", "output_index": 2, "item": put},
+                    {"type": "response.completed", "response": response("completed", [
+                        {**item, "arguments": '{"x":1}'}, {**put, "arguments": "{}"}])})
+    assert read_all([stream])[2].tool_call_list() == [GET_X, {
+        "id": "call_y", "type": "function", "function": {"name": "put", "arguments": "{}"}}]
+    anonymous = {"type": "function_call", "name": "get", "arguments": ""}
+    stream = events({"type": "response.output_item.added", "output_index": 0,
+                     "item": anonymous},
+                    {"type": ARGS, "output_index": 0, "delta": '{"x":1}'},
+                    {"type": "response.completed", "response": response("completed", [
+                        {**anonymous, "arguments": '{"x":1}'}])})
+    assert read_all([stream])[2].tool_call_list() == [{**GET_X, "id": None}]
+
+
+def test_pieces_that_name_no_call_extend_the_latest_one() -> None:
+    """Argument pieces with neither item_id nor output_index go to the call started last;
+    with no call started yet, they start one."""
+    def added(index: int, name: str) -> dict[str, Any]:
+        return {"type": "response.output_item.added", "output_index": index, "item": {
+            "id": f"fc_{index}", "type": "function_call", "call_id": f"call_{index}",
+            "name": name, "arguments": ""}}  # fmt: skip
+
+    stream = events(added(0, "a"), {"type": ARGS, "delta": "{}"}, added(1, "b"),
+                    {"type": ARGS, "delta": "[]"},
+                    {"type": "response.completed", "response": response("completed", [])})
+    calls = read_all([stream])[2].tool_call_list()
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls or []] == [
+        ("a", "{}"), ("b", "[]")]  # fmt: skip
+    orphan = events({"type": ARGS, "delta": "{}"},
+                    {"type": "response.completed", "response": response("completed", [])})
+    assert read_all([orphan])[2].tool_call_list() == [
+        {"id": None, "type": "function", "function": {"name": "", "arguments": "{}"}}]
+
+
+def test_a_custom_tool_call_is_read_in_the_chat_shape() -> None:
+    """A custom tool's call (free text in `input`, streamed as custom_tool_call_input deltas,
+    as gpt-5 sends it) is a tool call of type "custom", streamed or whole."""
+    item = {"id": "ctc_1", "type": "custom_tool_call", "call_id": "call_c", "name": "shell",
+            "input": ""}  # fmt: skip
+    pieces = "response.custom_tool_call_input.delta"
+    stream = events({"type": "response.output_item.added", "output_index": 1, "item": item},
+                    {"type": pieces, "item_id": "ctc_1", "output_index": 1, "delta": "ls "},
+                    {"type": pieces, "item_id": "ctc_1", "output_index": 1, "delta": "-l"},
+                    {"type": "response.completed", "response": response("completed", [
+                        {**item, "input": "ls -l"}])})
+    expected = [{"id": "call_c", "type": "custom", "custom": {"name": "shell", "input": "ls -l"}}]
+    codes, _, reader = read_all([stream])
+    assert codes == [DONE] and reader.tool_call_list() == expected
+    assert (reader.finish_reason, reader.other_chunks) == ("tool_calls", 2)
+    whole = ResponsesReader()
+    body = orjson.dumps(response("completed", [{**item, "input": "ls -l"}]))
+    assert read_whole_response(body, whole) == "" and whole.tool_call_list() == expected
+
+
+def test_a_refusal_is_kept_apart_from_the_answer() -> None:
+    """A refusal streamed as deltas lands in `refusal` (generated tokens all the same) and is
+    not taken again from the final message; sent only whole, it is taken from there."""
+    part = {"type": "refusal", "refusal": "I can't help with that."}
+    final = response("completed", [{**message(""), "content": [part]}])
+    stream = events(delta("response.refusal.delta", "I can't"),
+                    delta("response.refusal.delta", " help with that."),
+                    {"type": "response.completed", "response": final})
+    codes, pieces, reader = read_all([stream])
+    assert (codes, pieces, reader.refusal) == ([DONE], [], ["I can't", " help with that."])
+    assert reader.other_chunks == 2
+    whole = ResponsesReader()
+    assert read_whole_response(orjson.dumps(final), whole) == ""
+    assert whole.refusal == ["I can't help with that."]
+
+
+def test_the_older_reasoning_delta_name_is_reasoning_too() -> None:
+    """`response.reasoning.delta`, a name older SDKs and some gateways use, is reasoning."""
+    stream = events(delta("response.reasoning.delta", "hm"),
+                    delta("response.output_text.delta", "ok", 1),
+                    {"type": "response.completed", "response": response("completed", [])})
+    codes, pieces, reader = read_all([stream])
+    assert (codes, pieces, reader.reasoning) == ([DONE], ["ok"], ["hm"])
+
+
 @pytest.mark.parametrize(("reason", "finish"), [("max_output_tokens", "length"),
                                                 ("content_filter", "content_filter"),
                                                 (None, "incomplete")])  # fmt: skip
@@ -169,20 +294,40 @@ def test_an_incomplete_response_says_why(reason: str | None, finish: str) -> Non
 
 
 @pytest.mark.parametrize(("event", "status", "words"), [
-    ({"type": "error", "code": "invalid_prompt", "message": "no"}, "protocol_error",
+    ({"type": "error", "code": "invalid_prompt", "message": "no"}, "http_4xx",
      "error invalid_prompt in stream after 1 tokens: no"),
+    ({"type": "error", "message": "no code"}, "protocol_error",
+     "error in stream after 1 tokens: no code"),
     ({"type": "error", "error": {"code": "rate_limit_exceeded", "message": "slow down"}},
-     "http_429", "error 429 in stream after 1 tokens: rate_limit_exceeded: slow down"),
+     "http_429", "error rate_limit_exceeded in stream after 1 tokens: slow down"),
+    ({"type": "error", "sequence_number": 2, "error": {
+        "type": "too_many_requests", "code": "too_many_requests", "message": "busy"}},
+     "http_429", "error too_many_requests in stream after 1 tokens: busy"),
+    ({"type": "error", "error": {"type": "insufficient_quota", "code": "credit_balance_exhausted",
+                                 "message": "top up"}}, "http_4xx",
+     "error credit_balance_exhausted in stream after 1 tokens: top up"),
     ({"type": "response.failed", "response": response("failed", [], error={
         "code": "server_error", "message": "oops"})}, "http_5xx",
-     "error 500 in stream after 1 tokens: server_error: oops"),
+     "error server_error in stream after 1 tokens: oops"),
+    ({"type": "response.failed", "response": response("failed", [], error={
+        "code": "context_length_exceeded", "message": "too long"})}, "http_4xx",
+     "error context_length_exceeded in stream after 1 tokens: too long"),
+    ({"type": "response.failed", "response": response("failed", [], error={
+        "code": "something_new", "message": "hm"})}, "protocol_error",
+     "error something_new in stream after 1 tokens: hm"),
     ({"type": "response.failed", "response": {"status": "failed"}}, "protocol_error",
      "error in stream after 1 tokens: the response failed"),
+    ({"error": {"object": "error", "message": "late", "type": "BadRequestError", "code": 400}},
+     "http_4xx", "error 400 in stream after 1 tokens: late"),
+    ({"error": {"message": "down", "type": "server_error"}}, "http_5xx",
+     "error server_error in stream after 1 tokens: down"),
 ])  # fmt: skip
 def test_errors_end_the_stream_as_retryable_or_not(event: dict[str, Any], status: str,
                                                    words: str) -> None:  # fmt: skip
-    """An error event or a failed response: ERROR; a rate limit or a server fault is classed
-    as the HTTP status it means, so the attempt is retried as one."""
+    """An error event, a failed response or a bare error object (chat's shape): ERROR. Its
+    code, else its type, classes it: a rate limit or a server fault as the HTTP status it
+    means, so the attempt is retried as one; a request that cannot succeed as a 4xx, so it is
+    not; anything else as a protocol error (retried)."""
     codes, _, reader = read_all([events(delta("response.output_text.delta", "a"), event)])
     assert codes == [ERROR]
     assert stream_error(reader.error, 1) == (status, words)
@@ -217,7 +362,7 @@ def test_read_whole_response() -> None:
     failed = ResponsesReader()
     failed_body = response("failed", [], error={"code": "server_error", "message": "x"})
     assert read_whole_response(orjson.dumps(failed_body), failed) == ""
-    assert failed.error == {"code": 500, "message": "server_error: x"}
+    assert stream_error(failed.error, 0)[0] == "http_5xx"
     error = ResponsesReader()
     assert read_whole_response(b'{"error": {"message": "bad", "code": 400}}', error) == ""
     assert error.error == {"code": 400, "message": "bad"}

@@ -465,6 +465,43 @@ def test_a_prompt_cache_counts_cached_prompt_tokens_in_usage() -> None:
     assert not any("prompt_tokens_details" in u for u in run(usages(FAST)))
 
 
+def test_a_share_of_chat_answers_are_refusals() -> None:
+    """refusal: a share of prompts (decided per prompt, like the words) are answered with
+    `refusal` pieces instead of content, streamed and whole, and call no tool; completions
+    never refuse; a share of 0 leaves every plan as it was."""
+    cfg = SimConfig(tokens="6", refusal=0.5)
+    bodies = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(200)]
+    plans = [make_plan(orjson.dumps(b), "chat", cfg) for b in bodies]
+    assert 60 <= sum(p.refused for p in plans) <= 140
+    unrefused = [make_plan(orjson.dumps(b), "chat", SimConfig(tokens="6")) for b in bodies]
+    assert [p.words for p in plans] == [p.words for p in unrefused]
+    assert not any(p.refused for p in unrefused)
+    assert not make_plan(b'{"prompt": "q"}', "completions", SimConfig(refusal=1.0)).refused
+    with pytest.raises(ValueError, match="refusal must be a fraction between 0 and 1"):
+        SimConfig(refusal=1.5)
+
+    always = SimConfig(ttft_ms=5, itl_ms=1, tokens="5", flush_ms=5, refusal=1.0)
+    tool = {"type": "function", "function": {"name": "f"}}
+    body = {**CHAT, "tools": [tool]}
+    words = "".join(TEXT_WORDS["words"][i]
+                    for i in make_plan(orjson.dumps(body), "chat", always).words)
+
+    async def go() -> tuple[list[Any], dict[str, Any]]:
+        async with serving(always) as (s, root):
+            events, _ = await stream(s, root + "/v1/chat/completions", body)
+            async with s.post(root + "/v1/chat/completions", json=body) as resp:
+                whole = (await resp.json())["choices"][0]
+        return events, whole
+
+    events, whole = run(go())
+    deltas = [e["choices"][0]["delta"] for e in events[1:-1] if e["choices"]]
+    assert "".join(d.get("refusal", "") for d in deltas) == words
+    assert not any(d.get("content") or d.get("tool_calls") for d in deltas)
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert whole["message"]["content"] is None and whole["message"]["refusal"] == words
+    assert "tool_calls" not in whole["message"] and whole["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize("tools", [False, True])
 def test_prose_text_is_escaped_on_the_wire_and_parses_back_to_the_plan(tools: bool) -> None:
     """text: prose puts line breaks, quotes, backslashes and tabs in the words. Streamed and

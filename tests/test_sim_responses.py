@@ -115,6 +115,38 @@ def test_plain_answer_streams_typed_events_that_add_up_to_the_final_response() -
     check_usage(final, plan)
 
 
+@pytest.mark.parametrize("tools", [False, True])
+def test_a_refusal_streams_as_refusal_events(tools: bool) -> None:
+    """refusal: 1 makes the message a refusal: refusal deltas (the plan's words), its done
+    event, and a refusal part in the final response, even where a tool would be called; the
+    project's reader takes it as a refusal and no answer."""
+    from shardrun._responses import ResponsesReader
+
+    cfg = dataclasses.replace(FAST, refusal=1.0, reasoning_tokens=2)
+    body = {**BODY, **({"tools": [TOOL]} if tools else {})}
+    plan = plan_of(body, cfg)
+    thought, refusal = texts(plan)
+    assert plan.refused and plan.tool is None and plan.finish == "stop"
+
+    async def go() -> bytes:
+        async with serving(cfg) as (s, root):
+            return await stream(s, root, body)
+
+    raw = run(go())
+    events = parse(raw)
+    refusal_types = [t.replace("output_text", "refusal") for t in MESSAGE_TYPES]
+    assert types(events) == ["created", "in_progress", *REASONING_TYPES, *refusal_types,
+                             "completed"]  # fmt: skip
+    assert deltas(events, "refusal") == refusal
+    final = events[-1]["response"]
+    assert final["output"][-1]["content"] == [{"type": "refusal", "refusal": refusal}]
+    assert [e["refusal"] for e in events if e["type"] == "response.refusal.done"] == [refusal]
+    reader, pieces = ResponsesReader(), list[str]()
+    reader.read([block.split(b"data: ", 1)[1] for block in raw.split(b"\n\n")[:-1]], pieces)
+    assert (pieces, "".join(reader.refusal), "".join(reader.reasoning)) == ([], refusal, thought)
+    assert reader.finish_reason == "stop" and reader.tool_calls == {}
+
+
 def test_reasoning_then_message() -> None:
     """reasoning_tokens: a reasoning item at output index 0 whose deltas are its text, then the
     message at index 1; usage counts the reasoning in the output tokens."""

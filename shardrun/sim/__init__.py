@@ -98,6 +98,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--reasoning-tokens", type=int, default=d.reasoning_tokens, metavar="N",
                    help="chat answers start with N reasoning tokens (delta.reasoning_content), "
                         "as a reasoning model's do")  # fmt: skip
+    p.add_argument("--refusal", type=float, default=d.refusal, metavar="SHARE",
+                   help="share of chat and Responses answers that are refusals (the words "
+                        "come as `refusal` pieces)")  # fmt: skip
     p.add_argument("--cached-tokens", type=int, default=d.cached_tokens, metavar="N",
                    help="usage counts the first N prompt tokens (at most all) as read from a "
                         "prompt cache, as servers that cache a shared prefix do")  # fmt: skip

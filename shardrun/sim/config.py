@@ -120,7 +120,8 @@ def parse_tokens(spec: str) -> TokenSpec:
 #: Fault fractions, in the order their shares are stacked on [0, 1) for the per-request draw.
 FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
                "stall_mid_stream", "slow_first_token")  # fmt: skip
-_FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s")
+_FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
+           "refusal")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "reasoning_tokens", "cached_tokens")
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -163,6 +164,10 @@ class SimConfig:
     # in prompt_tokens_details (input_tokens_details for Responses), as servers that cache a
     # shared prefix report it. 0 leaves chat and completions usage without the details.
     cached_tokens: int = 0
+    # The share of chat and Responses answers that are refusals (OpenAI's models declining a
+    # structured output): the words come as `refusal` pieces instead of the answer's (or a
+    # call's), decided per prompt like the words.
+    refusal: float = 0.0
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +191,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be an integer, not {value!r}.")
             if not 0 <= value < 2**63:
                 raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
+        if not self.refusal <= 1:
+            raise ValueError(f"refusal must be a fraction between 0 and 1, not {self.refusal!r}.")
         if self.reasoning_tokens > MAX_SAMPLED_TOKENS:
             raise ValueError(f"reasoning_tokens must be at most {MAX_SAMPLED_TOKENS}, "
                              f"not {self.reasoning_tokens!r}.")  # fmt: skip
@@ -220,7 +227,7 @@ class SimConfig:
             "--seed", str(self.seed),
             "--flush-ms", repr(float(self.flush_ms)),
         ]  # fmt: skip
-        for name in (*FAULT_KINDS, "retry_after_s", "stall_s", "slow_first_token_s"):
+        for name in (*FAULT_KINDS, "retry_after_s", "stall_s", "slow_first_token_s", "refusal"):
             args += [_flag(name), repr(float(getattr(self, name)))]
         for name in _BOOLS:
             args += [_flag(name), "true" if getattr(self, name) else "false"]
@@ -316,6 +323,7 @@ class Plan:
     tool: str | None = None  # the function the answer calls, with {"text": content} as arguments
     text: str = "words"  # how the words read (TEXT_WORDS)
     cached: int = 0  # of prompt_tokens, those usage counts as read from the prompt cache
+    refused: bool = False  # the answer's words are a refusal (then no tool is called)
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -408,10 +416,14 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     n += thinking  # the reasoning comes on top of the sampled answer
     finish = "length" if cap is not None and n >= cap else "tool_calls" if tool else "stop"
     words = rng.randbytes(n)[:cap]  # draw all, then cut: a cap truncates, it never resamples
+    # Drawn last, and only when asked for, so that every other plan stays as it was.
+    refused = kind != "completions" and cfg.refusal > 0 and rng.random() < cfg.refusal
+    if refused and tool is not None:
+        tool, finish = None, "stop" if finish == "tool_calls" else finish
     prompt = max(1, (chars + 3) // 4)
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
-                tool, cfg.text, min(cfg.cached_tokens, prompt))  # fmt: skip
+                tool, cfg.text, min(cfg.cached_tokens, prompt), refused)  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.

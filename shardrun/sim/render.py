@@ -112,8 +112,9 @@ def render_stream(plan: Plan, rid: str, created: int) -> Frames | ResponseFrames
                       opener, _JSON_WORDS[plan.text])  # fmt: skip
     table = _JSON_WORDS[plan.text]
     if plan.kind == "chat":
+        said = b"refusal" if plan.refused else b"content"
         return Frames(pre + b'"delta":{"role":"assistant","content":""},' + end,
-                      pre + b'"delta":{"content":"', b'"},' + end,
+                      pre + b'"delta":{"%b":"' % said, b'"},' + end,
                       pre + b'"delta":{},' + finish + usage + _DONE, table,
                       plan.thinking, *_thought_frames(pre, end), b"", table)  # fmt: skip
     return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE,
@@ -135,6 +136,8 @@ def render_full(plan: Plan, rid: str, created: int) -> bytes:
     choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": plan.finish}
     if plan.kind == "chat":
         message: dict[str, object] = {"role": "assistant", "content": text}
+        if plan.refused:
+            message.update(content=None, refusal=text)
         if plan.thinking:
             message["reasoning_content"] = thought
         if plan.tool is not None:
@@ -225,7 +228,8 @@ def _response(plan: Plan, rid: str, created: int) -> dict[str, Any]:
     if len(plan.words) > plan.thinking:  # a cap may leave only reasoning
         text = "".join(texts[i] for i in plan.words[plan.thinking :])
         if plan.tool is None:
-            part = {"type": "output_text", "text": text, "annotations": []}
+            part = ({"type": "refusal", "refusal": text} if plan.refused
+                    else {"type": "output_text", "text": text, "annotations": []})  # fmt: skip
             output.append({"id": f"msg_{rid}", "type": "message", "status": "completed",
                            "role": "assistant", "content": [part]})  # fmt: skip
         else:
@@ -288,16 +292,23 @@ and its end."""
 
 
 def _message_events(event: _Events, item: dict[str, Any], k: int, n: int) -> _Opened:
-    """A message's events at output index k, with n text deltas."""
+    """A message's events at output index k, with n text deltas (refusal deltas, when its part
+    is a refusal)."""
     ids = {"item_id": item["id"], "output_index": k, "content_index": 0}
     part = item["content"][0]
+    refused = part["type"] == "refusal"
+    field = "refusal" if refused else "text"
     opener = event("response.output_item.added", output_index=k,
                    item={**item, "status": "in_progress", "content": []}) + event(
-        "response.content_part.added", **ids, part={**part, "text": ""})  # fmt: skip
-    template = _token_event("response.output_text.delta", ids, b'","logprobs":[]}')
+        "response.content_part.added", **ids, part={**part, field: ""})  # fmt: skip
     first = event.skip(n)
-    closer = (event("response.output_text.done", **ids, text=part["text"], logprobs=[])
-              + event("response.content_part.done", **ids, part=part)
+    if refused:
+        template = _token_event("response.refusal.delta", ids, b'"}')
+        done = event("response.refusal.done", **ids, refusal=part[field])
+    else:
+        template = _token_event("response.output_text.delta", ids, b'","logprobs":[]}')
+        done = event("response.output_text.done", **ids, text=part[field], logprobs=[])
+    closer = (done + event("response.content_part.done", **ids, part=part)
               + event("response.output_item.done", output_index=k, item=item))  # fmt: skip
     return opener, template, first, closer
 
