@@ -36,6 +36,7 @@ from shardrun._chunks import (
     RATE_PREFIX,
     ChunkReader,
     clip,
+    error_name,
     stream_error,
 )
 from shardrun._responses import ResponsesReader
@@ -124,6 +125,7 @@ class AttemptOutcome:
     content_chunks: int = 0
     itl: ItlHistogram = field(default_factory=ItlHistogram)
     error: str | None = None
+    error_code: str | None = None  # the server's name for the error (its code, else its type)
 
     @property
     def wasted_tokens(self) -> int:
@@ -236,6 +238,13 @@ class Attempt:
             self.failed = True
             self.out.status, self.out.error = status, error
 
+    def fail_in_stream(self, err: object, tokens: int) -> None:
+        """The server's error object inside a 2xx body: classed as `stream_error` says, and its
+        name kept (a used-up quota stops the run, `Shard._note_failure`)."""
+        if not self.failed and not self.done:
+            self.out.error_code = error_name(err)
+        self.fail(*stream_error(err, tokens))
+
     def headers(self, resp: aiohttp.ClientResponse) -> None:
         """Response headers arrived: status, Retry-After, x-ratelimit-*; connector fallback."""
         self.resp = resp
@@ -276,7 +285,7 @@ class Attempt:
             self.fail("protocol_error",
                       f"unparseable stream data after {out.content_chunks} tokens: {bad}")
         else:
-            self.fail(*stream_error(self.reader.error, out.content_chunks))
+            self.fail_in_stream(self.reader.error, out.content_chunks)
         return True
 
     def take_whole(self, body: bytes, now: float) -> bool:
@@ -292,7 +301,7 @@ class Attempt:
         if text is None:
             return False
         if reader.error is not None:
-            self.fail(*stream_error(reader.error, 0))
+            self.fail_in_stream(reader.error, 0)
             return True
         if text or reader.reasoning or reader.tool_calls or reader.refusal:
             self.pieces.append(text)

@@ -628,6 +628,30 @@ def stream_error(err: object, tokens: int) -> tuple[str, str]:
     return status, f"error{label} in stream after {tokens} tokens: {clip(msg)}"
 
 
+QUOTA_NAMES = frozenset({"insufficient_quota", "credit_balance_exhausted"})
+"""Error codes or types that say the account's credit or quota is used up: no request will
+succeed until someone adds more, so a run stops instead of retrying every item."""
+
+
+def error_name(err: object) -> str | None:
+    """An error object's code, else its type, as a string; None when it has neither."""
+    if not isinstance(err, dict):
+        return None
+    name = err.get("code")
+    if name is None:
+        name = err.get("type")
+    return None if name is None else str(name)
+
+
+def body_error_name(body: bytes) -> str | None:
+    """`error_name` of an error body's `{"error": {...}}` (or bare object); None if none."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return error_name(obj.get("error", obj)) if isinstance(obj, dict) else None
+
+
 def _error_number(value: object) -> int:
     """The HTTP status an error's code or type stands for; 0 for none."""
     if isinstance(value, int | str) and str(value).isdigit():

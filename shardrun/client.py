@@ -51,7 +51,7 @@ from shardrun._attempt import (
     Timeouts,
     call_caller,
 )
-from shardrun._chunks import clip, error_message
+from shardrun._chunks import body_error_name, clip, error_message
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
 from shardrun.items import API_PATHS, Api
@@ -228,7 +228,9 @@ class StreamingClient:
         while size < _ERROR_BODY_MAX and (chunk := await resp.content.readany()):
             parts.append(chunk)
             size += len(chunk)
-        st.out.error = f"{prefix}: {error_message(b''.join(parts)[:_ERROR_BODY_MAX])}"
+        body = b"".join(parts)[:_ERROR_BODY_MAX]
+        st.out.error = f"{prefix}: {error_message(body)}"
+        st.out.error_code = body_error_name(body)
 
 
 def endpoint_url(base_url: str, path: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun import __version__, events, protocol
-from shardrun._chunks import clip
+from shardrun._chunks import QUOTA_NAMES, clip
 from shardrun.client import (
     AttemptOutcome,
     StreamingClient,
@@ -298,6 +298,13 @@ class Shard:
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
         http = outcome.http_status
+        if outcome.error_code in QUOTA_NAMES:
+            # OpenAI answers 429 once the account's credit is used up: a retry never cures it,
+            # and every item would spend its attempts on it. Stop, and leave them for --resume.
+            self._go_fatal(f"the endpoint says the account's quota is used up "
+                           f"({outcome.error or outcome.error_code}): add credit or raise the "
+                           "account's limit, then continue with --resume", ABANDON)
+            return
         if http == 401 or (http == 403 and not self.ok_once):
             self._go_fatal(f"the endpoint refused the credentials (HTTP {http}: "
                            f"{outcome.error or 'no message'})", ABANDON)

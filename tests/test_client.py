@@ -395,6 +395,24 @@ def test_a_responses_error_event_is_classed_by_its_code(error: dict[str, str],
     assert out.error == f"error {error['code']} in stream after 1 tokens: {error['message']}"
 
 
+def test_the_servers_name_for_an_error_is_kept() -> None:
+    """The error's code (else type) of an HTTP error body and of an error inside a stream is
+    on the outcome, where the shard looks for a used-up quota."""
+
+    async def quota(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "You exceeded your current quota",
+                                            "type": "insufficient_quota", "param": None,
+                                            "code": "insufficient_quota"}}, status=429)
+
+    out = run(one(quota))
+    assert (out.status, out.error_code) == ("http_429", "insufficient_quota")
+    assert out.error == "HTTP 429: You exceeded your current quota"
+    event = {"type": "error", "error": {"type": "insufficient_quota", "message": "top up"}}
+    out = run(one(streaming(event), api="responses"))
+    assert (out.status, out.error_code) == ("http_4xx", "insufficient_quota")
+    assert run(one(normal_chat)).error_code is None
+
+
 def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """A body with no events is kept only up to the cap: past it, it is no answer."""
     body = orjson.dumps({"choices": [{"index": 0, "text": "x" * 2000, "finish_reason": "stop"}]})

@@ -691,6 +691,35 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
     assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
 
 
+def test_a_used_up_quota_stops_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
+    """An account whose credit runs out mid-run (HTTP 429 insufficient_quota, which no retry
+    cures): the run stops with one sentence instead of spending every item's attempts on it,
+    dead-letters nothing, keeps what it earned, and --resume against a funded endpoint
+    finishes the rest exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    with sim(quota_after=120) as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        stats = sim_stats(server)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: the endpoint says the account's quota is used up (HTTP 429: You "
+                      "exceeded your current quota, please check your plan and billing details "
+                      "(simulated).): add credit or raise the account's limit, then continue "
+                      "with --resume"], proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.dead and 0 < len(run.results) <= 120
+    # A handful of refused requests (those in flight when the first refusal came), not a
+    # retry storm over the 480 items left.
+    assert 0 < stats["faults"]["quota_after"] <= 2 * 8
+    with sim() as funded:
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": funded.base_url})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
+
+
 def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) -> None:
     """HTTP 404 before any success (a wrong path or model): one sentence naming the URL and
     what to check, nothing dead-lettered, and --resume with the right URL finishes the job."""

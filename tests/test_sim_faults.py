@@ -396,6 +396,28 @@ def test_endpoint_failing_every_request() -> None:
     assert run(go()) == ["503"] * 12
 
 
+def test_quota_after_serves_n_requests_then_answers_insufficient_quota() -> None:
+    """quota_after: N requests are served, every later one gets 429 insufficient_quota (no
+    Retry-After: waiting does not cure it), counted among the faults."""
+    cfg = SimConfig(**QUICK, quota_after=2)
+
+    async def go() -> tuple[list[tuple[int, bytes, str | None]], dict[str, Any]]:
+        async with serving(cfg) as (s, root):
+            got = []
+            for i in range(4):
+                async with s.post(root + "/v1/chat/completions", json=chat(i)) as resp:
+                    got.append((resp.status, await resp.read(), resp.headers.get("Retry-After")))
+            return got, await stats(s, root)
+
+    got, st = run(go())
+    assert [code for code, _, _ in got] == [200, 200, 429, 429]
+    for _, body, wait in got[2:]:
+        err = orjson.loads(body)["error"]
+        assert (err["code"], err["type"], wait) == ("insufficient_quota", "insufficient_quota",
+                                                    None)  # fmt: skip
+    assert st["faults"]["quota_after"] == 2 and st["completed"] == 2
+
+
 def test_auth_required_gives_401_without_the_right_bearer_key() -> None:
     """auth_required: a missing or wrong key is 401 invalid_api_key, never echoing the key."""
     secret = "sk-sim-test-123"
@@ -430,7 +452,7 @@ def test_stats_faults_shape_lists_every_kind() -> None:
             return await stats(s, root)
 
     st = run(go())
-    assert st["faults"] == dict.fromkeys(("fail_first_n", *FAULT_KINDS), 0)
+    assert st["faults"] == dict.fromkeys(("fail_first_n", "quota_after", *FAULT_KINDS), 0)
     assert st["unauthorized"] == 0 and st["completed"] == 1
 
 

@@ -67,6 +67,9 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                    help="what slow_first_token adds to the first-token delay")  # fmt: skip
     g.add_argument("--fail-first-n", type=int, default=d.fail_first_n,
                    help="the first N requests all get 503")  # fmt: skip
+    g.add_argument("--quota-after", type=int, default=d.quota_after, metavar="N",
+                   help="after N requests served, every request gets 429 insufficient_quota, "
+                        "as an account whose credit ran out does (0 = never)")  # fmt: skip
     g.add_argument("--auth-required", default=d.auth_required, metavar="KEY",
                    help="answer 401 unless `Authorization: Bearer KEY` (a made-up test key)")
     c = p.add_argument_group("compatibility (behave like servers that lack a feature)")

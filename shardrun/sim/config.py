@@ -122,7 +122,7 @@ FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop
                "stall_mid_stream", "slow_first_token")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
            "refusal")  # fmt: skip
-_INTS = ("capacity", "seed", "fail_first_n", "reasoning_tokens", "cached_tokens")
+_INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens")
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -151,6 +151,9 @@ class SimConfig:
     stall_s: float = 5.0  # pause in the middle of a stall_mid_stream answer
     slow_first_token_s: float = 5.0  # added to the first-token delay of slow_first_token
     fail_first_n: int = 0  # the first N requests, in arrival order, all get 503
+    # An account whose credit runs out: after N requests served (0: never), every request
+    # gets 429 `insufficient_quota`, which no retry cures.
+    quota_after: int = 0
     # Behave like servers that lack a feature: refuse `stream_options` with a 400 (servers and
     # API versions that predate it), or answer with one JSON body when asked to stream.
     reject_stream_options: bool = False
@@ -232,6 +235,7 @@ class SimConfig:
         for name in _BOOLS:
             args += [_flag(name), "true" if getattr(self, name) else "false"]
         args += ["--fail-first-n", str(self.fail_first_n)]
+        args += ["--quota-after", str(self.quota_after)]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:

@@ -14,8 +14,10 @@ way; and a retried identical request draws again (n + 1), so it is not stuck on 
 `fail_500: 0.5` a retry succeeds with probability one half. The counter keeps one entry per
 distinct request body, only while some fault share is above zero.
 
-Before the draw: `auth_required` (401, `invalid_api_key`) and `fail_first_n` (the first N
-authorised generation requests in arrival order get 503) are checked, then the body is
+Before the draw: `auth_required` (401, `invalid_api_key`), `fail_first_n` (the first N
+authorised generation requests in arrival order get 503) and `quota_after` (past N requests
+served, 429 `insufficient_quota`, OpenAI's answer once an account's credit is used up) are
+checked, then the body is
 validated (400s are never faulted and take no draw). Non-streamed requests meet the stream
 faults too: `slow_first_token` and `stall_mid_stream` lengthen their delay, and
 `drop_mid_stream` resets the connection halfway through it, before any response byte.
@@ -75,10 +77,12 @@ class FaultInjector:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.seed, self.table, self.first_n = cfg.seed, cfg.fault_table, cfg.fail_first_n
+        self.quota, self.served = cfg.quota_after, 0
         self.arrivals = 0
         self.seen: dict[bytes, int] = {}
         #: Injected faults by kind; served live as `faults` in /sim/stats.
-        self.counts: dict[str, int] = dict.fromkeys(("fail_first_n", *FAULT_KINDS), 0)
+        self.counts: dict[str, int] = dict.fromkeys(("fail_first_n", "quota_after",
+                                                     *FAULT_KINDS), 0)  # fmt: skip
 
     def fail_first(self) -> bool:
         """Count one arrival; True (and counted) while it is among the first `fail_first_n`."""
@@ -86,6 +90,17 @@ class FaultInjector:
             return False
         self.arrivals += 1
         self.counts["fail_first_n"] += 1
+        return True
+
+    def quota_used_up(self) -> bool:
+        """Count one request past `fail_first_n`; True (and counted) once `quota_after` of them
+        were served."""
+        if not self.quota:
+            return False
+        if self.served < self.quota:
+            self.served += 1
+            return False
+        self.counts["quota_after"] += 1
         return True
 
     def draw(self, path: str, body: bytes) -> str | None:
@@ -128,6 +143,13 @@ def fault_response(kind: str, cfg: SimConfig) -> web.Response:
         headers = {"Retry-After": wait}
     return error_response(status, message.format(wait=wait + "s"), err_type, code,
                           headers=headers)  # fmt: skip
+
+
+def quota_response() -> web.Response:
+    """OpenAI's answer to a request from an account whose credit is used up."""
+    return error_response(429, "You exceeded your current quota, please check your plan and "
+                          "billing details (simulated).", "insufficient_quota",
+                          "insufficient_quota")  # fmt: skip
 
 
 def authorized(request: web.Request, token: str) -> bool:

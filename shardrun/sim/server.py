@@ -34,6 +34,7 @@ from shardrun.sim.faults import (
     error_response,
     fault_response,
     pause,
+    quota_response,
     reset,
     unauthorized,
 )
@@ -145,6 +146,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return unauthorized()
     if sim.faults.fail_first():
         return fault_response("fail_first_n", cfg)
+    if sim.faults.quota_used_up():
+        return quota_response()
     try:
         plan = make_plan(raw, kind, cfg)
     except BadRequest as e:
