@@ -240,10 +240,17 @@ def _items_note(s: RunSummary) -> str:
     return ""
 
 
+CORES_MIN_WALL_S = 5.0
+"""Shortest run whose client CPU is shown as cores on average: the CPU counts the processes'
+start-up (imports, forking the shards), which comes before the run's wall time starts, so a
+run of a second would read as more cores than the machine has."""
+
+
 def _cpu_line(cpu_s: float, attempts: int, wall_s: float) -> str:
-    per = f"{cpu_s / attempts * 1e3:,.2f} ms per attempt, " if attempts else ""
-    cores = cpu_s / wall_s if wall_s > 0 else 0.0
-    return f"  client CPU         {cpu_s:,.1f} s  ({per}{cores:.2f} cores on average)"
+    per = f"{cpu_s / attempts * 1e3:,.2f} ms per attempt" if attempts else ""
+    cores = f"{cpu_s / wall_s:.2f} cores on average" if wall_s >= CORES_MIN_WALL_S else ""
+    detail = ", ".join(part for part in (per, cores) if part)
+    return f"  client CPU         {cpu_s:,.1f} s" + (f"  ({detail})" if detail else "")
 
 
 SHOWN_REASONS = 3

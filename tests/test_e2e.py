@@ -189,7 +189,7 @@ def test_summary_client_cpu_is_the_whole_client_tree(tmp_path: Path) -> None:
     # and divides it per attempt: each may round apart from the manifest's at its last digit.
     shown = float(line.split()[2].replace(",", ""))
     assert shown == pytest.approx(reported, abs=0.05 + 0.0005), (line, reported)
-    per_attempt = float(line.split("(", 1)[1].split(" ms per attempt, ", 1)[0])
+    per_attempt = float(line.split("(", 1)[1].split(" ms per attempt", 1)[0])
     assert per_attempt == pytest.approx(reported / 3000 * 1e3, abs=0.005 + 0.0005 / 3), line
     # Four shards do most of the work; the coordinator alone would be far below this.
     assert 0.8 * tree <= reported <= tree, (reported, tree)

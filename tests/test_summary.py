@@ -14,7 +14,7 @@ from conftest import write_job
 from shardrun.manifest import RunDir
 from shardrun.runner import resume_command
 from shardrun.spec import load_job
-from shardrun.summary import RunSummary, format_summary
+from shardrun.summary import CORES_MIN_WALL_S, RunSummary, format_summary
 
 
 def summary_of(reports: list[dict[str, Any]], *, dead: int, rejects: int = 0) -> RunSummary:
@@ -131,3 +131,18 @@ def test_an_empty_input_is_pointed_out() -> None:
     assert note in format_summary(empty).splitlines()
     # A resume with nothing left to do read records: it says how many were already done.
     assert note not in format_summary(replace(empty, skipped=5)).splitlines()
+
+
+def test_cores_on_average_only_for_runs_long_enough_to_mean_it() -> None:
+    """Client CPU per attempt always; cores on average only from CORES_MIN_WALL_S of wall time
+    on, as the CPU counts start-up that comes before the run's clock starts."""
+    s = summary_of([{"completion_tokens": 5, "attempts": 4}], dead=0)
+    short = replace(s, client_cpu_s=0.4, attempts=4, wall_s=0.1)
+    line = next(x for x in format_summary(short).splitlines() if x.startswith("  client CPU"))
+    assert line == "  client CPU         0.4 s  (100.00 ms per attempt)"
+    long = replace(s, client_cpu_s=30.0, attempts=4, wall_s=CORES_MIN_WALL_S * 12)
+    line = next(x for x in format_summary(long).splitlines() if x.startswith("  client CPU"))
+    assert line == "  client CPU         30.0 s  (7,500.00 ms per attempt, 0.50 cores on average)"
+    none = replace(s, client_cpu_s=0.4, attempts=0, wall_s=0.1)
+    line = next(x for x in format_summary(none).splitlines() if x.startswith("  client CPU"))
+    assert line == "  client CPU         0.4 s"
