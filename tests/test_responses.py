@@ -284,10 +284,13 @@ def test_the_older_reasoning_delta_name_is_reasoning_too() -> None:
 @pytest.mark.parametrize(("reason", "finish"), [("max_output_tokens", "length"),
                                                 ("content_filter", "content_filter"),
                                                 (None, "incomplete")])  # fmt: skip
-def test_an_incomplete_response_says_why(reason: str | None, finish: str) -> None:
+@pytest.mark.parametrize("last", ["response.incomplete", "response.completed"])
+def test_an_incomplete_response_says_why(reason: str | None, finish: str, last: str) -> None:
+    """The response's status says it was cut, whichever event carries it: OpenAI ends with
+    response.incomplete, vLLM with response.completed holding status "incomplete"."""
     details = {"incomplete_details": None if reason is None else {"reason": reason}}
     stream = events(delta("response.output_text.delta", "cut"),
-                    {"type": "response.incomplete",
+                    {"type": last,
                      "response": response("incomplete", [message("cut")], **details)})
     codes, pieces, reader = read_all([stream])
     assert (codes, pieces, reader.finish_reason) == ([DONE], ["cut"], finish)
