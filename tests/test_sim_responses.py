@@ -338,6 +338,7 @@ def test_stream_options_is_not_this_apis_and_is_ignored() -> None:
         ({"input": ["hi"]}, "input"),
         ({"input": [{"role": "user"}]}, "input"),
         ({"input": [{"content": "hi"}]}, "input"),
+        ({"input": [{"type": 5, "output": "x"}]}, "input"),
         ({"input": [{"role": "user", "content": 3}]}, "input"),
         ({**BODY, "max_output_tokens": 0}, "max_output_tokens"),
         ({**BODY, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -356,6 +357,33 @@ def test_bad_body_gives_400_naming_the_parameter(body: dict[str, Any], param: st
     error = run(go())
     assert error["type"] == "invalid_request_error" and error["message"] and error["code"]
     assert error["param"] == param
+
+
+def test_an_earlier_turns_items_are_taken_as_input() -> None:
+    """A conversation that carries a tool's call and its output as typed items (no role), as
+    a multi-turn job sends them: answered, and its output depends on those items too."""
+    turn = [{"role": "user", "content": "Weather in Oslo?"},
+            {"type": "function_call", "call_id": "c1", "name": "weather",
+             "arguments": '{"city": "Oslo"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "rain, 4 C"}]
+    other = [*turn[:2], {**turn[2], "output": "sun, 20 C"}]
+
+    async def go() -> list[dict[str, Any]]:
+        async with serving(FAST) as (s, root):
+            answers = []
+            for items in (turn, other):
+                async with s.post(root + URL, json={"model": "m", "input": items}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    answers.append(await resp.json())
+            return answers
+
+    first, second = run(go())
+    assert first["status"] == second["status"] == "completed"
+    said = [[part["text"] for part in answer["output"][-1]["content"]]
+            for answer in (first, second)]  # fmt: skip
+    assert said[0] != said[1]
+    assert plan_of({"model": "m", "input": turn}, FAST).prompt_tokens == (
+        len("Weather in Oslo?") + len('{"city": "Oslo"}') + len("rain, 4 C") + 3) // 4
 
 
 def test_faults_apply_to_responses() -> None:

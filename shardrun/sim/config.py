@@ -360,15 +360,25 @@ def _chat_text_len(messages: object, key: str = "messages") -> int:
 
 
 def _input_len(value: object) -> int:
-    """Characters of a Responses `input`: a string, or messages as chat's, each with content
-    (a string or a list of parts such as {"type": "input_text", "text": ...})."""
+    """Characters of a Responses `input`: a string, or a list of items. An item is a message
+    as chat's, with content (a string or a list of parts such as {"type": "input_text", "text":
+    ...}), or a typed item of an earlier turn, such as a `function_call` (its `arguments`) and
+    its `function_call_output` (its `output`)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, list) and all(isinstance(m, dict) and m.get("content") is not None
-                                       for m in value):  # fmt: skip
-        return _chat_text_len(value, "input")
-    raise BadRequest("'input' must be a string or a non-empty list of messages "
-                     "{role, content}.", "input")  # fmt: skip
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'input' must be a string or a non-empty list of items.", "input")
+    total = 0
+    for item in value:
+        if isinstance(item, dict) and "role" in item and item.get("content") is not None:
+            total += _chat_text_len([item], "input")
+        elif isinstance(item, dict) and "role" not in item and isinstance(item.get("type"), str):
+            total += sum(len(text) for key in ("arguments", "output", "input")
+                         if isinstance(text := item.get(key), str))  # fmt: skip
+        else:
+            raise BadRequest("each 'input' item must be a message {role, content} or an item "
+                             "with a string 'type'.", "input")  # fmt: skip
+    return total
 
 
 def _prompt_len(prompt: object) -> int:
