@@ -8,7 +8,7 @@ without running anything: a JSON-lines input of N items, a job file naming it, a
 result files shaped like real ones (about 3 % of the items as dead letters instead), each
 shard's lines in a locally shuffled order as completion order is; the manifest records the job's
 and input's SHA-256 as a run does. Then it runs `python -m shardrun export RUN -o FILE` as a
-child process, in JSON lines, in CSV and in JSON lines with `--with-input`, and reports wall
+child process, in JSON lines, in CSV, and in both with `--with-input`, and reports wall
 time, the child's user + sys CPU and its peak RSS (`wait4`), medians over the repeats. The
 reference measured in the same run is `cat` of the run's results and dead letters into one file
 (no order, no join): what the bare bytes cost to copy.
@@ -138,6 +138,9 @@ def main() -> None:
                 "export --with-input → jsonl": [sys.executable, "-m", "shardrun", "export",
                                                 str(run), "-o", str(root / "wide.jsonl"),
                                                 "--with-input"],
+                "export --with-input → csv": [sys.executable, "-m", "shardrun", "export",
+                                              str(run), "-o", str(root / "wide.csv"),
+                                              "--with-input"],
                 "cat (reference)": ["sh", "-c", f"cat {run}/results/*.jsonl {run}/dead/*.jsonl "
                                                 f"> {root / 'cat.jsonl'}"],
             }  # fmt: skip

@@ -15,7 +15,9 @@ the run saw them, and writes for each record the row of the line that ended it:
 Every row has the same keys, `line` (the record's line or row number in the input) first.
 With `with_input`, a row also holds its input record, so the answers sit next to the rest of
 the user's data: as `input` in a JSON line, and in CSV as one `input.NAME` column per column
-of a CSV or Parquet input (one `input` column of JSON text when the input is JSON lines).
+of a CSV or Parquet input, or per top-level key of a JSON lines input's records (every key any
+record has, in the order first seen: a pass over the input before the rows, since a CSV header
+comes first; a record without a key has an empty cell there).
 
 The id -> (file, offset) index lives in a SQLite table in a temporary directory, and a row's
 line is read back from its file when its record comes up; per record, memory holds only the
@@ -43,7 +45,7 @@ import orjson
 
 from shardrun.digestset import DigestSet
 from shardrun.errors import RunError, SpecError
-from shardrun.inputs import InputReader, Reject, make_reader
+from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
 from shardrun.manifest import file_digest, newest_job_path, read_manifest
 from shardrun.worksource import duplicate_reason, id_digest
 
@@ -104,14 +106,30 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
         _check_input(run_path, manifest, job.input_path, summary)
-        _export(run_path, reader, fmt, out, summary)
+        columns = reader.columns
+        if fmt == "csv" and with_input and columns is None:
+            columns = _json_keys(job.input_path)
+        _export(run_path, reader, fmt, out, summary, columns)
     finally:
         reader.close()
     return summary
 
 
+def _json_keys(path: Path) -> list[str]:
+    """Every top-level key of a JSON lines file's records, in the order first seen (lines
+    decoded as the run's reader decodes them; one that is no record adds none)."""
+    keys: dict[str, None] = {}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if number == 1:
+                raw = raw.removeprefix(BOM)
+            if raw.strip() and isinstance(record := decode_line(raw, number), dict):
+                keys.update(dict.fromkeys(record))
+    return list(keys)
+
+
 def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
-            summary: ExportSummary) -> None:  # fmt: skip
+            summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="shardrun-export-") as scratch:
         try:
             index = _Index(Path(scratch) / "index.sqlite")
@@ -120,9 +138,9 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
                     for path in sorted((run_path / sub).glob("*.jsonl")):
                         index.add(path, failed=sub == "dead", summary=summary)
                 if out is None:
-                    _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary)
+                    _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary, columns)
                 else:
-                    _write_atomically(index, reader, fmt, out, summary)
+                    _write_atomically(index, reader, fmt, out, summary, columns)
             finally:
                 index.close()
         except sqlite3.Error as exc:
@@ -318,7 +336,7 @@ def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]
                 attempts=len(attempts) if isinstance(attempts, list) else None)
 
 
-def _csv_values(row: dict[str, Any], input_columns: list[str] | None) -> list[Any]:
+def _csv_values(row: dict[str, Any], input_columns: list[str]) -> list[Any]:
     usage = row["usage"] if isinstance(row["usage"], dict) else {}
     values = [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
               usage.get("prompt_tokens"), usage.get("completion_tokens"),
@@ -326,20 +344,14 @@ def _csv_values(row: dict[str, Any], input_columns: list[str] | None) -> list[An
               row["attempts"], row["error"], row["reasoning"],
               _cell(row["tool_calls"]), row["refusal"]]  # fmt: skip
     if "input" in row:
-        record = row["input"]
-        if input_columns is None:  # JSON lines: records need not share their keys
-            values.append(_cell(record))
-        else:
-            values.extend(_cell((record or {}).get(name)) for name in input_columns)
+        record = row["input"] or {}
+        values.extend(_cell(record.get(name)) for name in input_columns)
     return values
 
 
-def _csv_header(reader: InputReader) -> list[str]:
-    if not reader.keep_records:
-        return list(COLUMNS)
-    if reader.columns is None:
-        return [*COLUMNS, "input"]
-    return [*COLUMNS, *(f"input.{name}" for name in reader.columns)]
+def _csv_header(input_columns: list[str] | None) -> list[str]:
+    """COLUMNS, then one `input.NAME` per input column when rows carry their input."""
+    return [*COLUMNS, *(f"input.{name}" for name in input_columns or ())]
 
 
 def _cell(value: Any) -> Any:
@@ -362,7 +374,7 @@ class _WriteError(Exception):
 
 
 def _write(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
-           summary: ExportSummary) -> None:  # fmt: skip
+           summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     """Write every row to `sink`. Only the writes are wrapped in `_WriteError`: a failure to
     read the run or the input keeps its own error."""
     rows = _rows(index, reader, summary)
@@ -374,9 +386,10 @@ def _write(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
         # csv writes text: rows go through a string buffer, encoded and written in blocks.
         text = io.StringIO()
         writer = csv.writer(text)
-        writer.writerow(_csv_header(reader))
+        columns = columns if reader.keep_records else None
+        writer.writerow(_csv_header(columns))
         for row in rows:
-            writer.writerow(_csv_values(row, reader.columns))
+            writer.writerow(_csv_values(row, columns or []))
             if text.tell() >= _WRITE_BLOCK:
                 _put(sink, text.getvalue().encode())
                 text.seek(0)
@@ -396,9 +409,9 @@ def _put(sink: IO[bytes], data: bytes) -> None:
 
 
 def _write_to_stdout(index: _Index, reader: InputReader, fmt: Format, sink: IO[bytes],
-                     summary: ExportSummary) -> None:  # fmt: skip
+                     summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     try:
-        _write(index, reader, fmt, sink, summary)
+        _write(index, reader, fmt, sink, summary, columns)
     except _WriteError as exc:
         cause = exc.__cause__
         if isinstance(cause, BrokenPipeError):  # `shardrun export RUN | head`: the CLI's case
@@ -407,7 +420,7 @@ def _write_to_stdout(index: _Index, reader: InputReader, fmt: Format, sink: IO[b
 
 
 def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path,
-                      summary: ExportSummary) -> None:  # fmt: skip
+                      summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     """Write next to `out`, then rename: a failed export leaves no half file (nor a half-new
     version of an earlier export)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -417,7 +430,7 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
         except OSError as exc:
             raise _WriteError from exc
         try:
-            _write(index, reader, fmt, f, summary)
+            _write(index, reader, fmt, f, summary, columns)
             try:
                 os.fsync(f.fileno())
             except OSError as exc:

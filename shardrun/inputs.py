@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from shardrun._models import InputFormat
     from shardrun.spec import LoadedJob
 
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark, which editors on Windows like to put at the start of a file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class InputReader:
                 self._count(raw)
                 self.lines_read += 1
                 if self.lines_read == 1:
-                    raw = raw.removeprefix(_BOM)  # editors on Windows like to add one
+                    raw = raw.removeprefix(BOM)
                 if not raw.strip():
                     continue
                 record = decode_line(raw, self.lines_read)

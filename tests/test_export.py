@@ -439,20 +439,35 @@ def test_with_input_puts_each_record_next_to_its_answer(base: Path, tmp_path: Pa
     assert [{k: v for k, v in r.items() if k != "input"} for r in rows] == read_jsonl(plain)
 
 
-def test_with_input_in_csv_is_one_column_of_json_for_a_json_lines_input(
-    base: Path, tmp_path: Path
-) -> None:
-    run_dir = only_run(base / "runs")
+def test_with_input_in_csv_has_a_column_per_key_of_a_json_lines_input(tmp_path: Path) -> None:
+    """JSON lines records need not share their keys: CSV gets one input.KEY column for every
+    key any record has, in the order first seen (a BOM before the first line is no part of its
+    first key), an empty cell where a record lacks one, and a nested value as its JSON text;
+    the line that is not JSON has empty input cells."""
+    records = [{"id": "a", "prompt": "one", "lang": "en"},
+               {"id": "b", "prompt": "two", "meta": {"n": 1, "ok": True}},
+               {"id": "c", "prompt": "three", "tags": ["x", "y"], "lang": "de", "n": 2.5}]
+    lines = [orjson.dumps(r) for r in records]
+    (tmp_path / "input.jsonl").write_bytes(b"\xef\xbb\xbf" + lines[0] + b"\n\n" + BAD_LINE
+                                           + b"\n".join(lines[1:]) + b"\n")
+    write_job(tmp_path / "job.yaml")
+    ran = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert ran.returncode == 1, ran.stderr  # the line that is not JSON is set aside
+    run_dir = str(only_run(tmp_path / "runs"))
     out = tmp_path / "wide.csv"
-    done = export(str(run_dir), "-o", str(out), "--with-input", cwd=base)
+    done = export(run_dir, "-o", str(out), "--with-input", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with open(out, newline="", encoding="utf-8") as f:
         table = list(csv.reader(f))
-    assert table[0] == [*COLUMNS, "input"]
-    cells = [row[-1] for row in table[1:]]
-    assert [orjson.loads(c) if c else None for c in cells] == input_records(
-        base / "input.jsonl"
-    )
+    keys = ["id", "prompt", "lang", "meta", "tags", "n"]
+    assert table[0] == [*COLUMNS, *(f"input.{k}" for k in keys)]
+    inputs = [row[len(COLUMNS):] for row in table[1:]]
+    assert inputs == [["a", "one", "en", "", "", ""],
+                      ["", "", "", "", "", ""],  # the line that is not JSON
+                      ["b", "two", "", '{"n":1,"ok":true}', "", ""],
+                      ["c", "three", "de", "", '["x","y"]', "2.5"]]  # fmt: skip
+    statuses = [row[COLUMNS.index("status")] for row in table[1:]]
+    assert statuses == ["ok", "rejected", "ok", "ok"]
 
 
 def test_with_input_keeps_every_csv_column(tmp_path: Path) -> None:
