@@ -126,6 +126,9 @@ class AttemptOutcome:
     itl: ItlHistogram = field(default_factory=ItlHistogram)
     error: str | None = None
     error_code: str | None = None  # the server's name for the error (its code, else its type)
+    # A 2xx answer that was no event stream and no JSON answer: a login page, a proxy's notice,
+    # a web app at the wrong base_url. Every request would meet it (`Shard._note_failure`).
+    not_an_answer: bool = False
 
     @property
     def wasted_tokens(self) -> int:

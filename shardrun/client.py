@@ -212,10 +212,12 @@ class StreamingClient:
                     call_caller(on_first_token, out.first_token_at)
                 return
             ctype = resp.headers.get("Content-Type", "")
-            note = "" if "event-stream" in ctype else f" (content-type {ctype or 'missing'})"
+            stream = "event-stream" in ctype
+            note = "" if stream else f" (content-type {ctype or 'missing'})"
             n = st.out.content_chunks
             last = "response.completed" if self._api == "responses" else "[DONE]"
             st.fail("protocol_error", f"stream ended before {last} after {n} tokens{note}")
+            st.out.not_an_answer = not stream and not n
 
     async def _read_error(self, st: Attempt, resp: aiohttp.ClientResponse) -> None:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""

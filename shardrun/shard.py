@@ -332,8 +332,9 @@ class Shard:
                            "false in the job file (completion tokens are then counted from the "
                            "stream and marked estimated), then continue with --resume", ABANDON)
             return
-        if outcome.status == "http_4xx" and not self.ok_once and not is_retryable(
-                outcome.status, http):
+        if not self.ok_once and (outcome.not_an_answer or (
+                outcome.status == "http_4xx" and not is_retryable(outcome.status, http))):
+            # The same 4xx, or the same page that is no answer at all, for every request.
             self._note_refusal(outcome.error)
             return
         if self.ever_connected or outcome.conn_ready_at is not None:
@@ -354,8 +355,8 @@ class Shard:
         if self.refusals >= REFUSED_ALIKE_AFTER:
             self._go_fatal(f"the endpoint refused {self.refusals} requests in a row with the "
                            f"same answer before any succeeded ({error or 'no message'}): the "
-                           "job's params, endpoint.model or endpoint.api do not suit this "
-                           "server; fix the job file, then continue with --resume "
+                           "job's params, endpoint.base_url, endpoint.model or endpoint.api do "
+                           "not suit this server; fix the job file, then continue with --resume "
                            "--retry-failed (which also gives the items dead-lettered so far "
                            "another pass)", ABANDON)
 

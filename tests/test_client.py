@@ -435,6 +435,13 @@ def test_a_json_body_that_is_no_answer_is_a_protocol_error() -> None:
     assert out.status == "protocol_error"
     assert out.error == ("stream ended before [DONE] after 0 tokens "
                          "(content-type application/json)")  # fmt: skip
+    assert out.not_an_answer  # every request to such a server would meet it
+    page = run(one(whole_answer(b"<html>Sign in</html>", content_type="text/html")))
+    assert (page.status, page.not_an_answer) == ("protocol_error", True)
+    # A stream cut after a token is one answer's fault, not the server's every answer.
+    cut = run(one(streaming(chat("a"))))
+    assert (cut.status, cut.not_an_answer) == ("protocol_error", False)
+    assert not run(one(normal_chat)).not_an_answer
 
 
 def test_connection_dropped_mid_stream() -> None:

@@ -10,6 +10,8 @@ refuses for every request alike.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +121,9 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
     assert errors == [
         f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
         "answer before any succeeded (HTTP 400: 'max_tokens' must be an integer >= 1, not 0.): "
-        "the job's params, endpoint.model or endpoint.api do not suit this server; fix the job "
-        "file, then continue with --resume --retry-failed (which also gives the items "
-        "dead-lettered so far another pass)"], proc.stderr
+        "the job's params, endpoint.base_url, endpoint.model or endpoint.api do not suit this "
+        "server; fix the job file, then continue with --resume --retry-failed (which also "
+        "gives the items dead-lettered so far another pass)"], proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and run.dead
     sent = [e for e in run.events if e["ev"] == "attempt_end"]
@@ -134,6 +136,43 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
                       cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == sorted(ids)
+
+
+PAGE_SERVER = Path(__file__).parent / "page_server.py"
+
+
+def test_a_web_page_instead_of_an_endpoint_stops_the_run(tmp_path: Path) -> None:
+    """A base_url that answers every request with 200 and an HTML page (a login page, a web
+    app): after a few alike, the run stops with one sentence naming the content-type and
+    endpoint.base_url, dead-letters only the few items it tried, and sends a few requests, not
+    one or more per item."""
+    ids = write_input(tmp_path / "input.jsonl", 500)
+    server = subprocess.Popen([sys.executable, str(PAGE_SERVER)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        line = server.stdout.readline()
+        assert line.startswith("listening on "), line
+        base = f"http://127.0.0.1:{line.split()[-1]}/v1"
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": base, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    finally:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.close()
+        served = int(server.stdout.read().split()[-1])
+        server.wait(10)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
+        "answer before any succeeded (stream ended before [DONE] after 0 tokens (content-type "
+        "text/html; charset=utf-8)): the job's params, endpoint.base_url, endpoint.model or "
+        "endpoint.api do not suit this server; fix the job file, then continue with --resume "
+        "--retry-failed (which also gives the items dead-lettered so far another pass)"], (
+        proc.stderr)  # fmt: skip
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.results and len(run.dead) < len(ids) / 4
+    assert 0 < served < len(ids) / 4
 
 
 def refused(error: str, http: int = 400) -> AttemptOutcome:

@@ -1,0 +1,45 @@
+"""A web server that is no OpenAI-compatible endpoint, for the tests, run as its own process:
+
+    python tests/page_server.py
+
+It listens on a free loopback port, prints `listening on PORT`, and answers every request with
+200 and a small HTML page, as a login page, a proxy's notice or a web app at a wrong
+`base_url` does. It counts the requests and prints the count when its standard input closes,
+then exits, so a test that dies leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from aiohttp import web
+
+PAGE = "<html><body><h1>Sign in</h1><p>This page needs a login.</p></body></html>"
+
+
+async def main() -> None:
+    served = 0
+
+    async def page(request: web.Request) -> web.Response:
+        nonlocal served
+        served += 1
+        await request.read()
+        return web.Response(text=PAGE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"listening on {port}", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # until the test closes our stdin
+    await runner.cleanup()
+    print(f"served {served}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
