@@ -109,6 +109,18 @@ def test_validate_ping_says_what_to_set_when_stream_options_is_refused(tmp_path:
     assert "hint:" not in proc.stdout
 
 
+def assert_refused_alike(proc: subprocess.CompletedProcess[str], answer: str) -> None:
+    """The run failed with the one sentence of a server that gave every request `answer`."""
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
+        f"answer before any succeeded ({answer}): the job's params, endpoint.base_url, "
+        "endpoint.model or endpoint.api do not suit this server; fix the job file, then "
+        "continue with --resume --retry-failed (which also gives the items dead-lettered so "
+        "far another pass)"], proc.stderr
+
+
 def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_path: Path) -> None:
     """Every request refused with the same 400 (a parameter the server does not take): the run
     stops after a few, with one sentence; --resume --retry-failed with the job fixed runs every
@@ -116,14 +128,7 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
     ids = write_input(tmp_path / "input.jsonl", 500)
     job = write_job(tmp_path / "job.yaml", params={"max_tokens": 0})
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
-        f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
-        "answer before any succeeded (HTTP 400: 'max_tokens' must be an integer >= 1, not 0.): "
-        "the job's params, endpoint.base_url, endpoint.model or endpoint.api do not suit this "
-        "server; fix the job file, then continue with --resume --retry-failed (which also "
-        "gives the items dead-lettered so far another pass)"], proc.stderr
+    assert_refused_alike(proc, "HTTP 400: 'max_tokens' must be an integer >= 1, not 0.")
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and run.dead
     sent = [e for e in run.events if e["ev"] == "attempt_end"]
@@ -161,15 +166,8 @@ def test_a_web_page_instead_of_an_endpoint_stops_the_run(tmp_path: Path) -> None
         server.stdin.close()
         served = int(server.stdout.read().split()[-1])
         server.wait(10)
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
-        f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
-        "answer before any succeeded (stream ended before [DONE] after 0 tokens (content-type "
-        "text/html; charset=utf-8)): the job's params, endpoint.base_url, endpoint.model or "
-        "endpoint.api do not suit this server; fix the job file, then continue with --resume "
-        "--retry-failed (which also gives the items dead-lettered so far another pass)"], (
-        proc.stderr)  # fmt: skip
+    assert_refused_alike(proc, "stream ended before [DONE] after 0 tokens (content-type "
+                               "text/html; charset=utf-8)")  # fmt: skip
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and len(run.dead) < len(ids) / 4
     assert 0 < served < len(ids) / 4
