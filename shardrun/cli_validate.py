@@ -128,6 +128,10 @@ def _ping_lines(result: PingResult) -> list[str]:
             lines.append("  hint: a 404 means a wrong path, API or model: OpenAI-compatible "
                          "servers serve under /v1; check endpoint.base_url, endpoint.api and "
                          "endpoint.model")
+        elif result.not_an_answer:
+            lines.append("  hint: that is no OpenAI-compatible answer (a login page, a proxy's "
+                         "notice or a web app?): check endpoint.base_url, which for "
+                         "OpenAI-compatible servers ends in /v1")
         elif refused_stream_options(result.http_status, result.error):
             lines.append("  hint: this server does not take stream_options, which asks for usage "
                          "in the stream; set endpoint.stream_usage: false")

@@ -61,6 +61,7 @@ class PingResult:
     error: str | None
     rate_headers: Mapping[str, str] = field(default_factory=dict)
     proxy: Mapping[str, str] | None = None  # Proxy.describe() of the proxy it went through
+    not_an_answer: bool = False  # a 2xx that was no stream and no JSON answer (a web page)
 
     @property
     def ok(self) -> bool:
@@ -135,7 +136,7 @@ async def ping(
     return PingResult(client.url, out.status, out.http_status, ttft,
                       out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
                       out.error, dict(out.rate_headers),
-                      None if proxy is None else proxy.describe())  # fmt: skip
+                      None if proxy is None else proxy.describe(), out.not_an_answer)  # fmt: skip
 
 
 def run_ping(

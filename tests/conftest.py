@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,32 @@ class Run:
 def only_run(runs_dir: Path) -> Path:
     (run,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     return run
+
+
+@dataclass
+class PageServer:
+    """tests/page_server.py as its own process: `served` is its request count once stopped."""
+
+    base_url: str
+    served: int = -1
+
+
+@contextmanager
+def page_server() -> Iterator[PageServer]:
+    """A server that answers every request with an HTML page; stopped by closing its stdin."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "page_server.py")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        server = PageServer(f"http://127.0.0.1:{line.split()[-1]}/v1")
+        yield server
+    finally:
+        proc.stdin.close()
+        tail = proc.stdout.read().split()
+        proc.wait(10)
+    server.served = int(tail[-1])
 
 
 @pytest.fixture(autouse=True, scope="session")

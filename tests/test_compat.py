@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,15 @@ import yaml
 from shardrun import protocol
 from shardrun.client import AttemptOutcome
 from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig
-from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+from tests.conftest import (
+    FAST_SIM,
+    Run,
+    only_run,
+    page_server,
+    run_cli,
+    write_input,
+    write_job,
+)
 from tests.test_e2e import assert_buckets_telescope, assert_exactly_once
 
 REFUSAL = ("error: the endpoint refused stream_options, which asks it to report usage in the "
@@ -143,34 +150,21 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
     assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == sorted(ids)
 
 
-PAGE_SERVER = Path(__file__).parent / "page_server.py"
-
-
 def test_a_web_page_instead_of_an_endpoint_stops_the_run(tmp_path: Path) -> None:
     """A base_url that answers every request with 200 and an HTML page (a login page, a web
     app): after a few alike, the run stops with one sentence naming the content-type and
     endpoint.base_url, dead-letters only the few items it tried, and sends a few requests, not
     one or more per item."""
     ids = write_input(tmp_path / "input.jsonl", 500)
-    server = subprocess.Popen([sys.executable, str(PAGE_SERVER)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert server.stdout is not None and server.stdin is not None
-        line = server.stdout.readline()
-        assert line.startswith("listening on "), line
-        base = f"http://127.0.0.1:{line.split()[-1]}/v1"
-        write_job(tmp_path / "job.yaml", endpoint={"base_url": base, "api": "chat", "model": "m"})
+    with page_server() as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    finally:
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.close()
-        served = int(server.stdout.read().split()[-1])
-        server.wait(10)
     assert_refused_alike(proc, "stream ended before [DONE] after 0 tokens (content-type "
                                "text/html; charset=utf-8)")  # fmt: skip
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and len(run.dead) < len(ids) / 4
-    assert 0 < served < len(ids) / 4
+    assert 0 < server.served < len(ids) / 4
 
 
 def refused(error: str, http: int = 400) -> AttemptOutcome:

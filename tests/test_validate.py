@@ -22,7 +22,7 @@ from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spec import load_job
 from shardrun.validate import PingResult, check_input, config_rows, ping, run_ping
-from tests.conftest import FAST_SIM, write_job
+from tests.conftest import FAST_SIM, page_server, write_job
 
 ESCAPE = re.compile(r"\x1b")
 
@@ -150,6 +150,20 @@ def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> No
     assert f"ping: http_4xx (HTTP 404) {wrong}/chat/completions" in text
     assert "  hint: a 404 means a wrong path, API or model: OpenAI-compatible servers serve under"\
            " /v1; check endpoint.base_url, endpoint.api and endpoint.model" in text
+
+
+def test_ping_to_a_web_page_exits_1_with_a_hint(tmp_path: Path) -> None:
+    """A base_url that answers with an HTML page: the ping says what came back and what to
+    check."""
+    with page_server() as server:
+        job = make_job(tmp_path, GOOD, endpoint={"base_url": server.base_url, "api": "chat",
+                                                 "model": "m"})
+        code, text = validate(str(job), "--ping")
+    assert code == 1 and server.served == 1
+    assert f"ping: protocol_error (HTTP 200) {server.base_url}/chat/completions" in text
+    assert "  error: stream ended before [DONE] after 0 tokens (content-type text/html" in text
+    assert "  hint: that is no OpenAI-compatible answer (a login page, a proxy's notice or a web "\
+           "app?): check endpoint.base_url, which for OpenAI-compatible servers ends in /v1" in text
 
 
 def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> None:
