@@ -380,6 +380,28 @@ def test_a_responses_call_streamed_as_llama_cpp_and_vllm_frame_it() -> None:
                                "function": {"name": "get", "arguments": '{"x":1}'}}]
 
 
+def test_a_recorded_openai_responses_stream_over_loopback() -> None:
+    """The recorded wire shape of OpenAI's Responses API (tests/data), sent in writes of a few
+    hundred bytes: the attempt ends ok with the custom tool's call, the server's usage, and
+    first and last tokens (the call's pieces)."""
+    from tests.test_responses import RECORDED, SQL_CALL
+
+    async def recorded(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for at in range(0, len(RECORDED), 300):
+            await resp.write(RECORDED[at : at + 300])
+            await asyncio.sleep(0.002)
+        return resp
+
+    out = run(one(recorded, api="responses"))
+    assert (out.status, out.text, out.tool_calls, out.finish_reason) == (
+        "ok", "", [SQL_CALL], "tool_calls")  # fmt: skip
+    assert (out.completion_tokens, out.usage_estimated, out.content_chunks) == (151, False, 8)
+    assert (out.cached_tokens, out.reasoning_tokens) == (0, 128)
+    assert out.first_token_at is not None and out.last_token_at is not None
+    assert out.first_token_at <= out.last_token_at
+
+
 @pytest.mark.parametrize(("error", "status"), [
     ({"type": "too_many_requests", "code": "too_many_requests", "message": "busy"}, "http_429"),
     ({"code": "context_length_exceeded", "message": "too long"}, "http_4xx"),

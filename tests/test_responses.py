@@ -98,6 +98,30 @@ def test_any_split_of_the_bytes_reads_the_same(cuts: list[int]) -> None:
     assert "".join(reader.reasoning) == "Let me think." and reader.completion_tokens == 5
 
 
+RECORDED = (Path(__file__).parent / "data" / "responses-gpt5-custom-tool.sse").read_bytes()
+SQL_CALL = {"id": "call_2GHkSm2Jm0n7", "type": "custom",
+            "custom": {"name": "execute_sql", "input": "SELECT * FROM users LIMIT 5;"}}
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, len(RECORDED)), max_size=12))
+def test_a_recorded_openai_stream_cut_anywhere(cuts: list[int]) -> None:
+    """OpenAI's wire shape (tests/data/responses-gpt5-custom-tool.sse: a comment, event lines,
+    obfuscation padding, an encrypted reasoning item, a custom tool's call), cut anywhere: one
+    call in chat's shape, its eight pieces counted as tokens, usage and its details, no
+    reasoning text (OpenAI shows none unless a summary is asked for)."""
+    bounds = sorted({0, len(RECORDED), *cuts})
+    decoder, reads = SSEDecoder(), []
+    for a, b in itertools.pairwise(bounds):
+        reads.append(decoder.feed(RECORDED[a:b]))
+    reads.append(decoder.close())
+    codes, pieces, reader = read_all([r for r in reads if r])
+    assert (codes[-1], pieces, reader.tool_call_list()) == (DONE, [], [SQL_CALL])
+    assert (reader.finish_reason, reader.other_chunks, reader.reasoning) == ("tool_calls", 8, [])
+    assert (reader.prompt_tokens, reader.completion_tokens) == (63, 151)
+    assert (reader.cached_tokens, reader.reasoning_tokens) == (0, 128)
+
+
 def test_function_calls_are_read_in_the_chat_shape() -> None:
     """Two calls, their argument pieces interleaved by output_index: each keeps its call_id
     and name, the calls come in output order, and the answer ends with "tool_calls"."""
