@@ -407,6 +407,7 @@ class Shard:
         self.counters.ok += 1
         self.counters.completion_tokens += outcome.completion_tokens
         self.counters.reasoning_tokens += outcome.reasoning_tokens or 0
+        self.counters.refusals += outcome.refusal is not None
         minute = str(int(record["last_token_at"] // 60))
         self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,

@@ -80,6 +80,7 @@ class Counters:
     # attempt's, as prompt_tokens is); of completion_tokens, the reasoning (successes').
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    refusals: int = 0  # successes whose answer was a refusal (the model declined)
     in_flight: int = 0
     retrying: int = 0
     abandoned: int = 0

@@ -39,6 +39,7 @@ class RunSummary:
     wasted_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens (every attempt's), as the server counted them
     reasoning_tokens: int = 0  # of the successes' completion tokens, likewise
+    refusals: int = 0  # successes whose answer was a refusal (the model declined)
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -83,7 +84,7 @@ class RunSummary:
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
-                           "reasoning_tokens")}  # fmt: skip
+                           "reasoning_tokens", "refusals")}  # fmt: skip
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -98,6 +99,7 @@ class RunSummary:
             wasted_tokens=total["wasted_tokens"],
             cached_tokens=total["cached_tokens"],
             reasoning_tokens=total["reasoning_tokens"],
+            refusals=total["refusals"],
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -165,7 +167,7 @@ class RunSummary:
                                                             "completion_tokens": peak[1]},
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
             "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
-            "cost": self.cost,
+            "refusals": self.refusals, "cost": self.cost,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
@@ -185,7 +187,9 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  already done       {s.skipped:,} (skipped: finished by an earlier pass)")
     lines += [
         f"  items              {s.items:,}" + _items_note(s),
-        f"  succeeded          {s.succeeded:,}",
+        f"  succeeded          {s.succeeded:,}"
+        + (f"  ({s.refusals:,} of them refusals: the model declined; see `refusal` in the "
+           "results)" if s.refusals else ""),
         f"  failed             {s.failed:,}"
         + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
     ]

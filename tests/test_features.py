@@ -164,6 +164,29 @@ def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:
     assert abs(cost["spend"] - expected) < 1e-12
 
 
+def test_refusals_are_answers_kept_apart_and_counted(tmp_path: Path) -> None:
+    """A model that declines a share of prompts: those items succeed with an empty output and
+    the model's words in `refusal`; the summary counts them, and the Batch output holds them
+    where OpenAI's message does."""
+    write_input(tmp_path / "input.jsonl", 60)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
+                        "sim": {**FAST_SIM, "refusal": 0.3}},
+              output={"format": "openai-batch"})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    refused = {r["id"]: r["refusal"] for r in run.results if "refusal" in r}
+    assert 0 < len(refused) < 60 and all(refused.values())
+    assert all(r["output"] == "" for r in run.results if r["id"] in refused)
+    assert run.manifest["summary"]["refusals"] == len(refused)
+    assert (f"  succeeded          60  ({len(refused)} of them refusals: the model declined; "
+            "see `refusal` in the results)") in proc.stdout
+    batch = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]
+             for line in read_jsonl(run.path / "batch_output.jsonl")}  # fmt: skip
+    assert {i: m["refusal"] for i, m in batch.items() if "refusal" in m} == refused
+
+
 def test_cached_prompt_tokens_are_priced_apart_and_the_report_agrees(tmp_path: Path) -> None:
     """A server with a prompt cache reports cached prompt tokens; `cached_input_per_1m` prices
     them apart in the summary, and the report, rebuilt from the event log alone, has the same
