@@ -213,8 +213,9 @@ def test_cached_prompt_tokens_are_priced_apart_and_the_report_agrees(tmp_path: P
     doc = orjson.loads(report.stdout)
     assert (doc["items"]["prompt_tokens"], doc["items"]["cached_tokens"]) == (prompt, cached)
     assert doc["cost"]["spend"] == pytest.approx(expected, rel=1e-9)
-    text = run_cli("report", str(run.path), cwd=tmp_path)
-    assert f"({cached:,} prompt tokens cached)" in text.stdout
+    text = run_cli("report", str(run.path), cwd=tmp_path).stdout
+    assert f"({cached:,} prompt tokens cached)" in text
+    assert re.search(rf"cached of those +{cached:,}\b", text), text
 
 
 # -- start-up: what each process imports (docs/PERFORMANCE.md, "Start-up") ---------------------

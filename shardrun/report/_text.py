@@ -46,6 +46,8 @@ def format_items(doc: dict[str, Any]) -> str:
         ["completion tokens", num(it["completion_tokens"]), "prompt tokens",
          num(it["prompt_tokens"]), "wasted tokens", num(att["wasted_tokens"])],
     ]  # fmt: skip
+    if it.get("cached_tokens"):  # where the server counted its prompt cache
+        rows.append(["", "", "cached of those", num(it["cached_tokens"]), "", ""])
     return "\n".join(["Items", *table(["", "", "", "", "", ""], rows)[1:]])
 
 
