@@ -137,6 +137,8 @@ def _ping_lines(result: PingResult) -> list[str]:
                          "in the stream; set endpoint.stream_usage: false")
     elif result.reply:
         lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
+    if result.refusal:
+        lines.append(f"  refusal (the model declined): {' '.join(result.refusal.split())[:80]}")
     if result.rate_headers:
         lines.extend(f"  {k}: {v}" for k, v in sorted(result.rate_headers.items()))
     else:

@@ -62,6 +62,7 @@ class PingResult:
     rate_headers: Mapping[str, str] = field(default_factory=dict)
     proxy: Mapping[str, str] | None = None  # Proxy.describe() of the proxy it went through
     not_an_answer: bool = False  # a 2xx that was no stream and no JSON answer (a web page)
+    refusal: str | None = None  # the model declined, in its words (then `reply` is empty)
 
     @property
     def ok(self) -> bool:
@@ -136,7 +137,8 @@ async def ping(
     return PingResult(client.url, out.status, out.http_status, ttft,
                       out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
                       out.error, dict(out.rate_headers),
-                      None if proxy is None else proxy.describe(), out.not_an_answer)  # fmt: skip
+                      None if proxy is None else proxy.describe(), out.not_an_answer,
+                      out.refusal)  # fmt: skip
 
 
 def run_ping(

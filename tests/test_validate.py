@@ -166,6 +166,14 @@ def test_ping_to_a_web_page_exits_1_with_a_hint(tmp_path: Path) -> None:
            "app?): check endpoint.base_url, which for OpenAI-compatible servers ends in /v1" in text
 
 
+def test_ping_shows_a_refusal(tmp_path: Path) -> None:
+    """A model that declines: the ping succeeds and shows the refusal, as the reply is empty."""
+    job = make_job(tmp_path, GOOD, endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                             "sim": {**FAST_SIM, "refusal": 1.0}})
+    code, text = validate(str(job), "--ping")
+    assert code == 0 and "  refusal (the model declined): " in text and "  reply:" not in text
+
+
 def test_ping_against_the_simulator(tmp_path: Path, no_stray_children: None) -> None:
     """sim:// starts a simulator for one request and stops it; status and TTFT come back."""
     job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
