@@ -43,6 +43,8 @@ from typing import Any
 
 import orjson
 
+from shardrun.retry import RETRYABLE_4XX
+
 MSG_MAX = 200
 """Longest error sentence fragment: error messages go into one-line JSON events."""
 PARSE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError)
@@ -613,16 +615,18 @@ def stream_error(err: object, tokens: int) -> tuple[str, str]:
     The error's `code` picks the status, else its `type`: 429 or a rate-limit name is
     http_429, 500-599 or a server-fault name http_5xx, another 400-499 or a name of a request
     that cannot succeed (`ERROR_NAMES`) http_4xx; a number may come as a digit string. Anything
-    else, or neither, is protocol_error. `err` may also be a bare message instead of an object.
-    An in-stream 4xx (vLLM reports a request it could not serve so, OpenAI a prompt over the
-    context length) is not retried: the same request sent again meets the same answer.
+    else, or neither, is protocol_error, and so are the 4xx that HTTP retries (408, 409: the
+    attempt's HTTP status, 200, cannot say so). `err` may also be a bare message instead of an
+    object. Another in-stream 4xx (vLLM reports a request it could not serve so, OpenAI a
+    prompt over the context length) is not retried: the same request meets the same answer.
     """
     code: object = err.get("code") if isinstance(err, dict) else None
     kind: object = err.get("type") if isinstance(err, dict) else None
     msg = err.get("message") if isinstance(err, dict) else err
     n = _error_number(code) or _error_number(kind)
     status = ("http_429" if n == 429 else "http_5xx" if 500 <= n < 600
-              else "http_4xx" if 400 <= n < 500 else "protocol_error")  # fmt: skip
+              else "http_4xx" if 400 <= n < 500 and n not in RETRYABLE_4XX
+              else "protocol_error")  # fmt: skip
     name = code if code is not None else kind if isinstance(kind, str) else None
     label = "" if name is None else f" {name}"
     return status, f"error{label} in stream after {tokens} tokens: {clip(msg)}"

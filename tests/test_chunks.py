@@ -179,6 +179,8 @@ def test_invalid_utf8_reads_as_replacement_character() -> None:
          " in stream after 3 tokens: ?"),
         ('{"error":{"message":"x","code":600}}', "protocol_error", "error 600 in stream"
          " after 3 tokens: x"),
+        ('{"error":{"message":"later","code":408}}', "protocol_error", "error 408 in stream"
+         " after 3 tokens: later"),
         ('{"error":{"message":"x","code":true}}', "protocol_error", "error True in stream"
          " after 3 tokens: x"),
         ('{"error":"plain text"}', "protocol_error", "error in stream after 3 tokens: plain text"),
