@@ -381,16 +381,18 @@ def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path,
     assert escaped >= 30  # nearly every answer has a word that JSON escapes
 
 
-@pytest.mark.parametrize("tools", [False, True])
-def test_the_responses_api_end_to_end(tmp_path: Path, tools: bool) -> None:
+@pytest.mark.parametrize("tool", [None, "function", "custom"])
+def test_the_responses_api_end_to_end(tmp_path: Path, tool: str | None) -> None:
     """api: responses against the simulator in its own process: a thinking model's answer, or
-    a function call, in prose (escapes); each result holds what the server generated, in the
-    keys and shapes a chat run uses, with the server's usage; the Batch output holds response
-    objects that read back to the same."""
+    a function's call, or a custom tool's (free-text input), in prose (escapes); each result
+    holds what the server generated, in the keys and shapes a chat run uses, with the server's
+    usage; the Batch output holds response objects that read back to the same."""
     write_input(tmp_path / "input.jsonl", 30)
     sim = {**FAST_SIM, "tokens": "uniform:8:24", "text": "prose", "reasoning_tokens": 5}
-    flat_tool = {"type": "function", "name": "save_answer", "parameters": {"type": "object"}}
-    params = {"max_output_tokens": 64, **({"tools": [flat_tool]} if tools else {})}
+    tools = {"function": {"type": "function", "name": "save_answer",
+                          "parameters": {"type": "object"}},
+             "custom": {"type": "custom", "name": "save_answer"}}  # fmt: skip
+    params = {"max_output_tokens": 64, **({"tools": [tools[tool]]} if tool else {})}
     write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
               endpoint={"base_url": "sim://", "api": "responses", "model": "m", "sim": sim})
     proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
@@ -407,17 +409,21 @@ def test_the_responses_api_end_to_end(tmp_path: Path, tools: bool) -> None:
         assert result["reasoning"] == "".join(words[:5])
         assert result["usage"]["completion_tokens"] == len(words)
         assert (result["usage"]["reasoning_tokens"], result["usage"]["cached_tokens"]) == (5, 0)
-        if tools:
-            [call] = result["tool_calls"]
-            assert call["type"] == "function" and call["id"].startswith("call_")
+        if tool is None:
+            assert (result["output"], result["finish_reason"]) == (answer, "stop")
+            continue
+        [call] = result["tool_calls"]
+        assert call["type"] == tool and call["id"].startswith("call_")
+        assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
+        if tool == "function":
             assert call["function"]["name"] == "save_answer"
             assert orjson.loads(call["function"]["arguments"]) == {"text": answer}
-            assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
         else:
-            assert (result["output"], result["finish_reason"]) == (answer, "stop")
+            assert call["custom"] == {"name": "save_answer", "input": answer}
     exported = run_cli("export", str(path), "--format", "csv", cwd=tmp_path).stdout
     for row in csv.DictReader(io.StringIO(exported)):  # usage details in their own columns
         assert (row["cached_tokens"], row["reasoning_tokens"]) == ("0", "5")
+        assert orjson.loads(row["tool_calls"] or "null") == results[row["id"]].get("tool_calls")
     for line in read_jsonl(path / "batch_output.jsonl"):
         reader = ResponsesReader()
         text = read_whole_response(orjson.dumps(line["response"]["body"]), reader)

@@ -115,6 +115,30 @@ def test_plain_answer_streams_typed_events_that_add_up_to_the_final_response() -
     check_usage(final, plan)
 
 
+def test_a_custom_tool_is_called_with_the_words_as_its_input() -> None:
+    """A custom tool first in `tools` (free-text input): a custom_tool_call item whose input
+    deltas are the plan's words as text (escaped once, not as JSON inside JSON), its done
+    event, and the item whole in the final response; finish as a call."""
+    cfg = dataclasses.replace(FAST, text="prose")
+    body = {**BODY, "tools": [{"type": "custom", "name": "shell"}]}
+    plan = plan_of(body, cfg)
+    _, answer = texts(plan)
+    assert (plan.tool, plan.custom, plan.finish) == ("shell", True, "tool_calls")
+
+    async def go() -> list[dict[str, Any]]:
+        async with serving(cfg) as (s, root):
+            return parse(await stream(s, root, body))
+
+    events = run(go())
+    assert types(events) == ["created", "in_progress", "output_item.added",
+                             "custom_tool_call_input.delta", "custom_tool_call_input.done",
+                             "output_item.done", "completed"]  # fmt: skip
+    assert deltas(events, "custom_tool_call_input") == answer
+    [item] = events[-1]["response"]["output"]
+    assert (item["type"], item["name"], item["input"]) == ("custom_tool_call", "shell", answer)
+    assert item["call_id"].startswith("call_") and events[-2]["item"] == item
+
+
 @pytest.mark.parametrize("tools", [False, True])
 def test_a_refusal_streams_as_refusal_events(tools: bool) -> None:
     """refusal: 1 makes the message a refusal: refusal deltas (the plan's words), its done

@@ -328,6 +328,7 @@ class Plan:
     text: str = "words"  # how the words read (TEXT_WORDS)
     cached: int = 0  # of prompt_tokens, those usage counts as read from the prompt cache
     refused: bool = False  # the answer's words are a refusal (then no tool is called)
+    custom: bool = False  # the tool called is a custom one: its input is the words as text
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -414,7 +415,7 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
         raise BadRequest("'stream' must be a boolean.", "stream")
     # Responses has no stream_options (usage always comes) and caps with max_output_tokens.
     include_usage = kind == "responses" or _include_usage(body, cfg)
-    tool = _tool_called(body, kind) if kind != "completions" else None
+    tool, custom = _tool_called(body, kind) if kind != "completions" else (None, False)
     if kind == "responses":
         cap = _opt_int(body, "max_output_tokens")
     else:
@@ -433,11 +434,11 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     # Drawn last, and only when asked for, so that every other plan stays as it was.
     refused = kind != "completions" and cfg.refusal > 0 and rng.random() < cfg.refusal
     if refused and tool is not None:
-        tool, finish = None, "stop" if finish == "tool_calls" else finish
+        tool, custom, finish = None, False, "stop" if finish == "tool_calls" else finish
     prompt = max(1, (chars + 3) // 4)
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
-                tool, cfg.text, min(cfg.cached_tokens, prompt), refused)  # fmt: skip
+                tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom)  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.
@@ -459,16 +460,17 @@ def _include_usage(body: dict[str, Any], cfg: SimConfig) -> bool:
     return opts.get("include_usage") is True
 
 
-def _tool_called(body: dict[str, Any], kind: Kind) -> str | None:
-    """The function an answer calls: the first of `tools`, unless `tool_choice` is "none".
+def _tool_called(body: dict[str, Any], kind: Kind) -> tuple[str | None, bool]:
+    """The tool an answer calls, and whether it is a custom one (Responses only: free-text
+    input, `{"type": "custom", "name"}`): the first of `tools`, unless `tool_choice` is "none".
     Chat nests the name ({type, function: {name}}); Responses tools are flat ({type, name})."""
     tools = body.get("tools")
     if tools is None or body.get("tool_choice") == "none":
-        return None
+        return None, False
     first = tools[0] if isinstance(tools, list) and tools and isinstance(tools[0], dict) else None
     function = first if kind == "responses" or first is None else first.get("function")
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         shape = "{type, name}" if kind == "responses" else "{type, function: {name}}"
         raise BadRequest(f"'tools' must be a non-empty list of {shape}.", "tools")
-    return name
+    return name, kind == "responses" and first is not None and first.get("type") == "custom"

@@ -232,6 +232,9 @@ def _response(plan: Plan, rid: str, created: int) -> dict[str, Any]:
                     else {"type": "output_text", "text": text, "annotations": []})  # fmt: skip
             output.append({"id": f"msg_{rid}", "type": "message", "status": "completed",
                            "role": "assistant", "content": [part]})  # fmt: skip
+        elif plan.custom:
+            output.append({"id": f"ctc_{rid}", "type": "custom_tool_call", "status": "completed",
+                           "call_id": f"call_{rid}", "name": plan.tool, "input": text})
         else:
             output.append({"id": f"fc_{rid}", "type": "function_call", "status": "completed",
                            "call_id": f"call_{rid}", "name": plan.tool,
@@ -272,7 +275,8 @@ def _response_frames(plan: Plan, rid: str, created: int) -> ResponseFrames:
     answer, answer_seq, closer = b"", 0, middle  # without an answer, the reasoning ends it
     if len(plan.words) > thinking:
         k = len(output) - 1
-        events = _message_events if plan.tool is None else _call_events
+        events = (_message_events if plan.tool is None
+                  else _custom_events if plan.custom else _call_events)  # fmt: skip
         opener, answer, first, closer = events(event, output[k], k, len(plan.words) - thinking)
         answer_seq = first - thinking
         if thinking:
@@ -280,7 +284,8 @@ def _response_frames(plan: Plan, rid: str, created: int) -> ResponseFrames:
         else:
             role += opener
     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    words = _ARGUMENT_WORDS if plan.tool is not None else _JSON_WORDS
+    # A function's arguments are JSON inside a JSON string; a custom tool's input is text.
+    words = _ARGUMENT_WORDS if plan.tool is not None and not plan.custom else _JSON_WORDS
     return ResponseFrames(role, closer + event(kind, response=final), think, answer,
                           _JSON_WORDS[plan.text], words[plan.text], thinking, middle, think_seq,
                           answer_seq)  # fmt: skip
@@ -325,5 +330,17 @@ def _call_events(event: _Events, item: dict[str, Any], k: int, n: int) -> _Opene
     first = event.skip(n)
     closer = (event(delta, **ids, delta='"}')
               + event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+              + event("response.output_item.done", output_index=k, item=item))  # fmt: skip
+    return opener, template, first, closer
+
+
+def _custom_events(event: _Events, item: dict[str, Any], k: int, n: int) -> _Opened:
+    """A custom tool's call at output index k: its input (free text) in n pieces."""
+    ids = {"item_id": item["id"], "output_index": k}
+    opener = event("response.output_item.added", output_index=k,
+                   item={**item, "status": "in_progress", "input": ""})  # fmt: skip
+    template = _token_event("response.custom_tool_call_input.delta", ids, b'"}')
+    first = event.skip(n)
+    closer = (event("response.custom_tool_call_input.done", **ids, input=item["input"])
               + event("response.output_item.done", output_index=k, item=item))  # fmt: skip
     return opener, template, first, closer
