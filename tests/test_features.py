@@ -384,15 +384,17 @@ def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path,
 @pytest.mark.parametrize("tool", [None, "function", "custom"])
 def test_the_responses_api_end_to_end(tmp_path: Path, tool: str | None) -> None:
     """api: responses against the simulator in its own process: a thinking model's answer, or
-    a function's call, or a custom tool's (free-text input), in prose (escapes); each result
-    holds what the server generated, in the keys and shapes a chat run uses, with the server's
-    usage; the Batch output holds response objects that read back to the same."""
+    a function's call, or a custom tool's (free-text input; its job asks for a summary of the
+    reasoning, which comes as OpenAI's summary events), in prose (escapes); each result holds
+    what the server generated, in the keys and shapes a chat run uses, with the server's usage;
+    the Batch output holds response objects that read back to the same."""
     write_input(tmp_path / "input.jsonl", 30)
     sim = {**FAST_SIM, "tokens": "uniform:8:24", "text": "prose", "reasoning_tokens": 5}
     tools = {"function": {"type": "function", "name": "save_answer",
                           "parameters": {"type": "object"}},
              "custom": {"type": "custom", "name": "save_answer"}}  # fmt: skip
-    params = {"max_output_tokens": 64, **({"tools": [tools[tool]]} if tool else {})}
+    params = {"max_output_tokens": 64, **({"tools": [tools[tool]]} if tool else {}),
+              **({"reasoning": {"summary": "auto"}} if tool == "custom" else {})}
     write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
               endpoint={"base_url": "sim://", "api": "responses", "model": "m", "sim": sim})
     proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)

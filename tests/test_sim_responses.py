@@ -115,6 +115,37 @@ def test_plain_answer_streams_typed_events_that_add_up_to_the_final_response() -
     check_usage(final, plan)
 
 
+def test_a_summary_asked_for_comes_as_openai_sends_one() -> None:
+    """`reasoning: {summary: auto}` in the request: the thought comes as a summary part's
+    deltas (summary_index 0) between its added and done events, and the final reasoning item
+    holds it as its summary, with no content; the project's reader takes it as reasoning."""
+    from shardrun._responses import ResponsesReader
+
+    cfg = dataclasses.replace(FAST, reasoning_tokens=4)
+    body = {**BODY, "reasoning": {"summary": "auto"}}
+    plan = plan_of(body, cfg)
+    thought, answer = texts(plan)
+    assert plan.summary and not plan_of(BODY, cfg).summary
+
+    async def go() -> bytes:
+        async with serving(cfg) as (s, root):
+            return await stream(s, root, body)
+
+    raw = run(go())
+    events = parse(raw)
+    assert types(events)[:8] == ["created", "in_progress", "output_item.added",
+                                 "reasoning_summary_part.added", "reasoning_summary_text.delta",
+                                 "reasoning_summary_text.done", "reasoning_summary_part.done",
+                                 "output_item.done"]  # fmt: skip
+    assert deltas(events, "reasoning_summary_text") == thought
+    assert {e["summary_index"] for e in events if "summary_index" in e} == {0}
+    item = events[-1]["response"]["output"][0]
+    assert item["summary"] == [{"type": "summary_text", "text": thought}] and "content" not in item
+    reader, pieces = ResponsesReader(), list[str]()
+    reader.read([block.split(b"data: ", 1)[1] for block in raw.split(b"\n\n")[:-1]], pieces)
+    assert ("".join(reader.reasoning), "".join(pieces)) == (thought, answer)
+
+
 def test_a_custom_tool_is_called_with_the_words_as_its_input() -> None:
     """A custom tool first in `tools` (free-text input): a custom_tool_call item whose input
     deltas are the plan's words as text (escaped once, not as JSON inside JSON), its done

@@ -329,6 +329,9 @@ class Plan:
     cached: int = 0  # of prompt_tokens, those usage counts as read from the prompt cache
     refused: bool = False  # the answer's words are a refusal (then no tool is called)
     custom: bool = False  # the tool called is a custom one: its input is the words as text
+    # A Responses request that asks for a summary of the reasoning (`reasoning: {summary}`)
+    # gets it as OpenAI sends one (summary parts and deltas), not as the thought itself.
+    summary: bool = False
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -436,9 +439,12 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     if refused and tool is not None:
         tool, custom, finish = None, False, "stop" if finish == "tool_calls" else finish
     prompt = max(1, (chars + 3) // 4)
+    reasoning = body.get("reasoning")
+    summary = kind == "responses" and isinstance(reasoning, dict) and bool(reasoning.get("summary"))
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
-                tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom)  # fmt: skip
+                tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom,
+                summary)  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.

@@ -223,8 +223,12 @@ def _response(plan: Plan, rid: str, created: int) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if plan.thinking:
         thought = "".join(texts[i] for i in plan.words[: plan.thinking])
-        output.append({"id": f"rs_{rid}", "type": "reasoning", "summary": [],
-                       "content": [{"type": "reasoning_text", "text": thought}]})  # fmt: skip
+        if plan.summary:
+            output.append({"id": f"rs_{rid}", "type": "reasoning",
+                           "summary": [{"type": "summary_text", "text": thought}]})
+        else:
+            output.append({"id": f"rs_{rid}", "type": "reasoning", "summary": [],
+                           "content": [{"type": "reasoning_text", "text": thought}]})
     if len(plan.words) > plan.thinking:  # a cap may leave only reasoning
         text = "".join(texts[i] for i in plan.words[plan.thinking :])
         if plan.tool is None:
@@ -267,11 +271,21 @@ def _response_frames(plan: Plan, rid: str, created: int) -> ResponseFrames:
     if thinking:
         item = output[0]
         role += event("response.output_item.added", output_index=0,
-                      item={k: item[k] for k in ("id", "type", "summary")})  # fmt: skip
-        think = _token_event("response.reasoning_text.delta", {"item_id": item["id"],
-                             "output_index": 0, "content_index": 0}, b'"}')  # fmt: skip
-        think_seq = event.skip(thinking)
-        middle = event("response.output_item.done", output_index=0, item=item)
+                      item={"id": item["id"], "type": "reasoning", "summary": []})  # fmt: skip
+        if plan.summary:  # as OpenAI shows a model's thought: a summary, part by part
+            ids = {"item_id": item["id"], "output_index": 0, "summary_index": 0}
+            part = item["summary"][0]
+            role += event("response.reasoning_summary_part.added", **ids,
+                          part={**part, "text": ""})  # fmt: skip
+            think = _token_event("response.reasoning_summary_text.delta", ids, b'"}')
+            think_seq = event.skip(thinking)
+            middle = (event("response.reasoning_summary_text.done", **ids, text=part["text"])
+                      + event("response.reasoning_summary_part.done", **ids, part=part))
+        else:  # as vLLM shows it: the thought itself
+            think = _token_event("response.reasoning_text.delta", {"item_id": item["id"],
+                                 "output_index": 0, "content_index": 0}, b'"}')  # fmt: skip
+            think_seq = event.skip(thinking)
+        middle += event("response.output_item.done", output_index=0, item=item)
     answer, answer_seq, closer = b"", 0, middle  # without an answer, the reasoning ends it
     if len(plan.words) > thinking:
         k = len(output) - 1
