@@ -601,12 +601,14 @@ def _lone_choice(obj: object) -> dict[str, Any] | None:
 ERROR_NAMES = {
     **dict.fromkeys(("rate_limit_exceeded", "too_many_requests", "rate_limit_error"), 429),
     **dict.fromkeys(("server_error", "internal_error", "internal_server_error", "api_error",
-                     "service_unavailable", "overloaded", "overloaded_error"), 500),
+                     "service_unavailable", "overloaded", "overloaded_error",
+                     "unavailable_error"), 500),
     **dict.fromkeys(("invalid_request_error", "invalid_prompt", "context_length_exceeded",
-                     "bad_request", "invalid_value", "model_not_found", "insufficient_quota",
-                     "credit_balance_exhausted"), 400),
+                     "exceed_context_size_error", "bad_request", "invalid_value",
+                     "model_not_found", "insufficient_quota", "credit_balance_exhausted"), 400),
 }  # fmt: skip
-"""Error codes and types (OpenAI's, and gateways') that mean what an HTTP status would."""
+"""Error codes and types (OpenAI's, llama.cpp's, gateways') that mean what an HTTP status
+would."""
 
 
 def stream_error(err: object, tokens: int) -> tuple[str, str]:

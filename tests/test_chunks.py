@@ -181,6 +181,8 @@ def test_invalid_utf8_reads_as_replacement_character() -> None:
          " after 3 tokens: x"),
         ('{"error":{"message":"later","code":408}}', "protocol_error", "error 408 in stream"
          " after 3 tokens: later"),
+        ('{"error":{"message":"long","type":"exceed_context_size_error"}}', "http_4xx",
+         "error exceed_context_size_error in stream after 3 tokens: long"),
         ('{"error":{"message":"x","code":true}}', "protocol_error", "error True in stream"
          " after 3 tokens: x"),
         ('{"error":"plain text"}', "protocol_error", "error in stream after 3 tokens: plain text"),
