@@ -10,12 +10,13 @@ is read), to `ChunkReader.read` and reports nanoseconds per payload, the
 median of the repeats. With `--a REV`, `shardrun/_chunks.py` of that revision is loaded from
 git and measured in the same loop, alternating, so both see the machine at the same moments.
 
-The streams: plain words; prose with line breaks and quotes (about a quarter of the chunks
-hold a byte JSON escapes); JSON-mode output (about half of them); a reasoning model's thinking
-followed by its answer; a function call whose arguments (the same JSON) stream in pieces, in a
-stream of the usual length and in one of LONG_CALL pieces (some 100 KB of arguments). A
-payload that fits the stream's learned envelope is sliced, not parsed (docs/ARCHITECTURE.md,
-"The envelope"); the rest is parsed with orjson.
+The streams: plain words, also with the `obfuscation` padding OpenAI adds to every chunk unless
+`stream_options.include_obfuscation` is false; prose with line breaks and quotes (about a
+quarter of the chunks hold a byte JSON escapes); JSON-mode output (about half of them); a
+reasoning model's thinking followed by its answer; a function call whose arguments (the same
+JSON) stream in pieces, in a stream of the usual length and in one of LONG_CALL pieces (some
+100 KB of arguments). A payload that fits the stream's learned envelope is sliced, not parsed
+(docs/ARCHITECTURE.md, "The envelope"); the rest is parsed with orjson.
 
 It sends nothing anywhere. Every loop is bounded by its counts.
 """
@@ -47,10 +48,16 @@ JSON_MODE = ['{"', "name", '":"', "Ann", " Lee", '","', "age", '":', "31", ',"',
              "a", '","', "b", '"]}', "\n"]  # fmt: skip
 
 
-def chunk(delta: dict[str, Any]) -> bytes:
-    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                         "model": "m", "choices": [{"index": 0, "delta": delta,
-                                                    "logprobs": None, "finish_reason": None}]})
+def chunk(delta: dict[str, Any], padding: str | None = None) -> bytes:
+    """A chat chunk; `padding`: OpenAI's `obfuscation` field, which differs chunk by chunk."""
+    obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+    return orjson.dumps(obj if padding is None else {**obj, "obfuscation": padding})
+
+
+def padding(i: int) -> str:
+    """The i-th chunk's obfuscation: 1 to 15 letters, as OpenAI pads a chunk to hide its size."""
+    return "".join(chr(97 + (i * 7 + k * 3) % 26) for k in range(1 + (i * 5) % 15))
 
 
 def streams() -> dict[str, list[bytes]]:
@@ -66,6 +73,8 @@ def streams() -> dict[str, list[bytes]]:
     long_call = [start, *(pieces[i % len(pieces)] for i in range(LONG_CALL))]
     return {
         "plain words": words(PLAIN),
+        "plain words, OpenAI's obfuscation": [chunk({"content": PLAIN[i % len(PLAIN)]},
+                                                    padding(i)) for i in range(PAYLOADS)],
         "prose, line breaks, quotes": words(PROSE),
         "JSON mode": words(JSON_MODE),
         "thinking, then answer": thinking + words(PLAIN, n=PAYLOADS - len(thinking)),
