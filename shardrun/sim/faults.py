@@ -17,10 +17,10 @@ distinct request body, only while some fault share is above zero.
 Before the draw: `auth_required` (401, `invalid_api_key`), `fail_first_n` (the first N
 authorised generation requests in arrival order get 503) and `quota_after` (past N requests
 served, 429 `insufficient_quota`, OpenAI's answer once an account's credit is used up) are
-checked, then the body is
-validated (400s are never faulted and take no draw). Non-streamed requests meet the stream
-faults too: `slow_first_token` and `stall_mid_stream` lengthen their delay, and
-`drop_mid_stream` resets the connection halfway through it, before any response byte.
+checked, then the body is validated (400s are never faulted and take no draw). Non-streamed
+requests meet the stream faults too: `slow_first_token` and `stall_mid_stream` lengthen their
+delay, and `drop_mid_stream` resets the connection halfway through it, before any response
+byte.
 """
 
 from __future__ import annotations
