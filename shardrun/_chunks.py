@@ -629,7 +629,7 @@ def stream_error(err: object, tokens: int) -> tuple[str, str]:
     status = ("http_429" if n == 429 else "http_5xx" if 500 <= n < 600
               else "http_4xx" if 400 <= n < 500 and n not in RETRYABLE_4XX
               else "protocol_error")  # fmt: skip
-    name = code if code is not None else kind if isinstance(kind, str) else None
+    name = error_name(err)
     label = "" if name is None else f" {name}"
     return status, f"error{label} in stream after {tokens} tokens: {clip(msg)}"
 
@@ -640,22 +640,13 @@ succeed until someone adds more, so a run stops instead of retrying every item."
 
 
 def error_name(err: object) -> str | None:
-    """An error object's code, else its type, as a string; None when it has neither."""
+    """An error object's code (as text), else its type (a string); None when it has neither."""
     if not isinstance(err, dict):
         return None
-    name = err.get("code")
-    if name is None:
-        name = err.get("type")
-    return None if name is None else str(name)
-
-
-def body_error_name(body: bytes) -> str | None:
-    """`error_name` of an error body's `{"error": {...}}` (or bare object); None if none."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return error_name(obj.get("error", obj)) if isinstance(obj, dict) else None
+    if (code := err.get("code")) is not None:
+        return str(code)
+    kind = err.get("type")
+    return kind if isinstance(kind, str) else None
 
 
 def _error_number(value: object) -> int:
@@ -667,17 +658,19 @@ def _error_number(value: object) -> int:
 
 def error_message(body: bytes) -> str:
     """The server's message from an error body: OpenAI `{"error": {"message"}}` or raw text."""
+    return read_error_body(body)[0]
+
+
+def read_error_body(body: bytes) -> tuple[str, str | None]:
+    """(`error_message`, `error_name`) of an error body, read with one parse."""
     msg: object = None
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        obj = None
-    if isinstance(obj, dict):
+    err: object = None
+    if (obj := json_object(body)) is not None:
         err = obj.get("error", obj)
         msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
     if not isinstance(msg, str) or not msg:
         msg = body.decode("utf-8", "replace")
-    return clip(msg) or "(empty body)"
+    return clip(msg) or "(empty body)", error_name(err)
 
 
 def clip(value: object) -> str:

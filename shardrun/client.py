@@ -51,7 +51,7 @@ from shardrun._attempt import (
     Timeouts,
     call_caller,
 )
-from shardrun._chunks import body_error_name, clip, error_message
+from shardrun._chunks import clip, read_error_body
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
 from shardrun.items import API_PATHS, Api
@@ -231,8 +231,8 @@ class StreamingClient:
             parts.append(chunk)
             size += len(chunk)
         body = b"".join(parts)[:_ERROR_BODY_MAX]
-        st.out.error = f"{prefix}: {error_message(body)}"
-        st.out.error_code = body_error_name(body)
+        message, st.out.error_code = read_error_body(body)
+        st.out.error = f"{prefix}: {message}"
 
 
 def endpoint_url(base_url: str, path: str) -> str:
