@@ -112,7 +112,8 @@ class ResponsesReader:
                         self.other_chunks += 1
                 elif kind in _CALL_DELTAS:
                     if (delta := event.get("delta")) and isinstance(delta, str):
-                        call = self._find_call(event.get("output_index"), event.get("item_id"))
+                        item, index = event.get("item_id"), event.get("output_index")
+                        call = self._same_call(item, index) or self._find_call(index, item)
                         call.arguments.append(delta)
                         self.other_chunks += 1
                 elif kind == "response.refusal.delta":
@@ -143,6 +144,17 @@ class ResponsesReader:
             self.bad = payload
             return BAD
         return MORE
+
+    def _same_call(self, item: object, index: object) -> ToolCallParts | None:
+        """The call the last piece went to, when this piece names it by the same item id and
+        an output index already its own (or none): `_find_call` would change nothing then, and
+        this is most pieces, so its bookkeeping is skipped. Else None."""
+        call, known = self._last_call, self._calls_by_name
+        if call is None or type(item) is not str or known.get(item) is not call:
+            return None
+        if index is not None and (type(index) is not int or known.get(index) is not call):
+            return None
+        return call
 
     def _find_call(self, index: object, *ids: object) -> ToolCallParts:
         """The call that its output index or any of its ids (item id, call id) has named
