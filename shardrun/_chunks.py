@@ -22,9 +22,16 @@ once) proves the bytes found are the content and not an equal value elsewhere. A
 escapes (a line break, a quote) is read by parsing only the string it is, when it is exactly one
 JSON string (`_escaped`), and those of a read of many payloads all in one parse, as one JSON
 array of strings (`_escaped_run`). Anything else is parsed, in order, so the result is always
-what parsing every payload would give. An envelope that changes per chunk (OpenAI's
-`obfuscation` padding) costs a few failed lessons per stream (`LEARN_MAX`), then the stream is
-parsed as before.
+what parsing every payload would give. An envelope that changes per chunk costs a few failed
+lessons per stream (`LEARN_MAX`), then the stream is parsed as before.
+
+Padding: OpenAI ends every chunk with an `"obfuscation"` member of random length, which would
+change the envelope chunk by chunk. The reader takes it off (`_PADDING`) before the envelope
+sees a payload, once a stream's envelope was learned from a chunk without it. That changes
+nothing a payload says: the member is the object's last, its key one the reader never reads,
+its value printable ASCII, and the byte before it ends a value, so the payload with it is JSON
+exactly when the payload without it is (`{,"obfuscation":"x"}` is not, `{}` is: that is what
+the byte before excludes). A malformed payload is named as it was sent (`bad`).
 
 A reasoning model's stream is mostly reasoning chunks (`"delta":{"reasoning_content":"` + value
 + ...), so the reader learns a second envelope, the thought envelope, from the first plain
@@ -37,7 +44,9 @@ the text (`reasoning_content or reasoning`), and an empty arguments piece still 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -62,6 +71,11 @@ _UNSAFE = b'"\\' + bytes(range(0x20))
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 _OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls", "refusal")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
+PADDING_KEY = b',"obfuscation":"'
+"""What starts OpenAI's padding in a chunk (module docstring, "Padding")."""
+_PADDING = re.compile(rb',"obfuscation":"(?<=[]}"0-9el],"obfuscation":")[ !#-\[\]-~]*"(?=}\Z)')
+"""OpenAI's padding as the last member of a payload's object, after a byte that ends a value
+(see "Padding" above; the look-behind sits after the key so that the search scans for it)."""
 CONTENT, THOUGHT, ARGUMENTS = 0, 1, 2
 """The envelopes a stream may teach (see "Envelope" above)."""
 _ENVELOPE_SLOTS = (("_prefix", "_suffix", "_learns"), ("_tprefix", "_tsuffix", "_tlearns"),
@@ -77,8 +91,8 @@ class ChunkReader:
     stream's learned envelope are not parsed at all (module docstring, "Envelope").
     """
 
-    __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_prefix", "_suffix",
-                 "_tlearns", "_tprefix", "_tsuffix", "bad", "cached_tokens", "chat",
+    __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_padded", "_prefix",
+                 "_suffix", "_tlearns", "_tprefix", "_tsuffix", "bad", "cached_tokens", "chat",
                  "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
                  "reasoning", "reasoning_tokens", "refusal", "tool_calls")  # fmt: skip
 
@@ -111,8 +125,11 @@ class ChunkReader:
         self._aprefix = self._asuffix = b""
         self._alearns = LEARN_MAX
         self._acall: list[str] = []
+        # Whether the chunks come padded and an envelope fits them without: payloads that fit
+        # none as sent are then read without their padding (module docstring, "Padding").
+        self._padded = False
 
-    def read(self, payloads: list[bytes], pieces: list[str]) -> int:
+    def read(self, payloads: list[bytes], pieces: list[str], unpadded: bool = False) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
 
         Stops at the first payload that ends the stream: `[DONE]` (DONE), an `{"error": ...}`
@@ -130,6 +147,9 @@ class ChunkReader:
         models declining a structured output). They go to `reasoning`, `tool_calls` and
         `refusal`, and `other_chunks` counts the chunks that carried any: those are tokens the
         model generated as much as the content is.
+
+        `unpadded` says the padding is off the payloads already (module docstring, "Padding"):
+        a padded stream's payloads are read again that way when they fit no envelope as sent.
         """
         if len(payloads) == 1:  # the usual read of a server that streams tokens as they come
             payload = payloads[0]
@@ -159,7 +179,11 @@ class ChunkReader:
                 self._acall.append(arguments)
                 self.other_chunks += 1
                 return MORE
+            if self._padded and not unpadded:  # it fits no envelope with its padding
+                return self._read_unpadded(payloads, pieces)
             return self._parse(payloads, 0, pieces)
+        if self._padded and not unpadded:
+            return self._read_unpadded(payloads, pieces)
         if self._suffix:
             code = self._read_run(payloads, pieces, self._prefix, self._suffix, CONTENT)
             if code is not None:
@@ -173,6 +197,33 @@ class ChunkReader:
             if code is not None:
                 return code
         return self._parse(payloads, 0, pieces)
+
+    def _read_unpadded(self, payloads: list[bytes], pieces: list[str]) -> int:
+        """`read` of a padded stream's payloads without their padding (module docstring,
+        "Padding"); a malformed one is named as it was sent."""
+        if len(payloads) == 1:
+            # The usual payload, a content chunk, is checked in place: the prefix, a value, the
+            # suffix less its closing brace, then padding of letters and digits. It is then the
+            # learned chunk with another value (read as slicing reads one) and the padding as
+            # its object's last member. The rest lose their padding first.
+            payload, prefix, suffix = payloads[0], self._prefix, self._suffix
+            at = payload.rfind(PADDING_KEY)
+            end = at - len(suffix) + 1
+            if (suffix.endswith(b"}") and end >= len(prefix) and payload.startswith(prefix)
+                    and payload.startswith(suffix[:-1], end) and payload.endswith(b'"}')
+                    and payload[at + len(PADDING_KEY) : -2].isalnum()):  # fmt: skip
+                text = _value_text(payload[len(prefix) : end])
+                if text is not None:
+                    if text:  # an empty content is no piece
+                        pieces.append(text)
+                    return MORE
+            unpadded = [_PADDING.sub(b"", payload)]
+        else:
+            unpadded = list(map(_PADDING.sub, repeat(b""), payloads))
+        code = self.read(unpadded, pieces, unpadded=True)
+        if code == BAD and self.bad in unpadded:
+            self.bad = payloads[unpadded.index(self.bad)]
+        return code
 
     def _read_run(self, payloads: list[bytes], pieces: list[str], prefix: bytes, suffix: bytes,
                   kind: int) -> int | None:  # fmt: skip
@@ -323,27 +374,35 @@ class ChunkReader:
 
     def _adopt(self, payload: bytes, text: str, kind: int) -> bool:
         """A parsed plain chunk of the envelope `kind`: learn the envelope when none is known.
-        True if learned.
+        True if the rest of the read may go back to `read` (an envelope was learned, or padding
+        found that the envelopes are to be read without).
 
-        A chunk that fits the known envelope was parsed for its text (escapes): nothing to
-        learn. One that does not means the envelope changed: forget it, and learn this one's
-        while the stream's budget lasts (a server that varies every chunk exhausts it, and the
-        stream is then parsed as before, at the cost of a few failed lessons).
+        A chunk that fits the known envelope was parsed for its text (escapes) or its padding:
+        nothing to learn. One that does not means the envelope changed: forget it, and learn this
+        one's while the stream's budget lasts (a server that varies every chunk exhausts it, and
+        the stream is then parsed as before, at the cost of a few failed lessons). Envelopes are
+        learned from chunks without their padding (module docstring, "Padding").
         """
+        unpadded = payload if self._padded else _PADDING.sub(b"", payload)
+        padding = len(unpadded) != len(payload)
         slots = _ENVELOPE_SLOTS[kind]
         prefix, suffix, learns = (getattr(self, name) for name in slots)
-        if suffix and payload.startswith(prefix) and payload.endswith(suffix):
-            return False
+        if suffix and unpadded.startswith(prefix) and unpadded.endswith(suffix):
+            self._padded = self._padded or padding
+            return padding
         found = None
         raw = text.encode()
         # No budget, or a text sent escaped: wait for a plainer chunk.
-        if learns and len(raw.translate(None, _UNSAFE)) == len(raw) and b"\n" not in payload:
+        if learns and len(raw.translate(None, _UNSAFE)) == len(raw) and b"\n" not in unpadded:
             learns -= 1
-            found = _envelope(payload, raw, _PLAIN[kind], self.chat)
+            found = _envelope(unpadded, raw, _PLAIN[kind], self.chat)
         prefix, suffix = found or (b"", b"")
         for name, value in zip(slots, (prefix, suffix, learns), strict=True):
             setattr(self, name, value)
-        return found is not None
+        if found is None:
+            return False
+        self._padded = self._padded or padding
+        return True
 
 
 def _slice(payload: bytes, prefix: bytes, suffix: bytes) -> str | None:
@@ -353,6 +412,17 @@ def _slice(payload: bytes, prefix: bytes, suffix: bytes) -> str | None:
             and len(payload) >= len(prefix) + len(suffix)):  # fmt: skip
         return None
     value = payload[len(prefix) : -len(suffix)]  # a suffix holds at least a "
+    if len(value.translate(None, _UNSAFE)) != len(value):  # `_value_text` inline (hot)
+        return _escaped(value)
+    try:
+        return value.decode()  # strict UTF-8, as orjson reads
+    except UnicodeDecodeError:
+        return None
+
+
+def _value_text(value: bytes) -> str | None:
+    """The text of a value sliced out of an envelope: its raw bytes, if JSON holds it so and
+    they are UTF-8, else its escapes read (`_escaped`); None if it is no such string."""
     if len(value.translate(None, _UNSAFE)) != len(value):
         return _escaped(value)
     try:

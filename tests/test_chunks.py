@@ -15,6 +15,7 @@ from shardrun._chunks import (
     LEARN_MAX,
     MORE,
     MSG_MAX,
+    PADDING_KEY,
     PARSE_ERRORS,
     ChunkReader,
     ToolCallParts,
@@ -555,9 +556,9 @@ def test_overlapping_prefix_and_suffix_are_no_empty_content() -> None:
 
 
 def test_an_envelope_that_changes_per_chunk(loads: CountingLoads) -> None:
-    """Padding that differs per chunk (OpenAI's `obfuscation`): every payload is parsed, and
-    the failed lessons cost at most LEARN_MAX probes per stream."""
-    payloads = [orjson.dumps(chunk(f" w{i}", extra={"obfuscation": "x" * (i % 7)}))
+    """A field that differs per chunk (not OpenAI's padding, which is read off): every payload
+    is parsed, and the failed lessons cost at most LEARN_MAX probes per stream."""
+    payloads = [orjson.dumps(chunk(f" w{i}", extra={"nonce": "x" * (i % 7)}))
                 for i in range(40)]  # fmt: skip
     reads = [[p] for p in payloads[:20]] + [payloads[20:]]
     assert by_reader(reads, True) == reference(reads, True)
@@ -577,6 +578,128 @@ def test_a_new_envelope_mid_stream_is_learned(loads: CountingLoads) -> None:
     assert loads.calls == 2 + 2  # each envelope: its first chunk and a probe
 
 
+def padded(obj: dict[str, Any], i: int) -> bytes:
+    """A chunk as OpenAI streams it: `usage` null (with `include_usage`), then `obfuscation`
+    padding, 1 to 15 letters and digits that differ chunk by chunk."""
+    letters = "uSpCcO0b4kQz9mEw"
+    return orjson.dumps(obj | {"usage": None, "obfuscation": letters[: 1 + i * 7 % 15]})
+
+
+def openai(delta: dict[str, Any], i: int, finish: str | None = None) -> bytes:
+    return padded({"id": "chatcmpl-CUb3xY", "object": "chat.completion.chunk",
+                   "created": 1761000000, "model": "gpt-4o-mini-2024-07-18",
+                   "service_tier": "default", "system_fingerprint": "fp_560af6e559",
+                   "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                "finish_reason": finish}]}, i)  # fmt: skip
+
+
+def unpad(payload: bytes) -> bytes:
+    return payload[: payload.rindex(b',"obfuscation":')] + b"}"
+
+
+def whole_chunks_parsed(loads: CountingLoads) -> list[bytes]:
+    """The payloads `loads` parsed whole (not a string alone, not a run's array of strings)."""
+    return [s for s in loads.seen if isinstance(s, bytes) and s.startswith(b"{")]
+
+
+def test_openai_padding_is_read_off_and_the_chunks_sliced(loads: CountingLoads) -> None:
+    """OpenAI's chunks, each with padding of its own length: after the first word (parsed, and
+    probed without its padding), words are sliced, one per read or many per read; words with
+    escapes are read from their strings. The role, finish and usage chunks are parsed."""
+    words = [" The", " quick", "\n", ' "brown"', " fox", " jumps", " over", "\n\n", " é"]
+    payloads = [openai({"role": "assistant", "content": "", "refusal": None}, 0),
+                *(openai({"content": w}, i) for i, w in enumerate(words, 1)),
+                openai({}, 20, finish="stop"),
+                padded({"id": "chatcmpl-CUb3xY", "choices": [], "usage": None}, 21)
+                .replace(b'"usage":null', b'"usage":{"prompt_tokens":9,"completion_tokens":10}'),
+                b"[DONE]"]  # fmt: skip
+    reads = [[p] for p in payloads[:6]] + [payloads[6:]]
+    assert by_reader(reads, True) == reference(reads, True)
+    assert by_reader(reads, True)[1] == words
+    loads.calls, loads.seen = 0, []
+    by_reader(reads, True)
+    # Once padding is known, payloads are parsed (and probed) without it.
+    probe = unpad(payloads[1]).replace(b'" The"', b'" The~"')
+    assert whole_chunks_parsed(loads) == [payloads[0], payloads[1], probe,
+                                          unpad(payloads[-3]), unpad(payloads[-2])]
+
+
+def test_padding_found_after_an_envelope_was_learned(loads: CountingLoads) -> None:
+    """A stream whose first words came without padding: the first padded word is parsed, the
+    envelope fits it without its padding, and the words after it are sliced."""
+    plain = [orjson.dumps(chunk(f" w{i}", extra={"usage": None})) for i in range(3)]
+    pads = [orjson.dumps(chunk(f" p{i}", extra={"usage": None, "obfuscation": "k" * i}))
+            for i in range(1, 9)]  # fmt: skip
+    reads = [[p] for p in plain + pads[:4]] + [pads[4:]]
+    assert by_reader(reads, True) == reference(reads, True)
+    loads.calls, loads.seen = 0, []
+    by_reader(reads, True)
+    assert whole_chunks_parsed(loads) == [plain[0], plain[0].replace(b'" w0"', b'" w0~"'), pads[0]]
+
+
+def test_padded_thoughts_and_arguments_are_sliced(loads: CountingLoads) -> None:
+    """The thought and arguments envelopes read padded chunks the same way."""
+    thoughts = [padded(thinking(f" t{i}", "reasoning_content", "no_content"), i)
+                for i in range(6)]  # fmt: skip
+    pieces = [padded(arguments(f" {i},", 0), i) for i in range(6)]
+    start = padded(chunk(None, delta={"tool_calls": [{"index": 0, "id": "call_1",
+                   "type": "function", "function": {"name": "f", "arguments": ""}}]}), 3)
+    reads = [[p] for p in thoughts[:3]] + [thoughts[3:], [start], *([p] for p in pieces[:3]),
+                                          pieces[3:]]  # fmt: skip
+    assert by_reader(reads, True) == reference(reads, True)
+    loads.calls, loads.seen = 0, []
+    by_reader(reads, True)
+    # the first thought and first piece with a probe each, and the call's first chunk
+    assert len(whole_chunks_parsed(loads)) == 5
+
+
+ODD_PADDED = [
+    b'{,"obfuscation":"x"}',  # not JSON, though `{}` would be
+    b'{"k":","obfuscation":"x"}"}',  # not JSON, though `{"k":"}"}` would be
+    b'{ ,"obfuscation":"x"}',
+    b'{"choices":[],"obfuscation":"x"}',
+    openai({"content": " a"}, 1).replace(b'"obfuscation":"', b'"obfuscation":"\xc3\xa9'),
+    openai({"content": " a"}, 1).replace(b'"obfuscation":"', b'"obfuscation":"\\"'),
+    openai({"content": " a"}, 1).replace(b'"obfuscation":"', b'"obfuscation":"\x01'),
+    openai({"content": " a"}, 1).replace(b'"obfuscation":"', b'"obfuscation":"\xff'),
+    openai({"content": " a"}, 1) + b" ",
+    openai({"content": " a"}, 1)[:-1] + b"]",  # the padding's string is not the object's end
+    openai({"content": " a"}, 1).replace(b'"finish_reason":null', b'"finish_reason":true'),
+    openai({"content": " a"}, 1).replace(b'"usage":null', b'"usage":{"completion_tokens":2}'),
+    openai({"content": " a"}, 1).replace(b"]", b"]]"),
+    openai({"content": " a\xff"}, 1).replace(b"\xc3\xbf", b"\xff"),
+    openai({"content": " a", "obfuscation": "x"}, 1),
+    openai({"content": " a"}, 1, finish="stop"),
+    orjson.dumps({"error": {"message": "boom", "code": 500}, "obfuscation": "ab"}),
+    orjson.dumps({"choices": [{"delta": {"content": " a"}}], "obfuscation": "x", "id": 1}),
+]
+
+
+@pytest.mark.parametrize("odd", ODD_PADDED)
+def test_padding_is_read_off_only_where_the_chunk_means_the_same(odd: bytes) -> None:
+    """After the envelope was learned from padded chunks: a payload whose padding is not a
+    last member of printable ASCII after a value, or that is malformed, reads as parsing it
+    would, and a malformed one is named as it was sent."""
+    learn = [openai({"content": " a"}, i) for i in range(3)]
+    for reads in ([[p] for p in learn] + [[odd]], [learn, [odd, learn[0]]], [[*learn, odd]]):
+        assert by_reader(reads, True) == reference(reads, True)
+
+
+def test_padding_checked_in_place_only_after_the_envelope() -> None:
+    """A padded payload read in place must have the envelope's suffix, less its closing brace,
+    whole and after the prefix; and the envelope must end the object (a chunk learned with a
+    trailing space does not)."""
+    first = openai({"content": " a"}, 1)
+    prefix = first[: first.index(b'" a"') + 1]
+    head = first[first.index(b'" a"') + 3 : first.index(PADDING_KEY)]
+    overlapping = prefix + head[1:] + PADDING_KEY + b'xy"}'  # {..."content":"},"logprobs"...
+    spaced = unpad(openai({"content": " b"}, 2)) + b" "
+    after_space = unpad(openai({"content": " c"}, 3)) + PADDING_KEY + b'xy"}'  # ...}},"obf...
+    for reads in ([[first], [overlapping]], [[first], [spaced], [after_space]]):
+        assert by_reader(reads, True) == reference(reads, True)
+        assert by_reader(reads, True)[0][-1] == BAD
+
+
 @pytest.mark.parametrize("chat", [True, False])
 def test_completions_and_spaced_json(chat: bool) -> None:
     """The completions `text` field, and JSON written with spaces (Python's json module)."""
@@ -589,7 +712,8 @@ def test_completions_and_spaced_json(chat: bool) -> None:
 
 
 INTERESTING = [b'"', b"\\", b"}", b"]", b",", b":", b"\n", b"\x00", b"\x1f", b"\xff", b"\xc3",
-               b"\xa9", b"a", b"0", b"~", b" ", b"null", b'"}', b'\\"', b'"x":"']  # fmt: skip
+               b"\xa9", b"a", b"0", b"~", b" ", b"null", b'"}', b'\\"', b'"x":"', b"{",
+               b',"obfuscation":"']  # fmt: skip
 
 
 @st.composite
@@ -598,11 +722,19 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
     import json
 
     chat = draw(st.booleans())
-    dump = draw(st.sampled_from([
+    encode = draw(st.sampled_from([
         orjson.dumps,
         lambda o: json.dumps(o).encode(),  # spaces, non-ASCII as \u escapes
         lambda o: json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode(),
     ]))  # fmt: skip
+    # OpenAI's padding on every chunk (most of it printable ASCII, some of it not), or none.
+    padding = draw(st.sampled_from([None, "obfuscation"]))
+    pad = st.one_of(st.text("abcXYZ019", max_size=15),
+                    st.sampled_from(["", '"', "\\", "é", "\x01", " ", "~", "\x7f"]))
+
+    def dump(obj: dict[str, Any]) -> bytes:
+        return encode(obj if padding is None else obj | {padding: draw(pad)})
+
     cid = draw(st.sampled_from(["chatcmpl-1", "a", " b", ""]))
     text = st.one_of(
         st.sampled_from(["a", " b", "", "~", cid, "\n", '"', "\\", "é", "🙂", "\u2028", "\x7f"]),
@@ -730,7 +862,7 @@ def test_each_envelope_has_its_own_budget(loads: CountingLoads) -> None:
     """Reasoning padded differently per chunk spends every lesson of the thought envelope;
     the answer that follows still learns its own envelope and is sliced."""
     thoughts = [orjson.dumps(chunk(None, delta={"reasoning_content": f" t{i}"},
-                                   extra={"obfuscation": "x" * i})) for i in range(8)]
+                                   extra={"nonce": "x" * i})) for i in range(8)]
     answer = [orjson.dumps(chunk(f" w{i}")) for i in range(8)]
     reads = [[p] for p in thoughts + answer]
     assert by_reader(reads, True) == reference(reads, True)
