@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_ab.py --a REV1 --b REV2 --repeats 8 --point 4x32
     .venv/bin/python scripts/bench_ab.py --a 43d457b --reasoning-tokens 256   # a thinking model
     .venv/bin/python scripts/bench_ab.py --a 43d457b --text prose --sim-from b  # escaped words
+    .venv/bin/python scripts/bench_ab.py --a e23896b --obfuscation --sim-from b  # OpenAI's padding
 
 Why: on a shared VM the machine's speed drifts by ±15 % between runs taken seconds apart, so
 two copies measured in turn (`bench_throughput.py --compare`) cannot tell a 3 % change. Run at
@@ -94,6 +95,9 @@ def main() -> int:
     p.add_argument("--text", choices=("words", "prose"), default="words",
                    help="the simulators' words: plain, or prose whose every fourth word JSON "
                         "escapes (a line break, quotes); needs a simulator with --text")
+    p.add_argument("--obfuscation", action="store_true",
+                   help="the simulators pad every chunk as OpenAI does; needs a simulator with "
+                        "--obfuscation")  # fmt: skip
     p.add_argument("--sim-from", choices=("a", "b"), default="a",
                    help="the copy the simulators run from (default a, the reference; b when "
                         "the reference's simulator lacks a flag asked for)")
@@ -105,7 +109,7 @@ def main() -> int:
         p.error("--reasoning-tokens must be 0..4096")
     sim_args = argparse.Namespace(ttft_ms=200.0, itl_ms=0.0, tokens="uniform:16:96",
                                   flush_ms=20.0, reasoning_tokens=args.reasoning_tokens,
-                                  text=args.text)  # fmt: skip
+                                  text=args.text, obfuscation=args.obfuscation)  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="shardrun-ab-"))
     sims: list[bt.Sim] = []
     try:
@@ -135,7 +139,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     ratios = [b["cpu_s"] / a["cpu_s"] for a, b in rows]
     thinking = (f", {args.reasoning_tokens} reasoning tokens per answer"
-                if args.reasoning_tokens else "") + (", prose" if args.text == "prose" else "")
+                if args.reasoning_tokens else "") + (", prose" if args.text == "prose" else "") \
+        + (", OpenAI's padding on every chunk" if args.obfuscation else "")
     print(f"\na: {what['a']}\nb: {what['b']}\n{shards} × {cap}, {n:,} items per run{thinking}, "
           f"{args.repeats} repeats side by side\n")
     print("| repeat | a client CPU s | b client CPU s | b / a | a wall s | b wall s |")

@@ -16,7 +16,8 @@ quarter of the chunks hold a byte JSON escapes); JSON-mode output (about half of
 reasoning model's thinking followed by its answer; a function call whose arguments (the same
 JSON) stream in pieces, in a stream of the usual length and in one of LONG_CALL pieces (some
 100 KB of arguments). A payload that fits the stream's learned envelope is sliced, not parsed
-(docs/ARCHITECTURE.md, "The envelope"); the rest is parsed with orjson.
+(docs/ARCHITECTURE.md, "The envelope"), a padded one once its padding is read off; the rest
+is parsed with orjson.
 
 It sends nothing anywhere. Every loop is bounded by its counts.
 """

@@ -136,6 +136,8 @@ class Sim:
             argv += ["--reasoning-tokens", str(reasoning)]
         if (text := getattr(args, "text", "words")) != "words":  # escaped words (bench_ab)
             argv += ["--text", text]
+        if getattr(args, "obfuscation", False):  # OpenAI's padding on every chunk (bench_ab)
+            argv += ["--obfuscation"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, cwd=SRC, env=ENV)  # fmt: skip
         self.ps = psutil.Process(self.proc.pid)

@@ -348,14 +348,17 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
         assert "reasoning_tokens" not in result["usage"]
 
 
-@pytest.mark.parametrize("tools", [False, True])
-def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path,
-                                                                 tools: bool) -> None:  # fmt: skip
+@pytest.mark.parametrize(("tools", "padded"), [(False, False), (True, False), (False, True),
+                                               (True, True)])  # fmt: skip
+def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path, tools: bool,
+                                                                 padded: bool) -> None:  # fmt: skip
     """The simulator's prose (line breaks, quotes, backslashes, tabs, which JSON escapes), over
     loopback from its own process: each result's content or call arguments, and its
-    reasoning, are the text the server generated, character for character."""
+    reasoning, are the text the server generated, character for character; also when every
+    chunk carries OpenAI's padding, whose length changes from chunk to chunk."""
     write_input(tmp_path / "input.jsonl", 40)
-    sim = {**FAST_SIM, "tokens": "uniform:24:48", "text": "prose", "reasoning_tokens": 6}
+    sim = {**FAST_SIM, "tokens": "uniform:24:48", "text": "prose", "reasoning_tokens": 6,
+           "obfuscation": padded}  # fmt: skip
     params = {"max_tokens": 64, **({"tools": [TOOL]} if tools else {})}
     write_job(tmp_path / "job.yaml", params=params,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})

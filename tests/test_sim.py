@@ -546,6 +546,42 @@ def test_prose_text_is_escaped_on_the_wire_and_parses_back_to_the_plan(tools: bo
     run(go())
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("/v1/chat/completions", CHAT),
+    ("/v1/completions", {"model": "m", "prompt": "Once upon a time"}),
+])  # fmt: skip
+def test_obfuscation_pads_every_chunk_unless_the_request_turns_it_off(
+        path: str, body: dict[str, Any]) -> None:  # fmt: skip
+    """`obfuscation: true`: every chunk but [DONE] ends with an `obfuscation` member of letters,
+    whose length changes from chunk to chunk; without it the stream is the same. A request
+    with `stream_options.include_obfuscation: false` gets no padding, as from OpenAI."""
+    padded = SimConfig(ttft_ms=5, itl_ms=1, tokens="40", flush_ms=5, text="prose",
+                       reasoning_tokens=4, obfuscation=True)  # fmt: skip
+    plain = dataclasses.replace(padded, obfuscation=False)
+    usage = {**body, "stream_options": {"include_usage": True}}
+    off = {**body, "stream_options": {"include_usage": True, "include_obfuscation": False}}
+
+    async def go() -> None:
+        async with serving(padded) as (s, root):
+            events, _ = await stream(s, root + path, usage)
+            unpadded, _ = await stream(s, root + path, off)
+        async with serving(plain) as (s, root):
+            expected, _ = await stream(s, root + path, usage)
+        chunks = events[:-1]
+        assert events[-1] == "[DONE]" and len(chunks) >= 42  # the words, finish and usage
+        pads = [chunk.pop("obfuscation") for chunk in chunks]
+        assert all(pad.isalnum() for pad in pads) and len(set(map(len, pads))) >= 10
+        assert same(chunks) == same(expected[:-1]) == same(unpadded[:-1])
+
+    def same(chunks: list[dict[str, Any]]) -> list[object]:
+        """The chunks without what each request has of its own: its id and its second."""
+        rid = chunks[0]["id"].encode()
+        return [orjson.loads(orjson.dumps({**c, "created": 0}).replace(rid, b"ID")) for c in chunks]
+
+    run(go())
+
+
 def test_text_is_words_or_prose() -> None:
     """The default text is plain words, the table every other mode rewrites; a mode the
     simulator does not know is refused naming the setting, as a flag and as a job key."""

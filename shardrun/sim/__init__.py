@@ -107,6 +107,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--cached-tokens", type=int, default=d.cached_tokens, metavar="N",
                    help="usage counts the first N prompt tokens (at most all) as read from a "
                         "prompt cache, as servers that cache a shared prefix do")  # fmt: skip
+    p.add_argument("--obfuscation", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.obfuscation,
+                   help="pad every chat and completions chunk with an `obfuscation` member of "
+                        "changing length, as OpenAI does unless stream_options."
+                        "include_obfuscation is false")  # fmt: skip
     p.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes, so a dead launcher leaves no orphan")  # fmt: skip
     _fault_flags(p, d)

@@ -123,7 +123,7 @@ FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
            "refusal")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens")
-_BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream")
+_BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -171,6 +171,10 @@ class SimConfig:
     # structured output): the words come as `refusal` pieces instead of the answer's (or a
     # call's), decided per prompt like the words.
     refusal: float = 0.0
+    # Pad every chat and completions chunk as OpenAI does, with an `obfuscation` member whose
+    # length changes from chunk to chunk, unless the request's `stream_options` say
+    # `include_obfuscation: false`.
+    obfuscation: bool = False
     auth_required: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -332,6 +336,7 @@ class Plan:
     # A Responses request that asks for a summary of the reasoning (`reasoning: {summary}`)
     # gets it as OpenAI sends one (summary parts and deltas), not as the thought itself.
     summary: bool = False
+    padded: bool = False  # chunks carry OpenAI's `obfuscation` padding (SimConfig.obfuscation)
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -441,10 +446,11 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     prompt = max(1, (chars + 3) // 4)
     reasoning = body.get("reasoning")
     summary = kind == "responses" and isinstance(reasoning, dict) and bool(reasoning.get("summary"))
+    padded = cfg.obfuscation and kind != "responses" and _include_obfuscation(body)
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
                 tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom,
-                summary)  # fmt: skip
+                summary, padded)  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.
@@ -464,6 +470,13 @@ def _include_usage(body: dict[str, Any], cfg: SimConfig) -> bool:
         raise BadRequest("Unrecognized request argument supplied: stream_options",
                          None, "unrecognized_argument")  # fmt: skip
     return opts.get("include_usage") is True
+
+
+def _include_obfuscation(body: dict[str, Any]) -> bool:
+    """Whether a request leaves OpenAI's padding on (`stream_options.include_obfuscation`,
+    true unless false; `_include_usage` has checked that the options are an object)."""
+    opts = body.get("stream_options") or {}
+    return opts.get("include_obfuscation") is not False
 
 
 def _tool_called(body: dict[str, Any], kind: Kind) -> tuple[str | None, bool]:

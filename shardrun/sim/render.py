@@ -11,6 +11,7 @@ its other events are known up front (the plan holds the whole answer) and encode
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import orjson
@@ -89,6 +90,12 @@ def render_stream(plan: Plan, rid: str, created: int) -> Frames | ResponseFrames
     """The byte templates of a streamed answer; token events are built lazily, per write."""
     if plan.kind == "responses":
         return _response_frames(plan, rid, created)
+    frames = _chunk_frames(plan, rid, created)
+    return _with_padding(frames) if plan.padded else frames
+
+
+def _chunk_frames(plan: Plan, rid: str, created: int) -> Frames:
+    """The byte templates of a streamed chat or completions answer."""
     ident = b'"id":%b,"object":"%b","created":%d,"model":%b' % (
         orjson.dumps(rid), OBJECT[plan.kind][0], created, orjson.dumps(plan.model))
     pre = b"data: {" + ident + b',"choices":[{"index":0,'
@@ -119,6 +126,39 @@ def render_stream(plan: Plan, rid: str, created: int) -> Frames | ResponseFrames
                       plan.thinking, *_thought_frames(pre, end), b"", table)  # fmt: skip
     return Frames(b"", pre + b'"text":"', b'",' + end, pre + b'"text":"",' + finish + usage + _DONE,
                   table)  # fmt: skip
+
+
+_PAD_LETTERS = b"uSpCcO0b4kQz9mEwXa7"
+"""Letters OpenAI-style padding is cut from (OpenAI's own are random)."""
+
+
+def _padded(event: bytes, i: int) -> bytes:
+    """One event's JSON object (`data: {...}`, without the blank line) with an `obfuscation`
+    member last, of 1 to 15 letters by `i`, as OpenAI pads a chunk to hide its length."""
+    n = 1 + i * 7 % 15
+    return event[:-1] + b',"obfuscation":"' + _PAD_LETTERS[i % 4 : i % 4 + n] + b'"}'
+
+
+def _padded_events(blob: bytes) -> bytes:
+    """Every event of `blob` padded (`_padded`), but `[DONE]`."""
+    events = blob.split(b"\n\n")  # the last is the empty rest after the final blank line
+    return b"\n\n".join(_padded(e, len(e)) if e.endswith(b"}") else e for e in events)
+
+
+@functools.lru_cache(maxsize=16)
+def _padded_table(table: tuple[bytes, ...], tail: bytes) -> tuple[bytes, ...]:
+    """Each word with the tail of its event, padded by the word: the padding changes from
+    token to token, and the templates still join words without encoding any."""
+    return tuple(_padded(word + tail[:-2], i) + b"\n\n" for i, word in enumerate(table))
+
+
+def _with_padding(frames: Frames) -> Frames:
+    """The frames of a stream whose every chunk OpenAI would pad (`Plan.padded`)."""
+    return frames._replace(
+        role=_padded_events(frames.role), tail=b"", end=_padded_events(frames.end),
+        table=_padded_table(frames.table, frames.tail), think_tail=b"",
+        opener=_padded_events(frames.opener),
+        think_table=_padded_table(frames.think_table, frames.think_tail))
 
 
 def _thought_frames(pre: bytes, end: bytes) -> tuple[bytes, bytes]:
