@@ -3,10 +3,12 @@
     .venv/bin/python scripts/bench_client.py                        # 4,000 requests x 3 repeats
     .venv/bin/python scripts/bench_client.py --requests 2000 --repeats 5
     .venv/bin/python scripts/bench_client.py --baseline /tmp/before # also a copy of the package
+    .venv/bin/python scripts/bench_client.py --itl-ms 10            # tokens as they come
 
 A script, not a test. It starts one `shardrun sim` process on a free loopback port (ttft 200 ms,
-itl 0, 16-96 tokens per answer, all in one write: the throughput benchmark's settings), then for
-each repeat runs, one after the other in alternating order, one child process per client:
+itl 0, 16-96 tokens per answer, all in one write: the throughput benchmark's settings; with
+`--itl-ms` the tokens come apart, one write each, as a server streams them), then for each
+repeat runs, one after the other in alternating order, one child process per client:
 
 - `shardrun`: `StreamingClient.attempt` over `make_session(C)` (what one shard does per attempt,
   with no-op `on_conn_ready` / `on_first_token` callbacks, without the shard's event log);
@@ -42,7 +44,7 @@ from _bench_sim import stop_sim, wait_for_base_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-SIM_ARGS = ["--ttft-ms", "200", "--itl-ms", "0", "--tokens", "uniform:16:96", "--seed", "1"]
+SIM_ARGS = ["--ttft-ms", "200", "--tokens", "uniform:16:96", "--seed", "1"]
 MODEL = "sim-small"
 MAX_TOKENS = 128
 
@@ -165,8 +167,9 @@ def child_main(args: argparse.Namespace) -> int:
 class Sim:
     """`shardrun sim` on 127.0.0.1, port 0; stopped by its own PID."""
 
-    def __init__(self) -> None:
+    def __init__(self, itl_ms: float) -> None:
         argv = [PY, "-m", "shardrun", "sim", "--host", "127.0.0.1", "--port", "0", *SIM_ARGS,
+                "--itl-ms", repr(itl_ms), "--flush-ms", repr(min(itl_ms, 20.0)),
                 "--exit-on-stdin-eof"]  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -187,8 +190,9 @@ def run_child(kind: str, pythonpath: Path, base_url: str,
             base_url, "--requests", str(args.requests),
             "--concurrency", str(args.concurrency)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(pythonpath))
-    # A hang guard, not a measurement: 200 ms per request at cap C, plus generous slack.
-    limit = 60 + 4 * (args.requests + 2 * args.concurrency) * 0.2 / args.concurrency
+    # A hang guard, not a measurement: a request's longest time at cap C, plus generous slack.
+    seconds = 0.2 + MAX_TOKENS * args.itl_ms / 1000
+    limit = 60 + 4 * (args.requests + 2 * args.concurrency) * seconds / args.concurrency
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, timeout=limit)
     if done.returncode != 0:
         raise SystemExit(f"{kind} child failed ({done.returncode}):\n{done.stderr.decode()}")
@@ -206,10 +210,11 @@ def parent_main(args: argparse.Namespace) -> int:
             raise SystemExit(f"--baseline {args.baseline}: no shardrun/client.py there")
         clients.insert(0, ("baseline", args.baseline))
     per: dict[str, list[dict[str, Any]]] = {kind: [] for kind, _ in clients}
-    sim = Sim()
+    sim = Sim(args.itl_ms)
     try:
         print(f"simulator at {sim.base_url}; {args.requests} requests at concurrency "
-              f"{args.concurrency}, {args.repeats} repeats", flush=True)  # fmt: skip
+              f"{args.concurrency}, {args.repeats} repeats, itl {args.itl_ms:g} ms",
+              flush=True)  # fmt: skip
         for r in range(args.repeats):
             order = clients if r % 2 == 0 else clients[::-1]
             for kind, path in order:
@@ -245,11 +250,15 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", type=Path, help="a directory holding another shardrun/ package")
+    p.add_argument("--itl-ms", type=float, default=0.0,
+                   help="the simulator's time between tokens (0: an answer in one write)")
     p.add_argument("--child", choices=["shardrun", "floor"], help=argparse.SUPPRESS)
     p.add_argument("--base-url", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.requests < 1 or args.concurrency < 1 or args.repeats < 1:
         p.error("--requests, --concurrency and --repeats must be at least 1")
+    if not 0 <= args.itl_ms <= 100:
+        p.error("--itl-ms must be 0..100")
     if args.child:
         return child_main(args)
     return parent_main(args)
