@@ -410,8 +410,10 @@ class Shard:
         self.counters.refusals += outcome.refusal is not None
         minute = str(int(record["last_token_at"] // 60))
         self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens
+        # An answer that is a refusal says so on its `released` line, so the report counts
+        # refusals from the event log alone, at no cost to the other lines.
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
-                      outcome="ok", reason=None)
+                      outcome="ok", reason=None if outcome.refusal is None else "refusal")
         span.ended = True
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:

@@ -28,6 +28,7 @@ T_START = 1_800_000_000.0
 @dataclass
 class Truth:
     tokens: int = 0
+    refusals: int = 0
     per_minute: dict[int, int] = field(default_factory=dict)
 
 
@@ -66,13 +67,15 @@ def _span_events(sid: str, q: float, a: float, plan: tuple[Any, ...],
                 (c + first + 0.001, "released", sid, {"outcome": "dead", "reason": "x: y"})]
         return c + first + 0.001, out
     f, last = c + first, c + first + stream
+    refusal = "refusal" if tokens % 4 == 0 else None  # the model declined (`Shard._succeed`)
     out += [(f, "first_token", sid, {"attempt": n}),
             (last, "last_token", sid, {"attempt": n, "tokens": tokens}),
             (last, "attempt_end", sid, {"attempt": n, "status": "ok", "completion_tokens": tokens,
                                         "prompt_tokens": 2, "cached_tokens": tokens % 3,
                                         "itl_hist": {"100": tokens - 1}}),
-            (last + post, "released", sid, {"outcome": "ok"})]
+            (last + post, "released", sid, {"outcome": "ok", "reason": refusal})]
     truth.tokens += tokens
+    truth.refusals += refusal is not None
     m = int(last // 60)
     truth.per_minute[m] = truth.per_minute.get(m, 0) + tokens
     return last + post, out
@@ -115,13 +118,15 @@ def test_buckets_sum_to_end_to_end(log: tuple[int, list[tuple[Any, ...]]]) -> No
 @settings(max_examples=60, deadline=None)
 @given(logs)
 def test_minutes_sum_to_completion_tokens(log: tuple[int, list[tuple[Any, ...]]]) -> None:
-    """Per-minute TPM over all minutes sums to the tokens of successful spans, minute by minute."""
+    """Per-minute TPM over all minutes sums to the tokens of successful spans, minute by minute;
+    the refusals among them are counted from their `released` lines."""
     recs, truth = simulate(*log)
     s = fold_shard(recs)
     assert {m: c.tokens for m, c in s.minutes.items()} == truth.per_minute
     doc = build_report(RunFacts(run_id="r", run_dir="/", state="finished", state_reason=""),
                        [], [s])
     assert sum(r["completion_tokens"] for r in doc["tpm"]["minutes"]) == truth.tokens
+    assert s.refusals == doc["items"]["refusals"] == truth.refusals
 
 
 @settings(max_examples=60, deadline=None)

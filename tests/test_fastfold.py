@@ -99,7 +99,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fast")
     write_input(root / "input.jsonl", 400)
     sim = {**FAST_SIM, "fail_500": 0.05, "fail_429": 0.03, "drop_mid_stream": 0.03,
-           "cached_tokens": 3}
+           "cached_tokens": 3, "refusal": 0.2}
     write_job(root / "job.yaml", shards=2, concurrency=8,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
               retry={"backoff_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 2},
@@ -118,7 +118,8 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
     text = b"".join(p.read_bytes() for p in files)
     # the run exercised what the C fold must get right
     for needle in (b'"ev":"retry"', b'"outcome":"dead"', b'"wasted_tokens":', b'"reused":true',
-                   b'"ev":"rate_wait"', b'"ev":"loop_lag"', b'"cached_tokens":3'):
+                   b'"ev":"rate_wait"', b'"ev":"loop_lag"', b'"cached_tokens":3',
+                   b'"reason":"refusal"'):
         assert needle in text
 
 
@@ -245,6 +246,24 @@ def test_an_unreadable_line_falls_back_and_is_counted_as_before(tmp_path: Path) 
         c_fold(path, False, False)
     scan, _ = fold_shard_file(path, "events/shard-00.jsonl", math.inf, 0, FoldOptions())
     assert scan.bad_lines == 1 and scan.first_bad == ["line 4: not valid JSON"]
+
+
+def test_refusals_are_read_off_released_lines_and_escapes_fall_back(tmp_path: Path) -> None:
+    """An ok `released` line with reason "refusal" counts a refusal in both folds; the same
+    word spelled with an escape goes to the reference, which reads it the same."""
+    path = tmp_path / "shard-00.jsonl"
+    records = to_new_layout(hand_shard())
+    ok = [r for r in records if r["ev"] == "released" and r.get("outcome") == "ok"]
+    assert len(ok) >= 2
+    ok[0]["reason"] = "refusal"
+    write_log(path, records)
+    for minutes_only in (False, True):
+        both(path, minutes_only, minutes_only)
+    assert c_fold(path, False, False)[1].refusals == 1
+    path.write_bytes(path.read_bytes().replace(b'"refusal"', b'"refus\\u0061l"'))
+    with pytest.raises(fast.Fallback):
+        c_fold(path, False, False)
+    assert python_fold(path, False, False)[1].refusals == 1
 
 
 def test_unknown_events_are_counted_like_the_reference(tmp_path: Path) -> None:

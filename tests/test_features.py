@@ -166,8 +166,8 @@ def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:
 
 def test_refusals_are_answers_kept_apart_and_counted(tmp_path: Path) -> None:
     """A model that declines a share of prompts: those items succeed with an empty output and
-    the model's words in `refusal`; the summary counts them, and the Batch output holds them
-    where OpenAI's message does."""
+    the model's words in `refusal`; the summary counts them, the report counts them from the
+    event log alone, and the Batch output holds them where OpenAI's message does."""
     write_input(tmp_path / "input.jsonl", 60)
     write_job(tmp_path / "job.yaml",
               endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
@@ -185,6 +185,11 @@ def test_refusals_are_answers_kept_apart_and_counted(tmp_path: Path) -> None:
     batch = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]
              for line in read_jsonl(run.path / "batch_output.jsonl")}  # fmt: skip
     assert {i: m["refusal"] for i, m in batch.items() if "refusal" in m} == refused
+    report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert orjson.loads(report.stdout)["items"]["refusals"] == len(refused)
+    text = run_cli("report", str(run.path), cwd=tmp_path).stdout
+    assert re.search(rf"of them refusals +{len(refused)}\b", text), text
 
 
 def test_cached_prompt_tokens_are_priced_apart_and_the_report_agrees(tmp_path: Path) -> None:

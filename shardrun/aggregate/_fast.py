@@ -73,7 +73,7 @@ class FastShardFold:
         raw: dict[str, Any] = self._fold.finish(None)
         s = ShardSummary()
         for name in ("shard", "pid", "host", "cap", "starts", "ended", "first_t", "last_t",
-                     "queued", "ok", "dead", "open_spans", "queue_depth", "in_flight",
+                     "queued", "ok", "refusals", "dead", "open_spans", "queue_depth", "in_flight",
                      "abandoned", "lost_at_restart", "other_outcomes", "ok_without_attempt",
                      "ok_incomplete", "attempts", "first_attempts", "by_status", "retries",
                      "retry_minutes", "dead_reasons", "wasted_tokens", "prompt_tokens",

@@ -601,7 +601,7 @@ typedef struct {
     /* the summary's counters (see `ShardSummary`) */
     PyObject *shard, *pid, *host, *by_status, *retries, *retry_minutes, *dead_reasons;
     PyObject *ok_key;
-    long long starts, queued, ok, dead, abandoned, lost_at_restart, other_outcomes;
+    long long starts, queued, ok, refusals, dead, abandoned, lost_at_restart, other_outcomes;
     long long ok_without_attempt, ok_incomplete, unknown_events, attempts, first_attempts;
     long long wasted_tokens, prompt_tokens, cached_tokens, completion_tokens;
     long long new_conns, reused_conns;
@@ -1063,6 +1063,9 @@ static int ev_released(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     NEED(v[K_T].type == V_FLOAT && IS_SPAN(v[K_SPAN]));
     Val *out = &v[K_OUTCOME];
     NEED(out->type == V_STR || !PRESENT(*out));
+    /* An ok line's reason says whether the answer was a refusal: compared plain, so one with
+     * escapes goes to the reference. */
+    NEED(!streq(out, "ok") || v[K_REASON].type != V_STR || v[K_REASON].plain);
     double t = v[K_T].d;
     if (!s->has_last_t || t > s->last_t) {
         s->last_t = t;
@@ -1078,6 +1081,7 @@ static int ev_released(Fold *s, Val *v, const char *line, Py_ssize_t len) {
             s->ok_without_attempt++;
         } else {
             s->ok++;
+            if (streq(&v[K_REASON], "refusal")) s->refusals++;
             s->completion_tokens += sp.e_tokens;
             double last = sp.e_has_last ? sp.e_last : sp.e_t;
             PyObject *raw = NULL;
@@ -1403,7 +1407,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L}",
+        "s:N,s:L,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1418,7 +1422,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         s->rate_wait_first_s, "rate_wait_retry_s", s->rate_wait_retry_s, "backlog_s",
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,
         "cap_slot_s", s->cap_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
-        "rate_waits", s->rate_waits);
+        "rate_waits", s->rate_waits, "refusals", s->refusals);
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

@@ -58,6 +58,7 @@ def items_section(coords: list[CoordinatorSummary],
     return {
         "queued": sum(s.queued for s in shards),
         "succeeded": ok,
+        "refusals": sum(s.refusals for s in shards),
         "dead": dead,
         "open": sum(s.open_spans for s in shards),
         "abandoned": sum(s.abandoned for s in shards),

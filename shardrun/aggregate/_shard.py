@@ -136,7 +136,7 @@ class ShardFold:
         span = self.open.pop(rec["span"], None) or _EMPTY
         outcome = rec.get("outcome")
         if outcome == "ok":
-            self._close_ok(span, t, raw)
+            self._close_ok(span, t, raw, rec.get("reason") == "refusal")
         elif outcome == "abandoned":
             s.abandoned += 1
         elif outcome != "dead":
@@ -230,7 +230,7 @@ class ShardFold:
 
     # -- a successful span ---------------------------------------------------------------------
 
-    def _close_ok(self, span: list[Any], t_rel: float, raw: bytes) -> None:
+    def _close_ok(self, span: list[Any], t_rel: float, raw: bytes, refusal: bool) -> None:
         s = self.sum
         end = span[E]
         if end is None:
@@ -238,6 +238,7 @@ class ShardFold:
             return
         end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last = end
         s.ok += 1
+        s.refusals += refusal
         s.completion_tokens += tokens
         lines: tuple[bytes, ...]
         if span[L] is not None and span[LA] == attempt:

@@ -40,6 +40,7 @@ class ShardSummary:
     last_t: float | None = None
     queued: int = 0
     ok: int = 0
+    refusals: int = 0  # of ok, answers that were a refusal (`released` with reason "refusal")
     dead: int = 0
     open_spans: int = 0
     queue_depth: int = 0

@@ -48,6 +48,8 @@ def format_items(doc: dict[str, Any]) -> str:
     ]  # fmt: skip
     if it.get("cached_tokens"):  # where the server counted its prompt cache
         rows.append(["", "", "cached of those", num(it["cached_tokens"]), "", ""])
+    if it.get("refusals"):  # absent from reports made before it existed
+        rows.insert(1, ["", "", "of them refusals", num(it["refusals"]), "", ""])
     return "\n".join(["Items", *table(["", "", "", "", "", ""], rows)[1:]])
 
 
