@@ -98,8 +98,8 @@ class AttemptOutcome:
     `itl` holds the gaps between successive content chunks. A content chunk is one that carries
     generated text: the answer's, or reasoning, or a piece of a tool call or of a refusal (all
     are tokens the model generated, and count as such for the first and last token too); `text`
-    is the answer's alone, `reasoning`, `tool_calls` and `refusal` the others (None when the
-    answer had none).
+    is the answer's alone, `reasoning`, `tool_calls`, `refusal` and `function_call` the others
+    (None when the answer had none).
     """
 
     status: str = "ok"
@@ -116,6 +116,7 @@ class AttemptOutcome:
     reasoning: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     refusal: str | None = None  # the model declined (OpenAI's `refusal`), in its words
+    function_call: dict[str, str] | None = None  # a call in the older `functions` form
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
@@ -306,13 +307,15 @@ class Attempt:
         if reader.error is not None:
             self.fail_in_stream(reader.error, 0)
             return True
-        if text or reader.reasoning or reader.tool_calls or reader.refusal:
+        legacy = reader.function_call
+        if text or reader.reasoning or reader.tool_calls or reader.refusal or legacy:
             self.pieces.append(text)
             out = self.out
             out.content_chunks = 1
             out.first_token_at = out.last_token_at = now
+            calls = [*reader.tool_calls.values(), *([legacy] if legacy else [])]
             chars = len(text) + sum(map(len, [*reader.reasoning, *reader.refusal])) + sum(
-                len(piece) for c in reader.tool_calls.values() for piece in c.arguments)
+                len(piece) for c in calls for piece in c.arguments)
             self.whole_estimate = tokens_of_chars(chars)
         self.done = True
         return True
@@ -338,6 +341,7 @@ class Attempt:
         if r.reasoning:
             out.reasoning = "".join(r.reasoning)
         out.tool_calls = r.tool_call_list()
+        out.function_call = r.function_call_message()
         if r.refusal:
             out.refusal = "".join(r.refusal)
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens

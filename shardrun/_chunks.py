@@ -69,7 +69,7 @@ PROBE_MARK = b"~"
 """Appended to a content to probe a learned envelope: any byte JSON takes unescaped would do."""
 _UNSAFE = b'"\\' + bytes(range(0x20))
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
-_OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls", "refusal")
+_OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls", "refusal", "function_call")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
 PADDING_KEY = b',"obfuscation":"'
 """What starts OpenAI's padding in a chunk (module docstring, "Padding")."""
@@ -93,8 +93,9 @@ class ChunkReader:
 
     __slots__ = ("_acall", "_alearns", "_aprefix", "_asuffix", "_learns", "_padded", "_prefix",
                  "_suffix", "_tlearns", "_tprefix", "_tsuffix", "bad", "cached_tokens", "chat",
-                 "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
-                 "reasoning", "reasoning_tokens", "refusal", "tool_calls")  # fmt: skip
+                 "completion_tokens", "error", "finish_reason", "function_call", "other_chunks",
+                 "prompt_tokens", "reasoning", "reasoning_tokens", "refusal",
+                 "tool_calls")  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat  # chat: choices[0].delta.content; completions: choices[0].text
@@ -112,6 +113,9 @@ class ChunkReader:
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, ToolCallParts] = {}
         self.refusal: list[str] = []
+        # A call in the older `functions` form (`delta.function_call`, finish "function_call"),
+        # as OpenAI still answers a request that names `functions` instead of `tools`.
+        self.function_call: ToolCallParts | None = None
         self.other_chunks = 0
         # The envelope: a plain content chunk is _prefix + the content's raw bytes + _suffix.
         # An empty _suffix means none is known (a learned suffix holds at least the closing ").
@@ -143,10 +147,11 @@ class ChunkReader:
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
-        pieces are merged by index (`merge_tool_calls`), and a refusal (`refusal`, OpenAI's
-        models declining a structured output). They go to `reasoning`, `tool_calls` and
-        `refusal`, and `other_chunks` counts the chunks that carried any: those are tokens the
-        model generated as much as the content is.
+        pieces are merged by index (`merge_tool_calls`), a refusal (`refusal`, OpenAI's models
+        declining a structured output) and a call in the older `functions` form
+        (`function_call`). They go to `reasoning`, `tool_calls`, `refusal` and
+        `function_call`, and `other_chunks` counts the chunks that carried any: those are
+        tokens the model generated as much as the content is.
 
         `unpadded` says the padding is off the payloads already (module docstring, "Padding"):
         a padded stream's payloads are read again that way when they fit no envelope as sent.
@@ -344,6 +349,9 @@ class ChunkReader:
         if refusal and isinstance(refusal, str):
             self.refusal.append(refusal)
             found = True
+        if call := delta.get("function_call"):
+            self.function_call = merge_function_call(self.function_call, call)
+            found = True
         if found:
             self.other_chunks += 1
         return found
@@ -367,6 +375,13 @@ class ChunkReader:
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The tool calls in index order, as a chat message holds them; None if there were none."""
         return call_list(self.tool_calls)
+
+    def function_call_message(self) -> dict[str, str] | None:
+        """The call in the older `functions` form, as a chat message holds it
+        (`{"name", "arguments"}`); None if there was none."""
+        call = self.function_call
+        return None if call is None else {"name": "".join(call.name),
+                                          "arguments": "".join(call.arguments)}
 
     def read_whole(self, body: bytes) -> str | None:
         """`read_whole` of a body with this reader (the method every reader has)."""
@@ -550,6 +565,18 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
                 call.arguments.append(_text(text))
 
 
+def merge_function_call(call: ToolCallParts | None, delta: object) -> ToolCallParts:
+    """Merge one chunk's `function_call` delta (a call in the older `functions` form, pieces
+    of its `name` and `arguments`) into `call`, a new one if None. A delta that is not an object
+    raises one of `PARSE_ERRORS` (the stream is then malformed)."""
+    call = call or ToolCallParts()
+    if name := delta.get("name"):  # type: ignore[attr-defined]  # AttributeError, as documented
+        call.name.append(_text(name))
+    if text := delta.get("arguments"):  # type: ignore[attr-defined]
+        call.arguments.append(_text(text))
+    return call
+
+
 def _text(value: object) -> str:
     """A tool call's string as it was sent, or the JSON text of a value that is not one."""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
@@ -590,6 +617,8 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
             if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
                 merge_tool_calls(reader.tool_calls,
                                  [{**call, "index": i} for i, call in enumerate(calls)])
+            if isinstance(call := message.get("function_call"), dict):
+                reader.function_call = merge_function_call(None, call)
     else:
         text = first.get("text")
     if isinstance(usage := obj.get("usage"), dict):
@@ -630,7 +659,7 @@ def plain_thought(obj: object, chat: bool) -> str | None:
     first = _lone_choice(obj) if chat else None
     delta = None if first is None else first.get("delta")
     if (not isinstance(delta, dict) or delta.get("content") or delta.get("tool_calls")
-            or delta.get("refusal")):  # fmt: skip
+            or delta.get("refusal") or delta.get("function_call")):  # fmt: skip
         return None
     text = delta.get("reasoning_content") or delta.get("reasoning")
     return text if text and isinstance(text, str) else None
@@ -642,7 +671,7 @@ def plain_arguments(obj: object, chat: bool) -> str | None:
     first = _lone_choice(obj) if chat else None
     delta = None if first is None else first.get("delta")
     if (not isinstance(delta, dict) or delta.get("content") or delta.get("reasoning_content")
-            or delta.get("reasoning") or delta.get("refusal")):  # fmt: skip
+            or delta.get("reasoning") or delta.get("refusal") or delta.get("function_call")):
         return None
     calls = delta.get("tool_calls")
     if type(calls) is not list or len(calls) != 1 or not isinstance(calls[0], dict):

@@ -68,8 +68,9 @@ class ResponsesReader:
     """Reads one Responses stream's payloads in order; the fields are `ChunkReader`'s."""
 
     __slots__ = ("_calls_by_name", "_last_call", "answered", "bad", "cached_tokens",
-                 "completion_tokens", "error", "finish_reason", "other_chunks", "prompt_tokens",
-                 "reasoning", "reasoning_tokens", "refusal", "tool_calls")  # fmt: skip
+                 "completion_tokens", "error", "finish_reason", "function_call", "other_chunks",
+                 "prompt_tokens", "reasoning", "reasoning_tokens", "refusal",
+                 "tool_calls")  # fmt: skip
 
     def __init__(self) -> None:
         self.finish_reason: str | None = None
@@ -85,6 +86,7 @@ class ResponsesReader:
         self.tool_calls: dict[int, ToolCallParts] = {}
         self._calls_by_name: dict[str | int, ToolCallParts] = {}  # item id, call id, index
         self._last_call: ToolCallParts | None = None
+        self.function_call: ToolCallParts | None = None  # chat's older form: never here
         self.other_chunks = 0  # reasoning, refusal and argument pieces (generated tokens too)
         self.answered = False  # a delta of the answer arrived (else the last event has it)
 
@@ -243,6 +245,10 @@ class ResponsesReader:
     def tool_call_list(self) -> list[dict[str, Any]] | None:
         """The function calls in output order, as a chat message holds them; None if none."""
         return call_list(self.tool_calls)
+
+    def function_call_message(self) -> None:
+        """Chat's call in the older `functions` form: the Responses API has none."""
+        return None
 
     def read_whole(self, body: bytes) -> str | None:
         """`read_whole_response` of a body with this reader (the method every reader has)."""

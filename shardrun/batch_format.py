@@ -77,6 +77,9 @@ def batch_output_line(
         if result.get("refusal") is not None:
             message["refusal"] = result["refusal"]
             message["content"] = message["content"] or None
+        if result.get("function_call") is not None:  # the older `functions` form
+            message["function_call"] = result["function_call"]
+            message["content"] = message["content"] or None
     choice.update(logprobs=None, finish_reason=result.get("finish_reason"))
     body = {
         "id": f"{'cmpl' if completions else 'chatcmpl'}-{suffix}",

@@ -58,9 +58,10 @@ Format = Literal["jsonl", "csv"]
 
 COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
            "completion_tokens", "usage_estimated", "cached_tokens", "reasoning_tokens",
-           "attempts", "error", "reasoning", "tool_calls", "refusal")  # fmt: skip
+           "attempts", "error", "reasoning", "tool_calls", "refusal",
+           "function_call")  # fmt: skip
 """CSV columns; a JSON line has the same values, with usage as one object (and tool calls as
-a list, where CSV has their JSON text)."""
+a list, a call in the older `functions` form as an object, where CSV has their JSON text)."""
 
 _WRITE_BLOCK = 1 << 16  # characters of CSV text per write
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write failed for want of space
@@ -318,7 +319,8 @@ def _record_row(index: _Index, line: int, item_id: str, seen: DigestSet,
 def _row(line: int, item_id: str | None, status: str, **values: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"line": line, "id": item_id, "status": status, "output": None,
                            "finish_reason": None, "usage": None, "attempts": None, "error": None,
-                           "reasoning": None, "tool_calls": None, "refusal": None}  # fmt: skip
+                           "reasoning": None, "tool_calls": None, "refusal": None,
+                           "function_call": None}  # fmt: skip
     row.update(values)
     return row
 
@@ -327,7 +329,8 @@ def _ok_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
     return _row(line, item_id, "ok", output=record.get("output"),
                 finish_reason=record.get("finish_reason"), usage=record.get("usage"),
                 attempts=record.get("attempts"), reasoning=record.get("reasoning"),
-                tool_calls=record.get("tool_calls"), refusal=record.get("refusal"))  # fmt: skip
+                tool_calls=record.get("tool_calls"), refusal=record.get("refusal"),
+                function_call=record.get("function_call"))  # fmt: skip
 
 
 def _dead_row(line: int, item_id: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -342,7 +345,7 @@ def _csv_values(row: dict[str, Any], input_columns: list[str]) -> list[Any]:
               usage.get("prompt_tokens"), usage.get("completion_tokens"),
               usage.get("estimated"), usage.get("cached_tokens"), usage.get("reasoning_tokens"),
               row["attempts"], row["error"], row["reasoning"],
-              _cell(row["tool_calls"]), row["refusal"]]  # fmt: skip
+              _cell(row["tool_calls"]), row["refusal"], _cell(row["function_call"])]  # fmt: skip
     if "input" in row:
         record = row["input"] or {}
         values.extend(_cell(record.get(name)) for name in input_columns)

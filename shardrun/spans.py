@@ -106,6 +106,8 @@ def result_record(
         record["tool_calls"] = outcome.tool_calls
     if outcome.refusal is not None:
         record["refusal"] = outcome.refusal
+    if outcome.function_call is not None:
+        record["function_call"] = outcome.function_call
     return record
 
 

@@ -303,6 +303,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
     reasoning: list[str] = []
     refusal: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
+    legacy: dict[str, str] | None = None
     others = 0
     for payloads in reads:
         code = MORE
@@ -333,8 +334,16 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                             refused = delta.get("refusal")
                             if refused and isinstance(refused, str):
                                 refusal.append(refused)
+                            if old_form := delta.get("function_call"):
+                                sent = {k: old_form.get(k) for k in ("name", "arguments")}
+                                legacy = legacy or {"name": "", "arguments": ""}
+                                for key, text in sent.items():
+                                    if text:
+                                        legacy[key] += (text if isinstance(text, str)
+                                                        else orjson.dumps(text).decode())
                             if ((thought and isinstance(thought, str)) or delta.get("tool_calls")
-                                    or (refused and isinstance(refused, str))):  # fmt: skip
+                                    or (refused and isinstance(refused, str))
+                                    or old_form):  # fmt: skip
                                 others += 1
                     else:
                         piece = first.get("text")
@@ -354,7 +363,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
             break
     call_list = [calls[i] for i in sorted(calls)] if calls else None
     return codes, pieces, (finish, prompt, completion, error, bad, reasoning, call_list, others,
-                           refusal)  # fmt: skip
+                           refusal, legacy)  # fmt: skip
 
 
 def merge_calls_by_hand(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
@@ -383,7 +392,8 @@ def by_reader(reads: list[list[bytes]], chat: bool) -> Outcome:
             break
     state = (reader.finish_reason, reader.prompt_tokens, reader.completion_tokens, reader.error)
     return codes, pieces, (*state, reader.bad, reader.reasoning, reader.tool_call_list(),
-                           reader.other_chunks, reader.refusal)  # fmt: skip
+                           reader.other_chunks, reader.refusal,
+                           reader.function_call_message())  # fmt: skip
 
 
 def chunk(content: object, *, chat: bool = True, cid: str = "chatcmpl-7", created: int = 1,
@@ -749,7 +759,7 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
         kind = draw(st.sampled_from(["plain"] * 6 + ["thinking"] * 4 + ["arguments"] * 4 + [
             "finish", "usage", "other", "mutated", "done", "error", "created", "reasoning",
             "tool_call", "mutated_thinking", "mutated_arguments", "call_start",
-            "refusal"]))  # fmt: skip
+            "refusal", "function_call"]))  # fmt: skip
         if kind == "plain":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid)))
         elif kind == "thinking":
@@ -780,6 +790,13 @@ def streams(draw: st.DrawFn) -> tuple[list[list[bytes]], bool]:
             beside = draw(st.sampled_from([{}, {field: draw(text)}]))
             payloads.append(dump(chunk(draw(st.sampled_from([None, "", "a"])), chat=chat,
                                        cid=cid, delta={"refusal": draw(text), **beside})))
+        elif kind == "function_call":  # the older `functions` form, beside a content or not
+            old_form = draw(st.sampled_from(["name", "arguments", "both", "empty", "no_object"]))
+            call: object = {"name": {"name": "f"}, "arguments": {"arguments": draw(text)},
+                            "both": {"name": "f", "arguments": draw(text)}, "empty": {},
+                            "no_object": "x"}[old_form]  # fmt: skip
+            payloads.append(dump(chunk(draw(st.sampled_from([None, "a"])), chat=chat, cid=cid,
+                                       delta={"function_call": call})))  # fmt: skip
         elif kind == "created":
             payloads.append(dump(chunk(draw(text), chat=chat, cid=cid, created=2)))
         elif kind == "finish":
@@ -1022,6 +1039,34 @@ def test_read_whole_with_reasoning_and_tool_calls() -> None:
     assert reader.reasoning == ["hmm"] and reader.tool_call_list() == [call, custom]
 
 
+def test_a_call_in_the_older_functions_form_is_kept_as_sent() -> None:
+    """`delta.function_call` (a request with `functions`): its name and argument pieces are
+    joined into one call, whose chunks count as generated ones; a whole answer's
+    `message.function_call` too. A `function_call` that is no object is malformed."""
+    first = chunk(None, delta={"role": "assistant", "function_call": {"name": "get_weather",
+                                                                        "arguments": ""}})
+    pieces = [chunk(None, delta={"function_call": {"arguments": text}})
+              for text in ['{"city"', ': "Paris"', "}"]]  # fmt: skip
+    reads = [[orjson.dumps(first)], [orjson.dumps(p) for p in pieces],
+             [orjson.dumps(chunk(None, finish="function_call"))]]  # fmt: skip
+    assert by_reader(reads, True) == reference(reads, True)
+    reader = ChunkReader(True)
+    for payloads in reads:
+        reader.read(payloads, [])
+    assert reader.function_call_message() == {"name": "get_weather",
+                                              "arguments": '{"city": "Paris"}'}
+    assert (reader.other_chunks, reader.finish_reason) == (4, "function_call")
+    assert reader.tool_call_list() is None
+    whole = ChunkReader(True)
+    body = {"choices": [{"finish_reason": "function_call", "message": {
+        "content": None, "function_call": {"name": "f", "arguments": "{}"}}}]}
+    assert read_whole(orjson.dumps(body), whole) == ""
+    assert whole.function_call_message() == {"name": "f", "arguments": "{}"}
+    bad = [[orjson.dumps(chunk(None, delta={"function_call": "f"}))]]
+    assert by_reader(bad, True) == reference(bad, True)
+    assert by_reader(bad, True)[0] == [BAD]
+
+
 def test_a_refusal_is_kept_apart_from_the_content() -> None:
     """OpenAI's models decline a structured output with `refusal` where the content would be:
     streamed, its pieces land in `refusal` and count as generated chunks; whole, likewise."""
@@ -1029,7 +1074,7 @@ def test_a_refusal_is_kept_apart_from_the_content() -> None:
     reads = [[ROLE.encode()], refusal, [orjson.dumps(chunk(None, finish="stop")), b"[DONE]"]]
     assert by_reader(reads, True) == reference(reads, True)
     codes, pieces, state = by_reader(reads, True)
-    assert (codes[-1], pieces, state[7:]) == (DONE, [], (2, ["I can't", " do that"]))
+    assert (codes[-1], pieces, state[7:9]) == (DONE, [], (2, ["I can't", " do that"]))
     reader = ChunkReader(chat=True)
     body = {"choices": [{"message": {"content": None, "refusal": "No."}, "finish_reason": "stop"}]}
     assert read_whole(orjson.dumps(body), reader) == "" and reader.refusal == ["No."]

@@ -305,6 +305,13 @@ def test_a_whole_answer_of_a_thought_and_a_call_estimates_from_both() -> None:
     assert (out.status, out.text, out.finish_reason) == ("ok", "", "tool_calls")
     assert (out.reasoning, out.tool_calls) == ("r" * 12, [call])
     assert (out.completion_tokens, out.usage_estimated) == (8, True)
+    # The same call in the older `functions` form.
+    message = {"content": None, "reasoning_content": "r" * 12, "function_call": call["function"]}
+    old_form = orjson.dumps({"choices": [{"index": 0, "finish_reason": "function_call",
+                                          "message": message}]})
+    out = run(one(whole_answer(old_form)))
+    assert (out.function_call, out.tool_calls) == (call["function"], None)
+    assert (out.completion_tokens, out.usage_estimated) == (8, True)
 
 
 def test_a_whole_response_object_is_taken_as_one_piece() -> None:

@@ -79,7 +79,7 @@ def expected_rows(run: Run) -> list[dict[str, Any]]:
         item_id = f"item-{line - 1:05d}"
         row = {"line": line, "id": item_id, "output": None, "finish_reason": None,
                "usage": None, "attempts": None, "error": None, "reasoning": None,
-               "tool_calls": None, "refusal": None}  # fmt: skip
+               "tool_calls": None, "refusal": None, "function_call": None}  # fmt: skip
         if item_id in results:
             r = results[item_id]
             row.update(status="ok", output=r["output"], finish_reason=r["finish_reason"],
@@ -110,7 +110,7 @@ def test_jsonl_has_one_row_per_record_in_input_order(base: Path, tmp_path: Path)
     for row, w in zip(rows, want, strict=True):
         assert list(row) == ["line", "id", "status", "output", "finish_reason", "usage",
                              "attempts", "error", "reasoning", "tool_calls",
-                             "refusal"]  # fmt: skip
+                             "refusal", "function_call"]  # fmt: skip
         assert {k: row[k] for k in w} == w
     # The rejected rows say what the run's own rejects.jsonl says.
     rejects = read_jsonl(run.path / "rejects.jsonl")
@@ -147,7 +147,8 @@ def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
                          text(usage.get("completion_tokens")), text(usage.get("estimated")),
                          text(usage.get("cached_tokens")), text(usage.get("reasoning_tokens")),
                          text(row["attempts"]), text(row["error"]), text(row["reasoning"]),
-                         text(row["tool_calls"]), text(row["refusal"])]  # fmt: skip
+                         text(row["tool_calls"]), text(row["refusal"]),
+                         text(row["function_call"])]  # fmt: skip
 
 
 def test_standard_output_is_the_default(base: Path, tmp_path: Path) -> None:

@@ -353,6 +353,43 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
         assert "reasoning_tokens" not in result["usage"]
 
 
+def test_a_call_in_the_older_functions_form_reaches_results_export_and_batch(
+        tmp_path: Path) -> None:  # fmt: skip
+    """A job that still names `functions` (the form `tools` replaced): the simulator, in its own
+    process, answers with `function_call` deltas as OpenAI does; each result keeps the call as
+    sent (not an empty answer), with finish_reason function_call, and the export and the Batch
+    output carry it where OpenAI's message does."""
+    write_input(tmp_path / "input.jsonl", 30)
+    params = {"max_tokens": 64, "functions": [{"name": "save_answer", "parameters": {}}]}
+    write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = only_run(tmp_path / "runs")
+    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    config = SimConfig.from_mapping(FAST_SIM)
+    results = Run.load(path).results
+    assert sorted(r["id"] for r in results) == sorted(prompts)
+    for result in results:
+        body = {"model": "m", "messages": [{"role": "user", "content": prompts[result["id"]]}],
+                **params}  # fmt: skip
+        words = [WORDS[i].decode() for i in make_plan(orjson.dumps(body), "chat", config).words]
+        arguments = orjson.dumps({"text": "".join(words)}).decode()
+        assert result["function_call"] == {"name": "save_answer", "arguments": arguments}
+        assert (result["output"], result["finish_reason"]) == ("", "function_call")
+        assert "tool_calls" not in result
+    by_id = {r["id"]: r for r in results}
+    for row in read_jsonl_text(run_cli("export", str(path), cwd=tmp_path).stdout):
+        assert row["function_call"] == by_id[row["id"]]["function_call"]
+    exported = run_cli("export", str(path), "--format", "csv", cwd=tmp_path).stdout
+    for row in csv.DictReader(io.StringIO(exported)):
+        assert orjson.loads(row["function_call"]) == by_id[row["id"]]["function_call"]
+    for line in read_jsonl(path / "batch_output.jsonl"):
+        message = line["response"]["body"]["choices"][0]["message"]
+        assert message == {"role": "assistant", "content": None,
+                           "function_call": by_id[line["custom_id"]]["function_call"]}
+
+
 @pytest.mark.parametrize(("tools", "padded"), [(False, False), (True, False), (False, True),
                                                (True, True)])  # fmt: skip
 def test_escaped_text_reaches_the_results_as_the_server_wrote_it(tmp_path: Path, tools: bool,

@@ -333,6 +333,9 @@ class Plan:
     cached: int = 0  # of prompt_tokens, those usage counts as read from the prompt cache
     refused: bool = False  # the answer's words are a refusal (then no tool is called)
     custom: bool = False  # the tool called is a custom one: its input is the words as text
+    # The function is called in the older `functions` form (`function_call`), as OpenAI
+    # answers a chat request that names `functions` instead of `tools`.
+    legacy: bool = False
     # A Responses request that asks for a summary of the reasoning (`reasoning: {summary}`)
     # gets it as OpenAI sends one (summary parts and deltas), not as the thought itself.
     summary: bool = False
@@ -424,6 +427,10 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     # Responses has no stream_options (usage always comes) and caps with max_output_tokens.
     include_usage = kind == "responses" or _include_usage(body, cfg)
     tool, custom = _tool_called(body, kind) if kind != "completions" else (None, False)
+    legacy = False
+    if tool is None and kind == "chat":
+        tool = _function_called(body)
+        legacy = tool is not None
     if kind == "responses":
         cap = _opt_int(body, "max_output_tokens")
     else:
@@ -442,14 +449,17 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     # Drawn last, and only when asked for, so that every other plan stays as it was.
     refused = kind != "completions" and cfg.refusal > 0 and rng.random() < cfg.refusal
     if refused and tool is not None:
-        tool, custom, finish = None, False, "stop" if finish == "tool_calls" else finish
+        tool, custom, legacy = None, False, False
+        finish = "stop" if finish == "tool_calls" else finish
+    if legacy and finish == "tool_calls":
+        finish = "function_call"
     prompt = max(1, (chars + 3) // 4)
     reasoning = body.get("reasoning")
     summary = kind == "responses" and isinstance(reasoning, dict) and bool(reasoning.get("summary"))
     padded = cfg.obfuscation and kind != "responses" and _include_obfuscation(body)
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
-                tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom,
+                tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom, legacy,
                 summary, padded)  # fmt: skip
 
 
@@ -477,6 +487,19 @@ def _include_obfuscation(body: dict[str, Any]) -> bool:
     true unless false; `_include_usage` has checked that the options are an object)."""
     opts = body.get("stream_options") or {}
     return opts.get("include_obfuscation") is not False
+
+
+def _function_called(body: dict[str, Any]) -> str | None:
+    """The function a chat answer calls in the older `functions` form: the first of
+    `functions` ({name, ...}), unless `function_call` is "none"."""
+    functions = body.get("functions")
+    if functions is None or body.get("function_call") == "none":
+        return None
+    first = functions[0] if isinstance(functions, list) and functions else None
+    name = first.get("name") if isinstance(first, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRequest("'functions' must be a non-empty list of {name, ...}.", "functions")
+    return name
 
 
 def _tool_called(body: dict[str, Any], kind: Kind) -> tuple[str | None, bool]:

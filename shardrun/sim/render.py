@@ -107,11 +107,17 @@ def _chunk_frames(plan: Plan, rid: str, created: int) -> Frames:
     if plan.kind == "chat" and plan.tool is not None:
         # The content becomes the arguments {"text": "<words>"} of a call, sent in pieces after
         # the reasoning: the call's first chunk names it, the last closes the JSON.
-        opener = pre + b'"delta":{"tool_calls":[{"index":0,"id":"call_%b","type":"function",' \
-            b'"function":{"name":%b,"arguments":"{\\"text\\":\\""}}]},' % (
-                rid.encode(), orjson.dumps(plan.tool)) + end
-        head = pre + b'"delta":{"tool_calls":[{"index":0,"function":{"arguments":"'
-        tail = b'"}}]},' + end
+        if plan.legacy:  # the older `functions` form: one call, no id, no index
+            opener = pre + b'"delta":{"function_call":{"name":%b,"arguments":' \
+                b'"{\\"text\\":\\""}},' % orjson.dumps(plan.tool) + end
+            head = pre + b'"delta":{"function_call":{"arguments":"'
+            tail = b'"}},' + end
+        else:
+            opener = pre + b'"delta":{"tool_calls":[{"index":0,"id":"call_%b",' \
+                b'"type":"function","function":{"name":%b,"arguments":"{\\"text\\":\\""}}]},' % (
+                    rid.encode(), orjson.dumps(plan.tool)) + end
+            head = pre + b'"delta":{"tool_calls":[{"index":0,"function":{"arguments":"'
+            tail = b'"}}]},' + end
         close = (opener if len(plan.words) <= plan.thinking else b"") + head + b'\\"}' + tail
         return Frames(pre + b'"delta":{"role":"assistant","content":null},' + end, head, tail,
                       close + pre + b'"delta":{},' + finish + usage + _DONE,
@@ -182,9 +188,12 @@ def render_full(plan: Plan, rid: str, created: int) -> bytes:
             message["reasoning_content"] = thought
         if plan.tool is not None:
             arguments = orjson.dumps({"text": text}).decode()
-            message.update(content=None, tool_calls=[{
-                "id": f"call_{rid}", "type": "function",
-                "function": {"name": plan.tool, "arguments": arguments}}])  # fmt: skip
+            function = {"name": plan.tool, "arguments": arguments}
+            if plan.legacy:
+                message.update(content=None, function_call=function)
+            else:
+                message.update(content=None, tool_calls=[{
+                    "id": f"call_{rid}", "type": "function", "function": function}])
         choice["message"] = message
     else:
         choice["text"] = text
