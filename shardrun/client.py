@@ -54,6 +54,7 @@ from shardrun._attempt import (
 from shardrun._chunks import clip, read_error_body
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
+from shardrun.fdlimit import OUT_OF_FILES, out_of_files
 from shardrun.items import API_PATHS, Api
 from shardrun.sse import SSEDecoder
 
@@ -162,6 +163,8 @@ class StreamingClient:
                                             f"{clip(exc.message)}")
         except (aiohttp.ClientError, OSError) as exc:
             st.fail(*_describe(exc, st.out.content_chunks))
+            if out_of_files(exc):  # this machine's limit, not the endpoint's fault
+                st.out.error_code = OUT_OF_FILES
         finally:
             CURRENT.reset(token)
             _settle(st)
@@ -288,6 +291,8 @@ def _settle(st: Attempt) -> None:
 
 def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     """Map an aiohttp/OS exception to (status, one human sentence)."""
+    if out_of_files(exc):
+        return "conn_reset", f"no file descriptor left for a connection: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientConnectorError):
         # Through a proxy (shardrun.proxy), the connection that failed is the proxy's.
         via = "the proxy " if isinstance(exc, aiohttp.ClientProxyConnectionError) else ""

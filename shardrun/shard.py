@@ -30,6 +30,7 @@ from shardrun.client import (
     request_headers,
 )
 from shardrun.clock import Clock
+from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
@@ -77,6 +78,8 @@ class Shard:
         self.fatal_mode = DEAD_LETTER
         self.ok_once = False
         self.ever_connected = False
+        # Raised to what the cap needs where the hard limit allows (`fdlimit`).
+        self.open_files = ensure_open_files(cfg.concurrency)
         self.connect_failures = 0
         self.refusal: str | None = None  # the last HTTP 4xx answer, before any success
         self.refusals = 0  # how many attempts in a row got exactly that answer
@@ -142,7 +145,11 @@ class Shard:
     # -- admission -----------------------------------------------------------------------------
 
     async def dispatch(self) -> None:
-        """Admit queued spans whenever a slot is free, until the input ends or a stop."""
+        """Admit queued spans whenever a slot is free, until the input ends or a stop.
+
+        It may wait long for a slot or for the rate limit, so it runs as a task beside
+        `_drain`, which may cancel it once a stop's grace period is over.
+        """
         while not self.stopping and not (self.fatal_reason and self.fatal_mode == ABANDON):
             self._request_more()
             if not self.queue:
@@ -156,7 +163,16 @@ class Shard:
                 self.sem.release()
                 continue
             span = self.queue.popleft()
-            await self._rate_wait(span, 1)
+            try:
+                await self._rate_wait(span, 1)
+            except asyncio.CancelledError:  # the grace period ended: the span stays queued
+                self.queue.appendleft(span)
+                self.sem.release()
+                raise
+            if self.stopping:  # a stop came during the rate wait: start no attempt after it
+                self.queue.appendleft(span)
+                self.sem.release()
+                continue
             self._admit(span)
             task = asyncio.create_task(self._hold_slot(span))
             self.tasks.add(task)
@@ -198,6 +214,9 @@ class Shard:
                 span = self.queue.popleft()
                 self._request_more()
                 await self._rate_wait(span, 1)
+                if self.stopping:  # a stop came during the rate wait: start no attempt after it
+                    self.queue.appendleft(span)
+                    return
                 self._admit(span)
         except Exception as exc:  # a bug, or an error no one foresaw: never a silent end
             self._unexpected(span, exc)
@@ -298,6 +317,14 @@ class Shard:
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
         http = outcome.http_status
+        if outcome.error_code == OUT_OF_FILES:
+            # Every later connection would fail the same way, and items would be dead-lettered
+            # for a limit of this machine: stop, and leave them for --resume.
+            self._go_fatal(f"this machine ran out of file descriptors ({outcome.error}) with "
+                           f"{self.cfg.concurrency} connections per shard and a limit of "
+                           f"{self.open_files} open files per process: raise it (ulimit -n) "
+                           "or lower the concurrency, then continue with --resume", ABANDON)
+            return
         if outcome.error_code in QUOTA_NAMES:
             # OpenAI answers 429 once the account's credit is used up: a retry never cures it,
             # and every item would spend its attempts on it. Stop, and leave them for --resume.

@@ -1,0 +1,42 @@
+"""A shard's open-file limit: every connection it keeps is a file descriptor.
+
+Many machines start processes with a soft limit of 1,024 descriptors and a much higher hard
+limit. A shard with a cap near that would run out of descriptors, and its connections would
+fail as if the endpoint were down. So each shard raises its own soft limit to what its cap
+needs, within the hard limit (no privilege needed), and an attempt that still fails for want
+of a descriptor stops the run with the numbers (`OUT_OF_FILES`), instead of failing items.
+"""
+
+from __future__ import annotations
+
+import errno
+import resource
+
+__all__ = ["FILES_BESIDES_CONNECTIONS", "OUT_OF_FILES", "ensure_open_files", "out_of_files"]
+
+FILES_BESIDES_CONNECTIONS = 64
+"""Descriptors a shard holds besides its connections: logs, results, pipes, the interpreter's."""
+OUT_OF_FILES = "out_of_files"
+"""`AttemptOutcome.error_code` of an attempt that failed for want of a file descriptor here."""
+
+
+def ensure_open_files(cap: int) -> int:
+    """Raise this process's soft open-file limit to what `cap` connections need, within the
+    hard limit; the soft limit now (what a user would raise with `ulimit -n`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = cap + FILES_BESIDES_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):  # a platform that refuses: keep what there is
+        return soft
+    return new
+
+
+def out_of_files(exc: BaseException) -> bool:
+    """Whether an error (or the OS error inside a connection error) means this process or the
+    machine has no file descriptor left (EMFILE, ENFILE)."""
+    err = getattr(exc, "os_error", exc)
+    return isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE)
