@@ -29,7 +29,8 @@ _SECRET_SHAPED = frozenset({"endpoint.api_key_env"})
 """Keys whose rejected value may be a pasted secret: never echoed back."""
 
 _MUST_BE_OVERRIDES: Mapping[str, str] = {
-    "endpoint.base_url": "a URL starting with http:// or https:// (no #fragment), or sim://",
+    "endpoint.base_url": ("a URL starting with http:// or https:// (a port from 1 to 65535 if "
+                          "any, no spaces, no #fragment), or sim://"),
     "endpoint.api_key_env": (
         "the name of an environment variable (like OPENAI_API_KEY), not the key itself"
     ),

@@ -28,7 +28,7 @@ Kind = Literal["int", "float", "optional_float", "str", "other"]
 so an operator can lift a rate limit the job file sets without editing it.
 """
 
-_NONE_WORDS = frozenset({"none", "null", "unlimited", "off"})
+NONE_WORDS = frozenset({"none", "null", "unlimited", "off"})
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 
@@ -145,7 +145,7 @@ def parse_text(text: str, kind: Kind) -> object:
         return float(text.strip())
     if kind == "optional_float":
         stripped = text.strip()
-        return None if stripped.lower() in _NONE_WORDS else float(stripped)
+        return None if stripped.lower() in NONE_WORDS else float(stripped)
     return text
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from shardrun._env import Kind
+from shardrun._env import NONE_WORDS, Kind
 from shardrun._template import TemplateError, parse_template
 
 _NON_BLANK = r"\S"
@@ -77,8 +77,14 @@ class EndpointSpec(_Frozen):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("base_url must start with http:// or https://, or be sim://")
-        if parts.fragment:
+        if parts.fragment or url != "".join(url.split()):  # a space would end up in every path
             raise ValueError("base_url must start with http:// or https://, or be sim://")
+        try:
+            port = parts.port  # raises for a port out of range or not a number
+        except ValueError:
+            port = 0
+        if port == 0 and parts.netloc.rpartition("]")[2].count(":"):  # "host:" or "host:0"
+            raise ValueError("base_url has no valid port")
         return url
 
     @model_validator(mode="after")
@@ -242,6 +248,15 @@ class RateLimitsSpec(_Frozen):
 
     rpm: float | None = Field(default=None, gt=0)
     tpm: float | None = Field(default=None, gt=0)
+
+    @field_validator("rpm", "tpm", mode="before")
+    @classmethod
+    def _no_limit_word(cls, value: object) -> object:
+        """`none` (or another word the environment variables take for it) means no limit in
+        the job file too, as null does."""
+        if isinstance(value, str) and value.strip().lower() in NONE_WORDS:
+            return None
+        return value
 
 
 class PricingSpec(_Frozen):

@@ -40,8 +40,8 @@ def register(subparsers: Any) -> None:
                    help="the run's job file, if it has moved since the run")
     p.add_argument("--with-input", action="store_true",
                    help="add each row's input record: as 'input' in JSON lines; in CSV as one "
-                        "input.NAME column per column of a CSV or Parquet input, or one "
-                        "'input' column of JSON text when the input is JSON lines")  # fmt: skip
+                        "input.NAME column per column of a CSV or Parquet input, or per "
+                        "top-level key of a JSON lines input")  # fmt: skip
     p.set_defaults(handler=handle)
 
 

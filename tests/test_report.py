@@ -298,3 +298,33 @@ def test_many_change_points_become_envelopes() -> None:
     assert not trace.exact and trace.points == []
     assert trace.bins is not None and trace.bins[1000] == [6, 0, 4]
     assert len(trace.bins) == (_steps.TRACE_LIMIT + 1) // 1000 + 1
+
+
+def test_aggregate_workers_never_outnumber_the_event_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SHARDRUN_AGGREGATE_WORKERS=1000 on a run of two event files starts two workers, not a
+    thousand processes for nothing (each fold is one file's)."""
+    from shardrun.report import _rundir
+
+    started: list[int] = []
+
+    class Pool:
+        def __init__(self, max_workers: int) -> None:
+            started.append(max_workers)
+
+        def __enter__(self) -> Pool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def submit(self, fn: Any, *args: Any) -> Any:
+            class Done:
+                def result(self) -> Any:
+                    return fn(*args)
+            return Done()
+
+    monkeypatch.setattr(_rundir, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(_rundir, "fold_shard_file", lambda *job: job)
+    monkeypatch.setenv("SHARDRUN_AGGREGATE_WORKERS", "1000")
+    assert _rundir._fold_all([("a",), ("b",)], None, 0) == [("a",), ("b",)]
+    assert started == [2]

@@ -349,9 +349,13 @@ def test_sim_settings_only_with_sim_url(jobs: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("url", ["ftp://h/v1", "http://", "sim://x", "localhost:8000"])
+@pytest.mark.parametrize("url", ["ftp://h/v1", "http://", "sim://x", "localhost:8000",
+                                 "http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1",
+                                 "http://h:port/v1", "http://127.0.0.1:8000/v1 ",
+                                 "http://h/v 1"])  # fmt: skip
 def test_bad_base_url(jobs: Path, url: str) -> None:
-    """Only http(s) URLs with a host, or exactly sim://, are endpoints."""
+    """Only http(s) URLs with a host (and a port a connection can use, and no spaces, which
+    would end up in every request's path), or exactly sim://, are endpoints."""
     message = error_of(write(jobs, MINIMAL.replace("sim://", f"'{url}'")))
     assert message.startswith("jobs/x.yaml: endpoint.base_url must be a URL starting with http://")
 
@@ -547,6 +551,16 @@ def test_rate_limits_layering(jobs: Path) -> None:
     assert error_of(write(jobs, MINIMAL + "rate_limits: {tpm: 0}\n")).startswith(
         "jobs/x.yaml: rate_limits.tpm must be a number greater than 0"
     )
+    # The word the message offers works in the file too, as null does.
+    unlimited = load(write(jobs, MINIMAL + "rate_limits: {rpm: none, tpm: Unlimited}\n"))
+    assert (unlimited.spec.rate_limits.rpm, unlimited.spec.rate_limits.tpm) == (None, None)
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:8000/v1", "http://h:/v1", "http://u:p@h:80/v1",
+                                 "https://h/v1?api-version=2024-10-21"])  # fmt: skip
+def test_good_base_url(jobs: Path, url: str) -> None:
+    """IPv6 hosts, an empty port (the scheme's own), credentials, a query: all fine."""
+    assert load(write(jobs, MINIMAL.replace("sim://", f"'{url}'"))).spec.endpoint.base_url == url
 
 
 def test_pricing_one_basis(jobs: Path) -> None:
@@ -660,7 +674,8 @@ def test_a_base_url_fragment_is_refused(jobs: Path) -> None:
     """A `#fragment` is never sent: a URL that has one is a mistake (a query is fine)."""
     path = write(jobs, MINIMAL.replace("sim://", "'https://h/v1#x'"))
     assert error_of(path) == (f"{path}: endpoint.base_url must be a URL starting with http:// "
-                              "or https:// (no #fragment), or sim://, got 'https://h/v1#x'")
+                              "or https:// (a port from 1 to 65535 if any, no spaces, "
+                              "no #fragment), or sim://, got 'https://h/v1#x'")
     assert load(write(jobs, MINIMAL.replace("sim://", "'https://h/v1?a=1'"))) is not None
 
 

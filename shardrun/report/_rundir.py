@@ -188,7 +188,8 @@ def _workers() -> int | None:
 def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
               total_bytes: int) -> list[tuple[FileScan, ShardSummary]]:
     workers = workers if workers is not None else _workers()
-    n = workers if workers is not None else min(os.cpu_count() or 1, len(jobs))
+    # Never more workers than files: each folds one file, and a process costs its start-up.
+    n = min(workers if workers is not None else os.cpu_count() or 1, len(jobs))
     if n <= 1 or len(jobs) <= 1 or (workers is None and total_bytes < PARALLEL_BYTES):
         return [fold_shard_file(*job) for job in jobs]
     with ProcessPoolExecutor(max_workers=n) as pool:
