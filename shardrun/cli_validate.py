@@ -77,6 +77,7 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
              "rate_limits.rpm": args.rpm, "rate_limits.tpm": args.tpm}  # fmt: skip
     job = load_job(args.job, env=os.environ, flags=flags)
     job.api_key(os.environ)  # a named but unset key variable fails here, not per item
+    job.sim_config()  # so do the embedded simulator's settings, as `run` checks them
     check = check_input(job, show=max(0, args.show))
     result = run_ping(job, os.environ, check.first_item) if args.ping else None
     if console.is_terminal:

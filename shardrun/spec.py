@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -43,6 +43,9 @@ from shardrun._models import (
 )
 from shardrun._urls import masked_url
 from shardrun.errors import SpecError
+
+if TYPE_CHECKING:
+    from shardrun.sim.config import SimConfig
 
 # Job headers whose values the manifest masks: the README says secrets belong in api_key_env,
 # but a pasted `Authorization: Bearer ...` must not end up in a published manifest.
@@ -100,6 +103,19 @@ class LoadedJob:
                          for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
             out[key] = {"value": value, "source": self.sources[key]}
         return out
+
+    def sim_config(self) -> SimConfig | None:
+        """The embedded simulator's settings (`endpoint.sim`) for a `sim://` job, else None; a
+        bad setting is a SpecError naming it, the same for `run` and `validate`."""
+        endpoint = self.spec.endpoint
+        if endpoint.base_url != "sim://":
+            return None
+        from shardrun.sim.config import SimConfig
+
+        try:
+            return SimConfig.from_mapping(dict(endpoint.sim or {}))
+        except ValueError as exc:
+            raise SpecError(f"{self.origin}: endpoint.sim: {exc}") from None
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         """The API key from the variable the job names, or None when it names none.

@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 
 from shardrun.clock import Clock
-from shardrun.errors import SpecError
 from shardrun.inputs import Reject, make_reader
 from shardrun.items import Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
@@ -145,18 +144,14 @@ def run_ping(
     job: LoadedJob, env: Mapping[str, str], item: Mapping[str, Any] | None
 ) -> PingResult:
     """`ping` from synchronous code; for sim:// a simulator is started and stopped around it."""
-    from shardrun.sim.config import SimConfig
     from shardrun.sim.launcher import start_sim
 
     api_key = job.api_key(env)
     endpoint = job.spec.endpoint
-    if endpoint.base_url != "sim://":
+    config = job.sim_config()
+    if config is None:
         proxy = proxy_for(endpoint.base_url, env)
         return asyncio.run(ping(job, endpoint.base_url, api_key, item, proxy))
-    try:
-        config = SimConfig.from_mapping(dict(endpoint.sim or {}))
-    except ValueError as exc:
-        raise SpecError(f"{job.origin}: endpoint.sim: {exc}") from None
     sim = start_sim(config)
     try:
         return asyncio.run(ping(job, sim.base_url, api_key, item))

@@ -116,6 +116,25 @@ def test_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "NO_SUCH_KEY_VAR but that environment variable is not set" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("sim", "says"), [
+    ({"ttft_ms": "abc"}, "endpoint.sim: ttft_ms must be a number, not 'abc'."),
+    ({"seedx": 1}, "endpoint.sim: unknown simulator setting 'seedx'"),
+    ({"tokens": "uniform:9:2"}, "endpoint.sim: tokens: LO must not exceed HI"),
+])  # fmt: skip
+def test_the_simulators_settings_are_checked_as_a_run_checks_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], sim: dict[str, Any],
+        says: str) -> None:  # fmt: skip
+    """validate refuses the `endpoint.sim` a run would refuse, without a ping; and a whole
+    number of tokens (`tokens: 8`, as YAML reads it) is the fixed length it means."""
+    endpoint = {"base_url": "sim://", "model": "m"}
+    bad = make_job(tmp_path, GOOD, endpoint={**endpoint, "sim": sim})
+    assert validate(str(bad))[0] == 2
+    assert says in capsys.readouterr().err
+    fixed = make_job(tmp_path, GOOD, endpoint={**endpoint, "sim": {"tokens": 8}})
+    assert validate(str(fixed))[0] == 0
+    assert load_job(fixed, env={}, flags={}).sim_config() == SimConfig(tokens="8")
+
+
 def test_terminal_report_uses_tables(tmp_path: Path) -> None:
     """On a terminal the configuration is a rich table."""
     job = load_job(make_job(tmp_path, GOOD), env={}, flags={})

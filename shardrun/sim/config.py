@@ -294,6 +294,8 @@ def _coerce(key: str, value: object) -> object:
     """Turn numeric strings and whole floats into the field's type; leave the rest alone."""
     if isinstance(value, bool):
         return value
+    if key == "tokens" and isinstance(value, int):  # `tokens: 64` in YAML is a fixed length
+        return str(value)
     if key in _BOOLS and isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     try:
