@@ -16,10 +16,12 @@ from typing import Any
 import orjson
 
 from shardrun.clock import Clock
+from shardrun.digestset import DigestSet
 from shardrun.inputs import Reject, make_reader
 from shardrun.items import Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
 from shardrun.spec import LoadedJob
+from shardrun.worksource import duplicate_reason, id_digest
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
 
@@ -69,13 +71,17 @@ class PingResult:
 
 
 def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
-    """Read the whole input as a run would; keep the first `show` rejects and the first item."""
+    """Read the whole input as a run would; keep the first `show` rejects and the first item.
+    A repeated id is a reject, as a run makes it one (`WorkSource`)."""
     reader = make_reader(job)
     items = rejects = chars = 0
     first_rejects: list[Reject] = []
     first_item: Mapping[str, Any] | None = None
+    seen = DigestSet()
     try:
         for entry in reader:
+            if not isinstance(entry, Reject) and not seen.add(id_digest(entry["id"])):
+                entry = Reject(reader.lines_read, duplicate_reason(entry["id"]))
             if isinstance(entry, Reject):
                 rejects += 1
                 if len(first_rejects) < show:

@@ -75,6 +75,17 @@ def test_check_input_counts_and_keeps_first_rejects(tmp_path: Path) -> None:
     assert check.first_item == {"id": "a", "prompt": "hello there"}
 
 
+def test_a_repeated_id_is_a_reject_as_in_a_run(tmp_path: Path) -> None:
+    """An id an earlier line has is a rejected line, as a run counts it (and `--strict` stops
+    on it), with the run's reason; the first of the two is the item."""
+    path = make_job(tmp_path, [*GOOD, b'{"id": "a", "prompt": "again"}'])
+    check = check_input(load_job(path, env={}, flags={}))
+    assert (check.items, check.rejects) == (2, 1)
+    assert [(r.line, r.reason) for r in check.first_rejects] == [
+        (3, "duplicate id 'a' (an earlier line has it)")]  # fmt: skip
+    assert validate(str(path), "--strict")[0] == 1
+
+
 def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
     """Every effective value with its source, as text."""
     job = load_job(make_job(tmp_path, GOOD), env={"SHARDRUN_RPM": "120"}, flags={"shards": 3})
