@@ -333,13 +333,14 @@ class Shard:
                            "account's limit, then continue with --resume", ABANDON)
             return
         if http == 401 or (http == 403 and not self.ok_once):
-            self._go_fatal(f"the endpoint refused the credentials (HTTP {http}: "
-                           f"{outcome.error or 'no message'})", ABANDON)
+            # The error already reads "HTTP 401: <the server's message>".
+            self._go_fatal("the endpoint refused the credentials "
+                           f"({outcome.error or f'HTTP {http}'})", ABANDON)
             return
         if http == 407:
-            self._go_fatal(f"the proxy refused the credentials (HTTP 407: "
-                           f"{outcome.error or 'no message'}); set them in the proxy variable "
-                           "as http://user:password@host:port", ABANDON)
+            said = (outcome.error or "HTTP 407").removeprefix("the proxy answered ")  # a CONNECT
+            self._go_fatal(f"the proxy refused the credentials ({said}); set them in the proxy "
+                           "variable as http://user:password@host:port", ABANDON)
             return
         if http == 404 and not self.ok_once:
             # No item makes a completions URL "not found": the path, the API or the model is
@@ -531,16 +532,17 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
                          for api in API_PATHS}
         reader = asyncio.create_task(_pump(receive, shard))
         ticker = asyncio.create_task(shard.ticker())
+        dispatcher = asyncio.create_task(shard.dispatch())
         try:
-            await shard.dispatch()
-            await _drain(shard)
+            await _drain(shard, dispatcher)
         finally:
-            for task in (reader, ticker):
+            for task in (reader, ticker, dispatcher):
                 task.cancel()
             for task in list(shard.tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, ticker, *shard.tasks, return_exceptions=True)
+                await asyncio.gather(reader, ticker, dispatcher, *shard.tasks,
+                                     return_exceptions=True)
             shard.close()
     send({**shard.report(protocol.DONE), "minutes": shard.minute_tokens,
           "fatal": shard.fatal_reason, "fatal_mode": shard.fatal_mode})
@@ -557,19 +559,29 @@ async def _pump(receive: Receive, shard: Shard) -> None:
         shard.on_message(message)
 
 
-async def _drain(shard: Shard) -> None:
-    """Let in-flight spans finish; once a stop arrives, only for the grace period."""
+async def _drain(shard: Shard, dispatcher: asyncio.Task[None]) -> None:
+    """Wait for admission to end and in-flight spans to finish; once a stop arrives, only for
+    the grace period, then cancel them (they end with no line, for --resume).
+
+    The grace period is timed here, beside the dispatcher and not after it: the dispatcher
+    can be waiting for a slot (every one held by a stalled stream) or for the rate limit, and
+    the in-flight spans must not get longer than the grace period for that.
+    """
     loop = asyncio.get_running_loop()
     deadline: float | None = None
-    while shard.tasks:
+    while not dispatcher.done() or shard.tasks:
         if shard.stopping and deadline is None:
             deadline = loop.time() + shard.cfg.grace_s
         timeout = 0.25 if deadline is None else min(0.25, deadline - loop.time())
         if timeout <= 0:
+            dispatcher.cancel()
             for task in shard.tasks:
                 task.cancel()
             return
-        await asyncio.wait(list(shard.tasks), timeout=timeout)
+        waiting = [*shard.tasks] if dispatcher.done() else [dispatcher, *shard.tasks]
+        done, _ = await asyncio.wait(waiting, timeout=timeout)
+        if dispatcher in done:
+            dispatcher.result()  # an error in admission ends the shard at once, as it did
 
 
 def _reason(why: str, wait: float, outcome: AttemptOutcome) -> str:

@@ -226,6 +226,7 @@ def test_a_proxy_that_refuses_the_credentials_stops_the_run(tmp_path: Path, sche
         "error: the proxy refused the credentials (HTTP 407"), proc.stderr
     assert errors[0].endswith("set them in the proxy variable as "
                               "http://user:password@host:port"), errors[0]
+    assert "HTTP 407: HTTP 407" not in errors[0] and "the proxy answered" not in errors[0]
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.dead and not run.results
     seen = read_jsonl(log)
