@@ -108,6 +108,13 @@ def result_record(
         record["refusal"] = outcome.refusal
     if outcome.function_call is not None:
         record["function_call"] = outcome.function_call
+    # An OpenAI Batch line names its own endpoint and model: its Batch output line is shaped by
+    # them (`batch_format.batch_output_line`), not by the job's api and model.
+    if (url := span.item.get("url")) is not None:
+        record["url"] = url
+        body = span.item.get("body")
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            record["model"] = body["model"]
     return record
 
 

@@ -86,16 +86,25 @@ def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "shards" in bad.stderr
 
 
+BATCH_URLS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+"""Line i of the Batch input asks the API BATCH_URLS[i % 3]."""
+
+
 def _batch_line(i: int) -> bytes:
-    chat = i % 3 != 0
-    body = ({"model": "m", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 20}
-            if chat else {"model": "m", "prompt": f"p {i}", "max_tokens": 20})
-    url = "/v1/chat/completions" if chat else "/v1/completions"
+    url = BATCH_URLS[i % 3]
+    body: dict[str, object] = {
+        "/v1/completions": {"prompt": f"p {i}", "max_tokens": 20},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": f"q {i}"}],
+                                 "max_tokens": 20},
+        "/v1/responses": {"input": f"r {i}", "max_output_tokens": 20},
+    }[url]  # fmt: skip
+    body["model"] = f"model-{i % 2}"  # each line's own
     return orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body})
 
 
 def test_openai_batch_file_round_trips(tmp_path: Path) -> None:
-    """A Batch API input (chat and completions lines) comes back in Batch output shape, once."""
+    """A Batch API input (chat, completions and Responses lines) comes back in Batch output
+    shape, once each, every body the object its own line's URL answers with its model."""
     (tmp_path / "batch.jsonl").write_bytes(b"\n".join(_batch_line(i) for i in range(90)) + b"\n")
     write_job(tmp_path / "job.yaml", input={"path": "batch.jsonl", "format": "openai-batch"},
               output={"format": "openai-batch"}, params={})
@@ -104,12 +113,22 @@ def test_openai_batch_file_round_trips(tmp_path: Path) -> None:
     path = only_run(tmp_path / "runs")
     out = read_jsonl(path / "batch_output.jsonl")
     assert Counter(o["custom_id"] for o in out) == Counter(f"req-{i}" for i in range(90))
+    objects = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion",
+               "/v1/responses": "response"}  # fmt: skip
     for line in out:
         assert line["error"] is None and line["response"]["status_code"] == 200
+        i = int(line["custom_id"].removeprefix("req-"))
         body = line["response"]["body"]
-        choice = body["choices"][0]
-        text = choice.get("message", {}).get("content") or choice.get("text")
-        assert text and body["usage"]["completion_tokens"] > 0
+        assert (body["object"], body["model"]) == (objects[BATCH_URLS[i % 3]], f"model-{i % 2}")
+        if body["object"] == "response":
+            [message] = body["output"]
+            text = message["content"][0]["text"]
+            assert body["usage"]["output_tokens"] > 0
+        else:
+            choice = body["choices"][0]
+            text = choice.get("message", {}).get("content") or choice.get("text")
+            assert body["usage"]["completion_tokens"] > 0
+        assert text
     assert read_jsonl(path / "batch_errors.jsonl") == []
     events = Run.load(path).events
     paths = Counter(e["ev"] for e in events)
