@@ -40,10 +40,12 @@ TABLE: dict[str, tuple[str, str]] = {
     "idle_gaps": ("our own scheduler leaves slots free while work waits (admission gaps)",
                   "fix the stall first: look for blocking work on the event loop or a slow "
                   "hand-out; then reconsider the cap"),
-    "rate_limit": ("the job's own rate_limits (rpm/tpm) held work back: that part of t_queue "
-                   "and of the gap time is intended",
-                   "raise rate_limits if the provider allows more; otherwise this is the "
-                   "expected ceiling"),
+    "rate_limit": ("the client held work back for a rate limit: the job's own rate_limits "
+                   "(rpm/tpm), or the server's x-ratelimit-* headers saying it had no room "
+                   "left until their reset; that part of t_queue and of the gap time is "
+                   "intended",
+                   "raise rate_limits if the job sets them and the provider allows more; "
+                   "otherwise this is the provider's ceiling (ask it for a higher limit)"),
     "cross_shard_idle": ("a shard sat idle while the coordinator still held unassigned work",
                          "hand out work sooner (larger or earlier batches), more shards"),
 }
@@ -134,7 +136,7 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     waits = doc["scheduler"]["rate_waits"]
     backlog = doc["scheduler"]["overall"]["backlog_s"]
     if backlog and waits["before_admission_s"] >= RATE_LIMIT_SHARE * backlog:
-        out.append(_finding("rate_limited", "held back by our own rate limit",
+        out.append(_finding("rate_limited", "held back by a rate limit",
                             {"rate_waits": waits["count"],
                              "before_admission_s": waits["before_admission_s"],
                              "share_of_backlog": round(waits["before_admission_s"] / backlog,
