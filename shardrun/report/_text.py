@@ -37,7 +37,7 @@ def format_header(doc: dict[str, Any]) -> str:
 def format_items(doc: dict[str, Any]) -> str:
     it, att = doc["items"], doc["attempts"]
     rows = [
-        ["items", num(it["queued"]), "succeeded", num(it["succeeded"]),
+        ["spans", num(it["queued"]), "succeeded", num(it["succeeded"]),
          "success rate", pct(it["success_rate"], 2)],
         ["dead", num(it["dead"]), "still open", num(it["open"]),
          "rejected input lines", num(it["rejected_input_lines"])],
@@ -50,7 +50,9 @@ def format_items(doc: dict[str, Any]) -> str:
         rows.append(["", "", "cached of those", num(it["cached_tokens"]), "", ""])
     if it.get("refusals"):  # absent from reports made before it existed
         rows.insert(1, ["", "", "of them refusals", num(it["refusals"]), "", ""])
-    return "\n".join(["Items", *table(["", "", "", "", "", ""], rows)[1:]])
+    return "\n".join(["Items (per span: one per pass that handed an item out, so a retry pass "
+                      "counts it again)",
+                      *table(["", "", "", "", "", ""], rows)[1:]])
 
 
 def format_tpm(doc: dict[str, Any]) -> str:
