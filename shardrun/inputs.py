@@ -73,6 +73,14 @@ class InputPlan:
             return self.template.fields
         return tuple(f for f in (self.prompt_field, self.messages_field) if f is not None)
 
+    @property
+    def header_needs(self) -> tuple[str, ...]:
+        """Columns a CSV header or Parquet schema must name: `needed`, and an id column the job
+        names other than the default `id` (a table without it would give every row a hashed
+        id, which is a typo's doing far more often than the job's intent)."""
+        named_id = () if self.id_field == "id" or self.id_field in self.needed else (self.id_field,)
+        return (*self.needed, *named_id)
+
 
 FieldMap = InputPlan
 """The former name (id, prompt and messages fields only); kept while callers move over."""
@@ -105,13 +113,13 @@ class InputReader:
         self._tabular: CsvRows | ParquetRows | None = None
         if fields.format == "parquet":
             _must_exist(path)
-            self._tabular = ParquetRows(path, fields.needed, [fields.id_field], keep_records)
+            self._tabular = ParquetRows(path, fields.header_needs, [fields.id_field], keep_records)
             self.columns = self._tabular.names
             return
         self._file = _open(path)
         if fields.format == "csv":
             self._tabular = CsvRows(path, self._file, self._count)
-            check_columns(path, self._tabular.header, fields.needed, "CSV header")
+            check_columns(path, self._tabular.header, fields.header_needs, "CSV header")
             self.columns = self._tabular.header
 
     def _count(self, data: bytes) -> None:

@@ -211,6 +211,21 @@ def test_csv_header_without_needed_column_fails_at_open(tmp_path: Path) -> None:
         InputReader(tmp_path / "empty.csv", InputPlan(format="csv"))
 
 
+def test_an_id_column_the_job_names_must_be_in_the_header(tmp_path: Path) -> None:
+    """`id_field: qid` on a table without that column would hash every row's id (a typo's
+    doing): it fails at open. The default `id` may be absent (ids are hashed, as documented),
+    and a named id column that is there may be empty in a row (that row's id is hashed)."""
+    path = tmp_path / "in.csv"
+    path.write_text("qid,prompt\nq1,a\n,b\n")
+    with pytest.raises(InputError, match="the CSV header has no column 'qdi'; it has: qid, "):
+        InputReader(path, InputPlan(id_field="qdi", format="csv"))
+    rows = list(InputReader(path, InputPlan(id_field="qid", format="csv")))
+    assert [r["id"] for r in rows if isinstance(r, dict)][0] == "q1"
+    assert str([r["id"] for r in rows if isinstance(r, dict)][1]).startswith("h")
+    (tmp_path / "plain.csv").write_text("prompt\na\n")
+    assert len(list(InputReader(tmp_path / "plain.csv", InputPlan(format="csv")))) == 1
+
+
 def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
     """Bytes that are not UTF-8 reject their row and the reading goes on."""
     path = tmp_path / "in.csv"
@@ -254,6 +269,8 @@ def test_parquet_rows_become_items(tmp_path: Path) -> None:
     assert reader.bytes_read == path.stat().st_size
     with pytest.raises(InputError, match="Parquet schema has no column 'text'"):
         InputReader(path, InputPlan(prompt_field="text", format="parquet"))
+    with pytest.raises(InputError, match="Parquet schema has no column 'key'"):
+        InputReader(path, InputPlan(id_field="key", format="parquet"))
 
 
 def test_parquet_without_pyarrow_says_which_extra(
