@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
-from shardrun.errors import ShardrunError
+from shardrun.errors import ShardrunError, SpecError
 
 SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify",
                "export")
@@ -129,6 +129,19 @@ def entry() -> NoReturn:
     os._exit(status)
 
 
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """Flags argparse takes but a run cannot use: one sentence each, before anything starts."""
+    if args.run_id is not None and not args.run_id.strip():
+        raise SpecError("--run-id is empty: name the run directory, or leave the flag out for "
+                        "a name from the time")
+    if args.run_id is not None and args.resume is not None:
+        raise SpecError(f"--run-id {args.run_id} names a new run and --resume {args.resume} "
+                        "an existing one: give one of them")
+    if not 0 < args.progress_interval < float("inf"):  # also refuses nan
+        raise SpecError(f"--progress-interval must be a number of seconds above 0, got "
+                        f"{args.progress_interval}")
+
+
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from shardrun.runner import RunOptions, job_of_run, run
     from shardrun.summary import format_summary
@@ -137,6 +150,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         job, runs_dir = job_of_run(args.run_dir)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True)
     else:
+        _check_run_flags(args)
         job, runs_dir = args.job, args.runs_dir
         options = RunOptions(run_id=args.run_id, resume=args.resume,
                              retry_failed=args.retry_failed, strict=args.strict,

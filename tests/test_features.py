@@ -86,6 +86,24 @@ def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "shards" in bad.stderr
 
 
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--run-id", " "], "error: --run-id is empty: name the run directory"),
+    (["--run-id", "a", "--resume", "b"], "error: --run-id a names a new run and --resume b"),
+    (["--progress-interval", "-1"], "error: --progress-interval must be a number of seconds"),
+    (["--progress-interval", "nan"], "error: --progress-interval must be a number of seconds"),
+])  # fmt: skip
+def test_run_flags_a_run_cannot_use_are_refused(tmp_path: Path, flags: list[str],
+                                                says: str) -> None:  # fmt: skip
+    """Flags argparse takes but that would be silently ignored or misread: one error line,
+    exit 2, no run directory."""
+    write_input(tmp_path / "input.jsonl", 5)
+    write_job(tmp_path / "job.yaml")
+    proc = run_cli("job.yaml", "--runs-dir", "runs", *flags, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [proc.stderr.strip()])
+    assert proc.stderr.startswith(says), proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 BATCH_URLS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 """Line i of the Batch input asks the API BATCH_URLS[i % 3]."""
 

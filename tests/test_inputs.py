@@ -220,8 +220,8 @@ def test_an_id_column_the_job_names_must_be_in_the_header(tmp_path: Path) -> Non
     with pytest.raises(InputError, match="the CSV header has no column 'qdi'; it has: qid, "):
         InputReader(path, InputPlan(id_field="qdi", format="csv"))
     rows = list(InputReader(path, InputPlan(id_field="qid", format="csv")))
-    assert [r["id"] for r in rows if isinstance(r, dict)][0] == "q1"
-    assert str([r["id"] for r in rows if isinstance(r, dict)][1]).startswith("h")
+    ids = [str(r["id"]) for r in rows if isinstance(r, dict)]
+    assert ids[0] == "q1" and ids[1].startswith("h") and len(ids) == 2
     (tmp_path / "plain.csv").write_text("prompt\na\n")
     assert len(list(InputReader(tmp_path / "plain.csv", InputPlan(format="csv")))) == 1
 
