@@ -46,7 +46,13 @@ import orjson
 from shardrun.digestset import DigestSet
 from shardrun.errors import RunError, SpecError
 from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
-from shardrun.manifest import file_digest, newest_job_path, read_manifest
+from shardrun.manifest import (
+    file_digest,
+    newest_job_path,
+    pass_reads,
+    prefix_digests,
+    read_manifest,
+)
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -177,38 +183,26 @@ def _job_sha256(manifest: dict[str, Any]) -> str | None:
     return None if sha is None else str(sha)
 
 
-def _input_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """What the newest pass that ended recorded of the input it read (bytes and SHA-256)."""
-    for record in [*reversed(manifest.get("resumes") or []), manifest]:
-        if isinstance(found := record.get("input"), dict) and "sha256_of_bytes_read" in found:
-            return found
-    return None
-
-
 def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
                  summary: ExportSummary) -> None:  # fmt: skip
-    """Fail unless the input starts with the bytes the run read (their count and SHA-256)."""
-    record = _input_record(manifest)
-    if record is None:
+    """Fail unless the input starts with the bytes every ended pass read (their count and
+    SHA-256). Every pass, not the newest only: each pass's answers came from what it read, and
+    a resume by an older shardrun did not check that the input was unchanged."""
+    ended = pass_reads(manifest)
+    if not ended:
         summary.warnings.append(f"no pass of run {run_path.name} has ended, so the input could "
                                 "not be checked against what the run read")  # fmt: skip
         return
-    want, size = record["sha256_of_bytes_read"], int(record.get("bytes_read", 0))
-    got = _prefix_sha256(input_path, size)
-    if got != want:
-        raise SpecError(f"the input {input_path} is not what run {run_path.name} read (its first "
-                        f"{size:,} bytes have another SHA-256 than the manifest records): "
-                        "export pairs answers with input lines, so it needs the input as the "
-                        "run read it")  # fmt: skip
-
-
-def _prefix_sha256(path: Path, size: int) -> str | None:
-    """SHA-256 of the file's first `size` bytes (of all of them, if it has fewer: a different
-    digest then), or None if it cannot be read."""
     try:
-        return file_digest(path, limit=size)[0]
+        got = prefix_digests(input_path, [size for _, _, size, _ in ended])
     except OSError:
-        return None
+        got = {}
+    for _, _, size, sha in ended:
+        if got.get(size) != sha:
+            raise SpecError(f"the input {input_path} is not what run {run_path.name} read (its "
+                            f"first {size:,} bytes have another SHA-256 than the manifest "
+                            "records): export pairs answers with input lines, so it needs the "
+                            "input as the run read it")  # fmt: skip
 
 
 class _Index:

@@ -15,6 +15,7 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -98,6 +99,58 @@ def file_digest(path: Path, limit: int | None = None) -> tuple[str, int]:
     return sha.hexdigest(), size
 
 
+def prefix_digests(path: Path, sizes: Iterable[int]) -> dict[int, str | None]:
+    """SHA-256 hex of the file's first `size` bytes for each of `sizes`, in one read up to the
+    largest (the hash carries on from one size to the next); None for a size past its end."""
+    found: dict[int, str | None] = {}
+    sha = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as f:
+        for size in sorted(set(sizes)):
+            while done < size and (chunk := f.read(min(1 << 20, size - done))):
+                sha.update(chunk)
+                done += len(chunk)
+            found[size] = sha.hexdigest() if done == size else None
+    return found
+
+
+def input_at_start(path: Path) -> dict[str, Any]:
+    """What a pass records of its input when it starts: the resolved path, and the file's size
+    and modification time, which let a later resume see that a pass killed before it recorded
+    the bytes it read (`finish_manifest` replaces this record) left the file as it was."""
+    found: dict[str, Any] = {"path": str(path)}
+    try:
+        stat = path.stat()
+    except OSError:  # the reader, opened already, names the problem
+        return found
+    return {**found, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def pass_inputs(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
+    """(which pass, what it recorded of its input) for the run's first pass and each resume, in
+    order; None where a pass recorded nothing (a run of an older shardrun killed mid-pass)."""
+    resumes = manifest.get("resumes")
+    passes = [("the first pass", manifest)]
+    passes += [(f"resume {n}", entry) for n, entry in
+               enumerate(resumes if isinstance(resumes, list) else [], 1)]  # fmt: skip
+    found: list[tuple[str, dict[str, Any] | None]] = []
+    for name, record in passes:
+        got = record.get("input") if isinstance(record, dict) else None
+        found.append((name, got if isinstance(got, dict) else None))
+    return found
+
+
+def pass_reads(manifest: dict[str, Any]) -> list[tuple[int, str, int, str]]:
+    """(its place in `pass_inputs`, which pass, `bytes_read`, `sha256_of_bytes_read`) of each
+    pass that ended and so recorded what it read of its input (a damaged record is skipped)."""
+    found = []
+    for at, (name, record) in enumerate(pass_inputs(manifest)):
+        size, sha = (record or {}).get("bytes_read", 0), (record or {}).get("sha256_of_bytes_read")
+        if isinstance(size, int) and size >= 0 and isinstance(sha, str):
+            found.append((at, name, size, sha))
+    return found
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a manifest."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -132,6 +185,7 @@ def start_manifest(
         "command": ["shardrun", *argv],
         "job": {"path": str(job.job_path), "sha256": job_sha, "bytes": job_size},
         "effective": job.effective(),
+        "input": input_at_start(job.input_path),
         "endpoint_url": masked_url(base_url),
         "proxy": proxy,
         "shards": job.spec.shards,
@@ -162,6 +216,7 @@ def resume_manifest(
         "job_sha256": job_sha,
         "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
         "effective": job.effective(),
+        "input": input_at_start(job.input_path),
         "endpoint_url": masked_url(base_url),
         "proxy": proxy,
     })

@@ -21,7 +21,8 @@ from typing import IO, Any
 import orjson
 
 from shardrun.digestset import DigestSet
-from shardrun.errors import SpecError
+from shardrun.errors import InputError, SpecError
+from shardrun.manifest import pass_inputs, pass_reads, prefix_digests
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
 
@@ -49,6 +50,74 @@ def setting_changes(started: object, now: dict[str, dict[str, object]],
         if value != entry["value"]:
             changes.append((key, entry["value"], value))
     return changes
+
+
+def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
+                run_id: str) -> list[str]:  # fmt: skip
+    """Refuse (SpecError) a resume whose input is not the one the run read; return warnings
+    where the manifest does not record enough to tell.
+
+    Every pass that ended recorded the SHA-256 of the input's first `bytes_read` bytes, which
+    hold each line it used; the file must still start with those bytes (one read, up to the
+    longest), or answers already in the run would sit next to other lines. Lines added after
+    them are the rest of the work, as everywhere a run reads its input again (export too).
+    Another `input.path` is refused unless such a digest shows it holds the same bytes (a
+    project copied or moved). A pass killed before it ended recorded only the file's size and
+    modification time at its start; a pass that ended later was checked against them then.
+    """
+    passes = pass_inputs(manifest)
+    paths = [rec["path"] for _, rec in passes if rec and isinstance(rec.get("path"), str)]
+    read = paths[0] if paths else None  # the first pass's: the oldest answers came from it
+    moved = read is not None and Path(read) != input_path
+    ended = pass_reads(manifest)
+    if ended:
+        try:
+            got = prefix_digests(input_path, [size for _, _, size, _ in ended])
+        except OSError as exc:
+            raise InputError(f"cannot read input file {input_path}: {exc.strerror}") from None
+        for _, name, size, sha in ended:
+            if got[size] == sha:
+                continue
+            if moved:
+                raise SpecError(
+                    f"input.path names {input_path} in {job_name}, but run {run_id} read "
+                    f"{read}, and {input_path} does not start with the {size:,} bytes {name} "
+                    "read: a resume must read the run's input, or answers already in the run "
+                    "would sit next to other lines; set input.path back, or start a new run "
+                    "without --resume")
+            why = "another SHA-256" if got[size] else "the file is shorter now"
+            raise SpecError(
+                f"the input {input_path} is not what run {run_id} read: its first {size:,} "
+                f"bytes differ from those {name} read ({why}), so answers already in the run "
+                "would sit next to other lines; restore the file as the run read it (lines "
+                "added at its end are fine), or start a new run without --resume")
+    elif moved:
+        raise SpecError(
+            f"input.path names {input_path} in {job_name}, but run {run_id} read {read}, and "
+            "no pass of the run ended to record the bytes it read, so nothing shows the two "
+            "files hold the same lines; set input.path back, or start a new run without --resume")
+    warnings = []
+    if moved:
+        size = max(size for _, _, size, _ in ended)
+        warnings.append(f"input.path names {input_path}, but run {run_id} read {read}; it "
+                        f"starts with the same {size:,} bytes, so the resume goes on with it")
+    try:
+        stat = input_path.stat()
+        now: tuple[object, object] | None = (stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        now = None
+    after = ended[-1][0] + 1 if ended else 0
+    for name, rec in passes[after:]:
+        if rec is None or "mtime_ns" not in rec:
+            warnings.append(f"{name} of run {run_id} recorded nothing of its input (a run of "
+                            "an older shardrun, killed before that pass ended), so this resume "
+                            f"cannot check that {input_path} still holds the lines it did")
+        elif moved or now != (rec.get("bytes"), rec["mtime_ns"]):
+            since = "is another file than it read" if moved else "was modified since it started"
+            warnings.append(f"{name} of run {run_id} did not end, so it never recorded the "
+                            f"bytes it read, and {input_path} {since}: this resume cannot check "
+                            "that the lines it did are unchanged")
+    return warnings
 
 
 def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:

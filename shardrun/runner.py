@@ -41,12 +41,9 @@ from shardrun.summary import RunSummary
 from shardrun.worksource import WorkSource, duplicate_reason, id_digest
 
 if TYPE_CHECKING:
-    from shardrun.sim.config import SimConfig
     from shardrun.sim.launcher import SimProcess
 
 T = TypeVar("T")
-
-SIM_SCHEME = "sim://"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +95,7 @@ def run(
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     api_key = job.api_key(env)
-    sim_config = _sim_config(job)
+    sim_config = job.sim_config()
     # The embedded simulator is a process of this run on loopback: never through a proxy.
     proxy = None if sim_config is not None else proxy_for(job.spec.endpoint.base_url, env)
     reader = make_reader(job)  # a missing input fails before any run directory exists
@@ -131,13 +128,20 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)
     changed = _check_settings(job, manifest, run_dir.run_id)
+    # Before the run is repaired or a request sent: the answers on disk belong to the lines the
+    # run read, so another or an edited input would pair them with other lines.
+    unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
+                                   job_name=str(job.origin or job.job_path))
+    for warning in unchecked:
+        print(f"warning: {warning}", file=sys.stderr)
     segment = len(manifest.get("resumes", [])) + 1
     prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
     for note in prior.notes:
         print(f"repaired: {note}", file=sys.stderr)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
-            "already_done": len(prior.done), "answer_settings_changed": changed}
+            "already_done": len(prior.done), "answer_settings_changed": changed,
+            "input_unchecked": unchecked}
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead)
 
 
@@ -160,7 +164,7 @@ def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> li
 
 def _shown(value: object) -> str:
     """A setting's value in a one-line message."""
-    return ellipsize(orjson.dumps(value).decode(), 80)
+    return ellipsize(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode(), 80)
 
 
 def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoint,
@@ -275,14 +279,3 @@ def job_of_run(run_path: Path) -> tuple[Path, Path]:
                         f"`shardrun JOB.yaml --resume {run_path.name} --retry-failed`")
     return job, run_path.parent
 
-
-def _sim_config(job: LoadedJob) -> SimConfig | None:
-    endpoint = job.spec.endpoint
-    if not endpoint.base_url.startswith(SIM_SCHEME):
-        return None
-    from shardrun.sim.config import SimConfig
-
-    try:
-        return SimConfig.from_mapping(dict(endpoint.sim or {}))
-    except ValueError as exc:
-        raise SpecError(f"{job.origin}: endpoint.sim: {exc}") from None

@@ -1,0 +1,186 @@
+"""A resume must read the input the run read: an edited input or another file is refused before
+any request, an input with lines added at its end is resumed, and export checks every pass."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from shardrun.errors import SpecError
+from shardrun.manifest import file_digest, prefix_digests
+from shardrun.resume import check_input
+from tests.conftest import Run, only_run, run_cli, write_input, write_job
+
+RUNS = ("--runs-dir", "runs", "--quiet")
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file of a run directory and its bytes (a refused resume must change none)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def assert_exactly_once(run: Run, ids: list[str]) -> None:
+    counts = Counter([r["id"] for r in run.results] + [d["id"] for d in run.dead])
+    assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}, counts
+
+
+def started_with_limit(tmp_path: Path, n: int, limit: int) -> tuple[list[str], Path]:
+    """A run of job.yaml over `n` items that stopped after `limit` of them: (ids, run dir)."""
+    ids = write_input(tmp_path / "input.jsonl", n)
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--limit", str(limit), "--run-id", "qq", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    return ids, only_run(tmp_path / "runs")
+
+
+def test_an_input_edited_in_place_is_refused_before_any_request(tmp_path: Path) -> None:
+    """Line 1's prompt changed after the run read it: the resume would pair its old answer with
+    the new prompt, so it is refused with one sentence and the run is left as it was."""
+    _, path = started_with_limit(tmp_path, 30, 10)
+    data = (tmp_path / "input.jsonl").read_bytes()
+    (tmp_path / "input.jsonl").write_bytes(data.replace(b"Question 0:", b"Question zero:", 1))
+    before = snapshot(path)
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert resumed.stderr.count("\n") == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.startswith(
+        f"error: the input {tmp_path / 'input.jsonl'} is not what run qq read: its first "
+    ), resumed.stderr
+    assert "restore the file as the run read it" in resumed.stderr
+    assert snapshot(path) == before  # no request, no result, no manifest entry
+
+
+def test_another_input_path_is_refused(tmp_path: Path) -> None:
+    """Another job file whose input.path names another file: refused, naming both files."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "c.yaml", shards=1)
+    first = run_cli("c.yaml", "--limit", "5", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    write_input(tmp_path / "other.jsonl", 20, prefix="other")
+    write_job(tmp_path / "other.yaml", shards=1, input={"path": "other.jsonl"})
+    before = snapshot(path)
+    resumed = run_cli("other.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert resumed.stderr.count("\n") == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.startswith(
+        f"error: input.path names {tmp_path / 'other.jsonl'} in other.yaml, but run {path.name} "
+        f"read {tmp_path / 'input.jsonl'}, and "), resumed.stderr
+    assert snapshot(path) == before
+
+
+def test_an_unchanged_input_resumes_and_every_item_ends_once(tmp_path: Path) -> None:
+    ids, path = started_with_limit(tmp_path, 30, 10)
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "warning" not in resumed.stderr and "error" not in resumed.stderr, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
+def test_lines_added_at_the_end_are_resumed(tmp_path: Path) -> None:
+    """The run read a prefix of the input; lines added after it are the rest of the work."""
+    ids, path = started_with_limit(tmp_path, 20, 10)
+    more = write_input(tmp_path / "more.jsonl", 10, prefix="added")
+    with open(tmp_path / "input.jsonl", "ab") as f:
+        f.write((tmp_path / "more.jsonl").read_bytes())
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "warning" not in resumed.stderr, resumed.stderr
+    assert_exactly_once(Run.load(path), ids + more)
+
+
+def test_a_copied_input_with_the_same_bytes_resumes_with_a_warning(tmp_path: Path) -> None:
+    """A moved or copied project: the path differs, but the file starts with the very bytes the
+    run read, so the answers still belong to its lines."""
+    ids, path = started_with_limit(tmp_path, 20, 10)
+    shutil.copy(tmp_path / "input.jsonl", tmp_path / "copy.jsonl")
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": "copy.jsonl"})
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stderr.startswith(f"warning: input.path names {tmp_path / 'copy.jsonl'}, but "
+                                     "run qq read "), resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
+def test_export_checks_the_pass_that_produced_the_answers(tmp_path: Path) -> None:
+    """A run resumed over an edited input by an earlier shardrun (which recorded the edited
+    file's digest for its pass): export compares the first pass's digest too, and refuses."""
+    _, path = started_with_limit(tmp_path, 20, 10)
+    data = (tmp_path / "input.jsonl").read_bytes()
+    (tmp_path / "input.jsonl").write_bytes(data.replace(b"Question 0:", b"Question zero:", 1))
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    sha, size = file_digest(tmp_path / "input.jsonl")
+    manifest["resumes"].append({"input": {"path": str(tmp_path / "input.jsonl"),
+                                          "bytes_read": size, "sha256_of_bytes_read": sha}})
+    (path / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = run_cli("export", str(path), "--with-input", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: the input {tmp_path / 'input.jsonl'} is not what run "
+                                  "qq read (its first "), done.stderr
+    assert done.stdout == ""
+
+
+def test_prefix_digests_reads_once_for_every_size(tmp_path: Path) -> None:
+    file = tmp_path / "f"
+    file.write_bytes(b"abcdef" * 1000)
+    got = prefix_digests(file, [6000, 0, 3, 3, 6001])
+    assert got == {0: file_digest(file, 0)[0], 3: file_digest(file, 3)[0],
+                   6000: file_digest(file)[0], 6001: None}  # fmt: skip
+
+
+def _manifest(*inputs: dict[str, Any] | None) -> dict[str, Any]:
+    """A manifest whose first pass recorded inputs[0] and whose resumes recorded the rest."""
+    passes: list[dict[str, Any]] = [{} if i is None else {"input": i} for i in inputs]
+    return {**passes[0], "resumes": passes[1:]}
+
+
+def _ended(path: Path, size: int) -> dict[str, Any]:
+    sha, read = file_digest(path, size)
+    return {"path": str(path), "bytes_read": read, "sha256_of_bytes_read": sha}
+
+
+def _started(path: Path) -> dict[str, Any]:
+    stat = os.stat(path)
+    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def test_check_input_without_records_warns_and_goes_on(tmp_path: Path) -> None:
+    """A run of an older shardrun killed before it ended recorded nothing of its input."""
+    write_input(tmp_path / "in.jsonl", 5)
+    (warning,) = check_input(_manifest(None), tmp_path / "in.jsonl", job_name="j.yaml",
+                             run_id="r")  # fmt: skip
+    assert "cannot check that" in warning
+
+
+def test_check_input_of_a_pass_that_did_not_end(tmp_path: Path) -> None:
+    """A killed pass recorded the file's size and time when it started: unchanged since, no
+    warning; modified since, a warning (its digest was never written, so no refusal)."""
+    file = tmp_path / "in.jsonl"
+    write_input(file, 5)
+    ended = _ended(file, 40)
+    killed = _manifest(ended, _started(file))
+    assert check_input(killed, file, job_name="j.yaml", run_id="r") == []
+    with open(file, "ab") as f:
+        f.write(b"\n")
+    os.utime(file, ns=(1, 1))
+    (warning,) = check_input(killed, file, job_name="j.yaml", run_id="r")
+    assert warning.startswith("resume 1 of run r did not end, so it never recorded the bytes")
+    # The pass before it did record them: those are still checked.
+    file.write_bytes(b"x" + file.read_bytes()[1:])
+    with pytest.raises(SpecError, match=r"its first 40 bytes differ from those the first pass"):
+        check_input(killed, file, job_name="j.yaml", run_id="r")
+
+
+def test_check_input_refuses_another_file_when_nothing_shows_it_is_the_same(
+        tmp_path: Path) -> None:
+    write_input(tmp_path / "a.jsonl", 5)
+    shutil.copy(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    with pytest.raises(SpecError, match="no pass of the run ended to record the bytes it read"):
+        check_input(_manifest(_started(tmp_path / "a.jsonl")), tmp_path / "b.jsonl",
+                    job_name="j.yaml", run_id="r")  # fmt: skip
