@@ -141,9 +141,10 @@ class LoadedJob:
             return value
         source = self.sources.get("endpoint.api_key_env", "job file")
         where = "" if source == "job file" else f" (api_key_env comes from {source})"
+        state = "is empty" if name in env else "is not set"
         raise SpecError(
             f"{self.origin or self.job_path}: the job names api_key_env {name} but that"
-            f" environment variable is not set; export it or remove api_key_env{where}"
+            f" environment variable {state}; export it or remove api_key_env{where}"
         )
 
 
@@ -187,9 +188,24 @@ def _loaded(
         job_path=path.resolve(),
         input_path=input_path,
         sources=MappingProxyType(sources),
-        warnings=_unknown_env_warnings(env),
+        warnings=(*_unknown_env_warnings(env), *_half_priced(spec, origin)),
         origin=origin,
     )
+
+
+def _half_priced(spec: JobSpec, origin: str) -> list[str]:
+    """A token price for one side only: the other side's tokens would count as free in the
+    spend, which is a forgotten key far more often than a free side."""
+    pricing = spec.pricing
+    if pricing is None or pricing.hourly is not None:
+        return []
+    given = {"input_per_1m": pricing.input_per_1m, "output_per_1m": pricing.output_per_1m}
+    missing = [key for key, value in given.items() if value is None]
+    if len(missing) != 1:
+        return []
+    free = "output" if missing[0] == "output_per_1m" else "prompt"
+    return [f"{origin}: pricing has no {missing[0]}, so {free} tokens count as free in the "
+            f"spend; set it (0 if they are free)"]
 
 
 def _given_flags(flags: Mapping[str, object]) -> dict[str, object]:

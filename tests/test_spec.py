@@ -394,12 +394,12 @@ def test_api_key_handling(jobs: Path) -> None:
     named = MINIMAL.replace("model:", "api_key_env: OPENAI_API_KEY\n  model:")
     job = load(write(jobs, named))
     assert job.api_key({"OPENAI_API_KEY": "sk-x"}) == "sk-x"
-    for env in ({}, {"OPENAI_API_KEY": ""}):
+    for env, state in (({}, "is not set"), ({"OPENAI_API_KEY": " "}, "is empty")):
         with pytest.raises(SpecError) as info:
             job.api_key(env)
         assert str(info.value) == (
             "jobs/x.yaml: the job names api_key_env OPENAI_API_KEY but that environment variable"
-            " is not set; export it or remove api_key_env"
+            f" {state}; export it or remove api_key_env"
         )
     via_env = load(write(jobs, MINIMAL), {"SHARDRUN_API_KEY_ENV": "MY_KEY"})
     assert via_env.api_key({"MY_KEY": "k"}) == "k"
@@ -699,3 +699,16 @@ def test_masked_url_keeps_everything_but_the_password() -> None:
         "https://User:***@Host.example/v1?api-version=1")
     assert masked_url("https://u@h/v1") == "https://u@h/v1"  # no password: nothing to hide
     assert masked_url("https://h/v1") == "https://h/v1"
+
+
+def test_a_price_for_one_side_only_warns(jobs: Path) -> None:
+    """An input price without an output price (or the reverse) would count the other side's
+    tokens as free: the job loads, with a warning naming the missing key; both prices, an
+    hourly price or none at all load quietly."""
+    half = load(write(jobs, MINIMAL + "pricing: {input_per_1m: 0.15}\n"))
+    assert half.warnings == ("jobs/x.yaml: pricing has no output_per_1m, so output tokens count "
+                             "as free in the spend; set it (0 if they are free)",)
+    other = load(write(jobs, MINIMAL + "pricing: {output_per_1m: 0.6}\n"))
+    assert [w.split(",")[0] for w in other.warnings] == ["jobs/x.yaml: pricing has no input_per_1m"]
+    for pricing in ("{input_per_1m: 0.15, output_per_1m: 0.6}", "{hourly: 2.5}", "{}"):
+        assert load(write(jobs, MINIMAL + f"pricing: {pricing}\n")).warnings == ()
