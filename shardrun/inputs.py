@@ -162,7 +162,11 @@ class InputReader:
                 elif bad := not_utf8(record, checked):
                     yield Reject(line, f"column '{bad}' is not valid UTF-8")
                 else:
-                    yield record_item(record, key, line, self.fields)
+                    item = record_item(record, key, line, self.fields)
+                    if isinstance(item, Reject) and item.reason.endswith(" is missing"):
+                        # The header has the column (checked at open): the cell is empty.
+                        item = Reject(line, item.reason.removesuffix("missing") + "empty")
+                    yield item
             self.lines_read = rows.line_num
 
     def _parquet_items(self, rows: ParquetRows) -> Iterator[dict[str, Any] | Reject]:

@@ -178,7 +178,7 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
     )
     got = read_all(path, InputPlan(format="csv"))
     assert got[0] == {"id": "1", "prompt": "Hello, world"}
-    assert got[1] == Reject(3, "prompt field 'prompt' is missing")
+    assert got[1] == Reject(3, "prompt field 'prompt' is empty")
     assert got[2] == {"id": "3", "prompt": "two\nlines"}
     assert got[3] == Reject(6, "row has 2 values but the header has 3")
     assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
@@ -194,7 +194,7 @@ def test_csv_template_and_hash(tmp_path: Path) -> None:
     reader = InputReader(path, plan)
     assert list(reader) == [
         {"id": "k1", "prompt": "Where is Lyon, France?"},
-        Reject(3, "template field 'country' is missing"),
+        Reject(3, "template field 'country' is empty"),
     ]
     assert reader.sha.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
     assert reader.lines_read == 3
