@@ -11,6 +11,7 @@ be written.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,10 @@ def handle(args: argparse.Namespace) -> int:
           f"{summary.ok:,} ok, {summary.failed:,} failed, {summary.rejected:,} rejected, "
           f"{summary.pending:,} pending", file=sys.stderr)  # fmt: skip
     run = args.run_dir
+    job = shlex.quote(str(summary.job_path or "JOB.yaml"))
     notes = [
-        (summary.pending, "record has", "records have", "no answer yet: `shardrun JOB.yaml "
-         f"--resume {run.name} --runs-dir {run.parent}` runs them"),
+        (summary.pending, "record has", "records have", f"no answer yet: `shardrun {job} "
+         f"--resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` runs them"),
         (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}` gives "
          "them another pass"),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "

@@ -86,6 +86,7 @@ class ExportSummary:
     repeated: int = 0  # further lines for an id that already has one (the first one is kept)
     torn: int = 0  # lines cut short (a run still writing, or killed without a resume since)
     warnings: list[str] = field(default_factory=list)
+    job_path: Path | None = None  # the job file whose input was read (for the hints)
 
 
 def format_of(out: Path | None, given: str | None) -> Format:
@@ -104,9 +105,12 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     `with_input` adds each row's input record."""
     if out is not None and out.is_dir():
         raise SpecError(f"-o {out} is a directory; name the file to write")
+    if out is not None and not out.parent.is_dir():  # a usage error, as a directory is
+        raise SpecError(f"-o {out}: there is no directory {out.parent}; create it, or name a "
+                        "file in one that exists")
     manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
-    summary = ExportSummary()
+    summary = ExportSummary(job_path=job.job_path)
     if _job_sha256(manifest) != file_digest(job.job_path)[0]:
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip

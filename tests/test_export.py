@@ -8,6 +8,7 @@ its own copy of the run's directory, its job and its input.
 from __future__ import annotations
 
 import csv
+import re
 import resource
 import shutil
 import signal
@@ -178,6 +179,8 @@ def test_items_without_a_line_are_pending(base: Path, tmp_path: Path) -> None:
     assert all(r["output"] is None and r["error"] is None for r in pending)
     assert ", 3 pending\n" in done.stderr
     assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in done.stderr
+    # The command names the job file whose input was read, ready to paste.
+    assert re.search(r"no answer yet: `shardrun /\S+/job\.yaml --resume ", done.stderr), done.stderr
     assert "  1 line of the run is cut short" in done.stderr
 
 
@@ -293,9 +296,9 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
     run_dir = only_run(base / "runs")
     missing = tmp_path / "no-such-dir" / "a.jsonl"
     done = export(str(run_dir), "-o", str(missing), cwd=base)
-    assert done.returncode == 1
-    assert done.stderr == (f"error: could not write {missing}: no such file or directory; "
-                           "nothing was written (name another file with -o)\n")  # fmt: skip
+    assert (done.returncode, done.stderr) == (  # a usage error, as a directory given is
+        2, f"error: -o {missing}: there is no directory {missing.parent}; create it, or name a "
+           "file in one that exists\n")  # fmt: skip
     done = export(str(run_dir), "-o", str(tmp_path), cwd=base)
     assert (done.returncode, done.stderr) == (
         2, f"error: -o {tmp_path} is a directory; name the file to write\n")
