@@ -247,10 +247,11 @@ def tokens_used(
 
 
 def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:
-    """Tokens to reserve for one request: prompt estimate (chars / 4) + its max_tokens."""
+    """Tokens to reserve for one request: prompt estimate (chars / 4) + its token limit
+    (`max_tokens`, `max_completion_tokens`, or the Responses API's `max_output_tokens`)."""
     body: Mapping[str, Any] = item.get("body") or {}
     for source in (body, params):
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return estimate_prompt_tokens(item) + value

@@ -207,6 +207,8 @@ def test_estimate_request_tokens() -> None:
                  "body": {"prompt": "abcd", "max_completion_tokens": 5}}  # fmt: skip
     assert estimate_request_tokens(body_item, {"max_tokens": 10}) == 6
     assert estimate_request_tokens(item, {}) == 2 + DEFAULT_COMPLETION_TOKENS
+    # The Responses API's limit counts as well (a job with it reserved the default before).
+    assert estimate_request_tokens(item, {"max_output_tokens": 8}) == 10
 
 
 def test_tokens_used_for_correct() -> None:
