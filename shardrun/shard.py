@@ -93,8 +93,12 @@ class Shard:
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
         # pausing no longer than the job lets the server make it wait (max_server_wait_s).
+        # Set by a stop: waits for the rate limit or a retry's backoff end at once then, since
+        # no request may start after a stop (nothing in flight would keep the grace busy).
+        self.stopped = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
-                                   max_pause_s=self.retrier.policy.max_server_wait_s)
+                                   max_pause_s=self.retrier.policy.max_server_wait_s,
+                                   sleep=self._nap)
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -114,6 +118,7 @@ class Shard:
             self.limiter.set_share(message.get("rpm"), message.get("tpm"))
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
+            self.stopped.set()
             if kind == protocol.ABORT:
                 for task in self.tasks:
                     task.cancel()
@@ -178,6 +183,12 @@ class Shard:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
+    async def _nap(self, seconds: float) -> None:
+        """Sleep `seconds`, or less if a stop comes first."""
+        if not self.stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), seconds)
+
     async def _rate_wait(self, span: Span, attempt: int) -> None:
         """Wait for the job's rate limit before an attempt; a wait is its own event.
 
@@ -238,6 +249,9 @@ class Shard:
                 self.retrier.budget.first_attempts += 1
             if attempt > 1:
                 await self._rate_wait(span, attempt)
+                if self.stopping:  # a retry after a stop: no verdict on the item (see below)
+                    self._abandon(span)
+                    return
             outcome = await self._attempt(client, span, attempt, body)
             self._settle_rate(span, outcome)
             if outcome.status == "ok":
@@ -266,7 +280,7 @@ class Shard:
                           why=decision.why)
             self.counters.retrying += 1
             try:
-                await asyncio.sleep(decision.wait)
+                await self._nap(decision.wait)
             finally:
                 self.counters.retrying -= 1
 

@@ -94,3 +94,75 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
     for file in path.rglob("*.jsonl"):  # no torn line anywhere
         for line in file.read_bytes().splitlines():
             orjson.loads(line)
+
+
+def test_sigint_during_rate_limit_waits_ends_at_once(tmp_path: Path) -> None:
+    """A job held back by its own rate limit (6 requests a minute), interrupted: nothing is in
+    flight, so the stop does not wait out the grace period (30 s) nor the rate limit's waits;
+    what waited is abandoned, and a --resume without the limit does every id exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 12)
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=4, shutdown_grace_s=30,
+              rate_limits={"rpm": 6})  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while not _result_lines(tmp_path / "runs") and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before it was stopped"
+            time.sleep(0.05)
+        assert _result_lines(tmp_path / "runs"), "no first result"
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=WAIT_GUARD_S)
+    # Behaviour, not speed: neither the 30 s grace nor a 10 s wait for the limit was sat out.
+    assert took < 10, f"the stop took {took:.1f} s"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--rpm", "none",
+                      cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    counts = Counter(r["id"] for r in Run.load(path).results)
+    assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
+
+
+def test_a_stop_during_a_retrys_wait_starts_no_attempt(tmp_path: Path) -> None:
+    """Every request answered 429 with Retry-After 20 s: each item waits to be retried when the
+    stop comes. The waits end at once, no attempt starts after the stop (a retry then would be
+    no verdict on the item), nothing is dead-lettered, and the run ends at once."""
+    write_input(tmp_path / "input.jsonl", 8)
+    sim = {**FAST_SIM, "fail_429": 1.0, "retry_after_s": 20}
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=4, shutdown_grace_s=30,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while time.monotonic() < deadline:  # until every slot's first attempt got its 429
+            assert proc.poll() is None, "the run ended before it was stopped"
+            logs = list((tmp_path / "runs").glob("*/events/shard-*.jsonl"))
+            if logs and logs[0].read_bytes().count(b'"ev":"retry"') >= 4:
+                break
+            time.sleep(0.05)
+        stopped_at, wall = time.monotonic(), time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=WAIT_GUARD_S)
+    assert took < 10, f"the stop took {took:.1f} s"  # not the 20 s the server asked, nor 30
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    run = Run.load(only_run(tmp_path / "runs"))
+    late = [e for e in run.events if e.get("ev") == "attempt_start" and e["t"] > wall]
+    assert late == [] and not run.dead and not run.results
