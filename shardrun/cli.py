@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
+    retry.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
+    retry.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
     cli_validate.register(sub)
     cli_analysis.register(sub)
     cli_export.register(sub)

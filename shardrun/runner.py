@@ -195,7 +195,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
             cached_tokens=summary.cached_tokens),
-            resume_command=resume_command(job, this.run_dir))
+            resume_command=resume_command(job, this.run_dir),
+            retry_command=retry_command(job, this.run_dir))
         status = summary.status
         if spec.output.format == "openai-batch":
             from shardrun.batch_format import write_batch_files
@@ -207,12 +208,31 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
 
 def resume_command(job: LoadedJob, run_dir: RunDir) -> str:
-    """The command that continues this run: the job file as the user named it, and the runs
-    directory unless the job file (or the default) gives it anyway."""
+    """The command that continues this run: the job file as the user named it, the runs
+    directory unless the job file (or the default) gives it anyway, and the flags that set
+    this pass's shards, concurrency and rate limits (pasted without them, a rate limit given
+    as a flag would be dropped)."""
     words = ["shardrun", job.origin or str(job.job_path), "--resume", run_dir.run_id]
     if job.sources["runs_dir"] not in ("job file", "default"):
         words += ["--runs-dir", str(run_dir.path.parent)]
-    return shlex.join(words)
+    return shlex.join([*words, *carried_flags(job)])
+
+
+def retry_command(job: LoadedJob, run_dir: RunDir) -> str:
+    """`shardrun retry-failed RUN_DIR` with the flags `resume_command` carries."""
+    return shlex.join(["shardrun", "retry-failed", str(run_dir.path), *carried_flags(job)])
+
+
+def carried_flags(job: LoadedJob) -> list[str]:
+    """This pass's flags for shards, concurrency and rate limits, as a later pass takes them."""
+    spec, words = job.spec, []
+    for key, flag, value in (("shards", "--shards", spec.shards),
+                             ("concurrency", "--concurrency", spec.concurrency),
+                             ("rate_limits.rpm", "--rpm", spec.rate_limits.rpm),
+                             ("rate_limits.tpm", "--tpm", spec.rate_limits.tpm)):  # fmt: skip
+        if job.sources.get(key, "").startswith("flag "):
+            words += [flag, "none" if value is None else f"{value:g}"]
+    return words
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

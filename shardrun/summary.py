@@ -50,6 +50,7 @@ class RunSummary:
     limit: int | None = None  # --limit, when it ended this pass's input early
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
     resume_command: str | None = None  # the command that finishes what this pass left undone
+    retry_command: str | None = None  # the command that gives the dead letters another pass
 
     @classmethod
     def from_shard_reports(
@@ -200,7 +201,7 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  to finish the run  {s.resume_command}")
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
-                     f"(another pass: shardrun retry-failed {s.run_dir})")
+                     f"(another pass: {_retry(s)})")
     spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
     lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
     if s.cached_tokens:
@@ -260,6 +261,11 @@ def _cpu_line(cpu_s: float, attempts: int, wall_s: float) -> str:
 SHOWN_REASONS = 3
 
 
+def _retry(s: RunSummary) -> str:
+    """The command that gives dead letters another pass (with this pass's carried flags)."""
+    return s.retry_command or f"shardrun retry-failed {s.run_dir}"
+
+
 def _failure_lines(s: RunSummary) -> list[str]:
     """Why items failed (the commonest kinds, each with its first reason) and where they are."""
     ranked = sorted(s.dead_reasons.items(), key=lambda kv: (-kv[1][0], kv[0]))
@@ -277,8 +283,7 @@ def _failure_lines(s: RunSummary) -> list[str]:
         lines.append(f"    {unreported:>{width},}  reason in the dead-letter lines (written by a "
                      "shard that could not report them)")
     if s.dead:
-        lines.append(f"  dead letters       {s.run_dir / 'dead'}/  (another pass: shardrun "
-                     f"retry-failed {s.run_dir})")
+        lines.append(f"  dead letters       {s.run_dir / 'dead'}/  (another pass: {_retry(s)})")
     if s.rejects and s.rejects_file is not None:
         lines.append(f"  rejected lines     {s.rejects_file}")
     return lines

@@ -561,3 +561,32 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
 
 def read_jsonl_text(text: str) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in text.splitlines()]
+
+
+def test_the_printed_commands_keep_the_flags_that_set_limits(tmp_path: Path) -> None:
+    """A pass given --rpm and --concurrency as flags: the command printed to finish the run and
+    the one printed to retry its dead letters carry them, so that pasting either keeps the
+    rate limit (it was dropped: a pasted resume ran at full speed)."""
+    write_input(tmp_path / "input.jsonl", 30)
+    sim = {**FAST_SIM, "fail_500": 0.5}
+    write_job(tmp_path / "job.yaml", retry={"max_attempts": 1},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    first = run_cli("job.yaml", "--limit", "20", "--runs-dir", "runs", "--rpm", "60000",
+                    "--concurrency", "3", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 1, first.stdout + first.stderr  # some items failed
+    path = only_run(tmp_path / "runs")
+
+    def printed(label: str, out: str) -> list[str]:
+        [line] = [line for line in out.splitlines() if label in line]
+        return shlex.split(line.split(label, 1)[1].rstrip(")"))
+
+    finish = printed("to finish the run", first.stdout)
+    assert finish[-4:] == ["--concurrency", "3", "--rpm", "60000"], finish
+    retry = printed("(another pass: ", first.stdout)
+    assert retry[:2] == ["shardrun", "retry-failed"] and (tmp_path / retry[2]) == path
+    assert retry[3:] == ["--concurrency", "3", "--rpm", "60000"]
+    again = run_cli(*retry[1:], cwd=tmp_path)
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    effective = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["effective"]
+    assert effective["rate_limits.rpm"] == {"value": 60000.0, "source": "flag --rpm"}
+    assert effective["concurrency"] == {"value": 3, "source": "flag --concurrency"}
