@@ -180,7 +180,20 @@ def read_sample(path: Path) -> dict[str, Any]:
     for key in ("run_id", "minute", "files", "per_shard", "method", *FIGURE_FIELDS):
         if key not in sample:
             raise VerifyError(f"sample {path} lacks the field {key!r}")
+    _check_shape(path, sample)
     return sample
+
+
+def _check_shape(path: Path, sample: dict[str, Any]) -> None:
+    """The lists verify walks hold what it reads: one sentence, never a traceback, for a sample
+    someone edited by hand (or cut short)."""
+    for key in ("files", "per_shard"):
+        if not isinstance(sample[key], list) or not all(isinstance(x, dict) for x in sample[key]):
+            raise VerifyError(f"sample {path}: {key} must be a list of objects")
+    for i, rec in enumerate(sample["files"]):
+        for name, kind in (("path", str), ("sha256", str), ("bytes", int)):
+            if not isinstance(rec.get(name), kind) or isinstance(rec.get(name), bool):
+                raise VerifyError(f"sample {path}: files[{i}] lacks {name!r} (a {kind.__name__})")
 
 
 def find_run_dir(sample_path: Path, run_dir: Path | None) -> Path:

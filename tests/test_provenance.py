@@ -256,6 +256,16 @@ def test_unreadable_samples(published: tuple[Path, Path], tmp_path: Path) -> Non
     shutil.copy(published[1], stray)
     with pytest.raises(VerifyError, match="pass --run-dir"):
         verify(stray)
+    # Edited by hand: a file without its SHA-256, or no list of files at all.
+    run_dir, sample = published
+    good = orjson.loads(sample.read_bytes())
+    for edited, says in (({**good, "files": [{**good["files"][0], "sha256": None}]},
+                          r"files\[0\] lacks 'sha256' \(a str\)"),
+                         ({**good, "files": None}, "files must be a list of objects"),
+                         ({**good, "per_shard": [3]}, "per_shard must be a list of objects")):
+        bad.write_bytes(orjson.dumps(edited))
+        with pytest.raises(VerifyError, match=says):
+            verify(bad, run_dir)
 
 
 def test_real_run_publish_verify_and_a_flip(tmp_path: Path) -> None:
