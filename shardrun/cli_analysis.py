@@ -114,6 +114,9 @@ def run_publish(args: argparse.Namespace) -> int:
 
     sample, path = publish(args.run_dir, minute=args.minute, out=args.output)
     print(format_sample(sample))
+    if sample["partial"]:  # the run covered no whole minute (or --minute named one it did not)
+        print(f"warning: minute {sample['minute']} is partial: the run did not cover all of it, "
+              "so its tokens are not a full minute's throughput", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

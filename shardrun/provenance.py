@@ -228,7 +228,8 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     _check_files(sample, loaded)
     _check_figure(sample, figure(loaded, _sample_minute(sample)).as_dict())
     size = sum(f["bytes"] for f in sample["files"])
-    return (f"ok: run {sample['run_id']} minute {sample['minute']}: "
+    part = " (a partial minute: the run did not cover all of it)" if sample["partial"] else ""
+    return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
             f"on {len(sample['per_shard'])} shards; {len(sample['files'])} event files "
             f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute")

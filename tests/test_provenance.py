@@ -279,6 +279,12 @@ def test_real_run_publish_verify_and_a_flip(tmp_path: Path) -> None:
     sample, path = publish(run)
     assert sample["spans"] == 200 and sample["partial"] in (True, False)
     assert verify(path).startswith("ok: run r1 minute ")
+    # A run of a few seconds covers no whole minute: publishing and verifying its peak say so.
+    cli = run_cli("publish", str(run), "-o", str(tmp_path / "peak.json"), cwd=tmp_path)
+    assert cli.returncode == 0 and orjson.loads(cli.stdout)["partial"] is True, cli.stderr
+    assert "is partial: the run did not cover all of it" in cli.stderr
+    assert "(a partial minute: the run did not cover all of it)" in verify(tmp_path / "peak.json",
+                                                                          run)
     log = run / "events" / "shard-01.jsonl"
     data = bytearray(log.read_bytes())
     data[len(data) // 2] ^= 0x01
