@@ -139,8 +139,9 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_finding("rate_limited", "held back by a rate limit",
                             {"rate_waits": waits["count"],
                              "before_admission_s": waits["before_admission_s"],
-                             "share_of_backlog": round(waits["before_admission_s"] / backlog,
-                                                       4)},
+                             # Several slots may wait at once (slot-seconds): a share, at most 1.
+                             "share_of_backlog": round(min(1.0, waits["before_admission_s"]
+                                                           / backlog), 4)},
                             *TABLE["rate_limit"]))
     conn = doc["connections"]
     churn, expected = conn["churn_per_success"], conn["expected_churn"]
