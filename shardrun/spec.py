@@ -201,6 +201,10 @@ def _half_priced(spec: JobSpec, origin: str) -> list[str]:
         return []
     given = {"input_per_1m": pricing.input_per_1m, "output_per_1m": pricing.output_per_1m}
     missing = [key for key, value in given.items() if value is None]
+    if len(missing) == 2 and pricing.cached_input_per_1m is not None:  # a cached price alone
+        return [f"{origin}: pricing has only cached_input_per_1m, so prompt tokens not read "
+                "from a cache and output tokens count as free in the spend; set "
+                "input_per_1m and output_per_1m (0 if they are free)"]
     if len(missing) != 1:
         return []
     free = "output" if missing[0] == "output_per_1m" else "prompt"

@@ -710,5 +710,8 @@ def test_a_price_for_one_side_only_warns(jobs: Path) -> None:
                              "as free in the spend; set it (0 if they are free)",)
     other = load(write(jobs, MINIMAL + "pricing: {output_per_1m: 0.6}\n"))
     assert [w.split(",")[0] for w in other.warnings] == ["jobs/x.yaml: pricing has no input_per_1m"]
+    cached = load(write(jobs, MINIMAL + "pricing: {cached_input_per_1m: 0.075}\n"))
+    assert [w.split(",")[0] for w in cached.warnings] == [
+        "jobs/x.yaml: pricing has only cached_input_per_1m"]
     for pricing in ("{input_per_1m: 0.15, output_per_1m: 0.6}", "{hourly: 2.5}", "{}"):
         assert load(write(jobs, MINIMAL + f"pricing: {pricing}\n")).warnings == ()
