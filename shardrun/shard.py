@@ -199,6 +199,8 @@ class Shard:
             span.charged = estimate_request_tokens(span.item, self.cfg.params)
         waited = await self.limiter.acquire(span.charged)
         if waited > 0:  # the clock is read only then: without limits this costs next to nothing
+            self.counters.rate_waits += 1
+            self.counters.rate_wait_ms += round(waited * 1000)
             self.log.emit(events.RATE_WAIT, t=self.clock.now() - waited, span=span.span_id,
                           id=span.item_id, attempt=attempt, wait=waited)
 

@@ -81,6 +81,10 @@ class Counters:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
+    # Waits for a rate limit before an attempt (the job's rpm/tpm, or a pause the server's
+    # x-ratelimit-* headers asked for), and their time in milliseconds, summed over slots.
+    rate_waits: int = 0
+    rate_wait_ms: int = 0
     in_flight: int = 0
     retrying: int = 0
     abandoned: int = 0

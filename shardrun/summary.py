@@ -40,6 +40,8 @@ class RunSummary:
     cached_tokens: int = 0  # of prompt_tokens (every attempt's), as the server counted them
     reasoning_tokens: int = 0  # of the successes' completion tokens, likewise
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
+    rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
+    rate_wait_s: float = 0.0  # their time, summed over slots
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -85,7 +87,8 @@ class RunSummary:
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
-                           "reasoning_tokens", "refusals")}  # fmt: skip
+                           "reasoning_tokens", "refusals", "rate_waits",
+                           "rate_wait_ms")}  # fmt: skip
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -101,6 +104,8 @@ class RunSummary:
             cached_tokens=total["cached_tokens"],
             reasoning_tokens=total["reasoning_tokens"],
             refusals=total["refusals"],
+            rate_waits=total["rate_waits"],
+            rate_wait_s=total["rate_wait_ms"] / 1000,
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -168,7 +173,8 @@ class RunSummary:
                                                             "completion_tokens": peak[1]},
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
             "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
-            "refusals": self.refusals, "cost": self.cost,
+            "refusals": self.refusals, "cost": self.cost, "rate_waits": self.rate_waits,
+            "rate_wait_s": round(self.rate_wait_s, 3),
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
@@ -211,6 +217,8 @@ def format_summary(s: RunSummary) -> str:
         f"  attempts           {s.attempts:,} ({s.retries:,} retries"
         + (f", retry budget spent for {s.budget_exhausted:,} items" if s.budget_exhausted else "")
         + ")",
+        *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
+           "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
         f"  wall time          {s.wall_s:,.1f} s",
         f"  completion TPM     {s.tpm:,.0f} (run average, all shards)",
     ]

@@ -169,8 +169,14 @@ def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
     assert busiest <= 20 + 3
     rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
     assert abs(rate - 20) <= 2, rate
-    waits = [e for e in Run.load(only_run(tmp_path / "runs")).events if e["ev"] == "rate_wait"]
+    run = Run.load(only_run(tmp_path / "runs"))
+    waits = [e for e in run.events if e["ev"] == "rate_wait"]
     assert waits and all(w["wait"] > 0 for w in waits)
+    # The summary says the run was held back, and by how much (what the log's waits add up to).
+    summary = run.manifest["summary"]
+    assert summary["rate_waits"] == len(waits)
+    assert summary["rate_wait_s"] == pytest.approx(sum(w["wait"] for w in waits), abs=0.01)
+    assert f"  rate-limit waits   {len(waits):,} (" in proc.stdout
 
 
 def test_template_with_missing_field_is_a_reject(tmp_path: Path) -> None:
