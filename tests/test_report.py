@@ -149,6 +149,16 @@ def test_report_exit_code_says_whether_the_log_can_be_trusted(
     assert "events/shard-00.jsonl differs from the SHA-256 the manifest recorded" in \
         capsys.readouterr().err
 
+    gone = _hand_run(tmp_path / "gone")  # a log the manifest lists, deleted: half the figures
+    manifest = orjson.loads((gone / "manifest.json").read_bytes())
+    log = gone / "events" / "shard-00.jsonl"
+    files = [{"path": "events/shard-00.jsonl", "sha256": "0" * 64, "bytes": log.stat().st_size}]
+    (gone / "manifest.json").write_bytes(orjson.dumps({**manifest, "files": files}))
+    log.unlink()
+    assert main(["report", str(gone)]) == 1
+    assert ("events/shard-00.jsonl is listed in the manifest but missing from the run "
+            "directory") in capsys.readouterr().err
+
 
 def test_run_states(tmp_path: Path) -> None:
     """Finished by the manifest; running while logs are fresh; crashed once they go stale."""

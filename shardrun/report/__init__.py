@@ -48,7 +48,17 @@ def load_report(run_dir: Path, *, trace: bool = False,
         pricing=pricing_from_effective(_effective(manifest)),
         files=files, notes=[n for f in files for n in _file_notes(f, state)],
     )  # fmt: skip
-    return build_report(facts, loaded.coordinators, loaded.shards), loaded
+    doc = build_report(facts, loaded.coordinators, loaded.shards)
+    # An event file the manifest lists that is gone would silently take its figures with it.
+    present = {scan.path for scan in loaded.scans}
+    missing = sorted(p for p in recorded
+                     if isinstance(p, str) and p.startswith("events/") and p not in present)
+    if missing:
+        doc["integrity"]["missing_files"] = missing
+        doc["integrity"]["ok"] = False
+        doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
+                         "its figures are not in this report" for p in missing]
+    return doc, loaded
 
 
 def integrity_problem(doc: dict[str, Any]) -> str | None:
@@ -58,6 +68,9 @@ def integrity_problem(doc: dict[str, Any]) -> str | None:
     SHA-256. A torn last line or lines beyond the last checkpoint are not problems: a crashed or
     running run has them, and the report says how much of each file is covered.
     """
+    if missing := doc["integrity"].get("missing_files"):
+        more = f" (and {len(missing) - 1:,} more)" if len(missing) > 1 else ""
+        return f"{missing[0]}{more} is listed in the manifest but missing from the run directory"
     for f in doc["integrity"]["files"]:
         if f["checkpoint_error"]:
             return f"{f['path']}: checkpoint check failed at {f['checkpoint_error']}"
