@@ -39,21 +39,28 @@ def started_with_limit(tmp_path: Path, n: int, limit: int) -> tuple[list[str], P
     return ids, only_run(tmp_path / "runs")
 
 
+def refused(job: str, run: str, path: Path, tmp_path: Path) -> str:
+    """`--resume` of run `run` with `job`: refused with one error line, exit 2, the run left
+    byte for byte as it was (no request, no result, no manifest entry); the error line."""
+    before = snapshot(path)
+    resumed = run_cli(job, "--resume", run, *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert resumed.stderr.count("\n") == 1 and "Traceback" not in resumed.stderr
+    assert snapshot(path) == before
+    return resumed.stderr
+
+
 def test_an_input_edited_in_place_is_refused_before_any_request(tmp_path: Path) -> None:
     """Line 1's prompt changed after the run read it: the resume would pair its old answer with
     the new prompt, so it is refused with one sentence and the run is left as it was."""
     _, path = started_with_limit(tmp_path, 30, 10)
     data = (tmp_path / "input.jsonl").read_bytes()
     (tmp_path / "input.jsonl").write_bytes(data.replace(b"Question 0:", b"Question zero:", 1))
-    before = snapshot(path)
-    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
-    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
-    assert resumed.stderr.count("\n") == 1 and "Traceback" not in resumed.stderr
-    assert resumed.stderr.startswith(
+    error = refused("job.yaml", "qq", path, tmp_path)
+    assert error.startswith(
         f"error: the input {tmp_path / 'input.jsonl'} is not what run qq read: its first "
-    ), resumed.stderr
-    assert "restore the file as the run read it" in resumed.stderr
-    assert snapshot(path) == before  # no request, no result, no manifest entry
+    ), error
+    assert "restore the file as the run read it" in error
 
 
 def test_another_input_path_is_refused(tmp_path: Path) -> None:
@@ -65,14 +72,10 @@ def test_another_input_path_is_refused(tmp_path: Path) -> None:
     path = only_run(tmp_path / "runs")
     write_input(tmp_path / "other.jsonl", 20, prefix="other")
     write_job(tmp_path / "other.yaml", shards=1, input={"path": "other.jsonl"})
-    before = snapshot(path)
-    resumed = run_cli("other.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
-    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
-    assert resumed.stderr.count("\n") == 1 and "Traceback" not in resumed.stderr
-    assert resumed.stderr.startswith(
+    error = refused("other.yaml", "latest", path, tmp_path)
+    assert error.startswith(
         f"error: input.path names {tmp_path / 'other.jsonl'} in other.yaml, but run {path.name} "
-        f"read {tmp_path / 'input.jsonl'}, and "), resumed.stderr
-    assert snapshot(path) == before
+        f"read {tmp_path / 'input.jsonl'}, and "), error
 
 
 def test_an_unchanged_input_resumes_and_every_item_ends_once(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 
@@ -21,6 +23,7 @@ GRACE_S = 2
 STALL_S = 30  # far beyond the grace: a stop that waits for the stalls is plainly late
 WAIT_GUARD_S = 120.0  # hang guard only
 QUIET_S = 1.0  # no new result for this long: every slot holds a stalled stream
+T = TypeVar("T")
 
 
 def _result_lines(runs: Path) -> int:
@@ -46,6 +49,37 @@ def _wait_until_every_slot_stalls(runs: Path, proc: subprocess.Popen[str]) -> in
     raise AssertionError("results never stopped coming: the stalls did not hold the slots")
 
 
+def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T]
+                 ) -> tuple[T, subprocess.Popen[str], str, float, float]:  # fmt: skip
+    """Run the CLI on job.yaml, send SIGINT once `ready(process)` returns (it waits, bounded,
+    and says what it saw), and wait for the end: (what `ready` returned, the process, its
+    stderr, seconds from the signal to the end, wall-clock time of the signal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        seen = ready(proc)
+        stopped_at, wall = time.monotonic(), time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:  # only on a failure above: end the run we started
+            proc.kill()
+            proc.communicate(timeout=WAIT_GUARD_S)
+    return seen, proc, err, took, wall
+
+
+def _wait_for(proc: subprocess.Popen[str], done: Callable[[], bool], what: str) -> None:
+    """Poll `done` until it holds (the run must still be going), within WAIT_GUARD_S."""
+    deadline = time.monotonic() + WAIT_GUARD_S
+    while not done():
+        assert proc.poll() is None, "the run ended before it was stopped"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.05)
+
+
 def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path) -> None:
     """Every slot busy with a stream stalled for 30 s: a SIGINT ends the run after the 2 s
     grace, not when the stalls end; the cancelled items get no line; --resume does each once."""
@@ -56,20 +90,9 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
            "timeouts": {"idle_s": 2 * STALL_S}}
     write_job(tmp_path / "job.yaml", **job, endpoint={"base_url": "sim://", "api": "chat",
                                                       "model": "m", "sim": stalling})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        earned = _wait_until_every_slot_stalls(tmp_path / "runs", proc)
-        stopped_at = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=WAIT_GUARD_S)
-        took = time.monotonic() - stopped_at
-    finally:
-        if proc.poll() is None:  # only on a failure above: end the run we started
-            proc.kill()
-            proc.communicate(timeout=WAIT_GUARD_S)
+    runs = tmp_path / "runs"
+    earned, proc, err, took, _ = _interrupted(tmp_path,
+                                              lambda p: _wait_until_every_slot_stalls(runs, p))
     # Behaviour, not speed: the stop did not wait for the stalls (half of them is far above the
     # grace and whatever a busy machine adds to a flush and the simulator's stop).
     assert took < STALL_S / 2, f"the stop took {took:.1f} s (grace {GRACE_S} s)"
@@ -103,24 +126,8 @@ def test_sigint_during_rate_limit_waits_ends_at_once(tmp_path: Path) -> None:
     ids = write_input(tmp_path / "input.jsonl", 12)
     write_job(tmp_path / "job.yaml", shards=1, concurrency=4, shutdown_grace_s=30,
               rate_limits={"rpm": 6})  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + WAIT_GUARD_S
-        while not _result_lines(tmp_path / "runs") and time.monotonic() < deadline:
-            assert proc.poll() is None, "the run ended before it was stopped"
-            time.sleep(0.05)
-        assert _result_lines(tmp_path / "runs"), "no first result"
-        stopped_at = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=WAIT_GUARD_S)
-        took = time.monotonic() - stopped_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=WAIT_GUARD_S)
+    _, proc, err, took, _ = _interrupted(tmp_path, lambda p: _wait_for(
+        p, lambda: _result_lines(tmp_path / "runs") > 0, "a first result"))
     # Behaviour, not speed: neither the 30 s grace nor a 10 s wait for the limit was sat out.
     assert took < 10, f"the stop took {took:.1f} s"
     assert proc.returncode == 130 and "Traceback" not in err, err
@@ -141,26 +148,13 @@ def test_a_stop_during_a_retrys_wait_starts_no_attempt(tmp_path: Path) -> None:
     sim = {**FAST_SIM, "fail_429": 1.0, "retry_after_s": 20}
     write_job(tmp_path / "job.yaml", shards=1, concurrency=4, shutdown_grace_s=30,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + WAIT_GUARD_S
-        while time.monotonic() < deadline:  # until every slot's first attempt got its 429
-            assert proc.poll() is None, "the run ended before it was stopped"
-            logs = list((tmp_path / "runs").glob("*/events/shard-*.jsonl"))
-            if logs and logs[0].read_bytes().count(b'"ev":"retry"') >= 4:
-                break
-            time.sleep(0.05)
-        stopped_at, wall = time.monotonic(), time.time()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=WAIT_GUARD_S)
-        took = time.monotonic() - stopped_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=WAIT_GUARD_S)
+
+    def every_slot_got_a_429() -> bool:  # each slot's first attempt refused: all are waiting
+        logs = list((tmp_path / "runs").glob("*/events/shard-*.jsonl"))
+        return bool(logs) and logs[0].read_bytes().count(b'"ev":"retry"') >= 4
+
+    _, proc, err, took, wall = _interrupted(
+        tmp_path, lambda p: _wait_for(p, every_slot_got_a_429, "every slot's first 429"))
     assert took < 10, f"the stop took {took:.1f} s"  # not the 20 s the server asked, nor 30
     assert proc.returncode == 130 and "Traceback" not in err, err
     run = Run.load(only_run(tmp_path / "runs"))
