@@ -398,7 +398,9 @@ class ChunkReader:
         the stream is then parsed as before, at the cost of a few failed lessons). Envelopes are
         learned from chunks without their padding (module docstring, "Padding").
         """
-        unpadded = payload if self._padded else _PADDING.sub(b"", payload)
+        # The search (a regular expression) only where the key is: most servers never pad.
+        unpadded = (payload if self._padded or PADDING_KEY not in payload
+                    else _PADDING.sub(b"", payload))  # fmt: skip
         padding = len(unpadded) != len(payload)
         slots = _ENVELOPE_SLOTS[kind]
         prefix, suffix, learns = (getattr(self, name) for name in slots)
