@@ -369,8 +369,10 @@ class Coordinator:
         self.states.append(state)
         # The config goes first, before any `rate` message a rebalance may send.
         rpm, tpm = shares(*self.rate_limits, len(self._live()))
-        config = ShardConfig(**{**self.config.__dict__, "shard": state.handle.index,
-                                "rate": {"rpm": rpm, "tpm": tpm}})
+        index = state.handle.index
+        config = ShardConfig(**{**self.config.__dict__, "shard": index,
+                                "rate": {"rpm": rpm, "tpm": tpm},
+                                "rate_phase": index % self.shard_count / self.shard_count})
         state.handle.send(config.to_message())
         self.tasks[asyncio.create_task(self.serve(state))] = state
         self._rebalance_rates()

@@ -2,19 +2,22 @@
 
 The coordinator splits the job's `rate_limits` evenly: each live shard gets rpm/N and tpm/N
 (`shares`), and sends new shares when a shard finishes or dies so the survivors use what it
-left. A shard enforces its share with a `RateLimiter`: two token buckets (requests, tokens)
-charged *before* a request is sent, corrected once the server's usage is known, and slowed
-further by the server's own `x-ratelimit-*` headers before they turn into 429s.
+left. A shard enforces its share with a `RateLimiter`: two pacers (requests, tokens) charged
+when a request is reserved, corrected once the server's usage is known, and slowed further by
+the server's own `x-ratelimit-*` headers before they turn into 429s.
 
-`TokenBucket.take` reserves: the level may go negative, and the caller waits until its
-reservation is covered. Callers are therefore served in the order they asked, and a request
-larger than the burst still goes through (it just waits longer) instead of starving.
+`Pacer.take` is pay-after pacing (the generic cell rate algorithm): a request waits until the
+debt the earlier ones ran up has been paid off at the rate, then adds its own cost to the
+debt. So callers are served in the order they asked, a request goes out as soon as what came
+before it is paid for (the first one at once, whatever its size, instead of first sitting out
+its own cost), and over a long run the average is the rate. Requests are paced evenly instead
+of in clumps, which is also what servers that count in sub-minute windows want to see: in any
+window of T seconds a shard sends at most T times its share plus one request.
 
-Burst: one unit (one request; one token). A bucket that starts full with a second's worth
-would let a shard send twice its share in the first second; with a burst of one, in any 1 s
-window a shard sends at most its share plus one request, and over a long run the average is
-the rate. Requests are paced evenly instead of in clumps, which is also what servers that
-count in sub-minute windows want to see.
+Shards start staggered: shard k of N begins with a debt of k/N of its first request
+(`RateLimiter(phase=k/N)`), so the job's first requests are spread one job-wide interval apart
+instead of N of them going out at once (8 shards under `rpm: 2` would otherwise send 8 in the
+first second).
 
 The clock and sleep are parameters: tests are plain arithmetic on a fake clock.
 """
@@ -26,15 +29,15 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardrun.items import estimate_prompt_tokens
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
+    "Pacer",
     "RateLimiter",
-    "TokenBucket",
     "estimate_request_tokens",
     "parse_duration",
     "shares",
@@ -54,49 +57,46 @@ _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6
 
 
 @dataclass(slots=True)
-class TokenBucket:
-    """`rate_per_s` units refill per second up to `burst`; `take` reserves and says how long
-    to wait. Starts full."""
+class Pacer:
+    """Paces units at `rate_per_s`: `take` says how long to wait for the debt left by earlier
+    takes to be paid off, then adds its own amount to the debt. Starts with no debt."""
 
     rate_per_s: float
-    burst: float
-    level: float = field(default=math.nan)
+    debt: float = 0.0
     updated: float | None = None
 
     def __post_init__(self) -> None:
-        if not (self.rate_per_s > 0 and self.burst > 0):
-            raise ValueError(f"rate and burst must be positive: {self.rate_per_s}, {self.burst}")
-        if math.isnan(self.level):
-            self.level = self.burst
+        if not self.rate_per_s > 0:
+            raise ValueError(f"rate must be positive: {self.rate_per_s}")
 
-    def _refill(self, now: float) -> None:
+    def _pay(self, now: float) -> None:
         if self.updated is not None and now > self.updated:
-            self.level = min(self.burst, self.level + (now - self.updated) * self.rate_per_s)
+            self.debt = max(0.0, self.debt - (now - self.updated) * self.rate_per_s)
         if self.updated is None or now > self.updated:
             self.updated = now
 
     def take(self, now: float, amount: float) -> float:
-        """Reserve `amount`; the seconds to wait before it is covered (0 when it already is)."""
-        self._refill(now)
-        self.level -= amount
-        return 0.0 if self.level >= 0 else -self.level / self.rate_per_s
+        """Reserve `amount`; the seconds to wait before it may go (0 when nothing is owed)."""
+        self._pay(now)
+        wait = self.debt / self.rate_per_s
+        self.debt += amount
+        return wait
 
-    def give(self, now: float, amount: float) -> None:
-        """Return `amount` (negative: charge more, without waiting), never above the burst."""
-        self._refill(now)
-        self.level = min(self.burst, self.level + amount)
+    def charge(self, now: float, amount: float) -> None:
+        """Add `amount` to the debt without waiting (negative: a refund, never below zero)."""
+        self._pay(now)
+        self.debt = max(0.0, self.debt + amount)
 
-    def retune(self, now: float, rate_per_s: float, burst: float) -> None:
-        """New rate and burst from `now` on; reservations already made keep their debt."""
-        self._refill(now)
-        self.rate_per_s, self.burst = rate_per_s, burst
-        self.level = min(self.level, burst)
+    def retune(self, now: float, rate_per_s: float) -> None:
+        """A new rate from `now` on; the debt already run up stays."""
+        self._pay(now)
+        self.rate_per_s = rate_per_s
 
 
-def _bucket_for(per_minute: float | None) -> TokenBucket | None:
+def _pacer_for(per_minute: float | None) -> Pacer | None:
     if per_minute is None or math.isinf(per_minute):
         return None
-    return TokenBucket(per_minute / 60.0, 1.0)
+    return Pacer(per_minute / 60.0)
 
 
 def shares(rpm: float | None, tpm: float | None, live: int) -> tuple[float | None, float | None]:
@@ -116,11 +116,15 @@ class RateLimiter:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         max_pause_s: float = MAX_PAUSE_S,
+        phase: float = 0.0,
     ) -> None:
+        """`phase` (0 <= phase < 1): the share of its first request this shard owes from the
+        start, k/N for shard k of N, so the shards' first requests do not all go at once."""
         self._clock, self._sleep = clock, sleep
         self.max_pause_s = min(max_pause_s, MAX_PAUSE_S)
-        self.requests = _bucket_for(rpm)
-        self.tokens = _bucket_for(tpm)
+        self.requests = _pacer_for(rpm)
+        self.tokens = _pacer_for(tpm)
+        self._phase = phase
         self.pause_until = -math.inf
         self.pending = 0
         self.pending_tokens = 0
@@ -130,6 +134,11 @@ class RateLimiter:
         """Charge one request and `tokens` now; the seconds until both are covered."""
         now = self._clock()
         self.last_charge = tokens
+        if self._phase:  # the first request only: start this shard's pacing staggered
+            for pacer, amount in ((self.requests, 1), (self.tokens, tokens)):
+                if pacer is not None:
+                    pacer.charge(now, self._phase * amount)
+            self._phase = 0.0
         wait = self.pause_until - now
         if self.requests is not None:
             wait = max(wait, self.requests.take(now, 1))
@@ -163,7 +172,7 @@ class RateLimiter:
     def correct(self, charged: int, actual_total_tokens: int) -> None:
         """The server counted `actual_total_tokens` where `charged` was reserved: settle up."""
         if self.tokens is not None and charged != actual_total_tokens:
-            self.tokens.give(self._clock(), charged - actual_total_tokens)
+            self.tokens.charge(self._clock(), actual_total_tokens - charged)
 
     def set_share(self, rpm: float | None, tpm: float | None) -> None:
         """A new share from the coordinator (a shard finished or died, or limits changed)."""
@@ -193,15 +202,13 @@ class RateLimiter:
         return pause
 
 
-def _retuned(
-    bucket: TokenBucket | None, per_minute: float | None, now: float
-) -> TokenBucket | None:
-    """The bucket for a new per-minute share, keeping the old bucket's debt when it had one."""
-    fresh = _bucket_for(per_minute)
-    if fresh is None or bucket is None:
+def _retuned(pacer: Pacer | None, per_minute: float | None, now: float) -> Pacer | None:
+    """The pacer for a new per-minute share, keeping the old pacer's debt when it had one."""
+    fresh = _pacer_for(per_minute)
+    if fresh is None or pacer is None:
         return fresh
-    bucket.retune(now, fresh.rate_per_s, fresh.burst)
-    return bucket
+    pacer.retune(now, fresh.rate_per_s)
+    return pacer
 
 
 def _number(text: str | None) -> float | None:

@@ -98,7 +98,7 @@ class Shard:
         self.stopped = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
-                                   sleep=self._nap)
+                                   sleep=self._nap, phase=cfg.rate_phase)
 
     # -- messages from the coordinator ---------------------------------------------------------
 

@@ -45,6 +45,9 @@ class ShardConfig:
     grace_s: float = 30.0
     fsync_interval_s: float = 1.0
     rate: dict[str, float | None] = field(default_factory=dict)  # this shard's rpm/tpm share
+    # k/N for shard k of N: how far into one job-wide interval its pacing starts
+    # (shardrun.ratelimit), so the shards' first requests are spread out.
+    rate_phase: float = 0.0
     segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 import re
 import shlex
@@ -178,6 +179,22 @@ def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
     assert summary["rate_wait_s"] == pytest.approx(sum(w["wait"] for w in waits),
                                                    abs=0.0005 * len(waits) + 0.001)  # ms each
     assert f"  rate-limit waits   {len(waits):,} (" in proc.stdout
+
+
+def test_shards_first_requests_are_spread_over_the_job_wide_rate(tmp_path: Path) -> None:
+    """rpm 240 over 4 shards: the first requests go out about 0.25 s apart, as one job-wide
+    stream would send them, not four at once (each shard's share alone would allow that)."""
+    write_input(tmp_path / "input.jsonl", 12)
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        write_job(tmp_path / "job.yaml", rate_limits={"rpm": 240}, shards=4, concurrency=4,
+                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
+            arrivals = sorted(orjson.loads(r.read()))
+    assert proc.returncode == 0, proc.stderr
+    assert len(arrivals) == 12
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert min(gaps[:3]) > 0.1, gaps  # 0.25 s apart, give or take the shards' start-up
 
 
 def test_template_with_missing_field_is_a_reject(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from shardrun.ratelimit import (
     DEFAULT_COMPLETION_TOKENS,
     DEFAULT_PAUSE_S,
     MAX_PAUSE_S,
+    Pacer,
     RateLimiter,
-    TokenBucket,
     estimate_request_tokens,
     parse_duration,
     shares,
@@ -46,23 +46,53 @@ def limiter(rpm: float | None, tpm: float | None) -> tuple[RateLimiter, FakeTime
     return RateLimiter(rpm, tpm, clock=t.clock, sleep=t.sleep), t
 
 
-def test_bucket_starts_full_then_queues_reservations() -> None:
-    """Rate 2/s, burst 2: two at once are free, then each waits 0.5 s more than the last."""
-    bucket = TokenBucket(2.0, 2.0)
-    assert [bucket.take(10.0, 1) for _ in range(5)] == [0.0, 0.0, 0.5, 1.0, 1.5]
-    # 1 s later 2 of the 3 owed are refilled; a new request waits for 1 more and its own 1.
-    assert bucket.take(11.0, 1) == pytest.approx(1.0)
+def test_pacer_queues_reservations_behind_the_debt() -> None:
+    """Rate 2/s: the first goes at once, then each waits 0.5 s more than the last."""
+    pacer = Pacer(2.0)
+    assert [pacer.take(10.0, 1) for _ in range(5)] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    # 1 s later 2 of the 5 owed are paid; a new request waits for the other 3.
+    assert pacer.take(11.0, 1) == pytest.approx(1.5)
 
 
-def test_bucket_refill_is_capped_and_give_refunds() -> None:
-    """An idle bucket holds at most the burst; `give` refunds up to the burst."""
-    bucket = TokenBucket(1.0, 3.0)
-    bucket.take(0.0, 3)
-    assert bucket.take(100.0, 3) == 0.0 and bucket.level == 0.0
-    bucket.give(100.0, 10)
-    assert bucket.level == 3.0
+def test_pacer_pays_down_to_zero_and_refunds_never_go_below() -> None:
+    """An idle pacer owes nothing (no credit builds up); a refund stops at zero debt."""
+    pacer = Pacer(1.0)
+    pacer.take(0.0, 3)
+    assert pacer.take(100.0, 3) == 0.0 and pacer.debt == 3.0
+    pacer.charge(100.0, -10)
+    assert pacer.debt == 0.0
+    pacer.charge(100.0, 2)
+    assert pacer.take(100.0, 1) == 2.0
     with pytest.raises(ValueError, match="positive"):
-        TokenBucket(0.0, 1.0)
+        Pacer(0.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.floats(0.5, 500.0),
+    calls=st.lists(st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 400.0)), min_size=1,
+                   max_size=200),
+)
+def test_pacer_grants_are_paid_for_and_never_late(
+    rate: float, calls: list[tuple[float, float]]
+) -> None:
+    """Callers arriving at any times with any amounts: each goes out exactly when the one
+    before it has been paid for at the rate, or on arrival if that was earlier. So whatever
+    goes out between two grants was paid for, and nobody waits longer than that."""
+    pacer, now = Pacer(rate), 0.0
+    grants: list[tuple[float, float]] = []  # (grant time, amount)
+    for gap, amount in calls:
+        now += gap
+        grants.append((now + pacer.take(now, amount), amount))
+        if len(grants) == 1:
+            assert grants[0][0] == now  # the first goes at once, whatever its size
+        else:
+            (before, owed), (granted, _) = grants[-2], grants[-1]
+            assert granted == pytest.approx(max(now, before + owed / rate), abs=1e-9)
+    for i, (start, _) in enumerate(grants):
+        for j in range(i + 1, len(grants)):
+            paid = sum(amount for _, amount in grants[i:j])
+            assert grants[j][0] >= start + paid / rate - 1e-6
 
 
 def grant_times(rate_per_s: float, gaps: list[float]) -> list[float]:
@@ -85,14 +115,13 @@ def grant_times(rate_per_s: float, gaps: list[float]) -> list[float]:
     rate=st.floats(0.2, 50.0),
     gaps=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=300),
 )
-def test_no_window_of_one_second_exceeds_rate_plus_burst(rate: float, gaps: list[float]) -> None:
-    """For any arrival pattern, grants in any closed 1 s window <= rate + burst."""
+def test_no_window_of_one_second_exceeds_rate_plus_one(rate: float, gaps: list[float]) -> None:
+    """For any arrival pattern, grants in any closed 1 s window <= rate + 1."""
     grants = grant_times(rate, gaps)
     assert grants == sorted(grants)
-    burst = max(rate, 1.0)
     for i, start in enumerate(grants):
         in_window = bisect.bisect_right(grants, start + 1.0 + 1e-9) - i
-        assert in_window <= rate + burst + 1e-6
+        assert in_window <= rate + 1 + 1e-6
 
 
 @settings(max_examples=20, deadline=None)
@@ -106,16 +135,17 @@ def test_long_run_average_is_the_rate(rate: float) -> None:
     assert granted / duration == pytest.approx(rate, rel=0.02)
 
 
-def test_acquire_charges_both_buckets() -> None:
-    """rpm 600 (10/s) and tpm 6000 (100/s), bursts of 1: the tokens bucket binds.
+def test_acquire_charges_both_pacers() -> None:
+    """rpm 600 (10/s) and tpm 6000 (100/s): the tokens pacer binds.
 
-    100 tokens from a level of 1 wait 99/100 s; then the requests bucket has refilled, and 50
-    more tokens wait 0.5 s.
+    The first 100 tokens go at once; the next request waits 1 s for them (the requests pacer
+    only 0.1 s), and one after it 0.5 s for the 50 that request took.
     """
     rl, t = limiter(600, 6000)
-    assert asyncio.run(rl.acquire(100)) == pytest.approx(0.99)
-    assert asyncio.run(rl.acquire(50)) == pytest.approx(0.5)
-    assert t.now == pytest.approx(1.49) and (rl.pending, rl.pending_tokens) == (0, 0)
+    assert asyncio.run(rl.acquire(100)) == 0.0
+    assert asyncio.run(rl.acquire(50)) == pytest.approx(1.0)
+    assert asyncio.run(rl.acquire(0)) == pytest.approx(0.5)
+    assert t.now == pytest.approx(1.5) and (rl.pending, rl.pending_tokens) == (0, 0)
 
 
 def test_unlimited_never_waits() -> None:
@@ -129,26 +159,45 @@ def test_unlimited_never_waits() -> None:
 def test_correct_refunds_or_charges_the_difference() -> None:
     """A request that used fewer tokens than reserved gives them back; more is owed.
 
-    100 tokens/s, burst 1. 100 reserved (wait 0.99 s), 40 used: the refund lifts the level to
-    the burst, exactly where charging 40 would have left it, so 60 more wait 0.59 s.
+    100 tokens/s. 100 reserved, 40 used: the debt is 40, exactly what charging 40 would have
+    left, so the next waits 0.4 s.
     """
     rl, _ = limiter(None, 6000)
-    assert asyncio.run(rl.acquire(100)) == pytest.approx(0.99)
+    assert asyncio.run(rl.acquire(100)) == 0.0
     rl.correct(100, 40)
-    assert asyncio.run(rl.acquire(60)) == pytest.approx(0.59)
-    rl.correct(60, 110)  # 50 more than reserved: the next request waits 0.5 s for them
-    assert asyncio.run(rl.acquire(0)) == pytest.approx(0.5)
+    assert asyncio.run(rl.acquire(60)) == pytest.approx(0.4)
+    rl.correct(60, 110)  # 50 more than reserved: 110 owed, the next request waits 1.1 s
+    assert asyncio.run(rl.acquire(0)) == pytest.approx(1.1)
 
 
 def test_set_share_rebalances_and_keeps_debt() -> None:
     """A bigger share speeds up what comes next; the debt already run up stays."""
-    rl, t = limiter(60, None)  # 1/s, burst 1
+    rl, t = limiter(60, None)  # 1/s
     assert [asyncio.run(rl.acquire(0)) for _ in range(3)] == [0.0, 1.0, 1.0]
-    rl.set_share(240, None)  # 4/s: the next waits 0.25 s
+    rl.set_share(240, None)  # 4/s: the request still owed is paid in 0.25 s
     assert asyncio.run(rl.acquire(0)) == pytest.approx(0.25)
     rl.set_share(None, None)
     assert asyncio.run(rl.acquire(0)) == 0.0 and t.now == pytest.approx(2.25)
     assert shares(600, None, 3) == (200.0, None) and shares(600, 90, 0) == (600.0, 90.0)
+
+
+def test_shards_start_staggered_one_job_wide_interval_apart() -> None:
+    """Job-wide rpm 120 and tpm 6000 over 8 shards, each asking for one 100-token request at
+    once: shard k's goes out k job-wide intervals in (k x 1 s, which the tokens bind), not all
+    eight at t = 0. Only the first request is staggered."""
+    rpm, tpm = shares(120, 6000, 8)
+    firsts = []
+    for k in range(8):
+        t = FakeTime()
+        rl = RateLimiter(rpm, tpm, clock=t.clock, sleep=t.sleep, phase=k / 8)
+        firsts.append(asyncio.run(rl.acquire(100)))
+        if k == 3:  # its second request waits for the first's 100 tokens at 12.5/s
+            assert asyncio.run(rl.acquire(100)) == pytest.approx(8.0)
+    assert firsts == pytest.approx([float(k) for k in range(8)])
+    # Requests alone bind at rpm 120: 0.5 s apart.
+    t = FakeTime()
+    rl = RateLimiter(15, None, clock=t.clock, sleep=t.sleep, phase=3 / 8)
+    assert asyncio.run(rl.acquire(100)) == pytest.approx(1.5)
 
 
 def test_server_headers_pause_before_a_429() -> None:
