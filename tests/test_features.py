@@ -154,16 +154,26 @@ def test_openai_batch_file_round_trips(tmp_path: Path) -> None:
     assert paths["attempt_end"] == 90
 
 
-def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
-    """rpm 1200 over 3 shards: no 1 s window above 20 + 3 requests; the average within 10%."""
-    write_input(tmp_path / "input.jsonl", 120)
+def run_rate_limited(
+    tmp_path: Path, items: int, rpm: int, shards: int, concurrency: int
+) -> tuple[subprocess.CompletedProcess[str], list[float]]:
+    """The CLI run under `rpm` against a simulator of its own; the run and when each request
+    reached the simulator (sorted)."""
+    write_input(tmp_path / "input.jsonl", items)
     with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
-        write_job(tmp_path / "job.yaml", rate_limits={"rpm": 1200}, shards=3, concurrency=8,
+        write_job(tmp_path / "job.yaml", rate_limits={"rpm": rpm}, shards=shards,
+                  concurrency=concurrency,
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
         with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
             arrivals = sorted(orjson.loads(r.read()))
     assert proc.returncode == 0, proc.stderr
+    return proc, arrivals
+
+
+def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
+    """rpm 1200 over 3 shards: no 1 s window above 20 + 3 requests; the average within 10%."""
+    proc, arrivals = run_rate_limited(tmp_path, 120, rpm=1200, shards=3, concurrency=8)
     assert len(arrivals) == 120
     busiest = max(sum(1 for t in arrivals[i:] if t < start + 1.0)
                   for i, start in enumerate(arrivals))
@@ -184,14 +194,7 @@ def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
 def test_shards_first_requests_are_spread_over_the_job_wide_rate(tmp_path: Path) -> None:
     """rpm 240 over 4 shards: the first requests go out about 0.25 s apart, as one job-wide
     stream would send them, not four at once (each shard's share alone would allow that)."""
-    write_input(tmp_path / "input.jsonl", 12)
-    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
-        write_job(tmp_path / "job.yaml", rate_limits={"rpm": 240}, shards=4, concurrency=4,
-                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
-        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-        with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
-            arrivals = sorted(orjson.loads(r.read()))
-    assert proc.returncode == 0, proc.stderr
+    _, arrivals = run_rate_limited(tmp_path, 12, rpm=240, shards=4, concurrency=4)
     assert len(arrivals) == 12
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert min(gaps[:3]) > 0.1, gaps  # 0.25 s apart, give or take the shards' start-up
