@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     retry = sub.add_parser(
         "retry-failed",
         help="give a run's dead-lettered items another pass",
-        description="Resume RUN_DIR with its own job file, re-running dead-lettered items.",
+        description="Give RUN_DIR's dead-lettered items another pass, with the run's own job "
+                    "file. Only those: items no pass has run yet are left for `--resume` "
+                    "(`shardrun JOB.yaml --resume RUN_ID --retry-failed` does both).",
     )
     retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
@@ -150,7 +152,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir)
-        options = RunOptions(resume=args.run_dir.name, retry_failed=True)
+        options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True)
     else:
         _check_run_flags(args)
         job, runs_dir = args.job, args.runs_dir

@@ -427,6 +427,7 @@ class Coordinator:
             dead=self.totals.dead,
             taken=self.source.taken,
             skipped=self.source.skipped,
+            left_out=self.source.left_out,
             rejects=self.source.rejects,
             started_at=self.started,
             ended_at=time.time(),

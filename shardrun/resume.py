@@ -182,14 +182,15 @@ class Prior:
     notes: list[str]
     retried: int
     dead: int  # dead letters earlier passes left (they stay failed unless retried)
+    retried_ids: DigestSet  # the digests of the `retried` items' ids
 
 
 def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
     """Repair the run's files and collect finished ids; `retry_failed` sets dead letters aside."""
     notes = repair_run_files(run_path)
-    retried = 0
+    retried_ids = DigestSet()
     if retry_failed:
-        retried = _set_dead_letters_aside(run_path, segment)
+        retried_ids.update(_set_dead_letters_aside(run_path, segment))
     done = DigestSet()
     dead = 0
     for sub in ("results", "dead"):
@@ -197,23 +198,24 @@ def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
             ids = [id_digest(i) for i in line_ids(path)]
             done.update(ids)
             dead += len(ids) if sub == "dead" else 0
-    return Prior(done, notes, retried, dead)
+    return Prior(done, notes, len(retried_ids), dead, retried_ids)
 
 
-def _set_dead_letters_aside(run_path: Path, segment: int) -> int:
-    """Move dead-letter files under dead/superseded-rK/ so their items run again."""
+def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:
+    """Move dead-letter files under dead/superseded-rK/ so their items run again; the digests
+    of their ids."""
     files = sorted((run_path / "dead").glob("*.jsonl"))
     if not files:
-        return 0
+        return []
     target = run_path / "dead" / f"superseded-r{segment}"
     target.mkdir(parents=True, exist_ok=True)
-    count = 0
+    digests: list[int] = []
     for path in files:
-        count += sum(1 for _ in line_ids(path))
+        digests += (id_digest(i) for i in line_ids(path))
         shutil.move(str(path), target / path.name)
     _fsync_dir(target)
     _fsync_dir(run_path / "dead")
-    return count
+    return digests
 
 
 def _fsync_dir(path: Path) -> None:

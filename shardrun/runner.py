@@ -53,6 +53,9 @@ class RunOptions:
     run_id: str | None = None
     resume: str | None = None
     retry_failed: bool = False
+    # With retry_failed: run the dead-lettered items only, leaving items never run for
+    # --resume (`shardrun retry-failed`); without it the pass also finishes the input.
+    only_failed: bool = False
     strict: bool = False
     quiet: bool = False
     progress_interval: float = 10.0
@@ -78,6 +81,7 @@ class Pass:
     info: dict[str, Any]
     lock: IO[bytes]
     prior_dead: int = 0
+    only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
 
 
 def run(
@@ -138,11 +142,14 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
     for note in prior.notes:
         print(f"repaired: {note}", file=sys.stderr)
+    only_failed = options.retry_failed and options.only_failed
     info = {"segment": segment, "retry_failed": options.retry_failed,
+            "only_failed": only_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked}
-    return Pass(run_dir, segment, prior.done, info, lock, prior.dead)
+    return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
+                prior.retried_ids if only_failed else None)
 
 
 def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> list[str]:
@@ -176,9 +183,11 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
-                        options.limit)
+                        options.limit, this.only)
     total = estimate_total(job.input_path, spec.input.format)
     left = None if total is None else max(0, total - len(this.done))
+    if this.only is not None:
+        left = len(this.only)
     if options.limit is not None:
         left = options.limit if left is None else min(left, options.limit)
     view = ProgressView(left, quiet=options.quiet, interval=options.progress_interval)

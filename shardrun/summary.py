@@ -22,6 +22,7 @@ class RunSummary:
     dead: int
     rejects: int
     skipped: int = 0
+    left_out: int = 0  # input items `retry-failed` passed over: never run, left for --resume
     shard_deaths: int = 0
     reassigned: int = 0
     budget_exhausted: int = 0
@@ -65,6 +66,7 @@ class RunSummary:
         taken: int,
         skipped: int,
         rejects: int,
+        left_out: int = 0,
         started_at: float,
         ended_at: float,
         interrupted: bool,
@@ -96,6 +98,7 @@ class RunSummary:
             dead=dead,
             rejects=rejects,
             skipped=skipped,
+            left_out=left_out,
             shard_deaths=shard_deaths,
             reassigned=reassigned,
             budget_exhausted=total["budget_exhausted"],
@@ -163,6 +166,7 @@ class RunSummary:
         return {
             "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
+            "left_out": self.left_out,
             "prior_dead": self.prior_dead,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
             "budget_exhausted": self.budget_exhausted,
@@ -203,7 +207,7 @@ def format_summary(s: RunSummary) -> str:
     lines += _failure_lines(s)
     if s.unfinished:
         lines.append(f"  not finished       {s.unfinished:,}")
-    if s.resume_command and (s.unfinished or not s.input_read):
+    if s.resume_command and (s.unfinished or not s.input_read or s.left_out):
         lines.append(f"  to finish the run  {s.resume_command}")
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
@@ -244,6 +248,9 @@ def format_summary(s: RunSummary) -> str:
 
 
 def _items_note(s: RunSummary) -> str:
+    if s.left_out:
+        return (f"  (dead letters only: {s.left_out:,} items no pass has run are left for the "
+                "command below)")
     if s.limit is not None:
         return f"  (--limit {s.limit:,}: the command below runs the rest of the input, if any)"
     if not s.input_read:

@@ -58,11 +58,13 @@ class WorkSource:
     the coordinator knows when the input is about to run out and can split what is left evenly.
     With a `limit` it takes at most that many new items from the input and reads no line past
     the last of them: for this pass the input ends there (`limit_reached`, unless the reader
-    knows that nothing follows), and a resume runs the rest.
+    knows that nothing follows), and a resume runs the rest. With `only` it takes just the
+    items whose id digests it holds and counts the others it passes over (`left_out`).
     """
 
     def __init__(self, reader: InputReader, rejects_path: Path,
-                 done: DigestSet | None = None, limit: int | None = None) -> None:
+                 done: DigestSet | None = None, limit: int | None = None,
+                 only: DigestSet | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -70,6 +72,7 @@ class WorkSource:
         self._read_all = False  # the input iterator has ended
         self._seen = DigestSet()
         self._done = DigestSet() if done is None else done
+        self._only = only
         self._rejects_path = rejects_path
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
         self.exhausted = False  # every input item has been handed out
@@ -78,6 +81,7 @@ class WorkSource:
         self._accepted = 0  # new items read from the input
         self.taken = 0
         self.skipped = 0
+        self.left_out = 0  # items neither done nor in `only`: left for a later pass
         self.rejects = 0
 
     @property
@@ -138,6 +142,9 @@ class WorkSource:
                 continue
             if digest in self._done:
                 self.skipped += 1
+                continue
+            if self._only is not None and digest not in self._only:
+                self.left_out += 1
                 continue
             into.append(entry)
             self._accepted += 1

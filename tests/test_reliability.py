@@ -556,6 +556,38 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
     assert list((path / "dead").glob("superseded-r1/*.jsonl"))
 
 
+def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: Path) -> None:
+    """A trial of 40 items with failures: the printed `retry-failed` retries those failures and
+    nothing else (the other 60 items were never asked for), and says `--resume` runs the rest;
+    `--resume` then runs exactly them."""
+    ids = write_input(tmp_path / "input.jsonl", 100)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        first = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "40", cwd=tmp_path)
+    assert first.returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = {d["id"] for d in Run.load(path).dead}
+    assert dead and dead <= set(ids[:40])
+    with sim() as good:
+        env = {"SHARDRUN_BASE_URL": good.base_url}
+        again = run_cli("retry-failed", str(path), cwd=tmp_path, env=env)
+        assert again.returncode == 0, again.stderr
+        run = Run.load(path)
+        assert sorted(r["id"] for r in run.results) == ids[:40] and not run.dead
+        second = [r for r in run.results if r["id"] in dead]
+        assert len(second) == len(dead)
+        assert (f"  items              {len(dead)}  (dead letters only: 60 items no pass has "
+                "run are left for the command below)") in again.stdout, again.stdout
+        finish = next(line for line in again.stdout.splitlines()
+                      if line.startswith("  to finish the run  "))
+        words = shlex.split(finish.removeprefix("  to finish the run  "))
+        assert words[2:4] == ["--resume", path.name], words
+        assert Run.load(path).manifest["resumes"][0]["only_failed"] is True
+        rest = run_cli(*words[1:], cwd=tmp_path, env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: Path) -> None:
     """A resume with another job file (the first one since deleted): `retry-failed RUN_DIR` and
     `export RUN_DIR` read that one, the file the manifest's newest pass names."""
