@@ -281,6 +281,25 @@ def finish_manifest(
     write_json_atomic(run_dir.manifest_path, manifest)
 
 
+def changed_results(manifest: dict[str, Any], run_path: Path) -> list[tuple[str, int, int | None]]:
+    """(path, bytes listed, bytes now or None when gone) of every result file the manifest
+    lists whose size is another now. Sizes only: hashing every result would read gigabytes."""
+    changed = []
+    for record in manifest.get("files") or []:
+        if not isinstance(record, dict):
+            continue
+        path, listed = record.get("path"), record.get("bytes")
+        if not (isinstance(path, str) and path.startswith("results/") and isinstance(listed, int)):
+            continue
+        try:
+            size: int | None = (run_path / path).stat().st_size
+        except OSError:
+            size = None
+        if size != listed:
+            changed.append((path, listed, size))
+    return changed
+
+
 def list_files(root: Path) -> list[dict[str, Any]]:
     files = []
     for path in sorted(root.rglob("*")):

@@ -22,7 +22,7 @@ import orjson
 
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, SpecError
-from shardrun.manifest import pass_inputs, pass_reads, prefix_digests
+from shardrun.manifest import changed_results, pass_inputs, pass_reads, prefix_digests
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
 
@@ -118,6 +118,22 @@ def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
                             f"bytes it read, and {input_path} {since}: this resume cannot check "
                             "that the lines it did are unchanged")
     return warnings
+
+
+def check_results(manifest: dict[str, Any], run_path: Path, run_id: str) -> list[str]:
+    """Warnings for result files the manifest lists that are gone or another size now.
+
+    No pass writes to a file an ended pass listed, so any difference is a hand's: lines
+    removed mean their items run again in this resume (and are paid for again). A warning, not
+    a refusal: redoing some answers on purpose is a way to use a resume.
+    """
+    return [f"{path} of run {run_id} {_now(size)} where the run's last pass to end wrote "
+            f"{listed:,}: items whose answers are no longer in it run again in this resume, "
+            "and are paid for again" for path, listed, size in changed_results(manifest, run_path)]
+
+
+def _now(size: int | None) -> str:
+    return "is missing" if size is None else f"holds {size:,} bytes"
 
 
 def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:

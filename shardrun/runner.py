@@ -136,7 +136,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # run read, so another or an edited input would pair them with other lines.
     unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
                                    job_name=str(job.origin or job.job_path))
-    for warning in unchecked:
+    results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
+    for warning in unchecked + results_changed:
         print(f"warning: {warning}", file=sys.stderr)
     segment = len(manifest.get("resumes", [])) + 1
     prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
@@ -147,7 +148,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             "only_failed": only_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
-            "input_unchecked": unchecked}
+            "input_unchecked": unchecked, "results_changed": results_changed}
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
                 prior.retried_ids if only_failed else None)
 

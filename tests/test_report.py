@@ -160,6 +160,31 @@ def test_report_exit_code_says_whether_the_log_can_be_trusted(
             "directory") in capsys.readouterr().err
 
 
+def test_result_files_changed_by_hand_are_noted_but_do_not_fail_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A result file the manifest lists, cut short, and another deleted: the report names both
+    (text and JSON) and still exits 0, since its figures come from the event log alone."""
+    run = _hand_run(tmp_path / "run")
+    (run / "results").mkdir(exist_ok=True)
+    (run / "results" / "shard-00.jsonl").write_bytes(b'{"id":"a"}\n')
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    files = [{"path": "results/shard-00.jsonl", "sha256": "0" * 64, "bytes": 22},
+             {"path": "results/shard-01.jsonl", "sha256": "0" * 64, "bytes": 5}]
+    (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "files": files}))
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert ("results/shard-00.jsonl: 11 bytes where the manifest recorded 22: answers were "
+            "removed or changed by hand") in out
+    assert "results/shard-01.jsonl: missing where the manifest recorded 5" in out
+    assert main(["report", str(run), "--json"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert doc["integrity"]["ok"] is True
+    assert doc["integrity"]["results_changed"] == [
+        {"path": "results/shard-00.jsonl", "bytes_listed": 22, "bytes_now": 11},
+        {"path": "results/shard-01.jsonl", "bytes_listed": 5, "bytes_now": None}]
+
+
 def test_run_states(tmp_path: Path) -> None:
     """Finished by the manifest; running while logs are fresh; crashed once they go stale."""
     finished, _ = load_report(_hand_run(tmp_path / "a"))

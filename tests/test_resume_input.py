@@ -187,3 +187,34 @@ def test_check_input_refuses_another_file_when_nothing_shows_it_is_the_same(
     with pytest.raises(SpecError, match="no pass of the run ended to record the bytes it read"):
         check_input(_manifest(_started(tmp_path / "a.jsonl")), tmp_path / "b.jsonl",
                     job_name="j.yaml", run_id="r")  # fmt: skip
+
+
+def test_a_resume_says_which_result_files_lost_answers_and_runs_those_items_again(
+    tmp_path: Path,
+) -> None:
+    """A results file deleted and another cut short by hand after the run ended: the resume
+    names each (as the manifest listed it), runs their items again, and ends with every id once.
+    An untouched run resumes without a word."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    write_job(tmp_path / "job.yaml", shards=2)
+    assert run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    quiet = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    gone, cut = path / "results/shard-00.jsonl", path / "results/shard-01.jsonl"
+    gone.unlink()
+    lines = cut.read_bytes().splitlines(keepends=True)
+    cut.write_bytes(b"".join(lines[:-3]))
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    name_gone, name_cut = (str(p.relative_to(path)) for p in (gone, cut))
+    assert f"warning: {name_gone} of run qq is missing where the run's last pass to end " in (
+        resumed.stderr)
+    assert (f"warning: {name_cut} of run qq holds {sum(map(len, lines[:-3])):,} bytes where "
+            f"the run's last pass to end wrote {sum(map(len, lines)):,}: items whose answers "
+            "are no longer in it run again in this resume, and are paid for again\n"
+            ) in resumed.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert run.manifest["resumes"][-1]["results_changed"] == [
+        line.removeprefix("warning: ") for line in resumed.stderr.splitlines()]

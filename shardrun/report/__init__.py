@@ -15,6 +15,7 @@ import orjson
 
 from shardrun.aggregate import RunFacts, build_report, pricing_from_effective
 from shardrun.errors import RunDirError
+from shardrun.manifest import changed_results
 from shardrun.report._html import HtmlExtraMissing, write_html
 from shardrun.report._rundir import FoldOptions, LoadedRun, load_run, run_state
 from shardrun.report._scan import FileScan
@@ -58,6 +59,15 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["integrity"]["ok"] = False
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
                          "its figures are not in this report" for p in missing]
+    # Result files do not feed the figures, but answers removed by hand are answers lost.
+    if edited := changed_results(manifest, run_dir):
+        doc["integrity"]["results_changed"] = [
+            {"path": path, "bytes_listed": listed, "bytes_now": size}
+            for path, listed, size in edited]
+        doc["notes"] += [
+            f"{path}: {'missing' if size is None else f'{size:,} bytes'} where the manifest "
+            f"recorded {listed:,}: answers were removed or changed by hand (export and --resume "
+            "see what is there now)" for path, listed, size in edited]
     return doc, loaded
 
 
