@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardrun.errors import ShardrunError
+from shardrun.outpath import check_output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -95,6 +96,8 @@ def run_report(args: argparse.Namespace) -> int:
         write_html,
     )
 
+    if args.html is not None:
+        check_output_file("--html", args.html)
     doc, loaded = load_report(args.run_dir, trace=args.html is not None)
     if args.html is not None:
         write_html(doc, loaded, args.html)

@@ -53,6 +53,7 @@ from shardrun.manifest import (
     prefix_digests,
     read_manifest,
 )
+from shardrun.outpath import check_output_file
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -103,11 +104,8 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
     output when `out` is None. `job_path` stands in for the job file the manifest names;
     `with_input` adds each row's input record."""
-    if out is not None and out.is_dir():
-        raise SpecError(f"-o {out} is a directory; name the file to write")
-    if out is not None and not out.parent.is_dir():  # a usage error, as a directory is
-        raise SpecError(f"-o {out}: there is no directory {out.parent}; create it, or name a "
-                        "file in one that exists")
+    if out is not None:
+        check_output_file("-o", out)
     manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
     summary = ExportSummary(job_path=job.job_path)

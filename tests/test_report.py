@@ -249,6 +249,23 @@ def test_html_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         "error: --html needs the html extra: pip install 'shardrun[html]'")
 
 
+def test_html_into_a_missing_directory_or_onto_one_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--html naming a file in a directory that does not exist, or a directory: exit 2 with one
+    sentence, before anything is read or printed."""
+    run = _hand_run(tmp_path / "run")
+    missing = tmp_path / "nodir" / "r.html"
+    assert main(["report", str(run), "--html", str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"error: --html {missing}: there is no directory "
+                                 f"{missing.parent}; create it, or name a file in one that "
+                                 "exists\n")
+    assert main(["report", str(run), "--html", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: --html {tmp_path} is a directory; name the "
+                                       "file to write\n")
+
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 300-item run on the simulator, with some 5xx faults so that retries happen."""
