@@ -323,6 +323,7 @@ class Shard:
                       last_token_t=outcome.last_token_at, tokens=outcome.content_chunks,
                       prompt_tokens=outcome.prompt_tokens, cached_tokens=outcome.cached_tokens,
                       completion_tokens=outcome.completion_tokens,
+                      reasoning_tokens=outcome.reasoning_tokens,
                       usage_estimated=outcome.usage_estimated, wasted_tokens=wasted,
                       error=outcome.error, itl_hist=outcome.itl.to_json() if ok else None)
         span.history.append({"attempt": attempt, "status": outcome.status,

@@ -99,7 +99,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fast")
     write_input(root / "input.jsonl", 400)
     sim = {**FAST_SIM, "fail_500": 0.05, "fail_429": 0.03, "drop_mid_stream": 0.03,
-           "cached_tokens": 3, "refusal": 0.2}
+           "cached_tokens": 3, "refusal": 0.2, "reasoning_tokens": 2}
     write_job(root / "job.yaml", shards=2, concurrency=8,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
               retry={"backoff_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 2},
@@ -119,7 +119,7 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
     # the run exercised what the C fold must get right
     for needle in (b'"ev":"retry"', b'"outcome":"dead"', b'"wasted_tokens":', b'"reused":true',
                    b'"ev":"rate_wait"', b'"ev":"loop_lag"', b'"cached_tokens":3',
-                   b'"reason":"refusal"'):
+                   b'"reason":"refusal"', b'"reasoning_tokens":2'):
         assert needle in text
 
 

@@ -378,6 +378,11 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(480 reasoning)" in proc.stdout  # 40 answers, 12 reasoning tokens each
     path = only_run(tmp_path / "runs")
+    # The report counts them from the event log alone, as the summary did.
+    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    assert orjson.loads(report.stdout)["items"]["reasoning_tokens"] == 480, report.stderr
+    text = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert re.search(r"reasoning of those +480\b", text), text
     prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
     config = SimConfig.from_mapping(sim)
     results = Run.load(path).results

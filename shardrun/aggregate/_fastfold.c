@@ -50,7 +50,8 @@ typedef struct {
 enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
-    K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED, N_KEYS
+    K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
+    K_REASONING, N_KEYS
 };
 
 
@@ -99,6 +100,9 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "prompt_tokens", 13) == 0) return K_PROMPT_TOKENS;
         if (memcmp(p, "cached_tokens", 13) == 0) return K_CACHED;
         if (memcmp(p, "first_token_t", 13) == 0) return K_FIRST_TOKEN_T;
+        return -1;
+    case 16:
+        if (memcmp(p, "reasoning_tokens", 16) == 0) return K_REASONING;
         return -1;
     case 17:
         if (memcmp(p, "completion_tokens", 17) == 0) return K_COMPLETION_TOKENS;
@@ -603,7 +607,7 @@ typedef struct {
     PyObject *ok_key;
     long long starts, queued, ok, refusals, dead, abandoned, lost_at_restart, other_outcomes;
     long long ok_without_attempt, ok_incomplete, unknown_events, attempts, first_attempts;
-    long long wasted_tokens, prompt_tokens, cached_tokens, completion_tokens;
+    long long wasted_tokens, prompt_tokens, cached_tokens, reasoning_tokens, completion_tokens;
     long long new_conns, reused_conns;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
@@ -1024,7 +1028,9 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     }
     if (!ok) return 1;
     NEED(IS_SPAN(v[K_SPAN]) && v[K_T].type == V_FLOAT);
-    NEED(IS_INT_OR_NONE(v[K_COMPLETION_TOKENS]) && IS_INT_OR_NONE(v[K_ATTEMPT]));
+    NEED(IS_INT_OR_NONE(v[K_COMPLETION_TOKENS]) && IS_INT_OR_NONE(v[K_ATTEMPT]) &&
+         IS_INT_OR_NONE(v[K_REASONING]));
+    if (v[K_REASONING].type == V_INT) s->reasoning_tokens += v[K_REASONING].i;
     NEED(IS_FLOAT_OR_NONE(v[K_LAST_TOKEN_T]) && IS_FLOAT_OR_NONE(v[K_FIRST_TOKEN_T]));
     NEED(v[K_ITL_HIST].type == V_OBJ || !PRESENT(v[K_ITL_HIST]));
     Py_ssize_t i = span_get(s, &v[K_SPAN], 1);
@@ -1407,7 +1413,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L}",
+        "s:N,s:L,s:L,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1422,7 +1428,8 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         s->rate_wait_first_s, "rate_wait_retry_s", s->rate_wait_retry_s, "backlog_s",
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,
         "cap_slot_s", s->cap_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
-        "rate_waits", s->rate_waits, "refusals", s->refusals);
+        "rate_waits", s->rate_waits, "refusals", s->refusals,
+        "reasoning_tokens", s->reasoning_tokens);
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

@@ -69,6 +69,7 @@ def items_section(coords: list[CoordinatorSummary],
         "completion_tokens": sum(s.completion_tokens for s in shards),
         "prompt_tokens": sum(s.prompt_tokens for s in shards),
         "cached_tokens": sum(s.cached_tokens for s in shards),
+        "reasoning_tokens": sum(s.reasoning_tokens for s in shards),
     }
 
 

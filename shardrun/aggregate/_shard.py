@@ -196,6 +196,7 @@ class ShardFold:
                 if span is not None:
                     span[C] = conn
         if status == "ok":
+            s.reasoning_tokens += rec.get("reasoning_tokens") or 0
             span = span or self.open.get(rec["span"]) or self._new(rec["span"])
             if conn is not None and span[C] is None:
                 span[C] = conn

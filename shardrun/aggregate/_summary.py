@@ -60,6 +60,7 @@ class ShardSummary:
     wasted_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, where the server counted its prompt cache
+    reasoning_tokens: int = 0  # of the successes' completion tokens, where the server says
     completion_tokens: int = 0
     new_conns: int = 0
     reused_conns: int = 0

@@ -46,8 +46,9 @@ def format_items(doc: dict[str, Any]) -> str:
         ["completion tokens", num(it["completion_tokens"]), "prompt tokens",
          num(it["prompt_tokens"]), "wasted tokens", num(att["wasted_tokens"])],
     ]  # fmt: skip
-    if it.get("cached_tokens"):  # where the server counted its prompt cache
-        rows.append(["", "", "cached of those", num(it["cached_tokens"]), "", ""])
+    if it.get("cached_tokens") or it.get("reasoning_tokens"):  # where the server counted them
+        rows.append(["reasoning of those", num(it.get("reasoning_tokens") or 0),
+                     "cached of those", num(it.get("cached_tokens") or 0), "", ""])
     if it.get("refusals"):  # absent from reports made before it existed
         rows.insert(1, ["", "", "of them refusals", num(it["refusals"]), "", ""])
     return "\n".join(["Items (per span: one per pass that handed an item out, so a retry pass "
