@@ -9,7 +9,8 @@ the run saw them, and writes for each record the row of the line that ended it:
     status    where the row comes from
     ok        the item's result line: output, finish_reason, usage, attempts
     failed    its dead-letter line: error (the reason), attempts
-    rejected  an input line the run set aside (not a record, a duplicate id): error
+    rejected  an input line the run set aside (not a record, no prompt, a duplicate id): error,
+              and the id the line names when it names one
     pending   no line yet: the run was stopped before the item ended (resume finishes it)
 
 Every row has the same keys, `line` (the record's line or row number in the input) first.
@@ -287,7 +288,7 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
         summary.rows += 1
         if isinstance(entry, Reject):
             summary.rejected += 1
-            row = _row(entry.line, None, "rejected", error=entry.reason)
+            row = _row(entry.line, entry.id, "rejected", error=entry.reason)
         else:
             row = _record_row(index, reader.lines_read, entry["id"], seen, summary)
         if reader.keep_records:

@@ -41,10 +41,12 @@ BOM = b"\xef\xbb\xbf"
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """An input line that did not become an item."""
+    """An input line that did not become an item (`id`: the item id it names, when it has
+    one: a record whose prompt is missing still says which item it was meant to be)."""
 
     line: int
     reason: str
+    id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,7 @@ class InputReader:
                     item = record_item(record, key, line, self.fields)
                     if isinstance(item, Reject) and item.reason.endswith(" is missing"):
                         # The header has the column (checked at open): the cell is empty.
-                        item = Reject(line, item.reason.removesuffix("missing") + "empty")
+                        item = Reject(line, item.reason.removesuffix("missing") + "empty", item.id)
                     yield item
             self.lines_read = rows.line_num
 
@@ -283,13 +285,13 @@ def record_item(
         try:
             text = plan.template.fill(record)
         except MissingField as exc:
-            return Reject(line_no, f"template field '{exc.field}' is missing")
+            return Reject(line_no, f"template field '{exc.field}' is missing", item_id)
     else:
         assert plan.prompt_field is not None
         prompt = record.get(plan.prompt_field)
         if not isinstance(prompt, str):
             what = "missing" if prompt is None else f"a {type(prompt).__name__}, not a string"
-            return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}")
+            return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}", item_id)
         text = prompt
     if plan.system_prompt is None:
         return {"id": item_id, "prompt": text}
@@ -305,12 +307,14 @@ def _messages_item(
         try:
             messages = orjson.loads(messages)
         except orjson.JSONDecodeError:
-            return Reject(line_no, f"messages field '{field}' is text but not a JSON list")
+            return Reject(line_no, f"messages field '{field}' is text but not a JSON list",
+                          item_id)
     if not isinstance(messages, list) or not messages:
-        return Reject(line_no, f"messages field '{field}' must be a non-empty list")
+        return Reject(line_no, f"messages field '{field}' must be a non-empty list", item_id)
     for message in messages:
         if not isinstance(message, dict) or "role" not in message:
-            return Reject(line_no, f"every entry of '{field}' must be an object with a 'role'")
+            return Reject(line_no, f"every entry of '{field}' must be an object with a 'role'",
+                          item_id)
     return {"id": item_id, "messages": messages}
 
 
@@ -320,19 +324,20 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     if not isinstance(custom_id, str) or not custom_id:
         return Reject(line_no, "custom_id is missing (a non-empty string is required)")
     if record.get("method") != "POST":
-        return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}")
+        return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}",
+                      custom_id)
     api = BATCH_URLS.get(url) if isinstance(url, str) else None
     if api is None:
         return Reject(line_no, "url must be /v1/chat/completions, /v1/completions or "
-                               f"/v1/responses, got {_short(url)}")  # fmt: skip
+                               f"/v1/responses, got {_short(url)}", custom_id)  # fmt: skip
     if not isinstance(body, dict):
-        return Reject(line_no, f"body must be a JSON object, got {_short(body)}")
+        return Reject(line_no, f"body must be a JSON object, got {_short(body)}", custom_id)
     need = {"chat": "messages", "completions": "prompt", "responses": "input"}[api]
     if body.get(need) is None:
-        return Reject(line_no, f"body has no '{need}' (required for {url})")
+        return Reject(line_no, f"body has no '{need}' (required for {url})", custom_id)
     if body.get("n", 1) != 1:
         return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
-                               "one, so give one line per answer")  # fmt: skip
+                               "one, so give one line per answer", custom_id)  # fmt: skip
     return {"id": custom_id, "body": body, "url": url}
 
 

@@ -138,7 +138,8 @@ class WorkSource:
                 continue
             digest = id_digest(entry["id"])
             if not self._seen.add(digest):
-                self.reject(Reject(self.reader.lines_read, duplicate_reason(entry["id"])))
+                self.reject(Reject(self.reader.lines_read, duplicate_reason(entry["id"]),
+                                   entry["id"]))
                 continue
             if digest in self._done:
                 self.skipped += 1
@@ -163,5 +164,7 @@ class WorkSource:
     def reject(self, reject: Reject) -> None:
         self.rejects += 1
         record = {"line": reject.line, "reason": reject.reason, "path": str(self.reader.path)}
+        if reject.id is not None:  # the item the line names, though it did not become one
+            record["id"] = reject.id
         with open(self._rejects_path, "ab") as f:
             f.write(orjson.dumps(record) + b"\n")

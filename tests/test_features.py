@@ -213,6 +213,11 @@ def test_template_with_missing_field_is_a_reject(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in run.results) == ["a", "c"]
     (reject,) = read_jsonl(run.path / "rejects.jsonl")
     assert reject["line"] == 2 and "topic" in reject["reason"]
+    assert reject["id"] == "b"  # the line names its item, though it did not become one
+    exported = run_cli("export", str(run.path), cwd=tmp_path)
+    rows = [orjson.loads(line) for line in exported.stdout.splitlines()]
+    assert [(r["id"], r["status"]) for r in rows] == [("a", "ok"), ("b", "rejected"),
+                                                      ("c", "ok")]
 
 
 def test_prices_show_spend_in_the_summary(tmp_path: Path) -> None:

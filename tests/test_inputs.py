@@ -124,8 +124,9 @@ def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
     plan = InputPlan(prompt_field=None, messages_field="m")
     ok = parse_line(b'{"id": 1, "m": [{"role": "user", "content": "hi"}]}', 1, plan)
     assert ok == {"id": "1", "messages": [{"role": "user", "content": "hi"}]}
-    empty = Reject(2, "messages field 'm' must be a non-empty list")
-    assert parse_line(b'{"m": []}', 2, plan) == empty
+    empty = parse_line(b'{"m": []}', 2, plan)
+    assert isinstance(empty, Reject) and empty.id is not None and empty.id.startswith("h")
+    assert empty == Reject(2, "messages field 'm' must be a non-empty list", empty.id)
     with_system = InputPlan(system_prompt="Be brief.")
     assert parse_line(b'{"id": "a", "prompt": "Q"}', 1, with_system) == {
         "id": "a",
@@ -140,7 +141,7 @@ def test_template_fills_fields_and_rejects_missing_ones() -> None:
     item = parse_line(b'{"id": 1, "name": "Bo", "n": 4}', 3, plan)
     assert item == {"id": "1", "prompt": "Rate Bo (4/5): {x}"}
     for line in (b'{"id": 1, "n": 4}', b'{"id": 1, "name": null, "n": 4}'):
-        assert parse_line(line, 9, plan) == Reject(9, "template field 'name' is missing")
+        assert parse_line(line, 9, plan) == Reject(9, "template field 'name' is missing", "1")
 
 
 @pytest.mark.parametrize(
@@ -178,7 +179,7 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
     )
     got = read_all(path, InputPlan(format="csv"))
     assert got[0] == {"id": "1", "prompt": "Hello, world"}
-    assert got[1] == Reject(3, "prompt field 'prompt' is empty")
+    assert got[1] == Reject(3, "prompt field 'prompt' is empty", "2")
     assert got[2] == {"id": "3", "prompt": "two\nlines"}
     assert got[3] == Reject(6, "row has 2 values but the header has 3")
     assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
@@ -194,7 +195,7 @@ def test_csv_template_and_hash(tmp_path: Path) -> None:
     reader = InputReader(path, plan)
     assert list(reader) == [
         {"id": "k1", "prompt": "Where is Lyon, France?"},
-        Reject(3, "template field 'country' is empty"),
+        Reject(3, "template field 'country' is empty", "k2"),
     ]
     assert reader.sha.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
     assert reader.lines_read == 3
@@ -263,7 +264,7 @@ def test_parquet_rows_become_items(tmp_path: Path) -> None:
     reader = InputReader(path, InputPlan(format="parquet"))
     got = list(reader)
     assert got[0] == {"id": "0", "prompt": "p0"}
-    assert got[5] == Reject(6, "prompt field 'prompt' is missing")
+    assert got[5] == Reject(6, "prompt field 'prompt' is missing", "5")
     assert len(got) == n and reader.lines_read == n
     assert reader.sha.hexdigest() == hashlib.sha256(path.read_bytes()).hexdigest()
     assert reader.bytes_read == path.stat().st_size
