@@ -133,6 +133,7 @@ def test_attempt_counters_of_the_hand_fixture() -> None:
     assert (s.new_conns, s.reused_conns, s.ok, s.dead, s.queued) == (2, 2, 2, 1, 3)
     assert s.dead_reasons == {"not_retryable_http_4xx": 1}
     assert (s.completion_tokens, s.prompt_tokens, s.cached_tokens) == (12 + 2, 320, 256)
+    assert s.reasoning_tokens == 3  # the success's; the failed attempt's 2 are not counted
 
 
 def test_report_numbers_of_the_hand_fixture() -> None:

@@ -29,6 +29,7 @@ T_START = 1_800_000_000.0
 class Truth:
     tokens: int = 0
     refusals: int = 0
+    reasoning: int = 0
     per_minute: dict[int, int] = field(default_factory=dict)
 
 
@@ -72,10 +73,12 @@ def _span_events(sid: str, q: float, a: float, plan: tuple[Any, ...],
             (last, "last_token", sid, {"attempt": n, "tokens": tokens}),
             (last, "attempt_end", sid, {"attempt": n, "status": "ok", "completion_tokens": tokens,
                                         "prompt_tokens": 2, "cached_tokens": tokens % 3,
+                                        "reasoning_tokens": tokens // 2,
                                         "itl_hist": {"100": tokens - 1}}),
             (last + post, "released", sid, {"outcome": "ok", "reason": refusal})]
     truth.tokens += tokens
     truth.refusals += refusal is not None
+    truth.reasoning += tokens // 2
     m = int(last // 60)
     truth.per_minute[m] = truth.per_minute.get(m, 0) + tokens
     return last + post, out
@@ -119,7 +122,8 @@ def test_buckets_sum_to_end_to_end(log: tuple[int, list[tuple[Any, ...]]]) -> No
 @given(logs)
 def test_minutes_sum_to_completion_tokens(log: tuple[int, list[tuple[Any, ...]]]) -> None:
     """Per-minute TPM over all minutes sums to the tokens of successful spans, minute by minute;
-    the refusals among them are counted from their `released` lines."""
+    the refusals among them are counted from their `released` lines, their reasoning tokens
+    from their ok `attempt_end` lines."""
     recs, truth = simulate(*log)
     s = fold_shard(recs)
     assert {m: c.tokens for m, c in s.minutes.items()} == truth.per_minute
@@ -127,6 +131,7 @@ def test_minutes_sum_to_completion_tokens(log: tuple[int, list[tuple[Any, ...]]]
                        [], [s])
     assert sum(r["completion_tokens"] for r in doc["tpm"]["minutes"]) == truth.tokens
     assert s.refusals == doc["items"]["refusals"] == truth.refusals
+    assert s.reasoning_tokens == doc["items"]["reasoning_tokens"] == truth.reasoning
 
 
 @settings(max_examples=60, deadline=None)
