@@ -46,46 +46,68 @@ __all__ = [
 
 DEFAULT_COMPLETION_TOKENS = 256
 """Completion tokens assumed for a request that sets no max_tokens (corrected afterwards)."""
+RECHECK_S = 0.25
+"""Longest sleep before a waiting request asks again: a new share from the coordinator or a
+refund of tokens charged too much may let it go sooner."""
+NEGLIGIBLE_S = 1e-6
+"""A wait this short is none: float rounding leaves waits of 1e-17 s that a clock at 1e5 s
+cannot even advance by."""
 DEFAULT_PAUSE_S = 1.0
 """How long to hold off when the server says nothing is left but not when it resets."""
 MAX_PAUSE_S = 60.0
 """Longest single pause taken on the server's word; the next response refreshes it. A job's
 `retry.max_server_wait_s` below it lowers it for that job (`RateLimiter(max_pause_s=...)`)."""
-_MAX_REWAITS = 16
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 @dataclass(slots=True)
 class Pacer:
-    """Paces units at `rate_per_s`: `take` says how long to wait for the debt left by earlier
-    takes to be paid off, then adds its own amount to the debt. Starts with no debt."""
+    """Paces units at `rate_per_s`. `take` gives a reservation its place in line: the total
+    charged before it. It may go once that much has been paid, and paying runs at the rate,
+    never ahead of what was charged (no credit builds up while idle). A new rate or a refund
+    moves every place in line at once, so a wait is asked again (`wait`), not fixed when the
+    reservation was made."""
 
     rate_per_s: float
-    debt: float = 0.0
+    charged: float = 0.0
+    paid: float = 0.0
     updated: float | None = None
 
     def __post_init__(self) -> None:
         if not self.rate_per_s > 0:
             raise ValueError(f"rate must be positive: {self.rate_per_s}")
 
+    @property
+    def debt(self) -> float:
+        return self.charged - self.paid
+
     def _pay(self, now: float) -> None:
         if self.updated is not None and now > self.updated:
-            self.debt = max(0.0, self.debt - (now - self.updated) * self.rate_per_s)
+            self.paid = min(self.charged, self.paid + (now - self.updated) * self.rate_per_s)
         if self.updated is None or now > self.updated:
             self.updated = now
 
     def take(self, now: float, amount: float) -> float:
-        """Reserve `amount`; the seconds to wait before it may go (0 when nothing is owed)."""
+        """Reserve `amount`; its place in line, for `wait`."""
         self._pay(now)
-        wait = self.debt / self.rate_per_s
-        self.debt += amount
-        return wait
+        place = self.charged
+        self.charged += amount
+        return place
+
+    def wait(self, now: float, place: float) -> float:
+        """Seconds until the reservation at `place` may go (0 when it may now)."""
+        self._pay(now)
+        return max(0.0, (place - self.paid) / self.rate_per_s)
 
     def charge(self, now: float, amount: float) -> None:
-        """Add `amount` to the debt without waiting (negative: a refund, never below zero)."""
+        """Add `amount` to the debt without a place in line (negative: a refund, which pays
+        off debt and so moves everyone waiting forward, never beyond what was charged)."""
         self._pay(now)
-        self.debt = max(0.0, self.debt + amount)
+        if amount >= 0:
+            self.charged += amount
+        else:
+            self.paid = min(self.charged, self.paid - amount)
 
     def retune(self, now: float, rate_per_s: float) -> None:
         """A new rate from `now` on; the debt already run up stays."""
@@ -117,10 +139,12 @@ class RateLimiter:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         max_pause_s: float = MAX_PAUSE_S,
         phase: float = 0.0,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         """`phase` (0 <= phase < 1): the share of its first request this shard owes from the
-        start, k/N for shard k of N, so the shards' first requests do not all go at once."""
-        self._clock, self._sleep = clock, sleep
+        start, k/N for shard k of N, so the shards' first requests do not all go at once.
+        `stopped` says the shard is stopping: a wait then ends at once (`sleep` returns early)."""
+        self._clock, self._sleep, self._stopped = clock, sleep, stopped
         self.max_pause_s = min(max_pause_s, MAX_PAUSE_S)
         self.requests = _pacer_for(rpm)
         self.tokens = _pacer_for(tpm)
@@ -130,40 +154,47 @@ class RateLimiter:
         self.pending_tokens = 0
         self.last_charge = 0
 
-    def reserve(self, tokens: int) -> float:
-        """Charge one request and `tokens` now; the seconds until both are covered."""
-        now = self._clock()
+    def reserve(self, now: float, tokens: int) -> tuple[float | None, float | None]:
+        """Charge one request and `tokens` at `now`; its places in line (requests, tokens)."""
         self.last_charge = tokens
         if self._phase:  # the first request only: start this shard's pacing staggered
             for pacer, amount in ((self.requests, 1), (self.tokens, tokens)):
                 if pacer is not None:
                     pacer.charge(now, self._phase * amount)
             self._phase = 0.0
+        requests, tokens_pacer = self.requests, self.tokens
+        return (None if requests is None else requests.take(now, 1),
+                None if tokens_pacer is None else tokens_pacer.take(now, tokens))
+
+    def wait(self, now: float, places: tuple[float | None, float | None]) -> float:
+        """Seconds from `now` until a reservation at `places` may go: both paid for, no
+        server pause."""
         wait = self.pause_until - now
-        if self.requests is not None:
-            wait = max(wait, self.requests.take(now, 1))
-        if self.tokens is not None:
-            wait = max(wait, self.tokens.take(now, tokens))
+        request_place, token_place = places
+        if request_place is not None and self.requests is not None:
+            wait = max(wait, self.requests.wait(now, request_place))
+        if token_place is not None and self.tokens is not None:
+            wait = max(wait, self.tokens.wait(now, token_place))
         return max(0.0, wait)
 
     async def acquire(self, tokens: int) -> float:
-        """Reserve, then sleep until the reservation is covered and no server pause holds.
+        """Reserve, then sleep until the reservation is paid for and no server pause holds.
 
-        `tokens` is the request's estimate: prompt tokens + max_tokens. Returns the seconds
-        waited (0.0 when nothing held it back).
+        `tokens` is the request's estimate: prompt tokens + max_tokens. The wait is asked
+        again at least every `RECHECK_S`, since a new share or a refund may shorten it and a
+        server pause lengthen it. Returns the seconds waited (0.0 when nothing held it back).
         """
-        wait = self.reserve(tokens)
-        if wait <= 0:
-            return 0.0  # the common case: no sleep, no clock reading, no event
         start = self._clock()
+        places = self.reserve(start, tokens)
+        wait = self.wait(start, places)
+        if wait <= NEGLIGIBLE_S:
+            return 0.0  # the common case: no sleep, no event
         self.pending += 1
         self.pending_tokens += tokens
         try:
-            for _ in range(_MAX_REWAITS):  # a server pause may arrive while we sleep
-                if wait <= 0:
-                    break
-                await self._sleep(wait)
-                wait = self.pause_until - self._clock()
+            while wait > NEGLIGIBLE_S and not self._stopped():
+                await self._sleep(min(wait, RECHECK_S))
+                wait = self.wait(self._clock(), places)
         finally:
             self.pending -= 1
             self.pending_tokens -= tokens

@@ -98,7 +98,8 @@ class Shard:
         self.stopped = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
-                                   sleep=self._nap, phase=cfg.rate_phase)
+                                   sleep=self._nap, phase=cfg.rate_phase,
+                                   stopped=self.stopped.is_set)
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -198,7 +199,9 @@ class Shard:
         if not span.charged:  # the same item and params give the same estimate every attempt
             span.charged = estimate_request_tokens(span.item, self.cfg.params)
         waited = await self.limiter.acquire(span.charged)
-        if waited > 0:  # the clock is read only then: without limits this costs next to nothing
+        # The clock is read only after a wait: without limits this costs next to nothing. A
+        # wait a stop cut short is not counted: no attempt follows it.
+        if waited > 0 and not self.stopped.is_set():
             self.counters.rate_waits += 1
             self.counters.rate_wait_ms += round(waited * 1000)
             self.log.emit(events.RATE_WAIT, t=self.clock.now() - waited, span=span.span_id,

@@ -16,6 +16,7 @@ from shardrun.ratelimit import (
     DEFAULT_COMPLETION_TOKENS,
     DEFAULT_PAUSE_S,
     MAX_PAUSE_S,
+    RECHECK_S,
     Pacer,
     RateLimiter,
     estimate_request_tokens,
@@ -46,25 +47,45 @@ def limiter(rpm: float | None, tpm: float | None) -> tuple[RateLimiter, FakeTime
     return RateLimiter(rpm, tpm, clock=t.clock, sleep=t.sleep), t
 
 
+def take_wait(pacer: Pacer, now: float, amount: float) -> float:
+    """Reserve and say how long the reservation waits, as asked right away."""
+    return pacer.wait(now, pacer.take(now, amount))
+
+
 def test_pacer_queues_reservations_behind_the_debt() -> None:
     """Rate 2/s: the first goes at once, then each waits 0.5 s more than the last."""
     pacer = Pacer(2.0)
-    assert [pacer.take(10.0, 1) for _ in range(5)] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert [take_wait(pacer, 10.0, 1) for _ in range(5)] == [0.0, 0.5, 1.0, 1.5, 2.0]
     # 1 s later 2 of the 5 owed are paid; a new request waits for the other 3.
-    assert pacer.take(11.0, 1) == pytest.approx(1.5)
+    assert take_wait(pacer, 11.0, 1) == pytest.approx(1.5)
 
 
 def test_pacer_pays_down_to_zero_and_refunds_never_go_below() -> None:
     """An idle pacer owes nothing (no credit builds up); a refund stops at zero debt."""
     pacer = Pacer(1.0)
     pacer.take(0.0, 3)
-    assert pacer.take(100.0, 3) == 0.0 and pacer.debt == 3.0
+    assert take_wait(pacer, 100.0, 3) == 0.0 and pacer.debt == 3.0
     pacer.charge(100.0, -10)
     assert pacer.debt == 0.0
     pacer.charge(100.0, 2)
-    assert pacer.take(100.0, 1) == 2.0
+    assert take_wait(pacer, 100.0, 1) == 2.0
     with pytest.raises(ValueError, match="positive"):
         Pacer(0.0)
+
+
+def test_a_new_rate_or_a_refund_moves_the_reservations_already_waiting() -> None:
+    """Places in line are kept, not waits: at 1/s the third of three waits 2 s; after 0.5 s
+    the rate doubles, and it goes at 1.25 s; a refund of 1 unit then lets the next go 0.5 s
+    sooner than it would have."""
+    pacer = Pacer(1.0)
+    places = [pacer.take(0.0, 1) for _ in range(3)]
+    assert pacer.wait(0.0, places[2]) == 2.0
+    pacer.retune(0.5, 2.0)
+    assert pacer.wait(0.5, places[2]) == pytest.approx(0.75)
+    fourth = pacer.take(0.5, 1)
+    assert pacer.wait(0.5, fourth) == pytest.approx(1.25)
+    pacer.charge(0.5, -1)
+    assert pacer.wait(0.5, fourth) == pytest.approx(0.75)
 
 
 @settings(max_examples=80, deadline=None)
@@ -83,7 +104,7 @@ def test_pacer_grants_are_paid_for_and_never_late(
     grants: list[tuple[float, float]] = []  # (grant time, amount)
     for gap, amount in calls:
         now += gap
-        grants.append((now + pacer.take(now, amount), amount))
+        grants.append((now + take_wait(pacer, now, amount), amount))
         if len(grants) == 1:
             assert grants[0][0] == now  # the first goes at once, whatever its size
         else:
@@ -233,8 +254,32 @@ def test_pause_arriving_during_a_wait_extends_it() -> None:
 
     rl._sleep = sleep
     asyncio.run(rl.acquire(0))
-    assert asyncio.run(rl.acquire(0)) == pytest.approx(6.0)  # 1 s for the bucket, then 5 s
+    # 1 s for the pacer, asked again every RECHECK_S: the pause came at the first check and
+    # holds it 5 s from then.
+    assert asyncio.run(rl.acquire(0)) == pytest.approx(RECHECK_S + 5.0)
 
+
+def test_a_bigger_share_during_a_wait_shortens_it_and_a_stop_ends_it() -> None:
+    """rpm 6 (one per 10 s): the second request waits; 1 s in, the share becomes rpm 60 (the
+    coordinator's rebalance when other shards finish), and it goes at 1.9 s, once the rest of
+    what the first owed (0.9) is paid at the new rate, not at 10 s. A third waits for a stop
+    that comes 0.5 s in, at its second check, and goes no further."""
+    t = FakeTime()
+    stop = False
+    rl = RateLimiter(6, None, clock=t.clock, stopped=lambda: stop)
+
+    async def sleep(seconds: float) -> None:
+        nonlocal stop
+        t.now += seconds
+        if t.now == pytest.approx(1.0):
+            rl.set_share(60, None)
+        if t.now > 2.3:
+            stop = True
+
+    rl._sleep = sleep
+    assert asyncio.run(rl.acquire(0)) == 0.0
+    assert asyncio.run(rl.acquire(0)) == pytest.approx(1.9)  # 0.1 paid by 1 s, 0.9 at 1/s
+    assert asyncio.run(rl.acquire(0)) == pytest.approx(0.5) and t.now == pytest.approx(2.4)
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
