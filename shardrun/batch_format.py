@@ -192,9 +192,9 @@ def write_batch_files(run_dir: Path, model: str, api: str = "chat") -> tuple[Pat
 
 
 def _records(folder: Path) -> Iterator[dict[str, Any]]:
-    """The JSON lines of every shard file in `folder`, shard by shard; blank and torn lines
-    (a crash mid-write leaves at most one, at the end of a file) are skipped."""
-    for path in sorted(folder.glob("shard-*.jsonl")):
+    """The JSON lines of every file in `folder`, file by file; blank and torn lines (a crash
+    mid-write leaves at most one, at the end of a file) are skipped."""
+    for path in sorted(folder.glob("*.jsonl")):
         with open(path, "rb") as f:
             for line in f:
                 if not line.strip():

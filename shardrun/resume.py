@@ -21,7 +21,7 @@ from typing import IO, Any
 import orjson
 
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, SpecError
+from shardrun.errors import InputError, RunError, SpecError
 from shardrun.manifest import changed_results, pass_inputs, pass_reads, prefix_digests
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
@@ -204,6 +204,8 @@ class Prior:
 def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
     """Repair the run's files and collect finished ids; `retry_failed` sets dead letters aside."""
     notes = repair_run_files(run_path)
+    # A retry pass that ended early (killed, so it could not do it itself) left items aside.
+    restore_unretried(run_path, segment)
     retried_ids = DigestSet()
     if retry_failed:
         retried_ids.update(_set_dead_letters_aside(run_path, segment))
@@ -232,6 +234,62 @@ def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:
     _fsync_dir(target)
     _fsync_dir(run_path / "dead")
     return digests
+
+
+def restore_unretried(run_path: Path, segment: int) -> int:
+    """Put back, as dead letters, the items a retry pass set aside but never ran again (it was
+    stopped, killed, or given --limit); returns how many.
+
+    Such an item has no live result or dead-letter line, only set-aside ones: without this it
+    would read as never run (export: pending), and the next `retry-failed` would not find it.
+    Its newest set-aside line comes back, in `dead/unretried-rK.jsonl`, written whole or not
+    at all; the set-aside copies stay as history.
+    """
+    dirs = [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
+    if not dirs:
+        return 0
+    newest_first = sorted(dirs, key=lambda d: int(d.name.removeprefix("superseded-r") or 0),
+                          reverse=True)  # fmt: skip
+    aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
+    for folder in newest_first:
+        for path in sorted(folder.glob("*.jsonl")):
+            for item_id, offset in _ids_at(path):
+                aside.setdefault(item_id, (path, offset))
+    for sub in ("results", "dead"):
+        for path in sorted((run_path / sub).glob("*.jsonl")):
+            for item_id in line_ids(path):
+                aside.pop(item_id, None)
+    if not aside:
+        return 0
+    lines = []
+    for path, offset in aside.values():
+        with open(path, "rb") as f:
+            f.seek(offset)
+            lines.append(f.readline().rstrip(b"\n") + b"\n")
+    target = run_path / "dead" / f"unretried-r{segment}.jsonl"
+    temporary = target.with_name(target.name + ".tmp")
+    with open(temporary, "wb") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, target)
+    _fsync_dir(target.parent)
+    return len(lines)
+
+
+def _ids_at(path: Path) -> list[tuple[str, int]]:
+    """(id, byte offset) of every line of a set-aside dead-letter file."""
+    found, offset = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    found.append((str(orjson.loads(line)["id"]), offset))
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    raise RunError(f"{path}: a line at byte {offset:,} is not a valid record; "
+                                   "the run directory was edited or damaged") from None
+            offset += len(line)
+    return found
 
 
 def _fsync_dir(path: Path) -> None:

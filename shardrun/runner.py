@@ -201,7 +201,10 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     try:
         coordinator.prepare()  # forks: before the loop starts
         summary = run_loop(coordinator.run())
-        summary = replace(summary, prior_dead=this.prior_dead, cost=cost(
+        # Dead letters this retry pass set aside but stopped before are dead letters still.
+        unretried = (resume.restore_unretried(this.run_dir.path, this.segment)
+                     if this.info.get("retry_failed") else 0)  # fmt: skip
+        summary = replace(summary, prior_dead=this.prior_dead + unretried, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
             cached_tokens=summary.cached_tokens),

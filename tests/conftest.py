@@ -81,7 +81,10 @@ class Run:
     def load(cls, path: Path) -> Run:
         def gather(sub: str) -> list[dict[str, Any]]:
             rows: list[dict[str, Any]] = []
-            for file in sorted((path / sub).glob("shard-*.jsonl")):
+            # Every live results and dead-letter file (a retry pass may add unretried-rK.jsonl);
+            # the shards' event files only.
+            pattern = "shard-*.jsonl" if sub == "events" else "*.jsonl"
+            for file in sorted((path / sub).glob(pattern)):
                 rows.extend(read_jsonl(file))
             return rows
 

@@ -588,6 +588,49 @@ def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: 
     assert_exactly_once(Run.load(path), ids)
 
 
+def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Path) -> None:
+    """A retry pass given --limit 3 retries 3 dead letters; the others are put back as dead
+    letters (not pending, not lost), the summary counts them as earlier failures, and the
+    next retry-failed finds them. A retry pass killed before it could put them back leaves
+    that to the next pass (here a plain --resume, which must not run them)."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = {d["id"] for d in Run.load(path).dead}
+    assert len(dead) > 3
+    with sim() as good:
+        env = {"SHARDRUN_BASE_URL": good.base_url}
+        some = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--retry-failed",
+                       "--limit", "3", cwd=tmp_path, env=env)
+        assert some.returncode == 1, some.stderr
+        run = Run.load(path)
+        assert_exactly_once(run, ids)
+        assert len({d["id"] for d in run.dead}) == len(dead) - 3
+        assert f"  earlier failures   {len(dead) - 3} dead-lettered by earlier passes" in (
+            some.stdout)
+        rows = [orjson.loads(line) for line in
+                run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()]
+        assert sorted(r["id"] for r in rows if r["status"] == "failed") == sorted(
+            d["id"] for d in run.dead)
+        assert not [r for r in rows if r["status"] == "pending"]
+        # A retry pass killed after setting its dead letters aside, before putting any back.
+        aside = path / "dead" / "superseded-r9"
+        aside.mkdir()
+        for file in path.glob("dead/*.jsonl"):
+            file.rename(aside / file.name)
+        plain = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                        env=env)
+        assert plain.returncode == 1 and "  items              0" in plain.stdout, plain.stdout
+        assert_exactly_once(Run.load(path), ids)
+        last = run_cli("retry-failed", str(path), cwd=tmp_path, env=env)
+    assert last.returncode == 0, last.stdout + last.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert not run.dead
+
+
 def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: Path) -> None:
     """A resume with another job file (the first one since deleted): `retry-failed RUN_DIR` and
     `export RUN_DIR` read that one, the file the manifest's newest pass names."""
