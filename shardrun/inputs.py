@@ -290,7 +290,8 @@ def record_item(
         assert plan.prompt_field is not None
         prompt = record.get(plan.prompt_field)
         if not isinstance(prompt, str):
-            what = "missing" if prompt is None else f"a {type(prompt).__name__}, not a string"
+            what = ("missing" if plan.prompt_field not in record
+                    else f"{_json_kind(prompt)}, not a string")
             return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}", item_id)
         text = prompt
     if plan.system_prompt is None:
@@ -339,6 +340,17 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
         return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
                                "one, so give one line per answer", custom_id)  # fmt: skip
     return {"id": custom_id, "body": body, "url": url}
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, for a sentence: 'null', 'true', 'a number', 'a list'..."""
+    if value is None or isinstance(value, bool):
+        return orjson.dumps(value).decode()
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
 def _short(value: object) -> str:

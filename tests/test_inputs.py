@@ -60,14 +60,18 @@ def test_jsonl_prompt_items_ids_and_rejects(tmp_path: Path) -> None:
     """Prompts become {id, prompt}; ids are kept, derived from content when absent; bad lines
     are rejects with their line number; blank lines are skipped."""
     path = jsonl(tmp_path / "in.jsonl", {"id": 7, "prompt": "a"}, {"prompt": "b"}, b"",
-                 b"{not json", [1], {"id": "x", "prompt": 3})  # fmt: skip
+                 b"{not json", [1], {"id": "x", "prompt": 3}, {"id": "y", "prompt": None},
+                 {"id": "z", "prompt": ["a"]}, {"id": "w", "prompt": True})  # fmt: skip
     got = read_all(path, InputPlan())
     assert got[0] == {"id": "7", "prompt": "a"}
     assert isinstance(got[1], dict) and got[1]["id"].startswith("h") and len(got[1]["id"]) == 21
     assert [(r.line, r.reason.split(" (")[0]) for r in got[2:] if isinstance(r, Reject)] == [
         (4, "not valid JSON"),
         (5, "expected a JSON object, got list"),
-        (6, "prompt field 'prompt' is a int, not a string"),
+        (6, "prompt field 'prompt' is a number, not a string"),
+        (7, "prompt field 'prompt' is null, not a string"),
+        (8, "prompt field 'prompt' is a list, not a string"),
+        (9, "prompt field 'prompt' is true, not a string"),
     ]
 
 
