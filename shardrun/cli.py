@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runs-dir", type=Path, metavar="DIR", help="where run directories go")
     run.add_argument("--run-id", metavar="ID", help="name of the run directory (default: time)")
     run.add_argument("--resume", metavar="RUN_ID",
-                     help="continue run RUN_ID (or `latest`) in its directory, skipping "
+                     help="continue run RUN_ID (or `latest`: this job file's newest) in its "
+                          "directory, skipping "
                           "every item that has a result or dead-letter line")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: give dead-lettered items another pass")

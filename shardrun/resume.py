@@ -22,7 +22,13 @@ import orjson
 
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, RunError, SpecError
-from shardrun.manifest import changed_results, pass_inputs, pass_reads, prefix_digests
+from shardrun.manifest import (
+    changed_results,
+    newest_job_path,
+    pass_inputs,
+    pass_reads,
+    prefix_digests,
+)
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
 
@@ -168,19 +174,34 @@ def share_lock(run_path: Path) -> IO[bytes]:
     return handle
 
 
-def find_run(runs_dir: Path, ref: str) -> Path:
-    """The run directory named by `--resume`: a run id, or `latest`."""
+def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
+    """The run directory named by `--resume`: a run id, or `latest`.
+
+    `latest` is the newest run whose newest pass ran `job_path`, where one did: a runs
+    directory shared by several jobs must not resume another job's run. Else the newest run
+    of all (a job fixed in a new file resumes the run it fixes; the resume's checks and
+    warnings say what differs)."""
     runs = [p for p in runs_dir.iterdir() if (p / "manifest.json").is_file()] if (
         runs_dir.is_dir()) else []
     if ref == "latest":
         if not runs:
             raise SpecError(f"--resume latest: there is no run in {runs_dir}")
-        return max(runs, key=lambda p: (_started(p), p.name))
+        own = [p for p in runs if job_path is not None and _ran(p, job_path)]
+        return max(own or runs, key=lambda p: (_started(p), p.name))
     path = runs_dir / ref
     if not (path / "manifest.json").is_file():
         known = ", ".join(sorted(p.name for p in runs)[-5:]) or "none"
         raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})")
     return path
+
+
+def _ran(run_path: Path, job_path: Path) -> bool:
+    """Whether the newest pass of the run at `run_path` ran the job file `job_path`."""
+    try:
+        ran = newest_job_path(orjson.loads((run_path / "manifest.json").read_bytes()))
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return False
+    return ran is not None and ran.resolve() == job_path.resolve()
 
 
 def _started(path: Path) -> str:

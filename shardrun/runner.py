@@ -128,7 +128,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                             "retry-failed RUN_DIR`)")
         run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
         return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path))
-    run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume))
+    run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)
     changed = _check_settings(job, manifest, run_dir.run_id)

@@ -218,3 +218,23 @@ def test_a_resume_says_which_result_files_lost_answers_and_runs_those_items_agai
     assert_exactly_once(run, ids)
     assert run.manifest["resumes"][-1]["results_changed"] == [
         line.removeprefix("warning: ") for line in resumed.stderr.splitlines()]
+
+
+def test_resume_latest_takes_the_newest_run_of_this_job_file(tmp_path: Path) -> None:
+    """Two job files sharing a runs directory: `a.yaml --resume latest` resumes a.yaml's run,
+    though b.yaml's started later; a job file with no run of its own resumes the newest run
+    (a job fixed in a new file)."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "a.yaml", shards=1)
+    write_job(tmp_path / "b.yaml", shards=1, params={"max_tokens": 8})
+    write_job(tmp_path / "c.yaml", shards=1)
+    for job, run in (("a.yaml", "ra"), ("b.yaml", "rb")):
+        done = run_cli(job, "--limit", "5", "--run-id", run, *RUNS, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    resumed = run_cli("a.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    ra, rb = (Run.load(tmp_path / "runs" / r) for r in ("ra", "rb"))
+    assert (len(ra.results), len(rb.results)) == (20, 5)
+    other = run_cli("c.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert other.returncode == 0, other.stderr
+    assert len(Run.load(tmp_path / "runs" / "rb").results) == 20
