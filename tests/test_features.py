@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from shardrun._responses import ResponsesReader, read_whole_response
+from shardrun.aggregate._triage import TABLE
 from shardrun.sim.config import TEXT_WORDS, WORDS, SimConfig, make_plan
 from shardrun.sim.launcher import start_sim
 from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
@@ -189,6 +190,13 @@ def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
     assert summary["rate_wait_s"] == pytest.approx(sum(w["wait"] for w in waits),
                                                    abs=0.0005 * len(waits) + 0.001)  # ms each
     assert f"  rate-limit waits   {len(waits):,} (" in proc.stdout
+    # The report's triage: the backlog waited for the rate limit, and its advice says so
+    # (not "raise the cap", which would only add waiters).
+    triage = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)[
+        "triage"]
+    assert "rate_limited" in [f["id"] for f in triage["findings"]]
+    top = triage["dominant_bucket"]
+    assert top["bucket"] == "t_queue" and top["control"] == TABLE["rate_limit"][1], top
 
 
 def test_shards_first_requests_are_spread_over_the_job_wide_rate(tmp_path: Path) -> None:

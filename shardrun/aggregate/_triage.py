@@ -160,8 +160,14 @@ def _finding(fid: str, title: str, evidence: dict[str, Any], meaning: str,
 
 def triage_section(doc: dict[str, Any]) -> dict[str, Any]:
     """The `triage` part of the report document."""
+    top, findings = dominant(doc["latency"]), other_findings(doc)
+    if top is not None and top["bucket"] == "t_queue" and any(
+            f["id"] == "rate_limited" for f in findings):
+        # The backlog waited for a rate limit, not for the cap: a bigger cap would only wait
+        # too, so the advice is the rate limit's.
+        top["meaning"], top["control"] = TABLE["rate_limit"]
     return {
-        "dominant_bucket": dominant(doc["latency"]),
+        "dominant_bucket": top,
         "signatures": [ttft_tail(doc["latency"]), idle_gaps(doc["scheduler"])],
-        "findings": other_findings(doc),
+        "findings": findings,
     }
