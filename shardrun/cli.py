@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(`shardrun JOB.yaml --resume RUN_ID --retry-failed` does both).",
     )
     retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    retry.add_argument("--job", type=Path, metavar="JOB.yaml",
+                       help="the run's job file, if it has moved since the run")
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     retry.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
@@ -152,7 +154,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from shardrun.summary import format_summary
 
     if args.command == "retry-failed":
-        job, runs_dir = job_of_run(args.run_dir)
+        job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True)
     else:
         _check_run_flags(args)

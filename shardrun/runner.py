@@ -303,12 +303,16 @@ def check_strictly(reader: InputReader) -> None:
                          "--strict to set bad lines aside in rejects.jsonl")
 
 
-def job_of_run(run_path: Path) -> tuple[Path, Path]:
-    """The job file and runs directory of an existing run (for `retry-failed RUN_DIR`)."""
-    job = newest_job_path(read_manifest(run_path))
+def job_of_run(run_path: Path, given: Path | None = None) -> tuple[Path, Path]:
+    """The job file and runs directory of an existing run (for `retry-failed RUN_DIR`): the
+    file the newest pass ran, or `given` (`--job`) in its place."""
+    manifest = read_manifest(run_path)
+    if given is not None:
+        return given, run_path.parent
+    job = newest_job_path(manifest)
     if job is None or not job.is_file():
         what = f", {job}, no longer exists" if job else " is not in its manifest"
-        raise SpecError(f"the job file of run {run_path.name}{what}; use "
-                        f"`shardrun JOB.yaml --resume {run_path.name} --retry-failed`")
+        raise SpecError(f"the job file of run {run_path.name}{what}; name it with "
+                        f"`shardrun retry-failed {run_path} --job JOB.yaml`")
     return job, run_path.parent
 

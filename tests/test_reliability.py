@@ -657,6 +657,28 @@ def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: P
     assert {row["status"] for row in rows} == {"ok"}
 
 
+def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
+    """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
+    (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    failing = {"base_url": "sim://", "api": "chat", "model": "m",
+               "sim": {**FAST_SIM, "fail_500": 0.5}}
+    write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
+    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    (tmp_path / "job.yaml").unlink()
+    write_job(tmp_path / "moved.yaml", retry={"max_attempts": 1})
+    refused = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr == (
+        f"error: the job file of run {path.name}, {tmp_path / 'job.yaml'}, no longer exists; "
+        f"name it with `shardrun retry-failed {path} --job JOB.yaml`\n")
+    again = run_cli("retry-failed", str(path), "--job", "moved.yaml", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert not run.dead
+
+
 @pytest.mark.parametrize(("damage", "why"), [
     (b'{"job": ', "is not valid JSON (unexpected end of data: line 1 column 9 (char 8)); "),
     (b"[]", "is not a JSON object; "),
