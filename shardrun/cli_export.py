@@ -63,8 +63,8 @@ def handle(args: argparse.Namespace) -> int:
     notes = [
         (summary.pending, "record has", "records have", f"no answer yet: `shardrun {job} "
          f"--resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` runs them"),
-        (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}` gives "
-         "them another pass"),
+        (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}"
+         + ("" if args.job is None else f" --job {job}") + "` gives them another pass"),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
          "writing, or one killed since): their records count as pending"),
         (summary.repeated, "id has", "ids have", "more than one line in the run: the first "

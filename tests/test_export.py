@@ -257,7 +257,10 @@ def test_a_moved_job_file_is_named_with_job(base: Path, tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == (f"error: the job file of run {run_dir.name}, {tmp_path / 'gone.yaml'},"
                            " no longer exists; name it with --job JOB.yaml\n")  # fmt: skip
-    assert export(str(run_dir), "--job", str(job), cwd=tmp_path).returncode == 0
+    done = export(str(run_dir), "--job", str(job), cwd=tmp_path)
+    assert done.returncode == 0
+    # The failed records' hint names the job file too: without it, retry-failed could not run.
+    assert f"failed: `shardrun retry-failed {run_dir} --job {job}` gives them" in done.stderr
 
 
 def test_a_missing_input_is_named(base: Path, tmp_path: Path) -> None:
