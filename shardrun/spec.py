@@ -24,7 +24,15 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from shardrun._blame import Blame, Problem, render, translate, unknown_key_problem
-from shardrun._env import ENV_VARS, EnvVar, coerce_flag, env_values, flag_for, parse_text
+from shardrun._env import (
+    ENV_VARS,
+    NONE_WORDS,
+    EnvVar,
+    coerce_flag,
+    env_values,
+    flag_for,
+    parse_text,
+)
 from shardrun._env import unknown_env_warnings as _unknown_env_warnings
 from shardrun._jobfile import read_job_file
 from shardrun._models import (
@@ -283,9 +291,12 @@ def _sources(
 def _settle_sources(
     spec: JobSpec, raw: Mapping[str, Any], sources: dict[str, str]
 ) -> dict[str, str]:
-    """A file value the model replaced (`prompt_field: null` -> "prompt") is a default."""
+    """A file value the model replaced (`prompt_field: null` -> "prompt") is a default; a
+    word for no limit (`rpm: none`) is the file's own value."""
     for key, source in sources.items():
-        if source == "job file" and _get(raw, key) != _leaf(spec, key):
+        given, value = _get(raw, key), _leaf(spec, key)
+        said_none = isinstance(given, str) and given.strip().lower() in NONE_WORDS
+        if source == "job file" and given != value and not (said_none and value is None):
             sources[key] = "default"
     return sources
 

@@ -554,6 +554,9 @@ def test_rate_limits_layering(jobs: Path) -> None:
     # The word the message offers works in the file too, as null does.
     unlimited = load(write(jobs, MINIMAL + "rate_limits: {rpm: none, tpm: Unlimited}\n"))
     assert (unlimited.spec.rate_limits.rpm, unlimited.spec.rate_limits.tpm) == (None, None)
+    # ... and is the file's own setting, not the default's.
+    assert unlimited.sources["rate_limits.rpm"] == unlimited.sources["rate_limits.tpm"] == (
+        "job file")
 
 
 @pytest.mark.parametrize("url", ["http://[::1]:8000/v1", "http://h:/v1", "http://u:p@h:80/v1",
