@@ -205,13 +205,28 @@ def missing_problem(key: str, blame: Blame) -> Problem:
 
 
 def unknown_key_problem(origin: str, key: str, candidates: Sequence[str]) -> Problem:
-    """'<file>: unknown key 'concurency' (did you mean 'concurrency'?)'."""
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if not close:
-        leaf = key.rsplit(".", 1)[-1]
-        close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:1]
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    """'<file>: unknown key 'concurency' (did you mean 'concurrency'?)'.
+
+    A key inside a section is matched against that section's keys only (`rate_limits.foo` is
+    not close to `rate_limits`); with no close one, a small section lists what it takes."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
+    by_leaf = {c.rpartition(".")[2]: c for c in siblings}
+    close = [by_leaf[n] for n in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)]
+    if not close:  # the right name in the wrong section: `retry.rpm`
+        close = [c for c in candidates if c.rpartition(".")[2] == leaf][:1]
+    if close:
+        hint = f" (did you mean '{close[0]}'?)"
+    elif parent and len(siblings) <= SECTION_LIST_MAX:
+        names = ", ".join(c.rpartition(".")[2] for c in siblings)
+        hint = f" ({parent} takes: {names})"
+    else:
+        hint = ""
     return origin, f"unknown key '{key}'{hint}"
+
+
+SECTION_LIST_MAX = 8
+"""A section with at most this many keys is listed when an unknown key in it is near none."""
 
 
 def translate(errors: Iterable[ErrorDetails], blame: Blame) -> list[Problem]:

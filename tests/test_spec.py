@@ -235,6 +235,12 @@ def test_unknown_key_with_suggestion(jobs: Path) -> None:
     message = error_of(path)
     assert "unknown key 'endpoint.modle' (did you mean 'endpoint.model'?)" in message
     assert "unknown key 'max_attempts' (did you mean 'retry.max_attempts'?)" in message
+    # Inside a section, only that section's keys are near; a small section says what it takes.
+    path = write(jobs, MINIMAL + "rate_limits: {foo: 1, requests_per_minute: 2}\n")
+    message = error_of(path)
+    assert "unknown key 'rate_limits.foo' (rate_limits takes: rpm, tpm)" in message
+    assert "unknown key 'rate_limits.requests_per_minute' (rate_limits takes: rpm, tpm)" in (
+        message)
 
 
 def test_wrong_type_names_key_and_file(jobs: Path) -> None:
