@@ -94,7 +94,10 @@ class CsvRows:
             if not cells or cells == [""]:
                 continue
             if len(cells) != width:
-                yield start, f"row has {len(cells)} values but the header has {width}", b""
+                # A quote never closed swallows the rest of the file into one cell.
+                open_quote = len(cells) < width and any("\n" in cell for cell in cells)
+                hint = " (a quote opened in it is never closed?)" if open_quote else ""
+                yield start, f"row has {len(cells)} values but the header has {width}{hint}", b""
                 continue
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
             yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key

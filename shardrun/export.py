@@ -290,7 +290,7 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
             summary.rejected += 1
             row = _row(entry.line, entry.id, "rejected", error=entry.reason)
         else:
-            row = _record_row(index, reader.lines_read, entry["id"], seen, summary)
+            row = _record_row(index, reader.line, entry["id"], seen, summary)
         if reader.keep_records:
             row["input"] = reader.record
         yield row

@@ -109,6 +109,7 @@ class InputReader:
         self.sha = hashlib.sha256()
         self.bytes_read = 0
         self.lines_read = 0
+        self._row_start: int | None = None  # the first line of the CSV row last yielded
         self.keep_records = keep_records
         self.record: dict[str, Any] | None = None
         self.columns: list[str] | None = None
@@ -156,7 +157,7 @@ class InputReader:
         checked = (*self.fields.needed, self.fields.id_field)
         with self._file:
             for line, record, key in rows:
-                self.lines_read = rows.line_num
+                self.lines_read, self._row_start = rows.line_num, line
                 if self.keep_records:
                     self.record = None if isinstance(record, str) else _whole_row(record, rows)
                 if isinstance(record, str):
@@ -182,6 +183,12 @@ class InputReader:
             yield _row_item(row, self.fields)
         self._hash_parquet()
         rows.close()
+
+    @property
+    def line(self) -> int:
+        """Where the entry last yielded starts: its line (a CSV row may span several, when a
+        quoted cell holds a line break), or its row in a Parquet file."""
+        return self.lines_read if self._row_start is None else self._row_start
 
     def at_end(self) -> bool:
         """Whether nothing follows the entries read so far: the last byte of a JSON lines file

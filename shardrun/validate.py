@@ -81,7 +81,7 @@ def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
     try:
         for entry in reader:
             if not isinstance(entry, Reject) and not seen.add(id_digest(entry["id"])):
-                entry = Reject(reader.lines_read, duplicate_reason(entry["id"]), entry["id"])
+                entry = Reject(reader.line, duplicate_reason(entry["id"]), entry["id"])
             if isinstance(entry, Reject):
                 rejects += 1
                 if len(first_rejects) < show:

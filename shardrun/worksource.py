@@ -138,7 +138,7 @@ class WorkSource:
                 continue
             digest = id_digest(entry["id"])
             if not self._seen.add(digest):
-                self.reject(Reject(self.reader.lines_read, duplicate_reason(entry["id"]),
+                self.reject(Reject(self.reader.line, duplicate_reason(entry["id"]),
                                    entry["id"]))
                 continue
             if digest in self._done:

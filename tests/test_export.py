@@ -414,9 +414,9 @@ def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
     got = read_jsonl(out)
     assert [r["id"] for r in got] == [f"c{i}" for i in range(12)]
     assert {r["status"] for r in got} == {"ok"}
-    # The header is line 1. c3 spans lines 5-6 and is numbered by its last line, as the run
-    # numbers a CSV record in rejects.jsonl (csv's line_num); every later record is one on.
-    assert [r["line"] for r in got] == [2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    # The header is line 1. c3 spans lines 5-6 and is numbered by its first line, as the run
+    # numbers a CSV record in rejects.jsonl; the next record starts at line 7.
+    assert [r["line"] for r in got] == [2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14]
 
 
 # -- --with-input -----------------------------------------------------------------------------

@@ -188,6 +188,19 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
     assert got[3] == Reject(6, "row has 2 values but the header has 3")
     assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
     assert len(got) == 5
+    # Where each entry starts: the row over two lines (4 and 5) is at line 4, not 5.
+    reader = InputReader(path, InputPlan(format="csv"))
+    assert [reader.line for _ in reader] == [2, 3, 4, 6, 8]
+    reader.close()
+
+
+def test_csv_quote_never_closed_is_named(tmp_path: Path) -> None:
+    """An unclosed quote swallows the rest of the file into one cell: the reject says so."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(b'id,prompt,extra\n1,"open,x\n2,b,x\n3,c,x\n')
+    assert read_all(path, InputPlan(format="csv")) == [
+        Reject(2, "row has 2 values but the header has 3 (a quote opened in it is never "
+                  "closed?)")]
 
 
 def test_csv_template_and_hash(tmp_path: Path) -> None:
