@@ -356,10 +356,12 @@ def _csv_header(input_columns: list[str] | None) -> list[str]:
 
 def _cell(value: Any) -> Any:
     """A value as a CSV cell: text and numbers as they are, anything else (true and false
-    included) as its JSON text."""
+    included) as its JSON text, unless that is a JSON string (a Parquet timestamp, date or
+    decimal): then the text itself, without JSON's quotes."""
     if value is None or isinstance(value, str | float) or type(value) is int:
         return value
-    return orjson.dumps(value, default=_plain).decode()
+    text = orjson.dumps(value, default=_plain).decode()
+    return orjson.loads(text) if text.startswith('"') else text
 
 
 def _plain(value: Any) -> str:

@@ -8,6 +8,8 @@ its own copy of the run's directory, its job and its input.
 from __future__ import annotations
 
 import csv
+import datetime
+import decimal
 import re
 import resource
 import shutil
@@ -516,7 +518,9 @@ def test_with_input_reads_every_parquet_column_and_keeps_content_ids(tmp_path: P
     table = pa.table({"prompt": [f"Question {i}" for i in range(n)],
                       "score": [None if i == 3 else i / 2 for i in range(n)],
                       "tags": [["a", str(i)] for i in range(n)],
-                      "flag": [i % 2 == 0 for i in range(n)]})  # fmt: skip
+                      "flag": [i % 2 == 0 for i in range(n)],
+                      "at": [datetime.datetime(2026, 1, 1, 0, 0, i) for i in range(n)],
+                      "price": [decimal.Decimal(f"{i}.25") for i in range(n)]})  # fmt: skip
     pq.write_table(table, tmp_path / "input.parquet")
     write_job(tmp_path / "job.yaml", input={"path": "input.parquet", "format": "parquet"})
     done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
@@ -526,7 +530,9 @@ def test_with_input_reads_every_parquet_column_and_keeps_content_ids(tmp_path: P
     assert export(run_dir, "-o", str(as_json), "--with-input", cwd=tmp_path).returncode == 0
     rows = read_jsonl(as_json)
     assert [r["status"] for r in rows] == ["ok"] * n
-    assert [r["input"] for r in rows] == table.to_pylist()  # the null score is null again
+    # The null score is null again; the timestamp and the decimal are text, as JSON has them.
+    assert [r["input"] for r in rows] == orjson.loads(orjson.dumps(table.to_pylist(),
+                                                                   default=str))
     done = export(run_dir, "-o", str(as_csv), "--with-input", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with open(as_csv, newline="", encoding="utf-8") as f:
@@ -534,3 +540,5 @@ def test_with_input_reads_every_parquet_column_and_keeps_content_ids(tmp_path: P
     assert [(c["input.score"], c["input.tags"], c["input.flag"]) for c in cells[2:4]] == [
         ("1.0", '["a","2"]', "true"), ("", '["a","3"]', "false")
     ]
+    # A timestamp or a decimal is its text, not JSON's quoted string.
+    assert (cells[2]["input.at"], cells[2]["input.price"]) == ("2026-01-01T00:00:02", "2.25")
