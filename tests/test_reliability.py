@@ -610,6 +610,8 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
         assert len({d["id"] for d in run.dead}) == len(dead) - 3
         assert f"  earlier failures   {len(dead) - 3} dead-lettered by earlier passes" in (
             some.stdout)
+        # All that earlier passes finished, not only what this pass read past before its limit.
+        assert f"  already done       {60 - len(dead)} (" in some.stdout, some.stdout
         rows = [orjson.loads(line) for line in
                 run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()]
         assert sorted(r["id"] for r in rows if r["status"] == "failed") == sorted(
