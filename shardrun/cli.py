@@ -150,7 +150,7 @@ def _check_run_flags(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from shardrun.runner import RunOptions, job_of_run, run
+    from shardrun.runner import NothingToRetry, RunOptions, job_of_run, run
     from shardrun.summary import format_summary
 
     if args.command == "retry-failed":
@@ -170,7 +170,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         "rate_limits.rpm": getattr(args, "rpm", None),
         "rate_limits.tpm": getattr(args, "tpm", None),
     }
-    summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
+    try:
+        summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
+    except NothingToRetry as nothing:
+        print(nothing)
+        return 0
     print(format_summary(summary))
     if summary.fatal_reason:
         print(f"error: {summary.fatal_reason}", file=sys.stderr)

@@ -244,13 +244,12 @@ def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:
     """Move dead-letter files under dead/superseded-rK/ so their items run again; the digests
     of their ids."""
     files = sorted((run_path / "dead").glob("*.jsonl"))
-    if not files:
+    digests = [id_digest(i) for path in files for i in line_ids(path)]
+    if not digests:  # empty files only: nothing to retry, nothing to move
         return []
     target = run_path / "dead" / f"superseded-r{segment}"
     target.mkdir(parents=True, exist_ok=True)
-    digests: list[int] = []
     for path in files:
-        digests += (id_digest(i) for i in line_ids(path))
         shutil.move(str(path), target / path.name)
     _fsync_dir(target)
     _fsync_dir(run_path / "dead")

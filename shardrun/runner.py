@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class NothingToRetry(Exception):
+    """`retry-failed` of a run without dead letters: said in one line, no pass started."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """How to run, beyond the job file: CLI choices that are not job settings."""
@@ -144,6 +148,11 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     for note in prior.notes:
         print(f"repaired: {note}", file=sys.stderr)
     only_failed = options.retry_failed and options.only_failed
+    if only_failed and not prior.retried:
+        lock.close()
+        raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
+                             f"({resume_command(job, run_dir)} runs the items no pass has run, "
+                             "if any)")
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "only_failed": only_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,

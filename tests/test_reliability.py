@@ -659,6 +659,26 @@ def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: P
     assert {row["status"] for row in rows} == {"ok"}
 
 
+def test_retry_failed_of_a_run_without_dead_letters_says_so_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    """Nothing failed: `retry-failed` says so in one line, exits 0, and leaves the run as it
+    was (no pass, no manifest entry, no new files)."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    before = sorted(p for p in path.rglob("*") if p.name != ".lock")
+    manifest = (path / "manifest.json").read_bytes()
+    again = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (f"run {path.name} has no dead letters: nothing to retry (shardrun "
+                            f"{tmp_path / 'job.yaml'} --resume {path.name} --runs-dir "
+                            f"{path.parent} runs the items no pass has run, if any)\n")
+    assert sorted(p for p in path.rglob("*") if p.name != ".lock") == before
+    assert (path / "manifest.json").read_bytes() == manifest
+
+
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
     """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
     (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
