@@ -157,7 +157,8 @@ def _without_none(annotation: Any) -> Any:
 
 
 def _bounds(metadata: Iterable[object]) -> str:
-    """' from 1 to 1024', ' greater than 0', ' of at least 0' or '' from annotated_types."""
+    """' from 1 to 1024', ' above 0 and at most 60', ' greater than 0', ' of at least 0' or ''
+    from annotated_types."""
     lo: object = None
     hi: object = None
     strict_lo = False
@@ -169,7 +170,7 @@ def _bounds(metadata: Iterable[object]) -> str:
         elif isinstance(item, annotated_types.Le):
             hi = item.le
     if lo is not None and hi is not None:
-        return f" from {lo} to {hi}"
+        return f" above {lo} and at most {hi}" if strict_lo else f" from {lo} to {hi}"
     if lo is not None:
         return f" greater than {lo}" if strict_lo else f" of at least {lo}"
     return ""

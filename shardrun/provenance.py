@@ -25,7 +25,14 @@ from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minu
 from shardrun.aggregate._metrics import windows
 from shardrun.errors import RunDirError, ShardrunError
 from shardrun.manifest import read_manifest
-from shardrun.report._rundir import FoldOptions, LoadedRun, event_files, load_run, run_state
+from shardrun.report._rundir import (
+    FoldOptions,
+    LoadedRun,
+    event_files,
+    load_run,
+    run_state,
+    segment_of,
+)
 from shardrun.report._scan import FileScan
 
 SAMPLE_SCHEMA = "shardrun.sample/1"
@@ -118,14 +125,26 @@ def _check_publishable(loaded: LoadedRun) -> None:
     if state == "running":
         raise PublishError(f"{loaded.path} is still running ({why}); publish once it has "
                            "ended, when its files no longer change")
+    problem = _altered(loaded)
+    if problem is not None:
+        raise PublishError(f"{problem}; refusing to publish from altered files")
+
+
+def _altered(loaded: LoadedRun) -> str | None:
+    """Why the run's event files are not as it wrote them, if they are not: a file that fails
+    its own checkpoints, differs from the SHA-256 the manifest recorded when the run ended, or
+    is listed there and gone. `publish` refuses such a run; `verify` fails it."""
     for scan in loaded.scans:
         if scan.checkpoint_error:
-            raise PublishError(f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
-                               "; refusing to publish from altered files")
+            return f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
     changed = loaded.manifest_mismatches()
     if changed:
-        raise PublishError(f"{changed[0]} differs from the SHA-256 the manifest recorded at the "
-                           "end of the run; refusing to publish from altered files")
+        return (f"{changed[0]} differs from the SHA-256 the manifest recorded at the end of "
+                "the run")
+    missing = loaded.missing_files()
+    if missing:
+        return f"{missing[0]} is listed in the manifest but missing from the run directory"
+    return None
 
 
 def format_sample(sample: dict[str, Any]) -> str:
@@ -226,13 +245,22 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     _check_file_set(sample, run_dir)
     loaded = _load(run_dir, workers)
     _check_files(sample, loaded)
+    # Files that match the sample may still not be the run's: a forger who edits a line and
+    # publishes anew fixes the sample's hashes, not the files' own checkpoints or the manifest.
+    problem = _altered(loaded)
+    if problem is not None:
+        raise VerifyError(problem)
     _check_figure(sample, figure(loaded, _sample_minute(sample)).as_dict())
     size = sum(f["bytes"] for f in sample["files"])
     part = " (a partial minute: the run did not cover all of it)" if sample["partial"] else ""
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
-            f"on {len(sample['per_shard'])} shards; {len(sample['files'])} event files "
+            f"on {_count(len(sample['per_shard']), 'shard')}; {len(sample['files'])} event files "
             f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _sample_minute(sample: dict[str, Any]) -> int:
@@ -253,8 +281,10 @@ def _check_file_set(sample: dict[str, Any], run_dir: Path) -> None:
             raise VerifyError(f"{path} named in the sample is missing from {run_dir}{hint}")
     extra = sorted(set(present) - set(named))
     if extra:
-        raise VerifyError(f"{extra[0]} is in {run_dir} but not in the sample (an added or "
-                          "renamed event file)")
+        why = ("a resume of the run since it was published writes files of its own, so verify "
+               "a sample published after the run's last pass" if segment_of(present[extra[0]])
+               else "an added or renamed event file")
+        raise VerifyError(f"{extra[0]} is in {run_dir} but not in the sample ({why})")
 
 
 def _sha(path: Path) -> str:
@@ -276,7 +306,8 @@ def _check_files(sample: dict[str, Any], loaded: LoadedRun) -> None:
 
 
 def _diff(scan: FileScan, rec: dict[str, Any]) -> str:
-    parts = [f"SHA-256 {scan.sha256} instead of {rec['sha256']}"]
+    parts = [f"SHA-256 {scan.sha256} instead of {rec['sha256']}"] if (
+        scan.sha256 != rec["sha256"]) else []
     if scan.lines != rec.get("lines"):
         parts.append(f"{scan.lines:,} lines instead of {rec.get('lines')}")
     if scan.bytes != rec["bytes"]:
@@ -286,6 +317,8 @@ def _diff(scan: FileScan, rec: dict[str, Any]) -> str:
 
 def _where(scan: FileScan) -> str:
     """Where in a changed file the change is, as far as its own checkpoints tell."""
+    if scan.bytes == 0:
+        return "the file is empty now: it was truncated or replaced"
     if scan.checkpoint_error:
         return scan.checkpoint_error
     if scan.first_bad:

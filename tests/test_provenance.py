@@ -17,9 +17,17 @@ import pytest
 from conftest import FAST_SIM, run_cli, write_input, write_job
 from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
 
-from shardrun.aggregate import minute_label
+from shardrun.aggregate import minute_label, parse_minute
 from shardrun.cli_analysis import main
-from shardrun.provenance import PublishError, VerifyError, publish, verify
+from shardrun.provenance import (
+    PublishError,
+    VerifyError,
+    _file_record,
+    _load,
+    figure,
+    publish,
+    verify,
+)
 
 M = B // 60
 
@@ -127,6 +135,50 @@ def test_publish_refuses_running_or_altered_runs(tmp_path: Path) -> None:
         publish(altered)
 
 
+def test_a_listed_event_file_gone_is_refused_by_publish_and_failed_by_verify(
+    tmp_path: Path,
+) -> None:
+    """The manifest lists every event file: with one deleted, publishing would count half the
+    run, so publish refuses; a sample written for what is left (by hand) fails verify."""
+    run = _run(tmp_path / "run")
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["files"] = [{"path": f"events/{p.name}", "sha256": hashlib.sha256(
+        p.read_bytes()).hexdigest(), "bytes": p.stat().st_size} for p in run.glob("events/*")]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    _, sample = publish(run)
+    (run / "events" / "shard-01.jsonl").unlink()
+    with pytest.raises(PublishError, match=r"events/shard-01\.jsonl is listed in the manifest "
+                                           "but missing from the run directory; refusing"):
+        publish(run)
+    forged = _forge(run, sample)
+    with pytest.raises(VerifyError, match=r"^events/shard-01\.jsonl is listed in the manifest "
+                                          "but missing from the run directory$"):
+        verify(forged)
+
+
+def test_a_sample_forged_over_an_edited_log_fails_verify(tmp_path: Path) -> None:
+    """An edited number, and a sample made anew from the edited files (hashes and figure
+    match them): verify still fails, on the file's own checkpoints."""
+    run = _run(tmp_path / "run")
+    _, sample = publish(run)
+    log = run / "events" / "shard-00.jsonl"
+    log.write_bytes(log.read_bytes().replace(b'"tokens":5', b'"tokens":6', 1))
+    with pytest.raises(VerifyError, match=r"^events/shard-00\.jsonl fails its own checkpoints"):
+        verify(_forge(run, sample))
+
+
+def _forge(run: Path, sample: Path) -> Path:
+    """The sample a forger would write for the run's files as they are now: every hash and
+    figure recomputed, as publish would without its checks."""
+    loaded = _load(run, None)
+    doc = orjson.loads(sample.read_bytes())
+    doc.update(figure(loaded, parse_minute(doc["minute"])).as_dict(),
+               files=[_file_record(s) for s in loaded.scans])
+    forged = sample.with_name("forged.json")
+    forged.write_bytes(orjson.dumps(doc))
+    return forged
+
+
 def _lines(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
@@ -178,6 +230,14 @@ def _extra(run: Path, sample: Path) -> None:
     shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-02.jsonl")
 
 
+def _emptied(run: Path, sample: Path) -> None:
+    (run / "events" / "shard-01.jsonl").write_bytes(b"")
+
+
+def _resumed(run: Path, sample: Path) -> None:
+    shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-01.r1.jsonl")
+
+
 def _other_run(run: Path, sample: Path) -> None:
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "run_id": "another-run"}))
@@ -211,7 +271,12 @@ TAMPERS = [
     ("renamed shard file", _rename, "events/shard-01.jsonl named in the sample is missing",
      "events/shard-05.jsonl has its SHA-256 (renamed?)"),
     ("missing shard file", _remove, "events/shard-01.jsonl named in the sample is missing", ""),
-    ("added shard file", _extra, "events/shard-02.jsonl is in", "but not in the sample"),
+    ("added shard file", _extra, "events/shard-02.jsonl is in", "but not in the sample (an "
+     "added or renamed event file)"),
+    ("a resume since", _resumed, "events/shard-01.r1.jsonl is in", "(a resume of the run since "
+     "it was published writes files of its own"),
+    ("emptied file", _emptied, "events/shard-01.jsonl does not match the sample: SHA-256 ",
+     "; the file is empty now: it was truncated or replaced"),
     ("wrong run", _other_run, f"the sample is for run '{RUN_ID}'", "holds run 'another-run'"),
 ]
 

@@ -174,6 +174,10 @@ def test_env_conversion_errors_name_the_variable(jobs: Path) -> None:
     assert error_of(path, env={"SHARDRUN_IDLE_TIMEOUT_S": "0"}) == (
         "environment variable SHARDRUN_IDLE_TIMEOUT_S must be a number greater than 0, got '0'"
     )
+    assert error_of(path, env={"SHARDRUN_FSYNC_INTERVAL_S": "0"}) == (  # 0 is out: say so
+        "environment variable SHARDRUN_FSYNC_INTERVAL_S must be a number above 0 and at most "
+        "60, got '0'"
+    )
     assert "SHARDRUN_RETRY_BUDGET must be a number" in error_of(
         path, env={"SHARDRUN_RETRY_BUDGET": "nan"}
     )

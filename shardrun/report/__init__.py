@@ -51,10 +51,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
     )  # fmt: skip
     doc = build_report(facts, loaded.coordinators, loaded.shards)
     # An event file the manifest lists that is gone would silently take its figures with it.
-    present = {scan.path for scan in loaded.scans}
-    missing = sorted(p for p in recorded
-                     if isinstance(p, str) and p.startswith("events/") and p not in present)
-    if missing:
+    if missing := loaded.missing_files():
         doc["integrity"]["missing_files"] = missing
         doc["integrity"]["ok"] = False
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "

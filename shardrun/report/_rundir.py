@@ -74,6 +74,14 @@ class LoadedRun:
                 out.append(scan.path)
         return out
 
+    def missing_files(self) -> list[str]:
+        """Event files the manifest lists that are not in the run directory: their figures
+        would silently be left out of anything computed from it."""
+        present = {scan.path for scan in self.scans}
+        return sorted(p for f in self.manifest.get("files") or [] if isinstance(f, dict)
+                      and isinstance(p := f.get("path"), str) and p.startswith("events/")
+                      and p not in present)
+
 
 def shard_files(run_dir: Path) -> list[Path]:
     """`events/shard-NN.jsonl` and the resume passes' `shard-NN.rK.jsonl`, in path order."""
