@@ -38,7 +38,10 @@ from shardrun.report._scan import FileScan
 SAMPLE_SCHEMA = "shardrun.sample/1"
 METHOD = "completion_tokens_by_last_token_minute"
 FIGURE_FIELDS = ("completion_tokens", "spans", "partial", "lines_counted", "lines_sha256")
-SHARD_FIELDS = ("shard", "completion_tokens", "spans", "lines", "lines_sha256")
+SHARD_FIELDS = ("shard", "file", "completion_tokens", "spans", "lines", "lines_sha256")
+FILE_FIELDS = ("lines", "checkpoints", "covered_lines")
+"""What a sample says of each file besides its hash and size; checked when the sample has it
+(samples of older versions may lack some)."""
 
 
 class PublishError(ShardrunError):
@@ -299,10 +302,14 @@ def _check_files(sample: dict[str, Any], loaded: LoadedRun) -> None:
     scans = {s.path: s for s in loaded.scans}
     for rec in sample["files"]:
         scan = scans[rec["path"]]
-        if scan.sha256 == rec["sha256"] and scan.bytes == rec["bytes"]:
-            continue
-        raise VerifyError(f"{scan.path} does not match the sample: {_diff(scan, rec)}; "
-                          f"{_where(scan)}")
+        if scan.sha256 != rec["sha256"] or scan.bytes != rec["bytes"]:
+            raise VerifyError(f"{scan.path} does not match the sample: {_diff(scan, rec)}; "
+                              f"{_where(scan)}")
+        found = _file_record(scan)
+        for key in FILE_FIELDS:
+            if key in rec and not _same(rec[key], found[key]):
+                raise VerifyError(f"{scan.path}: the sample says {key} {rec[key]!r} but the file "
+                                  f"has {found[key]!r}")
 
 
 def _diff(scan: FileScan, rec: dict[str, Any]) -> str:
@@ -329,10 +336,15 @@ def _where(scan: FileScan) -> str:
             "sample was changed")
 
 
+def _same(given: Any, found: Any) -> bool:
+    """Equal and of the same JSON type: 12274.0 is not the count 12274, nor true the 1."""
+    return type(given) is type(found) and given == found
+
+
 def _check_figure(sample: dict[str, Any], fresh: dict[str, Any]) -> None:
     at = f"minute {fresh['minute']}: "
-    for key in FIGURE_FIELDS:
-        if sample[key] != fresh[key]:
+    for key in (*FIGURE_FIELDS, *(["minute_start_t"] if "minute_start_t" in sample else [])):
+        if not _same(sample[key], fresh[key]):
             raise VerifyError(f"{at}{key}: the sample says {sample[key]!r} but the events give "
                               f"{fresh[key]!r}")
     if len(sample["per_shard"]) != len(fresh["per_shard"]):
@@ -340,6 +352,6 @@ def _check_figure(sample: dict[str, Any], fresh: dict[str, Any]) -> None:
                           f"the run has {len(fresh['per_shard'])}")
     for mine, theirs in zip(sample["per_shard"], fresh["per_shard"], strict=True):
         for key in SHARD_FIELDS:
-            if mine.get(key) != theirs[key]:
+            if not _same(mine.get(key), theirs[key]):
                 raise VerifyError(f"{at}per_shard {theirs['file']} {key}: the sample says "
                                   f"{mine.get(key)!r} but the events give {theirs[key]!r}")

@@ -211,6 +211,10 @@ def _edit_sample(**changes: Any) -> Callable[[Path, Path], None]:
                 doc["per_shard"][1]["spans"] = value
             elif key == "file_sha":
                 doc["files"][1]["sha256"] = value
+            elif key == "file_of_01":
+                doc["per_shard"][1]["file"] = value
+            elif key == "covered_lines_of_00":
+                doc["files"][1]["covered_lines"] = value
             else:
                 doc[key] = value
         sample.write_bytes(orjson.dumps(doc))
@@ -266,6 +270,14 @@ TAMPERS = [
      "the events give"),
     ("edited minute", _edit_sample(minute=minute_label(M)),
      f"minute {minute_label(M)}: completion_tokens: the sample says 45", "the events give 30"),
+    ("edited minute start", _edit_sample(minute_start_t=0), "minute_start_t: the sample says 0",
+     "the events give"),
+    ("figure as a float", _edit_sample(completion_tokens=45.0), "completion_tokens: the sample "
+     "says 45.0", "the events give 45"),
+    ("edited split's file", _edit_sample(file_of_01="events/shard-00.jsonl"), "per_shard events/"
+     "shard-01.jsonl file: the sample says 'events/shard-00.jsonl'", ""),
+    ("edited coverage", _edit_sample(covered_lines_of_00=1), "events/shard-00.jsonl: the sample "
+     "says covered_lines 1 but the file has", ""),
     ("edited file hash", _edit_sample(file_sha="0" * 64), "events/shard-00.jsonl does not match",
      "the SHA-256 or size recorded in the sample was changed"),
     ("renamed shard file", _rename, "events/shard-01.jsonl named in the sample is missing",
