@@ -130,7 +130,13 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         if options.retry_failed:
             raise SpecError("--retry-failed goes with --resume RUN_ID (or use `shardrun "
                             "retry-failed RUN_DIR`)")
-        run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
+        try:
+            run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
+        except SpecError as exc:
+            source = job.sources.get("runs_dir", "default")
+            if source == "default" or not str(exc).startswith("cannot create"):
+                raise
+            raise SpecError(f"{exc} (runs_dir from {source})") from None
         return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path))
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)

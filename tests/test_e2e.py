@@ -274,6 +274,12 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     proc = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_CONCURRENCY": "lots"})
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "SHARDRUN_CONCURRENCY" in proc.stderr
+    # A runs directory that cannot be made names where it came from.
+    (tmp_path / "a-file").write_text("")
+    proc = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_RUNS_DIR": "a-file"})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: cannot create run directory a-file/")
+    assert proc.stderr.endswith(" (runs_dir from env SHARDRUN_RUNS_DIR)\n")
 
 
 def _closed_port() -> int:
