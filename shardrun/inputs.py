@@ -330,7 +330,9 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     """An OpenAI Batch input line (`custom_id`, `method`, `url`, `body`) to a body item."""
     custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
     if not isinstance(custom_id, str) or not custom_id:
-        return Reject(line_no, "custom_id is missing (a non-empty string is required)")
+        named = None if custom_id in (None, "") else orjson.dumps(custom_id).decode()
+        what = "missing" if named is None else f"{_json_kind(custom_id)}, not a string"
+        return Reject(line_no, f"custom_id is {what} (a non-empty string is required)", named)
     if record.get("method") != "POST":
         return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}",
                       custom_id)

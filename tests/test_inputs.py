@@ -345,6 +345,7 @@ def test_batch_lines_become_body_items() -> None:
     [
         ({"custom_id": None}, "custom_id is missing"),
         ({"custom_id": ""}, "custom_id is missing"),
+        ({"custom_id": 123}, "custom_id is a number, not a string"),
         ({"method": "GET"}, 'method must be POST, got "GET"'),
         ({"url": "/v1/embeddings"},
          "url must be /v1/chat/completions, /v1/completions or /v1/responses"),
@@ -359,6 +360,10 @@ def test_batch_line_rejects(fields: dict[str, object], reason: str) -> None:
     """Each Batch rule has its own reject reason."""
     got = parse_line(batch_line(**fields), 4, BATCH)
     assert isinstance(got, Reject) and got.line == 4 and got.reason.startswith(reason)
+    # The reject keeps the id the line names (a number's JSON text), none when it names none.
+    named = fields.get("custom_id", "r1")
+    assert got.id == (None if named in (None, "") else named if isinstance(named, str)
+                      else orjson.dumps(named).decode())
 
 
 # -- from the job, to the request --------------------------------------------------------------
