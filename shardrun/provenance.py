@@ -8,7 +8,9 @@ file, the counted lines in the order of their spans' `released` lines hash to th
 `"<file> <lines> <file's lines_sha256>\\n"` over the shard files in path order.
 
 `verify` re-reads every file, checks every hash (the files' own checkpoints locate a change),
-recomputes the figure and names the first thing that disagrees.
+recomputes the figure and names the first thing that disagrees. Files that match the sample
+must also match their own checkpoints and the manifest's record (`_altered`): otherwise a
+sample written anew over edited files would verify.
 """
 
 from __future__ import annotations
