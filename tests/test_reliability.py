@@ -633,16 +633,23 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
     assert not run.dead
 
 
-def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: Path) -> None:
-    """A resume with another job file (the first one since deleted): `retry-failed RUN_DIR` and
-    `export RUN_DIR` read that one, the file the manifest's newest pass names."""
-    ids = write_input(tmp_path / "input.jsonl", 100)
+def failed_half(tmp_path: Path, items: int) -> tuple[list[str], Path]:
+    """job.yaml run once over `items` items against an embedded simulator failing half its
+    requests, one attempt each: (ids, run directory), some items dead-lettered."""
+    ids = write_input(tmp_path / "input.jsonl", items)
     failing = {"base_url": "sim://", "api": "chat", "model": "m",
                "sim": {**FAST_SIM, "fail_500": 0.5}}
     write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
     assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
     path = only_run(tmp_path / "runs")
     assert Run.load(path).dead
+    return ids, path
+
+
+def test_retry_failed_and_export_use_the_job_file_of_the_newest_pass(tmp_path: Path) -> None:
+    """A resume with another job file (the first one since deleted): `retry-failed RUN_DIR` and
+    `export RUN_DIR` read that one, the file the manifest's newest pass names."""
+    ids, path = failed_half(tmp_path, 100)
     # The new job file has a healthy simulator; the resume has nothing left to run.
     write_job(tmp_path / "fixed.yaml", retry={"max_attempts": 1})
     resumed = run_cli("fixed.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
@@ -682,12 +689,7 @@ def test_retry_failed_of_a_run_without_dead_letters_says_so_and_starts_nothing(
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
     """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
     (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
-    ids = write_input(tmp_path / "input.jsonl", 40)
-    failing = {"base_url": "sim://", "api": "chat", "model": "m",
-               "sim": {**FAST_SIM, "fail_500": 0.5}}
-    write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
-    assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
-    path = only_run(tmp_path / "runs")
+    ids, path = failed_half(tmp_path, 40)
     (tmp_path / "job.yaml").unlink()
     write_job(tmp_path / "moved.yaml", retry={"max_attempts": 1})
     refused = run_cli("retry-failed", str(path), cwd=tmp_path)
