@@ -233,6 +233,10 @@ def _open(path: Path) -> IO[bytes]:
         raise InputError(
             f"input file {path} does not exist; check input.path in the job file"
         ) from None
+    except IsADirectoryError:
+        raise InputError(
+            f"input file {path} is a directory; input.path in the job file must name a file"
+        ) from None
     except OSError as exc:
         raise InputError(f"cannot open input file {path}: {exc.strerror}") from None
 

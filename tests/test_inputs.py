@@ -121,6 +121,11 @@ def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
     for fmt in ("jsonl", "csv", "parquet"):
         with pytest.raises(InputError, match=r"does not exist; check input\.path"):
             InputReader(tmp_path / "nope", InputPlan(format=fmt))  # type: ignore[arg-type]
+    # A directory (input.path: .) says so, and names the key too.
+    for fmt in ("jsonl", "csv", "parquet"):
+        with pytest.raises(InputError, match=r"is a directory; input\.path in the job file must "
+                                             "name a file"):
+            InputReader(tmp_path, InputPlan(format=fmt))  # type: ignore[arg-type]
 
 
 def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
