@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -438,20 +439,27 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
         assert "reasoning_tokens" not in result["usage"]
 
 
+def batch_output_run(tmp_path: Path, params: dict[str, Any], api: str,
+                     sim: dict[str, Any]) -> tuple[Path, dict[str, str]]:
+    """30 items of job.yaml with `params` against an embedded simulator, Batch output on:
+    (run directory, prompt of each id)."""
+    write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
+              endpoint={"base_url": "sim://", "api": api, "model": "m", "sim": sim})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    return only_run(tmp_path / "runs"), prompts
+
+
 def test_a_call_in_the_older_functions_form_reaches_results_export_and_batch(
         tmp_path: Path) -> None:  # fmt: skip
     """A job that still names `functions` (the form `tools` replaced): the simulator, in its own
     process, answers with `function_call` deltas as OpenAI does; each result keeps the call as
     sent (not an empty answer), with finish_reason function_call, and the export and the Batch
     output carry it where OpenAI's message does."""
-    write_input(tmp_path / "input.jsonl", 30)
     params = {"max_tokens": 64, "functions": [{"name": "save_answer", "parameters": {}}]}
-    write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
-              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
-    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = only_run(tmp_path / "runs")
-    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    path, prompts = batch_output_run(tmp_path, params, "chat", FAST_SIM)
     config = SimConfig.from_mapping(FAST_SIM)
     results = Run.load(path).results
     assert sorted(r["id"] for r in results) == sorted(prompts)
@@ -518,19 +526,13 @@ def test_the_responses_api_end_to_end(tmp_path: Path, tool: str | None) -> None:
     reasoning, which comes as OpenAI's summary events), in prose (escapes); each result holds
     what the server generated, in the keys and shapes a chat run uses, with the server's usage;
     the Batch output holds response objects that read back to the same."""
-    write_input(tmp_path / "input.jsonl", 30)
     sim = {**FAST_SIM, "tokens": "uniform:8:24", "text": "prose", "reasoning_tokens": 5}
     tools = {"function": {"type": "function", "name": "save_answer",
                           "parameters": {"type": "object"}},
              "custom": {"type": "custom", "name": "save_answer"}}  # fmt: skip
     params = {"max_output_tokens": 64, **({"tools": [tools[tool]]} if tool else {}),
               **({"reasoning": {"summary": "auto"}} if tool == "custom" else {})}
-    write_job(tmp_path / "job.yaml", params=params, output={"format": "openai-batch"},
-              endpoint={"base_url": "sim://", "api": "responses", "model": "m", "sim": sim})
-    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = only_run(tmp_path / "runs")
-    prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
+    path, prompts = batch_output_run(tmp_path, params, "responses", sim)
     config, prose = SimConfig.from_mapping(sim), TEXT_WORDS["prose"]
     results = {r["id"]: r for r in Run.load(path).results}
     assert sorted(results) == sorted(prompts)
