@@ -66,6 +66,18 @@ def call_caller(callback: Callable[..., None], *args: object) -> None:
         raise CallerError(exc) from exc
 
 
+class AttemptCancelled(asyncio.CancelledError):
+    """The attempt was cancelled (a stop's grace period ended, or a second Ctrl-C).
+
+    It is still a cancellation to asyncio; it carries what the attempt had received by then
+    (status `cancelled`), so the shard can log the attempt's end before the task unwinds.
+    """
+
+    def __init__(self, outcome: AttemptOutcome) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
 OnConnReady = Callable[[float, bool], None]
 """Called once per attempt with (conn_ready_at, reused), before any token callback."""
 OnFirstToken = Callable[[float], None]
@@ -319,6 +331,14 @@ class Attempt:
             self.whole_estimate = tokens_of_chars(chars)
         self.done = True
         return True
+
+    def cancelled(self) -> None:
+        """Cancelled from outside: whatever the stream had reached, the attempt did not end."""
+        self.failed = True
+        out, n = self.out, self.out.content_chunks
+        out.status = "cancelled"
+        out.error = f"cancelled by a stop after {n} tokens"
+        self.done = False
 
     def timed_out(self) -> None:
         """Our deadline (or aiohttp's socket-connect backstop) expired: name the phase."""

@@ -43,6 +43,7 @@ import orjson
 from shardrun._attempt import (
     CURRENT,
     Attempt,
+    AttemptCancelled,
     AttemptOutcome,
     CallerError,
     OnConnReady,
@@ -59,6 +60,7 @@ from shardrun.items import API_PATHS, Api
 from shardrun.sse import SSEDecoder
 
 __all__ = [
+    "AttemptCancelled",
     "AttemptOutcome",
     "OnConnReady",
     "OnFirstToken",
@@ -142,6 +144,7 @@ class StreamingClient:
         tm = asyncio.timeout(None)
         st = Attempt(self._api, self._clock, self._timeouts, tm, on_conn_ready)
         token = CURRENT.set(st)  # for the session's StampingConnector, in this task only
+        cancelled = False
         try:
             async with tm:
                 st.arm(self._timeouts.connect_s, "timeout_connect")
@@ -155,6 +158,9 @@ class StreamingClient:
                     await self._read_error(st, resp)
         except CallerError as exc:
             raise exc.args[0] from None
+        except asyncio.CancelledError:  # by the shard (a stop): raised again below, with a tally
+            st.cancelled()
+            cancelled = True
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
             st.timed_out()
         except aiohttp.ClientHttpProxyError as exc:  # the proxy refused the tunnel (CONNECT)
@@ -168,6 +174,8 @@ class StreamingClient:
         finally:
             CURRENT.reset(token)
             _settle(st)
+        if cancelled:
+            raise AttemptCancelled(st.finish())
         try:
             st.notify_conn()  # if the attempt failed after the connection, before headers
         except CallerError as exc:

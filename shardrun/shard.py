@@ -22,6 +22,7 @@ from typing import Any
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip
 from shardrun.client import (
+    AttemptCancelled,
     AttemptOutcome,
     StreamingClient,
     Timeouts,
@@ -307,7 +308,18 @@ class Shard:
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its
         # attempt_end line, one line where there were four (docs/ARCHITECTURE.md, Event log).
-        outcome = await client.attempt(body)
+        try:
+            outcome = await client.attempt(body)
+        except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
+
+            self._end_attempt(span, attempt, started, stop.outcome)
+            raise
+        self._end_attempt(span, attempt, started, outcome)
+        return outcome
+
+    def _end_attempt(self, span: Span, attempt: int, started: float,
+                     outcome: AttemptOutcome) -> None:
+        sid, iid = span.span_id, span.item_id
         conn = outcome.conn_ready_at
         if conn is not None and outcome.conn_reused:
             conn = started  # A pooled connection is ready the moment the attempt starts.
@@ -332,7 +344,6 @@ class Shard:
         span.history.append({"attempt": attempt, "status": outcome.status,
                              "http": outcome.http_status, "error": outcome.error,
                              "started_at": started, "ended_at": outcome.ended_at})
-        return outcome
 
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""

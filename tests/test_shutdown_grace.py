@@ -103,6 +103,7 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
     assert first.manifest["status"] == "interrupted"
     assert not first.dead  # cancelled by the stop: no verdict on the item
     assert len(first.results) == earned  # nothing earned was lost, nothing new came
+    _each_attempt_ends_once(path, first)
     earned_ids = {r["id"] for r in first.results}
     # Continue without stalls (a changed endpoint.sim only warns) and check exactly once.
     write_job(tmp_path / "job.yaml", **job)
@@ -117,6 +118,26 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
     for file in path.rglob("*.jsonl"):  # no torn line anywhere
         for line in file.read_bytes().splitlines():
             orjson.loads(line)
+
+
+def _each_attempt_ends_once(path: Path, run: Run) -> None:
+    """The attempts the grace period cancelled mid-stream end with a `cancelled` line that
+    keeps the tokens they had received, so the summary, the report's attempts and its count by
+    status agree."""
+    def attempts(ev: str) -> list[tuple[str, int]]:
+        return [(e["span"], e["attempt"]) for e in run.events if e["ev"] == ev]
+
+    started, ended = attempts("attempt_start"), attempts("attempt_end")
+    assert sorted(started) == sorted(ended)
+    cancelled = [e for e in run.events if e["ev"] == "attempt_end" and e["status"] == "cancelled"]
+    assert cancelled, "no attempt was in flight at the end of the grace period"
+    assert all(e["wasted_tokens"] > 0 and e["error"] for e in cancelled)
+    report = run_cli("report", str(path), "--json", cwd=path)
+    assert report.returncode == 0, report.stderr
+    seen = orjson.loads(report.stdout)["attempts"]
+    assert seen["started"] == sum(seen["by_status"].values()) == len(started)
+    assert seen["by_status"]["cancelled"] == len(cancelled)
+    assert run.manifest["summary"]["attempts"] == len(started)
 
 
 def test_sigint_during_rate_limit_waits_ends_at_once(tmp_path: Path) -> None:
