@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import psutil
@@ -684,6 +684,31 @@ def test_retry_failed_of_a_run_without_dead_letters_says_so_and_starts_nothing(
                             f"{path.parent} runs the items no pass has run, if any)\n")
     assert sorted(p for p in path.rglob("*") if p.name != ".lock") == before
     assert (path / "manifest.json").read_bytes() == manifest
+
+
+def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path) -> None:
+    """Spans are counted per pass; once retry-failed has run dead letters again, the report
+    also says how the items ended, in agreement with export."""
+    ids, path = failed_half(tmp_path, 60)
+
+    def items() -> dict[str, Any]:
+        proc = run_cli("report", str(path), "--json", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return cast(dict[str, Any], orjson.loads(proc.stdout)["items"])
+
+    assert "by_item" not in items()  # one pass: every span is an item
+    again = run_cli("retry-failed", str(path), cwd=tmp_path)  # the same failing simulator
+    assert again.returncode == 1, again.stderr
+    exported = run_cli("export", str(path), cwd=tmp_path)
+    statuses = Counter(orjson.loads(line)["status"] for line in exported.stdout.splitlines())
+    assert sum(statuses.values()) == len(ids) and statuses["failed"]
+    seen = items()
+    assert seen["queued"] > len(ids) and seen["dead"] > statuses["failed"]
+    assert seen["by_item"] == {"succeeded": statuses["ok"], "dead": statuses["failed"],
+                               "success_rate": round(statuses["ok"] / len(ids), 6)}
+    text = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert (f"by item, after the retry passes: {statuses['ok']} succeeded, "
+            f"{statuses['failed']} dead letters standing") in text
 
 
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:

@@ -13,11 +13,17 @@ from typing import Any
 
 import orjson
 
-from shardrun.aggregate import RunFacts, build_report, pricing_from_effective
+from shardrun.aggregate import RunFacts, build_report, pricing_from_effective, ratio
 from shardrun.errors import RunDirError
 from shardrun.manifest import changed_results
 from shardrun.report._html import HtmlExtraMissing, write_html
-from shardrun.report._rundir import FoldOptions, LoadedRun, load_run, run_state
+from shardrun.report._rundir import (
+    FoldOptions,
+    LoadedRun,
+    load_run,
+    run_state,
+    standing_dead_letters,
+)
 from shardrun.report._scan import FileScan
 from shardrun.report._text import format_report
 
@@ -56,6 +62,11 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["integrity"]["ok"] = False
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
                          "its figures are not in this report" for p in missing]
+    # Spans are not items once a retry pass has run dead letters again: say how the items ended.
+    if (dead := standing_dead_letters(run_dir)) is not None:
+        ok = doc["items"]["succeeded"]
+        doc["items"]["by_item"] = {"succeeded": ok, "dead": dead,
+                                   "success_rate": ratio(ok, ok + dead)}
     # Result files do not feed the figures, but answers removed by hand are answers lost.
     if edited := changed_results(manifest, run_dir):
         doc["integrity"]["results_changed"] = [

@@ -103,6 +103,24 @@ def event_files(run_dir: Path) -> list[Path]:
     return coordinator_files(run_dir) + shard_files(run_dir)
 
 
+def standing_dead_letters(run_dir: Path) -> int | None:
+    """The dead letters that still stand (the lines of `dead/*.jsonl`), or None while no retry
+    pass has set any aside: until then every dead span is a dead item and the log's figures
+    say it all. After one, a dead span may be an item that a later pass finished."""
+    dead = run_dir / "dead"
+    if not any(d.is_dir() for d in dead.glob("superseded-r*")):
+        return None
+    return sum(_line_count(path) for path in dead.glob("*.jsonl"))
+
+
+def _line_count(path: Path) -> int:
+    count = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+    return count
+
+
 def default_cap(manifest: dict[str, Any]) -> int:
     entry = (manifest.get("effective") or {}).get("concurrency")
     value = entry.get("value") if isinstance(entry, dict) else entry

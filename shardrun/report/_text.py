@@ -51,9 +51,13 @@ def format_items(doc: dict[str, Any]) -> str:
                      "cached of those", num(it.get("cached_tokens") or 0), "", ""])
     if it.get("refusals"):  # absent from reports made before it existed
         rows.insert(1, ["", "", "of them refusals", num(it["refusals"]), "", ""])
-    return "\n".join(["Items (per span: one per pass that handed an item out, so a retry pass "
-                      "counts it again)",
-                      *table(["", "", "", "", "", ""], rows)[1:]])
+    lines = ["Items (per span: one per pass that handed an item out, so a retry pass counts it "
+             "again)", *table(["", "", "", "", "", ""], rows)[1:]]
+    if by_item := it.get("by_item"):
+        lines.append(f"  by item, after the retry passes: {num(by_item['succeeded'])} succeeded, "
+                     f"{num(by_item['dead'])} dead letters standing, success rate "
+                     f"{pct(by_item['success_rate'], 2)}")
+    return "\n".join(lines)
 
 
 def format_tpm(doc: dict[str, Any]) -> str:
