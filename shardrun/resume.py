@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import sys
 import time
@@ -268,17 +269,20 @@ def restore_unretried(run_path: Path, segment: int) -> int:
     dirs = [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
     if not dirs:
         return 0
-    newest_first = sorted(dirs, key=lambda d: int(d.name.removeprefix("superseded-r") or 0),
-                          reverse=True)  # fmt: skip
+    newest_first = sorted(dirs, key=_pass_of, reverse=True)
     aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
     for folder in newest_first:
         for path in sorted(folder.glob("*.jsonl")):
             for item_id, offset in _ids_at(path):
                 aside.setdefault(item_id, (path, offset))
+    # An item set aside by pass K can only have finished since: files of earlier passes cannot
+    # hold it, and skipping them spares reading the first pass's results (millions, often).
+    since = min(_pass_of(folder) for folder in dirs)
     for sub in ("results", "dead"):
         for path in sorted((run_path / sub).glob("*.jsonl")):
-            for item_id in line_ids(path):
-                aside.pop(item_id, None)
+            if _pass_of(path) >= since:
+                for item_id in line_ids(path):
+                    aside.pop(item_id, None)
     if not aside:
         return 0
     lines = []
@@ -295,6 +299,13 @@ def restore_unretried(run_path: Path, segment: int) -> int:
     os.replace(temporary, target)
     _fsync_dir(target.parent)
     return len(lines)
+
+
+def _pass_of(path: Path) -> int:
+    """The pass that wrote a file: K for `shard-NN.rK.jsonl`, `unretried-rK.jsonl` and
+    `superseded-rK`, 0 for the first pass's `shard-NN.jsonl`."""
+    found = re.search(r"[.-]r(\d+)$", path.name.removesuffix(".jsonl"))
+    return int(found.group(1)) if found else 0
 
 
 def _ids_at(path: Path) -> list[tuple[str, int]]:

@@ -26,6 +26,7 @@ import orjson
 import psutil
 import pytest
 
+from shardrun.resume import restore_unretried
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
@@ -631,6 +632,22 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
     run = Run.load(path)
     assert_exactly_once(run, ids)
     assert not run.dead
+
+
+def test_restoring_unretried_items_reads_only_the_passes_since_they_were_set_aside(
+        tmp_path: Path) -> None:
+    """Items set aside by pass 2 can only have finished in pass 2 or later: the files of passes
+    0 and 1 (a damaged line here stands for millions of results) are not read."""
+    for name in ("results", "dead/superseded-r2"):
+        (tmp_path / name).mkdir(parents=True)
+    (tmp_path / "results" / "shard-00.jsonl").write_bytes(b"not a record\n")
+    (tmp_path / "results" / "shard-00.r1.jsonl").write_bytes(b"not a record\n")
+    aside = [orjson.dumps({"id": i, "error": "max_attempts: HTTP 500"}) + b"\n" for i in "abc"]
+    (tmp_path / "dead" / "superseded-r2" / "shard-00.jsonl").write_bytes(b"".join(aside))
+    (tmp_path / "results" / "shard-00.r2.jsonl").write_bytes(orjson.dumps({"id": "b"}) + b"\n")
+    (tmp_path / "dead" / "shard-01.r2.jsonl").write_bytes(aside[2])
+    assert restore_unretried(tmp_path, 2) == 1
+    assert (tmp_path / "dead" / "unretried-r2.jsonl").read_bytes() == aside[0]
 
 
 def failed_half(tmp_path: Path, items: int) -> tuple[list[str], Path]:
