@@ -192,6 +192,12 @@ def _span_text(spans: list[tuple[float, float]]) -> str:
 
 
 def read_sample(path: Path) -> dict[str, Any]:
+    if path.is_dir():  # most often the run directory itself
+        samples = sorted((path / "samples").glob("*.json"), key=lambda p: p.stat().st_mtime)
+        hint = (f"; the newest sample of this run is {samples[-1]}" if samples
+                else f"; `shardrun publish {path} --peak` makes one")
+        raise VerifyError(f"{path} is a directory, and verify takes a sample file that "
+                          f"`shardrun publish` wrote{hint}")
     try:
         sample = orjson.loads(path.read_bytes())
     except OSError as exc:

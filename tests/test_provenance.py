@@ -86,6 +86,20 @@ def test_verify_confirms_in_one_line(published: tuple[Path, Path],
     assert "\n" not in out
 
 
+def test_verify_given_the_run_directory_names_its_sample(
+        published: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`verify RUN_DIR`, an easy slip: one sentence naming the run's newest sample, or how to
+    make one."""
+    run, path = published
+    assert main(["verify", str(run)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {run} is a directory, and verify takes a sample file that `shardrun publish` "
+        f"wrote; the newest sample of this run is {path}\n")
+    bare = _run(tmp_path / "bare")
+    assert main(["verify", str(bare)]) == 1
+    assert capsys.readouterr().err.endswith(f"; `shardrun publish {bare} --peak` makes one\n")
+
+
 def test_lines_hash_is_the_documented_canonical_order(published: tuple[Path, Path]) -> None:
     """Per shard: the ok attempt_end and released lines of each counted span (before them its
     last_token line, in the older layout), in release order; overall: SHA-256 of

@@ -352,6 +352,21 @@ def test_many_change_points_become_envelopes() -> None:
     assert len(trace.bins) == (_steps.TRACE_LIMIT + 1) // 1000 + 1
 
 
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("SHARDRUN_FAST_FOLD", "abc", "is neither 0 (fold event files in Python) nor 1"),
+    ("SHARDRUN_AGGREGATE_WORKERS", "0", "is not a positive whole number"),
+])
+def test_a_bad_report_variable_is_one_error_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        name: str, value: str, says: str) -> None:
+    run = _hand_run(tmp_path)
+    monkeypatch.setenv(name, value)
+    assert main(["report", str(run)]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith(f"error: {name}={value!r} {says}") and out.err.count("\n") == 1
+    assert out.out == ""
+
+
 def test_aggregate_workers_never_outnumber_the_event_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """SHARDRUN_AGGREGATE_WORKERS=1000 on a run of two event files starts two workers, not a
     thousand processes for nothing (each fold is one file's)."""

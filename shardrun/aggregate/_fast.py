@@ -37,6 +37,16 @@ class Fallback(Exception):
     """The file needs the Python fold (also raised for the C module's own `Fallback`)."""
 
 
+def setting_problem() -> str | None:
+    """What is wrong with `SHARDRUN_FAST_FOLD`, if anything: `0` turns the C fold off, `1`
+    (or nothing) leaves it on; any other value would silently mean "on"."""
+    raw = os.environ.get(FAST_VAR, "").strip()
+    if raw in ("", "0", "1"):
+        return None
+    return (f"{FAST_VAR}={raw!r} is neither 0 (fold event files in Python) nor 1 (use the C "
+            "fold where it is built)")
+
+
 def available() -> bool:
     """The extension is built and not turned off by `SHARDRUN_FAST_FOLD=0`."""
     return _fastfold is not None and os.environ.get(FAST_VAR, "").strip() != "0"

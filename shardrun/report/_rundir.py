@@ -180,6 +180,8 @@ def load_run(run_dir: Path, opts: FoldOptions | None = None,
              workers: int | None = None) -> LoadedRun:
     """Read and fold every event file of `run_dir`."""
     opts = opts or FoldOptions()
+    if problem := fast.setting_problem():
+        raise RunDirError(problem)
     manifest = read_manifest(run_dir)
     coords = [fold_coordinator_file(p) for p in coordinator_files(run_dir)]
     paths = shard_files(run_dir)
