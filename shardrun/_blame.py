@@ -195,6 +195,10 @@ def value_problem(key: str, value: object, blame: Blame, loc_rest: Sequence[obje
     quoted_number = isinstance(value, str) and _NUMBER_TEXT.fullmatch(value)
     if origin is not None and quoted_number and "a mapping" not in text:
         text += " (quoted, so YAML reads it as text; remove the quotes)"
+    elif origin is not None and "string" in text and isinstance(value, bool):
+        text += " (YAML reads an unquoted yes, no, on or off as true or false; quote the value)"
+    elif origin is not None and "string" in text and isinstance(value, int | float):
+        text += " (YAML reads it as a number; quote the value)"
     return origin, text
 
 

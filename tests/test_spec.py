@@ -258,6 +258,15 @@ def test_wrong_type_names_key_and_file(jobs: Path) -> None:
     assert error_of(write(jobs, MINIMAL.replace("sim-small", "[a]"))) == (
         "jobs/x.yaml: endpoint.model must be a non-empty string, got ['a']"
     )
+    # A model named like a YAML boolean or a number: the value YAML made of it, and the cure.
+    assert error_of(write(jobs, MINIMAL.replace("sim-small", "no"))) == (
+        "jobs/x.yaml: endpoint.model must be a non-empty string, got False (YAML reads an "
+        "unquoted yes, no, on or off as true or false; quote the value)"
+    )
+    assert error_of(write(jobs, MINIMAL.replace("sim-small", "3.5"))) == (
+        "jobs/x.yaml: endpoint.model must be a non-empty string, got 3.5 (YAML reads it as a "
+        "number; quote the value)"
+    )
     text = MINIMAL.replace("model:", "api: chats\n  model:")
     assert error_of(write(jobs, text)) == (
         "jobs/x.yaml: endpoint.api must be 'chat', 'completions' or 'responses', got 'chats'"
