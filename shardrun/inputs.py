@@ -349,6 +349,11 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     need = {"chat": "messages", "completions": "prompt", "responses": "input"}[api]
     if body.get(need) is None:
         return Reject(line_no, f"body has no '{need}' (required for {url})", custom_id)
+    if api == "responses" and (chat_limit := next(
+            (k for k in ("max_tokens", "max_completion_tokens") if k in body), None)):
+        # The Responses API refuses the chat names (HTTP 400): no request could succeed.
+        return Reject(line_no, f"body.{chat_limit} does not apply to /v1/responses, whose token "
+                               "limit is max_output_tokens", custom_id)  # fmt: skip
     if body.get("n", 1) != 1:
         return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
                                "one, so give one line per answer", custom_id)  # fmt: skip

@@ -355,6 +355,9 @@ def test_batch_lines_become_body_items() -> None:
         ({"url": "/v1/embeddings"},
          "url must be /v1/chat/completions, /v1/completions or /v1/responses"),
         ({"url": "/v1/responses", "body": {"model": "x"}}, "body has no 'input'"),
+        ({"url": "/v1/responses", "body": {"input": "x", "max_tokens": 9}},
+         "body.max_tokens does not apply to /v1/responses, whose token limit is "
+         "max_output_tokens"),
         ({"body": [1]}, "body must be a JSON object, got [1]"),
         ({"body": {"model": "x"}}, "body has no 'messages'"),
         ({"body": {"messages": [{"role": "user", "content": "q"}], "n": 3}},
