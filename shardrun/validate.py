@@ -97,13 +97,22 @@ def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
                       reader.bytes_read, first_item)  # fmt: skip
 
 
+# Settings an OpenAI Batch input makes moot, and what stands in for each.
+BATCH_OVERRIDES = {"input.id_field": "each line's custom_id is its id",
+                   "endpoint.api": "each line's url names its API"}
+
+
 def config_rows(job: LoadedJob) -> list[tuple[str, str, str]]:
     """(key, value as text, source) for every effective value; secrets already masked."""
+    batch = job.spec.input.format == "openai-batch"
     rows = []
     for key, entry in job.effective().items():
         value = entry["value"]
         text = value if isinstance(value, str) else orjson.dumps(value).decode()
-        rows.append((key, text, str(entry["source"])))
+        source = str(entry["source"])
+        if batch and key in BATCH_OVERRIDES:
+            source += f" (not used: {BATCH_OVERRIDES[key]})"
+        rows.append((key, text, source))
     return rows
 
 

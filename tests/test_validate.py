@@ -94,6 +94,19 @@ def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
     assert rows["rate_limits.rpm"] == ("120.0", "env SHARDRUN_RPM")
     assert rows["params"] == ('{"max_tokens":32}', "job file")
     assert rows["input.format"] == ("jsonl", "default")
+    assert rows["endpoint.api"] == ("chat", "job file")
+
+
+def test_config_rows_of_a_batch_input_mark_what_its_lines_decide(tmp_path: Path) -> None:
+    """OpenAI Batch lines carry their own id and url: those two settings are marked unused."""
+    line = orjson.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                         "body": {"prompt": "x"}})
+    path = make_job(tmp_path, [line], input={"path": "input.jsonl", "format": "openai-batch"})
+    job = load_job(path, env={}, flags={})
+    rows = {key: (value, source) for key, value, source in config_rows(job)}
+    assert rows["input.id_field"] == ("id", "default (not used: each line's custom_id is its id)")
+    assert rows["endpoint.api"] == ("chat", "job file (not used: each line's url names its API)")
+    assert rows["input.path"] == ("input.jsonl", "job file")
 
 
 def test_plain_report_and_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
