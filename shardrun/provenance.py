@@ -176,7 +176,8 @@ def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
             raise PublishError(f"--minute {minute} is outside the run ({_span_text(spans)})")
         return m
     if not totals:
-        raise PublishError("the run has no successful span yet, so there is no minute to publish")
+        raise PublishError(f"{loaded.path} has no successful span, so no minute has completion "
+                           f"tokens to publish (`shardrun report {loaded.path}` shows why)")
     full = [m for m in totals if is_full(m, spans)]
     return max(full or totals, key=lambda m: (totals[m], -m))
 

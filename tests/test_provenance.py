@@ -137,6 +137,18 @@ def test_publish_a_chosen_minute(tmp_path: Path, capsys: pytest.CaptureFixture[s
         publish(run, minute="yesterday")
 
 
+def test_publish_of_a_run_without_a_success_says_where_to_look(tmp_path: Path) -> None:
+    """An ended run in which nothing succeeded has no minute to publish: it says so, and names
+    the report that tells why."""
+    run = write_run(tmp_path / "run", {"00": steady_shard(0, B, minutes=0, per_minute=1)},
+                    _coordinator(), status="failed")
+    with pytest.raises(PublishError) as refused:
+        publish(run)
+    assert str(refused.value) == (
+        f"{run} has no successful span, so no minute has completion tokens to publish "
+        f"(`shardrun report {run}` shows why)")
+
+
 def test_publish_refuses_running_or_altered_runs(tmp_path: Path) -> None:
     """A run still being written, or a log failing its own checkpoints, is not published."""
     running = _run(tmp_path / "a", status="running")
