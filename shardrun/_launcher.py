@@ -20,8 +20,8 @@ in a process with one thread and no event loop, never in a running coordinator.
 
 On fd 1 the launcher reports, one line each, `pid INDEX PID` after a fork, `fail INDEX REASON`
 when a fork failed, and `exit INDEX CODE` when it reaps a shard (CODE as `subprocess` gives it:
-negative for a signal), then exits when no shard is left. It ignores SIGINT like the shards do:
-the coordinator decides how they stop.
+negative for a signal), then exits when no shard is left. It ignores SIGINT and SIGTERM like
+the shards do: the coordinator decides how they stop.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ from dataclasses import dataclass
 
 from shardrun import _import_structlog_without_rich
 from shardrun._tls import ca_store_deferred
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+"""What a terminal's Ctrl-C, `timeout`, `kill -TERM -PGID` or systemd send the whole process
+group. Only the coordinator heeds them; it stops the shards gracefully (`stop`, then `abort`)."""
+
+
+def leave_stop_signals_to_the_coordinator() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ def _fork(slot: Slot, passed: set[int], shard_main: Callable[[], int]) -> int:
 
 def serve(slots: list[Slot], *, tls: bool = True) -> int:
     """Fork a shard per slot, report each one, and reap them all; the launcher's whole life."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    leave_stop_signals_to_the_coordinator()
     shard_main = import_shard(tls=tls)
     passed = {fd for slot in slots for fd in slot.fds()}
     children: dict[int, int] = {}

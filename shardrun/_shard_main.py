@@ -1,9 +1,10 @@
 """Process entry of a shard: `python -m shardrun._shard_main`, driven over stdin/stdout.
 
 Only the loop start and the pipe plumbing live here; the work is `shard.run_shard()`.
-SIGINT is ignored because Ctrl-C in a terminal reaches the whole process group, and the
-coordinator decides how a shard stops (it sends `stop`, then `abort`). When the coordinator dies,
-stdin reaches EOF and the shard stops by itself, so a killed coordinator leaves no orphans.
+SIGINT and SIGTERM are ignored because Ctrl-C in a terminal (and `timeout`, systemd, a kill of
+the process group) reaches the whole process group, and the coordinator decides how a shard
+stops (it sends `stop`, then `abort`). When the coordinator dies, stdin reaches EOF and the
+shard stops by itself, so a killed coordinator leaves no orphans.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Coroutine
@@ -23,6 +23,7 @@ from shardrun import _import_structlog_without_rich
 _import_structlog_without_rich()
 
 from shardrun import protocol  # noqa: E402
+from shardrun._launcher import leave_stop_signals_to_the_coordinator  # noqa: E402
 from shardrun._title import set_title, shard_title  # noqa: E402
 from shardrun.shard import ShardConfig, run_shard  # noqa: E402
 
@@ -68,7 +69,7 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 def main() -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    leave_stop_signals_to_the_coordinator()
     try:
         return run_loop(_main())
     except Exception:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
-from shardrun._launcher import Slot, serve
+from shardrun._launcher import STOP_SIGNALS, Slot, leave_stop_signals_to_the_coordinator, serve
 from shardrun._title import launcher_title, set_title
 from shardrun.placement import (
     PIPE_LIMIT,
@@ -318,16 +318,17 @@ def fork_launcher(indexes: Sequence[int], log_dir: Path, segment: int, *,
     # Frozen objects are never examined by the collector, so the child cannot collect (and
     # close) a file object of ours that happened to be garbage at the fork.
     gc.freeze()
-    # SIGINT is held back across the fork: a KeyboardInterrupt raised in the child before it
-    # ignores SIGINT would unwind into this process's code (its `finally` blocks, the manifest)
-    # there. One that arrives meanwhile reaches this process when the mask is restored.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # SIGINT and SIGTERM are held back across the fork: a KeyboardInterrupt (or our SIGTERM
+    # handler) in the child before it ignores them would unwind into this process's code (its
+    # `finally` blocks, the manifest) there. One that arrives meanwhile reaches this process
+    # when the mask is restored.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         pid = os.fork()
     except OSError:
         pid = -1
     if pid == 0:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shards do: the coordinator decides
+        leave_stop_signals_to_the_coordinator()  # as the shards do: the coordinator decides
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         set_title(launcher_title(log_dir.parent.name))  # the run directory's name is its id
         _become_launcher(shards.slots, *launcher_fds, keep=set(theirs), tls=tls)

@@ -121,6 +121,7 @@ class Shard:
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.stopped.set()
+            self._abandon_queued()
             if kind == protocol.ABORT:
                 for task in self.tasks:
                     task.cancel()
@@ -133,12 +134,12 @@ class Shard:
         span.prompt_chars = chars = prompt_chars(item)
         self.log.emit(events.QUEUED, t=span.queued_at, span=span.span_id, id=item["id"],
                       prompt_chars=chars)
-        if self.fatal_reason is None:
-            self.queue.append(span)
-        elif self.fatal_mode == DEAD_LETTER:
+        if self.fatal_reason is not None and self.fatal_mode == DEAD_LETTER:
             self._dead_letter(span, self.fatal_reason, admitted=False)
-        else:
+        elif self.fatal_reason is not None or self.stopping:  # none of it is admitted now
             self._abandon(span, admitted=False)
+        else:
+            self.queue.append(span)
 
     def _request_more(self) -> None:
         """Ask for work while the local queue is below the cap (one request outstanding)."""
@@ -172,12 +173,12 @@ class Shard:
             span = self.queue.popleft()
             try:
                 await self._rate_wait(span, 1)
-            except asyncio.CancelledError:  # the grace period ended: the span stays queued
-                self.queue.appendleft(span)
+            except asyncio.CancelledError:  # the grace period ended: no attempt for the span
+                self._abandon(span, admitted=False)
                 self.sem.release()
                 raise
             if self.stopping:  # a stop came during the rate wait: start no attempt after it
-                self.queue.appendleft(span)
+                self._abandon(span, admitted=False)
                 self.sem.release()
                 continue
             self._admit(span)
@@ -232,9 +233,13 @@ class Shard:
                 self._request_more()
                 await self._rate_wait(span, 1)
                 if self.stopping:  # a stop came during the rate wait: start no attempt after it
-                    self.queue.appendleft(span)
+                    self._abandon(span, admitted=False)
                     return
                 self._admit(span)
+        except asyncio.CancelledError:  # the grace period ended, or a second Ctrl-C
+            if not span.ended:  # no verdict on the item: released as abandoned, for --resume
+                self._abandon(span, admitted=span.admitted_at is not None)
+            raise
         except Exception as exc:  # a bug, or an error no one foresaw: never a silent end
             self._unexpected(span, exc)
         finally:
@@ -489,8 +494,15 @@ class Shard:
             seen[0] += 1
         self._release(span, "dead", reason, admitted)
 
+    def _abandon_queued(self) -> None:
+        """A stop: nothing queued will be admitted in this pass. Released now (abandoned, so
+        --resume runs them), or the log would read as a backlog the scheduler left waiting
+        through the whole grace period, and as spans still open in a finished run."""
+        while self.queue:
+            self._abandon(self.queue.popleft(), admitted=False)
+
     def _abandon(self, span: Span, *, admitted: bool = True) -> None:
-        """End a span with no line: the coordinator keeps the item as unfinished."""
+        """End a span with no result or dead-letter line: the item stays unfinished."""
         self.counters.abandoned += 1
         self._release(span, "abandoned", self.fatal_reason, admitted)
 
@@ -592,7 +604,7 @@ async def _pump(receive: Receive, shard: Shard) -> None:
 
 async def _drain(shard: Shard, dispatcher: asyncio.Task[None]) -> None:
     """Wait for admission to end and in-flight spans to finish; once a stop arrives, only for
-    the grace period, then cancel them (they end with no line, for --resume).
+    the grace period, then cancel them (they end with no result line, for --resume).
 
     The grace period is timed here, beside the dispatcher and not after it: the dispatcher
     can be waiting for a slot (every one held by a stalled stream) or for the rate limit, and

@@ -49,19 +49,27 @@ def _wait_until_every_slot_stalls(runs: Path, proc: subprocess.Popen[str]) -> in
     raise AssertionError("results never stopped coming: the stalls did not hold the slots")
 
 
-def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T]
+def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T], *,
+                 group_sigterm: bool = False,
                  ) -> tuple[T, subprocess.Popen[str], str, float, float]:  # fmt: skip
     """Run the CLI on job.yaml, send SIGINT once `ready(process)` returns (it waits, bounded,
     and says what it saw), and wait for the end: (what `ready` returned, the process, its
-    stderr, seconds from the signal to the end, wall-clock time of the signal)."""
+    stderr, seconds from the signal to the end, wall-clock time of the signal).
+
+    `group_sigterm`: the run starts as its own process group, and SIGTERM goes to the whole
+    group, as `timeout`, systemd or `kill -TERM -PGID` send it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
     proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=group_sigterm)  # fmt: skip
     try:
         seen = ready(proc)
         stopped_at, wall = time.monotonic(), time.time()
-        proc.send_signal(signal.SIGINT)
+        if group_sigterm:
+            os.killpg(proc.pid, signal.SIGTERM)  # its own group: the test's process is not in it
+        else:
+            proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
         took = time.monotonic() - stopped_at
     finally:
@@ -103,7 +111,7 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
     assert first.manifest["status"] == "interrupted"
     assert not first.dead  # cancelled by the stop: no verdict on the item
     assert len(first.results) == earned  # nothing earned was lost, nothing new came
-    _each_attempt_ends_once(path, first)
+    _everything_started_ends_once(path, first)
     earned_ids = {r["id"] for r in first.results}
     # Continue without stalls (a changed endpoint.sim only warns) and check exactly once.
     write_job(tmp_path / "job.yaml", **job)
@@ -120,12 +128,20 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
             orjson.loads(line)
 
 
-def _each_attempt_ends_once(path: Path, run: Run) -> None:
+def _everything_started_ends_once(path: Path, run: Run) -> None:
     """The attempts the grace period cancelled mid-stream end with a `cancelled` line that
     keeps the tokens they had received, so the summary, the report's attempts and its count by
-    status agree."""
+    status agree. Every span ends too: those queued or cancelled by the stop are released as
+    abandoned, so the report has none still open and no backlog waiting out the grace."""
     def attempts(ev: str) -> list[tuple[str, int]]:
         return [(e["span"], e["attempt"]) for e in run.events if e["ev"] == ev]
+
+    def spans(ev: str) -> list[str]:
+        return [e["span"] for e in run.events if e["ev"] == ev]
+
+    assert sorted(spans("queued")) == sorted(spans("released")) == sorted(spans("admitted"))
+    abandoned = [e for e in run.events if e["ev"] == "released" and e["outcome"] == "abandoned"]
+    assert len(abandoned) == len(spans("queued")) - len(run.results)
 
     started, ended = attempts("attempt_start"), attempts("attempt_end")
     assert sorted(started) == sorted(ended)
@@ -134,10 +150,42 @@ def _each_attempt_ends_once(path: Path, run: Run) -> None:
     assert all(e["wasted_tokens"] > 0 and e["error"] for e in cancelled)
     report = run_cli("report", str(path), "--json", cwd=path)
     assert report.returncode == 0, report.stderr
-    seen = orjson.loads(report.stdout)["attempts"]
+    doc = orjson.loads(report.stdout)
+    assert (doc["items"]["open"], doc["items"]["abandoned"]) == (0, len(abandoned))
+    seen = doc["attempts"]
     assert seen["started"] == sum(seen["by_status"].values()) == len(started)
     assert seen["by_status"]["cancelled"] == len(cancelled)
     assert run.manifest["summary"]["attempts"] == len(started)
+
+
+def test_sigterm_to_the_whole_process_group_is_a_graceful_stop(tmp_path: Path) -> None:
+    """SIGTERM to every process of the run (coordinator, launcher, shards, simulator): only the
+    coordinator heeds it, so the in-flight requests finish against a server still there, the
+    shards end their logs, the manifest has its summary, and --resume does each id once."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    # Answers of 3 s: longer than the 2 s a simulator that heeded SIGTERM would give the
+    # requests it was serving before it closed their connections.
+    slow = {**FAST_SIM, "ttft_ms": 3000}
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
+    runs = tmp_path / "runs"
+    _, proc, err, _, _ = _interrupted(tmp_path, lambda p: _wait_for(
+        p, lambda: _result_lines(runs) >= 8, "a first round of results"), group_sigterm=True)
+    assert proc.returncode == 130, err
+    assert "died" not in err and "Traceback" not in err, err
+    path = only_run(runs)
+    first = Run.load(path)
+    assert first.manifest["status"] == "interrupted" and "summary" in first.manifest
+    assert sorted(e["shard"] for e in first.events if e["ev"] == "shard_end") == [0, 1]
+    # The server outlived the signal: every attempt in flight at the stop ended with an answer.
+    ends = [e for e in first.events if e["ev"] == "attempt_end"]
+    assert ends and {e["status"] for e in ends} == {"ok"}
+    assert not first.dead
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4)  # the rest, answered at once
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    counts = Counter(r["id"] for r in Run.load(path).results)
+    assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
 
 
 def test_sigint_during_rate_limit_waits_ends_at_once(tmp_path: Path) -> None:

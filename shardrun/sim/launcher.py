@@ -108,7 +108,11 @@ def start_sim(cfg: SimConfig, host: str = "127.0.0.1", startup_timeout: float = 
     argv = [sys.executable, "-m", "shardrun.sim", "--host", host, "--port", "0",
             "--exit-on-stdin-eof", *cfg.to_args()]  # fmt: skip
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- owned by the returned SimProcess
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+    # Its own session: a stop signal sent to the run's process group (Ctrl-C, `timeout`) must
+    # not take the server away from the in-flight requests the run lets finish. It ends when
+    # told, or when its stdin closes with the process that started it.
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            start_new_session=True)
     assert proc.stdout is not None
     line, eof = _read_line(proc.stdout.fileno(), time.monotonic() + startup_timeout)
     match = _LISTENING.search(line)
