@@ -176,6 +176,18 @@ def test_peak_full_minute_and_each_shards_peak() -> None:
     assert peaks == {"00": (minute_label(M), 30), "01": (minute_label(M + 1), 15)}
 
 
+def test_a_shard_logs_peak_is_a_minute_it_was_writing_in() -> None:
+    """A first pass of 40 s (no full minute of its own), resumed ten minutes later for three:
+    the first pass's log claims none of the resume's full minutes as its peak."""
+    short = fold_shard(steady_shard(0, B + 5, minutes=1, per_minute=3))
+    later = fold_shard(steady_shard(0, B + 600, minutes=3, per_minute=6))
+    short.name, later.name, later.segment = "00", "00.r1", 1
+    peaks = {p["shard"]: (p["minute"], p["completion_tokens"])
+             for p in _report([short, later])["tpm"]["per_shard_peak"]}
+    assert peaks["00"] == (None, None)
+    assert peaks["00.r1"] == (minute_label(M + 10), 30)
+
+
 def test_minutes_only_mode_gives_the_same_figure() -> None:
     """`verify`'s mode (only last_token, attempt_end, released) counts the same minutes."""
     full, lean = _shard().minutes, fold_shard(hand_shard(), minutes_only=True).minutes

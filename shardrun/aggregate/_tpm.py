@@ -84,8 +84,14 @@ def _peak(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def _shard_peak(full: list[dict[str, Any]], i: int, s: ShardSummary) -> dict[str, Any]:
-    if not full:
+    """The log's best full minute among those it was writing in: a resumed run's full minutes
+    are not the first pass's logs' to claim (with 0 tokens)."""
+    first, last = s.first_t, s.last_t
+    alive = [r for r in full
+             if first is not None and last is not None and r["start"] < last
+             and r["start"] + 60 > first]  # fmt: skip
+    if not alive:
         return {"shard": s.name, "minute": None, "completion_tokens": None}
-    best = max(full, key=lambda r: (r["per_shard"][i], -r["start"]))
+    best = max(alive, key=lambda r: (r["per_shard"][i], -r["start"]))
     return {"shard": s.name, "minute": best["minute"],
             "completion_tokens": best["per_shard"][i]}
