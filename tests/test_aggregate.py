@@ -382,6 +382,34 @@ def test_rate_waits_are_not_stalls() -> None:
                                  "before_retries_s": 0.25}
 
 
+def test_rate_waits_judged_as_a_share_of_slot_time_under_backlog() -> None:
+    """The rate-limit finding weighs waits before admission (each holds a slot while its span
+    is queued) against the slot-seconds under backlog: 5 % is a finding, but only from half on
+    did the rate limit, not the cap, hold the backlog, and its advice replaces the cap's."""
+    from shardrun.aggregate._triage import TABLE, triage_section
+
+    recs = hand_shard()
+    at = next(i for i, r in enumerate(recs) if r["ev"] == "admitted")
+    recs.insert(at, ev("rate_wait", T0 + 0.25, span="0-1", id="item-0-1", attempt=1, wait=0.75))
+    doc = _report([fold_shard(recs, idle_until=T0 + 9.5)])
+    doc["latency"]["bucket_share"] = {**doc["latency"]["bucket_share"], "t_queue": 0.9}
+
+    slots = doc["scheduler"]["overall"]["cap_slot_s"]
+    assert slots == 12.0  # cap 2 over 6 s of backlog
+
+    def triage(waited: float) -> tuple[float | None, str]:
+        doc["scheduler"]["rate_waits"]["before_admission_s"] = waited
+        seen = triage_section(doc)
+        found = {f["id"]: f["evidence"] for f in seen["findings"]}
+        share = found["rate_limited"]["share_of_slot_time"] if "rate_limited" in found else None
+        return share, seen["dominant_bucket"]["control"]
+
+    assert triage(0.75) == (0.0625, TABLE["t_queue"][1])  # the fixture's own wait
+    assert triage(0.5) == (None, TABLE["t_queue"][1])  # 4.2 %: no finding
+    assert triage(6.0) == (0.5, TABLE["rate_limit"][1])
+    assert triage(13.0) == (1.0, TABLE["rate_limit"][1])
+
+
 def test_abandoned_spans_are_neither_ok_nor_dead() -> None:
     """`released` with outcome abandoned (no line; redone on resume) is counted apart."""
     recs = [ev("queued", B, span="a", id="a"), ev("admitted", B, span="a", id="a"),

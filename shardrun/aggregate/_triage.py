@@ -17,7 +17,11 @@ IDLE_FRACTION_LIMIT = 0.05
 # large fraction of a tiny backlog and tells nothing about the scheduler.
 MIN_GAP_S = 1.0
 RETRY_RATE_LIMIT = 0.05
-RATE_LIMIT_SHARE = 0.05  # rate waits before admission, as a share of backlog time
+# Rate waits before admission, as a share of the slot-seconds there were while work waited:
+# from this share a finding; from the larger one the rate limit, not the cap, held the backlog,
+# and its advice replaces "raise the cap" for a dominant t_queue.
+RATE_LIMIT_SHARE = 0.05
+RATE_LIMIT_DOMINANT_SHARE = 0.5
 CHURN_FACTOR = 2.0
 
 TABLE: dict[str, tuple[str, str]] = {
@@ -134,15 +138,12 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             {"retry_rate": att["retry_rate"], "causes": att["retry_causes"],
                              "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
     waits = doc["scheduler"]["rate_waits"]
-    backlog = doc["scheduler"]["overall"]["backlog_s"]
-    if backlog and waits["before_admission_s"] >= RATE_LIMIT_SHARE * backlog:
+    share = rate_share_of_slots(doc)
+    if share is not None and share >= RATE_LIMIT_SHARE:
         out.append(_finding("rate_limited", "held back by a rate limit",
                             {"rate_waits": waits["count"],
                              "before_admission_s": waits["before_admission_s"],
-                             # Several slots may wait at once (slot-seconds): a share, at most 1.
-                             "share_of_backlog": round(min(1.0, waits["before_admission_s"]
-                                                           / backlog), 4)},
-                            *TABLE["rate_limit"]))
+                             "share_of_slot_time": share}, *TABLE["rate_limit"]))
     conn = doc["connections"]
     churn, expected = conn["churn_per_success"], conn["expected_churn"]
     if churn is not None and expected is not None and churn > CHURN_FACTOR * expected:
@@ -150,6 +151,18 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             {"churn_per_success": churn, "expected_churn": expected},
                             *TABLE["t_conn"]))
     return out
+
+
+def rate_share_of_slots(doc: dict[str, Any]) -> float | None:
+    """Rate waits before admission over `cap_slot_s`, the slot-seconds under backlog.
+
+    A slot is held through each such wait, and the waiting span is still queued, so the waits
+    are slot-seconds under backlog too: the share of the capacity a rate limit held while work
+    waited (at most 1; capped against rounding). The rest was busy, or free for no logged
+    reason (a stall). None without a backlog."""
+    slots = float(doc["scheduler"]["overall"]["cap_slot_s"])
+    waited = float(doc["scheduler"]["rate_waits"]["before_admission_s"])
+    return round(min(1.0, waited / slots), 4) if slots else None
 
 
 def _finding(fid: str, title: str, evidence: dict[str, Any], meaning: str,
@@ -161,10 +174,11 @@ def _finding(fid: str, title: str, evidence: dict[str, Any], meaning: str,
 def triage_section(doc: dict[str, Any]) -> dict[str, Any]:
     """The `triage` part of the report document."""
     top, findings = dominant(doc["latency"]), other_findings(doc)
-    if top is not None and top["bucket"] == "t_queue" and any(
-            f["id"] == "rate_limited" for f in findings):
-        # The backlog waited for a rate limit, not for the cap: a bigger cap would only wait
-        # too, so the advice is the rate limit's.
+    share = rate_share_of_slots(doc)
+    if top is not None and top["bucket"] == "t_queue" and (
+            share is not None and share >= RATE_LIMIT_DOMINANT_SHARE):
+        # Most of the queue time was a wait for a rate limit, not for the cap: a bigger cap
+        # would only wait too, so the advice is the rate limit's.
         top["meaning"], top["control"] = TABLE["rate_limit"]
     return {
         "dominant_bucket": top,
