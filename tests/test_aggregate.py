@@ -224,6 +224,23 @@ def test_odd_logs_are_counted_not_guessed() -> None:
     assert any("without a successful attempt" in n for n in notes)
 
 
+def test_attempts_cut_off_by_a_killed_shard_are_noted() -> None:
+    """Two attempts started, one ended: the report says one never ended (its shard was killed),
+    which is why the summary can count fewer attempts than `attempts.started`."""
+    recs = [ev("shard_start", B, cap=2, pid=1, version="0", host="h")]
+    for sid in ("a", "b"):
+        recs += [ev("queued", B, span=sid, id=sid), ev("admitted", B, span=sid, id=sid),
+                 ev("attempt_start", B, span=sid, id=sid, attempt=1)]
+    recs += [ev("attempt_end", B + 1, span="a", id="a", attempt=1, status="ok",
+                completion_tokens=3), ev("released", B + 1, span="a", id="a", outcome="ok")]
+    doc = _report([fold_shard(recs)])
+    assert (doc["attempts"]["started"], doc["attempts"]["by_status"]) == (2, {"ok": 1})
+    assert [n for n in doc["notes"] if "never ended" in n] == [
+        "1 attempt started and never ended in the log (their shard was killed or crashed "
+        "mid-attempt), so they have no status; the run summary, counted from the shards' own "
+        "reports, may not include them"]
+
+
 def test_restart_abandons_open_spans() -> None:
     """A second shard_start (a resumed process) drops open spans and restarts the step function."""
     recs = [ev("shard_start", B, cap=1), ev("queued", B, span="a", id="a"),

@@ -114,4 +114,10 @@ def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
         "lines with an unknown event name": sum(s.unknown_events for s in shards),
     }  # fmt: skip
     notes += [f"{n:,} {what}" for what, n in odd.items() if n]
+    att = doc["attempts"]
+    if (unended := att["started"] - sum(att["by_status"].values())) > 0:
+        plural = "s" if unended != 1 else ""
+        notes.append(f"{unended:,} attempt{plural} started and never ended in the log (their shard "
+                     "was killed or crashed mid-attempt), so they have no status; the run "
+                     "summary, counted from the shards' own reports, may not include them")
     return notes
