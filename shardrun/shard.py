@@ -275,9 +275,10 @@ class Shard:
             if self.fatal_reason is not None:
                 self._end_early(span)
                 return
-            if decision.retry and self.stopping:
-                # Shutting down: a failure now (often the endpoint going away with us) is no
-                # verdict on the item. It ends with no line and runs again on --resume.
+            if self.stopping and is_retryable(outcome.status, outcome.http_status):
+                # Shutting down: a passing failure now (often the endpoint going away with us)
+                # is no verdict on the item, even where it used the last attempt or the retry
+                # budget up. It ends with no line and runs again on --resume.
                 self._abandon(span)
                 return
             if not decision.retry:

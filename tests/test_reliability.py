@@ -774,6 +774,43 @@ def test_retry_failed_of_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
         2, f"error: {tmp_path} is not a run directory: it has no manifest.json\n")
 
 
+def test_a_server_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> None:
+    """One attempt per item, and the server goes away during the stop's grace period, cutting
+    the streams in flight: those failures are no verdict on the items (no dead letter, though
+    no attempt was left); a --resume against a live server does every id once."""
+    ids = write_input(tmp_path / "input.jsonl", 16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    with sim(ttft_ms=5000) as server:
+        write_job(tmp_path / "job.yaml", shards=1, concurrency=4, retry={"max_attempts": 1},
+                  endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
+        proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir",
+                                 "runs"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while sum(p.read_bytes().count(b'"attempt_start"')
+                      for p in tmp_path.glob("runs/*/events/shard-*.jsonl")) < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, "no attempts"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            server.stop(timeout=0.1)  # the streams in flight are cut
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    path = only_run(tmp_path / "runs")
+    first = Run.load(path)
+    cut = [e for e in first.events if e["ev"] == "attempt_end" and e["status"] != "ok"]
+    assert len(cut) == 4 and not first.dead and not first.results
+    with sim() as server:
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": server.base_url})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
     """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
     the URL masks the password, and no file of the run holds it, manifest included."""
