@@ -147,9 +147,11 @@ class Coordinator:
             elif kind == protocol.FATAL:
                 self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index)
         state.died, killed = await self._exit_status(handle)
-        if killed and state.done is not None:
-            # Its work is all reported: the run goes on as if it had exited, and says so.
-            print(f"warning: shard {handle.index} {killed}; its results stand (it had "
+        if state.died is not None and state.done is not None:
+            # Its work is all reported, its files closed before it said so: the run goes on as
+            # if it had exited, and says what happened (killed after closing its output, or
+            # its exit unknown because the launcher that forked it was killed).
+            print(f"warning: shard {handle.index} {state.died}; its results stand (it had "
                   "reported done)", file=sys.stderr)
             state.died = None
         if state.silenced and state.done is None:

@@ -265,6 +265,26 @@ def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path, start: str) -> No
     assert not run.dead
 
 
+def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) -> None:
+    """The launcher that forked the shards is killed mid-run: the shards work on, each reports
+    done, and though their exit can no longer be known, the run succeeds and says why."""
+    ids = write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml", shard_start="fork",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
+    _wait_for_results(tmp_path / "runs", 100)
+    (launcher,) = [c for c in psutil.Process(proc.pid).children() if _is_launcher(c)]
+    launcher.kill()
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 0, err
+    assert err.count("the shard launcher is gone; its results stand (it had reported done)") \
+        == 2, err
+    assert "run succeeded" in out
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead and run.manifest["status"] == "succeeded"
+
+
 # A stand-in for the shard launcher: it forks a shard per slot, as `_launcher.py` does, but
 # shard 0 may run HUNG (a program text) instead, and in "silent" mode it never reaps a shard or
 # reports its end, as a launcher stopped under a debugger would. Both sleep far longer than the
