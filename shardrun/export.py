@@ -54,7 +54,7 @@ from shardrun.manifest import (
     prefix_digests,
     read_manifest,
 )
-from shardrun.outpath import check_output_file
+from shardrun.outpath import check_not_read_back, check_output_file
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -113,6 +113,9 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     if _job_sha256(manifest) != file_digest(job.job_path)[0]:
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
+    if out is not None:
+        check_not_read_back("-o", out, run_path, {"the run's input file": job.input_path,
+                                                  "the run's job file": job.job_path})
     reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
         _check_input(run_path, manifest, job.input_path, summary)
@@ -424,8 +427,13 @@ def _write_to_stdout(index: _Index, reader: InputReader, fmt: Format, sink: IO[b
 def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path,
                       summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     """Write next to `out`, then rename: a failed export leaves no half file (nor a half-new
-    version of an earlier export)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    version of an earlier export). Through a symbolic link, the file it names is replaced and
+    the link kept; a device or a pipe (/dev/null, a FIFO) is written in place, as `>` would."""
+    target = Path(os.path.realpath(out))
+    if target.exists() and not target.is_file():
+        _write_in_place(index, reader, fmt, out, summary, columns)
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         try:
             f = open(tmp, "wb")  # noqa: SIM115 - closed below, before the rename
@@ -443,7 +451,7 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
             with contextlib.suppress(OSError):
                 f.close()
         try:
-            os.replace(tmp, out)
+            os.replace(tmp, target)
         except OSError as exc:
             raise _WriteError from exc
     except _WriteError as exc:
@@ -456,6 +464,18 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_in_place(index: _Index, reader: InputReader, fmt: Format, out: Path,
+                    summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
+    try:
+        try:
+            with open(out, "wb") as f:
+                _write(index, reader, fmt, f, summary, columns)
+        except OSError as exc:  # opening it, or the flush of the close
+            raise _WriteError from exc
+    except _WriteError as exc:
+        raise RunError(f"could not write {out}: {_why(exc.__cause__)}") from None
 
 
 def _why(exc: BaseException | None) -> str:

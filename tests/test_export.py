@@ -10,10 +10,12 @@ from __future__ import annotations
 import csv
 import datetime
 import decimal
+import os
 import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -315,6 +317,54 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr == ("error: could not write the export to standard output: no space "
                            "left on device\n")  # fmt: skip
+
+
+def test_the_runs_own_files_and_inputs_are_never_written(base: Path, tmp_path: Path) -> None:
+    """-o inside results/ (which --resume would read as finished items), over a run file, the
+    input or the job file: exit 2, one sentence, nothing written."""
+    run_dir, job = copy_of(base, tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    inside = (f"lies among run {run_dir.name}'s own files, which --resume, export and report "
+              "read back; name a file outside results/, dead/, events/ and logs/")
+    for target, says in [
+        (run_dir / "results" / "answers.jsonl", inside),
+        (run_dir / "results" / "shard-00.jsonl", inside),
+        (run_dir / "events" / "x.csv", inside),
+        (run_dir / "manifest.json", inside),
+        (tmp_path / "w" / "input.jsonl",
+         "is the run's input file; writing there would destroy it, so name another file"),
+        (job, "is the run's job file; writing there would destroy it, so name another file"),
+    ]:
+        done = export(str(run_dir), "-o", str(target), "--job", str(job), cwd=tmp_path)
+        assert (done.returncode, done.stderr) == (2, f"error: -o {target} {says}\n"), target
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> None:
+    """Through a symbolic link the file it names gets the rows and the link stays; a FIFO is
+    written in place (its reader gets the rows). A device such as /dev/null takes the FIFO's
+    path (not tried here: run as root, a regression would replace the machine's /dev/null)."""
+    run_dir = only_run(base / "runs")
+    plain = tmp_path / "plain.jsonl"
+    assert export(str(run_dir), "-o", str(plain), cwd=base).returncode == 0
+    rows = plain.read_bytes()
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    real.write_bytes(b"old\n")
+    link.symlink_to(real)
+    assert export(str(run_dir), "-o", str(link), cwd=base).returncode == 0
+    assert link.is_symlink() and real.read_bytes() == rows
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        done = export(str(run_dir), "-o", str(fifo), cwd=base)
+        got, _ = reader.communicate(timeout=30)  # no writer ever opened the FIFO: cat waits
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.communicate()
+    assert done.returncode == 0, done.stderr
+    assert got == rows and stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def files_up_to(size: int) -> Callable[[], None]:
