@@ -44,6 +44,8 @@ class RetryPolicy:
     budget_floor: int = 10
     # A server asking for a longer wait than this dead-letters the item instead of sleeping.
     max_server_wait_s: float = 300.0
+    # An endpoint that fails every request (`outage`) for this long stops the run.
+    outage_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from shardrun.client import (
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
+from shardrun.outage import PROBE_MAX_S, RECHECK_S, OutageWatch, says_endpoint_down
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy, is_retryable
@@ -68,6 +69,10 @@ class Shard:
         self.clock = clock or Clock()
         self.counters = Counters()
         self.retrier = Retrier(RetryPolicy(**cfg.retry))
+        self.outage = OutageWatch(self.retrier.policy.outage_s)
+        self.endpoint_back = asyncio.Event()
+        self.endpoint_back.set()
+        self.prober: Span | None = None  # the one span trying the endpoint while it is down
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -269,8 +274,14 @@ class Shard:
                 self._succeed(span, outcome)
                 return
             self._note_failure(outcome, client.url)
-            decision = self.retrier.decide(outcome.status, outcome.http_status, attempt,
-                                           outcome.retry_after, outcome.rate_headers)
+            if self._endpoint_down(outcome):
+                if await self._wait_out_outage(span, attempt, outcome):
+                    continue
+                return
+            # Tries made while the endpoint was down are not the item's attempts.
+            decision = self.retrier.decide(outcome.status, outcome.http_status,
+                                           attempt - span.outage_tries, outcome.retry_after,
+                                           outcome.rate_headers)
             span.history[-1]["wait"] = decision.wait if decision.retry else None
             if self.fatal_reason is not None:
                 self._end_early(span)
@@ -295,6 +306,69 @@ class Shard:
                 await self._nap(decision.wait)
             finally:
                 self.counters.retrying -= 1
+
+    def _endpoint_down(self, outcome: AttemptOutcome) -> bool:
+        """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""
+        connected = outcome.conn_ready_at is not None
+        if not says_endpoint_down(outcome.status, outcome.http_status, connected):
+            self._endpoint_answered()
+            return False
+        self.outage.failed(self.clock.now())
+        if self.outage.down:
+            self.endpoint_back.clear()
+        return self.outage.down
+
+    def _endpoint_answered(self) -> None:
+        self.outage.answered()
+        self.prober = None
+        self.endpoint_back.set()
+
+    async def _wait_out_outage(self, span: Span, attempt: int, outcome: AttemptOutcome) -> bool:
+        """Wait to try again while the endpoint is down, spending neither the item's attempts
+        nor the retry budget; False once the span has ended (a stop, or an outage too long).
+
+        One span at a time probes the endpoint, at growing intervals of at most PROBE_MAX_S;
+        the others wait for its answer, so a shard sends about one request per interval however
+        many slots it has, and none while the endpoint is away."""
+        now = self.clock.now()
+        if self.fatal_reason is None and self.outage.too_long(now):
+            self._go_fatal(f"the endpoint failed every request for "
+                           f"{self.outage.lasted(now):.0f} s ({outcome.error or outcome.status}),"
+                           " longer than retry.outage_s; continue with --resume once it answers "
+                           "again", ABANDON)
+        if self.fatal_reason is not None or self.stopping:
+            if self.prober is span:
+                self.prober = None
+            if self.fatal_reason is not None:
+                self._end_early(span)
+            else:
+                self._abandon(span)
+            return False
+        span.outage_tries += 1
+        probe = self.prober is None or self.prober is span
+        wait = min(self.retrier.backoff(span.outage_tries), PROBE_MAX_S) if probe else None
+        span.history[-1]["wait"] = wait
+        self.counters.retries += 1
+        self.log.emit(events.RETRY, t=now, span=span.span_id, id=span.item_id, attempt=attempt,
+                      cause=outcome.status, wait=wait, why="endpoint_down")
+        self.counters.retrying += 1
+        try:
+            if probe:
+                self.prober = span
+                await self._nap(wait or 0.0)
+            else:
+                await self._wait_for_endpoint()
+        finally:
+            self.counters.retrying -= 1
+        return True
+
+    async def _wait_for_endpoint(self) -> None:
+        """Until the prober hears an answer, a stop or a fatal error comes, or the prober is
+        gone without an answer (then this span may take over)."""
+        while not (self.endpoint_back.is_set() or self.stopping or self.fatal_reason
+                   or self.prober is None):  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.endpoint_back.wait(), RECHECK_S)
 
     def _settle_rate(self, span: Span, outcome: AttemptOutcome) -> None:
         """Correct the token charge by what the server counted; heed its rate-limit headers."""
@@ -464,6 +538,7 @@ class Shard:
 
     def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
         self.ever_connected = self.ok_once = True
+        self._endpoint_answered()
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

@@ -30,6 +30,7 @@ class Span:
     conn_ready_at: float | None = None  # of the latest attempt (None: no connection)
     history: list[dict[str, Any]] = field(default_factory=list)
     ended: bool = False  # released (ok, dead or abandoned)
+    outage_tries: int = 0  # attempts made while the endpoint was down (not the item's own)
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

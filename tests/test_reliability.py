@@ -12,6 +12,7 @@ import re
 import resource
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -670,6 +671,15 @@ def test_restoring_unretried_items_reads_only_the_passes_since_they_were_set_asi
     assert (tmp_path / "dead" / "unretried-r2.jsonl").read_bytes() == aside[0]
 
 
+def resume_on_a_live_server(tmp_path: Path, path: Path, ids: list[str]) -> None:
+    """`--resume latest` of job.yaml against a healthy simulator: every id ends exactly once."""
+    with sim() as live:
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": live.base_url})
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def failed_half(tmp_path: Path, items: int) -> tuple[list[str], Path]:
     """job.yaml run once over `items` items against an embedded simulator failing half its
     requests, one attempt each: (ids, run directory), some items dead-lettered."""
@@ -824,11 +834,77 @@ def test_a_server_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
     first = Run.load(path)
     cut = [e for e in first.events if e["ev"] == "attempt_end" and e["status"] != "ok"]
     assert len(cut) == 4 and not first.dead and not first.results
-    with sim() as server:
-        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
-                          env={"SHARDRUN_BASE_URL": server.base_url})
-    assert resumed.returncode == 0, resumed.stderr
-    assert_exactly_once(Run.load(path), ids)
+    resume_on_a_live_server(tmp_path, path, ids)
+
+
+def _start_run(tmp_path: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    return subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
+    """The server goes away mid-run and comes back 3 s later on the same port: the shards
+    hold their items (one probe at a time) instead of spending attempts and the retry budget
+    on refused connections, and the run ends with every item answered, none dead."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    port = _free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 40})
+    first = start_sim(config, port=port)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
+    proc = _start_run(tmp_path)
+    try:
+        _wait_for_results(tmp_path / "runs", 100)
+        first.stop(timeout=0.1)
+        time.sleep(3)
+        with start_sim(config, port=port):
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        first.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_down"]
+    assert held and {e["cause"] for e in held} <= {"conn_reset", "timeout_connect"}
+
+
+def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> None:
+    """The server goes away for good: after retry.outage_s (2 s here) of failing every request
+    the run stops with one sentence and dead-letters nothing; --resume against a live server
+    finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    with sim(ttft_ms=40) as server:
+        write_job(tmp_path / "job.yaml", shards=2, concurrency=4, retry={"outage_s": 2},
+                  endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
+        proc = _start_run(tmp_path)
+        try:
+            _wait_for_results(tmp_path / "runs", 100)
+            server.stop(timeout=0.1)
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 1, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: the endpoint failed every request for \d+ s \(.+\), longer than "
+        r"retry\.outage_s; continue with --resume once it answers again", errors[0]), err
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead
+    resume_on_a_live_server(tmp_path, path, ids)
 
 
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
@@ -934,11 +1010,7 @@ def test_a_used_up_quota_stops_the_run_and_resume_finishes_it(tmp_path: Path) ->
     # A handful of refused requests (those in flight when the first refusal came), not a
     # retry storm over the 480 items left.
     assert 0 < stats["faults"]["quota_after"] <= 2 * 8
-    with sim() as funded:
-        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
-                          env={"SHARDRUN_BASE_URL": funded.base_url})
-    assert resumed.returncode == 0, resumed.stderr
-    assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
+    resume_on_a_live_server(tmp_path, only_run(tmp_path / "runs"), ids)
 
 
 def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) -> None:
@@ -1095,11 +1167,7 @@ def test_endpoint_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
     assert proc.returncode == 130, err
     path = only_run(tmp_path / "runs")
     assert not Run.load(path).dead
-    with sim() as good:
-        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
-                          env={"SHARDRUN_BASE_URL": good.base_url})
-    assert resumed.returncode == 0, resumed.stderr
-    assert_exactly_once(Run.load(path), ids)
+    resume_on_a_live_server(tmp_path, path, ids)
 
 
 def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(

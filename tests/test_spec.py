@@ -84,6 +84,7 @@ def test_defaults(jobs: Path) -> None:
         "budget_ratio": 0.2,
         "budget_floor": 10,
         "max_server_wait_s": 300.0,
+        "outage_s": 600.0,
     }
     assert set(job.sources) == set(LEAF_KEYS)
     assert job.sources["shards"] == "default" and job.sources["input.prompt_field"] == "default"

@@ -99,13 +99,14 @@ def _read_line(fd: int, deadline: float) -> tuple[str, bool]:
     return buf.decode(errors="replace"), False
 
 
-def start_sim(cfg: SimConfig, host: str = "127.0.0.1", startup_timeout: float = 15.0) -> SimProcess:
-    """Spawn `python -m shardrun.sim` on a free port and return once it is listening.
+def start_sim(cfg: SimConfig, host: str = "127.0.0.1", startup_timeout: float = 15.0, *,
+              port: int = 0) -> SimProcess:
+    """Spawn `python -m shardrun.sim` on `port` (0: a free one) and return once it listens.
 
     Raises RunError, with the tail of the simulator's stderr, if it exits or stays silent for
     `startup_timeout` seconds (the process is killed in that case).
     """
-    argv = [sys.executable, "-m", "shardrun.sim", "--host", host, "--port", "0",
+    argv = [sys.executable, "-m", "shardrun.sim", "--host", host, "--port", str(port),
             "--exit-on-stdin-eof", *cfg.to_args()]  # fmt: skip
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- owned by the returned SimProcess
     # Its own session: a stop signal sent to the run's process group (Ctrl-C, `timeout`) must
