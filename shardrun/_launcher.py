@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from shardrun import _import_structlog_without_rich
 from shardrun._tls import ca_store_deferred
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-"""What a terminal's Ctrl-C, `timeout`, `kill -TERM -PGID` or systemd send the whole process
-group. Only the coordinator heeds them; it stops the shards gracefully (`stop`, then `abort`)."""
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+"""What a terminal's Ctrl-C or hang-up, `timeout`, `kill -TERM -PGID` or systemd send the whole
+process group. Only the coordinator heeds them; it stops the shards gracefully (`stop`, then
+`abort`)."""
 
 
 def leave_stop_signals_to_the_coordinator() -> None:

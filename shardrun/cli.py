@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,10 +150,17 @@ def _check_run_flags(args: argparse.Namespace) -> None:
                         f"{args.progress_interval}")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from shardrun.runner import NothingToRetry, RunOptions, job_of_run, run
     from shardrun.summary import format_summary
 
+    # Until the run's own handlers take over, SIGTERM stops it as Ctrl-C does (no half-made run
+    # directory left behind), not by ending the process where it stands.
+    signal.signal(signal.SIGTERM, _interrupted)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True)

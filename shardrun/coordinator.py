@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
 import signal
 import sys
@@ -83,6 +84,10 @@ class Totals:
     dead: int = 0
 
 
+def _finishing(signum: int, frame: object) -> None:
+    """A stop signal while the run's summary and manifest are written: they are, in a moment."""
+
+
 class Coordinator:
     """One pass of a run: work source → shards → summary."""
 
@@ -104,6 +109,7 @@ class Coordinator:
         self.states: list[ShardState] = []
         self.tasks: dict[asyncio.Task[None], ShardState] = {}
         self.interrupts = 0
+        self.terminal_fds: list[int] = []  # stdout, stderr: those that are a terminal
         self.fatal_reason: str | None = None
         self.fatal_mode: str | None = None
         self.deaths: list[str] = []
@@ -241,15 +247,29 @@ class Coordinator:
 
     # -- signals and progress ------------------------------------------------------------------
 
-    def interrupt(self) -> None:
+    def interrupt(self, why: str = "") -> None:
         """First signal: stop handing out work and let in-flight finish; second: abort."""
         self.interrupts += 1
         kind = protocol.STOP if self.interrupts == 1 else protocol.ABORT
         if self.interrupts == 1:
-            print("\nstopping: letting in-flight requests finish (Ctrl-C again to abort)",
+            print(f"\nstopping{why}: letting in-flight requests finish (Ctrl-C again to abort)",
                   file=sys.stderr)
         for state in self.states:
             state.handle.send({"t": kind})
+
+    def hang_up(self) -> None:
+        """SIGHUP: the terminal is gone (a dropped SSH session). Output that went to it now goes
+        nowhere, since writing to a hung-up terminal fails, and the run stops as on SIGTERM:
+        the in-flight requests finish, the files are closed, --resume goes on."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in self.terminal_fds:
+                with contextlib.suppress(OSError):
+                    os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+        self.view.quiet = True
+        self.interrupt(" (the terminal hung up)")
 
     async def progress(self) -> None:
         """Redraw the display; once a second flush and checkpoint the coordinator's own log,
@@ -302,6 +322,9 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.interrupt)
+        # Known now: once the terminal has hung up, isatty() no longer says it was one.
+        self.terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+        loop.add_signal_handler(signal.SIGHUP, self.hang_up)
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
                       cap=self.config.concurrency)
         # On disk at once: a coordinator killed in its first second still leaves the run's start.
@@ -320,8 +343,11 @@ class Coordinator:
             if self.launcher is not None:
                 await self._close_launcher(self.launcher)
             self.view.stop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+                # Not the default action (a KeyboardInterrupt, or the end of the process): the
+                # summary and the manifest are written next, and must be written whole.
+                signal.signal(sig, _finishing)
             self.source.reader.close()
             summary = self.summary()
             # The client's CPU goes into the log too, so that `report` reads it from the

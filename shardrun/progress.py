@@ -16,6 +16,7 @@ logging to a file or a pipe never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -152,18 +153,22 @@ class ProgressView:
         if self.quiet:  # the samples only feed the display's rates; `final_line` needs none
             return
         snap = self.snapshot()
-        if self._live is not None:
-            self._live.update(render_snapshot(snap, self.max_shard_rows), refresh=True)
-        elif not self.tty and self.clock() - self._last_line >= self.interval:
-            self._last_line = self.clock()
-            print(format_plain_line(snap), file=self.stream, flush=True)
+        try:
+            if self._live is not None:
+                self._live.update(render_snapshot(snap, self.max_shard_rows), refresh=True)
+            elif not self.tty and self.clock() - self._last_line >= self.interval:
+                self._last_line = self.clock()
+                print(format_plain_line(snap), file=self.stream, flush=True)
+        except OSError:  # the terminal hung up, or the reader of a pipe went away: show no more
+            self.quiet, self._live = True, None
 
     def stop(self) -> None:
         """Leave the last frame on screen and give the terminal back."""
         if self._live is not None:
-            self._live.update(self.render(), refresh=True)
-            self._live.stop()
-            self._live = None
+            live, self._live = self._live, None
+            with contextlib.suppress(OSError):  # a terminal that hung up takes no last frame
+                live.update(self.render(), refresh=True)
+                live.stop()
 
     def final_line(self) -> str:
         """One line for the end of the run, averages over the whole run."""

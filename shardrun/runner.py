@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import shutil
 import sys
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
@@ -123,6 +124,11 @@ def run(
         if sim is not None:
             sim.stop()
         this.lock.close()
+        if this.segment == 0 and not (this.run_dir.path / "manifest.json").exists():
+            # Stopped before the run began (an early Ctrl-C, a simulator that would not start):
+            # there is nothing to keep, and a directory without a manifest is no run to
+            # resume or report on, yet would refuse its --run-id.
+            shutil.rmtree(this.run_dir.path, ignore_errors=True)
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:

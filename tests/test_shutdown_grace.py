@@ -6,6 +6,7 @@ The real CLI runs as a process against the embedded simulator (its own process, 
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -182,6 +183,62 @@ def test_sigterm_to_the_whole_process_group_is_a_graceful_stop(tmp_path: Path) -
     assert ends and {e["status"] for e in ends} == {"ok"}
     assert not first.dead
     write_job(tmp_path / "job.yaml", shards=2, concurrency=4)  # the rest, answered at once
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    counts = Counter(r["id"] for r in Run.load(path).results)
+    assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
+
+
+def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) -> None:
+    """SIGTERM while the embedded simulator starts, before the manifest exists: the run ends as
+    on Ctrl-C (exit 130, one line) and leaves no directory without a manifest behind, which
+    would be no run to resume or report on and would refuse its --run-id."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                             "--run-id", "early"], cwd=tmp_path, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    run = tmp_path / "runs" / "early"
+    _wait_for(proc, run.is_dir, "the run directory")
+    assert not (run / "manifest.json").exists()  # the simulator takes far longer to start
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert (proc.returncode, err) == (130, "error: interrupted\n")
+    assert not run.exists()
+    again = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "early", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -> None:
+    """The run's terminal goes away (a dropped SSH session: the terminal closes, SIGHUP comes):
+    the run stops as on SIGTERM, its summary goes nowhere instead of failing on the dead
+    terminal, the manifest is finished, and --resume does each id once."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "ttft_ms": 100}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    terminal, side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=side,
+                            stderr=side, start_new_session=True)
+    os.close(side)
+    try:
+        _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
+        os.close(terminal)  # the terminal is gone: writing to it fails from now on
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    path = only_run(tmp_path / "runs")
+    first = Run.load(path)
+    assert first.manifest["status"] == "interrupted" and "summary" in first.manifest
+    assert sorted(e["shard"] for e in first.events if e["ev"] == "shard_end") == [0, 1]
     resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     counts = Counter(r["id"] for r in Run.load(path).results)
