@@ -12,7 +12,13 @@ from __future__ import annotations
 import errno
 import resource
 
-__all__ = ["FILES_BESIDES_CONNECTIONS", "OUT_OF_FILES", "ensure_open_files", "out_of_files"]
+__all__ = [
+    "FILES_BESIDES_CONNECTIONS",
+    "OUT_OF_FILES",
+    "coordinator_file_problem",
+    "ensure_open_files",
+    "out_of_files",
+]
 
 FILES_BESIDES_CONNECTIONS = 64
 """Descriptors a shard holds besides its connections: logs, results, pipes, the interpreter's."""
@@ -33,6 +39,21 @@ def ensure_open_files(cap: int) -> int:
     except (ValueError, OSError):  # a platform that refuses: keep what there is
         return soft
     return new
+
+
+COORDINATOR_FILES_PER_SHARD = 5
+"""The coordinator's descriptors per shard while it starts them: two pipes and a log file."""
+
+
+def coordinator_file_problem(shards: int) -> str | None:
+    """Raise the coordinator's own limit for `shards` shards; what to tell the user when the
+    hard limit does not allow it (else the run would fail part-way through starting them)."""
+    need = COORDINATOR_FILES_PER_SHARD * shards + FILES_BESIDES_CONNECTIONS
+    have = ensure_open_files(need - FILES_BESIDES_CONNECTIONS)
+    if have == resource.RLIM_INFINITY or have >= need:
+        return None
+    return (f"{shards} shards need about {need:,} open files in the coordinator, and this "
+            f"process may open {have:,} (ulimit -n): raise the limit, or run fewer shards")
 
 
 def out_of_files(exc: BaseException) -> bool:

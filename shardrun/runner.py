@@ -22,7 +22,8 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, SpecError
+from shardrun.errors import InputError, RunError, SpecError
+from shardrun.fdlimit import coordinator_file_problem
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -107,6 +108,8 @@ def run(
     sim_config = job.sim_config()
     # The embedded simulator is a process of this run on loopback: never through a proxy.
     proxy = None if sim_config is not None else proxy_for(job.spec.endpoint.base_url, env)
+    if problem := coordinator_file_problem(job.spec.shards):
+        raise RunError(problem)
     reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
         check_strictly(make_reader(job))

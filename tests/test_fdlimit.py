@@ -60,3 +60,42 @@ def test_running_out_of_file_descriptors_stops_the_run_and_loses_nothing(tmp_pat
         assert again.returncode == 0, again.stdout + again.stderr
     ids = [r["id"] for r in Run.load(only_run(tmp_path / "runs")).results]
     assert sorted(ids) == sorted(r["id"] for r in read_jsonl(tmp_path / "input.jsonl"))
+
+
+def test_too_many_shards_for_the_coordinators_file_limit_is_one_sentence(tmp_path: Path) -> None:
+    """40 shards need about 264 descriptors in the coordinator while it starts them; a process
+    allowed 100 says so before it makes a run directory, not with a traceback part-way through.
+    Allowed 300, the coordinator raises its own soft limit (100) and the run goes through."""
+    write_input(tmp_path / "input.jsonl", 50)
+    write_job(tmp_path / "job.yaml", shards=40, concurrency=2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    argv = [sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs", "--quiet"]
+
+    def run_with(soft: int, hard: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                    (soft, hard)))
+
+    short = run_with(100, 100)
+    assert (short.returncode, short.stderr) == (
+        1, "error: 40 shards need about 264 open files in the coordinator, and this process may "
+           "open 100 (ulimit -n): raise the limit, or run fewer shards\n")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+    enough = run_with(100, 300)
+    assert enough.returncode == 0, enough.stdout + enough.stderr
+
+
+def test_the_simulator_makes_room_for_its_connections(tmp_path: Path) -> None:
+    """Started with a soft limit of 100 under a hard one of 20,000, the simulator raises its
+    own (a run with hundreds in flight would otherwise see its connections reset)."""
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 20000))\n"
+            "from shardrun.sim.launcher import start_sim\n"
+            "from shardrun.sim.config import SimConfig\n"
+            "with start_sim(SimConfig.from_mapping({})) as sim:\n"
+            "    limits = open(f'/proc/{sim.pid}/limits').read()\n"
+            "print([x.split()[3] for x in limits.splitlines() if x.startswith('Max open')])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout.strip() == "['16448']"  # 16,384 connections and 64 more

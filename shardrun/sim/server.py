@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from shardrun.fdlimit import ensure_open_files
 from shardrun.sim.config import BadRequest, Kind, Plan, SimConfig, make_plan
 from shardrun.sim.faults import (
     HTTP_FAULTS,
@@ -319,6 +320,9 @@ async def _serve(cfg: SimConfig, host: str, port: int, exit_on_stdin_eof: bool) 
         await runner.cleanup()
 
 
+SERVED_CONNECTIONS = 16_384  # the open connections the simulator makes room for (hard limit)
+
+
 def serve(cfg: SimConfig, host: str = "127.0.0.1", port: int = 8000, *,
           exit_on_stdin_eof: bool = False) -> None:  # fmt: skip
     """Run until SIGINT/SIGTERM (or stdin EOF if asked); prints one line once listening.
@@ -326,6 +330,9 @@ def serve(cfg: SimConfig, host: str = "127.0.0.1", port: int = 8000, *,
     The line is `shardrun sim listening on http://HOST:PORT/v1` with the real port (port 0 lets
     the OS choose); the launcher parses it, so nothing else is ever written to stdout.
     """
+    # Every client connection is a descriptor: a soft limit of 1,024 would reset connections of
+    # a run with more in flight, which would read as the client's fault.
+    ensure_open_files(SERVED_CONNECTIONS)
     loop_factory = None
     if sys.platform != "win32":
         with contextlib.suppress(ImportError):
