@@ -121,6 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file of the run that no code path above names in its own words
+        if isinstance(exc, BrokenPipeError):  # our reader went away: nothing to tell it
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{(exc.strerror or str(exc)).lower()}; the run stopped there: make "
+              "that path usable (a read-only or damaged run directory?), then continue with "
+              "--resume", file=sys.stderr)
+        return 1
 
 
 def entry() -> NoReturn:

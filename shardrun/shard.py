@@ -319,6 +319,8 @@ class Shard:
         return self.outage.down
 
     def _endpoint_answered(self) -> None:
+        if not self.outage.streak and self.endpoint_back.is_set():
+            return  # the common case, once per success: nothing to undo
         self.outage.answered()
         self.prober = None
         self.endpoint_back.set()

@@ -11,6 +11,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -796,6 +797,22 @@ def test_a_damaged_manifest_is_one_sentence_for_every_command_that_reads_it(
         proc = run_cli(*args, cwd=tmp_path)
         assert (proc.returncode, proc.stderr, proc.stdout) == (2, expected, ""), args
     assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_directory_it_cannot_write_is_one_sentence(tmp_path: Path) -> None:
+    """A resume into a run directory whose logs/ is no directory any more (damaged, or a
+    read-only copy): one sentence naming the path and what to do, no traceback."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--limit", "3", cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    shutil.rmtree(path / "logs")
+    (path / "logs").write_text("")
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (
+        1, f"error: runs/{path.name}/logs/shard-00.r1.log: not a directory; the run stopped "
+           "there: make that path usable (a read-only or damaged run directory?), then continue "
+           "with --resume\n")  # fmt: skip
 
 
 def test_retry_failed_of_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
