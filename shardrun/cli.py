@@ -36,6 +36,12 @@ def _env_help() -> str:
     )
 
 
+def _add_progress_flags(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true", help="no progress display")
+    command.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
+                         help="seconds between status lines when not on a terminal (default 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardrun",
@@ -70,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="check the whole input first; the first bad line is an error")
     run.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
     run.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
-    run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
-                     help="seconds between status lines when not on a terminal (default 10)")
+    _add_progress_flags(run)
     retry = sub.add_parser(
         "retry-failed",
         help="give a run's dead-lettered items another pass",
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
     retry.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
     retry.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
+    _add_progress_flags(retry)
     cli_validate.register(sub)
     cli_analysis.register(sub)
     cli_export.register(sub)
@@ -171,7 +176,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
-        options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True)
+        options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True,
+                             quiet=args.quiet, progress_interval=args.progress_interval)
     else:
         _check_run_flags(args)
         job, runs_dir = args.job, args.runs_dir

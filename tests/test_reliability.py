@@ -745,7 +745,8 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
         return cast(dict[str, Any], orjson.loads(proc.stdout)["items"])
 
     assert "by_item" not in items()  # one pass: every span is an item
-    again = run_cli("retry-failed", str(path), cwd=tmp_path)  # the same failing simulator
+    # The same failing simulator; --quiet as a run takes it.
+    again = run_cli("retry-failed", str(path), "--quiet", cwd=tmp_path)
     assert again.returncode == 1, again.stderr
     exported = run_cli("export", str(path), cwd=tmp_path)
     statuses = Counter(orjson.loads(line)["status"] for line in exported.stdout.splitlines())
