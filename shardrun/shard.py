@@ -393,7 +393,6 @@ class Shard:
         try:
             outcome = await client.attempt(body)
         except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
-
             self._end_attempt(span, attempt, started, stop.outcome)
             raise
         self._end_attempt(span, attempt, started, outcome)
