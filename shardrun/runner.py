@@ -120,7 +120,9 @@ def run(
         if sim_config is not None:
             from shardrun.sim.launcher import start_sim
 
-            sim = start_sim(sim_config)
+            # Each pass its own draws: with the seed of the first, a new simulator process would
+            # fault the same requests again, and retry-failed could never succeed on it.
+            sim = start_sim(replace(sim_config, seed=sim_config.seed + this.segment))
             base_url = sim.base_url
         return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy), argv, options)
     finally:

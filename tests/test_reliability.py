@@ -760,6 +760,18 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
             f"{statuses['failed']} dead letters standing") in text
 
 
+def test_each_pass_of_a_sim_run_draws_its_faults_anew(tmp_path: Path) -> None:
+    """retry-failed against the same sim:// job failing half its requests: about half of the
+    dead letters now succeed (with the first pass's seed, a new simulator process would fail
+    exactly the same requests again)."""
+    ids, path = failed_half(tmp_path, 60)
+    dead = len(Run.load(path).dead)
+    assert run_cli("retry-failed", str(path), cwd=tmp_path).returncode in (0, 1)
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert 0 < len(run.dead) < dead
+
+
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
     """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
     (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
