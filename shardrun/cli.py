@@ -173,7 +173,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     # Until the run's own handlers take over, SIGTERM stops it as Ctrl-C does (no half-made run
     # directory left behind), not by ending the process where it stands.
-    signal.signal(signal.SIGTERM, _interrupted)
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _interrupted)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True,

@@ -320,11 +320,14 @@ class Coordinator:
 
     async def run(self) -> RunSummary:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.interrupt)
+        # A signal the run was started ignoring stays ignored: `nohup` keeps a run going when
+        # its session ends, and a background job of a script is not stopped by Ctrl-C.
+        heeded = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+                  if signal.getsignal(sig) is not signal.SIG_IGN]
+        for sig in heeded:
+            loop.add_signal_handler(sig, self.hang_up if sig == signal.SIGHUP else self.interrupt)
         # Known now: once the terminal has hung up, isatty() no longer says it was one.
         self.terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
-        loop.add_signal_handler(signal.SIGHUP, self.hang_up)
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
                       cap=self.config.concurrency)
         # On disk at once: a coordinator killed in its first second still leaves the run's start.
@@ -343,7 +346,7 @@ class Coordinator:
             if self.launcher is not None:
                 await self._close_launcher(self.launcher)
             self.view.stop()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in heeded:
                 loop.remove_signal_handler(sig)
                 # Not the default action (a KeyboardInterrupt, or the end of the process): the
                 # summary and the manifest are written next, and must be written whole.
@@ -400,7 +403,9 @@ class Coordinator:
         index = state.handle.index
         config = ShardConfig(**{**self.config.__dict__, "shard": index,
                                 "rate": {"rpm": rpm, "tpm": tpm},
-                                "rate_phase": index % self.shard_count / self.shard_count})
+                                "rate_phase": index % self.shard_count / self.shard_count,
+                                "answered_before": (self.config.answered_before
+                                                    or self.totals.ok > 0)})
         state.handle.send(config.to_message())
         self.tasks[asyncio.create_task(self.serve(state))] = state
         self._rebalance_rates()

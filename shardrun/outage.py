@@ -5,17 +5,21 @@ dead-lettered when they run out: the budget keeps a failing endpoint from being 
 when the endpoint itself goes away (restarted, redeployed, a gateway with no backend), every
 request fails at once, the budget is spent within seconds, and a blip of a few seconds would
 dead-letter most of the job. So a shard watches the failures that say nothing about the item
-(no connection at all, or a gateway's 502 or 504) across all its requests: after
-`OUTAGE_AFTER` of them in a row with no answer in between, the endpoint is down. While it is,
+(no HTTP answer at all: no connection, or a kept-alive one found dead; or a gateway's 502 or
+504): once the endpoint has answered the run, such a failure means it is down. While it is,
 failed requests try again without spending their attempts or the budget: one of them probes
 the endpoint, at growing intervals of at most `PROBE_MAX_S`, and the others wait for its
-answer, which ends the outage. One that lasts `retry.outage_s` stops the run, leaving the
-items for `--resume`.
+answer. Only an answer ends the outage (a success, or an HTTP answer of the server's own); a
+stream cut or timed out says nothing either way. One that lasts `retry.outage_s` stops the
+run, leaving the items for `--resume`.
 """
 
 from __future__ import annotations
 
-OUTAGE_AFTER = 3  # endpoint-level failures in a row, no answer between: the endpoint is down
+# Endpoint-level failures in a row, with no answer between, that make an outage: the first. A
+# failure that says nothing about the item must not count against it, and a lone one costs a
+# wait of a backoff for the probe, then the answer ends it.
+OUTAGE_AFTER = 1
 PROBE_MAX_S = 5.0  # the longest between two probes of an endpoint that is down
 RECHECK_S = 1.0  # how often a request waiting for the probe's answer looks up (stop, fatal)
 # A gateway saying that nothing answers behind it. Not 503: a server that answers "unavailable"
@@ -24,12 +28,20 @@ GATEWAY_STATUSES = frozenset({502, 504})
 NO_CONNECTION_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 
 
-def says_endpoint_down(status: str, http_status: int | None, connected: bool) -> bool:
-    """Whether a failure is the endpoint's, not the item's: it could not connect at all, or a
-    gateway answered that nothing stands behind it."""
+def says_endpoint_down(status: str, http_status: int | None) -> bool:
+    """Whether a failure is the endpoint's, not the item's: no HTTP answer came at all (it could
+    not connect, or a kept-alive connection turned out dead), or a gateway answered that
+    nothing stands behind it."""
     if status in NO_CONNECTION_STATUSES:
-        return not connected
+        return http_status is None
     return status == "http_5xx" and http_status in GATEWAY_STATUSES
+
+
+def says_endpoint_up(status: str, http_status: int | None) -> bool:
+    """Whether a finished attempt shows the endpoint serving: a success, or an HTTP answer of
+    its own. A stream cut or timed out shows neither (a restart cuts the streams in flight)."""
+    return status == "ok" or (http_status is not None and http_status not in GATEWAY_STATUSES
+                              and status.startswith("http_"))
 
 
 class OutageWatch:

@@ -314,6 +314,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         grace_s=spec.shutdown_grace_s,
         fsync_interval_s=spec.fsync_interval_s,
         segment=this.segment,
+        answered_before=len(this.done) > this.prior_dead,  # an earlier pass has results
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import sys
@@ -33,7 +34,13 @@ from shardrun.client import (
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
-from shardrun.outage import PROBE_MAX_S, RECHECK_S, OutageWatch, says_endpoint_down
+from shardrun.outage import (
+    PROBE_MAX_S,
+    RECHECK_S,
+    OutageWatch,
+    says_endpoint_down,
+    says_endpoint_up,
+)
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import Retrier, RetryPolicy, is_retryable
@@ -73,6 +80,8 @@ class Shard:
         self.endpoint_back = asyncio.Event()
         self.endpoint_back.set()
         self.prober: Span | None = None  # the one span trying the endpoint while it is down
+        # When the latest attempt the endpoint answered (`outage.says_endpoint_up`) started.
+        self.answered_start = -math.inf
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -83,7 +92,7 @@ class Shard:
         self.fatal_reason: str | None = None
         self.fatal_mode = DEAD_LETTER
         self.ok_once = False
-        self.ever_connected = False
+        self.ever_connected = cfg.answered_before
         # Raised to what the cap needs where the hard limit allows (`fdlimit`).
         self.open_files = ensure_open_files(cfg.concurrency)
         self.connect_failures = 0
@@ -274,7 +283,7 @@ class Shard:
                 self._succeed(span, outcome)
                 return
             self._note_failure(outcome, client.url)
-            if self._endpoint_down(outcome):
+            if self._endpoint_down(span, outcome):
                 if await self._wait_out_outage(span, attempt, outcome):
                     continue
                 return
@@ -307,18 +316,32 @@ class Shard:
             finally:
                 self.counters.retrying -= 1
 
-    def _endpoint_down(self, outcome: AttemptOutcome) -> bool:
+    def _endpoint_down(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""
-        connected = outcome.conn_ready_at is not None
-        if not says_endpoint_down(outcome.status, outcome.http_status, connected):
-            self._endpoint_answered()
+        if not says_endpoint_down(outcome.status, outcome.http_status):
+            if says_endpoint_up(outcome.status, outcome.http_status):
+                self._endpoint_answered(span)
             return False
-        self.outage.failed(self.clock.now())
-        if self.outage.down:
+        now = self.clock.now()
+        if span.down_failure_at is not None and self.answered_start > span.down_failure_at:
+            # The endpoint answered a request sent after this item last failed so: it is
+            # serving, and this item is what it cannot answer (its attempts are spent, not held
+            # forever). Answers to requests sent before then say nothing: a server shutting
+            # down finishes those it has.
+            return False
+        span.down_failure_at = now
+        self.outage.failed(now)
+        # Before the endpoint ever answered this run, `_note_failure` judges it unreachable
+        # (every item failed with the cause, promptly); after, it is waited for.
+        down = self.outage.down and self.ever_connected
+        if down:
             self.endpoint_back.clear()
-        return self.outage.down
+        return down
 
-    def _endpoint_answered(self) -> None:
+    def _endpoint_answered(self, span: Span) -> None:
+        started = span.attempt_started_at or 0.0
+        if started > self.answered_start:
+            self.answered_start = started
         if not self.outage.streak and self.endpoint_back.is_set():
             return  # the common case, once per success: nothing to undo
         self.outage.answered()
@@ -539,7 +562,7 @@ class Shard:
 
     def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
         self.ever_connected = self.ok_once = True
-        self._endpoint_answered()
+        self._endpoint_answered(span)
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

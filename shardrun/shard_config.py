@@ -49,6 +49,9 @@ class ShardConfig:
     # (shardrun.ratelimit), so the shards' first requests are spread out.
     rate_phase: float = 0.0
     segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
+    # The endpoint answered this run before (an earlier pass, or another shard of this one): a
+    # shard that cannot reach it waits for it (an outage), rather than judging it unreachable.
+    answered_before: bool = False
 
     @property
     def file_name(self) -> str:

@@ -245,6 +245,31 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
     assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
 
 
+def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path) -> None:
+    """Started ignoring SIGHUP (as `nohup` starts it): a SIGHUP changes nothing, and the run
+    finishes every item."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "ttft_ms": 50}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    counts = Counter(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results)
+    assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
+
+
 def test_sigint_during_rate_limit_waits_ends_at_once(tmp_path: Path) -> None:
     """A job held back by its own rate limit (6 requests a minute), interrupted: nothing is in
     flight, so the stop does not wait out the grace period (30 s) nor the rate limit's waits;
