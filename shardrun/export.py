@@ -114,8 +114,8 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
     if out is not None:
-        check_not_read_back("-o", out, run_path, {"the run's input file": job.input_path,
-                                                  "the run's job file": job.job_path})
+        check_not_read_back("-o", out, {"the run's input file": job.input_path,
+                                        "the run's job file": job.job_path})
     reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
         _check_input(run_path, manifest, job.input_path, summary)
@@ -430,7 +430,7 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
     version of an earlier export). Through a symbolic link, the file it names is replaced and
     the link kept; a device or a pipe (/dev/null, a FIFO) is written in place, as `>` would."""
     target = Path(os.path.realpath(out))
-    if target.exists() and not target.is_file():
+    if str(out).startswith(("/dev/", "/proc/")) or (target.exists() and not target.is_file()):
         _write_in_place(index, reader, fmt, out, summary, columns)
         return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -470,7 +470,7 @@ def _write_in_place(index: _Index, reader: InputReader, fmt: Format, out: Path,
                     summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
     try:
         try:
-            with open(out, "wb") as f:
+            with open(out, "ab") as f:  # as `>>`: what a descriptor path leads to is kept
                 _write(index, reader, fmt, f, summary, columns)
         except OSError as exc:  # opening it, or the flush of the close
             raise _WriteError from exc

@@ -6,20 +6,18 @@ from pathlib import Path
 
 from shardrun.errors import SpecError
 
-RUN_OWN_DIRS = ("results", "dead", "events", "logs")
 
-
-def check_not_read_back(flag: str, path: Path, run_path: Path,
-                        others: dict[str, Path]) -> None:  # fmt: skip
-    """Refuse an output path among the files a run reads back: a file written into results/
-    would read as finished items to --resume, export and retry-failed; one over the input or
-    the job file would destroy what the run was made from. (`others`: what each path is.)"""
-    target, run = path.resolve(), run_path.resolve()
-    if target == run / "manifest.json" or any(target.is_relative_to(run / sub)
-                                              for sub in RUN_OWN_DIRS):
-        raise SpecError(f"{flag} {path} lies among run {run.name}'s own files, which --resume, "
-                        "export and report read back; name a file outside results/, dead/, "
-                        "events/ and logs/")
+def check_not_read_back(flag: str, path: Path, others: dict[str, Path]) -> None:
+    """Refuse an output path inside a run directory (this run's or another's): a file written
+    into results/ would read as finished items to --resume, export and retry-failed, and one
+    over rejects.jsonl or the manifest would lose the run's own record; refuse one over the
+    input or the job file, which would destroy what the run was made from. (`others`: what
+    each path is.)"""
+    target = path.resolve()
+    for folder in target.parents:
+        if (folder / "manifest.json").is_file():
+            raise SpecError(f"{flag} {path} lies inside run directory {folder}, whose files "
+                            "--resume, export and report read back; name a file outside it")
     for what, other in others.items():
         if target == other.resolve():
             raise SpecError(f"{flag} {path} is {what}; writing there would destroy it, so name "

@@ -320,17 +320,24 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
 
 
 def test_the_runs_own_files_and_inputs_are_never_written(base: Path, tmp_path: Path) -> None:
-    """-o inside results/ (which --resume would read as finished items), over a run file, the
-    input or the job file: exit 2, one sentence, nothing written."""
+    """-o inside a run directory (results/ would read as finished items to --resume; this run's
+    or another's), over the input or the job file: exit 2, one sentence, nothing written."""
     run_dir, job = copy_of(base, tmp_path)
+    other = tmp_path / "w" / "runs" / "other"
+    (other / "results").mkdir(parents=True)
+    (other / "manifest.json").write_text("{}")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    inside = (f"lies among run {run_dir.name}'s own files, which --resume, export and report "
-              "read back; name a file outside results/, dead/, events/ and logs/")
+    inside = (f"lies inside run directory {run_dir.resolve()}, whose files --resume, export "
+              "and report read back; name a file outside it")
     for target, says in [
         (run_dir / "results" / "answers.jsonl", inside),
         (run_dir / "results" / "shard-00.jsonl", inside),
         (run_dir / "events" / "x.csv", inside),
         (run_dir / "manifest.json", inside),
+        (run_dir / "rejects.jsonl", inside),
+        (other / "results" / "shard-99.jsonl",
+         f"lies inside run directory {other.resolve()}, whose files --resume, export and report "
+         "read back; name a file outside it"),
         (tmp_path / "w" / "input.jsonl",
          "is the run's input file; writing there would destroy it, so name another file"),
         (job, "is the run's job file; writing there would destroy it, so name another file"),
@@ -365,6 +372,23 @@ def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> Non
             reader.communicate()
     assert done.returncode == 0, done.stderr
     assert got == rows and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_dev_stdout_is_standard_output_into_a_pipe_or_an_appended_file(
+        base: Path, tmp_path: Path) -> None:
+    """`-o /dev/stdout` writes to standard output itself: into a pipe (where the path leads to
+    no file), and into a file the shell opened with `>>` (whose earlier lines stay)."""
+    run_dir = only_run(base / "runs")
+    plain = export(str(run_dir), cwd=base).stdout
+    piped = export(str(run_dir), "-o", "/dev/stdout", cwd=base)
+    assert piped.returncode == 0 and piped.stdout == plain, piped.stderr
+    appended = tmp_path / "all.jsonl"
+    appended.write_text("PRIOR\n")
+    with open(appended, "ab") as sink:
+        subprocess.run([sys.executable, "-m", "shardrun", "export", str(run_dir), "-o",
+                        "/dev/stdout"], cwd=base, stdout=sink, stderr=subprocess.DEVNULL,
+                       stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S, check=True)
+    assert appended.read_text() == "PRIOR\n" + plain
 
 
 def files_up_to(size: int) -> Callable[[], None]:
