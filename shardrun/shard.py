@@ -374,8 +374,10 @@ class Shard:
         wait = min(self.retrier.backoff(span.outage_tries), PROBE_MAX_S) if probe else None
         span.history[-1]["wait"] = wait
         self.counters.retries += 1
+        # Its cause names the outage (the attempt_end line has the status): `report` tells
+        # these waits from a retry storm.
         self.log.emit(events.RETRY, t=now, span=span.span_id, id=span.item_id, attempt=attempt,
-                      cause=outcome.status, wait=wait, why="endpoint_down")
+                      cause="endpoint_down", wait=wait, why="endpoint_down")
         self.counters.retrying += 1
         try:
             if probe:

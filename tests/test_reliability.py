@@ -909,6 +909,11 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
     assert not run.dead
     held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_down"]
     assert held
+    # The report names the outage, and does not count its waits as a retry storm.
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    findings = {f["id"]: f["evidence"] for f in doc["triage"]["findings"]}
+    assert findings["endpoint_down"] == {"held_retries": len(held)}
+    assert "endpoint_down" not in findings.get("retries", {}).get("causes", {})
 
 
 def test_requests_reset_one_by_one_are_the_items_not_an_outage(tmp_path: Path) -> None:

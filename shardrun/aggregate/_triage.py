@@ -23,6 +23,7 @@ RETRY_RATE_LIMIT = 0.05
 RATE_LIMIT_SHARE = 0.05
 RATE_LIMIT_DOMINANT_SHARE = 0.5
 CHURN_FACTOR = 2.0
+ENDPOINT_DOWN = "endpoint_down"  # the `cause` of a retry line that waited out an outage
 
 TABLE: dict[str, tuple[str, str]] = {
     "t_queue": ("backlog above the cap, or an arrival spike; if gap_fraction is also high, our "
@@ -50,6 +51,11 @@ TABLE: dict[str, tuple[str, str]] = {
                    "intended",
                    "raise rate_limits if the job sets them and the provider allows more; "
                    "otherwise this is the provider's ceiling (ask it for a higher limit)"),
+    "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
+                      "dropped before an answer, or a gateway's 502/504): the shards held the "
+                      "items and probed it, spending none of their attempts",
+                      "look at the server's side (a restart, a deploy, a crash); "
+                      "retry.outage_s bounds how long a run waits for it"),
     "cross_shard_idle": ("a shard sat idle while the coordinator still held unassigned work",
                          "hand out work sooner (larger or earlier batches), more shards"),
 }
@@ -133,9 +139,17 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]},
                             *TABLE["loop_lag"]))
     att = doc["attempts"]
-    if att["retry_rate"] is not None and att["retry_rate"] >= RETRY_RATE_LIMIT:
+    # Waits while the endpoint was down are retries in the log, but no retry storm: their own
+    # finding says what they were.
+    held = att["retry_causes"].get(ENDPOINT_DOWN, 0)
+    if held:
+        out.append(_finding(ENDPOINT_DOWN, "the endpoint was down", {"held_retries": held},
+                            *TABLE[ENDPOINT_DOWN]))
+    own = {cause: n for cause, n in att["retry_causes"].items() if cause != ENDPOINT_DOWN}
+    rate = sum(own.values()) / att["first"] if att["first"] else None
+    if rate is not None and rate >= RETRY_RATE_LIMIT:
         out.append(_finding("retries", "many retries",
-                            {"retry_rate": att["retry_rate"], "causes": att["retry_causes"],
+                            {"retry_rate": round(rate, 6), "causes": own,
                              "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
     waits = doc["scheduler"]["rate_waits"]
     share = rate_share_of_slots(doc)
