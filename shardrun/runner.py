@@ -8,6 +8,7 @@ coordinator on uvloop and stops the simulator again, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import math
 import shlex
 import shutil
 import sys
@@ -88,6 +89,7 @@ class Pass:
     lock: IO[bytes]
     prior_dead: int = 0
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
+    judged_lines: float = 0  # input lines whose rejects an earlier pass has recorded
 
 
 def run(
@@ -175,8 +177,18 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked, "results_changed": results_changed}
+    # Lines an earlier pass read were judged then: their rejects are on record already. A pass
+    # of dead letters only judges none (it runs no line of the input as new work).
+    judged = math.inf if only_failed else _lines_read_before(manifest)
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
-                prior.retried_ids if only_failed else None)
+                prior.retried_ids if only_failed else None, judged)
+
+
+def _lines_read_before(manifest: dict[str, Any]) -> int:
+    """The most input lines a finished earlier pass read (a killed one recorded none)."""
+    passes = [manifest, *(r for r in manifest.get("resumes") or [] if isinstance(r, dict))]
+    counts = [p["input"].get("lines_read") for p in passes if isinstance(p.get("input"), dict)]
+    return max((n for n in counts if isinstance(n, int)), default=0)
 
 
 def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> list[str]:
@@ -210,7 +222,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
-                        options.limit, this.only)
+                        options.limit, this.only, judged_lines=this.judged_lines)
     total = estimate_total(job.input_path, spec.input.format)
     left = None if total is None else max(0, total - len(this.done))
     if this.only is not None:

@@ -64,7 +64,7 @@ class WorkSource:
 
     def __init__(self, reader: InputReader, rejects_path: Path,
                  done: DigestSet | None = None, limit: int | None = None,
-                 only: DigestSet | None = None) -> None:
+                 only: DigestSet | None = None, *, judged_lines: float = 0) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -74,6 +74,8 @@ class WorkSource:
         self._done = DigestSet() if done is None else done
         self._only = only
         self._rejects_path = rejects_path
+        # Rejects of lines up to here are an earlier pass's record already: not written again.
+        self._judged_lines = judged_lines
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
         self.exhausted = False  # every input item has been handed out
         self.limit = limit
@@ -162,6 +164,8 @@ class WorkSource:
         self._requeued.extend(items)
 
     def reject(self, reject: Reject) -> None:
+        if reject.line <= self._judged_lines:
+            return
         self.rejects += 1
         record = {"line": reject.line, "reason": reject.reason, "path": str(self.reader.path)}
         if reject.id is not None:  # the item the line names, though it did not become one

@@ -772,6 +772,32 @@ def test_each_pass_of_a_sim_run_draws_its_faults_anew(tmp_path: Path) -> None:
     assert 0 < len(run.dead) < dead
 
 
+def test_a_rejected_line_is_recorded_by_the_pass_that_first_reads_it(tmp_path: Path) -> None:
+    """Two bad lines near the start and one near the end; a trial of 30 items, a --resume and a
+    retry-failed: each bad line is on record once, and the report counts 3, not once per pass
+    (a retry pass runs dead letters only and judges no line)."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    lines = (tmp_path / "input.jsonl").read_bytes().splitlines(keepends=True)
+    bad = b"this line is not JSON\n"
+    (tmp_path / "input.jsonl").write_bytes(b"".join([bad, *lines[:5], bad, *lines[5:], bad]))
+    failing = {"base_url": "sim://", "api": "chat", "model": "m",
+               "sim": {**FAST_SIM, "fail_500": 0.5}}
+    write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--limit", "30", cwd=tmp_path).returncode \
+        == 1
+    path = only_run(tmp_path / "runs")
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stderr
+    again = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert again.returncode in (0, 1), again.stderr
+    assert ", 0 rejected input lines)" in again.stdout or again.returncode == 0
+    recorded = [orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
+                for line in f.read_bytes().splitlines()]
+    assert sorted(recorded) == [1, 7, len(ids) + 3]
+    doc = orjson.loads(run_cli("report", str(path), "--json", cwd=tmp_path).stdout)
+    assert doc["items"]["rejected_input_lines"] == 3
+
+
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
     """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
     (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
