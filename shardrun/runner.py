@@ -8,7 +8,6 @@ coordinator on uvloop and stops the simulator again, whatever happened.
 from __future__ import annotations
 
 import asyncio
-import math
 import shlex
 import shutil
 import sys
@@ -89,7 +88,7 @@ class Pass:
     lock: IO[bytes]
     prior_dead: int = 0
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
-    judged_lines: float = 0  # input lines whose rejects an earlier pass has recorded
+    judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
 
 
 def run(
@@ -177,11 +176,9 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked, "results_changed": results_changed}
-    # Lines an earlier pass read were judged then: their rejects are on record already. A pass
-    # of dead letters only judges none (it runs no line of the input as new work).
-    judged = math.inf if only_failed else _lines_read_before(manifest)
+    # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
-                prior.retried_ids if only_failed else None, judged)
+                prior.retried_ids if only_failed else None, _lines_read_before(manifest))
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:
@@ -222,7 +219,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
-                        options.limit, this.only, judged_lines=this.judged_lines)
+                        options.limit, this.only, judged_lines=this.judged_lines,
+                        record_rejects=this.only is None)
     total = estimate_total(job.input_path, spec.input.format)
     left = None if total is None else max(0, total - len(this.done))
     if this.only is not None:
@@ -245,7 +243,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # What earlier passes finished, all of it: the work source counts only what it read
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
-            summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried, cost=cost(
+            summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried,
+            prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
             cached_tokens=summary.cached_tokens),

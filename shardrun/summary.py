@@ -44,6 +44,7 @@ class RunSummary:
     rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
     rate_wait_s: float = 0.0  # their time, summed over slots
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
+    prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
     # (a shard that died before reporting leaves its dead letters uncounted here).
@@ -154,7 +155,8 @@ class RunSummary:
     def status(self) -> str:
         if self.interrupted:
             return "interrupted"
-        clean = self.failed == 0 and self.unfinished == 0 and self.prior_dead == 0
+        clean = (self.failed == 0 and self.unfinished == 0 and self.prior_dead == 0
+                 and self.prior_rejects == 0)
         return "succeeded" if clean else "failed"
 
     @property
@@ -167,7 +169,7 @@ class RunSummary:
             "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
             "left_out": self.left_out,
-            "prior_dead": self.prior_dead,
+            "prior_dead": self.prior_dead, "prior_rejects": self.prior_rejects,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
             "budget_exhausted": self.budget_exhausted,
             "completion_tokens": self.completion_tokens, "attempts": self.attempts,
@@ -212,6 +214,10 @@ def format_summary(s: RunSummary) -> str:
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
                      f"(another pass: {_retry(s)})")
+    if s.prior_rejects:
+        lines.append(f"  earlier rejects    {s.prior_rejects:,} input "
+                     f"line{'s' if s.prior_rejects != 1 else ''} rejected by earlier passes "
+                     "(rejects*.jsonl)")
     spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
     lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
     if s.cached_tokens:

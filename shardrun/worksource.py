@@ -64,7 +64,8 @@ class WorkSource:
 
     def __init__(self, reader: InputReader, rejects_path: Path,
                  done: DigestSet | None = None, limit: int | None = None,
-                 only: DigestSet | None = None, *, judged_lines: float = 0) -> None:
+                 only: DigestSet | None = None, *, judged_lines: int = 0,
+                 record_rejects: bool = True) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -74,8 +75,11 @@ class WorkSource:
         self._done = DigestSet() if done is None else done
         self._only = only
         self._rejects_path = rejects_path
-        # Rejects of lines up to here are an earlier pass's record already: not written again.
+        # Rejects of lines up to here are an earlier pass's record already: counted apart
+        # (`prior_rejects`), not written again. A pass of dead letters only judges no line.
         self._judged_lines = judged_lines
+        self._record_rejects = record_rejects
+        self.prior_rejects = 0
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
         self.exhausted = False  # every input item has been handed out
         self.limit = limit
@@ -165,6 +169,9 @@ class WorkSource:
 
     def reject(self, reject: Reject) -> None:
         if reject.line <= self._judged_lines:
+            self.prior_rejects += 1
+            return
+        if not self._record_rejects:  # a line for the pass that runs new work to judge
             return
         self.rejects += 1
         record = {"line": reject.line, "reason": reject.reason, "path": str(self.reader.path)}

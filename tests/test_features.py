@@ -588,7 +588,9 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     [hint] = [line for line in first.stdout.splitlines() if "to finish the run" in line]
     command = shlex.split(hint.split("to finish the run", 1)[1])
     rest = run_cli(*command[1:], "--quiet", cwd=tmp_path)
-    assert rest.returncode == 1, rest.stdout + rest.stderr  # a resume reads the bad line again
+    # The bad line the first pass rejected still leaves the run failed (not counted again).
+    assert rest.returncode == 1, rest.stdout + rest.stderr
+    assert "earlier rejects    1 input line rejected by earlier passes" in rest.stdout
     results = Run.load(path).results
     assert sorted(r["id"] for r in results) == ids and len(results) == len(ids)
     assert "already done       25" in rest.stdout and "to finish the run" not in rest.stdout
