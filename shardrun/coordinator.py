@@ -247,12 +247,12 @@ class Coordinator:
 
     # -- signals and progress ------------------------------------------------------------------
 
-    def interrupt(self, why: str = "") -> None:
+    def interrupt(self, why: str = "", again: str = "Ctrl-C again") -> None:
         """First signal: stop handing out work and let in-flight finish; second: abort."""
         self.interrupts += 1
         kind = protocol.STOP if self.interrupts == 1 else protocol.ABORT
         if self.interrupts == 1:
-            print(f"\nstopping{why}: letting in-flight requests finish (Ctrl-C again to abort)",
+            print(f"\nstopping{why}: letting in-flight requests finish ({again} to abort)",
                   file=sys.stderr)
         for state in self.states:
             state.handle.send({"t": kind})
@@ -325,7 +325,12 @@ class Coordinator:
         heeded = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
                   if signal.getsignal(sig) is not signal.SIG_IGN]
         for sig in heeded:
-            loop.add_signal_handler(sig, self.hang_up if sig == signal.SIGHUP else self.interrupt)
+            if sig == signal.SIGHUP:
+                loop.add_signal_handler(sig, self.hang_up)
+            elif sig == signal.SIGTERM:  # from `timeout`, systemd, kill: no Ctrl-C at hand
+                loop.add_signal_handler(sig, self.interrupt, " (SIGTERM)", "SIGTERM again")
+            else:
+                loop.add_signal_handler(sig, self.interrupt)
         # Known now: once the terminal has hung up, isatty() no longer says it was one.
         self.terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,

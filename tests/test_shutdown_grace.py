@@ -107,6 +107,7 @@ def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path)
     assert took < STALL_S / 2, f"the stop took {took:.1f} s (grace {GRACE_S} s)"
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert "stopping: letting in-flight requests finish (Ctrl-C again to abort)" in err
     path = only_run(tmp_path / "runs")
     first = Run.load(path)
     assert first.manifest["status"] == "interrupted"
@@ -174,6 +175,7 @@ def test_sigterm_to_the_whole_process_group_is_a_graceful_stop(tmp_path: Path) -
         p, lambda: _result_lines(runs) >= 8, "a first round of results"), group_sigterm=True)
     assert proc.returncode == 130, err
     assert "died" not in err and "Traceback" not in err, err
+    assert "stopping (SIGTERM): letting in-flight requests finish (SIGTERM again to abort)" in err
     path = only_run(runs)
     first = Run.load(path)
     assert first.manifest["status"] == "interrupted" and "summary" in first.manifest
