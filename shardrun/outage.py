@@ -5,13 +5,13 @@ dead-lettered when they run out: the budget keeps a failing endpoint from being 
 when the endpoint itself goes away (restarted, redeployed, a gateway with no backend), every
 request fails at once, the budget is spent within seconds, and a blip of a few seconds would
 dead-letter most of the job. So a shard watches the failures that say nothing about the item
-(no HTTP answer at all: no connection, or a kept-alive one found dead; or a gateway's 502 or
-504): once the endpoint has answered the run, such a failure means it is down. While it is,
-failed requests try again without spending their attempts or the budget: one of them probes
-the endpoint, at growing intervals of at most `PROBE_MAX_S`, and the others wait for its
-answer. Only an answer ends the outage (a success, or an HTTP answer of the server's own); a
-stream cut or timed out says nothing either way. One that lasts `retry.outage_s` stops the
-run, leaving the items for `--resume`.
+(no answer at all: no connection, a kept-alive one found dead, or one dropped before the first
+token; or a gateway's 502 or 504): once the endpoint has answered the run, such a failure
+means it is down. While it is, failed requests try again without spending their attempts or
+the budget: one of them probes the endpoint, at growing intervals of at most `PROBE_MAX_S`,
+and the others wait for its answer. Only an answer ends the outage (a success, or an HTTP
+answer of the server's own); a stream cut after its first token, or timed out, says nothing
+either way. One that lasts `retry.outage_s` stops the run, leaving the items for `--resume`.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ GATEWAY_STATUSES = frozenset({502, 504})
 NO_CONNECTION_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 
 
-def says_endpoint_down(status: str, http_status: int | None) -> bool:
-    """Whether a failure is the endpoint's, not the item's: no HTTP answer came at all (it could
-    not connect, or a kept-alive connection turned out dead), or a gateway answered that
+def says_endpoint_down(status: str, http_status: int | None, tokens: int = 0) -> bool:
+    """Whether a failure is the endpoint's, not the item's: no answer came at all (it could not
+    connect, a kept-alive connection turned out dead, or the connection dropped before the
+    first token, as a restart drops every stream in flight), or a gateway answered that
     nothing stands behind it."""
     if status in NO_CONNECTION_STATUSES:
-        return http_status is None
+        return http_status is None or tokens == 0
     return status == "http_5xx" and http_status in GATEWAY_STATUSES
 
 

@@ -318,7 +318,7 @@ class Shard:
 
     def _endpoint_down(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""
-        if not says_endpoint_down(outcome.status, outcome.http_status):
+        if not says_endpoint_down(outcome.status, outcome.http_status, outcome.content_chunks):
             if says_endpoint_up(outcome.status, outcome.http_status):
                 self._endpoint_answered(span)
             return False

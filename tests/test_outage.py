@@ -8,23 +8,25 @@ import pytest
 from shardrun.outage import OutageWatch, says_endpoint_down, says_endpoint_up
 
 
-@pytest.mark.parametrize(("status", "http", "down", "up"), [
-    ("ok", 200, False, True),
-    ("conn_reset", None, True, False),  # refused, or a kept-alive connection found dead
-    ("timeout_connect", None, True, False),
-    ("conn_reset", 200, False, False),  # a stream cut mid-answer (a restart cuts them all)
-    ("protocol_error", 200, False, False),
-    ("timeout_first_token", 200, False, False),  # hung: neither down nor serving
-    ("http_5xx", 502, True, False),  # a gateway with nothing behind it
-    ("http_5xx", 504, True, False),
-    ("http_5xx", 503, False, True),  # up and shedding load: Retry-After and the budget
-    ("http_5xx", 500, False, True),
-    ("http_429", 429, False, True),
-    ("http_4xx", 400, False, True),
+@pytest.mark.parametrize(("status", "http", "tokens", "down", "up"), [
+    ("ok", 200, 9, False, True),
+    ("conn_reset", None, 0, True, False),  # refused, or a kept-alive connection found dead
+    ("timeout_connect", None, 0, True, False),
+    ("conn_reset", 200, 0, True, False),  # dropped before the first token (a restart)
+    ("conn_reset", 200, 5, False, False),  # a stream cut mid-answer
+    ("protocol_error", 200, 0, False, False),
+    ("timeout_first_token", 200, 0, False, False),  # hung: neither down nor serving
+    ("http_5xx", 502, 0, True, False),  # a gateway with nothing behind it
+    ("http_5xx", 504, 0, True, False),
+    ("http_5xx", 503, 0, False, True),  # up and shedding load: Retry-After and the budget
+    ("http_5xx", 500, 0, False, True),
+    ("http_429", 429, 0, False, True),
+    ("http_4xx", 400, 0, False, True),
 ])
 def test_which_attempts_say_the_endpoint_is_down_or_up(status: str, http: int | None,
-                                                       down: bool, up: bool) -> None:
-    assert says_endpoint_down(status, http) is down
+                                                       tokens: int, down: bool,
+                                                       up: bool) -> None:
+    assert says_endpoint_down(status, http, tokens) is down
     assert says_endpoint_up(status, http) is up
 
 

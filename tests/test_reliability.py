@@ -909,15 +909,16 @@ def _free_port() -> int:
 
 
 def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
-    """The server is killed mid-run (cutting 32 streams, leaving kept-alive connections dead)
-    and comes back 3 s later on the same port: the shards hold their items (one probe at a
-    time) instead of spending attempts and the retry budget on refused connections, and the
-    run ends with every item answered, none dead."""
+    """The server is killed mid-run (cutting 32 streams before their first token, leaving
+    kept-alive connections dead) and comes back 3 s later on the same port: the shards hold
+    their items (one probe at a time) instead of spending attempts and the retry budget (a
+    tight one here) on what the restart did, and the run ends with every item answered."""
     ids = write_input(tmp_path / "input.jsonl", 600)
     port = _free_port()
     config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300})
     first = start_sim(config, port=port)
     write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
+              retry={"budget_ratio": 0.02, "budget_floor": 0},
               endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
     proc = _start_run(tmp_path)
     try:
