@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,6 +91,13 @@ class Run:
 
         manifest = orjson.loads((path / "manifest.json").read_bytes())
         return cls(path, manifest, gather("results"), gather("dead"), gather("events"))
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (the OS chose it, and it was let go at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def only_run(runs_dir: Path) -> Path:

@@ -13,7 +13,6 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,16 @@ import pytest
 from shardrun.resume import restore_unretried
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
-from tests.conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
+from tests.conftest import (
+    FAST_SIM,
+    Run,
+    free_port,
+    only_run,
+    read_jsonl,
+    run_cli,
+    write_input,
+    write_job,
+)
 
 WAIT_GUARD_S = 120.0  # hang guards only; no test asserts on wall time
 
@@ -867,13 +875,10 @@ def test_a_server_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
     the streams in flight: those failures are no verdict on the items (no dead letter, though
     no attempt was left); a --resume against a live server does every id once."""
     ids = write_input(tmp_path / "input.jsonl", 16)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
     with sim(ttft_ms=5000) as server:
         write_job(tmp_path / "job.yaml", shards=1, concurrency=4, retry={"max_attempts": 1},
                   endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
-        proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir",
-                                 "runs"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
         try:
             deadline = time.monotonic() + 60
             while sum(p.read_bytes().count(b'"attempt_start"')
@@ -895,32 +900,19 @@ def test_a_server_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
     resume_on_a_live_server(tmp_path, path, ids)
 
 
-def _start_run(tmp_path: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    return subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
     """The server is killed mid-run (cutting 32 streams before their first token, leaving
     kept-alive connections dead) and comes back 3 s later on the same port: the shards hold
     their items (one probe at a time) instead of spending attempts and the retry budget (a
     tight one here) on what the restart did, and the run ends with every item answered."""
     ids = write_input(tmp_path / "input.jsonl", 600)
-    port = _free_port()
+    port = free_port()
     config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300})
     first = start_sim(config, port=port)
     write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
               retry={"budget_ratio": 0.02, "budget_floor": 0},
               endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
-    proc = _start_run(tmp_path)
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
     try:
         _wait_for_results(tmp_path / "runs", 100)
         os.kill(first.pid, signal.SIGKILL)
@@ -969,7 +961,7 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
     with sim(ttft_ms=40) as server:
         write_job(tmp_path / "job.yaml", shards=2, concurrency=4, retry={"outage_s": 2},
                   endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
-        proc = _start_run(tmp_path)
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
         try:
             _wait_for_results(tmp_path / "runs", 100)
             server.stop(timeout=0.1)

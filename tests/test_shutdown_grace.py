@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -50,6 +50,17 @@ def _wait_until_every_slot_stalls(runs: Path, proc: subprocess.Popen[str]) -> in
     raise AssertionError("results never stopped coming: the stalls did not hold the slots")
 
 
+def _run_job(tmp_path: Path, *extra: str, **popen: Any) -> subprocess.Popen[str]:
+    """`shardrun job.yaml --runs-dir runs EXTRA` as a process in `tmp_path`, its output piped
+    as text unless `popen` says otherwise, no SHARDRUN_* variable of ours passed on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                               "text": True, **popen}
+    return subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                             *extra], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            **options)
+
+
 def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T], *,
                  group_sigterm: bool = False,
                  ) -> tuple[T, subprocess.Popen[str], str, float, float]:  # fmt: skip
@@ -59,11 +70,7 @@ def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T], *,
 
     `group_sigterm`: the run starts as its own process group, and SIGTERM goes to the whole
     group, as `timeout`, systemd or `kill -TERM -PGID` send it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=group_sigterm)  # fmt: skip
+    proc = _run_job(tmp_path, start_new_session=group_sigterm)
     try:
         seen = ready(proc)
         stopped_at, wall = time.monotonic(), time.time()
@@ -197,11 +204,7 @@ def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) ->
     would be no run to resume or report on and would refuse its --run-id."""
     write_input(tmp_path / "input.jsonl", 10)
     write_job(tmp_path / "job.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
-                             "--run-id", "early"], cwd=tmp_path, env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = _run_job(tmp_path, "--run-id", "early")
     run = tmp_path / "runs" / "early"
     _wait_for(proc, run.is_dir, "the run directory")
     assert not (run / "manifest.json").exists()  # the simulator takes far longer to start
@@ -221,11 +224,8 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
     write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m",
                         "sim": {**FAST_SIM, "ttft_ms": 100}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
     terminal, side = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=side,
-                            stderr=side, start_new_session=True)
+    proc = _run_job(tmp_path, stdout=side, stderr=side, text=False, start_new_session=True)
     os.close(side)
     try:
         _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
@@ -254,11 +254,8 @@ def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path) -> None
     write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m",
                         "sim": {**FAST_SIM, "ttft_ms": 50}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"],
-                            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = _run_job(tmp_path,
+                    preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
         proc.send_signal(signal.SIGHUP)
