@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import socket
@@ -195,10 +196,19 @@ class Shard:
                 self._abandon(span, admitted=False)
                 self.sem.release()
                 continue
-            self._admit(span)
+            # The span is admitted by its task, when that first runs: the loop's delay before
+            # then is queueing, and t_retry of a first-try success stays 0 (DESIGN §3).
             task = asyncio.create_task(self._hold_slot(span))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+            task.add_done_callback(functools.partial(self._never_ran, span))
+
+    def _never_ran(self, span: Span, _task: asyncio.Task[None]) -> None:
+        """A slot's task cancelled before its first step (a stop's end, a second Ctrl-C) ran
+        none of its code, not even its `finally`: release its span and permit here."""
+        if span.admitted_at is None and not span.ended:
+            self._abandon(span, admitted=False)
+            self.sem.release()
 
     async def _nap(self, seconds: float) -> None:
         """Sleep `seconds`, or less if a stop comes first."""
@@ -224,6 +234,7 @@ class Shard:
                           id=span.item_id, attempt=attempt, wait=waited)
 
     def _admit(self, span: Span) -> None:
+        # The first attempt starts at this very time (`_attempt`): nothing awaits in between.
         span.admitted_at = self.clock.now()
         self.counters.in_flight += 1
         self.log.emit(events.ADMITTED, t=span.admitted_at, span=span.span_id, id=span.item_id)
@@ -237,6 +248,10 @@ class Shard:
         """
         try:
             while True:
+                if self.stopping:  # a stop came before the span's turn: start no attempt after it
+                    self._abandon(span, admitted=False)
+                    return
+                self._admit(span)
                 try:
                     await self._attempts(span)
                 finally:
@@ -246,10 +261,6 @@ class Shard:
                 span = self.queue.popleft()
                 self._request_more()
                 await self._rate_wait(span, 1)
-                if self.stopping:  # a stop came during the rate wait: start no attempt after it
-                    self._abandon(span, admitted=False)
-                    return
-                self._admit(span)
         except asyncio.CancelledError:  # the grace period ended, or a second Ctrl-C
             if not span.ended:  # no verdict on the item: released as abandoned, for --resume
                 self._abandon(span, admitted=span.admitted_at is not None)
@@ -411,7 +422,12 @@ class Shard:
     async def _attempt(self, client: StreamingClient, span: Span, attempt: int,
                        body: dict[str, Any]) -> AttemptOutcome:
         sid, iid = span.span_id, span.item_id
-        started = span.attempt_started_at = self.clock.now()
+        # A first attempt starts when its span is admitted (`_hold_slot` admits it just before),
+        # so a first-try success has t_retry 0 exactly, as DESIGN §3 defines it.
+        started = span.admitted_at if attempt == 1 else None
+        if started is None:
+            started = self.clock.now()
+        span.attempt_started_at = started
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its
         # attempt_end line, one line where there were four (docs/ARCHITECTURE.md, Event log).

@@ -35,11 +35,13 @@ def assert_exactly_once(run: Run, ids: list[str]) -> None:
 
 
 def assert_buckets_telescope(run: Run) -> None:
-    """The six buckets of every span sum to its end-to-end time within 1 µs."""
+    """The six buckets of every span sum to its end-to-end time within 1 µs; t_retry is 0 for
+    a first-try success (DESIGN §3): the loop's delay before an attempt is queueing."""
     for r in run.results:
         b = r["buckets"]
         assert set(b) == set(BUCKETS)
         assert all(v >= 0 for v in b.values()), r
+        assert (b["t_retry"] == 0) == (r["attempts"] == 1), r
         assert abs(sum(b.values()) - r["e2e"]) < 1e-6
         assert r["e2e"] == pytest.approx(r["released_at"] - r["queued_at"], abs=1e-6)
 

@@ -1,0 +1,94 @@
+"""Admission inside one shard: a span is admitted by the task that runs it, and a task that
+never ran still releases its span and its permit.
+
+These drive `Shard` on a real event loop with real files and a real client session. Its base
+URL is a closed loopback port, so an attempt that wrongly starts is refused at once and shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import orjson
+
+from shardrun import protocol
+from shardrun.client import StreamingClient, Timeouts, make_session
+from shardrun.items import API_PATHS
+from shardrun.shard import Shard
+from shardrun.shard_config import ShardConfig
+
+CAP = 4
+
+
+def _shard(tmp_path: Path, sent: list[protocol.Message]) -> Shard:
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://127.0.0.1:9",
+                      api="completions", model="m", concurrency=CAP)  # fmt: skip
+    return Shard(cfg, sent.append)
+
+
+def _events(tmp_path: Path) -> list[dict[str, object]]:
+    return [orjson.loads(line) for line in (tmp_path / "events" / "shard-00.jsonl").open("rb")]
+
+
+def _items(n: int) -> protocol.Message:
+    return {"t": protocol.ITEMS, "items": [{"id": str(i), "prompt": "p"} for i in range(n)]}
+
+
+def test_a_slot_task_cancelled_before_it_ran_releases_its_span_and_permit(
+        tmp_path: Path) -> None:
+    """A second Ctrl-C (abort) can cancel the tasks the dispatcher has just made, before any
+    of them takes a step: Python then runs none of their code, `finally` included. Their spans
+    still end (abandoned, for --resume) and their permits come back."""
+
+    async def go() -> Shard:
+        sent: list[protocol.Message] = []
+        shard = _shard(tmp_path, sent)
+        shard.on_message(_items(CAP))
+        dispatcher = asyncio.create_task(shard.dispatch())
+        await asyncio.sleep(0)  # one step of the dispatcher: a task per slot, none started
+        made = list(shard.tasks)
+        assert len(made) == CAP and not shard.queue
+        shard.on_message({"t": protocol.ABORT})
+        await asyncio.gather(*made, return_exceptions=True)
+        assert all(task.cancelled() for task in made)
+        dispatcher.cancel()
+        await asyncio.gather(dispatcher, return_exceptions=True)
+        shard.close()
+        return shard
+
+    shard = asyncio.run(go())
+    kinds = Counter(e["ev"] for e in _events(tmp_path))
+    assert kinds["queued"] == kinds["admitted"] == kinds["released"] == CAP
+    assert kinds["attempt_start"] == 0
+    released = [e for e in _events(tmp_path) if e["ev"] == "released"]
+    assert {e["outcome"] for e in released} == {"abandoned"}
+    assert shard.counters.abandoned == CAP and shard.counters.in_flight == 0
+    assert shard.sem._value == CAP  # every permit back
+
+
+def test_a_stop_between_dispatch_and_the_tasks_turn_starts_no_attempt(tmp_path: Path) -> None:
+    """A stop that arrives after the dispatcher made a slot's task but before the task ran:
+    the span is released as abandoned without an attempt, like a span still queued."""
+
+    async def go() -> None:
+        sent: list[protocol.Message] = []
+        shard = _shard(tmp_path, sent)
+        async with make_session(CAP, Timeouts()) as session:
+            shard.clients = {api: StreamingClient(session, shard.cfg.base_url, api, {},
+                                                  Timeouts(), shard.clock) for api in API_PATHS}
+            shard.on_message(_items(CAP))
+            dispatcher = asyncio.create_task(shard.dispatch())
+            await asyncio.sleep(0)
+            made = list(shard.tasks)
+            shard.on_message({"t": protocol.STOP})
+            await asyncio.gather(*made, dispatcher)
+        shard.close()
+        assert shard.fatal_reason is None
+
+    asyncio.run(go())
+    events = _events(tmp_path)
+    kinds = Counter(e["ev"] for e in events)
+    assert kinds["queued"] == kinds["released"] == CAP and kinds["attempt_start"] == 0
+    assert {e["outcome"] for e in events if e["ev"] == "released"} == {"abandoned"}
