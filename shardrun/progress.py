@@ -4,7 +4,8 @@ The coordinator feeds each shard's periodic `progress` message to `ProgressView.
 calls `refresh` about four times a second (never per request). On a terminal the view is one
 rich Live display: an overall bar (done / total with an ETA, or a count and a rate when the
 total is unknown), succeeded / failed / retrying, completion TPM and requests/s over the last
-~10 s, and per shard its in_flight / cap and queue depth. Anywhere else (a log file, CI) it is
+~10 s, how long the endpoint has been down while shards wait for it, and per shard its
+in_flight / cap and queue depth. Anywhere else (a log file, CI) it is
 one plain line every `interval` seconds, with no escape codes; `quiet` shows nothing.
 
 Shard counters are cumulative; a shard whose counter goes backwards (a restarted process) is
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
-GAUGES = ("queued", "in_flight", "retrying", "cap")
+GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s")
 WINDOW_S = 10.0
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
 LINE_LIMIT_BYTES = 2 << 30
@@ -67,6 +68,9 @@ class Snapshot:
     requests_per_s: float | None
     items_per_s: float | None
     shards: tuple[ShardRow, ...]
+    # How long the endpoint has been down, as the shard waiting for it longest saw it; None
+    # while every shard hears answers (`shardrun.outage`).
+    down_s: float | None = None
 
     @property
     def done(self) -> int:
@@ -188,9 +192,11 @@ class ProgressView:
                 self._samples.popleft()
         rates = _rates(self._samples)
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
+        down = max((float(s.gauges.get("down_s") or 0) for s in self.shards.values()),
+                   default=0.0)
         return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
-                        sums["completion_tokens"], *rates, rows)  # fmt: skip
+                        sums["completion_tokens"], *rates, rows, down or None)  # fmt: skip
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -251,7 +257,14 @@ def format_plain_line(s: Snapshot) -> str:
     eta = "" if s.eta_s is None else f", ETA {_clock_text(s.eta_s)}"
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
-            f"{eta}")  # fmt: skip
+            f"{eta}{_down_text(s.down_s)}")  # fmt: skip
+
+
+def _down_text(down_s: float | None) -> str:
+    """Why nothing moves while the endpoint is away, and that the items are held, not lost."""
+    if down_s is None:
+        return ""
+    return f"; endpoint down for {_clock_text(down_s)}, items held until it answers"
 
 
 def format_final_line(s: Snapshot) -> str:
@@ -302,6 +315,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
         ("  elapsed ", "dim"), _clock_text(s.elapsed),
     )  # fmt: skip
+    if s.down_s is not None:
+        counts.append(_down_text(s.down_s).replace(";", "  │", 1), "bold red")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -663,9 +663,11 @@ class Shard:
     def report(self, kind: str) -> protocol.Message:
         """A progress or done message; `fin_*` list the items whose lines are now flushed."""
         ok, dead = self.out.take_finished()
+        # While the endpoint is down, for how long: the progress display says so.
+        down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(self.clock.now())
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
-                **self.counters.as_dict()}
+                "down_s": round(down_s, 1), **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

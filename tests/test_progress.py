@@ -96,6 +96,33 @@ def test_tty_mode_renders_counts_and_shards() -> None:
     assert "19,200 TPM  16.0 req/s" in text and "3 / 8" in text and "8 / 8" in text
 
 
+def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
+    """While shards wait for an endpoint that is down (`down_s` in their reports), both views
+    say so, with the longest wait; once every shard hears answers again, neither does."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    view.update(0, report(10, in_flight=0, cap=8, queued=8, retrying=8, down_s=75.4))
+    view.update(1, report(12, in_flight=0, cap=8, queued=8, retrying=8, down_s=3.0))
+    clock.now += 1
+    view.refresh()
+    assert out.getvalue().splitlines()[-1].endswith(
+        "; endpoint down for 1:15, items held until it answers")
+    console_out = StringIO()
+    console = Console(file=console_out, force_terminal=True, width=160, color_system=None)
+    frame = ProgressView(400, console=console, clock=clock)
+    frame.update(0, report(10, down_s=75.4))
+    with console.capture() as cap:
+        console.print(frame.render())
+    assert "│ endpoint down for 1:15, items held until it answers" in cap.get()
+    for shard in (0, 1):
+        view.update(shard, report(20, down_s=0.0))
+    clock.now += 1
+    view.refresh()
+    assert "endpoint down" not in out.getvalue().splitlines()[-1]
+    assert view.snapshot().down_s is None
+
+
 def test_unknown_total_shows_count_and_rate() -> None:
     """Without a total there is no bar and no ETA, only the count and the item rate."""
     clock, out = Clock(), StringIO()

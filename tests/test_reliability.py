@@ -956,12 +956,12 @@ def test_requests_reset_one_by_one_are_the_items_not_an_outage(tmp_path: Path) -
 def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> None:
     """The server goes away for good: after retry.outage_s (2 s here) of failing every request
     the run stops with one sentence and dead-letters nothing; --resume against a live server
-    finishes exactly once."""
+    finishes exactly once. Meanwhile the progress line says the endpoint is down."""
     ids = write_input(tmp_path / "input.jsonl", 600)
     with sim(ttft_ms=40) as server:
         write_job(tmp_path / "job.yaml", shards=2, concurrency=4, retry={"outage_s": 2},
                   endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
-        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--progress-interval", "0.5")
         try:
             _wait_for_results(tmp_path / "runs", 100)
             server.stop(timeout=0.1)
@@ -975,6 +975,9 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
     assert len(errors) == 1 and re.fullmatch(
         r"error: the endpoint failed every request for \d+ s \(.+\), longer than "
         r"retry\.outage_s; continue with --resume once it answers again", errors[0]), err
+    progress = [line for line in err.splitlines() if line.startswith("[")]
+    assert any(re.search(r"; endpoint down for 0:0\d, items held until it answers$", line)
+               for line in progress), err
     path = only_run(tmp_path / "runs")
     assert not Run.load(path).dead
     resume_on_a_live_server(tmp_path, path, ids)
