@@ -60,6 +60,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "SHARDRUN_RETRY_BUDGET", "retry.budget_ratio", "retries allowed per first attempt (>= 0)"
     ),
+    EnvVar(
+        "SHARDRUN_MAX_SERVER_WAIT_S", "retry.max_server_wait_s",
+        "longest wait a server may ask for (Retry-After) before the item is dead-lettered",
+    ),
+    EnvVar(
+        "SHARDRUN_OUTAGE_S", "retry.outage_s",
+        "seconds the endpoint may be down before the run stops for --resume",
+    ),
     EnvVar("SHARDRUN_CONNECT_TIMEOUT_S", "timeouts.connect_s", "seconds to open a connection"),
     EnvVar(
         "SHARDRUN_FIRST_TOKEN_TIMEOUT_S", "timeouts.first_token_s", "seconds to the first token"

@@ -225,8 +225,8 @@ class RetrySpec(_Frozen):
     budget_floor: int = Field(default=10, ge=0)
     # A server asking for a longer wait dead-letters the item rather than parking it for hours.
     max_server_wait_s: float = Field(default=300.0, gt=0)
-    # An endpoint down (every request failing to connect, or a gateway's 502/503/504) waited
-    # for this long stops the run for --resume, rather than dead-letter every item it meets.
+    # An endpoint down (requests getting no answer at all, or a gateway's 502/504) waited for
+    # this long stops the run for --resume, rather than dead-letter every item it meets.
     outage_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")

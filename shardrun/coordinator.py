@@ -269,7 +269,9 @@ class Coordinator:
         finally:
             os.close(devnull)
         self.view.quiet = True
-        self.interrupt(" (the terminal hung up)")
+        # A log file that outlives the terminal gets this line: with no terminal left, Ctrl-C
+        # is no way to abort, a SIGTERM (or a second SIGHUP) is.
+        self.interrupt(" (the terminal hung up)", "SIGTERM")
 
     async def progress(self) -> None:
         """Redraw the display; once a second flush and checkpoint the coordinator's own log,

@@ -219,13 +219,17 @@ def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) ->
 def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -> None:
     """The run's terminal goes away (a dropped SSH session: the terminal closes, SIGHUP comes):
     the run stops as on SIGTERM, its summary goes nowhere instead of failing on the dead
-    terminal, the manifest is finished, and --resume does each id once."""
+    terminal, the manifest is finished, and --resume does each id once. A stderr sent to a
+    file says how to abort now that there is no Ctrl-C."""
     ids = write_input(tmp_path / "input.jsonl", 400)
     write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m",
                         "sim": {**FAST_SIM, "ttft_ms": 100}})
     terminal, side = pty.openpty()
-    proc = _run_job(tmp_path, stdout=side, stderr=side, text=False, start_new_session=True)
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:
+        proc = _run_job(tmp_path, stdout=side, stderr=stderr, text=False,
+                        start_new_session=True)
     os.close(side)
     try:
         _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
@@ -237,6 +241,8 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
             proc.kill()
             proc.wait()
     assert proc.returncode == 130
+    assert ("stopping (the terminal hung up): letting in-flight requests finish (SIGTERM to "
+            "abort)") in log.read_text()
     path = only_run(tmp_path / "runs")
     first = Run.load(path)
     assert first.manifest["status"] == "interrupted" and "summary" in first.manifest

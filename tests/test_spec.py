@@ -215,6 +215,21 @@ def test_shard_silence_limit_from_file_and_env_with_a_floor(jobs: Path) -> None:
     assert "shard_silence_s" in error_of(write(jobs, MINIMAL + "shard_silence_s: 0.5\n"))
 
 
+def test_outage_and_server_wait_limits_from_the_environment(jobs: Path) -> None:
+    """How long an endpoint may be down, and how long a server may ask to wait, are tuned
+    during an incident, so each has a variable (DESIGN §7); a bad value names it."""
+    path = write(jobs, MINIMAL)
+    job = load(path, {"SHARDRUN_OUTAGE_S": "1800", "SHARDRUN_MAX_SERVER_WAIT_S": "30"})
+    assert (job.spec.retry.outage_s, job.spec.retry.max_server_wait_s) == (1800.0, 30.0)
+    assert job.effective()["retry.outage_s"] == {"value": 1800.0,
+                                                 "source": "env SHARDRUN_OUTAGE_S"}
+    assert load(path).sources["retry.outage_s"] == "default"
+    assert error_of(path, env={"SHARDRUN_OUTAGE_S": "0"}).startswith(
+        "environment variable SHARDRUN_OUTAGE_S must be")
+    assert error_of(path, env={"SHARDRUN_MAX_SERVER_WAIT_S": "soon"}).startswith(
+        "environment variable SHARDRUN_MAX_SERVER_WAIT_S must be")
+
+
 def test_flag_errors_name_the_flag(jobs: Path) -> None:
     """A bad flag value is blamed on the flag; argparse's ints and Paths are accepted."""
     path = write(jobs, MINIMAL)
