@@ -163,6 +163,15 @@ def _check_run_flags(args: argparse.Namespace) -> None:
                         f"{args.progress_interval}")
 
 
+def _say(text: str) -> None:
+    """Print to stdout; a reader that left early (`shardrun job.yaml | head -3`) changes nothing:
+    the run is over and its files are written, so the exit status stays the run's."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+
+
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -196,9 +205,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
     except NothingToRetry as nothing:
-        print(nothing)
+        _say(str(nothing))
         return 0
-    print(format_summary(summary))
+    _say(format_summary(summary))
     if summary.fatal_reason:
         print(f"error: {summary.fatal_reason}", file=sys.stderr)
     return summary.exit_code

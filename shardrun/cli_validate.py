@@ -67,6 +67,9 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except ShardrunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `shardrun validate JOB | head`: the reader left early
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        return 0
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:

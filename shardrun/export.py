@@ -160,6 +160,8 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
             raise RunError(f"the export's scratch index in {Path(scratch).parent} failed "
                            f"({exc}); free some space there, or set TMPDIR to a directory "
                            "that has some") from None  # fmt: skip
+        except BrokenPipeError:  # `export RUN | head`: the CLI's case (writes to stdout raise it)
+            raise
         except OSError as exc:  # reading the run or the input: writes are wrapped in _WriteError
             where = f" {exc.filename}" if exc.filename else " the run's files or the input"
             raise RunError(f"could not read{where}: {_why(exc)}") from None

@@ -70,6 +70,34 @@ def test_output_and_status_survive_the_exit_without_teardown(tmp_path: Path, how
     assert missing.stderr == "error: nowhere.yaml: job file not found\n"
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, unbuffered: str) -> None:
+    """`shardrun job.yaml | head -3` and the like: the reader closes the pipe before the output
+    is written. No command shows a traceback; a run's exit status is still the run's. Both with
+    unbuffered output (PYTHONUNBUFFERED, where each print meets the closed pipe) and without."""
+    write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+
+    def closed_reader(*args: str) -> tuple[int, str]:
+        proc = subprocess.Popen([sys.executable, "-m", "shardrun", *args], cwd=tmp_path,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader is gone before anything is written
+        _, err = proc.communicate(timeout=120)
+        return proc.returncode, err
+
+    assert closed_reader("job.yaml", "--runs-dir", "runs", "--run-id", "r", "--quiet") == (0, "")
+    assert (tmp_path / "runs" / "r" / "manifest.json").is_file()
+    for command in (["validate", "job.yaml"], ["report", "runs/r"], ["export", "runs/r"]):
+        code, err = closed_reader(*command)
+        assert (code, err) == (0, ""), command
+
+
 def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
     """validate counts items, lists bad lines with numbers, shows sources; spec errors exit 2."""
     lines = [b'{"id": "a", "prompt": "hello there"}', b"{oops", b'{"id": "b"}',
