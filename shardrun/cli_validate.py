@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import ellipsize
-from shardrun.errors import ShardrunError
+from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -82,6 +82,11 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     job.api_key(os.environ)  # a named but unset key variable fails here, not per item
     job.sim_config()  # so do the embedded simulator's settings, as `run` checks them
     check = check_input(job, show=max(0, args.show))
+    if check.rejects and not check.items:
+        first = check.first_rejects[0]
+        raise InputError(f"no line of {job.input_path} is an item: all {check.rejects:,} were "
+                         f"rejected, the first (line {first.line}) because {first.reason}; "
+                         "check the input section of the job file")
     result = run_ping(job, os.environ, check.first_item) if args.ping else None
     if console.is_terminal:
         print_report(console, job, check, result)

@@ -16,6 +16,7 @@ whether that is fatal (`--strict`) or a line in rejects.jsonl.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
@@ -166,9 +167,10 @@ class InputReader:
                     yield Reject(line, f"column '{bad}' is not valid UTF-8")
                 else:
                     item = record_item(record, key, line, self.fields)
-                    if isinstance(item, Reject) and item.reason.endswith(" is missing"):
+                    if isinstance(item, Reject) and " is missing" in item.reason:
                         # The header has the column (checked at open): the cell is empty.
-                        item = Reject(line, item.reason.removesuffix("missing") + "empty", item.id)
+                        reason = item.reason.partition(" is missing")[0] + " is empty"
+                        item = Reject(line, reason, item.id)
                     yield item
             self.lines_read = rows.line_num
 
@@ -301,7 +303,7 @@ def record_item(
         assert plan.prompt_field is not None
         prompt = record.get(plan.prompt_field)
         if not isinstance(prompt, str):
-            what = ("missing" if plan.prompt_field not in record
+            what = ("missing" + _near(plan.prompt_field, record) if plan.prompt_field not in record
                     else f"{_json_kind(prompt)}, not a string")
             return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}", item_id)
         text = prompt
@@ -309,6 +311,13 @@ def record_item(
         return {"id": item_id, "prompt": text}
     system = {"role": "system", "content": plan.system_prompt}
     return {"id": item_id, "messages": [system, {"role": "user", "content": text}]}
+
+
+def _near(field: str, record: Mapping[str, Any]) -> str:
+    """A hint naming the record's key closest to a missing `field`, when one is close: a typo in
+    input.prompt_field rejects every line, and each reject then says what was meant."""
+    close = difflib.get_close_matches(field, [str(key) for key in record], n=1, cutoff=0.6)
+    return f" (the line has '{close[0]}': is that the field?)" if close else ""
 
 
 def _messages_item(

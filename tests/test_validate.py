@@ -140,6 +140,21 @@ def test_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "NO_SUCH_KEY_VAR but that environment variable is not set" in capsys.readouterr().err
 
 
+def test_an_input_of_which_no_line_is_an_item_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in input.prompt_field rejects every line: that is no valid job (exit 2, one line
+    naming the first reject), and the reject names the field the lines do have."""
+    path = make_job(tmp_path, GOOD, input={"path": "input.jsonl", "prompt_field": "promt"})
+    assert validate(str(path))[0] == 2
+    assert capsys.readouterr().err == (
+        f"error: no line of {tmp_path / 'input.jsonl'} is an item: all 2 were rejected, the "
+        "first (line 1) because prompt field 'promt' is missing (the line has 'prompt': is that "
+        "the field?); check the input section of the job file\n")
+    mixed = make_job(tmp_path, [*GOOD, b'{"id": "z", "text": "t"}'])
+    code, text = validate(str(mixed))
+    assert code == 0 and "line 3: prompt field 'prompt' is missing\n" in text  # nothing close
+
+
 @pytest.mark.parametrize(("sim", "says"), [
     ({"ttft_ms": "abc"}, "endpoint.sim: ttft_ms must be a number, not 'abc'."),
     ({"seedx": 1}, "endpoint.sim: unknown simulator setting 'seedx'"),
