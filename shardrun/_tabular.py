@@ -22,7 +22,8 @@ from shardrun.errors import InputError
 Row = tuple[int, dict[str, Any] | str, bytes]
 """(line number, the record or a reject reason, bytes that identify it for a derived id)."""
 
-PARQUET_EXTRA = "reading Parquet needs the parquet extra: pip install 'shardrun[parquet]'"
+PARQUET_EXTRA = ("reading Parquet needs the parquet extra: in shardrun's directory, "
+                 ".venv/bin/pip install -e '.[parquet]'")
 PARQUET_BATCH_ROWS = 1024
 _CSV_FIELD_LIMIT = 64 * 1024 * 1024  # a long prompt in one cell is normal; 128 KiB is not enough
 CHUNK = 1 << 20
@@ -68,7 +69,10 @@ class CsvRows:
         buffered = io.BufferedReader(HashingRaw(file, on_bytes), CHUNK)
         # surrogateescape: a bad byte becomes a reject of its row, not a crash of the run.
         self._text = io.TextIOWrapper(buffered, "utf-8-sig", "surrogateescape", newline="")
-        self._reader = csv.reader(self._text)
+        # strict: a quote that closes in the wrong place is an error, not a cell swallowing the
+        # rows up to the next quote character (one stray quote would silently merge hundreds of
+        # rows into one prompt, and the run would call itself successful).
+        self._reader = csv.reader(self._text, strict=True)
         try:
             self.header = next(self._reader, [])
         except csv.Error as exc:
@@ -89,15 +93,18 @@ class CsvRows:
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield start, f"not valid CSV ({exc})", b""
+                end = self._reader.line_num
+                if end > start:  # the rows the broken one ran into are lost with it: say so
+                    yield start, (f"not valid CSV ({exc} on line {end}): a quote opened in this "
+                                  f"row is never closed where it should be, so lines "
+                                  f"{start}-{end} were read as one row and are rejected"), b""
+                else:
+                    yield start, f"not valid CSV ({exc})", b""
                 continue
             if not cells or cells == [""]:
                 continue
             if len(cells) != width:
-                # A quote never closed swallows the rest of the file into one cell.
-                open_quote = len(cells) < width and any("\n" in cell for cell in cells)
-                hint = " (a quote opened in it is never closed?)" if open_quote else ""
-                yield start, f"row has {len(cells)} values but the header has {width}{hint}", b""
+                yield start, f"row has {len(cells)} values but the header has {width}", b""
                 continue
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
             yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key

@@ -200,12 +200,35 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
 
 
 def test_csv_quote_never_closed_is_named(tmp_path: Path) -> None:
-    """An unclosed quote swallows the rest of the file into one cell: the reject says so."""
+    """An unclosed quote would swallow the rest of the file into one cell: the reject says so,
+    with the lines it took."""
     path = tmp_path / "in.csv"
     path.write_bytes(b'id,prompt,extra\n1,"open,x\n2,b,x\n3,c,x\n')
     assert read_all(path, InputPlan(format="csv")) == [
-        Reject(2, "row has 2 values but the header has 3 (a quote opened in it is never "
-                  "closed?)")]
+        Reject(2, "not valid CSV (unexpected end of data on line 4): a quote opened in this row "
+                  "is never closed where it should be, so lines 2-4 were read as one row and "
+                  "are rejected")]
+
+
+def test_a_stray_quote_in_csv_is_a_reject_not_a_merged_prompt(tmp_path: Path) -> None:
+    """One stray quote at the start of a cell, closed by a quote character many rows later: a
+    lenient reader makes the rows between one long prompt, and the run succeeds with those
+    items silently gone. The broken row is a reject naming the lines it ran over, and the
+    reader goes on with the row after them; a quote inside an unquoted cell is plain text."""
+    rows = [b"qid,question"] + [b"%d,question %d" % (i, i) for i in range(1, 21)]
+    rows[10] = b'10,"He said hi, then left'
+    rows[15] = b'15,the "end" of it'
+    rows[18] = b'18,she said "yes"'
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    got = read_all(path, InputPlan(format="csv", id_field="qid", prompt_field="question"))
+    rejects = [r for r in got if isinstance(r, Reject)]
+    assert rejects == [Reject(11, "not valid CSV (',' expected after '\"' on line 16): a quote "
+                                  "opened in this row is never closed where it should be, so "
+                                  "lines 11-16 were read as one row and are rejected")]
+    items = {item["id"]: item["prompt"] for item in got if isinstance(item, dict)}
+    assert sorted(items, key=int) == [str(i) for i in [*range(1, 10), *range(16, 21)]]
+    assert items["18"] == 'she said "yes"'
 
 
 def test_csv_template_and_hash(tmp_path: Path) -> None:
@@ -306,7 +329,8 @@ def test_parquet_without_pyarrow_says_which_extra(
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(InputError) as info:
         InputReader(path, InputPlan(format="parquet"))
-    assert "reading Parquet needs the parquet extra: pip install 'shardrun[parquet]'" in str(
+    assert ("reading Parquet needs the parquet extra: in shardrun's directory, .venv/bin/pip "
+            "install -e '.[parquet]'") in str(
         info.value
     )
 
