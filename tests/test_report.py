@@ -246,7 +246,8 @@ def test_html_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(importlib, "import_module", no_plotly)
     assert main(["report", str(_hand_run(tmp_path)), "--html", str(tmp_path / "r.html")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --html needs the html extra: pip install 'shardrun[html]'")
+        "error: --html needs the html extra: in shardrun's directory, .venv/bin/pip install -e "
+        "'.[html]'")
 
 
 def test_html_into_a_missing_directory_or_onto_one_is_a_usage_error(

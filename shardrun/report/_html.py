@@ -1,6 +1,6 @@
 """`report --html`: one self-contained HTML file (plotly.js inlined, opens offline).
 
-Plotly is an optional extra (`pip install 'shardrun[html]'`), imported only here and only when
+Plotly is an optional extra (`pip install -e '.[html]'`), imported only here and only when
 asked for. It ships no type information, so it is reached through `importlib` as `Any`.
 """
 
@@ -33,7 +33,8 @@ def _plotly() -> tuple[Any, Any]:
         subplots = importlib.import_module("plotly.subplots")
     except ImportError:
         raise HtmlExtraMissing(
-            "--html needs the html extra: pip install 'shardrun[html]'") from None
+            "--html needs the html extra: in shardrun's directory, "
+            ".venv/bin/pip install -e '.[html]'") from None
     return go, subplots
 
 
