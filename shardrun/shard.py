@@ -330,15 +330,18 @@ class Shard:
     def _endpoint_down(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""
         if not says_endpoint_down(outcome.status, outcome.http_status, outcome.content_chunks):
+            span.down_failure_at = None  # its latest failure is another kind (a cut stream...)
             if says_endpoint_up(outcome.status, outcome.http_status):
                 self._endpoint_answered(span)
             return False
         now = self.clock.now()
-        if span.down_failure_at is not None and self.answered_start > span.down_failure_at:
+        last, since = span.down_failure_at, self.outage.since
+        if last is not None and self.answered_start > last and (since is None or last >= since):
             # The endpoint answered a request sent after this item last failed so: it is
             # serving, and this item is what it cannot answer (its attempts are spent, not held
             # forever). Answers to requests sent before then say nothing: a server shutting
-            # down finishes those it has.
+            # down finishes those it has. Nor does a failure of an outage that has ended since,
+            # when the endpoint is down again now.
             return False
         span.down_failure_at = now
         self.outage.failed(now)

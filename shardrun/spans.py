@@ -31,7 +31,8 @@ class Span:
     history: list[dict[str, Any]] = field(default_factory=list)
     ended: bool = False  # released (ok, dead or abandoned)
     outage_tries: int = 0  # attempts made while the endpoint was down (not the item's own)
-    down_failure_at: float | None = None  # its last failure that said the endpoint was down
+    # When its latest attempt failed saying the endpoint was down (None after any other end).
+    down_failure_at: float | None = None
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

@@ -3,9 +3,15 @@ when a run of failures is an outage."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from shardrun._attempt import AttemptOutcome
 from shardrun.outage import OutageWatch, says_endpoint_down, says_endpoint_up
+from shardrun.shard import Shard
+from shardrun.shard_config import ShardConfig
+from shardrun.spans import Span
 
 
 @pytest.mark.parametrize(("status", "http", "tokens", "down", "up"), [
@@ -39,3 +45,58 @@ def test_an_outage_starts_at_the_first_failure_and_ends_at_an_answer() -> None:
     assert not watch.too_long(109.9) and watch.too_long(110.0)
     watch.answered()
     assert not watch.down and watch.lasted(200.0) == 0.0
+
+
+class _Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def _refused(at: float) -> AttemptOutcome:
+    return AttemptOutcome(status="conn_reset", started_at=at, error="connection refused")
+
+
+def _answered(shard: Shard, clock: _Clock, name: str) -> None:
+    """Another item's request, sent now, answered: the endpoint serves."""
+    other = Span(name, {"id": name}, clock.t)
+    other.attempt_started_at = clock.t
+    assert not shard._endpoint_down(other, AttemptOutcome(status="ok", http_status=200,
+                                                          started_at=clock.t))
+
+
+def test_an_item_held_in_one_outage_is_held_again_in_the_next(tmp_path: Path) -> None:
+    """The per-item rule (failing so again after the endpoint answered a later request is the
+    item's own trouble) looks only at the item's latest failure, and only within the outage
+    now going on. An item refused in a first outage, then cut mid-stream by a second restart,
+    then refused again is held, as is one refused in both outages with answers between."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    cut = Span("cut", {"id": "cut"}, clock.t)
+    again = Span("again", {"id": "again"}, clock.t)
+    assert shard._endpoint_down(cut, _refused(clock.t))  # the first outage
+    assert shard._endpoint_down(again, _refused(clock.t))
+    clock.t += 3
+    _answered(shard, clock, "probe")  # it is back
+    clock.t += 5
+    cut_stream = AttemptOutcome(status="conn_reset", http_status=200, started_at=clock.t,
+                                content_chunks=5, error="response body cut after 5 tokens")
+    assert not shard._endpoint_down(cut, cut_stream)  # the second restart cuts it mid-answer
+    clock.t += 0.1
+    assert shard._endpoint_down(cut, _refused(clock.t))  # the second outage begins
+    clock.t += 0.1
+    assert shard._endpoint_down(again, _refused(clock.t))
+    clock.t += 1
+    assert shard._endpoint_down(again, _refused(clock.t))
+    # Once the endpoint answers a request sent after an item's refusal, a refusal of that item
+    # again is the item's: its attempts are spent.
+    clock.t += 1
+    _answered(shard, clock, "later")
+    clock.t += 1
+    assert not shard._endpoint_down(again, _refused(clock.t))
