@@ -54,7 +54,9 @@ class Decision:
 
     retry: bool
     wait: float = 0.0
-    why: str = ""  # "backoff" or "server" when retrying; the dead-letter reason otherwise
+    # "backoff" or "server" when retrying ("stream_cut": the shard's free retry of an item's
+    # first stream cut mid-answer); the dead-letter reason otherwise.
+    why: str = ""
 
 
 class RetryBudget:

@@ -44,7 +44,7 @@ from shardrun.outage import (
 )
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
-from shardrun.retry import Retrier, RetryPolicy, is_retryable
+from shardrun.retry import Decision, Retrier, RetryPolicy, is_retryable
 from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
 from shardrun.shard_output import ShardOutput
 from shardrun.spans import Span, dead_record, result_record
@@ -298,10 +298,13 @@ class Shard:
                 if await self._wait_out_outage(span, attempt, outcome):
                     continue
                 return
-            # Tries made while the endpoint was down are not the item's attempts.
-            decision = self.retrier.decide(outcome.status, outcome.http_status,
-                                           attempt - span.outage_tries, outcome.retry_after,
-                                           outcome.rate_headers)
+            if self._first_cut(span, outcome):
+                span.outage_tries += 1
+                decision = Decision(True, wait=self.retrier.backoff(1), why="stream_cut")
+            else:  # tries made while the endpoint was down are not the item's attempts
+                decision = self.retrier.decide(outcome.status, outcome.http_status,
+                                               attempt - span.outage_tries,
+                                               outcome.retry_after, outcome.rate_headers)
             span.history[-1]["wait"] = decision.wait if decision.retry else None
             if self.fatal_reason is not None:
                 self._end_early(span)
@@ -326,6 +329,19 @@ class Shard:
                 await self._nap(decision.wait)
             finally:
                 self.counters.retrying -= 1
+
+    @staticmethod
+    def _first_cut(span: Span, outcome: AttemptOutcome) -> bool:
+        """Whether this is the item's first stream cut mid-answer (the connection lost after
+        tokens had come). Such a cut says nothing about the item, and a server restart cuts
+        every stream in flight at once: charged, they would use the retry budget up in one
+        blow and dead-letter the items the restart happened to be answering. The first cut
+        of an item is retried without spending its attempts or the budget; the retry then
+        meets the endpoint down (held as an outage) or up. A second cut is the item's own."""
+        if span.cut_once or outcome.status != "conn_reset" or not outcome.content_chunks:
+            return False
+        span.cut_once = True
+        return True
 
     def _endpoint_down(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""

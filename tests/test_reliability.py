@@ -937,6 +937,32 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
     assert "endpoint_down" not in findings.get("retries", {}).get("causes", {})
 
 
+def test_an_items_first_stream_cut_mid_answer_is_retried_without_spending_attempts(
+        tmp_path: Path) -> None:
+    """A stream cut after its first tokens says nothing about the item (a restart cuts every
+    stream in flight at once). With one attempt per item and no retry budget at all, an item
+    whose stream is cut once still gets its answer; only an item cut twice is dead-lettered,
+    its second cut being its own."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=8,
+              retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "tokens": 16, "drop_mid_stream": 0.3}})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr  # some items were cut twice
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    cuts: Counter[str] = Counter(e["id"] for e in run.events if e["ev"] == "attempt_end"
+                                 and e["status"] == "conn_reset" and e["tokens"] > 0)
+    retries = [e for e in run.events if e["ev"] == "retry"]
+    assert retries and {e["why"] for e in retries} == {"stream_cut"}
+    assert sorted(e["id"] for e in retries) == sorted(cuts)  # one free retry per cut item
+    ok_ids = {r["id"] for r in run.results}
+    assert {i for i, n in cuts.items() if n == 1} <= ok_ids  # cut once: answered
+    assert {d["id"] for d in run.dead} == {i for i, n in cuts.items() if n == 2}
+    assert all(d["reason"].startswith("max_attempts: ") for d in run.dead)
+
+
 def test_requests_reset_one_by_one_are_the_items_not_an_outage(tmp_path: Path) -> None:
     """A server that resets a third of the requests before answering, but answers the rest:
     an item whose request is reset again after others were answered spends its attempts (no
