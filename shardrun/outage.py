@@ -9,9 +9,10 @@ dead-letter most of the job. So a shard watches the failures that say nothing ab
 token; or a gateway's 502 or 504): once the endpoint has answered the run, such a failure
 means it is down. While it is, failed requests try again without spending their attempts or
 the budget: one of them probes the endpoint, at growing intervals of at most `PROBE_MAX_S`,
-and the others wait for its answer. Only an answer ends the outage (a success, or an HTTP
-answer of the server's own); a stream cut after its first token, or timed out, says nothing
-either way. One that lasts `retry.outage_s` stops the run, leaving the items for `--resume`.
+and the others wait for its answer. Only an answer ends the outage (a success, from its first
+token on, or an HTTP answer of the server's own); a stream cut after its first token, or timed
+out, says nothing either way. One that lasts `retry.outage_s` stops the run, leaving the items
+for `--resume`.
 """
 
 from __future__ import annotations

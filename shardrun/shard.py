@@ -368,6 +368,10 @@ class Shard:
             self.endpoint_back.clear()
         return down
 
+    def _probe_answered(self, _first_token_at: float) -> None:
+        if self.prober is not None:
+            self._endpoint_answered(self.prober)
+
     def _endpoint_answered(self, span: Span) -> None:
         started = span.attempt_started_at or 0.0
         if started > self.answered_start:
@@ -450,8 +454,12 @@ class Shard:
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its
         # attempt_end line, one line where there were four (docs/ARCHITECTURE.md, Event log).
+        # But for the probe of an endpoint that is down: its first token says the endpoint is
+        # back, and the requests waiting for it go at once, not after the whole answer (a
+        # minute of idle slots for a long one).
+        probe = None if self.prober is not span else self._probe_answered
         try:
-            outcome = await client.attempt(body)
+            outcome = await client.attempt(body, on_first_token=probe)
         except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
             self._end_attempt(span, attempt, started, stop.outcome)
             raise

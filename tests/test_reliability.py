@@ -937,6 +937,46 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
     assert "endpoint_down" not in findings.get("retries", {}).get("causes", {})
 
 
+def test_the_probes_first_token_ends_the_outage(tmp_path: Path) -> None:
+    """While the endpoint is down one request per shard probes it and the others wait. They go
+    again as soon as the probe's answer starts (its first token), not once its whole answer has
+    streamed: in each shard, a waiting request starts between the probe's first token and its
+    end. Answers here stream for about a second."""
+    write_input(tmp_path / "input.jsonl", 120)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "tokens": 30,
+                                     "flush_ms": 0})
+    first = start_sim(config, port=port)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=8,
+              endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    try:
+        _wait_for_results(tmp_path / "runs", 16)
+        os.kill(first.pid, signal.SIGKILL)
+        time.sleep(1)
+        with start_sim(config, port=port):
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        first.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    run = Run.load(only_run(tmp_path / "runs"))
+    for shard in (0, 1):
+        events = [e for e in run.events if e.get("shard") == shard]
+        probes = [e for e in events if e["ev"] == "retry" and e["why"] == "endpoint_down"
+                  and e["wait"] is not None]
+        assert probes, f"shard {shard} never probed"
+        last = probes[-1]  # the probe that found the endpoint back
+        probe_end = next(e for e in events if e["ev"] == "attempt_end" and e["status"] == "ok"
+                         and e["span"] == last["span"] and e["attempt"] > last["attempt"])
+        first_token, end = probe_end["first_token_t"], probe_end["t"]
+        assert end - first_token > 0.5  # a streamed answer, long enough to tell the two apart
+        assert any(e["ev"] == "attempt_start" and e["span"] != last["span"]
+                   and first_token <= e["t"] < end for e in events), f"shard {shard}"
+
+
 def test_an_items_first_stream_cut_mid_answer_is_retried_without_spending_attempts(
         tmp_path: Path) -> None:
     """A stream cut after its first tokens says nothing about the item (a restart cuts every
