@@ -900,23 +900,20 @@ def test_a_server_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> Non
     resume_on_a_live_server(tmp_path, path, ids)
 
 
-def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
-    """The server is killed mid-run (cutting 32 streams before their first token, leaving
-    kept-alive connections dead) and comes back 3 s later on the same port: the shards hold
-    their items (one probe at a time) instead of spending attempts and the retry budget (a
-    tight one here) on what the restart did, and the run ends with every item answered."""
-    ids = write_input(tmp_path / "input.jsonl", 600)
+def _through_a_restart(tmp_path: Path, sim_settings: dict[str, Any], *, results: int,
+                       down_s: float, concurrency: int, **job: Any) -> Run:
+    """Run job.yaml (2 shards) against a simulator that is SIGKILLed once `results` results are
+    in and started again on the same port `down_s` later; the run must then end with exit 0."""
     port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300})
+    config = SimConfig.from_mapping(sim_settings)
     first = start_sim(config, port=port)
-    write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
-              retry={"budget_ratio": 0.02, "budget_floor": 0},
-              endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=concurrency,
+              endpoint={"base_url": first.base_url, "api": "chat", "model": "m"}, **job)
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
     try:
-        _wait_for_results(tmp_path / "runs", 100)
+        _wait_for_results(tmp_path / "runs", results)
         os.kill(first.pid, signal.SIGKILL)
-        time.sleep(3)
+        time.sleep(down_s)
         with start_sim(config, port=port):
             out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
@@ -925,7 +922,17 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out + err
-    run = Run.load(only_run(tmp_path / "runs"))
+    return Run.load(only_run(tmp_path / "runs"))
+
+
+def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
+    """The server is killed mid-run (cutting 32 streams before their first token, leaving
+    kept-alive connections dead) and comes back 3 s later on the same port: the shards hold
+    their items (one probe at a time) instead of spending attempts and the retry budget (a
+    tight one here) on what the restart did, and the run ends with every item answered."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 300}, results=100, down_s=3,
+                             concurrency=16, retry={"budget_ratio": 0.02, "budget_floor": 0})
     assert_exactly_once(run, ids)
     assert not run.dead
     held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_down"]
@@ -943,26 +950,8 @@ def test_the_probes_first_token_ends_the_outage(tmp_path: Path) -> None:
     streamed: in each shard, a waiting request starts between the probe's first token and its
     end. Answers here stream for about a second."""
     write_input(tmp_path / "input.jsonl", 120)
-    port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "tokens": 30,
-                                     "flush_ms": 0})
-    first = start_sim(config, port=port)
-    write_job(tmp_path / "job.yaml", shards=2, concurrency=8,
-              endpoint={"base_url": first.base_url, "api": "chat", "model": "m"})
-    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
-    try:
-        _wait_for_results(tmp_path / "runs", 16)
-        os.kill(first.pid, signal.SIGKILL)
-        time.sleep(1)
-        with start_sim(config, port=port):
-            out, err = proc.communicate(timeout=WAIT_GUARD_S)
-    finally:
-        first.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out + err
-    run = Run.load(only_run(tmp_path / "runs"))
+    run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "tokens": 30,
+                                        "flush_ms": 0}, results=16, down_s=1, concurrency=8)
     for shard in (0, 1):
         events = [e for e in run.events if e.get("shard") == shard]
         probes = [e for e in events if e["ev"] == "retry" and e["why"] == "endpoint_down"
