@@ -315,11 +315,13 @@ def test_client_limited_label_follows_loop_lag() -> None:
     """p99 loop lag of 80 ms (over the 50 ms limit) labels the run client-limited."""
     calm = _report([_shard()])
     assert calm["loop_lag"]["client_limited"] is False
-    assert [f["id"] for f in calm["triage"]["findings"]] == ["retries"]  # 1 retry / 3 firsts
+    # 1 dead letter of 3 ended spans, 1 retry / 3 firsts
+    assert [f["id"] for f in calm["triage"]["findings"]] == ["dead_letters", "retries"]
     recs = [*hand_shard()[:-1], *(ev("loop_lag", T0 + 9.6, lag=0.08) for _ in range(3))]
     busy = _report([fold_shard(recs)])
     assert busy["loop_lag"]["client_limited"] is True
-    assert [f["id"] for f in busy["triage"]["findings"]] == ["client_limited", "retries"]
+    assert [f["id"] for f in busy["triage"]["findings"]] == ["dead_letters", "client_limited",
+                                                            "retries"]
 
 
 def _lat(ft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, Any]:
@@ -425,6 +427,19 @@ def test_rate_waits_judged_as_a_share_of_slot_time_under_backlog() -> None:
     assert triage(0.5) == (None, TABLE["t_queue"][1])  # 4.2 %: no finding
     assert triage(6.0) == (0.5, TABLE["rate_limit"][1])
     assert triage(13.0) == (1.0, TABLE["rate_limit"][1])
+
+
+def test_many_dead_letters_come_first_among_the_findings() -> None:
+    """The dominant bucket describes successes only: when 5 % or more of the ended spans are
+    dead letters, triage says so first, with their commonest reasons."""
+    from shardrun.aggregate._triage import triage_section
+
+    doc = _report([_shard()])  # 2 ok, 1 dead letter
+    first = triage_section(doc)["findings"][0]
+    assert (first["id"], first["evidence"]) == ("dead_letters", {
+        "dead": 1, "share": round(1 / 3, 6), "reasons": {"not_retryable_http_4xx": 1}})
+    doc["items"]["succeeded"] = 20  # 1 of 21: under 5 %
+    assert "dead_letters" not in {f["id"] for f in triage_section(doc)["findings"]}
 
 
 def test_abandoned_spans_are_neither_ok_nor_dead() -> None:

@@ -17,6 +17,8 @@ IDLE_FRACTION_LIMIT = 0.05
 # large fraction of a tiny backlog and tells nothing about the scheduler.
 MIN_GAP_S = 1.0
 RETRY_RATE_LIMIT = 0.05
+DEAD_SHARE_LIMIT = 0.05  # dead letters over ended spans at or above: a finding, listed first
+DEAD_REASONS_SHOWN = 3
 # Rate waits before admission, as a share of the slot-seconds there were while work waited:
 # from this share a finding; from the larger one the rate limit, not the cap, held the backlog,
 # and its advice replaces "raise the cap" for a dominant t_queue.
@@ -56,6 +58,12 @@ TABLE: dict[str, tuple[str, str]] = {
                       "items and probed it, spending none of their attempts",
                       "look at the server's side (a restart, a deploy, a crash); "
                       "retry.outage_s bounds how long a run waits for it"),
+    "dead_letters": ("items ended without an answer; the dominant bucket and the latencies "
+                     "describe the successes only",
+                     "read the reasons: retry_budget_exhausted or max_attempts after a burst of "
+                     "5xx or timeouts says the server failed for a while (fix that side, then "
+                     "`shardrun retry-failed RUN_DIR` gives them another pass); an HTTP 4xx "
+                     "says the requests themselves are wrong"),
     "cross_shard_idle": ("a shard sat idle while the coordinator still held unassigned work",
                          "hand out work sooner (larger or earlier batches), more shards"),
 }
@@ -131,8 +139,17 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
 
 
 def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Client saturation, heavy retries, our own rate limit and connection churn, if present."""
+    """Dead letters, client saturation, heavy retries, our own rate limit and connection churn,
+    if present."""
     out = []
+    items = doc["items"]
+    ended = items["succeeded"] + items["dead"]
+    if ended and items["dead"] / ended >= DEAD_SHARE_LIMIT:
+        ranked = sorted(doc["attempts"]["dead_reasons"].items(), key=lambda kv: (-kv[1], kv[0]))
+        out.append(_finding("dead_letters", "many items dead-lettered",
+                            {"dead": items["dead"], "share": round(items["dead"] / ended, 6),
+                             "reasons": dict(ranked[:DEAD_REASONS_SHOWN])},
+                            *TABLE["dead_letters"]))
     lag = doc["loop_lag"]
     if lag["client_limited"]:
         out.append(_finding("client_limited", "client-limited: event-loop lag is high",
