@@ -36,6 +36,29 @@ CHARS_PER_TOKEN = 4
 
 
 
+_CHAT_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+def _token_limit_for(api: Api, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The job's params for one line of a Batch file, their token limit under the name that
+    line's API takes: one file may mix chat and Responses lines, the Responses API refuses
+    `max_tokens` (HTTP 400) and the others do not know `max_output_tokens`."""
+    if api == "responses":
+        if not any(name in params for name in _CHAT_LIMITS):
+            return params
+        out = {k: v for k, v in params.items() if k not in _CHAT_LIMITS}
+        out.setdefault("max_output_tokens",
+                       params.get("max_tokens", params.get("max_completion_tokens")))
+        return out
+    if "max_output_tokens" not in params:
+        return params
+    out = dict(params)
+    limit = out.pop("max_output_tokens")
+    if not any(name in out for name in _CHAT_LIMITS):
+        out["max_tokens"] = limit
+    return out
+
+
 def build_request(
     item: Mapping[str, Any],
     *,
@@ -55,7 +78,7 @@ def build_request(
     """
     if "body" in item:
         api = BATCH_URLS.get(str(item.get("url")), api)
-        body: dict[str, Any] = {**params, **item["body"]}
+        body: dict[str, Any] = {**_token_limit_for(api, params), **item["body"]}
         if not body.get("model"):
             body["model"] = model
     else:

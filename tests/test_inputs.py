@@ -437,6 +437,24 @@ def test_build_request_for_each_item_shape() -> None:
     assert own_model["model"] == "gpt-x" and "stream" not in CHAT_BODY
 
 
+def test_a_batch_lines_token_limit_from_params_takes_its_apis_name() -> None:
+    """One Batch file may mix APIs: the job's token limit goes to each line under the name its
+    API takes (the Responses API refuses max_tokens), and a line's own limit stands."""
+    responses = {"id": "r", "url": "/v1/responses", "body": {"input": "hey"}}
+    chat = {"id": "c", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user",
+                                                                            "content": "x"}]}}
+    _, sent = build_request(responses, model="m", params={"max_tokens": 16, "seed": 1},
+                            api="chat")
+    assert "max_tokens" not in sent and (sent["max_output_tokens"], sent["seed"]) == (16, 1)
+    own = {**responses, "body": {"input": "hey", "max_output_tokens": 10}}
+    assert build_request(own, model="m", params={"max_tokens": 16}, api="chat")[1][
+        "max_output_tokens"] == 10  # fmt: skip
+    _, sent = build_request(chat, model="m", params={"max_output_tokens": 16}, api="responses")
+    assert "max_output_tokens" not in sent and sent["max_tokens"] == 16
+    _, sent = build_request(chat, model="m", params={"max_tokens": 16}, api="chat")
+    assert sent["max_tokens"] == 16
+
+
 def test_build_request_without_stream_usage_adds_no_stream_options() -> None:
     """stream_usage False: the body streams but asks for no usage; options the job or the line
     gave go as they are."""
