@@ -245,6 +245,15 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The summary the newest pass recorded (a resume's is in its `resumes` entry), or {} when
+    it recorded none (a pass killed before its end)."""
+    resumes = manifest.get("resumes")
+    record = resumes[-1] if isinstance(resumes, list) and resumes else manifest
+    summary = record.get("summary") if isinstance(record, dict) else None
+    return summary if isinstance(summary, dict) else {}
+
+
 def newest_job_path(manifest: dict[str, Any]) -> Path | None:
     """The job file the newest pass ran (a resume may name another file than the first pass),
     or None if the manifest names none."""

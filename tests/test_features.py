@@ -613,6 +613,9 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     assert record["summary"]["limit"] == 25 and record["summary"]["input_read"] is False
     assert record["input"]["bytes_read"] == sum(len(line) for line in lines[:26])
     assert "items              26  (--limit 25: the command below runs the rest" in first.stdout
+    partial = "its last pass did not read the input to its end (--limit, or a stop)"
+    report = run_cli("report", str(path), cwd=tmp_path)
+    assert report.returncode == 0 and partial in report.stdout, report.stdout + report.stderr
     [hint] = [line for line in first.stdout.splitlines() if "to finish the run" in line]
     command = shlex.split(hint.split("to finish the run", 1)[1])
     rest = run_cli(*command[1:], "--quiet", cwd=tmp_path)
@@ -624,6 +627,7 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     assert "already done       25" in rest.stdout and "to finish the run" not in rest.stdout
     done = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["summary"]
     assert done["limit"] is None and done["input_read"] is True
+    assert partial not in run_cli("report", str(path), cwd=tmp_path).stdout  # read to the end
     bad = run_cli("job.yaml", "--limit", "0", cwd=tmp_path)
     assert (bad.returncode, bad.stderr.strip()) == (
         2, "error: --limit 0: give the number of items to run, at least 1")

@@ -609,6 +609,9 @@ def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: 
         assert len(second) == len(dead)
         assert (f"  items              {len(dead)}  (dead letters only: 60 items no pass has "
                 "run are left for the command below)") in again.stdout, again.stdout
+        report = run_cli("report", str(path), cwd=tmp_path).stdout
+        assert ("; 60 input items no pass has run (its last pass retried dead letters only): "
+                "--resume runs them") in report, report
         finish = next(line for line in again.stdout.splitlines()
                       if line.startswith("  to finish the run  "))
         words = shlex.split(finish.removeprefix("  to finish the run  "))

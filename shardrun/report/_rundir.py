@@ -28,7 +28,7 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
-from shardrun.manifest import read_manifest
+from shardrun.manifest import newest_summary, read_manifest
 from shardrun.report._scan import FileScan, scan_file
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -232,6 +232,13 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     unended = [s.name for s in loaded.shards if not s.ended]
     if status != "running" and ended_at:
         why = f"manifest status {status}, ended {ended_at}"
+        last = newest_summary(loaded.manifest)
+        if last.get("input_read") is False:  # a --limit pass, or one stopped: finished, not done
+            why += ("; its last pass did not read the input to its end (--limit, or a stop): "
+                    "the items after it have not run, --resume runs them")
+        elif last.get("left_out"):
+            why += (f"; {last['left_out']:,} input items no pass has run (its last pass retried "
+                    "dead letters only): --resume runs them")
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
