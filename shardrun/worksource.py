@@ -9,6 +9,7 @@ of the items.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -30,7 +31,15 @@ def id_digest(item_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(item_id.encode(), digest_size=8).digest(), "little")
 
 
+_DERIVED_ID = re.compile(r"h[0-9a-f]{20}")  # `inputs._item_id` of a record without an id
+
+
 def duplicate_reason(item_id: str) -> str:
+    if _DERIVED_ID.fullmatch(item_id):
+        # The user never wrote this id: say what it is and how to run such records each.
+        return ("the same content as an earlier line, and no id: a record without one is "
+                "named by its content, so give each record an id (input.id_field) to have "
+                "repeats answered each")
     return f"duplicate id {item_id!r} (an earlier line has it)"
 
 

@@ -86,6 +86,20 @@ def test_a_repeated_id_is_a_reject_as_in_a_run(tmp_path: Path) -> None:
     assert validate(str(path), "--strict")[0] == 1
 
 
+def test_a_repeated_record_without_an_id_says_to_give_ids(tmp_path: Path) -> None:
+    """Records without an id are named by their content: a repeat is a duplicate whose id the
+    user never wrote, so the reject says what happened and how to have repeats answered."""
+    same = b'{"prompt": "Write a haiku"}'
+    path = make_job(tmp_path, [same, same, b'{"id": "h0123456789abcdef01234", "prompt": "x"}',
+                               b'{"id": "h0123456789abcdef01234", "prompt": "y"}'])
+    check = check_input(load_job(path, env={}, flags={}))
+    assert [(r.line, r.reason) for r in check.first_rejects] == [
+        (2, "the same content as an earlier line, and no id: a record without one is named by "
+            "its content, so give each record an id (input.id_field) to have repeats answered "
+            "each"),
+        (4, "duplicate id 'h0123456789abcdef01234' (an earlier line has it)")]  # fmt: skip
+
+
 def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
     """Every effective value with its source, as text."""
     job = load_job(make_job(tmp_path, GOOD), env={"SHARDRUN_RPM": "120"}, flags={"shards": 3})
