@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
-GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s")
+GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting")
 WINDOW_S = 10.0
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
 LINE_LIMIT_BYTES = 2 << 30
@@ -71,6 +71,9 @@ class Snapshot:
     # How long the endpoint has been down, as the shard waiting for it longest saw it; None
     # while every shard hears answers (`shardrun.outage`).
     down_s: float | None = None
+    # Requests held by a rate limit right now (the job's rpm/tpm, or a pause the server's
+    # x-ratelimit-* headers asked for): without it, a run held so reads like a hang.
+    rate_waiting: int = 0
 
     @property
     def done(self) -> int:
@@ -194,9 +197,11 @@ class ProgressView:
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
         down = max((float(s.gauges.get("down_s") or 0) for s in self.shards.values()),
                    default=0.0)
+        held = sum(int(s.gauges.get("rate_waiting") or 0) for s in self.shards.values())
         return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
-                        sums["completion_tokens"], *rates, rows, down or None)  # fmt: skip
+                        sums["completion_tokens"], *rates, rows, down or None,
+                        held)  # fmt: skip
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -257,7 +262,11 @@ def format_plain_line(s: Snapshot) -> str:
     eta = "" if s.eta_s is None else f", ETA {_clock_text(s.eta_s)}"
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
-            f"{eta}{_down_text(s.down_s)}")  # fmt: skip
+            f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}")  # fmt: skip
+
+
+def _held_text(rate_waiting: int) -> str:
+    return f"; {rate_waiting:,} waiting for the rate limit" if rate_waiting else ""
 
 
 def _down_text(down_s: float | None) -> str:
@@ -315,6 +324,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
         ("  elapsed ", "dim"), _clock_text(s.elapsed),
     )  # fmt: skip
+    if s.rate_waiting:
+        counts.append(_held_text(s.rate_waiting).replace(";", "  │", 1), "yellow")
     if s.down_s is not None:
         counts.append(_down_text(s.down_s).replace(";", "  │", 1), "bold red")
     return Group(head, counts, shard_table(s, max_rows))

@@ -694,7 +694,8 @@ class Shard:
         down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(self.clock.now())
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
-                "down_s": round(down_s, 1), **self.counters.as_dict()}
+                "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
+                **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

@@ -185,7 +185,8 @@ def test_openai_batch_file_round_trips(tmp_path: Path) -> None:
 
 
 def run_rate_limited(
-    tmp_path: Path, items: int, rpm: int, shards: int, concurrency: int
+    tmp_path: Path, items: int, rpm: int, shards: int, concurrency: int,
+    flags: tuple[str, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], list[float]]:
     """The CLI run under `rpm` against a simulator of its own; the run and when each request
     reached the simulator (sorted)."""
@@ -194,7 +195,7 @@ def run_rate_limited(
         write_job(tmp_path / "job.yaml", rate_limits={"rpm": rpm}, shards=shards,
                   concurrency=concurrency,
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
-        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        proc = run_cli("job.yaml", "--runs-dir", "runs", *flags, cwd=tmp_path)
         with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
             arrivals = sorted(orjson.loads(r.read()))
     assert proc.returncode == 0, proc.stderr
@@ -202,8 +203,12 @@ def run_rate_limited(
 
 
 def test_rate_limit_holds_over_every_second(tmp_path: Path) -> None:
-    """rpm 1200 over 3 shards: no 1 s window above 20 + 3 requests; the average within 10%."""
-    proc, arrivals = run_rate_limited(tmp_path, 120, rpm=1200, shards=3, concurrency=8)
+    """rpm 1200 over 3 shards: no 1 s window above 20 + 3 requests; the average within 10%.
+    Meanwhile the progress line says requests are waiting for the rate limit."""
+    proc, arrivals = run_rate_limited(tmp_path, 120, rpm=1200, shards=3, concurrency=8,
+                                      flags=("--progress-interval", "1"))
+    held = [line for line in proc.stderr.splitlines() if "waiting for the rate limit" in line]
+    assert held and all(re.search(r"; \d+ waiting for the rate limit$", line) for line in held)
     assert len(arrivals) == 120
     busiest = max(sum(1 for t in arrivals[i:] if t < start + 1.0)
                   for i, start in enumerate(arrivals))

@@ -123,6 +123,26 @@ def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
     assert view.snapshot().down_s is None
 
 
+def test_requests_held_by_a_rate_limit_are_shown() -> None:
+    """Shards report how many requests wait for the rate limit (`rate_waiting`): summed, both
+    views say so, so a run the limit holds does not read like a hang."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    view.update(0, report(1, in_flight=0, cap=8, queued=8, rate_waiting=5))
+    view.update(1, report(1, in_flight=0, cap=8, queued=8, rate_waiting=3))
+    clock.now += 1
+    view.refresh()
+    assert out.getvalue().splitlines()[-1].endswith("; 8 waiting for the rate limit")
+    console = Console(file=StringIO(), force_terminal=True, width=160, color_system=None)
+    with console.capture() as cap:
+        console.print(view.render())
+    assert "│ 8 waiting for the rate limit" in cap.get()
+    view.update(0, report(2, rate_waiting=0))
+    view.update(1, report(2, rate_waiting=0))
+    assert view.snapshot().rate_waiting == 0
+
+
 def test_unknown_total_shows_count_and_rate() -> None:
     """Without a total there is no bar and no ETA, only the count and the item rate."""
     clock, out = Clock(), StringIO()
