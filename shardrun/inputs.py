@@ -273,6 +273,11 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:  # orjson would say "surrogates not allowed"
+            return Reject(line_no, f"not valid UTF-8 (byte 0x{raw[bad.start]:02x} at column "
+                                   f"{bad.start + 1}); save the file as UTF-8")
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
         return Reject(line_no, f"expected a JSON object, got {type(record).__name__}")

@@ -75,6 +75,16 @@ def test_jsonl_prompt_items_ids_and_rejects(tmp_path: Path) -> None:
     ]
 
 
+def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 (a Latin-1 file, a stray binary byte) are named with their
+    column, not as orjson's "surrogates not allowed"."""
+    path = jsonl(tmp_path / "in.jsonl", b'{"id": "a", "prompt": "caf\xe9"}', {"prompt": "ok"})
+    got = read_all(path, InputPlan())
+    assert got[0] == Reject(1, "not valid UTF-8 (byte 0xe9 at column 27); save the file as "
+                               "UTF-8")
+    assert isinstance(got[1], dict)
+
+
 def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
     """sha, bytes_read and lines_read cover the whole file (a leading BOM included, and
     ignored by the parser) after iteration."""
