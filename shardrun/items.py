@@ -34,8 +34,6 @@ BATCH_URLS: Mapping[str, Api] = {
 CHARS_PER_TOKEN = 4
 """The prompt-token estimate used before a server has counted: characters / 4."""
 
-
-
 _CHAT_LIMITS = ("max_tokens", "max_completion_tokens")
 
 

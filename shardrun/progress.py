@@ -4,9 +4,10 @@ The coordinator feeds each shard's periodic `progress` message to `ProgressView.
 calls `refresh` about four times a second (never per request). On a terminal the view is one
 rich Live display: an overall bar (done / total with an ETA, or a count and a rate when the
 total is unknown), succeeded / failed / retrying, completion TPM and requests/s over the last
-~10 s, how long the endpoint has been down while shards wait for it, and per shard its
-in_flight / cap and queue depth. Anywhere else (a log file, CI) it is
-one plain line every `interval` seconds, with no escape codes; `quiet` shows nothing.
+~10 s, how many requests wait for a rate limit, how long the endpoint has been down while
+shards wait for it, and per shard its in_flight / cap and queue depth. Anywhere else (a log
+file, CI) it is one plain line every `interval` seconds, with no escape codes; `quiet` shows
+nothing.
 
 Shard counters are cumulative; a shard whose counter goes backwards (a restarted process) is
 taken to have started again from zero, and what it reported before is kept.
