@@ -67,9 +67,6 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except ShardrunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except BrokenPipeError:  # `shardrun validate JOB | head`: the reader left early
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
-        return 0
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:
@@ -83,18 +80,21 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     job.sim_config()  # so do the embedded simulator's settings, as `run` checks them
     check = check_input(job, show=max(0, args.show))
     if check.rejects and not check.items:
-        first = check.first_rejects[0]
+        first = (f", the first (line {check.first_rejects[0].line}) because "
+                 f"{check.first_rejects[0].reason}" if check.first_rejects else "")
         raise InputError(f"no line of {job.input_path} is an item: all {check.rejects:,} were "
-                         f"rejected, the first (line {first.line}) because {first.reason}; "
-                         "check the input section of the job file")
+                         f"rejected{first}; check the input section of the job file")
     result = run_ping(job, os.environ, check.first_item) if args.ping else None
-    if console.is_terminal:
-        print_report(console, job, check, result)
-    else:
-        console.file.write(format_report(job, check, result) + "\n")
-    if result is not None and not result.ok:
-        return 1
-    return 1 if args.strict and check.rejects else 0
+    failed = (result is not None and not result.ok) or (args.strict and check.rejects > 0)
+    try:
+        if console.is_terminal:
+            print_report(console, job, check, result)
+        else:
+            console.file.write(format_report(job, check, result) + "\n")
+            console.file.flush()
+    except BrokenPipeError:  # `validate JOB | head`: the reader left early; the verdict stands
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+    return 1 if failed else 0
 
 
 def run_ping(

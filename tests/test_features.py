@@ -96,6 +96,10 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, unbuffered
     for command in (["validate", "job.yaml"], ["report", "runs/r"], ["export", "runs/r"]):
         code, err = closed_reader(*command)
         assert (code, err) == (0, ""), command
+    # validate's verdict stands: --strict with a rejected line is still exit 1.
+    (tmp_path / "bad.jsonl").write_bytes((tmp_path / "input.jsonl").read_bytes() + b"{oops\n")
+    write_job(tmp_path / "bad.yaml", input={"path": "bad.jsonl"})
+    assert closed_reader("validate", "--strict", "bad.yaml") == (1, "")
 
 
 def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:

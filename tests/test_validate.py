@@ -164,6 +164,10 @@ def test_an_input_of_which_no_line_is_an_item_is_an_error(
         f"error: no line of {tmp_path / 'input.jsonl'} is an item: all 2 were rejected, the "
         "first (line 1) because prompt field 'promt' is missing (the line has 'prompt': is that "
         "the field?); check the input section of the job file\n")
+    assert validate(str(path), "--show", "0")[0] == 2  # no reject kept to name: still one line
+    assert capsys.readouterr().err == (
+        f"error: no line of {tmp_path / 'input.jsonl'} is an item: all 2 were rejected; check "
+        "the input section of the job file\n")
     mixed = make_job(tmp_path, [*GOOD, b'{"id": "z", "text": "t"}'])
     code, text = validate(str(mixed))
     assert code == 0 and "line 3: prompt field 'prompt' is missing\n" in text  # nothing close
