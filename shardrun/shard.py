@@ -351,16 +351,16 @@ class Shard:
                 self._endpoint_answered(span)
             return False
         now = self.clock.now()
-        last, since = span.down_failure_at, self.outage.since
-        if last is not None and self.answered_start > last and (since is None or last >= since):
-            # The endpoint answered a request sent after this item last failed so: it is
-            # serving, and this item is what it cannot answer (its attempts are spent, not held
-            # forever). Answers to requests sent before then say nothing: a server shutting
-            # down finishes those it has. Nor does a failure of an outage that has ended since,
-            # when the endpoint is down again now.
+        last = span.down_failure_at
+        own = last is not None and self.outage.since is None and self.answered_start > last
+        self.outage.failed(now)  # the item's own failure too: others failing after it are held
+        if own:
+            # The endpoint answered a request sent after this item last failed so, and no
+            # request has failed so since: it is serving, and this item is what it cannot
+            # answer (its attempts are spent, not held forever). Answers to requests sent
+            # before then say nothing: a server shutting down finishes those it has.
             return False
         span.down_failure_at = now
-        self.outage.failed(now)
         # Before the endpoint ever answered this run, `_note_failure` judges it unreachable
         # (every item failed with the cause, promptly); after, it is waited for.
         down = self.outage.down and self.ever_connected

@@ -100,3 +100,21 @@ def test_an_item_held_in_one_outage_is_held_again_in_the_next(tmp_path: Path) ->
     _answered(shard, clock, "later")
     clock.t += 1
     assert not shard._endpoint_down(again, _refused(clock.t))
+
+
+def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
+        tmp_path: Path) -> None:
+    """Items held in one outage are the only requests when the next one begins (they went
+    again at the probe's answer): the first refusal may be its item's own trouble, but it
+    counts toward an outage, and the others are held, not charged one by one."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    held = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(8)]
+    assert all(shard._endpoint_down(span, _refused(clock.t)) for span in held)
+    clock.t += 2
+    _answered(shard, clock, "probe")
+    clock.t += 1
+    again = [shard._endpoint_down(span, _refused(clock.t)) for span in held]
+    assert again == [False, *[True] * 7]
