@@ -35,12 +35,18 @@ CHARS_PER_TOKEN = 4
 """The prompt-token estimate used before a server has counted: characters / 4."""
 
 _CHAT_LIMITS = ("max_tokens", "max_completion_tokens")
+_LIMITS = (*_CHAT_LIMITS, "max_output_tokens")
 
 
-def _token_limit_for(api: Api, params: Mapping[str, Any]) -> Mapping[str, Any]:
+def _token_limit_for(api: Api, params: Mapping[str, Any],
+                     body: Mapping[str, Any]) -> Mapping[str, Any]:
     """The job's params for one line of a Batch file, their token limit under the name that
     line's API takes: one file may mix chat and Responses lines, the Responses API refuses
-    `max_tokens` (HTTP 400) and the others do not know `max_output_tokens`."""
+    `max_tokens` (HTTP 400) and the others do not know `max_output_tokens`. A line that sets
+    a limit of its own gets none from the job (o-series models refuse `max_tokens` beside
+    their `max_completion_tokens`)."""
+    if any(name in body for name in _LIMITS):
+        return {k: v for k, v in params.items() if k not in _LIMITS}
     if api == "responses":
         if not any(name in params for name in _CHAT_LIMITS):
             return params
@@ -76,7 +82,7 @@ def build_request(
     """
     if "body" in item:
         api = BATCH_URLS.get(str(item.get("url")), api)
-        body: dict[str, Any] = {**_token_limit_for(api, params), **item["body"]}
+        body: dict[str, Any] = {**_token_limit_for(api, params, item["body"]), **item["body"]}
         if not body.get("model"):
             body["model"] = model
     else:

@@ -463,6 +463,11 @@ def test_a_batch_lines_token_limit_from_params_takes_its_apis_name() -> None:
     assert "max_output_tokens" not in sent and sent["max_tokens"] == 16
     _, sent = build_request(chat, model="m", params={"max_tokens": 16}, api="chat")
     assert sent["max_tokens"] == 16
+    o_series = {**chat, "body": {**chat["body"], "max_completion_tokens": 500}}
+    for params in ({"max_tokens": 16}, {"max_output_tokens": 16}):
+        _, sent = build_request(o_series, model="m", params={**params, "seed": 1}, api="chat")
+        assert sent["max_completion_tokens"] == 500 and sent["seed"] == 1
+        assert "max_tokens" not in sent and "max_output_tokens" not in sent
 
 
 def test_build_request_without_stream_usage_adds_no_stream_options() -> None:
