@@ -82,8 +82,9 @@ class Snapshot:
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the current item rate, when the total and a rate are known."""
-        if self.total is None or not self.items_per_s:
+        """Seconds left at the current item rate, when the total and a rate are known; none
+        while the endpoint is down (the rate then says nothing about the time left)."""
+        if self.total is None or not self.items_per_s or self.down_s is not None:
             return None
         return max(0, self.total - self.done) / self.items_per_s
 

@@ -102,12 +102,20 @@ def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
     clock, out = Clock(), StringIO()
     view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
     view.start()
+    clock.now += 1
+    view.refresh()
+    for shard in (0, 1):
+        view.update(shard, report(5, in_flight=8, cap=8, queued=8))
+    clock.now += 1
+    view.refresh()
+    assert ", ETA " in out.getvalue().splitlines()[-1]  # a rate: the time left follows
     view.update(0, report(10, in_flight=0, cap=8, queued=8, retrying=8, down_s=75.4))
     view.update(1, report(12, in_flight=0, cap=8, queued=8, retrying=8, down_s=3.0))
     clock.now += 1
     view.refresh()
     assert out.getvalue().splitlines()[-1].endswith(
         "; endpoint down for 1:15, items held until it answers")
+    assert "ETA" not in out.getvalue().splitlines()[-1]  # the rate says nothing of time left
     console_out = StringIO()
     console = Console(file=console_out, force_terminal=True, width=160, color_system=None)
     frame = ProgressView(400, console=console, clock=clock)
