@@ -115,6 +115,10 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
         f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
         "estimated as characters / 4, not by a tokenizer",
     ]
+    from shardrun.validate import tpm_warning
+
+    if (warning := tpm_warning(job, check)) is not None:
+        lines.append(f"warning: {warning}")
     if check.rejects:
         shown = len(check.first_rejects)
         lines.append(f"rejected lines (warnings; the first {shown}):")

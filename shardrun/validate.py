@@ -20,6 +20,7 @@ from shardrun.digestset import DigestSet
 from shardrun.inputs import Reject, make_reader
 from shardrun.items import Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
+from shardrun.ratelimit import estimate_request_tokens
 from shardrun.spec import LoadedJob
 from shardrun.worksource import duplicate_reason, id_digest
 
@@ -41,6 +42,9 @@ class InputCheck:
     lines: int
     bytes_read: int
     first_item: Mapping[str, Any] | None
+    # The item whose request the rate limiter charges most (prompt / 4 + its token limit):
+    # (tokens, line), or None for an input without items.
+    largest_request: tuple[int, int] | None = None
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -78,6 +82,8 @@ def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
     first_rejects: list[Reject] = []
     first_item: Mapping[str, Any] | None = None
     seen = DigestSet()
+    largest: tuple[int, int] | None = None
+    params = job.spec.params
     try:
         for entry in reader:
             if not isinstance(entry, Reject) and not seen.add(id_digest(entry["id"])):
@@ -91,10 +97,28 @@ def check_input(job: LoadedJob, show: int = 10) -> InputCheck:
             chars += prompt_chars(entry)
             if first_item is None:
                 first_item = entry
+            charged = estimate_request_tokens(entry, params)
+            if largest is None or charged > largest[0]:
+                largest = (charged, reader.line)
     finally:
         reader.close()
     return InputCheck(items, rejects, tuple(first_rejects), chars, reader.lines_read,
-                      reader.bytes_read, first_item)  # fmt: skip
+                      reader.bytes_read, first_item, largest)  # fmt: skip
+
+
+def tpm_warning(job: LoadedJob, check: InputCheck) -> str | None:
+    """A warning when one request is charged more than a shard's share of rate_limits.tpm
+    for a whole minute: it then waits minutes for its turn, and the run looks stuck."""
+    tpm, largest = job.spec.rate_limits.tpm, check.largest_request
+    if tpm is None or largest is None:
+        return None
+    share = tpm / job.spec.shards
+    tokens, line = largest
+    if tokens <= share:
+        return None
+    return (f"line {line} is charged about {tokens:,} tokens (prompt / 4 + its token limit), "
+            f"more than a shard's share of rate_limits.tpm for a whole minute ({share:,.0f}): "
+            f"such a request waits about {tokens / share:.1f} min for its turn")
 
 
 # Settings an OpenAI Batch input makes moot, and what stands in for each.

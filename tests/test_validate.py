@@ -86,6 +86,20 @@ def test_a_repeated_id_is_a_reject_as_in_a_run(tmp_path: Path) -> None:
     assert validate(str(path), "--strict")[0] == 1
 
 
+def test_a_request_larger_than_a_minute_of_the_tpm_share_is_warned(tmp_path: Path) -> None:
+    """One item charged more than a shard's share of rate_limits.tpm for a whole minute waits
+    minutes for its turn, which looks like a hang: validate names its line."""
+    long_prompt = orjson.dumps({"id": "big", "prompt": "x" * 40_000})  # ~10,000 tokens
+    path = make_job(tmp_path, [*GOOD, long_prompt], rate_limits={"tpm": 6000}, shards=2)
+    code, text = validate(str(path))
+    assert code == 0
+    assert ("warning: line 3 is charged about 10,032 tokens (prompt / 4 + its token limit), "
+            "more than a shard's share of rate_limits.tpm for a whole minute (3,000): such a "
+            "request waits about 3.3 min for its turn") in text
+    roomy = make_job(tmp_path, [*GOOD, long_prompt], rate_limits={"tpm": 60_000}, shards=2)
+    assert "rate_limits.tpm for a whole minute" not in validate(str(roomy))[1]
+
+
 def test_a_repeated_record_without_an_id_says_to_give_ids(tmp_path: Path) -> None:
     """Records without an id are named by their content: a repeat is a duplicate whose id the
     user never wrote, so the reject says what happened and how to have repeats answered."""
