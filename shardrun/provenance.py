@@ -221,10 +221,15 @@ def _check_shape(path: Path, sample: dict[str, Any]) -> None:
     for key in ("files", "per_shard"):
         if not isinstance(sample[key], list) or not all(isinstance(x, dict) for x in sample[key]):
             raise VerifyError(f"sample {path}: {key} must be a list of objects")
+    seen: set[str] = set()
     for i, rec in enumerate(sample["files"]):
         for name, kind in (("path", str), ("sha256", str), ("bytes", int)):
             if not isinstance(rec.get(name), kind) or isinstance(rec.get(name), bool):
                 raise VerifyError(f"sample {path}: files[{i}] lacks {name!r} (a {kind.__name__})")
+        if rec["path"] in seen:
+            raise VerifyError(f"sample {path}: files[{i}] names {rec['path']} again (the sample "
+                              "was edited: each event file is listed once)")
+        seen.add(rec["path"])
 
 
 def find_run_dir(sample_path: Path, run_dir: Path | None) -> Path:
@@ -309,11 +314,14 @@ def _sha(path: Path) -> str:
 
 def _check_files(sample: dict[str, Any], loaded: LoadedRun) -> None:
     scans = {s.path: s for s in loaded.scans}
+    listed = loaded.manifest.get("files")
+    recorded = {f.get("path"): f for f in listed if isinstance(f, dict)} if isinstance(
+        listed, list) else {}
     for rec in sample["files"]:
         scan = scans[rec["path"]]
         if scan.sha256 != rec["sha256"] or scan.bytes != rec["bytes"]:
             raise VerifyError(f"{scan.path} does not match the sample: {_diff(scan, rec)}; "
-                              f"{_where(scan)}")
+                              f"{_why_changed(scan, rec, sample['files'], recorded)}")
         found = _file_record(scan)
         for key in FILE_FIELDS:
             if key in rec and not _same(rec[key], found[key]):
@@ -331,18 +339,37 @@ def _diff(scan: FileScan, rec: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _where(scan: FileScan) -> str:
-    """Where in a changed file the change is, as far as its own checkpoints tell."""
+def _why_changed(scan: FileScan, rec: dict[str, Any], files: list[dict[str, Any]],
+                 recorded: dict[Any, Any]) -> str:
+    """What the file's bytes, its own checkpoints, the sample's other files and the manifest's
+    record of it say about how it came to differ from the sample."""
     if scan.bytes == 0:
         return "the file is empty now: it was truncated or replaced"
+    for other in files:
+        if other is not rec and other["sha256"] == scan.sha256:
+            return (f"its bytes are those the sample records for {other['path']}: the files "
+                    "were swapped or renamed")
+    if scan.torn_tail_bytes:
+        return (f"it ends in {scan.torn_tail_bytes:,} bytes of a line cut short: a copy or a "
+                "write that did not finish")
     if scan.checkpoint_error:
         return scan.checkpoint_error
     if scan.first_bad:
         return f"{scan.first_bad[0]} ({scan.bad_lines} unreadable)"
     if scan.covered_lines < scan.lines:
         return f"the change is after line {scan.covered_lines:,}, its last good checkpoint"
-    return ("the file's own checkpoints all verify, so the SHA-256 or size recorded in the "
-            "sample was changed")
+    if isinstance(rec.get("lines"), int) and scan.lines < rec["lines"]:
+        return (f"it was cut short after line {scan.lines:,}, where its own checkpoints still "
+                "verify: truncated (a copy that did not finish?)")
+    manifest = recorded.get(scan.path)
+    if isinstance(manifest, dict) and manifest.get("sha256") == scan.sha256:
+        return ("it is as the run's manifest recorded it, so the SHA-256 or size in the sample "
+                "was changed")
+    if isinstance(manifest, dict) and manifest.get("sha256") == rec["sha256"]:
+        return ("the run's manifest recorded the sample's bytes, so the file was rewritten "
+                "since (its own checkpoints were written anew to match)")
+    return ("the file's own checkpoints all verify: the sample's SHA-256 or size was changed, "
+            "or the file was rewritten with checkpoints to match")
 
 
 def _same(given: Any, found: Any) -> bool:

@@ -268,6 +268,42 @@ def _resumed(run: Path, sample: Path) -> None:
     shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-01.r1.jsonl")
 
 
+def _swapped(run: Path, sample: Path) -> None:
+    one, two = run / "events" / "shard-00.jsonl", run / "events" / "shard-01.jsonl"
+    first = one.read_bytes()
+    one.write_bytes(two.read_bytes())
+    two.write_bytes(first)
+
+
+def _torn(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-01.jsonl"
+    log.write_bytes(log.read_bytes() + b'{"run_id":"ba')
+
+
+def _cut_after_a_checkpoint(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-00.jsonl"
+    lines = _lines(log)
+    last = max(i for i, line in enumerate(lines[:-1]) if b'"ev":"checkpoint"' in line)
+    log.write_bytes(b"".join(lines[:last + 1]))
+
+
+def _sample_hash_edited_in_a_listed_run(run: Path, sample: Path) -> None:
+    """The manifest lists the files as they are (a finished run does); the sample's hash of one
+    is edited."""
+    log = run / "events" / "shard-00.jsonl"
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["files"] = [{"path": "events/shard-00.jsonl", "bytes": log.stat().st_size,
+                          "sha256": hashlib.sha256(log.read_bytes()).hexdigest()}]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    _edit_sample(file_sha="0" * 64)(run, sample)
+
+
+def _listed_twice(run: Path, sample: Path) -> None:
+    doc = orjson.loads(sample.read_bytes())
+    doc["files"].append(doc["files"][1])
+    sample.write_bytes(orjson.dumps(doc))
+
+
 def _other_run(run: Path, sample: Path) -> None:
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "run_id": "another-run"}))
@@ -305,7 +341,15 @@ TAMPERS = [
     ("edited coverage", _edit_sample(covered_lines_of_00=1), "events/shard-00.jsonl: the sample "
      "says covered_lines 1 but the file has", ""),
     ("edited file hash", _edit_sample(file_sha="0" * 64), "events/shard-00.jsonl does not match",
-     "the SHA-256 or size recorded in the sample was changed"),
+     "checkpoints all verify: the sample's SHA-256 or size was changed, or the file was "
+     "rewritten with checkpoints to match"),
+    # How the file came to differ, where its bytes, the other files and the manifest tell.
+    ("listed file hash", _sample_hash_edited_in_a_listed_run, "as the run's manifest recorded "
+     "it, so the SHA-256 or size in the sample was changed", ""),
+    ("a file listed twice", _listed_twice, "files[3] names events/shard-00.jsonl again", ""),
+    ("swapped files", _swapped, "records for events/shard-01.jsonl: the files were swapped", ""),
+    ("torn tail", _torn, "ends in 13 bytes of a line cut short", ""),
+    ("cut after a checkpoint", _cut_after_a_checkpoint, "checkpoints still verify: truncated", ""),
     ("renamed shard file", _rename, "events/shard-01.jsonl named in the sample is missing",
      "events/shard-05.jsonl has its SHA-256 (renamed?)"),
     ("missing shard file", _remove, "events/shard-01.jsonl named in the sample is missing", ""),
