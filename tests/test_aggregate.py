@@ -21,6 +21,7 @@ from shardrun.aggregate import (
     pricing_from_effective,
     segment_of,
 )
+from shardrun.aggregate._metrics import client_cpu_section
 from shardrun.aggregate._segments import DIST_NAMES, overall
 from shardrun.itl import REL_ERROR, bucket_of
 
@@ -469,6 +470,11 @@ def test_client_cpu_comes_from_each_pass_run_end() -> None:
     partial = build_report(facts, passes, [_shard()])["client_cpu"]
     assert (partial["passes"], partial["passes_recorded"], partial["cpu_s"]) == (2, 1, 2.2)
     assert partial["ms_per_attempt"] is partial["cores"] is None
+    # A window under 5 s gives no cores: start-up CPU before it opens would read as more cores
+    # than the machine has.
+    one = [fold_coordinator(_coordinator_with_cpu(2.2))]
+    assert client_cpu_section(one, 4, 14, 4.9)["cores"] is None
+    assert client_cpu_section(one, 4, 14, 5.0)["cores"] == 0.44
     for odd in (None, True, -1.0, "2.2"):
         none = _report([_shard()], _coordinator_with_cpu(odd))["client_cpu"]
         assert (none["passes_recorded"], none["cpu_s"], none["ms_per_attempt"]) == (0, None, None)

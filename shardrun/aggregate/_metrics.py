@@ -153,6 +153,12 @@ def loop_lag_section(shards: list[ShardSummary]) -> dict[str, Any]:
     }
 
 
+# The shortest window whose client CPU is given as cores (as in the run summary,
+# `summary.CORES_MIN_WALL_S`): the CPU counts start-up, which comes before the window opens,
+# so a run of a second would read as more cores than the machine has.
+CORES_MIN_WALL_S = 5.0
+
+
 def client_cpu_section(coords: list[CoordinatorSummary], attempts: int, completion_tokens: int,
                        duration_s: float) -> dict[str, Any]:
     """The client's CPU time, summed over the passes whose `run_end` recorded it.
@@ -169,5 +175,6 @@ def client_cpu_section(coords: list[CoordinatorSummary], attempts: int, completi
         "cpu_s": round(cpu, 3) if recorded else None,
         "ms_per_attempt": ratio(cpu * 1e3, attempts, 4) if complete else None,
         "s_per_1k_completion_tokens": ratio(cpu * 1e3, completion_tokens, 5) if complete else None,
-        "cores": ratio(cpu, duration_s, 3) if complete else None,
+        "cores": ratio(cpu, duration_s, 3) if complete and duration_s >= CORES_MIN_WALL_S
+        else None,
     }
