@@ -91,13 +91,24 @@ class ExportSummary:
     job_path: Path | None = None  # the job file whose input was read (for the hints)
 
 
+# Suffixes of table formats export does not write: JSON lines under such a name would be a trap
+# (a reader of `answers.parquet` fails on it, after an export that said it went well).
+_OTHER_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
+                  ".feather": "Feather", ".xlsx": "Excel", ".xls": "Excel", ".tsv": "TSV"}
+
+
 def format_of(out: Path | None, given: str | None) -> Format:
     """The output format: as given, else from the output's suffix (`.csv`), else JSON lines."""
     if given is not None:
         if given not in ("jsonl", "csv"):
             raise SpecError(f"--format {given}: use jsonl or csv")
         return "csv" if given == "csv" else "jsonl"
-    return "csv" if out is not None and out.suffix.lower() == ".csv" else "jsonl"
+    suffix = "" if out is None else out.suffix.lower()
+    if suffix in _OTHER_FORMATS:
+        raise SpecError(f"-o {out}: export writes JSON lines or CSV, not "
+                        f"{_OTHER_FORMATS[suffix]}; name the file .jsonl or .csv (or give "
+                        "--format to write one of them under this name)")
+    return "csv" if suffix == ".csv" else "jsonl"
 
 
 def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None = None,

@@ -26,6 +26,7 @@ import orjson
 import pytest
 import yaml
 
+from shardrun.errors import SpecError
 from shardrun.export import COLUMNS, format_of
 from shardrun.worksource import duplicate_reason
 from tests.conftest import (
@@ -475,6 +476,11 @@ def test_format_of() -> None:
     assert format_of(Path("x.csv"), "jsonl") == "jsonl"
     assert format_of(Path("x.txt"), None) == "jsonl"
     assert format_of(None, "csv") == "csv"
+    # A table format export does not write is refused, not filled with JSON lines.
+    with pytest.raises(SpecError, match=r"^-o answers\.parquet: export writes JSON lines or "
+                                        r"CSV, not Parquet; name the file \.jsonl or \.csv"):
+        format_of(Path("answers.parquet"), None)
+    assert format_of(Path("answers.parquet"), "jsonl") == "jsonl"  # asked for by name
 
 
 def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
