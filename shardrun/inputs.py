@@ -391,8 +391,16 @@ def _short(value: object) -> str:
 
 
 def _item_id(record: Mapping[str, Any], key: bytes, id_field: str) -> str:
-    """The input's own id as a string, or a content hash when the record has none."""
+    """The input's own id as a string, or a content hash when the record has none.
+
+    A number is its decimal text (1 and "1" are one id); true, false, an object or a list is
+    its JSON text, so that the id matches the input's own spelling (an export's `id` joins its
+    `input.id`), not Python's (`True`, `{'x': 1}`)."""
     value = record.get(id_field)
     if value is None or value == "":
         return "h" + hashlib.blake2b(key, digest_size=10).hexdigest()
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | dict | list):
+        return orjson.dumps(value).decode()
+    return str(value)

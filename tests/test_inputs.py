@@ -85,6 +85,16 @@ def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     assert isinstance(got[1], dict)
 
 
+def test_an_id_that_is_not_a_string_keeps_its_json_spelling(tmp_path: Path) -> None:
+    """true, an object or a list as an id is its JSON text (an export's id then joins its
+    input.id), not Python's True or {'x': 1}; a number is its decimal text."""
+    path = jsonl(tmp_path / "in.jsonl", {"id": True, "prompt": "a"},
+                 {"id": {"y": 2, "x": 1}, "prompt": "b"}, {"id": [1, "a"], "prompt": "c"},
+                 {"id": 7, "prompt": "d"}, {"id": 2.5, "prompt": "e"})
+    assert [item["id"] for item in read_all(path, InputPlan()) if isinstance(item, dict)] == [
+        "true", '{"y":2,"x":1}', '[1,"a"]', "7", "2.5"]
+
+
 def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
     """sha, bytes_read and lines_read cover the whole file (a leading BOM included, and
     ignored by the parser) after iteration."""
