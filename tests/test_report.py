@@ -328,6 +328,30 @@ def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
         assert title in html, title
 
 
+def test_step_panels_are_titled_by_log_and_say_when_some_are_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run has a log per shard and pass: each panel names its log ("00.r1"), and
+    past the panel limit the title says how many logs are shown."""
+    pytest.importorskip("plotly")
+    import importlib
+
+    from shardrun.report import _html
+
+    logs = {"00": steady_shard(0, T0, minutes=1, per_minute=6),
+            "00.r1": steady_shard(0, T0 + 600, minutes=1, per_minute=6),
+            "01": steady_shard(1, T0, minutes=1, per_minute=6)}
+    doc, loaded = load_report(write_run(tmp_path / "run", logs, None), trace=True)
+    go, subplots = (importlib.import_module(m) for m in ("plotly.graph_objects", "plotly.subplots"))
+    fig = _html.steps_figure(go, subplots, doc, loaded.shards)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["shard log 00", "shard log 00.r1", "shard log 01"]
+    assert "shard logs)" not in fig.layout.title.text
+    monkeypatch.setattr(_html, "MAX_STEP_PANELS", 2)
+    fig = _html.steps_figure(go, subplots, doc, loaded.shards)
+    assert len(fig.layout.annotations) == 2
+    assert "; the first 2 of 3 shard logs)" in fig.layout.title.text
+
+
 @pytest.mark.parametrize("chunk", [64, 333, 4096])
 def test_small_read_chunks_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           chunk: int) -> None:

@@ -87,17 +87,23 @@ def _label(tpm: dict[str, Any], minute: str) -> str:
 def steps_figure(go: Any, subplots: Any, doc: dict[str, Any],
                  shards: list[ShardSummary]) -> Any:
     """in_flight, cap and queue depth of each shard over time (exact step functions)."""
-    shown = [s for s in shards if s.trace is not None][:MAX_STEP_PANELS]
+    traced = [s for s in shards if s.trace is not None]
+    shown = traced[:MAX_STEP_PANELS]
     t0 = doc["run"]["start_t"] or 0.0
+    # Titled by the log's name: a resumed run has one log per shard and pass ("03", "03.r1").
     fig = subplots.make_subplots(rows=max(1, len(shown)), cols=1, shared_xaxes=True,
-                                 subplot_titles=[f"shard {s.shard}" for s in shown])
+                                 subplot_titles=[f"shard log {s.name or s.shard}"
+                                                 for s in shown])
     for row, s in enumerate(shown, start=1):
         for name, xs, ys in _step_series(s, t0):
             fig.add_trace(go.Scattergl(x=xs, y=ys, name=name, line_shape="hv",
                                        legendgroup=name, showlegend=row == 1), row=row, col=1)
     exact = all(s.trace is not None and s.trace.exact for s in shown)
     how = "exact step functions" if exact else "per-second envelopes (many change points)"
-    fig.update_layout(title=f"in_flight vs cap vs queue depth ({how}); seconds since run start",
+    cut = (f"; the first {len(shown)} of {len(traced)} shard logs"
+           if len(traced) > len(shown) else "")
+    fig.update_layout(title=f"in_flight vs cap vs queue depth ({how}{cut}); seconds since run "
+                            "start",
                       height=220 * max(1, len(shown)) + 120)
     return fig
 
