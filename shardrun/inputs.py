@@ -311,6 +311,8 @@ def record_item(
             what = ("missing" + _near(plan.prompt_field, record) if plan.prompt_field not in record
                     else f"{_json_kind(prompt)}, not a string")
             return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}", item_id)
+        if not prompt.strip():  # sent, it would be paid for and answer nothing asked
+            return Reject(line_no, f"prompt field '{plan.prompt_field}' is empty", item_id)
         text = prompt
     if plan.system_prompt is None:
         return {"id": item_id, "prompt": text}

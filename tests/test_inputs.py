@@ -85,6 +85,16 @@ def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     assert isinstance(got[1], dict)
 
 
+def test_an_empty_or_blank_prompt_is_a_reject_in_json_lines_as_in_csv(tmp_path: Path) -> None:
+    """An empty prompt asks nothing and is paid for all the same: rejected, as CSV rejects an
+    empty cell, whatever the format."""
+    path = jsonl(tmp_path / "in.jsonl", {"id": "a", "prompt": ""}, {"id": "b", "prompt": " \n"},
+                 {"id": "c", "prompt": "ok"})
+    assert read_all(path, InputPlan()) == [
+        Reject(1, "prompt field 'prompt' is empty", "a"),
+        Reject(2, "prompt field 'prompt' is empty", "b"), {"id": "c", "prompt": "ok"}]
+
+
 def test_an_id_that_is_not_a_string_keeps_its_json_spelling(tmp_path: Path) -> None:
     """true, an object or a list as an id is its JSON text (an export's id then joins its
     input.id), not Python's True or {'x': 1}; a number is its decimal text."""
