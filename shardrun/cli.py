@@ -169,7 +169,7 @@ def _say(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        cli_analysis.reader_gone()
 
 
 def _interrupted(signum: int, frame: object) -> None:

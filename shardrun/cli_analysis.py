@@ -65,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 Handler = Callable[[argparse.Namespace], int]
 
 
+def reader_gone() -> None:
+    """Standard output's reader left early (`shardrun ... | head`): point stdout at /dev/null,
+    so that the flush at exit meets no broken pipe either."""
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
+
+
 def guarded(handler: Handler) -> Handler:
     """Print a `ShardrunError` as `error: <message>` and return its exit code, so a handler
     behaves the same whether or not the caller catches errors itself."""
@@ -77,7 +83,7 @@ def guarded(handler: Handler) -> Handler:
             print(f"error: {exc}", file=sys.stderr)
             return exc.exit_code
         except BrokenPipeError:  # `shardrun report RUN | head`: the reader left early
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+            reader_gone()
             return 0
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)

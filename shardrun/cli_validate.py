@@ -93,7 +93,9 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
             console.file.write(format_report(job, check, result) + "\n")
             console.file.flush()
     except BrokenPipeError:  # `validate JOB | head`: the reader left early; the verdict stands
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silences the flush at exit
+        from shardrun.cli_analysis import reader_gone
+
+        reader_gone()
     return 1 if failed else 0
 
 

@@ -35,7 +35,8 @@ CHARS_PER_TOKEN = 4
 """The prompt-token estimate used before a server has counted: characters / 4."""
 
 _CHAT_LIMITS = ("max_tokens", "max_completion_tokens")
-_LIMITS = (*_CHAT_LIMITS, "max_output_tokens")
+# Every name a request body gives its token limit by: chat and completions, then Responses.
+TOKEN_LIMITS = (*_CHAT_LIMITS, "max_output_tokens")
 
 
 def _token_limit_for(api: Api, params: Mapping[str, Any],
@@ -45,8 +46,8 @@ def _token_limit_for(api: Api, params: Mapping[str, Any],
     `max_tokens` (HTTP 400) and the others do not know `max_output_tokens`. A line that sets
     a limit of its own gets none from the job (o-series models refuse `max_tokens` beside
     their `max_completion_tokens`)."""
-    if any(name in body for name in _LIMITS):
-        return {k: v for k, v in params.items() if k not in _LIMITS}
+    if any(name in body for name in TOKEN_LIMITS):
+        return {k: v for k, v in params.items() if k not in TOKEN_LIMITS}
     if api == "responses":
         if not any(name in params for name in _CHAT_LIMITS):
             return params

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardrun.items import estimate_prompt_tokens
+from shardrun.items import TOKEN_LIMITS, estimate_prompt_tokens
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
@@ -289,7 +289,7 @@ def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) 
     (`max_tokens`, `max_completion_tokens`, or the Responses API's `max_output_tokens`)."""
     body: Mapping[str, Any] = item.get("body") or {}
     for source in (body, params):
-        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        for key in TOKEN_LIMITS:
             value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return estimate_prompt_tokens(item) + value

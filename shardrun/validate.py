@@ -18,7 +18,7 @@ import orjson
 from shardrun.clock import Clock
 from shardrun.digestset import DigestSet
 from shardrun.inputs import Reject, make_reader
-from shardrun.items import Api, build_request, prompt_chars, tokens_of_chars
+from shardrun.items import TOKEN_LIMITS, Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
 from shardrun.ratelimit import estimate_request_tokens
 from shardrun.spec import LoadedJob
@@ -146,7 +146,7 @@ def ping_body(job: LoadedJob, item: Mapping[str, Any]) -> tuple[Api, dict[str, A
     api, body = build_request(item, model=spec.endpoint.model, params=spec.params,
                               api=spec.endpoint.api,
                               stream_usage=spec.endpoint.stream_usage)  # fmt: skip
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    for key in TOKEN_LIMITS:
         if isinstance(body.get(key), int):
             body[key] = min(body[key], PING_MAX_TOKENS)
     return api, body

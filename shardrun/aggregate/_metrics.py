@@ -14,6 +14,7 @@ from shardrun.aggregate._segments import (
     overall,
 )
 from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
+from shardrun.summary import CORES_MIN_WALL_S
 
 # Loop lag above either figure labels the run client-limited (see docs/METRICS.md).
 LAG_P50_LIMIT_S = 0.010
@@ -151,12 +152,6 @@ def loop_lag_section(shards: list[ShardSummary]) -> dict[str, Any]:
         "client_limited": limited,
         "limits": {"p50_s": LAG_P50_LIMIT_S, "p99_s": LAG_P99_LIMIT_S},
     }
-
-
-# The shortest window whose client CPU is given as cores (as in the run summary,
-# `summary.CORES_MIN_WALL_S`): the CPU counts start-up, which comes before the window opens,
-# so a run of a second would read as more cores than the machine has.
-CORES_MIN_WALL_S = 5.0
 
 
 def client_cpu_section(coords: list[CoordinatorSummary], attempts: int, completion_tokens: int,
