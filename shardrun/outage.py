@@ -13,6 +13,20 @@ and the others wait for its answer. Only an answer ends the outage (a success, f
 token on, or an HTTP answer of the server's own); a stream cut after its first token, or timed
 out, says nothing either way. One that lasts `retry.outage_s` stops the run, leaving the items
 for `--resume`.
+
+An endpoint can also answer and still fail everything: a storm of 503s from an overloaded
+server, or of 500s from a broken one. The retry budget
+then runs out in seconds and every later failure is a dead letter at once, racing through the
+input (2,200 of 3,000 items in a 10 s storm of 503s). So when failures of the server's own
+come from `STORM_AFTER` different items in a row (fewer at a smaller cap) with no success
+between, a storm is on: as in an outage, one request per shard probes the endpoint at growing
+intervals, honouring any Retry-After, and the others wait for a success to end it. Unlike an
+outage, every try is one of the item's attempts: the probe passes from item to item in turn, so
+an item that fails for its own reasons still runs out of attempts and is dead-lettered, and
+none holds the shard. Only the retry budget is set aside, since one probe cannot hammer the
+endpoint. A success of a request sent after the first of those failures ends it (from the
+probe's first token on); one sent before says nothing, however many end well as a storm sets
+in. One that lasts `retry.outage_s` stops the run too.
 """
 
 from __future__ import annotations
@@ -27,6 +41,17 @@ RECHECK_S = 1.0  # how often a request waiting for the probe's answer looks up (
 # is up and shedding load, which Retry-After and the retry budget deal with.
 GATEWAY_STATUSES = frozenset({502, 504})
 NO_CONNECTION_STATUSES = frozenset({"conn_reset", "timeout_connect"})
+
+
+# Failures of the server's own, from this many different items in a row with no success between,
+# that make a storm (at a cap below it, the cap). One item alone is never a storm at a higher
+# cap, and random failures at any sane rate hardly ever line up eight in a row.
+STORM_AFTER = 8
+# An answer of the server's own that fails: a 5xx that is no gateway's (those say it is down).
+# Not a timeout: one request at a time, each waiting out its whole timeout, would crawl through
+# items whose prompts are slow to answer. Not a 429 (rate limits have their own pacing), not a
+# 4xx (the request's own fault).
+STORM_STATUSES = frozenset({"http_5xx"})
 
 
 def says_endpoint_down(status: str, http_status: int | None, tokens: int = 0) -> bool:
@@ -44,6 +69,55 @@ def says_endpoint_up(status: str, http_status: int | None) -> bool:
     its own. A stream cut or timed out shows neither (a restart cuts the streams in flight)."""
     return status == "ok" or (http_status is not None and http_status not in GATEWAY_STATUSES
                               and status.startswith("http_"))
+
+
+def says_endpoint_failing(status: str) -> bool:
+    """Whether a failure is one of those that, from enough items in a row, make a storm (it is
+    called after `says_endpoint_down`, which takes the gateway's 502 and 504)."""
+    return status in STORM_STATUSES
+
+
+class StormWatch:
+    """The items failing in a row with no success between, and whether they make a storm."""
+
+    __slots__ = ("after", "failing", "first_at", "next_probe_at", "probes", "since")
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.failing: set[str] = set()  # span ids
+        self.first_at = 0.0  # when the first of them failed
+        self.since: float | None = None  # when the storm began (None: no storm)
+        self.probes = 0  # probes that failed in this storm
+        self.next_probe_at = 0.0
+
+    def failed(self, span_id: str, now: float) -> bool:
+        """Count one failure; True when it is the one that starts a storm."""
+        if not self.failing:
+            self.first_at = now
+        self.failing.add(span_id)
+        if self.since is not None or len(self.failing) < self.after:
+            return False
+        self.since = now
+        return True
+
+    def succeeded(self, started: float) -> bool:
+        """A success of an attempt that started at `started`; True when it ends a storm."""
+        if self.failing and started < self.first_at:
+            # Sent before the failures began: says nothing about the endpoint now (as a storm
+            # sets in, the answers already streaming still end well).
+            return False
+        on = self.since is not None
+        self.failing.clear()
+        self.since = None
+        self.probes = 0
+        return on
+
+    @property
+    def on(self) -> bool:
+        return self.since is not None
+
+    def lasted(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
 
 
 class OutageWatch:

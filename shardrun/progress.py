@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
-GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting")
+GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
+          "failing_cause")
+CAUSE_CHARS = 60  # of a storm's cause on the progress line
 WINDOW_S = 10.0
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
 LINE_LIMIT_BYTES = 2 << 30
@@ -75,6 +77,10 @@ class Snapshot:
     # Requests held by a rate limit right now (the job's rpm/tpm, or a pause the server's
     # x-ratelimit-* headers asked for): without it, a run held so reads like a hang.
     rate_waiting: int = 0
+    # How long the endpoint has failed every request it answered (a storm, `shardrun.outage`),
+    # and the latest failure, from the shard in it longest; None while none is in one.
+    failing_s: float | None = None
+    failing_cause: str | None = None
 
     @property
     def done(self) -> int:
@@ -83,8 +89,10 @@ class Snapshot:
     @property
     def eta_s(self) -> float | None:
         """Seconds left at the current item rate, when the total and a rate are known; none
-        while the endpoint is down (the rate then says nothing about the time left)."""
-        if self.total is None or not self.items_per_s or self.down_s is not None:
+        while the endpoint is down or fails everything (the rate then says nothing about the
+        time left)."""
+        if (self.total is None or not self.items_per_s or self.down_s is not None
+                or self.failing_s is not None):
             return None
         return max(0, self.total - self.done) / self.items_per_s
 
@@ -95,7 +103,7 @@ class _Shard:
     def __init__(self) -> None:
         self.last: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.base: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.gauges: dict[str, int | None] = {}
+        self.gauges: dict[str, Any] = {}
 
     def apply(self, report: Mapping[str, Any]) -> None:
         for name in COUNTERS:
@@ -200,10 +208,13 @@ class ProgressView:
         down = max((float(s.gauges.get("down_s") or 0) for s in self.shards.values()),
                    default=0.0)
         held = sum(int(s.gauges.get("rate_waiting") or 0) for s in self.shards.values())
+        failing = max((s.gauges for s in self.shards.values()), default={},
+                      key=lambda g: float(g.get("failing_s") or 0))
+        failing_s = float(failing.get("failing_s") or 0) or None
         return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
-                        sums["completion_tokens"], *rates, rows, down or None,
-                        held)  # fmt: skip
+                        sums["completion_tokens"], *rates, rows, down or None, held,
+                        failing_s, failing.get("failing_cause") if failing_s else None)
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -264,7 +275,8 @@ def format_plain_line(s: Snapshot) -> str:
     eta = "" if s.eta_s is None else f", ETA {_clock_text(s.eta_s)}"
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
-            f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}")  # fmt: skip
+            f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
+            f"{_failing_text(s.failing_s, s.failing_cause)}")  # fmt: skip
 
 
 def _held_text(rate_waiting: int) -> str:
@@ -276,6 +288,18 @@ def _down_text(down_s: float | None) -> str:
     if down_s is None:
         return ""
     return f"; endpoint down for {_clock_text(down_s)}, items held until it answers"
+
+
+def _failing_text(failing_s: float | None, cause: str | None) -> str:
+    """A storm: the endpoint answers, but fails everything; what it says, and that the items
+    are held one probe at a time, not dead-lettered."""
+    if failing_s is None:
+        return ""
+    said = ""
+    if cause:
+        said = f" ({cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 1] + '…'})"
+    return (f"; endpoint failing every request for {_clock_text(failing_s)}{said}, items held "
+            "until it answers")
 
 
 def format_final_line(s: Snapshot) -> str:
@@ -330,6 +354,9 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         counts.append(_held_text(s.rate_waiting).replace(";", "  │", 1), "yellow")
     if s.down_s is not None:
         counts.append(_down_text(s.down_s).replace(";", "  │", 1), "bold red")
+    if s.failing_s is not None:
+        counts.append(_failing_text(s.failing_s, s.failing_cause).replace(";", "  │", 1),
+                      "bold red")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -103,8 +103,11 @@ class Retrier:
         attempt: int,
         retry_after: str | None = None,
         rate_headers: Mapping[str, str] | None = None,
+        *,
+        budgeted: bool = True,
     ) -> Decision:
-        """Retry or give up after a failed attempt; spends budget when retrying.
+        """Retry or give up after a failed attempt; spends budget when retrying (unless not
+        `budgeted`: a storm's retries go one at a time, `shardrun.outage`).
 
         Never retries sooner than the server asked (Retry-After, or on 429/503 the
         x-ratelimit-reset-* headers); a wait above `max_server_wait_s` gives up instead.
@@ -116,9 +119,10 @@ class Retrier:
         asked = server_wait(http_status, retry_after, rate_headers or {})
         if asked is not None and asked > self.policy.max_server_wait_s:
             return Decision(False, why="server_wait_too_long", wait=asked)
-        if not self.budget.allows_retry():
-            return Decision(False, why="retry_budget_exhausted")
-        self.budget.retries += 1
+        if budgeted:
+            if not self.budget.allows_retry():
+                return Decision(False, why="retry_budget_exhausted")
+            self.budget.retries += 1
         wait = self.backoff(attempt)
         if asked is not None and asked > wait:
             return Decision(True, wait=asked, why="server")

@@ -38,13 +38,16 @@ from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_cha
 from shardrun.outage import (
     PROBE_MAX_S,
     RECHECK_S,
+    STORM_AFTER,
     OutageWatch,
+    StormWatch,
     says_endpoint_down,
+    says_endpoint_failing,
     says_endpoint_up,
 )
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
-from shardrun.retry import Decision, Retrier, RetryPolicy, is_retryable
+from shardrun.retry import Decision, Retrier, RetryPolicy, is_retryable, server_wait
 from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
 from shardrun.shard_output import ShardOutput
 from shardrun.spans import Span, dead_record, result_record
@@ -64,6 +67,7 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 # which the job (not an item) is taken to be wrong: a parameter or model the server refuses.
 # Item-specific refusals (a prompt over the context length) differ from item to item.
 REFUSED_ALIKE_AFTER = 10
+STORM = "endpoint_failing"  # the cause and why of a retry held in a storm
 
 
 class Shard:
@@ -83,6 +87,12 @@ class Shard:
         self.prober: Span | None = None  # the one span trying the endpoint while it is down
         # When the latest attempt the endpoint answered (`outage.says_endpoint_up`) started.
         self.answered_start = -math.inf
+        # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
+        self.storm = StormWatch(min(STORM_AFTER, cfg.concurrency))
+        self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
+        self.storm_held: deque[Span] = deque()  # the others, in turn to probe, oldest first
+        self.storm_news = asyncio.Event()  # set and cleared at once: wakes them to look again
+        self.storm_cause = ""  # the latest failure of the storm, for the progress line
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -136,6 +146,7 @@ class Shard:
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.stopped.set()
+            self._wake_held()
             self._abandon_queued()
             if kind == protocol.ABORT:
                 for task in self.tasks:
@@ -256,6 +267,8 @@ class Shard:
                     await self._attempts(span)
                 finally:
                     self.counters.in_flight -= 1
+                    if self.storm_probe is span:  # it ended (or was cancelled) as the probe
+                        self._probe_done()
                 if self.stopping or self.fatal_reason is not None or not self.queue:
                     return
                 span = self.queue.popleft()
@@ -298,14 +311,18 @@ class Shard:
                 if await self._wait_out_outage(span, attempt, outcome):
                     continue
                 return
+            storm = False
             if self._first_cut(span, outcome):
                 span.outage_tries += 1
                 decision = Decision(True, wait=self.retrier.backoff(1), why="stream_cut")
             else:  # tries made while the endpoint was down are not the item's attempts
+                storm = self._storm_failed(span, outcome)
                 decision = self.retrier.decide(outcome.status, outcome.http_status,
                                                attempt - span.outage_tries,
-                                               outcome.retry_after, outcome.rate_headers)
-            span.history[-1]["wait"] = decision.wait if decision.retry else None
+                                               outcome.retry_after, outcome.rate_headers,
+                                               budgeted=not storm)
+            held = storm and decision.retry  # it waits its turn to probe: how long, unknown
+            span.history[-1]["wait"] = decision.wait if decision.retry and not held else None
             if self.fatal_reason is not None:
                 self._end_early(span)
                 return
@@ -321,12 +338,18 @@ class Shard:
                 self._dead_letter(span, _reason(decision.why, decision.wait, outcome))
                 return
             self.counters.retries += 1
+            # A storm's retries name it as their cause, as an outage's do (the attempt_end line
+            # has the status): `report` tells them apart.
             self.log.emit(events.RETRY, t=self.clock.now(), span=span.span_id, id=span.item_id,
-                          attempt=attempt, cause=outcome.status, wait=decision.wait,
-                          why=decision.why)
+                          attempt=attempt, cause=STORM if held else outcome.status,
+                          wait=None if held else decision.wait,
+                          why=STORM if held else decision.why)
             self.counters.retrying += 1
             try:
-                await self._nap(decision.wait)
+                if not held:
+                    await self._nap(decision.wait)
+                if self.storm.on:  # held, or a storm began during its backoff: one at a time
+                    await self._ride_out_storm(span)
             finally:
                 self.counters.retrying -= 1
 
@@ -368,9 +391,74 @@ class Shard:
             self.endpoint_back.clear()
         return down
 
-    def _probe_answered(self, _first_token_at: float) -> None:
-        if self.prober is not None:
-            self._endpoint_answered(self.prober)
+    def _probe_answered(self, span: Span, _first_token_at: float) -> None:
+        """The first token of a probe's answer: the endpoint answers again."""
+        if span is self.prober:
+            self._endpoint_answered(span)
+        if self.storm.failing:
+            self._storm_success(span)
+
+    # -- storms: the endpoint answers, but fails every request (`shardrun.outage`) ------------
+
+    def _storm_failed(self, span: Span, outcome: AttemptOutcome) -> bool:
+        """Count a failure of the server's own toward a storm; whether one is on (then the
+        item waits its turn to probe, and spends no retry budget)."""
+        if not says_endpoint_failing(outcome.status):
+            return False
+        storm, now = self.storm, self.clock.now()
+        if storm.failed(span.span_id, now):
+            storm.next_probe_at = now + self._probe_interval()
+        if not storm.on:
+            return False
+        self.storm_cause = outcome.error or outcome.status
+        asked = server_wait(outcome.http_status, outcome.retry_after, outcome.rate_headers)
+        if asked is not None:  # the server says when to come back: no probe before then
+            storm.next_probe_at = max(storm.next_probe_at, now + asked)
+        return True
+
+    def _probe_interval(self) -> float:
+        return min(self.retrier.backoff(self.storm.probes + 1), PROBE_MAX_S)
+
+    def _probe_done(self) -> None:
+        """The probe's attempt ended: the next span in turn probes after an interval (unless
+        the storm is over), or after what the server asked for (`_storm_failed`)."""
+        self.storm_probe = None
+        if self.storm.on:
+            self.storm.probes += 1
+            self.storm.next_probe_at = self.clock.now() + self._probe_interval()
+        self._wake_held()
+
+    def _storm_success(self, span: Span) -> None:
+        if self.storm.succeeded(span.attempt_started_at or 0.0):
+            self._wake_held()
+
+    def _wake_held(self) -> None:
+        self.storm_news.set()
+        self.storm_news.clear()
+
+    async def _ride_out_storm(self, span: Span) -> None:
+        """Wait in a storm until a success ends it, or until this span's turn to probe comes
+        (then until the probe's time); a stop or a fatal error ends the wait too, and the
+        caller then ends the span."""
+        held = self.storm_held
+        held.append(span)
+        try:
+            while self.storm.on and not self.stopping and self.fatal_reason is None:
+                now = self.clock.now()
+                if self.storm.lasted(now) >= self.retrier.policy.outage_s:
+                    self._go_fatal(_failed_too_long(self.storm.lasted(now), self.storm_cause),
+                                   ABANDON)
+                    return
+                if self.storm_probe is None and held[0] is span:
+                    held.popleft()
+                    self.storm_probe = span
+                    await self._nap(max(0.0, self.storm.next_probe_at - now))
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.storm_news.wait(), RECHECK_S)
+        finally:
+            if held and span in held:  # a stop, a fatal error or the storm's end: out of turn
+                held.remove(span)
 
     def _endpoint_answered(self, span: Span) -> None:
         started = span.attempt_started_at or 0.0
@@ -391,10 +479,8 @@ class Shard:
         many slots it has, and none while the endpoint is away."""
         now = self.clock.now()
         if self.fatal_reason is None and self.outage.too_long(now):
-            self._go_fatal(f"the endpoint failed every request for "
-                           f"{self.outage.lasted(now):.0f} s ({outcome.error or outcome.status}),"
-                           " longer than retry.outage_s; continue with --resume once it answers "
-                           "again", ABANDON)
+            self._go_fatal(_failed_too_long(self.outage.lasted(now),
+                                            outcome.error or outcome.status), ABANDON)
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
@@ -457,12 +543,17 @@ class Shard:
         # But for the probe of an endpoint that is down: its first token says the endpoint is
         # back, and the requests waiting for it go at once, not after the whole answer (a
         # minute of idle slots for a long one).
-        probe = None if self.prober is not span else self._probe_answered
+        probe = None
+        if span is self.prober or span is self.storm_probe:
+            probe = functools.partial(self._probe_answered, span)
         try:
             outcome = await client.attempt(body, on_first_token=probe)
         except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
             self._end_attempt(span, attempt, started, stop.outcome)
             raise
+        finally:
+            if self.storm_probe is span:
+                self._probe_done()
         self._end_attempt(span, attempt, started, outcome)
         return outcome
 
@@ -595,6 +686,7 @@ class Shard:
             else:
                 self._abandon(span, admitted=False)
         self.wakeup.set()
+        self._wake_held()
 
     def _end_early(self, span: Span) -> None:
         assert self.fatal_reason is not None
@@ -608,6 +700,8 @@ class Shard:
     def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
         self.ever_connected = self.ok_once = True
         self._endpoint_answered(span)
+        if self.storm.failing:
+            self._storm_success(span)
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):
@@ -695,6 +789,8 @@ class Shard:
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
+                "failing_s": round(self.storm.lasted(self.clock.now()), 1),
+                "failing_cause": self.storm_cause if self.storm.on else None,
                 **self.counters.as_dict()}
 
     def close(self) -> None:
@@ -773,6 +869,12 @@ async def _drain(shard: Shard, dispatcher: asyncio.Task[None]) -> None:
         done, _ = await asyncio.wait(waiting, timeout=timeout)
         if dispatcher in done:
             dispatcher.result()  # an error in admission ends the shard at once, as it did
+
+
+def _failed_too_long(lasted: float, cause: str) -> str:
+    """The run's stop after an outage or a storm of `retry.outage_s`."""
+    return (f"the endpoint failed every request for {lasted:.0f} s ({cause}), longer than "
+            "retry.outage_s; continue with --resume once it answers again")
 
 
 def _reason(why: str, wait: float, outcome: AttemptOutcome) -> str:

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from shardrun._attempt import AttemptOutcome
-from shardrun.outage import OutageWatch, says_endpoint_down, says_endpoint_up
+from shardrun.outage import (
+    OutageWatch,
+    StormWatch,
+    says_endpoint_down,
+    says_endpoint_failing,
+    says_endpoint_up,
+)
 from shardrun.shard import Shard
 from shardrun.shard_config import ShardConfig
 from shardrun.spans import Span
@@ -45,6 +51,32 @@ def test_an_outage_starts_at_the_first_failure_and_ends_at_an_answer() -> None:
     assert not watch.too_long(109.9) and watch.too_long(110.0)
     watch.answered()
     assert not watch.down and watch.lasted(200.0) == 0.0
+
+
+@pytest.mark.parametrize(("status", "storm"), [
+    ("http_5xx", True), ("http_429", False), ("http_4xx", False), ("timeout_first_token", False),
+    ("timeout_total", False), ("conn_reset", False), ("protocol_error", False), ("ok", False)])
+def test_which_failures_count_toward_a_storm(status: str, storm: bool) -> None:
+    assert says_endpoint_failing(status) is storm
+
+
+def test_a_storm_is_distinct_items_failing_with_no_later_sent_success_between() -> None:
+    """Three items (the threshold here) failing in a row make a storm; one item failing again
+    counts once; a success of a request sent before the first failure says nothing, one sent
+    after ends the streak, or the storm."""
+    watch = StormWatch(after=3)
+    assert not watch.failed("a", 10.0) and not watch.failed("a", 11.0)
+    assert not watch.failed("b", 12.0)
+    assert not watch.succeeded(started=9.5)  # sent before "a" failed: still streaming then
+    assert watch.failed("c", 13.0) and watch.on and watch.lasted(15.0) == 2.0
+    assert not watch.failed("d", 14.0)  # already on: it began with "c"
+    assert not watch.succeeded(started=9.9) and watch.on
+    watch.probes = 4
+    assert watch.succeeded(started=10.5)  # sent after the first failure: it serves again
+    assert not watch.on and not watch.failing and watch.probes == 0 and watch.lasted(20.0) == 0
+    assert not watch.failed("e", 30.0) and not watch.failed("f", 31.0)
+    assert not watch.succeeded(started=30.5)  # ends the streak, which was no storm
+    assert not watch.failed("g", 32.0) and not watch.failed("h", 33.0) and not watch.on
 
 
 class _Clock:

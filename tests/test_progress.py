@@ -131,6 +131,34 @@ def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
     assert view.snapshot().down_s is None
 
 
+def test_a_storm_is_shown_with_its_cause_for_the_shard_in_it_longest() -> None:
+    """Shards in a storm report `failing_s` and `failing_cause`: both views name the longest
+    storm and its shard's cause (clipped), and give no ETA; a shard out of it reports 0."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    cause = "HTTP 500: " + "the model worker crashed " * 4
+    view.update(0, report(5, failing_s=4.0, failing_cause="HTTP 503: overloaded"))
+    view.update(1, report(5, failing_s=12.3, failing_cause=cause))
+    clock.now += 1
+    view.update(0, report(10, failing_s=5.0, failing_cause="HTTP 503: overloaded"))
+    view.refresh()
+    shown = cause[:59] + "…"
+    line = out.getvalue().splitlines()[-1]
+    assert line.endswith(f"; endpoint failing every request for 0:12 ({shown}), items held "
+                         "until it answers") and "ETA" not in line, line
+    console_out = StringIO()
+    console = Console(file=console_out, force_terminal=True, width=200, color_system=None)
+    frame = ProgressView(400, console=console, clock=clock)
+    frame.update(0, report(10, failing_s=61.0, failing_cause="HTTP 503: overloaded"))
+    with console.capture() as cap:
+        console.print(frame.render())
+    assert "│ endpoint failing every request for 1:01 (HTTP 503: overloaded)" in cap.get()
+    for shard in (0, 1):
+        view.update(shard, report(20, failing_s=0.0))
+    assert view.snapshot().failing_s is None and view.snapshot().failing_cause is None
+
+
 def test_requests_held_by_a_rate_limit_are_shown() -> None:
     """Shards report how many requests wait for the rate limit (`rate_waiting`): summed, both
     views say so, so a run the limit holds does not read like a hang."""

@@ -386,6 +386,29 @@ def test_fail_first_n_gives_503_to_the_first_requests_only() -> None:
     assert st["requests_total"] == 6 and st["completed"] == 3
 
 
+@pytest.mark.parametrize("status", [503, 502])
+def test_a_storm_fails_every_request_for_its_seconds_after_its_first_n(status: int) -> None:
+    """storm_after_n=2, storm_s=0.3: two requests are served, then every request gets the
+    storm's status (a gateway's in plain text) until 0.3 s after the third arrived."""
+    cfg = SimConfig(**QUICK, storm_after_n=2, storm_s=0.3, storm_status=status)
+
+    async def go() -> tuple[list[str], list[str], dict[str, Any]]:
+        async with serving(cfg) as (s, root):
+            url = root + "/v1/chat/completions"
+            during = [await outcome(s, url, chat(i)) for i in range(5)]
+            async with s.post(url, json=chat(1)) as resp:
+                kind = resp.content_type
+            await asyncio.sleep(0.35)
+            after = [await outcome(s, url, chat(i)) for i in range(2)]
+            return [*during, kind], after, await stats(s, root)
+
+    during, after, st = run(go())
+    assert during == ["200", "200", *[str(status)] * 3,
+                      "application/json" if status == 503 else "text/plain"]
+    assert after == ["200", "200"]
+    assert st["faults"]["storm"] == 4 and st["completed"] == 4
+
+
 def test_endpoint_failing_every_request() -> None:
     """fail_503=1.0: every request, retried or not, gets 503 (an endpoint failing 100%)."""
 
@@ -452,7 +475,8 @@ def test_stats_faults_shape_lists_every_kind() -> None:
             return await stats(s, root)
 
     st = run(go())
-    assert st["faults"] == dict.fromkeys(("fail_first_n", "quota_after", *FAULT_KINDS), 0)
+    kinds = ("fail_first_n", "storm", "quota_after", *FAULT_KINDS)
+    assert st["faults"] == dict.fromkeys(kinds, 0)
     assert st["unauthorized"] == 0 and st["completed"] == 1
 
 
@@ -516,7 +540,8 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
                      drop_mid_stream=0.1, stall_mid_stream=0.1, slow_first_token=0.1,
                      retry_after_s=0.5, retry_after_503=True, stall_s=2, slow_first_token_s=3,
                      fail_first_n=7, auth_required="sk-x", reject_stream_options=True,
-                     ignore_stream=True)  # fmt: skip
+                     ignore_stream=True, storm_s=1.5, storm_after_n=9,
+                     storm_status=504)  # fmt: skip
     for c in (full, SimConfig(), SimConfig(ignore_stream=True)):
         args = c.to_args()
         assert len(args) % 2 == 0 and config_from_argv(args) == c
@@ -524,7 +549,8 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--fail-503", "2"], ["--fail-500", "0.7", "--fail-503", "0.7"],
-                                  ["--retry-after-503", "maybe"], ["--fail-first-n", "x"]])
+                                  ["--retry-after-503", "maybe"], ["--fail-first-n", "x"],
+                                  ["--storm-status", "404"]])
 def test_main_bad_fault_flag_returns_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """main() with a bad fault flag prints one `error:` line and returns 2."""
     assert main(argv) == 2

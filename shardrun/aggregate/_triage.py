@@ -26,6 +26,7 @@ RATE_LIMIT_SHARE = 0.05
 RATE_LIMIT_DOMINANT_SHARE = 0.5
 CHURN_FACTOR = 2.0
 ENDPOINT_DOWN = "endpoint_down"  # the `cause` of a retry line that waited out an outage
+ENDPOINT_FAILING = "endpoint_failing"  # of one that waited its turn to probe in a storm
 
 TABLE: dict[str, tuple[str, str]] = {
     "t_queue": ("backlog above the cap, or an arrival spike; if gap_fraction is also high, our "
@@ -58,6 +59,12 @@ TABLE: dict[str, tuple[str, str]] = {
                       "items and probed it, spending none of their attempts",
                       "look at the server's side (a restart, a deploy, a crash); "
                       "retry.outage_s bounds how long a run waits for it"),
+    "endpoint_failing": ("the endpoint answered but failed every request for a while (503s "
+                         "from an overload, 500s, first tokens that never came): the shards "
+                         "held the items and probed it one request at a time, each try one of "
+                         "the item's attempts but none of the retry budget",
+                         "look at the server's side (its load, its logs); retry.outage_s bounds "
+                         "how long a run waits for it"),
     "dead_letters": ("items ended without an answer; the dominant bucket and the latencies "
                      "describe the successes only",
                      "read the reasons: retry_budget_exhausted or max_attempts after a burst of "
@@ -162,6 +169,10 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if held:
         out.append(_finding(ENDPOINT_DOWN, "the endpoint was down", {"held_retries": held},
                             *TABLE[ENDPOINT_DOWN]))
+    failing = att["retry_causes"].get(ENDPOINT_FAILING, 0)
+    if failing:  # the item's own attempts, so they count among the retries below too
+        out.append(_finding(ENDPOINT_FAILING, "the endpoint failed every request",
+                            {"held_retries": failing}, *TABLE[ENDPOINT_FAILING]))
     own = {cause: n for cause, n in att["retry_causes"].items() if cause != ENDPOINT_DOWN}
     rate = sum(own.values()) / att["first"] if att["first"] else None
     if rate is not None and rate >= RETRY_RATE_LIMIT:

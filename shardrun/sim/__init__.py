@@ -67,6 +67,12 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                    help="what slow_first_token adds to the first-token delay")  # fmt: skip
     g.add_argument("--fail-first-n", type=int, default=d.fail_first_n,
                    help="the first N requests all get 503")  # fmt: skip
+    g.add_argument("--storm-s", type=float, default=d.storm_s, metavar="SECONDS",
+                   help="a storm: every request gets --storm-status for this long (0 = none)")
+    g.add_argument("--storm-after-n", type=int, default=d.storm_after_n, metavar="N",
+                   help="the storm starts when request N+1 arrives")  # fmt: skip
+    g.add_argument("--storm-status", type=int, default=d.storm_status, metavar="STATUS",
+                   help="what the storm answers: 500, 502, 503 (default) or 504")  # fmt: skip
     g.add_argument("--quota-after", type=int, default=d.quota_after, metavar="N",
                    help="after N requests served, every request gets 429 insufficient_quota, "
                         "as an account whose credit ran out does (0 = never)")  # fmt: skip

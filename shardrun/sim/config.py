@@ -121,8 +121,11 @@ def parse_tokens(spec: str) -> TokenSpec:
 FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
                "stall_mid_stream", "slow_first_token")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
-           "refusal")  # fmt: skip
-_INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens")
+           "refusal", "storm_s")  # fmt: skip
+_INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens",
+         "storm_after_n", "storm_status")  # fmt: skip
+#: What a storm may answer every request with: a server's own error or a gateway's.
+STORM_STATUSES = (500, 502, 503, 504)
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation")
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -151,6 +154,12 @@ class SimConfig:
     stall_s: float = 5.0  # pause in the middle of a stall_mid_stream answer
     slow_first_token_s: float = 5.0  # added to the first-token delay of slow_first_token
     fail_first_n: int = 0  # the first N requests, in arrival order, all get 503
+    # A storm: for `storm_s` seconds from the arrival of request `storm_after_n` + 1, every
+    # request gets `storm_status` (an overloaded server's 503, a broken one's 500, a gateway's
+    # 502 or 504 with nothing behind it). 0 s: none.
+    storm_s: float = 0.0
+    storm_after_n: int = 0
+    storm_status: int = 503
     # An account whose credit runs out: after N requests served (0: never), every request
     # gets 429 `insufficient_quota`, which no retry cures.
     quota_after: int = 0
@@ -198,6 +207,9 @@ class SimConfig:
                 raise ValueError(f"{name} must be an integer, not {value!r}.")
             if not 0 <= value < 2**63:
                 raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
+        if self.storm_status not in STORM_STATUSES:
+            raise ValueError(f"storm_status must be one of {', '.join(map(str, STORM_STATUSES))}, "
+                             f"not {self.storm_status!r}.")  # fmt: skip
         if not self.refusal <= 1:
             raise ValueError(f"refusal must be a fraction between 0 and 1, not {self.refusal!r}.")
         if self.reasoning_tokens > MAX_SAMPLED_TOKENS:
@@ -239,6 +251,8 @@ class SimConfig:
         for name in _BOOLS:
             args += [_flag(name), "true" if getattr(self, name) else "false"]
         args += ["--fail-first-n", str(self.fail_first_n)]
+        args += ["--storm-s", repr(float(self.storm_s)), "--storm-after-n", str(self.storm_after_n),
+                 "--storm-status", str(self.storm_status)]
         args += ["--quota-after", str(self.quota_after)]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         args += ["--cached-tokens", str(self.cached_tokens)]

@@ -15,12 +15,13 @@ way; and a retried identical request draws again (n + 1), so it is not stuck on 
 distinct request body, only while some fault share is above zero.
 
 Before the draw: `auth_required` (401, `invalid_api_key`), `fail_first_n` (the first N
-authorised generation requests in arrival order get 503) and `quota_after` (past N requests
-served, 429 `insufficient_quota`, OpenAI's answer once an account's credit is used up) are
-checked, then the body is validated (400s are never faulted and take no draw). Non-streamed
-requests meet the stream faults too: `slow_first_token` and `stall_mid_stream` lengthen their
-delay, and `drop_mid_stream` resets the connection halfway through it, before any response
-byte.
+authorised generation requests in arrival order get 503), a storm (`storm_s` seconds from the
+arrival of request `storm_after_n` + 1, every authorised generation request gets
+`storm_status`) and `quota_after` (past N requests served, 429 `insufficient_quota`, OpenAI's
+answer once an account's credit is used up) are checked, then the body is validated (400s
+are never faulted and take no draw). Non-streamed requests meet the stream faults too:
+`slow_first_token` and `stall_mid_stream` lengthen their delay, and `drop_mid_stream` resets
+the connection halfway through it, before any response byte.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ class FaultInjector:
         self.seed, self.table, self.first_n = cfg.seed, cfg.fault_table, cfg.fail_first_n
         self.quota, self.served = cfg.quota_after, 0
         self.arrivals = 0
+        self.storm_s, self.storm_after = cfg.storm_s, cfg.storm_after_n
+        self.storm_arrivals, self.storm_began = 0, -1.0
         self.seen: dict[bytes, int] = {}
         #: Injected faults by kind; served live as `faults` in /sim/stats.
-        self.counts: dict[str, int] = dict.fromkeys(("fail_first_n", "quota_after",
+        self.counts: dict[str, int] = dict.fromkeys(("fail_first_n", "storm", "quota_after",
                                                      *FAULT_KINDS), 0)  # fmt: skip
 
     def fail_first(self) -> bool:
@@ -90,6 +93,20 @@ class FaultInjector:
             return False
         self.arrivals += 1
         self.counts["fail_first_n"] += 1
+        return True
+
+    def storming(self, now: float) -> bool:
+        """Count one arrival; True (and counted) while the storm is on (see the module doc)."""
+        if not self.storm_s:
+            return False
+        self.storm_arrivals += 1
+        if self.storm_began < 0:
+            if self.storm_arrivals <= self.storm_after:
+                return False
+            self.storm_began = now
+        if now - self.storm_began >= self.storm_s:
+            return False
+        self.counts["storm"] += 1
         return True
 
     def quota_used_up(self) -> bool:
@@ -143,6 +160,16 @@ def fault_response(kind: str, cfg: SimConfig) -> web.Response:
         headers = {"Retry-After": wait}
     return error_response(status, message.format(wait=wait + "s"), err_type, code,
                           headers=headers)  # fmt: skip
+
+
+def storm_response(cfg: SimConfig) -> web.Response:
+    """A storm's answer: the server's own 500 or 503 (with Retry-After where configured), or a
+    gateway's 502 or 504 in plain text, as a proxy with nothing behind it answers."""
+    if cfg.storm_status == 500:
+        return fault_response("fail_500", cfg)
+    if cfg.storm_status == 503:
+        return fault_response("fail_503", cfg)
+    return web.Response(status=cfg.storm_status, text="upstream unavailable (simulated)")
 
 
 def quota_response() -> web.Response:

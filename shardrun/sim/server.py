@@ -37,6 +37,7 @@ from shardrun.sim.faults import (
     pause,
     quota_response,
     reset,
+    storm_response,
     unauthorized,
 )
 from shardrun.sim.gate import FifoGate
@@ -147,6 +148,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return unauthorized()
     if sim.faults.fail_first():
         return fault_response("fail_first_n", cfg)
+    if sim.faults.storming(time.monotonic()):
+        return storm_response(cfg)
     if sim.faults.quota_used_up():
         return quota_response()
     try:
