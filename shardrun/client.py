@@ -115,6 +115,7 @@ class StreamingClient:
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._api = api
         self._url = endpoint_url(base_url, API_PATHS[api])
+        self._models_url = endpoint_url(base_url, "/models")
         # Where every attempt is POSTed, as messages show it (a password in the URL masked).
         self.url = masked_url(self._url)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -181,6 +182,22 @@ class StreamingClient:
         except CallerError as exc:
             raise exc.args[0] from None
         return st.finish()
+
+    async def answers(self, timeout_s: float) -> bool:
+        """Whether the server gives an HTTP answer of its own (any status but a gateway's 502
+        or 504) to a GET of its model list, next to the API's path, within `timeout_s`.
+
+        An outage's check that the server is up, when the only requests it can judge by are
+        one item's: a request that crashes the server's worker, or that a proxy refuses by
+        closing the connection, fails with no answer at all, as an endpoint that is down
+        does; at a cap of 1 it would hold the shard until `retry.outage_s` stopped the run."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._session.get(self._models_url, headers=self._headers,
+                                             **self._post_kw) as resp:
+                    return resp.status not in (502, 504)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
 
     async def _read_stream(
         self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None

@@ -308,7 +308,7 @@ class Shard:
                 return
             self._note_failure(outcome, client.url)
             if self._endpoint_down(span, outcome):
-                if await self._wait_out_outage(span, attempt, outcome):
+                if await self._wait_out_outage(client, span, attempt, outcome):
                     continue
                 return
             storm = False
@@ -461,7 +461,10 @@ class Shard:
                 held.remove(span)
 
     def _endpoint_answered(self, span: Span) -> None:
-        started = span.attempt_started_at or 0.0
+        self._endpoint_up(span.attempt_started_at or 0.0)
+
+    def _endpoint_up(self, started: float) -> None:
+        """The endpoint answered a request sent at `started`: an outage, if any, is over."""
         if started > self.answered_start:
             self.answered_start = started
         if not self.outage.streak and self.endpoint_back.is_set():
@@ -470,13 +473,16 @@ class Shard:
         self.prober = None
         self.endpoint_back.set()
 
-    async def _wait_out_outage(self, span: Span, attempt: int, outcome: AttemptOutcome) -> bool:
+    async def _wait_out_outage(self, client: StreamingClient, span: Span, attempt: int,
+                               outcome: AttemptOutcome) -> bool:
         """Wait to try again while the endpoint is down, spending neither the item's attempts
         nor the retry budget; False once the span has ended (a stop, or an outage too long).
 
         One span at a time probes the endpoint, at growing intervals of at most PROBE_MAX_S;
         the others wait for its answer, so a shard sends about one request per interval however
-        many slots it has, and none while the endpoint is away."""
+        many slots it has, and none while the endpoint is away. Before each wait the probe asks
+        the server for its model list (`StreamingClient.answers`): an answer ends the outage at
+        once, and then the probe's own item is what fails so (its next failure is charged)."""
         now = self.clock.now()
         if self.fatal_reason is None and self.outage.too_long(now):
             self._go_fatal(_failed_too_long(self.outage.lasted(now),
@@ -502,7 +508,11 @@ class Shard:
         try:
             if probe:
                 self.prober = span
-                await self._nap(wait or 0.0)
+                asked = self.clock.now()
+                if await client.answers(PROBE_MAX_S):
+                    self._endpoint_up(asked)
+                else:
+                    await self._nap(wait or 0.0)
             else:
                 await self._wait_for_endpoint()
         finally:

@@ -1068,6 +1068,28 @@ def test_requests_reset_one_by_one_are_the_items_not_an_outage(tmp_path: Path) -
                             for d in run.dead)
 
 
+def test_one_items_request_reset_every_time_is_the_items_failure_even_at_a_cap_of_1(
+        tmp_path: Path) -> None:
+    """One prompt gets its connection reset before any answer, every time (it crashes the
+    server's worker); the server answers everything else. At a cap of 1 no other request can
+    show the server up, and the item was held as an outage until retry.outage_s stopped the
+    run. The probe's check of the model list shows the server answering: the item spends its
+    attempts and is dead-lettered, and the items after it are answered."""
+    ids = write_input(tmp_path / "input.jsonl", 6)
+    with sim(reset_when="Question 2:") as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=1,
+                retry={"max_attempts": 3, "outage_s": 30})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        stats = sim_stats(server)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "outage_s" not in proc.stderr, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    [dead] = run.dead
+    assert dead["id"] == "item-00002" and dead["reason"].startswith("max_attempts: "), dead
+    assert stats["faults"]["reset_when"] >= 3
+
+
 def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> None:
     """The server goes away for good: after retry.outage_s (2 s here) of failing every request
     the run stops with one sentence and dead-letters nothing; --resume against a live server

@@ -475,7 +475,7 @@ def test_stats_faults_shape_lists_every_kind() -> None:
             return await stats(s, root)
 
     st = run(go())
-    kinds = ("fail_first_n", "storm", "quota_after", *FAULT_KINDS)
+    kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS)
     assert st["faults"] == dict.fromkeys(kinds, 0)
     assert st["unauthorized"] == 0 and st["completed"] == 1
 
@@ -541,7 +541,7 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
                      retry_after_s=0.5, retry_after_503=True, stall_s=2, slow_first_token_s=3,
                      fail_first_n=7, auth_required="sk-x", reject_stream_options=True,
                      ignore_stream=True, storm_s=1.5, storm_after_n=9,
-                     storm_status=504)  # fmt: skip
+                     storm_status=504, reset_when="Question 7:")  # fmt: skip
     for c in (full, SimConfig(), SimConfig(ignore_stream=True)):
         args = c.to_args()
         assert len(args) % 2 == 0 and config_from_argv(args) == c

@@ -76,6 +76,9 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
     g.add_argument("--quota-after", type=int, default=d.quota_after, metavar="N",
                    help="after N requests served, every request gets 429 insufficient_quota, "
                         "as an account whose credit ran out does (0 = never)")  # fmt: skip
+    g.add_argument("--reset-when", default=d.reset_when, metavar="TEXT",
+                   help="reset the connection of every request whose body holds TEXT, before "
+                        "any answer (a prompt that crashes the server's worker)")  # fmt: skip
     g.add_argument("--auth-required", default=d.auth_required, metavar="KEY",
                    help="answer 401 unless `Authorization: Bearer KEY` (a made-up test key)")
     c = p.add_argument_group("compatibility (behave like servers that lack a feature)")

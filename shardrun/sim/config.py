@@ -185,6 +185,9 @@ class SimConfig:
     # `include_obfuscation: false`.
     obfuscation: bool = False
     auth_required: str | None = dataclasses.field(default=None, repr=False)
+    # A request whose body holds this text has its connection reset before any answer, every
+    # time: a prompt that crashes the server's worker, or one a proxy in front refuses.
+    reset_when: str | None = None
 
     def __post_init__(self) -> None:
         """Reject bad values at construction, naming the field in one sentence."""
@@ -258,6 +261,8 @@ class SimConfig:
         args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:
             args += ["--auth-required", self.auth_required]
+        if self.reset_when is not None:
+            args += ["--reset-when", self.reset_when]
         return args
 
     @classmethod
@@ -297,6 +302,8 @@ def _check_faults(cfg: SimConfig) -> None:
     for name in _BOOLS:
         if not isinstance(getattr(cfg, name), bool):
             raise ValueError(f"{name} must be true or false, not {getattr(cfg, name)!r}.")
+    if cfg.reset_when is not None and not (isinstance(cfg.reset_when, str) and cfg.reset_when):
+        raise ValueError(f"reset_when must be a non-empty string, not {cfg.reset_when!r}.")
     token = cfg.auth_required
     if token is not None and not (isinstance(token, str) and token.isascii() and token.isprintable()
                                   and token and " " not in token):  # fmt: skip

@@ -15,7 +15,8 @@ way; and a retried identical request draws again (n + 1), so it is not stuck on 
 distinct request body, only while some fault share is above zero.
 
 Before the draw: `auth_required` (401, `invalid_api_key`), `fail_first_n` (the first N
-authorised generation requests in arrival order get 503), a storm (`storm_s` seconds from the
+authorised generation requests in arrival order get 503), `reset_when` (a request whose body
+holds that text is reset before any answer, every time), a storm (`storm_s` seconds from the
 arrival of request `storm_after_n` + 1, every authorised generation request gets
 `storm_status`) and `quota_after` (past N requests served, 429 `insufficient_quota`, OpenAI's
 answer once an account's credit is used up) are checked, then the body is validated (400s
@@ -84,8 +85,8 @@ class FaultInjector:
         self.storm_arrivals, self.storm_began = 0, -1.0
         self.seen: dict[bytes, int] = {}
         #: Injected faults by kind; served live as `faults` in /sim/stats.
-        self.counts: dict[str, int] = dict.fromkeys(("fail_first_n", "storm", "quota_after",
-                                                     *FAULT_KINDS), 0)  # fmt: skip
+        kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS)
+        self.counts: dict[str, int] = dict.fromkeys(kinds, 0)
 
     def fail_first(self) -> bool:
         """Count one arrival; True (and counted) while it is among the first `fail_first_n`."""

@@ -146,6 +146,10 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if cfg.auth_required is not None and not authorized(request, cfg.auth_required):
         st["unauthorized"] += 1
         return unauthorized()
+    if cfg.reset_when is not None and cfg.reset_when.encode() in raw:
+        sim.faults.counts["reset_when"] += 1
+        reset(request)
+        return web.Response()  # never sent, as with reset_before_headers
     if sim.faults.fail_first():
         return fault_response("fail_first_n", cfg)
     if sim.faults.storming(time.monotonic()):
