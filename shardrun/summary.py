@@ -153,7 +153,10 @@ class RunSummary:
 
     @property
     def status(self) -> str:
-        if self.interrupted:
+        # A stop that came once every item had ended and the input was read stopped nothing:
+        # the run is what its items say (a Ctrl-C in the last moments read "interrupted").
+        left = self.unfinished > 0 or (not self.input_read and self.limit is None)
+        if self.interrupted and left:
             return "interrupted"
         clean = (self.failed == 0 and self.unfinished == 0 and self.prior_dead == 0
                  and self.prior_rejects == 0)

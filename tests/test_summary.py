@@ -104,6 +104,18 @@ def test_the_command_that_finishes_the_run_shows_only_when_something_is_left() -
     assert f"  to finish the run  {command}" in format_summary(unread).splitlines()
 
 
+def test_a_stop_that_left_nothing_undone_is_no_interruption() -> None:
+    """A Ctrl-C once every item has ended and the input was read: the run's status is what its
+    items say (exit 0 here); with an item unfinished, or the input not read to its end (not for
+    --limit), it is interrupted (130)."""
+    done = replace(summary_of([{}], dead=0), interrupted=True)
+    assert (done.status, done.exit_code) == ("succeeded", 0)
+    assert replace(done, dead=1, items=done.items + 1).status == "failed"
+    assert replace(done, items=done.items + 1).exit_code == 130
+    assert replace(done, input_read=False).status == "interrupted"
+    assert replace(done, input_read=False, limit=10).status == "succeeded"
+
+
 @pytest.mark.parametrize(("given", "env", "path_in_job", "words"), [
     ({}, {}, None, []),  # the default: the same job file finds the run again
     ({}, {}, "elsewhere", []),  # the job file names it
