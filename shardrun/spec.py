@@ -15,7 +15,7 @@ import copy
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -168,8 +168,33 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     shown.update({k: v for k, v in given_flags.items() if isinstance(v, str)})
     blame = Blame(origin, sources, shown, FIELDS)
     merged = _merge(raw, _overrides(set_env, given_flags))
+    sim_ignored = _drop_shadowed_sim(merged, sources)
     spec = _validate(merged, blame, problems)
-    return _loaded(spec, path, origin, _settle_sources(spec, raw, sources), env)
+    loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources), env)
+    if not sim_ignored:
+        return loaded
+    url, source = masked_url(spec.endpoint.base_url), sources["endpoint.base_url"]
+    ignored = (f"{origin}: endpoint.sim is ignored: endpoint.base_url is {url} from {source}, "
+               "not sim://")
+    return replace(loaded, warnings=(ignored, *loaded.warnings))
+
+
+def _drop_shadowed_sim(merged: dict[str, Any], sources: dict[str, str]) -> bool:
+    """Leave out the job's `endpoint.sim` when a variable or flag points the job elsewhere.
+
+    The operator who sets SHARDRUN_BASE_URL during an incident means that endpoint, not the
+    simulator the file was written for; refusing would force an edit of the job file. A file
+    that itself pairs `sim:` with a real URL stays an error (the model's rule). Marks the key's
+    source so the manifest says why it holds no settings; True when it dropped them."""
+    endpoint = merged.get("endpoint")
+    source = sources["endpoint.base_url"]
+    if not isinstance(endpoint, dict) or endpoint.get("sim") is None:
+        return False
+    if source in ("job file", "default") or endpoint.get("base_url") == "sim://":
+        return False
+    del endpoint["sim"]
+    sources["endpoint.sim"] = f"ignored: endpoint.base_url from {source}"
+    return True
 
 
 def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> JobSpec:

@@ -165,6 +165,30 @@ def test_separately_started_sim_over_http(tmp_path: Path, no_stray_children: Non
     assert stats["max_in_flight"] == 32
 
 
+def test_base_url_from_the_environment_sets_a_sim_job_aside(tmp_path: Path) -> None:
+    """SHARDRUN_BASE_URL points a job written for sim:// at another server: its `sim:` block
+    is ignored with one warning, the requests reach that server, the manifest says so."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml")  # base_url sim:// with a sim: block
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path,
+                       env={"SHARDRUN_BASE_URL": sim.base_url})
+        with urllib.request.urlopen(sim.base_url.removesuffix("/v1") + "/sim/stats") as resp:
+            stats = orjson.loads(resp.read())
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "endpoint.sim" in line]
+    assert warnings == [f"warning: job.yaml: endpoint.sim is ignored: endpoint.base_url is "
+                        f"{sim.base_url} from env SHARDRUN_BASE_URL, not sim://"]
+    assert stats["requests_total"] == 30
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    effective = run.manifest["effective"]
+    assert effective["endpoint.base_url"] == {"value": sim.base_url,
+                                              "source": "env SHARDRUN_BASE_URL"}
+    assert effective["endpoint.sim"] == {
+        "value": None, "source": "ignored: endpoint.base_url from env SHARDRUN_BASE_URL"}
+
+
 def test_summary_client_cpu_is_the_whole_client_tree(tmp_path: Path) -> None:
     """The summary's client CPU covers the coordinator, the launcher and every shard: the kernel's
     account of the whole process tree (os.wait4) matches it, less what runs after the summary."""

@@ -370,14 +370,25 @@ def test_messages_field(jobs: Path) -> None:
 
 
 def test_sim_settings_only_with_sim_url(jobs: Path) -> None:
-    """endpoint.sim must be a mapping and needs base_url sim://, wherever base_url came from."""
+    """endpoint.sim must be a mapping and needs base_url sim:// in the job file; a base_url
+    from the environment or a flag sets the block aside, with a warning, instead."""
     with_sim = MINIMAL.replace("model:", "sim: {ttft_ms: 5}\n  model:")
     assert load(write(jobs, with_sim)).spec.endpoint.sim == {"ttft_ms": 5}
-    message = error_of(write(jobs, with_sim), env={"SHARDRUN_BASE_URL": "http://h:1/v1"})
-    assert message == (
+    real_url = with_sim.replace("sim://", "'http://h:1/v1'")
+    assert error_of(write(jobs, real_url)) == (
         "jobs/x.yaml: endpoint.sim is only allowed when endpoint.base_url is sim://,"
-        " but base_url is 'http://h:1/v1' from env SHARDRUN_BASE_URL"
+        " but base_url is 'http://h:1/v1'"
     )
+    from_env = load(write(jobs, with_sim), env={"SHARDRUN_BASE_URL": "http://u:pw@h:1/v1"})
+    assert from_env.spec.endpoint.sim is None and from_env.sim_config() is None
+    assert from_env.warnings == (
+        "jobs/x.yaml: endpoint.sim is ignored: endpoint.base_url is http://u:***@h:1/v1 from"
+        " env SHARDRUN_BASE_URL, not sim://",
+    )
+    assert from_env.effective()["endpoint.sim"] == {
+        "value": None, "source": "ignored: endpoint.base_url from env SHARDRUN_BASE_URL"}
+    still_sim = load(write(jobs, with_sim), env={"SHARDRUN_BASE_URL": "sim://"})
+    assert still_sim.spec.endpoint.sim == {"ttft_ms": 5} and still_sim.warnings == ()
     not_mapping = MINIMAL.replace("model:", "sim: fast\n  model:")
     assert error_of(write(jobs, not_mapping)) == (
         "jobs/x.yaml: endpoint.sim must be a mapping with string keys, got 'fast'"
