@@ -1,7 +1,7 @@
 """The `shardrun validate` subcommand: argument parsing and presentation only.
 
     shardrun validate JOB.yaml [--ping] [--show N] [--strict] [--shards N] [--concurrency C]
-                               [--rpm X] [--tpm X]
+                               [--runs-dir DIR] [--rpm X] [--tpm X]
 
 Exit codes: 0 valid (rejected input lines are warnings), 1 with `--strict` when a line was
 rejected or when the `--ping` request failed, 2 when the job, a flag, the environment or the
@@ -51,6 +51,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 if any input line is rejected")
     p.add_argument("--shards", type=int, metavar="N", help="as for run")
     p.add_argument("--concurrency", type=int, metavar="C", help="as for run")
+    p.add_argument("--runs-dir", type=Path, metavar="DIR",
+                   help="as for run: checked to be a place run directories can be made in")
     p.add_argument("--rpm", metavar="X", help="job-wide requests per minute (none: unlimited)")
     p.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (none: unlimited)")
     p.set_defaults(handler=handle)
@@ -70,14 +72,16 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace, console: Console) -> int:
+    from shardrun.preflight import check_runs_dir, preflight
     from shardrun.spec import load_job
     from shardrun.validate import check_input
 
     flags = {"shards": args.shards, "concurrency": args.concurrency,
+             "runs_dir": None if args.runs_dir is None else str(args.runs_dir),
              "rate_limits.rpm": args.rpm, "rate_limits.tpm": args.tpm}  # fmt: skip
     job = load_job(args.job, env=os.environ, flags=flags)
-    job.api_key(os.environ)  # a named but unset key variable fails here, not per item
-    job.sim_config()  # so do the embedded simulator's settings, as `run` checks them
+    preflight(job, os.environ)  # what `run` refuses before it starts, refused here too
+    check_runs_dir(job)
     check = check_input(job, show=max(0, args.show))
     if check.rejects and not check.items:
         first = (f", the first (line {check.first_rejects[0].line}) because "

@@ -22,8 +22,7 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, RunError, SpecError
-from shardrun.fdlimit import coordinator_file_problem
+from shardrun.errors import InputError, SpecError
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -34,9 +33,10 @@ from shardrun.manifest import (
     resume_manifest,
     start_manifest,
 )
+from shardrun.preflight import check_runs_dir, preflight
 from shardrun.pricing import cost
 from shardrun.progress import ProgressView, estimate_total
-from shardrun.proxy import Proxy, proxy_for
+from shardrun.proxy import Proxy
 from shardrun.shard_config import ShardConfig
 from shardrun.spec import LoadedJob, load_job
 from shardrun.summary import RunSummary
@@ -105,12 +105,8 @@ def run(
     job = load_job(job_path, env=env, flags=flags)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    api_key = job.api_key(env)
-    sim_config = job.sim_config()
-    # The embedded simulator is a process of this run on loopback: never through a proxy.
-    proxy = None if sim_config is not None else proxy_for(job.spec.endpoint.base_url, env)
-    if problem := coordinator_file_problem(job.spec.shards):
-        raise RunError(problem)
+    checked = preflight(job, env)  # the same checks as `validate`
+    api_key, sim_config, proxy = checked.api_key, checked.sim_config, checked.proxy
     reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
         check_strictly(make_reader(job))
@@ -142,6 +138,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         if options.retry_failed:
             raise SpecError("--retry-failed goes with --resume RUN_ID (or use `shardrun "
                             "retry-failed RUN_DIR`)")
+        check_runs_dir(job)  # in the words `validate` uses for it
         try:
             run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
         except SpecError as exc:

@@ -304,8 +304,8 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     proc = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_RUNS_DIR": "a-file"})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("error: cannot create run directory a-file/")
-    assert proc.stderr.endswith(" (runs_dir from env SHARDRUN_RUNS_DIR)\n")
+    assert proc.stderr.startswith("error: cannot create run directory in a-file: ")
+    assert " (runs_dir from env SHARDRUN_RUNS_DIR); set runs_dir" in proc.stderr
 
 
 def _closed_port() -> int:

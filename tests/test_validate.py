@@ -22,7 +22,7 @@ from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spec import load_job
 from shardrun.validate import PingResult, check_input, config_rows, ping, run_ping
-from tests.conftest import FAST_SIM, page_server, write_job
+from tests.conftest import FAST_SIM, page_server, run_cli, write_job
 
 ESCAPE = re.compile(r"\x1b")
 
@@ -185,6 +185,31 @@ def test_an_input_of_which_no_line_is_an_item_is_an_error(
     mixed = make_job(tmp_path, [*GOOD, b'{"id": "z", "text": "t"}'])
     code, text = validate(str(mixed))
     assert code == 0 and "line 3: prompt field 'prompt' is missing\n" in text  # nothing close
+
+
+@pytest.mark.parametrize(("env", "flags", "says"), [
+    ({"all_proxy": "socks5://127.0.0.1:1"}, (),
+     "error: environment variable all_proxy names a socks5 proxy"),
+    ({"SHARDRUN_RUNS_DIR": "a-file"}, (), "a-file is not a directory (runs_dir from env "
+                                          "SHARDRUN_RUNS_DIR)"),
+    ({}, ("--runs-dir", "a-file/runs"), "a-file is not a directory (runs_dir from flag "
+                                         "--runs-dir)"),
+])  # fmt: skip
+def test_validate_refuses_the_environment_a_run_refuses(
+        tmp_path: Path, env: dict[str, str], flags: tuple[str, ...], says: str) -> None:
+    """What `run` refuses before it sends anything (a socks proxy, a runs directory it cannot
+    make), `validate` refuses too, with exit 2 and one line; a usable --runs-dir is left
+    uncreated by validate."""
+    (tmp_path / "input.jsonl").write_bytes(b"".join(line + b"\n" for line in GOOD))
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    (tmp_path / "a-file").write_text("")
+    for command in (["validate", "job.yaml"], ["job.yaml"]):
+        proc = run_cli(*command, *flags, cwd=tmp_path, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert says in proc.stderr, (command, proc.stderr)
+    proc = run_cli("validate", "job.yaml", "--runs-dir", "new/runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize(("sim", "says"), [
