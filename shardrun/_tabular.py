@@ -79,6 +79,15 @@ class CsvRows:
             raise InputError(f"{path}: cannot read the CSV header ({exc})") from None
         if not self.header:
             raise InputError(f"{path}: the CSV file is empty; its first row must be a header")
+        self._cells: list[str] = []  # the row last read, so a reject can still name its id
+
+    def cell(self, name: str) -> str | None:
+        """The value under column `name` in the row last read, None when it is empty or the row
+        ended before it (a row of the wrong width keeps the values it has, in header order)."""
+        if name not in self.header:
+            return None
+        at = self.header.index(name)
+        return (self._cells[at] or None) if at < len(self._cells) else None
 
     @property
     def line_num(self) -> int:
@@ -88,6 +97,7 @@ class CsvRows:
         width = len(self.header)
         while True:
             start = self._reader.line_num + 1
+            self._cells = []
             try:
                 cells = next(self._reader)
             except StopIteration:
@@ -103,6 +113,7 @@ class CsvRows:
                 continue
             if not cells or cells == [""]:
                 continue
+            self._cells = cells
             if len(cells) != width:
                 yield start, f"row has {len(cells)} values but the header has {width}", b""
                 continue

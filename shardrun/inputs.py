@@ -162,9 +162,9 @@ class InputReader:
                 if self.keep_records:
                     self.record = None if isinstance(record, str) else _whole_row(record, rows)
                 if isinstance(record, str):
-                    yield Reject(line, record)
+                    yield Reject(line, record, self._csv_id(rows))
                 elif bad := not_utf8(record, checked):
-                    yield Reject(line, f"column '{bad}' is not valid UTF-8")
+                    yield Reject(line, f"column '{bad}' is not valid UTF-8", self._csv_id(rows))
                 else:
                     item = record_item(record, key, line, self.fields)
                     if isinstance(item, Reject) and " is missing" in item.reason:
@@ -173,6 +173,14 @@ class InputReader:
                         item = Reject(line, reason, item.id)
                     yield item
             self.lines_read = rows.line_num
+
+    def _csv_id(self, rows: CsvRows) -> str | None:
+        """The id a rejected CSV row names in its id column, if that value is there and is
+        text (a reject "carries its id where it has one", as a JSON line's does)."""
+        value = rows.cell(self.fields.id_field)
+        if value is None or not_utf8({"id": value}, ["id"]) is not None:
+            return None
+        return value
 
     def _parquet_items(self, rows: ParquetRows) -> Iterator[dict[str, Any] | Reject]:
         for row in rows:

@@ -504,6 +504,26 @@ def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
     assert [r["line"] for r in got] == [2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14]
 
 
+def test_a_csv_row_of_the_wrong_width_keeps_its_id(tmp_path: Path) -> None:
+    """A CSV row with more or fewer values than the header is rejected with the id its id
+    column holds, in rejects.jsonl and in the export; a row that ends before its id column
+    has none."""
+    (tmp_path / "input.csv").write_text(
+        "extra,qid,question\nx,1,Fine\nx,5,Too,many\nx,6\nshort\nx,7,Fine too\n")
+    write_job(tmp_path / "job.yaml",
+              input={"path": "input.csv", "id_field": "qid", "prompt_field": "question"})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr  # rejected lines make a run failed
+    run_dir = only_run(tmp_path / "runs")
+    rejects = [(r["line"], r.get("id")) for r in read_jsonl(run_dir / "rejects.jsonl")]
+    assert rejects == [(3, "5"), (4, "6"), (5, None)]
+    out = tmp_path / "a.jsonl"
+    assert export(str(run_dir), "-o", str(out), cwd=tmp_path).returncode == 0
+    assert [(r["line"], r["id"], r["status"]) for r in read_jsonl(out)] == [
+        (2, "1", "ok"), (3, "5", "rejected"), (4, "6", "rejected"), (5, None, "rejected"),
+        (6, "7", "ok")]
+
+
 # -- --with-input -----------------------------------------------------------------------------
 
 

@@ -220,7 +220,7 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
     assert got[0] == {"id": "1", "prompt": "Hello, world"}
     assert got[1] == Reject(3, "prompt field 'prompt' is empty", "2")
     assert got[2] == {"id": "3", "prompt": "two\nlines"}
-    assert got[3] == Reject(6, "row has 2 values but the header has 3")
+    assert got[3] == Reject(6, "row has 2 values but the header has 3", "4")
     assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
     assert len(got) == 5
     # Where each entry starts: the row over two lines (4 and 5) is at line 4, not 5.
@@ -307,7 +307,10 @@ def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_bytes(b"id,prompt\n1,caf\xe9\n2,ok\n")
     got = read_all(path, InputPlan(format="csv"))
-    assert got == [Reject(2, "column 'prompt' is not valid UTF-8"), {"id": "2", "prompt": "ok"}]
+    assert got == [Reject(2, "column 'prompt' is not valid UTF-8", "1"),
+                   {"id": "2", "prompt": "ok"}]
+    path.write_bytes(b"id,prompt\ncaf\xe9,a\n")  # the id itself is not text: no id to give
+    assert read_all(path, InputPlan(format="csv")) == [Reject(2, "column 'id' is not valid UTF-8")]
 
 
 def test_csv_is_streamed(tmp_path: Path) -> None:
