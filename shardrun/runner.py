@@ -241,6 +241,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
             summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried,
+            unretried=unretried,
             prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,

@@ -44,6 +44,9 @@ class RunSummary:
     rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
     rate_wait_s: float = 0.0  # their time, summed over slots
     prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
+    # Of prior_dead: dead letters this retry pass set aside but did not reach (--limit, a stop),
+    # put back in dead/unretried-rK.jsonl; `retry-failed` runs them, not `--resume`.
+    unretried: int = 0
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -172,7 +175,8 @@ class RunSummary:
             "items": self.items, "succeeded": self.succeeded, "dead": self.dead,
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
             "left_out": self.left_out,
-            "prior_dead": self.prior_dead, "prior_rejects": self.prior_rejects,
+            "prior_dead": self.prior_dead, "unretried": self.unretried,
+            "prior_rejects": self.prior_rejects,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
             "budget_exhausted": self.budget_exhausted,
             "completion_tokens": self.completion_tokens, "attempts": self.attempts,

@@ -702,6 +702,14 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
             some.stdout)
         # All that earlier passes finished, not only what this pass read past before its limit.
         assert f"  already done       {60 - len(dead)} (" in some.stdout, some.stdout
+        # The report sends them to retry-failed: for --resume they are finished items, and
+        # no item of the input (read whole by the first pass) is left for it.
+        assert run.manifest["resumes"][-1]["summary"]["unretried"] == len(dead) - 3
+        report = run_cli("report", str(path), cwd=tmp_path).stdout
+        assert (f"; {len(dead) - 3} dead letters its last pass set aside to retry were not "
+                "reached (--limit, or a stop; dead/unretried-r1.jsonl): shardrun retry-failed "
+                f"{path} runs them") in report, report
+        assert "--resume runs them" not in report, report
         rows = [orjson.loads(line) for line in
                 run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()]
         assert sorted(r["id"] for r in rows if r["status"] == "failed") == sorted(

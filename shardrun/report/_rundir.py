@@ -232,13 +232,7 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     unended = [s.name for s in loaded.shards if not s.ended]
     if status != "running" and ended_at:
         why = f"manifest status {status}, ended {ended_at}"
-        last = newest_summary(loaded.manifest)
-        if last.get("input_read") is False:  # a --limit pass, or one stopped: finished, not done
-            why += ("; its last pass did not read the input to its end (--limit, or a stop): "
-                    "the items after it have not run, --resume runs them")
-        elif last.get("left_out"):
-            why += (f"; {last['left_out']:,} input items no pass has run (its last pass retried "
-                    "dead letters only): --resume runs them")
+        why += _work_left(loaded)
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
@@ -251,6 +245,42 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         return "crashed", "every shard log ended but the manifest was never finalized"
     return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
                        f"without shard_end: {_list(unended)}")
+
+
+def _work_left(loaded: LoadedRun) -> str:
+    """What a finished run has not done yet, and the command that does it: items no pass has
+    run (`--resume`), and dead letters a retry pass set aside but did not reach (`retry-failed`:
+    to `--resume` they are finished items)."""
+    last = newest_summary(loaded.manifest)
+    left = ""
+    # A --limit pass, or one stopped, is finished, not done, unless an earlier pass read the
+    # whole input (then what it left is only the dead letters it did not retry, below).
+    if last.get("input_read") is False and not _input_read_before(loaded.manifest):
+        left += ("; its last pass did not read the input to its end (--limit, or a stop): "
+                 "the items after it have not run, --resume runs them")
+    elif last.get("left_out"):
+        left += (f"; {last['left_out']:,} input items no pass has run (its last pass retried "
+                 "dead letters only): --resume runs them")
+    if unretried := last.get("unretried"):
+        passes = len(loaded.manifest.get("resumes") or [])
+        left += (f"; {unretried:,} dead letters its last pass set aside to retry were not "
+                 f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
+                 f"shardrun retry-failed {loaded.path} runs them")
+    return left
+
+
+def _input_read_before(manifest: dict[str, Any]) -> bool:
+    """Whether a pass before the newest read the input to its end and ended every item it read
+    (a `retry-failed` pass passes over the items no pass has run, `left_out`; a stopped one
+    leaves items `unfinished`)."""
+    resumes = [r for r in manifest.get("resumes") or [] if isinstance(r, dict)]
+    for record in [manifest, *resumes][:-1]:
+        summary = record.get("summary")
+        if not isinstance(summary, dict) or summary.get("input_read") is not True:
+            continue
+        if not summary.get("left_out") and not summary.get("unfinished"):
+            return True
+    return False
 
 
 def _alive(s: ShardSummary) -> bool:
