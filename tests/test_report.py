@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -326,6 +328,59 @@ def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
                   "Time-bucket percentiles", "TTFT distribution by prompt length",
                   "Retries by cause per minute"):
         assert title in html, title
+
+
+METRICS = Path(__file__).parent.parent / "docs" / "METRICS.md"
+# Keys under these name things the run had (statuses, causes, buckets), not fixed fields.
+OPEN_MAPS = frozenset({"by_status", "retry_causes", "causes", "dead_reasons", "pricing",
+                       "shares", "evidence", "bucket_share", "all", "dists"})
+
+
+def _schema_sections() -> dict[str, str]:
+    """docs/METRICS.md's list of the JSON document: each top-level key and the text after it."""
+    block = METRICS.read_text().split("## The JSON document", 1)[1]
+    block = block.split("\n\n", 2)[2].split("\n\n", 1)[0]  # the indented list
+    sections: dict[str, str] = {}
+    name = ""
+    for line in block.splitlines():
+        head, _, rest = line[4:].partition(" ")
+        if not line.startswith("     ") and rest.strip():
+            name = head.rstrip(",")
+        sections[name] = sections.get(name, "") + " " + (rest if line[4] != " " else line)
+    sections["schema"] = sections.get("schema", "") + " schema generator method_version notes"
+    return sections
+
+
+def _undocumented(doc: Any, sections: dict[str, str], path: tuple[str, ...] = ()) -> set[str]:
+    """The dotted paths of `doc` whose key METRICS' list of its section does not name."""
+    found: set[str] = set()
+    if isinstance(doc, list):
+        for value in doc:
+            found |= _undocumented(value, sections, path)
+    elif isinstance(doc, dict):
+        for key, value in doc.items():
+            # A top-level key heads its own line of the list (or is on the first line).
+            text = sections[path[0]] if path else " ".join(sections) + sections["schema"]
+            if not re.search(rf"\b{re.escape(key)}\b", text):
+                found.add(".".join((*path, key)))
+            if key not in OPEN_MAPS:
+                found |= _undocumented(value, sections, (*path, key))
+    return found
+
+
+def test_every_key_of_the_json_document_is_in_metrics(real_run: Path, tmp_path: Path) -> None:
+    """docs/METRICS.md lists every key `report --json` writes, also those written only when
+    they apply: a retry pass's `by_item`, `missing_files` and `results_changed`."""
+    run = tmp_path / "r1"
+    shutil.copytree(real_run, run)
+    (run / "dead" / "superseded-r1").mkdir(parents=True)  # as a retry pass leaves it
+    (run / "events" / "shard-01.jsonl").unlink()
+    with open(run / "results" / "shard-00.jsonl", "ab") as f:
+        f.write(b'{"id": "by hand"}\n')
+    doc, _ = load_report(run)
+    assert {"by_item"} <= set(doc["items"])
+    assert {"missing_files", "results_changed"} <= set(doc["integrity"])
+    assert _undocumented(doc, _schema_sections()) == set()
 
 
 def test_step_panels_are_titled_by_log_and_say_when_some_are_left_out(
