@@ -95,7 +95,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "SHARDRUN_RPM", "rate_limits.rpm", "requests per minute, whole job (none: unlimited)"
     ),
     EnvVar(
-        "SHARDRUN_TPM", "rate_limits.tpm", "prompt+completion tokens per minute, whole job"
+        "SHARDRUN_TPM", "rate_limits.tpm",
+        "prompt+completion tokens per minute, whole job (none: unlimited)",
     ),
 )
 

@@ -22,6 +22,32 @@ SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "v
                "export")
 
 
+class UsageParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one `error:` line (as every other error is, README) with
+    a pointer to --help, not the whole usage block; exit 2. Subcommands inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)\n")
+
+
+def whole_number(text: str) -> int:
+    """An argument that counts something: 0 or more (`--show -1` would show 'the first 0')."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+RATE_HELP = {
+    "rpm": "job-wide requests per minute (all shards); none lifts the job file's limit",
+    "tpm": "job-wide prompt+completion tokens per minute (all shards); none lifts the job "
+           "file's limit",
+}
+
+
 def _env_help() -> str:
     # From `_env`, not `spec`: the table needs no pydantic or YAML, and every command's parser
     # (`--help` included) builds this text.
@@ -43,7 +69,7 @@ def _add_progress_flags(command: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="shardrun",
         description="Run bulk LLM generation across sharded worker processes.",
         epilog="`shardrun JOB.yaml` is short for `shardrun run JOB.yaml`.\n\n" + _env_help(),
@@ -74,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "done yet (try a job on a few); --resume runs the rest")
     run.add_argument("--strict", action="store_true",
                      help="check the whole input first; the first bad line is an error")
-    run.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
-    run.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
+    run.add_argument("--rpm", metavar="X", help=RATE_HELP["rpm"])
+    run.add_argument("--tpm", metavar="X", help=RATE_HELP["tpm"])
     _add_progress_flags(run)
     retry = sub.add_parser(
         "retry-failed",
@@ -89,13 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the run's job file, if it has moved since the run")
     retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
     retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
-    retry.add_argument("--rpm", metavar="X", help="job-wide requests per minute (all shards)")
-    retry.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (all shards)")
+    retry.add_argument("--rpm", metavar="X", help=RATE_HELP["rpm"])
+    retry.add_argument("--tpm", metavar="X", help=RATE_HELP["tpm"])
     _add_progress_flags(retry)
     cli_validate.register(sub)
     cli_analysis.register(sub)
     cli_export.register(sub)
     sub.add_parser("sim", help="run the OpenAI-compatible simulator", add_help=False)
+    for command in sub.choices.values():  # so that an unknown flag is blamed on its command
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -110,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         args_list.insert(0, "run")
     parser = build_parser()
-    args = parser.parse_args(args_list)
+    args, extra = parser.parse_known_args(args_list)
+    if extra:  # argparse would name `shardrun`; the flag belongs to the command's --help
+        getattr(args, "command_parser", parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

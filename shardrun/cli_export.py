@@ -34,7 +34,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
     p.add_argument("-o", "--output", type=Path, metavar="FILE",
                    help="the file to write (default: standard output); replaced only once "
-                        "the export is whole")  # fmt: skip
+                        "the export is whole. A name ending in .tsv, .xlsx, .xls, .parquet, "
+                        ".pq, .feather or .arrow is refused (export writes JSON lines or CSV "
+                        "only) unless --format says which to write")  # fmt: skip
     p.add_argument("--format", choices=("jsonl", "csv"),
                    help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
     p.add_argument("--job", type=Path, metavar="JOB.yaml",

@@ -46,16 +46,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
     p.add_argument("--ping", action="store_true",
                    help="send ONE real request to the endpoint and report status and TTFT")
-    p.add_argument("--show", type=int, default=10, metavar="N",
+    p.add_argument("--show", type=_whole_number, default=10, metavar="N",
                    help="list the first N rejected lines (default 10)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any input line is rejected")
     p.add_argument("--shards", type=int, metavar="N", help="as for run")
     p.add_argument("--concurrency", type=int, metavar="C", help="as for run")
     p.add_argument("--runs-dir", type=Path, metavar="DIR",
                    help="as for run: checked to be a place run directories can be made in")
-    p.add_argument("--rpm", metavar="X", help="job-wide requests per minute (none: unlimited)")
-    p.add_argument("--tpm", metavar="X", help="job-wide tokens per minute (none: unlimited)")
+    p.add_argument("--rpm", metavar="X", help="as for run (none: no limit)")
+    p.add_argument("--tpm", metavar="X", help="as for run (none: no limit)")
     p.set_defaults(handler=handle)
+
+
+def _whole_number(text: str) -> int:
+    """`cli.whole_number`, imported on use: `cli` imports this module."""
+    from shardrun.cli import whole_number
+
+    return whole_number(text)
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -82,7 +89,7 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     job = load_job(args.job, env=os.environ, flags=flags)
     preflight(job, os.environ)  # what `run` refuses before it starts, refused here too
     check_runs_dir(job)
-    check = check_input(job, show=max(0, args.show))
+    check = check_input(job, show=args.show)
     if check.rejects and not check.items:
         first = (f", the first (line {check.first_rejects[0].line}) because "
                  f"{check.first_rejects[0].reason}" if check.first_rejects else "")

@@ -308,6 +308,39 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     assert " (runs_dir from env SHARDRUN_RUNS_DIR); set runs_dir" in proc.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "job.yaml", "--shards", "x"], ["job.yaml", "--no-such-flag"], ["retry-failed"],
+    ["validate", "job.yaml", "--show", "-1"], ["report"], ["publish", "r", "--peak", "--minute",
+    "2026-01-01T00:00Z"], ["verify"], ["export", "r", "--format", "tsv"], ["sim", "--port", "x"],
+])  # fmt: skip
+def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> None:
+    """What argparse cannot take is one `error:` line pointing at the command's --help, exit 2,
+    for every command (README: a bad flag is one `error:` line), not the usage block."""
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    [line] = proc.stderr.splitlines()
+    command = "shardrun " + ("run" if argv[0] == "job.yaml" else argv[0])
+    assert line.startswith("error: ") and line.endswith(f"(`{command} --help` lists the "
+                                                        "arguments)"), line
+    if argv[0] == "validate":  # a count below 0 would list "the first 0" rejected lines
+        assert line.startswith("error: argument --show: must be 0 or more, got -1 "), line
+
+
+def test_help_says_what_flags_take(tmp_path: Path) -> None:
+    """--rpm and --tpm of run and retry-failed take `none`; export's -o refuses the table
+    formats it does not write, each of which its help names."""
+    from shardrun.export import _OTHER_FORMATS
+
+    for command in ("run", "retry-failed"):
+        text = " ".join(run_cli(command, "--help", cwd=tmp_path).stdout.split())
+        for flag in ("--rpm X", "--tpm X"):
+            assert "none lifts the job file's limit" in text.split(flag, 2)[2][:120], command
+    text = " ".join(run_cli("export", "--help", cwd=tmp_path).stdout.split())
+    assert "is refused (export writes JSON lines or CSV only)" in text
+    for suffix in _OTHER_FORMATS:
+        assert f"{suffix}," in text or f"{suffix} " in text, suffix
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
         cfg = _config(args)
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, not {args.port}.")
-    except (_UsageError, ValueError) as e:
+    except _UsageError as e:  # worded as the other commands' usage errors (cli.UsageParser)
+        print(f"error: {e} (`{prog} --help` lists the arguments)", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help
