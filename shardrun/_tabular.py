@@ -80,6 +80,7 @@ class CsvRows:
         if not self.header:
             raise InputError(f"{path}: the CSV file is empty; its first row must be a header")
         self._cells: list[str] = []  # the row last read, so a reject can still name its id
+        self.open_quote = False  # the file ended inside a quoted cell of the last row read
 
     def cell(self, name: str) -> str | None:
         """The value under column `name` in the row last read, None when it is empty or the row
@@ -103,6 +104,8 @@ class CsvRows:
             except StopIteration:
                 return
             except csv.Error as exc:
+                # Strict, the reader says this only where the file ends inside a quoted cell.
+                self.open_quote = str(exc) == "unexpected end of data"
                 end = self._reader.line_num
                 if end > start:  # the rows the broken one ran into are lost with it: say so
                     yield start, (f"not valid CSV ({exc} on line {end}): a quote opened in this "

@@ -53,6 +53,7 @@ from shardrun.manifest import (
     pass_reads,
     prefix_digests,
     read_manifest,
+    run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file
 from shardrun.worksource import duplicate_reason, id_digest
@@ -222,6 +223,10 @@ def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
                             f"first {size:,} bytes have another SHA-256 than the manifest "
                             "records): export pairs answers with input lines, so it needs the "
                             "input as the run read it")  # fmt: skip
+    if (joined := run_on(manifest, input_path)) is not None:
+        raise SpecError(f"the input {input_path} is not what run {run_path.name} read: "
+                        f"{joined.why}, so export would show neither that line's answer nor "
+                        f"the lines added; {joined.fix}")
 
 
 class _Index:

@@ -110,6 +110,8 @@ class InputReader:
         self.sha = hashlib.sha256()
         self.bytes_read = 0
         self.lines_read = 0
+        self._newlines = 0  # b"\n" bytes read: with `lines_read`, whether a last line had one
+        self._last = b""  # the last byte read
         self._row_start: int | None = None  # the first line of the CSV row last yielded
         self.keep_records = keep_records
         self.record: dict[str, Any] | None = None
@@ -129,6 +131,8 @@ class InputReader:
     def _count(self, data: bytes) -> None:
         self.sha.update(data)
         self.bytes_read += len(data)
+        self._newlines += data.count(b"\n")
+        self._last = data[-1:] or self._last
 
     def __iter__(self) -> Iterator[dict[str, Any] | Reject]:
         if isinstance(self._tabular, CsvRows):
@@ -209,6 +213,22 @@ class InputReader:
         if self._tabular is not None:
             return False
         return self.bytes_read == os.fstat(self._file.fileno()).st_size
+
+    @property
+    def open_end(self) -> str | None:
+        """How the file's end cut off the last record read, if it did: "line" when its line had
+        no line break, "quote" when a quoted CSV cell never closed. Text appended to the file
+        later runs on into that record, so a resume must see it (`manifest.run_on`)."""
+        if isinstance(self._tabular, ParquetRows) or not self.bytes_read:
+            return None
+        if isinstance(self._tabular, CsvRows) and self._tabular.open_quote:
+            return "quote"
+        # A CSV line may also end with a lone CR; a JSON line ends only with LF.
+        breaks = (b"\n", b"\r") if self._tabular is not None else (b"\n",)
+        # A line without a break is the file's last; counted in lines_read, it was read (a CSV
+        # pass that stopped early has read past its last row only to the end of a block).
+        read_last = self.lines_read > self._newlines
+        return "line" if self._last not in breaks and read_last else None
 
     def _hash_parquet(self) -> None:
         """Take a Parquet file's hash, the whole file's, once: it is read by random access, so

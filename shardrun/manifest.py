@@ -26,7 +26,7 @@ import orjson
 
 from shardrun import __version__
 from shardrun._urls import masked_url
-from shardrun.errors import RunDirError, SpecError
+from shardrun.errors import InputError, RunDirError, SpecError
 
 if TYPE_CHECKING:
     from shardrun.inputs import InputReader
@@ -126,18 +126,87 @@ def input_at_start(path: Path) -> dict[str, Any]:
     return {**found, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def _passes(manifest: dict[str, Any]) -> list[tuple[str, object]]:
+    """(which pass, its record) for the run's first pass and each resume, in order."""
+    resumes = manifest.get("resumes")
+    passes: list[tuple[str, object]] = [("the first pass", manifest)]
+    passes += [(f"resume {n}", entry) for n, entry in
+               enumerate(resumes if isinstance(resumes, list) else [], 1)]  # fmt: skip
+    return passes
+
+
 def pass_inputs(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None]]:
     """(which pass, what it recorded of its input) for the run's first pass and each resume, in
     order; None where a pass recorded nothing (a run of an older shardrun killed mid-pass)."""
-    resumes = manifest.get("resumes")
-    passes = [("the first pass", manifest)]
-    passes += [(f"resume {n}", entry) for n, entry in
-               enumerate(resumes if isinstance(resumes, list) else [], 1)]  # fmt: skip
     found: list[tuple[str, dict[str, Any] | None]] = []
-    for name, record in passes:
+    for name, record in _passes(manifest):
         got = record.get("input") if isinstance(record, dict) else None
         found.append((name, got if isinstance(got, dict) else None))
     return found
+
+
+@dataclass(frozen=True)
+class RunOn:
+    """An ended pass whose last record the file's end cut off, and text added to the file since
+    that runs on into that record (`run_on`)."""
+
+    name: str  # which pass
+    line: int  # the last line it read
+    quote: bool  # cut off inside a quoted CSV cell, not only before a line break
+
+    @property
+    def why(self) -> str:
+        if self.quote:
+            return (f"{self.name} read it to its end inside a quoted cell (line {self.line:,}: "
+                    "a quote never closed), and the text added since is read as part of that row")
+        return (f"its line {self.line:,} had no line break at its end when {self.name} read it, "
+                "and the text added since runs on from it")
+
+    @property
+    def fix(self) -> str:
+        if self.quote:
+            return "restore the file as the run read it"
+        return f"put a line break at the end of line {self.line:,}, before the added text"
+
+
+def run_on(manifest: dict[str, Any], path: Path) -> RunOn | None:
+    """The first ended pass whose last record ended where the input then ended, without a line
+    break (or inside a quoted CSV cell), if text added to the file since runs on into it.
+
+    The file still starts with the bytes that pass read (checked before), so its lines are
+    numbered as then; but the record is now another, or no record, and the items appended after
+    it are read as part of it: a line the pass judged already, so no pass would run them or
+    record them as rejected. A line break alone, added at the end, only completes the line."""
+    for name, entry in _passes(manifest):
+        record = entry.get("input") if isinstance(entry, dict) else None
+        size = record.get("bytes_read") if isinstance(record, dict) else None
+        if not (isinstance(entry, dict) and isinstance(record, dict) and isinstance(size, int)
+                and size > 0):
+            continue
+        try:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                last, after = (got := f.read(3))[:1], got[1:]
+        except OSError as exc:
+            raise InputError(f"cannot read input file {path}: {exc.strerror}") from None
+        kind = _open_end(entry, record, last)
+        if not after or kind is None or (kind == "line" and after.startswith((b"\n", b"\r\n"))):
+            continue
+        line = record.get("lines_read")
+        return RunOn(name, line if isinstance(line, int) else 0, kind == "quote")
+    return None
+
+
+def _open_end(entry: dict[str, Any], record: dict[str, Any], last: bytes) -> str | None:
+    """How the file's end cut off the last record a pass read (`InputReader.open_end`)."""
+    if "open_end" in record:
+        kind = record["open_end"]
+        return kind if kind in ("line", "quote") else None
+    # Recorded by an older shardrun: a pass that read its input to the end and whose last byte
+    # is not a line break read a last line without one.
+    summary = entry.get("summary")
+    read_all = isinstance(summary, dict) and summary.get("input_read") is True
+    return "line" if read_all and last != b"\n" else None
 
 
 def pass_reads(manifest: dict[str, Any]) -> list[tuple[int, str, int, str]]:
@@ -283,6 +352,7 @@ def finish_manifest(
         "lines_read": reader.lines_read,
         "bytes_read": reader.bytes_read,
         "sha256_of_bytes_read": reader.sha.hexdigest(),
+        "open_end": reader.open_end,
     }
     if summary is not None:
         record["summary"] = summary.as_dict()

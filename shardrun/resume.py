@@ -29,6 +29,7 @@ from shardrun.manifest import (
     pass_inputs,
     pass_reads,
     prefix_digests,
+    run_on,
 )
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
@@ -67,7 +68,8 @@ def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
     Every pass that ended recorded the SHA-256 of the input's first `bytes_read` bytes, which
     hold each line it used; the file must still start with those bytes (one read, up to the
     longest), or answers already in the run would sit next to other lines. Lines added after
-    them are the rest of the work, as everywhere a run reads its input again (export too).
+    them are the rest of the work, as everywhere a run reads its input again (export too),
+    unless they run on from a last line the pass read without a line break (`run_on`).
     Another `input.path` is refused unless such a digest shows it holds the same bytes (a
     project copied or moved). A pass killed before it ended recorded only the file's size and
     modification time at its start; a pass that ended later was checked against them then.
@@ -98,6 +100,11 @@ def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
                 f"bytes differ from those {name} read ({why}), so answers already in the run "
                 "would sit next to other lines; restore the file as the run read it (lines "
                 "added at its end are fine), or start a new run without --resume")
+        if (joined := run_on(manifest, input_path)) is not None:
+            raise SpecError(
+                f"the input {input_path} grew in a way run {run_id} cannot go on with: "
+                f"{joined.why}, so the items added would never run; {joined.fix}, "
+                f"{'or start a new run without --resume' if joined.quote else 'then resume again'}")
     elif moved:
         raise SpecError(
             f"input.path names {input_path} in {job_name}, but run {run_id} read {read}, and "

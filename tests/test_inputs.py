@@ -146,6 +146,44 @@ def test_a_reader_stopped_early_hashes_a_prefix_of_the_file(tmp_path: Path, fmt:
         assert reader.bytes_read == sum(len(orjson.dumps(r)) + 1 for r in rows[:10])
 
 
+BATCH_LINE = (b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions",'
+              b'"body":{"messages":[{"role":"user","content":"hi"}]}}')
+
+
+@pytest.mark.parametrize(("fmt", "data", "limit", "open_end"), [
+    ("jsonl", b'{"prompt":"a"}\n{"prompt":"b"}', None, "line"),
+    ("jsonl", b'{"prompt":"a"}\n{"prompt":"b"}\n', None, None),
+    ("jsonl", b'{"prompt":"a"}\n{"prompt":"b"}\r', None, "line"),  # JSON lines end at LF only
+    ("jsonl", b'{"prompt":"a"}\n{"prompt":"b"}', 1, None),  # its last line was never read
+    ("openai-batch", BATCH_LINE, None, "line"),
+    ("openai-batch", BATCH_LINE + b"\n", None, None),
+    ("csv", b"id,prompt\na,p\nb,q", None, "line"),
+    ("csv", b"id,prompt\r\na,p\r\nb,q\r\n", None, None),
+    ("csv", b"id,prompt\ra,p\rb,q\r", None, None),  # a lone CR ends a CSV line
+    ("csv", b"id,prompt\na,p\nb,q", 1, None),  # read to the file's end, but not its last row
+    ("csv", b'id,prompt\na,p\nb,"q\n', None, "quote"),
+])
+def test_open_end_says_how_the_files_end_cut_off_the_last_record_read(
+        tmp_path: Path, fmt: str, data: bytes, limit: int | None, open_end: str | None) -> None:
+    """A last record the file's end cut off (no line break, or a quoted CSV cell never closed)
+    is what text appended later would run on into: a resume must know of it."""
+    path = tmp_path / "in.txt"
+    path.write_bytes(data)
+    reader = InputReader(path, InputPlan(format=fmt))  # type: ignore[arg-type]
+    assert len(list(itertools.islice(reader, limit))) == limit or limit is None
+    reader.close()
+    assert reader.open_end == open_end
+
+
+def test_a_parquet_file_has_no_open_end(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    path = tmp_path / "in.parquet"
+    pytest.importorskip("pyarrow.parquet").write_table(
+        pa.Table.from_pylist([{"id": "a", "prompt": "p"}]), path)
+    reader = InputReader(path, InputPlan(format="parquet"))
+    assert len(list(reader)) == 1 and reader.open_end is None
+
+
 def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
     """A missing file names itself and the job key, for every format."""
     for fmt in ("jsonl", "csv", "parquet"):

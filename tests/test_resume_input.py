@@ -1,5 +1,6 @@
 """A resume must read the input the run read: an edited input or another file is refused before
-any request, an input with lines added at its end is resumed, and export checks every pass."""
+any request, an input with lines added at its end is resumed (unless they run on from a last line
+read without a line break), and export checks every pass."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import orjson
 import pytest
 
 from shardrun.errors import SpecError
-from shardrun.manifest import file_digest, prefix_digests
+from shardrun.manifest import RunOn, file_digest, prefix_digests, run_on
 from shardrun.resume import check_input
 from tests.conftest import Run, only_run, run_cli, write_input, write_job
 
@@ -238,3 +239,109 @@ def test_resume_latest_takes_the_newest_run_of_this_job_file(tmp_path: Path) -> 
     other = run_cli("c.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
     assert other.returncode == 0, other.stderr
     assert len(Run.load(tmp_path / "runs" / "rb").results) == 20
+
+
+def unterminated(tmp_path: Path, fmt: str, n: int) -> tuple[list[str], bytes]:
+    """input.<fmt> of `n` items whose last line has no line break, and job.yaml reading it:
+    (ids, the lines of `n` more items to append)."""
+    ids, more = [f"item-{i:05d}" for i in range(n)], [f"added-{i:05d}" for i in range(5)]
+    if fmt == "csv":
+        def text(items: list[str]) -> bytes:
+            return b"".join(f"{i},say something about {i}\n".encode() for i in items)
+        data, added = b"id,prompt\n" + text(ids), text(more)
+    else:
+        write_input(tmp_path / "input.jsonl", n)
+        write_input(tmp_path / "more.jsonl", 5, prefix="added")
+        data, added = ((tmp_path / f).read_bytes() for f in ("input.jsonl", "more.jsonl"))
+    (tmp_path / f"input.{fmt}").write_bytes(data.removesuffix(b"\n"))
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": f"input.{fmt}"})
+    return ids + more, added
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_lines_appended_to_a_last_line_without_a_line_break_are_refused(
+        tmp_path: Path, fmt: str) -> None:
+    """The run read a last line without a line break; lines appended since run on from it, so
+    it became another line (not valid JSON, a CSV row too wide) that the run had judged already
+    and the first appended item would be in no file. The resume and export refuse, naming the
+    line; with the line break put in, the resume runs every appended item."""
+    ids, added = unterminated(tmp_path, fmt, 20)
+    assert run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path).returncode == 0
+    path, file = tmp_path / "runs" / "qq", tmp_path / f"input.{fmt}"
+    read = file.read_bytes()
+    file.write_bytes(read + added)
+    line = 20 + (fmt == "csv")  # the CSV header is line 1
+    error = refused("job.yaml", "qq", path, tmp_path)
+    assert error == (
+        f"error: the input {file} grew in a way run qq cannot go on with: its line {line} had "
+        "no line break at its end when the first pass read it, and the text added since runs "
+        f"on from it, so the items added would never run; put a line break at the end of line "
+        f"{line}, before the added text, then resume again\n")
+    done = run_cli("export", str(path), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"error: the input {file} is not what run qq read: its line {line} had no line break "
+        "at its end when the first pass read it, and the text added since runs on from it, so "
+        "export would show neither that line's answer nor the lines added; put a line break "
+        f"at the end of line {line}, before the added text\n")
+    file.write_bytes(read + b"\n" + added)
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+    done = run_cli("export", str(path), cwd=tmp_path)
+    assert done.returncode == 0 and f"{len(ids)} ok, 0 failed, 0 rejected, 0 pending" in (
+        done.stderr), done.stderr
+
+
+def test_a_line_break_alone_completes_the_last_line(tmp_path: Path) -> None:
+    """A line break added after a last line read without one changes no line: the resume runs
+    nothing and rejects nothing, and lines appended after it later run as usual."""
+    ids, added = unterminated(tmp_path, "jsonl", 20)
+    assert run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path).returncode == 0
+    file = tmp_path / "input.jsonl"
+    with open(file, "ab") as f:
+        f.write(b"\n")
+    resumed = run_cli("job.yaml", "--resume", "qq", "--runs-dir", "runs", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "earlier rejects" not in resumed.stdout and "warning" not in resumed.stderr
+    path = tmp_path / "runs" / "qq"
+    assert len(Run.load(path).results) == 20
+    with open(file, "ab") as f:
+        f.write(added)
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
+def test_rows_appended_to_a_csv_ending_inside_a_quoted_cell_are_refused(tmp_path: Path) -> None:
+    """The run's last row opened a quote the file's end left open (a reject): rows appended
+    since are read as part of its cell, inside a row the run rejected already."""
+    _, added = unterminated(tmp_path, "csv", 10)
+    file = tmp_path / "input.csv"
+    file.write_bytes(file.read_bytes() + b'\nopen,"a quote\n')
+    assert run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path).returncode == 1
+    with open(file, "ab") as f:
+        f.write(added)
+    error = refused("job.yaml", "qq", tmp_path / "runs" / "qq", tmp_path)
+    assert error == (
+        f"error: the input {file} grew in a way run qq cannot go on with: the first pass read "
+        "it to its end inside a quoted cell (line 12: a quote never closed), and the text added "
+        "since is read as part of that row, so the items added would never run; restore the "
+        "file as the run read it, or start a new run without --resume\n")
+
+
+def test_run_on_of_a_pass_recorded_by_an_older_shardrun(tmp_path: Path) -> None:
+    """A pass recorded without `open_end`: one that read its input to the end, whose last byte
+    is no line break, read a last line without one; one stopped early did not (a CSV's
+    `bytes_read` may end inside a row it never used)."""
+    file = tmp_path / "in.jsonl"
+    file.write_bytes(b'{"prompt":"a"}\n{"prompt":"b"}')
+    record = {**_ended(file, file.stat().st_size), "lines_read": 2}
+    older = {"input": record, "summary": {"input_read": True}, "resumes": []}
+    assert run_on(older, file) is None  # nothing added yet
+    file.write_bytes(file.read_bytes() + b'{"prompt":"c"}\n')
+    assert run_on(older, file) == RunOn("the first pass", 2, quote=False)
+    assert run_on({**older, "summary": {"input_read": False}}, file) is None
+    assert run_on({**older, "input": {**record, "open_end": None}}, file) is None
+    file.write_bytes(file.read_bytes().replace(b'"}{', b'"}\r\n{'))
+    assert run_on(older, file) is None  # a line break (CRLF) completed the line
