@@ -179,8 +179,12 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:
-    """The most input lines a finished earlier pass read (a killed one recorded none)."""
-    passes = [manifest, *(r for r in manifest.get("resumes") or [] if isinstance(r, dict))]
+    """The most input lines a finished earlier pass judged (a killed one recorded none).
+
+    A pass of dead letters only reads every line but records no reject (`record_rejects`):
+    its lines are not on record, so a later pass must judge them."""
+    passes = [manifest, *(r for r in manifest.get("resumes") or []
+                          if isinstance(r, dict) and r.get("only_failed") is not True)]
     counts = [p["input"].get("lines_read") for p in passes if isinstance(p.get("input"), dict)]
     return max((n for n in counts if isinstance(n, int)), default=0)
 

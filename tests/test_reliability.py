@@ -875,6 +875,32 @@ def test_a_rejected_line_is_recorded_by_the_pass_that_first_reads_it(tmp_path: P
     assert doc["items"]["rejected_input_lines"] == 3
 
 
+def test_a_resume_after_a_retry_of_dead_letters_only_records_the_lines_no_pass_judged(
+        tmp_path: Path) -> None:
+    """A trial of 30 items, a retry-failed (dead letters only: it reads every line but judges
+    none), then --resume: the bad line past the trial is recorded by the resume, not counted
+    as rejected by an earlier pass that wrote it nowhere."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    lines = (tmp_path / "input.jsonl").read_bytes().splitlines(keepends=True)
+    bad = b"this line is not JSON\n"
+    (tmp_path / "input.jsonl").write_bytes(b"".join([bad, *lines, bad]))
+    failing = {"base_url": "sim://", "api": "chat", "model": "m",
+               "sim": {**FAST_SIM, "fail_500": 1.0}}
+    write_job(tmp_path / "job.yaml", endpoint=failing, retry={"max_attempts": 1})
+    trial = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "30", cwd=tmp_path)
+    assert trial.returncode == 1, trial.stderr
+    path = only_run(tmp_path / "runs")
+    assert run_cli("retry-failed", str(path), cwd=tmp_path).returncode == 1
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stderr
+    assert "earlier rejects    1 input line rejected by earlier passes" in resumed.stdout
+    assert "(30 dead-lettered, 1 rejected input lines)" in resumed.stdout, resumed.stdout
+    recorded = [orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
+                for line in f.read_bytes().splitlines()]
+    assert sorted(recorded) == [1, len(ids) + 2]
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_retry_failed_of_a_run_whose_job_file_moved_takes_it_with_job(tmp_path: Path) -> None:
     """The job file renamed since the run: `retry-failed RUN_DIR` says so and how to name it
     (one sentence, exit 2, nothing run); with `--job` it retries the dead letters only."""
