@@ -46,6 +46,9 @@ process group. Only the coordinator heeds them; it stops the shards gracefully (
 def leave_stop_signals_to_the_coordinator() -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # A spawned shard or launcher starts with them blocked (`placement.spawn_holding_stop_signals`):
+    # ignored now, any that came meanwhile is dropped, and they may be let through.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @dataclass(frozen=True)

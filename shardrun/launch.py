@@ -16,6 +16,7 @@ import faulthandler
 import gc
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -28,11 +29,15 @@ from typing import IO, NoReturn, TypeVar
 from shardrun._launcher import STOP_SIGNALS, Slot, leave_stop_signals_to_the_coordinator, serve
 from shardrun._title import launcher_title, set_title
 from shardrun.placement import (
-    PIPE_LIMIT,
     UNKNOWN_EXIT,
     LocalShard,
     OSProcess,
+    SpawnedProcess,
+    connect_pipes,
     log_path_of,
+    poll_until_ended,
+    reader_of,
+    spawn_holding_stop_signals,
     start_local_shard,
 )
 
@@ -74,9 +79,8 @@ class ForkedProcess:
 class ForkedLauncher:
     """The launcher as a fork of this process, reaped here with `waitpid`.
 
-    No asyncio child watcher knows a PID that `os.fork` returned, so `wait` polls, from 1 ms up
-    to 50 ms apart. It is only awaited once the launcher's report pipe has ended, that is, once
-    the launcher is exiting or gone, so the first poll or two normally find it.
+    No asyncio child watcher knows a PID that `os.fork` returned, so `wait` polls. It is only
+    awaited once the launcher's report pipe has ended.
     """
 
     def __init__(self, pid: int) -> None:
@@ -95,11 +99,7 @@ class ForkedLauncher:
         return self.returncode
 
     async def wait(self) -> int:
-        delay = 0.001
-        while (code := self.poll()) is None:
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.05)
-        return code
+        return await poll_until_ended(self.poll)
 
     def kill(self) -> None:
         if self.poll() is None:  # not reaped yet, so the PID is still ours
@@ -232,7 +232,6 @@ class _Slots:
 
     async def adopt(self, launcher: Launcher, out_dir: Path) -> list[LocalShard]:
         """Our side of each shard the launcher forked; a spawned one for each it could not."""
-        loop = asyncio.get_running_loop()
         shards: list[LocalShard] = []
         for index, ends in self.ends.items():
             pid = await launcher.pids[index]
@@ -244,10 +243,7 @@ class _Slots:
                 shards.append(await start_local_shard(index, self.log_dir, out_dir,
                                                       self.segment))
                 continue
-            reader = asyncio.StreamReader(limit=PIPE_LIMIT)
-            await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
-                                         ends.stdout)
-            writer, _ = await loop.connect_write_pipe(asyncio.Protocol, ends.stdin)
+            writer, reader = await connect_pipes(ends.stdin, ends.stdout)
             shards.append(LocalShard(index, ForkedProcess(pid, launcher.ends[index], reader),
                                      writer, reader, ends.log_path, out_dir, ends.file_name))
         return shards
@@ -263,9 +259,7 @@ class PreparedLaunch:
 
     async def start(self, out_dir: Path) -> tuple[list[LocalShard], Launcher]:
         """In the event loop: read the launcher's reports and take over its shards."""
-        report = asyncio.StreamReader(limit=PIPE_LIMIT)
-        await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(report), self.report)
+        report = await reader_of(self.report)
         launcher = Launcher(self.process, report, list(self.shards.ends))
         return await self.shards.adopt(launcher, out_dir), launcher
 
@@ -412,15 +406,15 @@ async def start_forked_shards(indexes: Sequence[int], log_dir: Path, out_dir: Pa
     shards = _Slots.open(indexes, log_dir, segment)
     try:
         with open(log_dir / "launcher.log", "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *LAUNCHER_ARGV, *(slot.arg() for slot in shards.slots),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
-                pass_fds=shards.theirs())
+            # Like a spawned shard, it must not die of a Ctrl-C before it ignores it.
+            popen = spawn_holding_stop_signals(
+                [*LAUNCHER_ARGV, *(slot.arg() for slot in shards.slots)],
+                subprocess.DEVNULL, subprocess.PIPE, log, pass_fds=shards.theirs())
     except BaseException:
         shards.close_ours()
         raise
     finally:
         shards.close_theirs()
-    assert proc.stdout is not None
-    launcher = Launcher(proc, proc.stdout, indexes)
+    assert popen.stdout is not None
+    launcher = Launcher(SpawnedProcess(popen), await reader_of(popen.stdout), indexes)
     return await shards.adopt(launcher, out_dir), launcher

@@ -8,6 +8,9 @@ Local shards start two ways: forked by the shard launcher, which imports a shard
 shardrun._shard_main`), for a replacement after a death and wherever forking is unavailable.
 Either way a shard speaks the protocol on its stdin and stdout and writes its stderr to
 `logs/shard-NN.log`, and the coordinator holds it as a `LocalShard`.
+
+A fresh interpreter is started by `spawn_holding_stop_signals`, never through the event loop:
+it must start with the stop signals blocked (see there).
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from shardrun import protocol
+from shardrun._launcher import STOP_SIGNALS
 from shardrun.recovery import line_ids, repair_torn_tail
 from shardrun.shard_config import shard_file_name
 
@@ -49,8 +55,9 @@ class ShardHandle(Protocol):
 
 
 class OSProcess(Protocol):
-    """An OS process as the coordinator holds it: an asyncio subprocess, a shard forked by the
-    launcher (`launch.ForkedProcess`) or the launcher itself (`launch.ForkedLauncher`)."""
+    """An OS process as the coordinator holds it: a spawned one (`SpawnedProcess`), a shard
+    forked by the launcher (`launch.ForkedProcess`) or the launcher itself
+    (`launch.ForkedLauncher`)."""
 
     @property
     def pid(self) -> int: ...
@@ -126,18 +133,80 @@ def log_path_of(index: int, log_dir: Path, segment: int) -> tuple[str, Path]:
     return file_name, log_dir / file_name.replace(".jsonl", ".log")
 
 
+async def poll_until_ended(poll: Callable[[], int | None]) -> int:
+    """Call `poll` (a non-blocking reap) from 1 ms up to 50 ms apart until it gives a status.
+
+    For a child no asyncio child watcher knows. Only awaited once the child's output has
+    ended, that is, once it is exiting or gone, so the first poll or two normally find it.
+    """
+    delay = 0.001
+    while (code := poll()) is None:
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 0.05)
+    return code
+
+
+class SpawnedProcess:
+    """A fresh interpreter started by `spawn_holding_stop_signals`, reaped with its `poll`."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        return await poll_until_ended(self._popen.poll)
+
+    def kill(self) -> None:
+        self._popen.kill()  # does nothing once it has been reaped (the PID is no longer ours)
+
+
+def spawn_holding_stop_signals(argv: Sequence[str], stdin: int | IO[bytes],
+                               stdout: int | IO[bytes], stderr: IO[bytes],
+                               pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    """Start `argv` with SIGINT, SIGTERM and SIGHUP blocked until it ignores them itself.
+
+    Ctrl-C reaches the whole process group, and a fresh interpreter spends a fraction of a
+    second importing before it can ignore SIGINT: a Ctrl-C just after a shard died killed its
+    replacement (a KeyboardInterrupt in its log, one more death counted). Blocked at exec, a
+    signal waits, and ignoring it drops it (`_launcher.leave_stop_signals_to_the_coordinator`,
+    which then unblocks them). `subprocess` execs with the caller's signal mask; the event
+    loop's spawn would not do: uvloop (libuv) resets the child's mask and dispositions first.
+    The mask is this thread's, restored at once: a signal for this process meanwhile waits too.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=0,
+                                pass_fds=pass_fds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+async def reader_of(pipe: IO[bytes]) -> asyncio.StreamReader:
+    """Our end of a child's output pipe (a shard's stdout, the launcher's reports), in the loop."""
+    reader = asyncio.StreamReader(limit=PIPE_LIMIT)
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+async def connect_pipes(stdin: IO[bytes], stdout: IO[bytes],
+                        ) -> tuple[asyncio.WriteTransport, asyncio.StreamReader]:  # fmt: skip
+    """Our ends of a shard's stdin and stdout, in the loop."""
+    reader = await reader_of(stdout)
+    writer, _ = await asyncio.get_running_loop().connect_write_pipe(asyncio.Protocol, stdin)
+    return writer, reader
+
+
 async def start_local_shard(index: int, log_dir: Path, out_dir: Path, segment: int) -> LocalShard:
     """Spawn `python -m shardrun._shard_main`; its stderr goes to logs/shard-NN.log."""
     file_name, log_path = log_path_of(index, log_dir, segment)
     with open(log_path, "ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "shardrun._shard_main",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,
-            limit=PIPE_LIMIT,
-        )
-    assert proc.stdin is not None and proc.stdout is not None
-    return LocalShard(index, proc, proc.stdin, proc.stdout, log_path, out_dir, file_name)
+        popen = spawn_holding_stop_signals([sys.executable, "-m", "shardrun._shard_main"],
+                                           subprocess.PIPE, subprocess.PIPE, log)
+    assert popen.stdin is not None and popen.stdout is not None
+    writer, reader = await connect_pipes(popen.stdin, popen.stdout)
+    return LocalShard(index, SpawnedProcess(popen), writer, reader, log_path, out_dir, file_name)

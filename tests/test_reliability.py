@@ -331,6 +331,71 @@ def test_kill_9_of_a_shard_reassigns_its_items(tmp_path: Path, start: str) -> No
     assert not run.dead
 
 
+# Holds a spawned shard in its interpreter's start-up (before shardrun is imported) and says so:
+# the moment a Ctrl-C used to kill it.
+SLOW_SHARD_START = """\
+import os, sys, time
+if "shardrun._shard_main" in sys.orig_argv:
+    with open(os.environ["SLOW_SHARD_MARK"], "a") as mark:
+        mark.write(f"{os.getpid()}\\n")
+    time.sleep(2)
+"""
+
+
+def _own_group(ignoring_sigint: bool) -> Any:
+    """A preexec_fn: the run in a process group of its own (so that a signal to the group
+    spares this test), started ignoring SIGINT when asked (a background job of a script)."""
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if ignoring_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return setup
+
+
+@pytest.mark.parametrize("coordinator", ["heeds", "ignores"])
+def test_ctrl_c_while_a_replacement_shard_starts_does_not_kill_it(
+        tmp_path: Path, coordinator: str) -> None:
+    """kill -9 of a shard, then SIGINT to the run's whole process group (a terminal's Ctrl-C)
+    while the replacement is still starting: it lives on. A coordinator that heeds SIGINT stops
+    the run cleanly with one death; one started ignoring it finishes the run."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SHARD_START)
+    mark = tmp_path / "replacement-starting"
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "3",
+                  env={"PYTHONPATH": path, "SLOW_SHARD_MARK": str(mark)},
+                  preexec=_own_group(coordinator == "ignores"))
+    try:
+        _wait_for_results(tmp_path / "runs", 200)
+        os.kill(_shard_pids(proc.pid)[0], signal.SIGKILL)
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mark.exists(), "no replacement shard started"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert err.count(" died (") == 1, err
+    assert "shard deaths       1 " in out
+    path_of_run = only_run(tmp_path / "runs")
+    for log in (path_of_run / "logs").glob("shard-*.log"):
+        assert "Traceback" not in log.read_text(), log
+    if coordinator == "heeds":
+        assert proc.returncode == 130, err
+        assert orjson.loads((path_of_run / "manifest.json").read_bytes())["status"] == (
+            "interrupted")
+    else:
+        assert proc.returncode == 0, err
+        assert_exactly_once(Run.load(path_of_run), ids)
+
+
 def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) -> None:
     """The launcher that forked the shards is killed mid-run: the shards work on, each reports
     done, and though their exit can no longer be known, the run succeeds and says why."""
