@@ -17,6 +17,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,12 +94,16 @@ class Coordinator:
 
     def __init__(self, config: ShardConfig, shards: int, source: WorkSource, run_dir: RunDir,
                  view: ProgressView, rate_limits: tuple[float | None, float | None],
-                 *, silence_s: float, fork: bool = True) -> None:
+                 *, silence_s: float, fork: bool = True,
+                 endpoint_gone: Callable[[], str | None] | None = None) -> None:
         self.config = config  # the template every shard's config is made from
         self.shard_count = shards
         self.view = view
         self.rate_limits = rate_limits
         self.silence_s = silence_s
+        # Why the endpoint can never answer again, once that is so (the simulator this run
+        # started has exited); None while it may.
+        self.endpoint_gone = endpoint_gone
         self.source = source
         self.run_dir = run_dir
         self.clock = Clock()
@@ -237,7 +242,8 @@ class Coordinator:
             state.handle.send({"t": protocol.RATE, "rpm": rpm, "tpm": tpm})
 
     def _on_fatal(self, reason: str, mode: str, origin: int) -> None:
-        """One shard found the endpoint (or the disk) unusable: tell the others at once."""
+        """One shard (or, with `origin` -1, this process) found the endpoint (or the disk)
+        unusable: tell the others at once."""
         if self.fatal_reason is not None:
             return
         self.fatal_reason, self.fatal_mode = reason, mode
@@ -305,6 +311,15 @@ class Coordinator:
                                       "shard_silence_s limit (a blocked event loop or a "
                                       "stopped process); it was killed")
                     state.handle.kill()
+            self._check_endpoint()
+
+    def _check_endpoint(self) -> None:
+        """Stop the run at once when its endpoint can never answer again: the shards would take
+        it for an outage and hold their items for `retry.outage_s`, waiting for nothing. The
+        items are left unfinished (mode abandon) for --resume."""
+        if self.endpoint_gone is not None and self.fatal_reason is None and (
+                why := self.endpoint_gone()) is not None:
+            self._on_fatal(why, ABANDON, origin=-1)
 
     # -- the run -------------------------------------------------------------------------------
 

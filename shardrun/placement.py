@@ -107,9 +107,7 @@ class LocalShard:
             return None
         if code == UNKNOWN_EXIT:
             return "ended with an unknown status: the shard launcher is gone"
-        if code < 0:
-            return f"killed by signal {signal.Signals(-code).name}"
-        return f"exited with status {code}"
+        return exit_description(code)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):  # it has ended: nothing to kill
@@ -126,6 +124,13 @@ class LocalShard:
                 hits = [i for i in line_ids(path) if i in ids]
             found.append(hits)
         return found[0], found[1]
+
+
+def exit_description(code: int) -> str:
+    """How a process ended, from its exit code as `subprocess` gives it (negative: a signal)."""
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 def log_path_of(index: int, log_dir: Path, segment: int) -> tuple[str, Path]:

@@ -8,10 +8,11 @@ coordinator on uvloop and stops the simulator again, whatever happened.
 from __future__ import annotations
 
 import asyncio
+import functools
 import shlex
 import shutil
 import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -33,6 +34,7 @@ from shardrun.manifest import (
     resume_manifest,
     start_manifest,
 )
+from shardrun.placement import exit_description
 from shardrun.preflight import check_runs_dir, preflight
 from shardrun.pricing import cost
 from shardrun.progress import ProgressView, estimate_total
@@ -75,6 +77,8 @@ class Endpoint:
     base_url: str
     api_key: str | None
     proxy: Proxy | None
+    # Why it can never answer again, once that is so (see `_sim_ended`); None while it may.
+    gone: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -121,7 +125,9 @@ def run(
             # fault the same requests again, and retry-failed could never succeed on it.
             sim = start_sim(replace(sim_config, seed=sim_config.seed + this.segment))
             base_url = sim.base_url
-        return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy), argv, options)
+        gone = None if sim is None else functools.partial(_sim_ended, sim)
+        return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy, gone), argv,
+                         options)
     finally:
         if sim is not None:
             sim.stop()
@@ -131,6 +137,19 @@ def run(
             # there is nothing to keep, and a directory without a manifest is no run to
             # resume or report on, yet would refuse its --run-id.
             shutil.rmtree(this.run_dir.path, ignore_errors=True)
+
+
+def _sim_ended(sim: SimProcess) -> str | None:
+    """Why the simulator this run started can never answer again: it has exited (no one else
+    restarts it, and a new one would listen on another port)."""
+    code = sim.returncode
+    if code is None:
+        return None
+    said = sim.stderr_tail(500).splitlines()[-1:]
+    last = f"; its stderr ends with: {ellipsize(said[0], 200)}" if said else ""
+    return (f"the simulator this run started for sim:// ended mid-run ({exit_description(code)}"
+            f"{last}), so nothing can answer the items left; they are unfinished, not failed: "
+            "continue with --resume, which starts a new simulator")
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
@@ -232,7 +251,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     coordinator = Coordinator(shard_template(job, this, endpoint), spec.shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),
-                              silence_s=spec.shard_silence_s, fork=spec.shard_start == "fork")
+                              silence_s=spec.shard_silence_s, fork=spec.shard_start == "fork",
+                              endpoint_gone=endpoint.gone)
     status = "failed"
     summary: RunSummary | None = None
     try:

@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, cast
@@ -1189,6 +1189,20 @@ def test_one_items_request_reset_every_time_is_the_items_failure_even_at_a_cap_o
     assert stats["faults"]["reset_when"] >= 3
 
 
+def _end_after(proc: subprocess.Popen[str], runs: Path,
+               act: Callable[[], object]) -> tuple[str, str]:
+    """Once the run has 100 results in `runs`, `act` on it, then wait for its end (bounded) and
+    return its output; the run is killed if anything fails on the way."""
+    try:
+        _wait_for_results(runs, 100)
+        act()
+        return proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> None:
     """The server goes away for good: after retry.outage_s (2 s here) of failing every request
     the run stops with one sentence and dead-letters nothing; --resume against a live server
@@ -1198,14 +1212,7 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
         write_job(tmp_path / "job.yaml", shards=2, concurrency=4, retry={"outage_s": 2},
                   endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
         proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--progress-interval", "0.5")
-        try:
-            _wait_for_results(tmp_path / "runs", 100)
-            server.stop(timeout=0.1)
-            out, err = proc.communicate(timeout=WAIT_GUARD_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        out, err = _end_after(proc, tmp_path / "runs", lambda: server.stop(timeout=0.1))
     assert proc.returncode == 1, out + err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.fullmatch(
@@ -1217,6 +1224,38 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
     path = only_run(tmp_path / "runs")
     assert not Run.load(path).dead
     resume_on_a_live_server(tmp_path, path, ids)
+
+
+def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) -> None:
+    """kill -9 of the simulator a sim:// run started: no one can bring it back, so the run
+    stops with one sentence that says so, instead of waiting out retry.outage_s (60 s here;
+    the guard below is longer) for it; nothing is dead-lettered, and --resume, with a
+    simulator of its own, finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml", retry={"outage_s": 60},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+
+    def kill_the_simulator() -> None:
+        (server,) = [c for c in psutil.Process(proc.pid).children()
+                     if "shardrun.sim" in c.cmdline()]
+        server.kill()
+
+    out, err = _end_after(proc, tmp_path / "runs", kill_the_simulator)
+    assert proc.returncode == 1, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: the simulator this run started for sim:// ended mid-run (killed "
+                      "by signal SIGKILL), so nothing can answer the items left; they are "
+                      "unfinished, not failed: continue with --resume, which starts a new "
+                      "simulator"], err
+    assert "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    run = Run.load(path)
+    assert not run.dead and len(run.results) < len(ids)
+    assert orjson.loads((path / "manifest.json").read_bytes())["status"] == "failed"
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
 
 
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
