@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
-from shardrun.errors import ShardrunError, SpecError
+from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
 SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify",
                "export")
@@ -161,9 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, BrokenPipeError):  # our reader went away: nothing to tell it
             raise
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{(exc.strerror or str(exc)).lower()}; the run stopped there: make "
-              "that path usable (a read-only or damaged run directory?), then continue with "
-              "--resume", file=sys.stderr)
+        print(f"error: {where}{(exc.strerror or str(exc)).lower()}; the run stopped there: "
+              f"{fix_for_write(exc)}, then continue with --resume", file=sys.stderr)
         return 1
 
 
@@ -239,6 +238,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         _say(str(nothing))
         return 0
     _say(format_summary(summary))
-    if summary.fatal_reason:
-        print(f"error: {summary.fatal_reason}", file=sys.stderr)
+    for problem in filter(None, [summary.fatal_reason, *summary.unrecorded]):
+        print(f"error: {problem}", file=sys.stderr)
     return summary.exit_code

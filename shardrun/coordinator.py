@@ -18,13 +18,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from shardrun import _import_structlog_without_rich, protocol
 from shardrun.clock import Clock
-from shardrun.errors import RunError
+from shardrun.errors import RunError, fix_for_write
 from shardrun.launch import (
     Launcher,
     PreparedLaunch,
@@ -117,6 +117,7 @@ class Coordinator:
         self.terminal_fds: list[int] = []  # stdout, stderr: those that are a terminal
         self.fatal_reason: str | None = None
         self.fatal_mode: str | None = None
+        self.log_problem: str | None = None  # why the coordinator's log could not be written
         self.deaths: list[str] = []
         self.reassigned = 0
         self.totals = Totals()
@@ -289,7 +290,19 @@ class Coordinator:
             ticks += 1
             if ticks % 4 == 0:
                 self.log.checkpoint(self.clock.now())
-                self.log.flush()
+                self._write_log(self.log.flush)
+
+    def _write_log(self, write: Callable[[], None]) -> None:
+        """Hand the coordinator's log to the OS. A failed write (a full disk) is recorded, not
+        raised: the shards decide whether the run can go on, and the summary says it."""
+        try:
+            write()
+        except OSError as exc:
+            if self.log_problem is None:
+                self.log_problem = (
+                    f"cannot write {self.log.path}: {(exc.strerror or str(exc)).lower()}, so the "
+                    f"coordinator's events since are lost (the results are not); "
+                    f"{fix_for_write(exc)}, then continue with --resume")
 
     async def watch(self) -> None:
         """Kill a running shard that has sent nothing for `silence_s` (its pipe then closes, and
@@ -353,7 +366,7 @@ class Coordinator:
         self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
                       cap=self.config.concurrency)
         # On disk at once: a coordinator killed in its first second still leaves the run's start.
-        self.log.flush()
+        self._write_log(self.log.flush)
         self.view.start()
         ticker = asyncio.create_task(self.progress())
         watchdog = asyncio.create_task(self.watch())
@@ -381,7 +394,9 @@ class Coordinator:
             self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
                           client_cpu_s=None if cpu is None else round(cpu, 3))
             self.log.checkpoint(self.clock.now())
-            self.log.close()
+            self._write_log(self.log.close)
+        if self.log_problem is not None:
+            summary = replace(summary, unrecorded=(*summary.unrecorded, self.log_problem))
         return summary
 
     @staticmethod

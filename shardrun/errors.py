@@ -10,6 +10,11 @@
 A failed request is not an exception: it is an attempt event with its status.
 """
 
+import errno
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""A write failed for want of space: a full disk, a quota, a file size limit."""
+
 
 class ShardrunError(Exception):
     """Root of every error shardrun reports to the user as one sentence."""
@@ -41,3 +46,10 @@ class EndpointError(ShardrunError):
 
 class RunError(ShardrunError):
     """The run cannot go on."""
+
+
+def fix_for_write(exc: OSError) -> str:
+    """What to do about a file of a run that could not be written, by why it could not."""
+    if exc.errno in NO_ROOM:
+        return "free some space"
+    return "make that path usable (a read-only or damaged run directory?)"

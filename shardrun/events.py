@@ -171,8 +171,10 @@ class EventLog:
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self.sync()
-        self._file.close()
+        try:
+            self.sync()
+        finally:  # closed even when the disk is full (a failed flush raises here again)
+            self._file.close()
 
 
 class JsonlWriter:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import errno
 import io
 import os
 import sqlite3
@@ -45,7 +44,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import orjson
 
 from shardrun.digestset import DigestSet
-from shardrun.errors import RunError, SpecError
+from shardrun.errors import NO_ROOM, RunError, SpecError
 from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
 from shardrun.manifest import (
     file_digest,
@@ -73,7 +72,6 @@ COLUMNS = ("line", "id", "status", "output", "finish_reason", "prompt_tokens",
 a list, a call in the older `functions` form as an object, where CSV has their JSON text)."""
 
 _WRITE_BLOCK = 1 << 16  # characters of CSV text per write
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write failed for want of space
 
 
 @dataclass
@@ -475,7 +473,7 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
     except _WriteError as exc:
         tmp.unlink(missing_ok=True)
         cause = exc.__cause__
-        full = isinstance(cause, OSError) and cause.errno in _NO_ROOM
+        full = isinstance(cause, OSError) and cause.errno in NO_ROOM
         raise RunError(f"could not write {out}: {_why(cause)}; nothing was written ("
                        f"{'free some space, or ' if full else ''}name another file with "
                        "-o)") from None  # fmt: skip

@@ -7,6 +7,7 @@ from the run can name exactly the bytes it came from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -221,13 +222,22 @@ def pass_reads(manifest: dict[str, Any]) -> list[tuple[int, str, int, str]]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a manifest."""
+    """Write via a temporary file and rename, so a crash never leaves half a manifest.
+
+    A write that fails (a full disk) leaves `path` as it was and no temporary file, and raises
+    an OSError that names `path` (a failed write names no file of its own).
+    """
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
 def versions() -> dict[str, str]:

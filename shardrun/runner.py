@@ -23,7 +23,7 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, SpecError
+from shardrun.errors import InputError, SpecError, fix_for_write
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -277,9 +277,23 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             from shardrun.batch_format import write_batch_files
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
-        return summary
-    finally:
+    except BaseException:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
+        raise
+    try:
+        finish_manifest(manifest, this.run_dir, status, reader, summary)
+    except OSError as exc:
+        # The pass has ended all the same (its processes are gone and its lock free, which
+        # `report` reads): say what it did, and what could not be recorded.
+        return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc)))
+    return summary
+
+
+def _unclosed(exc: OSError) -> str:
+    """The manifest could not be written at the end of a pass: one sentence."""
+    return (f"cannot write {exc.filename}: {(exc.strerror or str(exc)).lower()}, so it still "
+            f"says the run is running, though it has ended; {fix_for_write(exc)}, then continue "
+            "with --resume")
 
 
 def resume_command(job: LoadedJob, run_dir: RunDir) -> str:

@@ -58,6 +58,9 @@ class RunSummary:
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
     resume_command: str | None = None  # the command that finishes what this pass left undone
     retry_command: str | None = None  # the command that gives the dead letters another pass
+    # What this pass could not record at its end (its manifest, the coordinator's event log),
+    # one sentence each: the run still ended, and the CLI prints them as errors.
+    unrecorded: tuple[str, ...] = ()
 
     @classmethod
     def from_shard_reports(
@@ -167,7 +170,8 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        return {"interrupted": 130, "succeeded": 0}.get(self.status, 1)
+        code = {"interrupted": 130, "succeeded": 0}.get(self.status, 1)
+        return code or int(bool(self.unrecorded))
 
     def as_dict(self) -> dict[str, Any]:
         peak = self.peak_full_minute

@@ -1422,6 +1422,38 @@ def test_full_disk_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     assert_exactly_once(Run.load(path), ids)
 
 
+def _leave_no_room_for_the_final_manifest() -> None:
+    # Above the manifest a run starts with (about 4.5 KB), below the one it ends with (about
+    # 7 KB, with its summary and file list): the disk is full before the run can close it.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5_500, 5_500))
+
+
+def test_a_disk_too_full_for_the_manifest_still_ends_the_run(tmp_path: Path) -> None:
+    """The disk fills up mid-run and has no room for the manifest at the end either: the run
+    still prints its summary, names the file it could not write, leaves no temporary file, and
+    `report` does not call the run running; resume then finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml")
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs",
+                  preexec=_leave_no_room_for_the_final_manifest)
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    manifest = Path("runs") / path.name / "manifest.json"
+    assert (f"error: cannot write {manifest}: file too large, so it still says the run is "
+            "running, though it has ended; free some space, then continue with --resume"
+            ) in err.splitlines(), err
+    assert re.search(r"^  succeeded +[0-9,]+$", out, re.M), out
+    assert not list(path.glob("*.tmp"))
+    assert orjson.loads((path / "manifest.json").read_bytes())["status"] == "running"
+    report = run_cli("report", str(path), cwd=tmp_path)
+    assert report.stdout.splitlines()[0].endswith("[CRASHED]"), report.stdout + report.stderr
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_unwritable_runs_dir_is_a_clear_error(tmp_path: Path) -> None:
     """A runs directory that cannot be created is one error line, exit 2."""
     write_input(tmp_path / "input.jsonl", 5)

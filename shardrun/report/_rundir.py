@@ -236,6 +236,14 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
+    if _lock_held(loaded.path) is False:
+        # Every process of a pass holds the run's lock while it lives: none is left, however
+        # recently the logs were written (a pass that could not write its manifest at the end,
+        # on a full disk, or one killed a moment ago).
+        return "crashed", ("manifest status running, but no process of the run holds its lock: "
+                           "the run ended without closing its manifest"
+                           + (f"; shard logs without shard_end: {_list(unended)}"
+                              if unended else ""))
     age = (time.time() if now is None else now) - loaded.newest_mtime
     alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
     if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
@@ -281,6 +289,23 @@ def _input_read_before(manifest: dict[str, Any]) -> bool:
         if not summary.get("left_out") and not summary.get("unfinished"):
             return True
     return False
+
+
+def _lock_held(run_path: Path) -> bool | None:
+    """Whether a process holds the run's lock (`resume.lock_run`, `resume.share_lock`); None
+    where that cannot be told (no lock file, no access to it, no `flock`)."""
+    try:
+        import fcntl
+
+        with open(run_path / ".lock", "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)  # at once: a pass about to start waits for it
+            return False
+    except (ImportError, OSError):
+        return None
 
 
 def _alive(s: ShardSummary) -> bool:
