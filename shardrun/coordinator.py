@@ -37,7 +37,7 @@ from shardrun.placement import ShardHandle, start_local_shard
 from shardrun.progress import ProgressView
 from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
-from shardrun.summary import RunSummary
+from shardrun.summary import RunSummary, add_unreported
 from shardrun.worksource import WorkSource, fair_share
 
 # Before the event log imports structlog: rich is for the terminal display only, and a run
@@ -176,9 +176,10 @@ class Coordinator:
             # A run stopped by a fatal error (a full disk above all): a write that failed
             # part-way may have put lines in the files that the shard could not report.
             # Count what is there, so the summary says what is done (a dead shard's files are
-            # read the same way in `_after_death`).
+            # read the same way in `_after_death`). Its `done` report counted their tokens
+            # and attempts already: it counts an item as it hands its line to the writer.
             ok, dead = handle.finished_among(set(state.outstanding))
-            self._finished(state, ok, dead)
+            self._finished(state, list(ok), list(dead))
         extra = {"killed": killed} if killed else {}
         self.log.emit(events.SHARD_EXIT, t=self.clock.now(), to=handle.index,
                       status=state.died or "done", **extra)
@@ -464,7 +465,9 @@ class Coordinator:
         self.deaths.append(f"shard {index} died ({state.died}); its log is {log_path}")
         print(f"warning: {self.deaths[-1]}", file=sys.stderr)
         ok, dead = state.handle.finished_among(set(state.outstanding))
-        self._finished(state, ok, dead)
+        self._finished(state, list(ok), list(dead))
+        # The lines it wrote after its last report: their tokens and attempts are in no report.
+        state.progress = add_unreported(state.progress, ok.values(), dead.values())
         items = list(state.outstanding.values())
         state.outstanding.clear()
         self.reassigned += len(items)

@@ -22,16 +22,18 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from shardrun import protocol
 from shardrun._launcher import STOP_SIGNALS
-from shardrun.recovery import line_ids, repair_torn_tail
+from shardrun.recovery import line_records, repair_torn_tail
 from shardrun.shard_config import shard_file_name
 
 PIPE_LIMIT = 1 << 26
 # The exit code of a forked shard whose launcher ended without reporting the shard's end.
 UNKNOWN_EXIT = -(1 << 16)
+# Result or dead-letter lines of a shard's files, parsed, by item id.
+Lines = dict[str, dict[str, Any]]
 
 
 class ShardHandle(Protocol):
@@ -49,8 +51,8 @@ class ShardHandle(Protocol):
 
     def kill(self) -> None: ...
 
-    def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
-        """After a death: which of `ids` the shard did finish (result lines, dead lines)."""
+    def finished_among(self, ids: set[str]) -> tuple[Lines, Lines]:
+        """After a death: the lines of those of `ids` the shard did finish (results, dead)."""
         ...
 
 
@@ -113,15 +115,15 @@ class LocalShard:
         with contextlib.suppress(ProcessLookupError):  # it has ended: nothing to kill
             self.proc.kill()
 
-    def finished_among(self, ids: set[str]) -> tuple[list[str], list[str]]:
+    def finished_among(self, ids: set[str]) -> tuple[Lines, Lines]:
         """Read the dead shard's own files (repairing a torn last line first)."""
-        found: list[list[str]] = []
+        found: list[Lines] = []
         for sub in ("results", "dead"):
             path = self.out_dir / sub / self.file_name
-            hits: list[str] = []
+            hits: Lines = {}
             if path.exists():
                 repair_torn_tail(path)
-                hits = [i for i in line_ids(path) if i in ids]
+                hits = {i: record for i, record in line_records(path) if i in ids}
             found.append(hits)
         return found[0], found[1]
 

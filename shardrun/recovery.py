@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -48,17 +48,24 @@ def _last_newline_end(f: BinaryIO, size: int) -> int:
 
 def line_ids(path: Path) -> Iterator[str]:
     """The `id` of every line of a results or dead-letter file (after repair)."""
+    return (item_id for item_id, _ in line_records(path))
+
+
+def line_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(id, the line parsed) for every line of a results or dead-letter file (after repair)."""
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield str(orjson.loads(line)["id"])
+                record = orjson.loads(line)
+                item_id = str(record["id"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 raise RunError(
                     f"{path} line {number} is not a valid record; the run directory was "
                     "edited or damaged, so it cannot be resumed safely"
                 ) from None
+            yield item_id, record
 
 
 def repair_run_files(run_path: Path) -> list[str]:

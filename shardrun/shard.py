@@ -115,6 +115,10 @@ class Shard:
         # A kind is the retry decision and the last attempt's status ("max_attempts http_5xx"),
         # so it stays a handful of keys however many items fail.
         self.dead_reasons: dict[str, list[Any]] = {}
+        # Spans still open that have failed attempts, and how many: those attempts are in the
+        # counters already. The coordinator needs it when this shard dies with lines written
+        # after its last report (`summary.add_unreported`), so that it counts them once.
+        self.tried: dict[str, int] = {}
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
@@ -594,6 +598,8 @@ class Shard:
         span.history.append({"attempt": attempt, "status": outcome.status,
                              "http": outcome.http_status, "error": outcome.error,
                              "started_at": started, "ended_at": outcome.ended_at})
+        if not ok:
+            self.tried[sid] = len(span.history)
 
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
@@ -728,6 +734,8 @@ class Shard:
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome="ok", reason=None if outcome.refusal is None else "refusal")
         span.ended = True
+        if len(span.history) > 1:
+            self.tried.pop(span.span_id, None)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
         if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
@@ -763,6 +771,7 @@ class Shard:
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome=outcome, reason=reason)
         span.ended = True
+        self.tried.pop(span.span_id, None)
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
@@ -801,7 +810,7 @@ class Shard:
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
-                **self.counters.as_dict()}
+                "tried": dict(self.tried), **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -198,6 +198,41 @@ class RunSummary:
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
         }
+
+
+def add_unreported(report: dict[str, Any], results: Iterable[dict[str, Any]],
+                   dead: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A dead shard's last report plus what the lines it wrote after that report hold.
+
+    Those lines were written after the report's counters were read: their item, its tokens
+    and its last attempt are not in them. Earlier attempts of the same span may be: the report's
+    `tried` holds how many attempts each span still open then had ended (every one a failure
+    followed by a retry), so that they are not counted twice. What the lines do not hold (the
+    tokens wasted by earlier attempts, rate-limit waits) stays as reported.
+    """
+    tried: dict[str, int] = report.get("tried") or {}
+    add: Counter[str] = Counter()
+    for line in results:
+        usage = line.get("usage") or {}
+        add["ok"] += 1
+        add["completion_tokens"] += usage.get("completion_tokens") or 0
+        add["reasoning_tokens"] += usage.get("reasoning_tokens") or 0
+        add["prompt_tokens"] += usage.get("prompt_tokens") or 0  # the last attempt's
+        add["cached_tokens"] += usage.get("cached_tokens") or 0
+        add["refusals"] += line.get("refusal") is not None
+        _add_attempts(add, int(line.get("attempts") or 0), tried.get(line.get("span", ""), 0))
+    for line in dead:
+        add["dead"] += 1
+        add["budget_exhausted"] += str(line.get("reason", "")).startswith(
+            "retry_budget_exhausted")
+        _add_attempts(add, len(line.get("attempts") or []), tried.get(line.get("span", ""), 0))
+    return {**report, **{k: int(report.get(k, 0)) + n for k, n in add.items()}}
+
+
+def _add_attempts(add: Counter[str], attempts: int, reported: int) -> None:
+    """A finished span's attempts, and its retries (one fewer), less those already reported."""
+    add["attempts"] += max(0, attempts - reported)
+    add["retries"] += max(0, attempts - 1 - reported)
 
 
 def _minute(m: int) -> str:

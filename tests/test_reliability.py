@@ -559,6 +559,58 @@ def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> Non
     assert exits[1] == exits[2] == exits[3] == "done"  # 3 replaced shard 0
 
 
+# A shard that takes a batch, reports one failed attempt per item (each then retried, so still
+# open: `tried`), writes every item's line with a second attempt and SIGKILLs itself before it
+# can report them: the coordinator finds them in its files.
+DIES_AFTER_WRITING = """
+import json, os, signal, sys
+config = json.loads(sys.stdin.readline())
+os.write(1, b'{"t": "want", "n": 16}\\n')
+items = json.loads(sys.stdin.readline())["items"]
+spans = [f"0-{n}" for n in range(1, len(items) + 1)]
+report = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": len(items),
+          "retries": len(items), "prompt_tokens": 3 * len(items), "tried": {s: 1 for s in spans}}
+os.write(1, (json.dumps(report) + "\\n").encode())
+def write(sub, lines):
+    os.makedirs(os.path.join(config["out_dir"], sub), exist_ok=True)
+    with open(os.path.join(config["out_dir"], sub, "shard-00.jsonl"), "w") as f:
+        f.writelines(json.dumps(line) + "\\n" for line in lines)
+failure = {"status": "http_5xx", "http": 500, "error": "HTTP 500"}
+write("dead", [{"id": items[0]["id"], "span": spans[0], "reason": "max_attempts: HTTP 500",
+                "attempts": [failure, failure]}])
+write("results", [{"id": item["id"], "span": span, "attempts": 2, "output": "x",
+                   "usage": {"completion_tokens": 7, "prompt_tokens": 3}}
+                  for item, span in zip(items[1:], spans[1:])])
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path) -> None:
+    """Lines a shard wrote after its last report, then died: the summary counts their items,
+    tokens and attempts (its earlier attempts, which that report counted, once), so it says
+    what the result and dead-letter files hold."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", shard_start="fork", shards=3)
+    proc = _run_with_stand_in_launcher(tmp_path, "report", DIES_AFTER_WRITING)
+    assert proc.returncode == 1, proc.stderr  # the one dead letter
+    assert "shard 0 died (killed by signal SIGKILL)" in proc.stderr, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    summary = run.manifest["summary"]
+    attempts = sum(r["attempts"] for r in run.results) + sum(len(d["attempts"])
+                                                             for d in run.dead)
+    assert (summary["succeeded"], summary["dead"]) == (len(run.results), len(run.dead)) \
+        == (399, 1)
+    assert summary["attempts"] == attempts == 400 + 16
+    assert summary["retries"] == attempts - 400
+    assert summary["completion_tokens"] == sum(r["usage"]["completion_tokens"]
+                                               for r in run.results)
+    # Every attempt's, as billed: the stand-in's report had the first (failed) attempts'.
+    assert summary["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in run.results) \
+        + 3 * 16
+    assert summary["per_shard"][0] == {"shard": 0, "ok": 15, "dead": 1}
+
+
 def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:
     """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit
     (set through its environment variable): the coordinator sees that it was stopped too, and

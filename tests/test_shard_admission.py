@@ -92,3 +92,36 @@ def test_a_stop_between_dispatch_and_the_tasks_turn_starts_no_attempt(tmp_path: 
     kinds = Counter(e["ev"] for e in events)
     assert kinds["queued"] == kinds["released"] == CAP and kinds["attempt_start"] == 0
     assert {e["outcome"] for e in events if e["ev"] == "released"} == {"abandoned"}
+
+
+def test_a_report_names_the_open_spans_whose_failed_attempts_it_counted(tmp_path: Path) -> None:
+    """Each span still open after a failed attempt is in the report's `tried`, with the number
+    of attempts the counters hold for it, and leaves it when it ends: the coordinator reads it
+    when the shard dies after writing lines it never reported (`summary.add_unreported`)."""
+
+    async def go() -> tuple[protocol.Message, protocol.Message]:
+        sent: list[protocol.Message] = []
+        cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path),
+                          base_url="http://127.0.0.1:9", api="completions", model="m",
+                          concurrency=CAP, retry={"backoff_s": 60, "backoff_max_s": 60})
+        shard = Shard(cfg, sent.append)
+        async with make_session(CAP, Timeouts()) as session:
+            shard.clients = {api: StreamingClient(session, cfg.base_url, api, {}, Timeouts(),
+                                                  shard.clock) for api in API_PATHS}
+            shard.on_message(_items(2))  # two refused connections: not yet "unreachable"
+            dispatcher = asyncio.create_task(shard.dispatch())
+            for _ in range(1000):  # bounded: each step is one refused local connection
+                if shard.counters.retrying == 2:
+                    break
+                await asyncio.sleep(0.01)
+            waiting = shard.report(protocol.PROGRESS)
+            made = list(shard.tasks)
+            shard.on_message({"t": protocol.STOP})  # the backoffs end at once: abandoned
+            await asyncio.gather(*made, dispatcher)
+            ended = shard.report(protocol.PROGRESS)
+        shard.close()
+        return waiting, ended
+
+    waiting, ended = asyncio.run(go())
+    assert waiting["tried"] == {"0-1": 1, "0-2": 1} and waiting["attempts"] == 2
+    assert ended["tried"] == {} and ended["abandoned"] == 2

@@ -14,7 +14,7 @@ from conftest import write_job
 from shardrun.manifest import RunDir
 from shardrun.runner import resume_command
 from shardrun.spec import load_job
-from shardrun.summary import CORES_MIN_WALL_S, RunSummary, format_summary
+from shardrun.summary import CORES_MIN_WALL_S, RunSummary, add_unreported, format_summary
 
 
 def summary_of(reports: list[dict[str, Any]], *, dead: int, rejects: int = 0) -> RunSummary:
@@ -158,3 +158,22 @@ def test_cores_on_average_only_for_runs_long_enough_to_mean_it() -> None:
     none = replace(s, client_cpu_s=0.4, attempts=0, wall_s=0.1)
     line = next(x for x in format_summary(none).splitlines() if x.startswith("  client CPU"))
     assert line == "  client CPU         0.4 s"
+
+
+def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report() -> None:
+    """Their items, tokens, refusals and spent retry budgets; of their attempts, those the
+    report did not count (`tried`: the failed ones of spans then still open)."""
+    report = {"ok": 5, "attempts": 9, "retries": 2, "wasted_tokens": 40, "tried": {"0-7": 2}}
+    results = [{"id": "a", "span": "0-7", "attempts": 3, "refusal": "no",
+                "usage": {"completion_tokens": 4, "prompt_tokens": 6, "cached_tokens": 2,
+                          "reasoning_tokens": 1}},
+               {"id": "b", "span": "0-8", "attempts": 1, "usage": {"completion_tokens": 5}}]
+    dead = [{"id": "c", "span": "0-9", "reason": "retry_budget_exhausted: HTTP 500",
+             "attempts": [{"status": "http_5xx"}, {"status": "http_5xx"}]}]
+    after = add_unreported(report, results, dead)
+    assert {k: after.get(k, 0) for k in (
+        "ok", "dead", "attempts", "retries", "completion_tokens", "prompt_tokens",
+        "cached_tokens", "reasoning_tokens", "refusals", "budget_exhausted", "wasted_tokens",
+    )} == {"ok": 7, "dead": 1, "attempts": 9 + 1 + 1 + 2, "retries": 2 + 0 + 0 + 1,
+           "completion_tokens": 9, "prompt_tokens": 6, "cached_tokens": 2,
+           "reasoning_tokens": 1, "refusals": 1, "budget_exhausted": 1, "wasted_tokens": 40}
