@@ -123,6 +123,13 @@ def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> b
     return orjson.dumps(event_dict, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def _hand_to_os(file: BinaryIO, data: bytes | bytearray) -> None:
+    """Write `data` (lines kept since the last flush) through to the OS, if there is any."""
+    if data:
+        file.write(data)
+        file.flush()
+
+
 class EventLog:
     """One shard's append-only event log."""
 
@@ -160,10 +167,7 @@ class EventLog:
 
     def flush(self) -> None:
         """Hand buffered lines to the OS."""
-        data = self._sink.take()
-        if data:
-            self._file.write(data)
-            self._file.flush()
+        _hand_to_os(self._file, self._sink.take())
 
     def sync(self) -> None:
         """Flush and fsync."""
@@ -178,22 +182,33 @@ class EventLog:
 
 
 class JsonlWriter:
-    """Append-only JSON lines (results, dead letters): buffered, flushed and fsynced on demand."""
+    """Append-only JSON lines (results, dead letters), fsynced on demand.
+
+    Lines stay in memory until `flush`, which hands them to the OS in one write, as the event
+    log's do: a buffered file would write them whenever its buffer filled, and a shard killed
+    then would leave result lines whose events it had not yet written (`ShardOutput.flush`
+    writes the event log first).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: BinaryIO = open(path, "ab", buffering=1 << 16)  # noqa: SIM115
+        # One growing buffer, as a buffered file has, rather than a list of the lines: each
+        # line's bytes are freed at once (held for 0.2 s, a list of them cost 3 to 4 times as
+        # much CPU per line in a micro-benchmark, in the allocator).
+        self._pending = bytearray()
+        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - lives as long as the writer
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+        self._pending += orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         self.count += 1
 
     def flush(self) -> None:
-        self._file.flush()
+        data, self._pending = self._pending, bytearray()
+        _hand_to_os(self._file, data)
 
     def sync(self) -> None:
-        self._file.flush()
+        self.flush()
         os.fsync(self._file.fileno())
 
     def close(self) -> None:

@@ -2,8 +2,10 @@
 
 An item counts as finished for the coordinator only once its line has been handed to the OS:
 ids go into `fin_*` when their line is written to the buffer, and leave in a report only after
-a successful flush. A write or flush that fails (a full disk) calls `on_error` and keeps those
-ids back, so the coordinator still holds their items.
+a successful flush. Nothing reaches the files between flushes, and a flush writes the event log
+before the results and dead letters, so a line on disk has its events on disk too (unless
+the event log's write failed: a full disk). A write or flush that fails calls `on_error` and
+keeps those ids back, so the coordinator still holds their items.
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ class ShardOutput:
         of completion and keeps back nothing.
         """
         ok = True
-        for writer, fin in ((self.results, self.fin_ok), (self.dead, self.fin_dead),
-                            (self.log, None)):
+        # The event log first: a result line must not reach the file before its `released`
+        # event, or a shard killed in between leaves an item that `report` counts as still
+        # open. A kill between these very writes leaves the other way round, events of a line
+        # not written: the item runs again elsewhere, and `report` counts both spans.
+        for writer, fin in ((self.log, None), (self.results, self.fin_ok),
+                            (self.dead, self.fin_dead)):
             try:
                 writer.sync() if sync else writer.flush()
             except OSError as exc:

@@ -227,7 +227,7 @@ def test_odd_logs_are_counted_not_guessed() -> None:
 
 def test_attempts_cut_off_by_a_killed_shard_are_noted() -> None:
     """Two attempts started, one ended: the report says one never ended (its shard was killed),
-    which is why the summary can count fewer attempts than `attempts.started`."""
+    and which of the two ways it can come about the run summary counts."""
     recs = [ev("shard_start", B, cap=2, pid=1, version="0", host="h")]
     for sid in ("a", "b"):
         recs += [ev("queued", B, span=sid, id=sid), ev("admitted", B, span=sid, id=sid),
@@ -237,9 +237,10 @@ def test_attempts_cut_off_by_a_killed_shard_are_noted() -> None:
     doc = _report([fold_shard(recs)])
     assert (doc["attempts"]["started"], doc["attempts"]["by_status"]) == (2, {"ok": 1})
     assert [n for n in doc["notes"] if "never ended" in n] == [
-        "1 attempt started and never ended in the log (their shard was killed or crashed "
-        "mid-attempt), so they have no status; the run summary, counted from the shards' own "
-        "reports, may not include them"]
+        "1 attempt started and never ended in the log, so they have no status: their shard "
+        "was killed or crashed mid-attempt (their items ran again; the run summary does not "
+        "count these attempts either), or could not write the rest of its log (a full disk; "
+        "the run summary, counted from the shards' reports, does count those)"]
 
 
 def test_restart_abandons_open_spans() -> None:

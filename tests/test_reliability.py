@@ -396,6 +396,31 @@ def test_ctrl_c_while_a_replacement_shard_starts_does_not_kill_it(
         assert_exactly_once(Run.load(path_of_run), ids)
 
 
+def test_after_a_kill_9_the_summary_and_the_report_count_what_the_files_hold(
+        tmp_path: Path) -> None:
+    """A shard killed while results pour in (hundreds a second): the summary's counts are the
+    files', and `report` counts every result line a success (its `released` event reached the
+    file before the line did)."""
+    ids = write_input(tmp_path / "input.jsonl", 8000)
+    write_job(tmp_path / "job.yaml", shards=3, concurrency=64,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "itl_ms": 0.2, "tokens": "uniform:4:12"}})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    _wait_for_results(tmp_path / "runs", 2000)
+    os.kill(_shard_pids(proc.pid)[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 0, err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    summary = run.manifest["summary"]
+    assert (summary["succeeded"], summary["attempts"], summary["completion_tokens"]) == (
+        len(ids), sum(r["attempts"] for r in run.results),
+        sum(r["usage"]["completion_tokens"] for r in run.results))
+    report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert orjson.loads(report.stdout)["items"]["succeeded"] == len(ids)
+
+
 def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) -> None:
     """The launcher that forked the shards is killed mid-run: the shards work on, each reports
     done, and though their exit can no longer be known, the run succeeds and says why."""

@@ -57,6 +57,31 @@ def test_failing_event_log_keeps_nothing_back(tmp_path: Path) -> None:
     assert errors == [out.log.path]
 
 
+def test_lines_reach_their_files_only_when_flushed_events_first(tmp_path: Path) -> None:
+    """However many lines are written, none is in its file before a flush (a shard killed
+    meanwhile leaves nothing the coordinator was not told of), and a flush writes the event
+    log before the results: a result line on disk always has its `released` event on disk."""
+    out = _output(tmp_path, [])
+    results_path = out.results.path
+    record = {"id": "x", "output": "y" * 200}
+    for n in range(1000):  # far beyond any file buffer (a buffered file wrote at 64 KB)
+        out.log.emit("released", t=1.0, span=f"0-{n}", id=str(n), outcome="ok", reason=None)
+        out.add_result(str(n), {**record, "id": str(n)})
+    assert results_path.read_bytes() == b"" and out.log.path.read_bytes() == b""
+    seen_with_results: list[int] = []
+    flush_results = out.results.flush
+
+    def flush_and_look() -> None:
+        seen_with_results.append(out.log.path.read_bytes().count(b'"released"'))
+        flush_results()
+
+    out.results.flush = flush_and_look  # type: ignore[method-assign]
+    assert out.flush()
+    assert seen_with_results == [1000]  # every event was in its file before any result line
+    assert results_path.read_bytes().count(b"\n") == 1000
+    out.close()
+
+
 def test_event_log_lines_keys_and_checkpoints(tmp_path: Path) -> None:
     """Key order run_id, shard, ev, t, fields; nothing reaches the file before a flush; each
     checkpoint holds the line count and SHA-256 of every byte before it, across a reopen."""

@@ -117,7 +117,9 @@ def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
     att = doc["attempts"]
     if (unended := att["started"] - sum(att["by_status"].values())) > 0:
         plural = "s" if unended != 1 else ""
-        notes.append(f"{unended:,} attempt{plural} started and never ended in the log (their shard "
-                     "was killed or crashed mid-attempt), so they have no status; the run "
-                     "summary, counted from the shards' own reports, may not include them")
+        notes.append(f"{unended:,} attempt{plural} started and never ended in the log, so they "
+                     "have no status: their shard was killed or crashed mid-attempt (their items "
+                     "ran again; the run summary does not count these attempts either), or "
+                     "could not write the rest of its log (a full disk; the run summary, "
+                     "counted from the shards' reports, does count those)")
     return notes
