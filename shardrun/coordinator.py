@@ -493,6 +493,7 @@ class Coordinator:
                 await asyncio.wait(still, timeout=5.0)
 
     def summary(self) -> RunSummary:
+        cpu_unknown = self._cpu_unknown()
         return RunSummary.from_shard_reports(
             run_dir=self.run_dir.path,
             reports=[s.done or s.progress for s in self.states],
@@ -511,8 +512,21 @@ class Coordinator:
             rejects_file=self.source.rejects_path,
             input_read=self.source.read_to_end,
             limit=self.source.limit if self.source.limit_reached else None,
-            client_cpu_s=client_cpu_s(self.reaped_before),
+            client_cpu_s=None if cpu_unknown else client_cpu_s(self.reaped_before),
+            client_cpu_unknown=cpu_unknown,
         )
+
+    def _cpu_unknown(self) -> str | None:
+        """Why the client's CPU time cannot be known, if it cannot: a process of the run that
+        no shardrun process reaped took its CPU time with it (`client_cpu_s`)."""
+        lost = [str(s.handle.index) for s in self.states if not s.handle.reaped()]
+        names = [f"shard{'s' if len(lost) > 1 else ''} {', '.join(lost)}"] if lost else []
+        if self.launcher is not None and not self.launcher.reaped():
+            names.insert(0, "the shard launcher")
+        if not names:
+            return None
+        return (f"no shardrun process reaped {' or '.join(names)}, so their CPU time is not "
+                "known (a shard whose launcher was killed is reaped by the OS)")
 
 
 def client_cpu_s(reaped_before: resource.struct_rusage) -> float:

@@ -37,6 +37,7 @@ from shardrun.placement import (
     log_path_of,
     poll_until_ended,
     reader_of,
+    reaped,
     spawn_holding_stop_signals,
     start_local_shard,
 )
@@ -147,6 +148,10 @@ class Launcher:
     async def close(self) -> None:
         """Wait for the launcher to end (it does once its last shard has been reaped)."""
         await asyncio.shield(self.reader)
+
+    def reaped(self) -> bool:
+        """Whether this process reaped the launcher (see `placement.reaped`)."""
+        return reaped(self.proc)
 
     def kill(self) -> None:
         """SIGKILL the launcher (not its shards); `close` then returns once it is reaped."""

@@ -55,6 +55,10 @@ class ShardHandle(Protocol):
         """After a death: the lines of those of `ids` the shard did finish (results, dead)."""
         ...
 
+    def reaped(self) -> bool:
+        """Whether a shardrun process collected the shard's end, and with it its CPU time."""
+        ...
+
 
 class OSProcess(Protocol):
     """An OS process as the coordinator holds it: a spawned one (`SpawnedProcess`), a shard
@@ -115,6 +119,9 @@ class LocalShard:
         with contextlib.suppress(ProcessLookupError):  # it has ended: nothing to kill
             self.proc.kill()
 
+    def reaped(self) -> bool:
+        return reaped(self.proc)
+
     def finished_among(self, ids: set[str]) -> tuple[Lines, Lines]:
         """Read the dead shard's own files (repairing a torn last line first)."""
         found: list[Lines] = []
@@ -133,6 +140,11 @@ def exit_description(code: int) -> str:
     if code < 0:
         return f"killed by signal {signal.Signals(-code).name}"
     return f"exited with status {code}"
+def reaped(proc: OSProcess) -> bool:
+    """Whether `proc`'s exit was collected by its parent among shardrun's processes: only then
+    is its CPU time in the coordinator's children's (a process whose parent ended first is
+    reaped by the OS, its time with it)."""
+    return proc.returncode is not None and proc.returncode != UNKNOWN_EXIT
 
 
 def log_path_of(index: int, log_dir: Path, segment: int) -> tuple[str, Path]:

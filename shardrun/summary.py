@@ -56,6 +56,7 @@ class RunSummary:
     input_read: bool = True  # False: the run stopped before reading its input to the end
     limit: int | None = None  # --limit, when it ended this pass's input early
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
+    client_cpu_unknown: str | None = None  # why client_cpu_s is None, when it is unknown
     resume_command: str | None = None  # the command that finishes what this pass left undone
     retry_command: str | None = None  # the command that gives the dead letters another pass
     # What this pass could not record at its end (its manifest, the coordinator's event log),
@@ -84,6 +85,7 @@ class RunSummary:
         input_read: bool = True,
         limit: int | None = None,
         client_cpu_s: float | None = None,
+        client_cpu_unknown: str | None = None,
     ) -> RunSummary:
         """Counts come from the coordinator (exact across crashes); tokens from shard reports."""
         minutes: Counter[int] = Counter()
@@ -132,6 +134,7 @@ class RunSummary:
             input_read=input_read,
             limit=limit,
             client_cpu_s=client_cpu_s,
+            client_cpu_unknown=client_cpu_unknown,
         )
 
     @property
@@ -195,6 +198,7 @@ class RunSummary:
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
+            "client_cpu_unknown": self.client_cpu_unknown,
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
         }
@@ -283,6 +287,8 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  peak full minute   {peak[1]:,} tokens at {_minute(peak[0])}")
     if s.client_cpu_s is not None:
         lines.append(_cpu_line(s.client_cpu_s, s.attempts, s.wall_s))
+    elif s.client_cpu_unknown:
+        lines.append(f"  client CPU         unknown: {s.client_cpu_unknown}")
     if s.cost is not None and s.cost.get("basis") is not None:
         per = s.cost["cost_per_success"]
         lines.append(f"  spend              {s.cost['spend']:,.4f}"

@@ -439,6 +439,16 @@ def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) 
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert not run.dead and run.manifest["status"] == "succeeded"
+    # The OS reaped the shards, their CPU time with them: the client's CPU is not known, and
+    # the summary says so rather than show the coordinator's and the launcher's alone.
+    why = ("no shardrun process reaped shards 0, 1, so their CPU time is not known (a shard "
+           "whose launcher was killed is reaped by the OS)")
+    assert f"  client CPU         unknown: {why}\n" in out, out
+    summary = run.manifest["summary"]
+    assert (summary["client_cpu_s"], summary["client_cpu_unknown"]) == (None, why)
+    (end,) = [e for e in read_jsonl(run.path / "events" / "coordinator.jsonl")
+              if e["ev"] == "run_end"]
+    assert end["client_cpu_s"] is None
 
 
 # A stand-in for the shard launcher: it forks a shard per slot, as `_launcher.py` does, but
@@ -562,6 +572,9 @@ def test_shards_whose_end_is_never_reported_do_not_stall_the_run(tmp_path: Path)
     exits = shard_exits(run)
     assert [e["status"] for e in exits] == ["done", "done"]
     assert all("never reported" in e["killed"] for e in exits)
+    assert run.manifest["summary"]["client_cpu_s"] is None
+    assert run.manifest["summary"]["client_cpu_unknown"].startswith(
+        "no shardrun process reaped shards 0, 1, so")
 
 
 def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> None:
