@@ -215,5 +215,9 @@ def _atomic(path: Path) -> Iterator[IO[bytes]]:
         with open(tmp, "wb") as f:
             yield f
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is None:  # a write's error names no file: the message must
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)

@@ -250,7 +250,8 @@ class _Slots:
                 continue
             writer, reader = await connect_pipes(ends.stdin, ends.stdout)
             shards.append(LocalShard(index, ForkedProcess(pid, launcher.ends[index], reader),
-                                     writer, reader, ends.log_path, out_dir, ends.file_name))
+                                     writer, reader, ends.log_path, out_dir, ends.file_name,
+                                     (ends.stdin, ends.stdout)))
         return shards
 
 

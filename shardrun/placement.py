@@ -81,13 +81,17 @@ class _Writer(Protocol):
 
     def is_closing(self) -> bool: ...
 
+    def close(self) -> None: ...
+
 
 class LocalShard:
     """A shard in a local OS process speaking the protocol on its stdin and stdout."""
 
     def __init__(self, index: int, proc: OSProcess, stdin: _Writer, stdout: asyncio.StreamReader,
-                 log_path: Path, out_dir: Path, file_name: str) -> None:
+                 log_path: Path, out_dir: Path, file_name: str,
+                 pipes: Sequence[IO[bytes]] = ()) -> None:
         self.index = index
+        self.pipes = pipes  # our ends of its stdin and stdout, as files: closed once it ended
         self.proc = proc
         self.stdin = stdin
         self.stdout = stdout
@@ -109,6 +113,12 @@ class LocalShard:
 
     async def wait(self) -> str | None:
         code = await self.proc.wait()
+        # Our ends of its pipes, its output read to the end (the coordinator waits only then):
+        # uvloop's pipe transports work on copies of the descriptors and leave the files open,
+        # and each replacement shard would keep two until the run's end.
+        self.stdin.close()
+        for pipe in self.pipes:
+            pipe.close()
         if code == 0:
             return None
         if code == UNKNOWN_EXIT:
@@ -138,8 +148,13 @@ class LocalShard:
 def exit_description(code: int) -> str:
     """How a process ended, from its exit code as `subprocess` gives it (negative: a signal)."""
     if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal, which has no name
+            return f"killed by signal {-code}"
     return f"exited with status {code}"
+
+
 def reaped(proc: OSProcess) -> bool:
     """Whether `proc`'s exit was collected by its parent among shardrun's processes: only then
     is its CPU time in the coordinator's children's (a process whose parent ended first is
@@ -228,4 +243,5 @@ async def start_local_shard(index: int, log_dir: Path, out_dir: Path, segment: i
                                            subprocess.PIPE, subprocess.PIPE, log)
     assert popen.stdin is not None and popen.stdout is not None
     writer, reader = await connect_pipes(popen.stdin, popen.stdout)
-    return LocalShard(index, SpawnedProcess(popen), writer, reader, log_path, out_dir, file_name)
+    return LocalShard(index, SpawnedProcess(popen), writer, reader, log_path, out_dir, file_name,
+                      (popen.stdin, popen.stdout))

@@ -278,7 +278,10 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
     except BaseException:
-        finish_manifest(manifest, this.run_dir, status, reader, summary)
+        try:
+            finish_manifest(manifest, this.run_dir, status, reader, summary)
+        except OSError as exc:  # a full disk: the error that ended the pass is the one raised
+            print(f"error: {_unclosed(exc)}", file=sys.stderr)
         raise
     try:
         finish_manifest(manifest, this.run_dir, status, reader, summary)

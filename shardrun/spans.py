@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 BUCKETS = ("t_queue", "t_retry", "t_conn", "t_first_token", "t_stream", "t_post")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity: a storm's wait list looks one up
 class Span:
     """One item's life inside a shard."""
 

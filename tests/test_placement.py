@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import ssl
@@ -41,6 +42,41 @@ async def _end_without_config(shard: placement.LocalShard) -> str | None:
     assert hasattr(shard.stdin, "close")
     shard.stdin.close()
     return await asyncio.wait_for(shard.wait(), GUARD_S)
+
+
+def test_a_spawned_shard_that_ended_leaves_no_descriptor_behind(tmp_path: Path) -> None:
+    """Under uvloop (the coordinator's loop) a pipe transport does not close when the process
+    at its other end ends: five spawned shards, killed and waited for, leave as many open
+    descriptors in this process as there were before them."""
+    import uvloop
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    kept: list[placement.LocalShard] = []  # as the coordinator keeps every handle to the end
+
+    async def one(logs: Path, out: Path, index: int) -> None:
+        shard = await placement.start_local_shard(index, logs, out, 0)
+        kept.append(shard)
+        shard.kill()
+        assert await asyncio.wait_for(shard.wait(), GUARD_S) == "killed by signal SIGKILL"
+        while await shard.receive() is not None:  # its stdout, read to the end
+            pass
+
+    async def main() -> tuple[int, int]:
+        logs, out = _dirs(tmp_path)
+        await one(logs, out, 0)  # the loop opens what it keeps for good (/dev/null) once
+        await asyncio.sleep(0.05)
+        gc.collect()
+        before = open_fds()
+        for index in range(1, 6):
+            await one(logs, out, index)
+        await asyncio.sleep(0.05)  # the loop closes what it was told to close
+        gc.collect()
+        return before, open_fds()
+
+    before, after = uvloop.run(main())
+    assert after == before
 
 
 def test_forked_shards_speak_the_protocol_and_report_their_exit(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
     # Passed from item to item: many items probed, none spent more than a few attempts.
     probes = Counter(e["span"] for e in run.events if e["ev"] == "attempt_start"
                      and e["attempt"] > 1)  # fmt: skip
-    assert len(probes) > 4 and max(probes.values()) < 10
+    assert len(probes) > 4 and max(probes.values()) <= 4
 
 
 def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
@@ -1542,6 +1542,24 @@ def test_a_disk_too_full_for_the_manifest_still_ends_the_run(tmp_path: Path) -> 
     resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+def test_a_manifest_it_cannot_write_does_not_hide_the_error_that_ended_the_pass(
+        tmp_path: Path) -> None:
+    """A full disk fails the OpenAI Batch output files at the end of the pass, then the
+    manifest: both are said, the error that ended the pass last (before, the manifest's
+    failure replaced it)."""
+    write_input(tmp_path / "input.jsonl", 300)
+    write_job(tmp_path / "job.yaml", output={"format": "openai-batch"})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs",
+                  preexec=_leave_no_room_for_the_final_manifest)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2, err
+    assert errors[0].startswith("error: cannot write ") and "manifest.json" in errors[0], err
+    assert errors[1].startswith("error: runs/") and "batch_output.jsonl: file too large; " in (
+        errors[1]), err
 
 
 def test_unwritable_runs_dir_is_a_clear_error(tmp_path: Path) -> None:

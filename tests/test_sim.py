@@ -590,3 +590,29 @@ def test_text_is_words_or_prose() -> None:
     with pytest.raises(ValueError, match="text must be one of words, prose, not 'poetry'"):
         SimConfig.from_mapping({"text": "poetry"})
     assert main(["--text", "poetry"]) == 2
+
+
+def test_a_dead_simulators_exit_is_read_without_reaping_it() -> None:
+    """The run polls its simulator for an exit: a killed one reads as killed by SIGKILL while
+    it stays unreaped, so its CPU time does not join this process's children's (the run's
+    client CPU) until `stop()` reaps it once the summary is made."""
+    import signal
+
+    from shardrun.sim.launcher import start_sim
+
+    sim = start_sim(SimConfig(ttft_ms=1, tokens="4"))
+    try:
+        assert sim.returncode is None
+        os.kill(sim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while sim.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim.returncode == -signal.SIGKILL
+        assert sim.returncode == -signal.SIGKILL  # asked again: still there to be asked
+        # Not reaped: the kernel still holds it for its parent (a zombie).
+        assert os.waitid(os.P_PID, sim.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    finally:
+        sim.stop()
+    assert sim.returncode == -signal.SIGKILL
+    with pytest.raises(ChildProcessError):
+        os.waitid(os.P_PID, sim.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)

@@ -40,8 +40,19 @@ class SimProcess:
 
     @property
     def returncode(self) -> int | None:
-        """None while running, else the exit status."""
-        return self._proc.poll()
+        """None while running, else the exit status as `subprocess` gives it (negative: a
+        signal), without reaping the process: a reaped child's CPU time joins this process's
+        RUSAGE_CHILDREN, which the run's summary reads as the client's CPU (`stop()` reaps it
+        once the summary is made)."""
+        try:
+            info = os.waitid(os.P_PID, self._proc.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT)  # fmt: skip
+        except ChildProcessError:  # reaped already
+            return self._proc.poll()
+        if info is None:
+            return None
+        killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        return -info.si_status if killed else info.si_status
 
     def stderr_tail(self, limit: int = 2000) -> str:
         """The last `limit` characters the simulator wrote to stderr (kept after `stop`)."""
