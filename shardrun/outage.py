@@ -26,7 +26,8 @@ an item that fails for its own reasons still runs out of attempts and is dead-le
 none holds the shard. Only the retry budget is set aside, since one probe cannot hammer the
 endpoint. A success of a request sent after the first of those failures ends it (from the
 probe's first token on); one sent before says nothing, however many end well as a storm sets
-in. One that lasts `retry.outage_s` stops the run too.
+in. One that lasts `retry.outage_s` stops the run too, or a minute where no request of the run
+has succeeded yet (`Shard._storm_too_long`).
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 # Item-specific refusals (a prompt over the context length) differ from item to item.
 REFUSED_ALIKE_AFTER = 10
 STORM = "endpoint_failing"  # the cause and why of a retry held in a storm
+# How long a storm may last before any request of the run succeeded (`_storm_too_long`).
+UNPROVEN_STORM_S = 60.0
 
 
 class Shard:
@@ -440,6 +442,21 @@ class Shard:
         self.storm_news.set()
         self.storm_news.clear()
 
+    def _storm_too_long(self, now: float) -> str | None:
+        """Why the run stops, once a storm has lasted `retry.outage_s`; or, before any request
+        of the run succeeded, UNPROVEN_STORM_S if that is shorter: a job the server fails
+        from the start is more likely wrong than the server overloaded, and its user should
+        hear so in a minute, not in ten."""
+        lasted, limit = self.storm.lasted(now), self.retrier.policy.outage_s
+        if self.ok_once or self.cfg.answered_before:
+            return _failed_too_long(lasted, self.storm_cause) if lasted >= limit else None
+        if lasted < min(limit, UNPROVEN_STORM_S):
+            return None
+        return (f"the endpoint failed every request for {lasted:.0f} s ({self.storm_cause}) and "
+                "none of this run has succeeded: check endpoint.base_url, endpoint.model and "
+                "the job's params against the server (its log says why it fails), then "
+                "continue with --resume")
+
     async def _ride_out_storm(self, span: Span) -> None:
         """Wait in a storm until a success ends it, or until this span's turn to probe comes
         (then until the probe's time); a stop or a fatal error ends the wait too, and the
@@ -449,9 +466,8 @@ class Shard:
         try:
             while self.storm.on and not self.stopping and self.fatal_reason is None:
                 now = self.clock.now()
-                if self.storm.lasted(now) >= self.retrier.policy.outage_s:
-                    self._go_fatal(_failed_too_long(self.storm.lasted(now), self.storm_cause),
-                                   ABANDON)
+                if (reason := self._storm_too_long(now)) is not None:
+                    self._go_fatal(reason, ABANDON)
                     return
                 if self.storm_probe is None and held[0] is span:
                     held.popleft()

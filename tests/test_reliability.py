@@ -145,8 +145,10 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
     """An endpoint that answers 503 to everything: the retry budget (8 retries per shard, which
     the first seven failures take) dead-letters nothing. Once eight items failed in a row, each
     shard holds its items and probes the endpoint with one request at a time, passed from item
-    to item; after retry.outage_s (2 s) the run stops with one sentence naming the 503, its
-    items left for --resume."""
+    to item; after retry.outage_s (2 s) the run stops with one sentence naming the 503 and
+    saying that nothing has succeeded yet (a job the server fails from the start is more likely
+    wrong: without outage_s the run would stop after a minute, not ten), its items left for
+    --resume."""
     write_input(tmp_path / "input.jsonl", 400)
     retry = {"max_attempts": 10, "backoff_s": 0.05, "backoff_max_s": 0.2,
              "budget_ratio": 0, "budget_floor": 8, "outage_s": 2}
@@ -157,8 +159,9 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.fullmatch(
         r"error: the endpoint failed every request for \d+ s \(HTTP 503: The engine is "
-        r"currently overloaded \(simulated\)\.\), longer than retry\.outage_s; continue with "
-        r"--resume once it answers again", errors[0]), proc.stderr
+        r"currently overloaded \(simulated\)\.\) and none of this run has succeeded: check "
+        r"endpoint\.base_url, endpoint\.model and the job's params against the server \(its "
+        r"log says why it fails\), then continue with --resume", errors[0]), proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and not run.dead  # nothing dead-lettered: all left for --resume
     held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
@@ -168,6 +171,25 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
     probes = Counter(e["span"] for e in run.events if e["ev"] == "attempt_start"
                      and e["attempt"] > 1)  # fmt: skip
     assert len(probes) > 4 and max(probes.values()) <= 4
+
+
+def test_a_storm_longer_than_outage_s_stops_the_run_for_resume(tmp_path: Path) -> None:
+    """A storm of 500s that sets in once requests have succeeded, and outlasts retry.outage_s
+    (2 s): the run stops with the outage's sentence, nothing dead-lettered, and a resume
+    against a healthy server finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    with sim(storm_after_n=100, storm_s=120, storm_status=500) as server:
+        job_for(tmp_path, server.base_url, concurrency=8, retry={"outage_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: the endpoint failed every request for \d+ s \(HTTP 500: The server had an "
+        r"error while processing your request \(simulated\)\.\), longer than "
+        r"retry\.outage_s; continue with --resume once it answers again", errors[0]), errors
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead
+    resume_on_a_live_server(tmp_path, path, ids)
 
 
 def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
