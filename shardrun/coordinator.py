@@ -224,9 +224,15 @@ class Coordinator:
         return fair_share(n, left, len(state.outstanding), held, len(live))
 
     def _finished(self, state: ShardState, ok: list[str], dead: list[str]) -> None:
+        first = self.totals.ok == 0
         for item_id in ok:
             if state.outstanding.pop(item_id, None) is not None:
                 self.totals.ok += 1
+        if first and self.totals.ok:
+            # A shard in a storm that has seen no success of its own holds it for a minute only
+            # while none of the run has (`Shard._storm_too_long`): tell every shard.
+            for other in self._live():
+                other.handle.send({"t": protocol.ANSWERED})
         for item_id in dead:
             if state.outstanding.pop(item_id, None) is not None:
                 self.totals.dead += 1

@@ -18,7 +18,7 @@ An endpoint can also answer and still fail everything: a storm of 503s from an o
 server, or of 500s from a broken one. The retry budget
 then runs out in seconds and every later failure is a dead letter at once, racing through the
 input (2,200 of 3,000 items in a 10 s storm of 503s). So when failures of the server's own
-come from `STORM_AFTER` different items in a row (fewer at a smaller cap) with no success
+come from `STORM_AFTER` different items in a row, at any cap, with no success
 between, a storm is on: as in an outage, one request per shard probes the endpoint at growing
 intervals, honouring any Retry-After, and the others wait for a success to end it. Unlike an
 outage, every try is one of the item's attempts: the probe passes from item to item in turn, so
@@ -45,8 +45,9 @@ NO_CONNECTION_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 
 
 # Failures of the server's own, from this many different items in a row with no success between,
-# that make a storm (at a cap below it, the cap). One item alone is never a storm at a higher
-# cap, and random failures at any sane rate hardly ever line up eight in a row.
+# that make a storm, at any cap: one item alone is never a storm, and random failures at any
+# sane rate hardly ever line up eight in a row (at a cap of 1 a smaller count held every retry
+# of a flaky server one probe at a time).
 STORM_AFTER = 8
 # An answer of the server's own that fails: a 5xx that is no gateway's (those say it is down).
 # Not a timeout: one request at a time, each waiting out its whole timeout, would crawl through

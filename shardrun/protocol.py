@@ -20,6 +20,7 @@ PROGRESS = "progress"
 FATAL = "fatal"
 DONE = "done"
 RATE = "rate"
+ANSWERED = "answered"  # coordinator to shards: a request of the run has succeeded
 
 Message = dict[str, Any]
 

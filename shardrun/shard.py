@@ -90,7 +90,7 @@ class Shard:
         # When the latest attempt the endpoint answered (`outage.says_endpoint_up`) started.
         self.answered_start = -math.inf
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
-        self.storm = StormWatch(min(STORM_AFTER, cfg.concurrency))
+        self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
         self.storm_held: deque[Span] = deque()  # the others, in turn to probe, oldest first
         self.storm_news = asyncio.Event()  # set and cleared at once: wakes them to look again
@@ -105,6 +105,7 @@ class Shard:
         self.fatal_reason: str | None = None
         self.fatal_mode = DEAD_LETTER
         self.ok_once = False
+        self.run_answered = False  # another shard has had a success (`protocol.ANSWERED`)
         self.ever_connected = cfg.answered_before
         # Raised to what the cap needs where the hard limit allows (`fdlimit`).
         self.open_files = ensure_open_files(cfg.concurrency)
@@ -147,6 +148,8 @@ class Shard:
         elif kind == protocol.FATAL:
             self._go_fatal(str(message.get("reason", "endpoint unusable")),
                            str(message.get("mode", DEAD_LETTER)), tell=False)
+        elif kind == protocol.ANSWERED:
+            self.run_answered = True
         elif kind == protocol.RATE:
             self.limiter.set_share(message.get("rpm"), message.get("tpm"))
         elif kind in (protocol.STOP, protocol.ABORT):
@@ -448,7 +451,7 @@ class Shard:
         from the start is more likely wrong than the server overloaded, and its user should
         hear so in a minute, not in ten."""
         lasted, limit = self.storm.lasted(now), self.retrier.policy.outage_s
-        if self.ok_once or self.cfg.answered_before:
+        if self.ok_once or self.run_answered or self.cfg.answered_before:
             return _failed_too_long(lasted, self.storm_cause) if lasted >= limit else None
         if lasted < min(limit, UNPROVEN_STORM_S):
             return None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shardrun import protocol
 from shardrun._attempt import AttemptOutcome
 from shardrun.outage import (
     OutageWatch,
@@ -150,3 +151,32 @@ def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
     clock.t += 1
     again = [shard._endpoint_down(span, _refused(clock.t)) for span in held]
     assert again == [False, *[True] * 7]
+
+
+def test_a_storm_before_any_success_of_the_run_stops_after_a_minute_not_after_outage_s(
+        tmp_path: Path) -> None:
+    """A shard in a storm with no success of its own stops after a minute with the sentence
+    that nothing of the run has succeeded, unless the run has: the coordinator's `answered`
+    message (another shard's success) gives it retry.outage_s and the outage's sentence."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", retry={"outage_s": 600.0})  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    failed = AttemptOutcome(status="http_5xx", http_status=500, started_at=clock.t,
+                            error="HTTP 500: broken")
+    for n in range(8):
+        shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t), failed)
+    assert shard.storm.on
+    clock.t += 59
+    assert shard._storm_too_long(clock.now()) is None
+    clock.t += 1
+    said = shard._storm_too_long(clock.now())
+    assert said is not None and "none of this run has succeeded" in said
+    assert "(HTTP 500: broken)" in said
+    shard.on_message({"t": protocol.ANSWERED})
+    assert shard._storm_too_long(clock.now()) is None
+    clock.t += 540
+    said = shard._storm_too_long(clock.now())
+    assert said is not None and said.endswith("longer than retry.outage_s; continue with "
+                                              "--resume once it answers again")
+    shard.close()

@@ -60,7 +60,7 @@ TABLE: dict[str, tuple[str, str]] = {
                       "look at the server's side (a restart, a deploy, a crash); "
                       "retry.outage_s bounds how long a run waits for it"),
     "endpoint_failing": ("the endpoint answered but failed every request for a while (503s "
-                         "from an overload, 500s, first tokens that never came): the shards "
+                         "from an overload, 500s from a broken server): the shards "
                          "held the items and probed it one request at a time, each try one of "
                          "the item's attempts but none of the retry budget",
                          "look at the server's side (its load, its logs); retry.outage_s bounds "
