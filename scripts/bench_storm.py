@@ -18,51 +18,31 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_throughput as bt  # the snapshot and input helpers
 
+from shardrun.sim.config import SimConfig
+from shardrun.sim.launcher import SimProcess, start_sim
+
 RUN_TIMEOUT_S = 600.0  # a hang guard for one run, not a measurement
 ITEMS, SHARDS, CAP, AFTER_N = 3000, 4, 128, 800
 CASES = ((503, 10.0, False), (500, 10.0, False), (503, 60.0, True))  # status, seconds, Retry-After
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_sim(work: Path, status: int, seconds: float, retry_after: bool) -> tuple[Any, str]:
-    """This tree's simulator with a storm, on a free loopback port; (process, base URL)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "shardrun", "sim", "--port", str(port), "--ttft-ms", "200",
-            "--itl-ms", "2", "--tokens", "uniform:16:64", "--storm-after-n", str(AFTER_N),
-            "--storm-s", str(seconds), "--storm-status", str(status)]
-    if retry_after:
-        argv += ["--retry-after-503", "--retry-after-s", "2"]
-    proc = subprocess.Popen(argv, cwd=work, env={**bt.ENV, "PYTHONPATH": str(bt.ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(root + "/health", timeout=1).close()
-            return proc, root
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("error: the simulator did not start within 30 s")
+def storm_sim(status: int, seconds: float, retry_after: bool) -> SimProcess:
+    """This tree's simulator with a storm, on a free loopback port."""
+    return start_sim(SimConfig(ttft_ms=200, itl_ms=2, tokens="uniform:16:64",
+                               storm_after_n=AFTER_N, storm_s=seconds, storm_status=status,
+                               retry_after_503=retry_after, retry_after_s=2))
 
 
 def lines(pattern: str, run: Path) -> int:
@@ -71,10 +51,10 @@ def lines(pattern: str, run: Path) -> int:
 
 def run_case(src: Path, work: Path, case: tuple[int, float, bool], name: str) -> list[object]:
     status, seconds, retry_after = case
-    sim, root = start_sim(work, *case)
+    sim = storm_sim(*case)
     try:
         job = work / f"job-{name}.yaml"
-        job.write_text(f"endpoint: {{base_url: '{root}/v1', api: chat, model: m}}\n"
+        job.write_text(f"endpoint: {{base_url: '{sim.base_url}', api: chat, model: m}}\n"
                        f"input: {{path: {work / 'input.jsonl'}}}\nparams: {{max_tokens: 64}}\n"
                        f"shards: {SHARDS}\nconcurrency: {CAP}\n")
         started = time.monotonic()
@@ -83,11 +63,11 @@ def run_case(src: Path, work: Path, case: tuple[int, float, bool], name: str) ->
                               cwd=work, env={**bt.ENV, "PYTHONPATH": str(src)},
                               capture_output=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
         wall = time.monotonic() - started
-        with urllib.request.urlopen(root + "/sim/stats", timeout=10) as resp:
+        stats_url = sim.base_url.removesuffix("/v1") + "/sim/stats"
+        with urllib.request.urlopen(stats_url, timeout=10) as resp:
             stats = orjson.loads(resp.read())
     finally:
-        sim.terminate()
-        sim.wait(timeout=30)
+        sim.stop()
     run = work / "runs" / name
     storm = f"{status} × {seconds:g} s" + (" (Retry-After 2 s)" if retry_after else "")
     return [storm, lines("results/*.jsonl", run), lines("dead/*.jsonl", run),
