@@ -5,7 +5,8 @@ calls `refresh` about four times a second (never per request). On a terminal the
 rich Live display: an overall bar (done / total with an ETA, or a count and a rate when the
 total is unknown), succeeded / failed / retrying, completion TPM and requests/s over the last
 ~10 s, how many requests wait for a rate limit, how long the endpoint has been down while
-shards wait for it, and per shard its in_flight / cap and queue depth. Anywhere else (a log
+shards wait for it (or has failed every request, or has sent nothing back to the requests
+out), and per shard its in_flight / cap and queue depth. Anywhere else (a log
 file, CI) it is one plain line every `interval` seconds, with no escape codes; `quiet` shows
 nothing.
 
@@ -41,6 +42,11 @@ COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
           "failing_cause")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
+# Requests out and not one token or ended item for this long: say so. A hung endpoint holds
+# every request until its read timeout, and timeouts are no storm; without the line the view
+# shows only "0 TPM" for minutes. Long enough that a slow first token at a small cap rarely
+# trips it, and the text only states what is seen.
+SILENT_AFTER_S = 30.0
 WINDOW_S = 10.0
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
 LINE_LIMIT_BYTES = 2 << 30
@@ -81,10 +87,17 @@ class Snapshot:
     # and the latest failure, from the shard in it longest; None while none is in one.
     failing_s: float | None = None
     failing_cause: str | None = None
+    # How long requests have been out with no token and no item ended, once that passes
+    # SILENT_AFTER_S; None otherwise, or while `down_s` / `failing_s` already say why.
+    silent_s: float | None = None
 
     @property
     def done(self) -> int:
         return self.ok + self.dead
+
+    @property
+    def in_flight(self) -> int:
+        return sum(row.in_flight for row in self.shards)
 
     @property
     def eta_s(self) -> float | None:
@@ -148,6 +161,7 @@ class ProgressView:
         self.shards: dict[int, _Shard] = {}
         self.started = clock()
         self._samples: deque[tuple[float, int, int, int]] = deque()
+        self._moved: tuple[float, int, int] = (self.started, 0, 0)  # when done / tokens moved
         self._last_line = self.started
         self._live: Live | None = None
 
@@ -159,6 +173,7 @@ class ProgressView:
 
     def start(self) -> None:
         self.started = self._last_line = self.clock()
+        self._moved = (self.started, *self._moved[1:])
         if self.tty and not self.quiet:
             from rich.live import Live
 
@@ -211,10 +226,24 @@ class ProgressView:
         failing = max((s.gauges for s in self.shards.values()), default={},
                       key=lambda g: float(g.get("failing_s") or 0))
         failing_s = float(failing.get("failing_s") or 0) or None
+        silent_s = self._silent_s(now, done, sums["completion_tokens"],
+                                  sum(r.in_flight for r in rows))
+        if down or failing_s:
+            silent_s = None
         return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
-                        failing_s, failing.get("failing_cause") if failing_s else None)
+                        failing_s, failing.get("failing_cause") if failing_s else None,
+                        silent_s)
+
+    def _silent_s(self, now: float, done: int, tokens: int, in_flight: int) -> float | None:
+        """Seconds since the last token or ended item while requests are out, once that
+        reaches SILENT_AFTER_S; the clock restarts whenever either moves or nothing is out."""
+        since, done0, tokens0 = self._moved
+        if in_flight == 0 or done != done0 or tokens != tokens0:
+            self._moved = (now, done, tokens)
+            return None
+        return now - since if now - since >= SILENT_AFTER_S else None
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -276,7 +305,8 @@ def format_plain_line(s: Snapshot) -> str:
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
             f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
-            f"{_failing_text(s.failing_s, s.failing_cause)}")  # fmt: skip
+            f"{_failing_text(s.failing_s, s.failing_cause)}"
+            f"{_silent_text(s.silent_s, s.in_flight)}")  # fmt: skip
 
 
 def _held_text(rate_waiting: int) -> str:
@@ -300,6 +330,14 @@ def _failing_text(failing_s: float | None, cause: str | None) -> str:
         said = f" ({cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 1] + '…'})"
     return (f"; endpoint failing every request for {_clock_text(failing_s)}{said}, items held "
             "until it answers")
+
+
+def _silent_text(silent_s: float | None, in_flight: int) -> str:
+    """Requests out and nothing back: a hung or very slow endpoint, until timeouts fire."""
+    if silent_s is None:
+        return ""
+    return (f"; no token for {_clock_text(silent_s)} with {in_flight:,} requests out, waiting "
+            "for the endpoint")
 
 
 def format_final_line(s: Snapshot) -> str:
@@ -357,6 +395,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
     if s.failing_s is not None:
         counts.append(_failing_text(s.failing_s, s.failing_cause).replace(";", "  │", 1),
                       "bold red")
+    if s.silent_s is not None:
+        counts.append(_silent_text(s.silent_s, s.in_flight).replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 
