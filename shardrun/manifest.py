@@ -333,6 +333,21 @@ def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
+def input_read_whole(manifest: dict[str, Any], *, but_the_newest: bool = False) -> bool:
+    """Whether a pass of the run (but its newest, with `but_the_newest`) read the input to its
+    end and ended every item it read (a `retry-failed` pass passes over the items no pass has
+    run, `left_out`; a stopped one leaves items `unfinished`). From then on `--resume` has
+    nothing to run: what a later pass leaves are dead letters, for `retry-failed`."""
+    records = [record for _, record in _passes(manifest)]
+    for record in records[:-1] if but_the_newest else records:
+        summary = record.get("summary") if isinstance(record, dict) else None
+        if not isinstance(summary, dict) or summary.get("input_read") is not True:
+            continue
+        if not summary.get("left_out") and not summary.get("unfinished"):
+            return True
+    return False
+
+
 def newest_job_path(manifest: dict[str, Any]) -> Path | None:
     """The job file the newest pass ran (a resume may name another file than the first pass),
     or None if the manifest names none."""

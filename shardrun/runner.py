@@ -28,6 +28,7 @@ from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
     finish_manifest,
+    input_read_whole,
     new_run_id,
     newest_job_path,
     read_manifest,
@@ -93,6 +94,7 @@ class Pass:
     prior_dead: int = 0
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
+    read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
 
 
 def run(
@@ -194,7 +196,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             "input_unchecked": unchecked, "results_changed": results_changed}
     # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
-                prior.retried_ids if only_failed else None, _lines_read_before(manifest))
+                prior.retried_ids if only_failed else None, _lines_read_before(manifest),
+                input_read_whole(manifest))
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:
@@ -265,7 +268,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
             summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried,
-            unretried=unretried,
+            unretried=unretried, input_read_before=this.read_before,
             prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,

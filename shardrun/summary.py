@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +54,9 @@ class RunSummary:
     dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     rejects_file: Path | None = None  # where this pass set aside bad input lines
     input_read: bool = True  # False: the run stopped before reading its input to the end
+    # An earlier pass read the input to its end and ended every item it read (see
+    # `manifest.input_read_whole`): a --limit on this pass left no input unread.
+    input_read_before: bool = False
     limit: int | None = None  # --limit, when it ended this pass's input early
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
     client_cpu_unknown: str | None = None  # why client_cpu_s is None, when it is unknown
@@ -161,6 +164,10 @@ class RunSummary:
         return best, full[best]
 
     @property
+    def work_left(self) -> WorkLeft:
+        return work_left(self.as_dict(), read_before=self.input_read_before)
+
+    @property
     def status(self) -> str:
         # A stop that came once every item had ended and the input was read stopped nothing:
         # the run is what its items say (a Ctrl-C in the last moments read "interrupted").
@@ -202,6 +209,35 @@ class RunSummary:
             "dead_reasons": {kind: {"count": n, "example": example}
                              for kind, (n, example) in self.dead_reasons.items()},
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkLeft:
+    """What a pass left for a later one: `--resume` runs the first three, `retry-failed` the
+    dead letters it set aside to retry but did not reach."""
+
+    unread: bool  # input after where the pass stopped reading, that no pass has read
+    left_out: int  # items a pass of dead letters only passed over
+    unfinished: int  # items handed out and not ended (a stop)
+    unretried: int
+
+    @property
+    def for_resume(self) -> bool:
+        return self.unread or self.left_out > 0 or self.unfinished > 0
+
+
+def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
+    """What the pass whose summary (`RunSummary.as_dict()`, as the manifest records it) this is
+    left undone; `read_before`: whether an earlier pass read the input whole and ended all it
+    read. Then every item this pass could run was a dead letter it retried, and one it did not
+    end (--limit, a stop) is put back as a dead letter, `unretried`: nothing is left for
+    `--resume`, however little of the input this pass read."""
+    unretried = int(summary.get("unretried") or 0)
+    if read_before:
+        return WorkLeft(unread=False, left_out=0, unfinished=0, unretried=unretried)
+    return WorkLeft(unread=summary.get("input_read") is False,
+                    left_out=int(summary.get("left_out") or 0),
+                    unfinished=int(summary.get("unfinished") or 0), unretried=unretried)
 
 
 def add_unreported(report: dict[str, Any], results: Iterable[dict[str, Any]],
@@ -259,8 +295,11 @@ def format_summary(s: RunSummary) -> str:
     lines += _failure_lines(s)
     if s.unfinished:
         lines.append(f"  not finished       {s.unfinished:,}")
-    if s.resume_command and (s.unfinished or not s.input_read or s.left_out):
+    work = s.work_left
+    if s.resume_command and work.for_resume:
         lines.append(f"  to finish the run  {s.resume_command}")
+    elif work.unretried:
+        lines.append(f"  to finish the run  {_retry(s)}")
     if s.prior_dead:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
                      f"(another pass: {_retry(s)})")
@@ -309,6 +348,8 @@ def _items_note(s: RunSummary) -> str:
     if s.left_out:
         return (f"  (dead letters only: {s.left_out:,} items no pass has run are left for the "
                 "command below)")
+    if s.limit is not None and s.input_read_before:
+        return f"  (--limit {s.limit:,}: an earlier pass read the whole input)"
     if s.limit is not None:
         return f"  (--limit {s.limit:,}: the command below runs the rest of the input, if any)"
     if not s.input_read:

@@ -879,6 +879,9 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
             some.stdout)
         # All that earlier passes finished, not only what this pass read past before its limit.
         assert f"  already done       {60 - len(dead)} (" in some.stdout, some.stdout
+        # The input was read whole by the first pass: what is left is for retry-failed, and
+        # the summary says so (a --resume would run nothing).
+        assert _next_step(some) == ["shardrun", "retry-failed", str(path.relative_to(tmp_path))]
         # The report sends them to retry-failed: for --resume they are finished items, and
         # no item of the input (read whole by the first pass) is left for it.
         assert run.manifest["resumes"][-1]["summary"]["unretried"] == len(dead) - 3
@@ -906,6 +909,41 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
     run = Run.load(path)
     assert_exactly_once(run, ids)
     assert not run.dead
+
+
+def _next_step(done: subprocess.CompletedProcess[str]) -> list[str] | None:
+    """The command a pass's summary gives as the one that finishes the run, if any."""
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  to finish the run")]
+    assert len(lines) <= 1, done.stdout
+    return shlex.split(lines[0].removeprefix("  to finish the run  ")) if lines else None
+
+
+def test_a_retry_pass_whose_limit_took_the_last_dead_letter_names_no_next_step(
+        tmp_path: Path) -> None:
+    """Dead letters retried in two passes with --limit, the second reaching the last of them
+    before the input's end (a bad last line stands after it): it has read only part of the
+    input, but the first pass read it whole, so nothing is left and no command is named."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    with open(tmp_path / "input.jsonl", "ab") as f:
+        f.write(b"not a record\n")
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = len(Run.load(path).dead)
+    assert dead > 2
+    with sim() as good:
+        env = {"SHARDRUN_BASE_URL": good.base_url}
+        retry = ("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--retry-failed")
+        some = run_cli(*retry, "--limit", "2", cwd=tmp_path, env=env)
+        assert _next_step(some) == ["shardrun", "retry-failed", str(path.relative_to(tmp_path))]
+        rest = run_cli(*retry, "--limit", str(dead - 2), cwd=tmp_path, env=env)
+    summary = Run.load(path).manifest["resumes"][-1]["summary"]
+    assert (summary["input_read"], summary["unretried"]) == (False, 0), rest.stdout
+    assert _next_step(rest) is None
+    assert "an earlier pass read the whole input" in rest.stdout, rest.stdout
+    assert_exactly_once(Run.load(path), ids)
+    assert not Run.load(path).dead
 
 
 def test_restoring_unretried_items_reads_only_the_passes_since_they_were_set_aside(

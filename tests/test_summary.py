@@ -104,6 +104,24 @@ def test_the_command_that_finishes_the_run_shows_only_when_something_is_left() -
     assert f"  to finish the run  {command}" in format_summary(unread).splitlines()
 
 
+def test_after_a_pass_that_read_the_whole_input_only_dead_letters_are_left() -> None:
+    """A retry pass with --limit stops before the input's end, but an earlier pass read it all:
+    --resume would run nothing. The dead letters it did not reach are for retry-failed; with
+    none, no command is named."""
+    command = "shardrun job.yaml --resume r1"
+    limited = replace(summary_of([{}], dead=0), resume_command=command, input_read=False,
+                      limit=3, input_read_before=True)
+    assert "to finish the run" not in format_summary(limited)
+    assert "(--limit 3: an earlier pass read the whole input)" in format_summary(limited)
+    unretried = replace(limited, unretried=4, prior_dead=4, retry_command="shardrun retry-failed"
+                        " runs/r1")
+    assert "  to finish the run  shardrun retry-failed runs/r1" in (
+        format_summary(unretried).splitlines())
+    # Without that earlier pass, the rest of the input comes first.
+    unread = replace(unretried, input_read_before=False)
+    assert f"  to finish the run  {command}" in format_summary(unread).splitlines()
+
+
 def test_a_stop_that_left_nothing_undone_is_no_interruption() -> None:
     """A Ctrl-C once every item has ended and the input was read: the run's status is what its
     items say (exit 0 here); with an item unfinished, or the input not read to its end (not for

@@ -28,8 +28,9 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
-from shardrun.manifest import newest_summary, read_manifest
+from shardrun.manifest import input_read_whole, newest_summary, read_manifest
 from shardrun.report._scan import FileScan, scan_file
+from shardrun.summary import work_left
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
 WORKERS_VAR = "SHARDRUN_AGGREGATE_WORKERS"
@@ -259,36 +260,23 @@ def _work_left(loaded: LoadedRun) -> str:
     """What a finished run has not done yet, and the command that does it: items no pass has
     run (`--resume`), and dead letters a retry pass set aside but did not reach (`retry-failed`:
     to `--resume` they are finished items)."""
-    last = newest_summary(loaded.manifest)
-    left = ""
     # A --limit pass, or one stopped, is finished, not done, unless an earlier pass read the
     # whole input (then what it left is only the dead letters it did not retry, below).
-    if last.get("input_read") is False and not _input_read_before(loaded.manifest):
+    work = work_left(newest_summary(loaded.manifest),
+                     read_before=input_read_whole(loaded.manifest, but_the_newest=True))
+    left = ""
+    if work.unread:
         left += ("; its last pass did not read the input to its end (--limit, or a stop): "
                  "the items after it have not run, --resume runs them")
-    elif last.get("left_out"):
-        left += (f"; {last['left_out']:,} input items no pass has run (its last pass retried "
+    elif work.left_out:
+        left += (f"; {work.left_out:,} input items no pass has run (its last pass retried "
                  "dead letters only): --resume runs them")
-    if unretried := last.get("unretried"):
+    if work.unretried:
         passes = len(loaded.manifest.get("resumes") or [])
-        left += (f"; {unretried:,} dead letters its last pass set aside to retry were not "
+        left += (f"; {work.unretried:,} dead letters its last pass set aside to retry were not "
                  f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
                  f"shardrun retry-failed {loaded.path} runs them")
     return left
-
-
-def _input_read_before(manifest: dict[str, Any]) -> bool:
-    """Whether a pass before the newest read the input to its end and ended every item it read
-    (a `retry-failed` pass passes over the items no pass has run, `left_out`; a stopped one
-    leaves items `unfinished`)."""
-    resumes = [r for r in manifest.get("resumes") or [] if isinstance(r, dict)]
-    for record in [manifest, *resumes][:-1]:
-        summary = record.get("summary")
-        if not isinstance(summary, dict) or summary.get("input_read") is not True:
-            continue
-        if not summary.get("left_out") and not summary.get("unfinished"):
-            return True
-    return False
 
 
 def _lock_held(run_path: Path) -> bool | None:
