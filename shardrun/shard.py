@@ -120,8 +120,9 @@ class Shard:
         self.dead_reasons: dict[str, list[Any]] = {}
         # Spans still open that have failed attempts, and how many: those attempts are in the
         # counters already. The coordinator needs it when this shard dies with lines written
-        # after its last report (`summary.add_unreported`), so that it counts them once.
-        self.tried: dict[str, int] = {}
+        # after its last report (`summary.add_unreported`), so that it counts them once. Each
+        # report carries only its changes (a storm holds an entry for every slot).
+        self.tried = protocol.CountChanges()
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
@@ -618,7 +619,7 @@ class Shard:
                              "http": outcome.http_status, "error": outcome.error,
                              "started_at": started, "ended_at": outcome.ended_at})
         if not ok:
-            self.tried[sid] = len(span.history)
+            self.tried.set(sid, len(span.history))
 
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
@@ -754,7 +755,7 @@ class Shard:
                       outcome="ok", reason=None if outcome.refusal is None else "refusal")
         span.ended = True
         if len(span.history) > 1:
-            self.tried.pop(span.span_id, None)
+            self.tried.drop(span.span_id)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
         if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
@@ -790,7 +791,7 @@ class Shard:
         self.log.emit(events.RELEASED, t=released_at, span=span.span_id, id=span.item_id,
                       outcome=outcome, reason=reason)
         span.ended = True
-        self.tried.pop(span.span_id, None)
+        self.tried.drop(span.span_id)
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
@@ -820,7 +821,8 @@ class Shard:
             self.send(self.report(protocol.PROGRESS))
 
     def report(self, kind: str) -> protocol.Message:
-        """A progress or done message; `fin_*` list the items whose lines are now flushed."""
+        """A progress or done message; `fin_*` list the items whose lines are now flushed.
+        Made only to be sent: it takes the changes to `tried` since the last one."""
         ok, dead = self.out.take_finished()
         # While the endpoint is down, for how long: the progress display says so.
         down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(self.clock.now())
@@ -829,7 +831,7 @@ class Shard:
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
-                "tried": dict(self.tried), **self.counters.as_dict()}
+                "tried": self.tried.take_changes(), **self.counters.as_dict()}
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

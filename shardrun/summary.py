@@ -240,17 +240,18 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
                     unfinished=int(summary.get("unfinished") or 0), unretried=unretried)
 
 
-def add_unreported(report: dict[str, Any], results: Iterable[dict[str, Any]],
+def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
+                   results: Iterable[dict[str, Any]],
                    dead: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """A dead shard's last report plus what the lines it wrote after that report hold.
 
     Those lines were written after the report's counters were read: their item, its tokens
-    and its last attempt are not in them. Earlier attempts of the same span may be: the report's
-    `tried` holds how many attempts each span still open then had ended (every one a failure
-    followed by a retry), so that they are not counted twice. What the lines do not hold (the
-    tokens wasted by earlier attempts, rate-limit waits) stays as reported.
+    and its last attempt are not in them. Earlier attempts of the same span may be: `tried` (the
+    reports' changes to it applied up to this one) holds how many attempts each span still open
+    then had ended (every one a failure followed by a retry), so that they are not counted
+    twice. What the lines do not hold (the tokens wasted by earlier attempts, rate-limit waits)
+    stays as reported.
     """
-    tried: dict[str, int] = report.get("tried") or {}
     add: Counter[str] = Counter()
     for line in results:
         usage = line.get("usage") or {}

@@ -620,24 +620,29 @@ def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> Non
 
 
 # A shard that takes a batch, reports one failed attempt per item (each then retried, so still
-# open: `tried`), writes every item's line with a second attempt and SIGKILLs itself before it
-# can report them: the coordinator finds them in its files.
+# open: `tried`), then in a second report (which carries only what changed) a second failed
+# attempt of the first item, writes every item's line (the first a dead letter after a third
+# attempt, the others results of a second) and SIGKILLs itself before it can report them: the
+# coordinator finds them in its files.
 DIES_AFTER_WRITING = """
 import json, os, signal, sys
 config = json.loads(sys.stdin.readline())
 os.write(1, b'{"t": "want", "n": 16}\\n')
 items = json.loads(sys.stdin.readline())["items"]
 spans = [f"0-{n}" for n in range(1, len(items) + 1)]
-report = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": len(items),
-          "retries": len(items), "prompt_tokens": 3 * len(items), "tried": {s: 1 for s in spans}}
-os.write(1, (json.dumps(report) + "\\n").encode())
+def report(attempts, tried):
+    message = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": attempts,
+               "retries": attempts, "prompt_tokens": 3 * attempts, "tried": tried}
+    os.write(1, (json.dumps(message) + "\\n").encode())
+report(len(items), {s: 1 for s in spans})
+report(len(items) + 1, {spans[0]: 2})
 def write(sub, lines):
     os.makedirs(os.path.join(config["out_dir"], sub), exist_ok=True)
     with open(os.path.join(config["out_dir"], sub, "shard-00.jsonl"), "w") as f:
         f.writelines(json.dumps(line) + "\\n" for line in lines)
 failure = {"status": "http_5xx", "http": 500, "error": "HTTP 500"}
 write("dead", [{"id": items[0]["id"], "span": spans[0], "reason": "max_attempts: HTTP 500",
-                "attempts": [failure, failure]}])
+                "attempts": [failure, failure, failure]}])
 write("results", [{"id": item["id"], "span": span, "attempts": 2, "output": "x",
                    "usage": {"completion_tokens": 7, "prompt_tokens": 3}}
                   for item, span in zip(items[1:], spans[1:])])
@@ -661,13 +666,13 @@ def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path
                                                              for d in run.dead)
     assert (summary["succeeded"], summary["dead"]) == (len(run.results), len(run.dead)) \
         == (399, 1)
-    assert summary["attempts"] == attempts == 400 + 16
+    assert summary["attempts"] == attempts == 400 + 16 + 1
     assert summary["retries"] == attempts - 400
     assert summary["completion_tokens"] == sum(r["usage"]["completion_tokens"]
                                                for r in run.results)
-    # Every attempt's, as billed: the stand-in's report had the first (failed) attempts'.
+    # Every attempt's, as billed: the stand-in's reports had the failed attempts' but the last.
     assert summary["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in run.results) \
-        + 3 * 16
+        + 3 * 17
     assert summary["per_shard"][0] == {"shard": 0, "ok": 15, "dead": 1}
 
 
