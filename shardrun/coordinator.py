@@ -399,10 +399,11 @@ class Coordinator:
             self.source.reader.close()
             summary = self.summary()
             # The client's CPU goes into the log too, so that `report` reads it from the
-            # evidence rather than from the manifest's summary.
-            cpu = summary.client_cpu_s
+            # evidence rather than from the manifest's summary; so does why it is unknown.
+            cpu, why = summary.client_cpu_s, summary.client_cpu_unknown
             self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
-                          client_cpu_s=None if cpu is None else round(cpu, 3))
+                          client_cpu_s=None if cpu is None else round(cpu, 3),
+                          **({"client_cpu_unknown": why} if cpu is None and why else {}))
             self.log.checkpoint(self.clock.now())
             self._write_log(self.log.close)
         if self.log_problem is not None:

@@ -24,6 +24,7 @@ from shardrun.aggregate import (
 from shardrun.aggregate._metrics import client_cpu_section
 from shardrun.aggregate._segments import DIST_NAMES, overall
 from shardrun.itl import REL_ERROR, bucket_of
+from shardrun.report._text import _client_cpu
 
 M = B // 60  # the minute that starts at B
 
@@ -459,13 +460,34 @@ def _coordinator_with_cpu(cpu: object) -> list[dict[str, Any]]:
     return [*rest, {**end, "client_cpu_s": cpu}]
 
 
+def test_a_pass_that_could_not_know_its_cpu_gives_the_reason_its_summary_gave() -> None:
+    """A `run_end` with no CPU time and the reason (shards no shardrun process reaped): the
+    report says it, alone or beside the passes that recorded theirs, and beside a pass that
+    did not end cleanly (which gives none)."""
+    why = "no shardrun process reaped shard 0, so their CPU time is not known"
+    *rest, end = hand_coordinator()
+    unknown = [*rest, {**end, "client_cpu_s": None, "client_cpu_unknown": why}]
+    cpu = _report([_shard()], unknown)["client_cpu"]
+    assert (cpu["cpu_s"], cpu["unknown"]) == (None, [why])
+    assert _client_cpu(cpu) == f"unknown: {why}"
+    facts = RunFacts(run_id="r", run_dir="/x", state="finished", state_reason="test")
+    passes = [fold_coordinator(_coordinator_with_cpu(2.2)), fold_coordinator(unknown),
+              fold_coordinator(rest)]
+    partial = build_report(facts, passes, [_shard()])["client_cpu"]
+    assert _client_cpu(partial) == (f"2.2 s in 1 of 3 passes ({why}; a pass that did not end "
+                                    "cleanly records none)")
+    assert _client_cpu(_report([_shard()], rest)["client_cpu"]) == (
+        "not in the log (no pass recorded it at its run_end)")
+
+
 def test_client_cpu_comes_from_each_pass_run_end() -> None:
     """2.2 CPU-s over the log's 4 attempts, 14 completion tokens and the run's 11 s (T0 - 0.5 to
     T0 + 10.5); a second pass with nothing recorded keeps the sum but drops the ratios, which
     would understate the cost; a value that is not a CPU time counts as not recorded."""
     cpu = _report([_shard()], _coordinator_with_cpu(2.2))["client_cpu"]
-    assert cpu == {"passes": 1, "passes_recorded": 1, "cpu_s": 2.2, "ms_per_attempt": 550.0,
-                   "s_per_1k_completion_tokens": round(2200 / 14, 5), "cores": 0.2}
+    assert cpu == {"passes": 1, "passes_recorded": 1, "unknown": [], "cpu_s": 2.2,
+                   "ms_per_attempt": 550.0, "s_per_1k_completion_tokens": round(2200 / 14, 5),
+                   "cores": 0.2}
     facts = RunFacts(run_id="r", run_dir="/x", state="finished", state_reason="test")
     passes = [fold_coordinator(_coordinator_with_cpu(2.2)), fold_coordinator(hand_coordinator())]
     partial = build_report(facts, passes, [_shard()])["client_cpu"]

@@ -470,7 +470,10 @@ def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) 
     assert (summary["client_cpu_s"], summary["client_cpu_unknown"]) == (None, why)
     (end,) = [e for e in read_jsonl(run.path / "events" / "coordinator.jsonl")
               if e["ev"] == "run_end"]
-    assert end["client_cpu_s"] is None
+    assert (end["client_cpu_s"], end["client_cpu_unknown"]) == (None, why)
+    # `report` reads it from the log, and gives the same reason.
+    report = run_cli("report", str(run.path), cwd=tmp_path)
+    assert f"  client CPU: unknown: {why}\n" in report.stdout, report.stdout
 
 
 # A stand-in for the shard launcher: it forks a shard per slot, as `_launcher.py` does, but

@@ -45,3 +45,5 @@ class CoordinatorFold:
             cpu = rec.get("client_cpu_s")
             if isinstance(cpu, int | float) and not isinstance(cpu, bool) and cpu >= 0:
                 s.client_cpu_s = float(cpu)
+            elif isinstance(why := rec.get("client_cpu_unknown"), str):
+                s.client_cpu_unknown = why

@@ -167,6 +167,9 @@ def client_cpu_section(coords: list[CoordinatorSummary], attempts: int, completi
     return {
         "passes": len(coords),
         "passes_recorded": len(recorded),
+        # Why a pass that ended recorded none (its shards were reaped by no shardrun process).
+        "unknown": [c.client_cpu_unknown for c in coords
+                    if c.client_cpu_s is None and c.client_cpu_unknown],
         "cpu_s": round(cpu, 3) if recorded else None,
         "ms_per_attempt": ratio(cpu * 1e3, attempts, 4) if complete else None,
         "s_per_1k_completion_tokens": ratio(cpu * 1e3, completion_tokens, 5) if complete else None,

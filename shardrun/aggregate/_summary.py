@@ -103,6 +103,7 @@ class CoordinatorSummary:
     run_end: float | None = None
     run_status: str | None = None
     client_cpu_s: float | None = None  # user + sys of coordinator, launcher and shards
+    client_cpu_unknown: str | None = None  # why `run_end` recorded no CPU time, if it said
     input_end: float | None = None
     input_lines: int | None = None
     rejects: int | None = None

@@ -167,11 +167,17 @@ def format_attempts(doc: dict[str, Any]) -> str:
 
 
 def _client_cpu(cpu: dict[str, Any]) -> str:
+    # Why passes recorded none: the reason a pass gave at its end (as its summary printed it),
+    # or, for a pass without one, that it did not end cleanly.
+    why = list(cpu.get("unknown") or [])
+    if len(why) < cpu["passes"] - cpu["passes_recorded"]:
+        why.append("a pass that did not end cleanly records none")
     if cpu["cpu_s"] is None:
-        return "not in the log (no pass recorded it at its run_end)"
+        return ("unknown: " + "; ".join(why) if cpu.get("unknown")
+                else "not in the log (no pass recorded it at its run_end)")
     if cpu["passes_recorded"] < cpu["passes"]:
         return (f"{num(cpu['cpu_s'], 1)} s in {cpu['passes_recorded']} of {cpu['passes']} "
-                "passes (a pass that did not end cleanly records none)")
+                f"passes ({'; '.join(why)})")
     return (f"{num(cpu['cpu_s'], 1)} s user+sys of coordinator, launcher and shards: "
             f"{num(cpu['ms_per_attempt'], 3)} ms per attempt, "
             f"{num(cpu['s_per_1k_completion_tokens'], 4)} s per 1k completion tokens, "
