@@ -93,7 +93,8 @@ class Shard:
         self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
         self.storm_held: deque[Span] = deque()  # the others, in turn to probe, oldest first
-        self.storm_news = asyncio.Event()  # set and cleared at once: wakes them to look again
+        # Set at news for the held spans (then replaced): wakes them to look again.
+        self.storm_news = asyncio.Event()
         self.storm_cause = ""  # the latest failure of the storm, for the progress line
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
@@ -443,8 +444,11 @@ class Shard:
             self._wake_held()
 
     def _wake_held(self) -> None:
-        self.storm_news.set()
-        self.storm_news.clear()
+        # A new event for the next news, the old one left set: an event set and cleared at once
+        # was missed by a waiter whose wait had not started yet (on Python 3.11, `wait_for` runs
+        # it in a task of its own), which then slept until the recheck, up to 1 s.
+        news, self.storm_news = self.storm_news, asyncio.Event()
+        news.set()
 
     def _storm_too_long(self, now: float) -> str | None:
         """Why the run stops, once a storm has lasted `retry.outage_s`; or, before any request
@@ -478,7 +482,7 @@ class Shard:
                     self.storm_probe = span
                     await self._nap(max(0.0, self.storm.next_probe_at - now))
                     return
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(TimeoutError):  # the event of the news after this look
                     await asyncio.wait_for(self.storm_news.wait(), RECHECK_S)
         finally:
             if held and span in held:  # a stop, a fatal error or the storm's end: out of turn
