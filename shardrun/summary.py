@@ -302,8 +302,10 @@ def format_summary(s: RunSummary) -> str:
     elif work.unretried:
         lines.append(f"  to finish the run  {_retry(s)}")
     if s.prior_dead:
-        lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier passes "
-                     f"(another pass: {_retry(s)})")
+        # The command once is enough: the line above may have named it.
+        again = ("" if lines[-1].endswith(_retry(s)) else f" (another pass: {_retry(s)})")
+        lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier "
+                     f"passes{again}")
     if s.prior_rejects:
         lines.append(f"  earlier rejects    {s.prior_rejects:,} input "
                      f"line{'s' if s.prior_rejects != 1 else ''} rejected by earlier passes "

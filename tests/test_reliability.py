@@ -945,6 +945,7 @@ def test_a_retry_pass_whose_limit_took_the_last_dead_letter_names_no_next_step(
         retry = ("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--retry-failed")
         some = run_cli(*retry, "--limit", "2", cwd=tmp_path, env=env)
         assert _next_step(some) == ["shardrun", "retry-failed", str(path.relative_to(tmp_path))]
+        assert some.stdout.count("retry-failed") == 1, some.stdout  # named once, not per line
         rest = run_cli(*retry, "--limit", str(dead - 2), cwd=tmp_path, env=env)
     summary = Run.load(path).manifest["resumes"][-1]["summary"]
     assert (summary["input_read"], summary["unretried"]) == (False, 0), rest.stdout
