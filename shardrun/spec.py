@@ -118,12 +118,7 @@ class LoadedJob:
         endpoint = self.spec.endpoint
         if endpoint.base_url != "sim://":
             return None
-        from shardrun.sim.config import SimConfig
-
-        try:
-            return SimConfig.from_mapping(dict(endpoint.sim or {}))
-        except ValueError as exc:
-            raise SpecError(f"{self.origin}: endpoint.sim: {exc}") from None
+        return _sim_settings(endpoint.sim or {}, self.origin)
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         """The API key from the variable the job names, or None when it names none.
@@ -168,7 +163,7 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     shown.update({k: v for k, v in given_flags.items() if isinstance(v, str)})
     blame = Blame(origin, sources, shown, FIELDS)
     merged = _merge(raw, _overrides(set_env, given_flags))
-    sim_ignored = _drop_shadowed_sim(merged, sources)
+    sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources), env)
     if not sim_ignored:
@@ -179,12 +174,26 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     return replace(loaded, warnings=(ignored, *loaded.warnings))
 
 
-def _drop_shadowed_sim(merged: dict[str, Any], sources: dict[str, str]) -> bool:
+def _sim_settings(block: Mapping[str, Any], origin: str) -> SimConfig:
+    """The simulator's settings from an `endpoint.sim` mapping; a bad one is a SpecError."""
+    from shardrun.sim.config import SimConfig  # the simulator's code only for jobs that use it
+
+    try:
+        return SimConfig.from_mapping(dict(block))
+    except ValueError as exc:
+        raise SpecError(f"{origin}: endpoint.sim: {exc}") from None
+
+
+def _drop_shadowed_sim(
+    merged: dict[str, Any], sources: dict[str, str], origin: str, problems: list[Problem]
+) -> bool:
     """Leave out the job's `endpoint.sim` when a variable or flag points the job elsewhere.
 
     The operator who sets SHARDRUN_BASE_URL during an incident means that endpoint, not the
     simulator the file was written for; refusing would force an edit of the job file. A file
-    that itself pairs `sim:` with a real URL stays an error (the model's rule). Marks the key's
+    that itself pairs `sim:` with a real URL stays an error (the model's rule). The block set
+    aside is still checked, with the error it gets when used: else a typo in it passes every
+    run under the override and breaks the job once the variable is gone. Marks the key's
     source so the manifest says why it holds no settings; True when it dropped them."""
     endpoint = merged.get("endpoint")
     source = sources["endpoint.base_url"]
@@ -192,6 +201,13 @@ def _drop_shadowed_sim(merged: dict[str, Any], sources: dict[str, str]) -> bool:
         return False
     if source in ("job file", "default") or endpoint.get("base_url") == "sim://":
         return False
+    block = endpoint["sim"]
+    if not isinstance(block, dict) or not all(isinstance(key, str) for key in block):
+        return False  # kept for the model, which says what a block must be (as when it is used)
+    try:
+        _sim_settings(block, origin)
+    except SpecError as exc:
+        problems.append((None, str(exc)))
     del endpoint["sim"]
     sources["endpoint.sim"] = f"ignored: endpoint.base_url from {source}"
     return True

@@ -395,6 +395,20 @@ def test_sim_settings_only_with_sim_url(jobs: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("block", ["{ttft_msx: 5}", "{ttft_ms: fast}", "{fail_503: 2}", "fast",
+                                   "{1: 2}"])
+def test_a_sim_block_set_aside_is_still_checked(jobs: Path, block: str) -> None:
+    """SHARDRUN_BASE_URL sets the job's `sim:` aside, but a broken block is refused with the
+    sentence it gets when used: else it would break the job once the variable is unset."""
+    path = write(jobs, MINIMAL.replace("model:", f"sim: {block}\n  model:"))
+    with pytest.raises(SpecError) as info:
+        load(path).sim_config()  # what run and validate do with the block they use
+    used = str(info.value)
+    assert used.startswith("jobs/x.yaml: endpoint.sim"), used
+    assert error_of(path, env={"SHARDRUN_BASE_URL": "http://h:1/v1"}) == used
+    assert error_of(path, flags={"endpoint.base_url": "http://h:1/v1"}) == used
+
+
 @pytest.mark.parametrize("url", ["ftp://h/v1", "http://", "sim://x", "localhost:8000",
                                  "http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1",
                                  "http://h:port/v1", "http://127.0.0.1:8000/v1 ",

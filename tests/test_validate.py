@@ -231,6 +231,19 @@ def test_the_simulators_settings_are_checked_as_a_run_checks_them(
     assert load_job(fixed, env={}, flags={}).sim_config() == SimConfig(tokens="8")
 
 
+def test_a_sim_block_set_aside_is_checked_by_validate_and_run(tmp_path: Path) -> None:
+    """With SHARDRUN_BASE_URL pointing the job elsewhere, a typo in its `sim:` block still
+    stops `validate` and `run` (exit 2, one line, no run directory), as it would without."""
+    make_job(tmp_path, GOOD, endpoint={"base_url": "sim://", "model": "m",
+                                       "sim": {"ttft_msx": 5}})  # fmt: skip
+    env = {"SHARDRUN_BASE_URL": "http://127.0.0.1:9/v1", "SHARDRUN_RUNS_DIR": "runs"}
+    for command in (["validate", "job.yaml"], ["run", "job.yaml"]):
+        proc = run_cli(*command, cwd=tmp_path, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert "job.yaml: endpoint.sim: unknown simulator setting 'ttft_msx'" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_terminal_report_uses_tables(tmp_path: Path) -> None:
     """On a terminal the configuration is a rich table."""
     job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
