@@ -175,6 +175,19 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:
     return handle
 
 
+def alone_in_run(handle: IO[bytes]) -> bool:
+    """Whether no other process holds the run's lock beside this pass's `handle` (its shards
+    have all exited); the hold is shared again either way. Linux may drop a shared lock while
+    converting it, so it is taken again rather than assumed kept."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        alone = True
+    except BlockingIOError:
+        alone = False
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    return alone
+
+
 def share_lock(run_path: Path) -> IO[bytes]:
     """A shard's shared hold on the run (blocks while a new pass is taking over)."""
     handle = open(run_path / ".lock", "ab")  # noqa: SIM115 - held until the shard exits
@@ -233,6 +246,8 @@ class Prior:
 def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
     """Repair the run's files and collect finished ids; `retry_failed` sets dead letters aside."""
     notes = repair_run_files(run_path)
+    # An attempt at this same pass killed before the manifest recorded it ran nothing.
+    undo_set_aside(run_path, segment)
     # A retry pass that ended early (killed, so it could not do it itself) left items aside.
     restore_unretried(run_path, segment)
     retried_ids = DigestSet()
@@ -262,6 +277,30 @@ def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:
     _fsync_dir(target)
     _fsync_dir(run_path / "dead")
     return digests
+
+
+def undo_set_aside(run_path: Path, segment: int) -> int:
+    """Move the dead-letter files pass `segment` set aside back into dead/; how many moved.
+
+    Only for a pass the manifest never recorded (stopped between setting them aside and its
+    start: a simulator that would not start, a manifest it could not write, a kill): nothing
+    of it ran, so the files are the dead letters as they were, and left aside they would read
+    as never run (export: pending) until the next pass. A file whose name is taken in dead/
+    stays aside, for the next pass's `restore_unretried` to find.
+    """
+    aside = run_path / "dead" / f"superseded-r{segment}"
+    if not aside.is_dir():
+        return 0
+    moved = 0
+    for path in sorted(aside.glob("*.jsonl")):
+        target = run_path / "dead" / path.name
+        if not target.exists():
+            os.replace(path, target)
+            moved += 1
+    _fsync_dir(run_path / "dead")
+    if not any(aside.iterdir()):
+        aside.rmdir()
+    return moved
 
 
 def restore_unretried(run_path: Path, segment: int) -> int:

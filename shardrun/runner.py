@@ -23,7 +23,7 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, SpecError, fix_for_write
+from shardrun.errors import InputError, RunError, SpecError, fix_for_write
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -95,6 +95,7 @@ class Pass:
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
     read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
+    recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
 
 
 def run(
@@ -133,12 +134,41 @@ def run(
     finally:
         if sim is not None:
             sim.stop()
+        if this.segment > 0 and not this.recorded:
+            _undo_unrecorded(this)  # under the lock still: no other pass may be preparing
         this.lock.close()
         if this.segment == 0 and not (this.run_dir.path / "manifest.json").exists():
             # Stopped before the run began (an early Ctrl-C, a simulator that would not start):
             # there is nothing to keep, and a directory without a manifest is no run to
             # resume or report on, yet would refuse its --run-id.
             shutil.rmtree(this.run_dir.path, ignore_errors=True)
+
+
+def _undo_unrecorded(this: Pass) -> None:
+    """A resume stopped before the manifest recorded it (the simulator would not start, the
+    manifest could not be written, a Ctrl-C): put back the dead letters it set aside, so that
+    `report` and `export` do not count them as never run. An error here is said, not raised:
+    the one that stopped the pass is the one to see, and the next pass puts them back too."""
+    try:
+        resume.undo_set_aside(this.run_dir.path, this.segment)
+    except OSError as exc:
+        print(f"warning: cannot put back the dead letters this pass set aside in "
+              f"{exc.filename or this.run_dir.path / 'dead'} ({exc.strerror or exc}); the next "
+              "pass of the run puts them back", file=sys.stderr)
+
+
+def _put_back_unreached(this: Pass) -> None:
+    """A retry pass that failed (its shards kept dying): put back the dead letters it set aside
+    and did not reach, as its normal end does, or `report` and `export` would count them as
+    never run until the next pass. Only once no shard of it holds the run any more: one that
+    outlived the failure could still write a result for an item put back. Else, and on an
+    error here, the next pass puts them back, under its own exclusive lock."""
+    try:
+        if resume.alone_in_run(this.lock):
+            resume.restore_unretried(this.run_dir.path, this.segment)
+    except (OSError, RunError) as exc:
+        print(f"warning: cannot put back the dead letters this pass did not reach ({exc}); "
+              "the next pass of the run puts them back", file=sys.stderr)
 
 
 def _sim_ended(sim: SimProcess) -> str | None:
@@ -240,6 +270,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         manifest = start_manifest(job, this.run_dir, endpoint.base_url, argv, proxy)
     else:
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
+    this.recorded = True
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
@@ -281,6 +312,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
     except BaseException:
+        if this.info.get("retry_failed"):
+            _put_back_unreached(this)
         try:
             finish_manifest(manifest, this.run_dir, status, reader, summary)
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised

@@ -818,6 +818,13 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
     # The summary says why, with the count, and where the dead letters are.
     assert f"\n    {len(dead)}  max_attempts: HTTP 500: " in first.stdout, first.stdout
     assert f"  dead letters       {path.relative_to(tmp_path) / 'dead'}/" in first.stdout
+    _retry_succeeds(tmp_path, path, ids)
+    assert list((path / "dead").glob("superseded-r1/*.jsonl"))
+
+
+def _retry_succeeds(tmp_path: Path, path: Path, ids: list[str]) -> Run:
+    """`retry-failed` of the run at `path` against a simulator that fails nothing: it exits 0
+    and every item ends exactly once, none of them a dead letter."""
     with sim() as good:
         again = run_cli("retry-failed", str(path), cwd=tmp_path,
                         env={"SHARDRUN_BASE_URL": good.base_url})
@@ -825,7 +832,7 @@ def test_retry_failed_gives_dead_letters_another_pass(tmp_path: Path) -> None:
     run = Run.load(path)
     assert_exactly_once(run, ids)
     assert not run.dead
-    assert list((path / "dead").glob("superseded-r1/*.jsonl"))
+    return run
 
 
 def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: Path) -> None:
@@ -1769,3 +1776,77 @@ def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
     manifest = orjson.loads((path / "manifest.json").read_bytes())
     assert manifest["resumes"][-1]["answer_settings_changed"] == ["endpoint.model", "params"]
     assert sorted(r["id"] for r in Run.load(path).results) == ids
+
+
+# Kills every spawned shard as its interpreter starts: a retry pass whose shards keep dying.
+SHARD_DIES_AT_START = """\
+import os, signal, sys
+if "shardrun._shard_main" in sys.orig_argv:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _failed_dead_letters(tmp_path: Path, n: int) -> tuple[list[str], Path, dict[str, bytes]]:
+    """A finished run of `n` items with dead letters: the ids, the run, its dead-letter files."""
+    ids = write_input(tmp_path / "input.jsonl", n)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")}
+    assert b"".join(dead.values())
+    return ids, path, dead
+
+
+def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:
+    rows = run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()
+    return Counter(orjson.loads(line)["status"] for line in rows)
+
+
+def test_a_retry_pass_whose_shards_all_die_leaves_its_dead_letters_standing(
+        tmp_path: Path) -> None:
+    """Every shard of a retry pass is SIGKILLed: the pass fails, recorded as failed, and the dead
+    letters it set aside are back in dead/ (export: failed, none pending), so the next
+    retry-failed finds and finishes them, each exactly once."""
+    ids, path, dead = _failed_dead_letters(tmp_path, 40)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SHARD_DIES_AT_START)
+    with sim() as good:
+        died = run_cli("retry-failed", str(path), cwd=tmp_path,
+                       env={"SHARDRUN_BASE_URL": good.base_url, "SHARDRUN_SHARD_START": "spawn",
+                            "PYTHONPATH": str(site)})  # fmt: skip
+    assert died.returncode == 1 and "3 shards died" in died.stderr, died.stderr
+    assert "Traceback" not in died.stderr
+    run = Run.load(path)
+    assert run.manifest["resumes"][-1]["status"] == "failed"
+    assert_exactly_once(run, ids)
+    # Back as they were: each dead letter's own line (in dead/unretried-r1.jsonl).
+    lines = [line for p in (path / "dead").glob("*.jsonl") for line in p.read_bytes().splitlines()]
+    assert sorted(lines) == sorted(b"".join(dead.values()).splitlines())
+    assert _export_counts(tmp_path, path) == {"ok": 40 - len(run.dead), "failed": len(run.dead)}
+    assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
+
+
+def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Path) -> None:
+    """A retry pass that cannot record itself in the manifest (its temporary file is taken)
+    stops before any request: the dead letters it set aside are back as they were, and the
+    manifest lists no pass. An attempt killed in that moment is undone by the next pass, which
+    runs them once."""
+    ids, path, dead = _failed_dead_letters(tmp_path, 40)
+    (path / "manifest.json.tmp").mkdir()
+    stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert stopped.returncode == 1 and stopped.stderr.startswith("error: "), stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    (path / "manifest.json.tmp").rmdir()
+    assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
+    assert not (path / "dead" / "superseded-r1").exists()
+    assert not Run.load(path).manifest.get("resumes")
+    assert _export_counts(tmp_path, path)["pending"] == 0
+    # As a kill right after setting them aside leaves the run (nothing recorded it).
+    (path / "dead" / "superseded-r1").mkdir()
+    for name in dead:
+        (path / "dead" / name).rename(path / "dead" / "superseded-r1" / name)
+    _retry_succeeds(tmp_path, path, ids)
+    # The set-aside files are the dead letters once, not a second copy put back as unretried.
+    assert sorted(p.name for p in (path / "dead" / "superseded-r1").iterdir()) == sorted(dead)
