@@ -122,21 +122,44 @@ def env_values(env: Mapping[str, str]) -> dict[str, tuple[EnvVar, str]]:
     return {v.key: (v, env[v.name]) for v in ENV_VARS if env.get(v.name, "") != ""}
 
 
-def unknown_env_warnings(env: Mapping[str, str]) -> tuple[str, ...]:
-    """Warn about `SHARDRUN_*` names we do not read: a typo there silently changes nothing.
+IGNORE_VAR = "SHARDRUN_IGNORE_VARS"
+IGNORE_HELP = ("names (comma-separated) of SHARDRUN_* variables that are not shardrun's, such as "
+               "a wrapper's; any other unknown one is an error")
 
-    Only names are reported, never values: a misspelt variable may well hold a secret.
+
+def unknown_env_errors(env: Mapping[str, str]) -> tuple[str, ...]:
+    """What is wrong with the `SHARDRUN_*` names: one we do not read is an error, since a typo
+    (SHARDRUN_CONCURENCY) would silently run with the default during the very incident it was
+    set for.
+
+    Names listed in SHARDRUN_IGNORE_VARS are left alone (a wrapper's own variables); an empty
+    value sets nothing whatever the name. Only names are reported, never values: a misspelt
+    variable may well hold a secret.
     """
-    known = {v.name for v in ENV_VARS} | set(ANALYSIS_VARS)
-    suffixes = [name.removeprefix(PREFIX) for name in sorted(known)]
-    warnings = []
-    for name in sorted(env):
-        if not name.startswith(PREFIX) or name in known:
-            continue
+    known = {v.name for v in ENV_VARS} | set(ANALYSIS_VARS) | {IGNORE_VAR}
+    ignored = {name.strip() for name in env.get(IGNORE_VAR, "").split(",")}
+    errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable and cannot be "
+              f"ignored; remove it from {IGNORE_VAR}" for name in sorted(ignored & known)]
+    unknown = [name for name in sorted(env) if name.startswith(PREFIX)
+               and name not in known | ignored and env[name] != ""]  # fmt: skip
+    if unknown:
+        errors.append(_unknown_sentence(unknown, sorted(known)))
+    return tuple(errors)
+
+
+def _unknown_sentence(unknown: list[str], known: list[str]) -> str:
+    """One sentence for all the unknown names, each with the closest known one, if any."""
+    suffixes = [name.removeprefix(PREFIX) for name in known]
+    named = []
+    for name in unknown:
         close = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)
-        hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
-        warnings.append(f"{name} is not a shardrun variable{hint}")
-    return tuple(warnings)
+        named.append(f"{name} (did you mean {PREFIX}{close[0]}?)" if close else name)
+    them = "them" if len(named) > 1 else "it"
+    listed = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+    are = "variables {} are not shardrun variables" if len(named) > 1 else (
+        "variable {} is not a shardrun variable")
+    return (f"environment {are.format(listed)}; rename or unset {them}, or add {them} to "
+            f"{IGNORE_VAR} if something else reads {them} (`shardrun --help` lists shardrun's)")
 
 
 def parse_text(text: str, kind: Kind) -> object:

@@ -51,10 +51,11 @@ RATE_HELP = {
 def _env_help() -> str:
     # From `_env`, not `spec`: the table needs no pydantic or YAML, and every command's parser
     # (`--help` included) builds this text.
-    from shardrun._env import ANALYSIS_VARS, ENV_VARS
+    from shardrun._env import ANALYSIS_VARS, ENV_VARS, IGNORE_HELP, IGNORE_VAR
 
     width = max(len(name) for name in [*(var.name for var in ENV_VARS), *ANALYSIS_VARS])
     rows = "\n".join(f"  {var.name:<{width}}  {var.help}" for var in ENV_VARS)
+    rows += f"\n  {IGNORE_VAR:<{width}}  {IGNORE_HELP}"
     analysis = "\n".join(f"  {name:<{width}}  {text}" for name, text in ANALYSIS_VARS.items())
     return (
         "environment variables (precedence: flag > environment > job file > default):\n" + rows

@@ -32,8 +32,8 @@ from shardrun._env import (
     env_values,
     flag_for,
     parse_text,
+    unknown_env_errors,
 )
-from shardrun._env import unknown_env_warnings as _unknown_env_warnings
 from shardrun._jobfile import read_job_file
 from shardrun._models import (
     FIELDS,
@@ -154,7 +154,7 @@ class LoadedJob:
 def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object]) -> LoadedJob:
     """Read, layer and validate a job; raise one SpecError listing everything that is wrong."""
     origin = str(path)
-    problems: list[Problem] = []
+    problems: list[Problem] = [(None, text) for text in unknown_env_errors(env)]
     raw = _drop_unknown_keys(read_job_file(path, origin), origin, problems)
     given_flags = _given_flags(flags)
     set_env = env_values(env)
@@ -165,7 +165,7 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     merged = _merge(raw, _overrides(set_env, given_flags))
     sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
-    loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources), env)
+    loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))
     if not sim_ignored:
         return loaded
     url, source = masked_url(spec.endpoint.base_url), sources["endpoint.base_url"]
@@ -224,9 +224,7 @@ def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> 
     return spec
 
 
-def _loaded(
-    spec: JobSpec, path: Path, origin: str, sources: dict[str, str], env: Mapping[str, str]
-) -> LoadedJob:
+def _loaded(spec: JobSpec, path: Path, origin: str, sources: dict[str, str]) -> LoadedJob:
     """Resolve paths: the input relative to the job file (it ships with it) unless a flag
     gave it, in which case relative to where the user typed the command."""
     job_dir = Path(os.path.abspath(path)).parent
@@ -237,7 +235,7 @@ def _loaded(
         job_path=path.resolve(),
         input_path=input_path,
         sources=MappingProxyType(sources),
-        warnings=(*_unknown_env_warnings(env), *_half_priced(spec, origin)),
+        warnings=tuple(_half_priced(spec, origin)),
         origin=origin,
     )
 

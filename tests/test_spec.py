@@ -479,7 +479,11 @@ def test_effective_contains_no_secrets(jobs: Path) -> None:
     text = MINIMAL.replace("sim://", "'https://user:pw-secret@h:8443/v1'").replace(
         "model:", "api_key_env: OPENAI_API_KEY\n  model:"
     )
-    env = {"OPENAI_API_KEY": sentinel, "SHARDRUN_API_KEY": sentinel}
+    env = {"OPENAI_API_KEY": sentinel}
+    # A key pasted into a misnamed variable: refused by name, its value never echoed.
+    refused = error_of(write(jobs, text), env={**env, "SHARDRUN_API_KEY": sentinel})
+    assert "SHARDRUN_API_KEY (did you mean SHARDRUN_API_KEY_ENV?)" in refused
+    assert sentinel not in refused
     job = load(write(jobs, text), env)
     dumped = json.dumps(job.effective())
     assert sentinel not in dumped and "pw-secret" not in dumped
@@ -505,15 +509,28 @@ def test_a_url_password_and_an_api_key_cannot_both_authorize(jobs: Path) -> None
     assert load(write(jobs, plain)).api_key({"KEY": "sk-1"}) == "sk-1"
 
 
-def test_unknown_shardrun_variables_warn_with_suggestion(jobs: Path) -> None:
-    """A misspelt SHARDRUN_* variable is a warning naming the closest real one."""
-    env = {"SHARDRUN_SHARD": "3", "SHARDRUN_ZZZZZZ": "1", "OTHER": "x", "SHARDRUN_SHARDS": "2",
-           "SHARDRUN_FAST_FOLD": "0", "SHARDRUN_AGGREGATE_WORKERS": "2"}  # the last two: report's
-    job = load(write(jobs, MINIMAL), env)
-    assert job.warnings == (
-        "SHARDRUN_SHARD is not a shardrun variable (did you mean SHARDRUN_SHARDS?)",
-        "SHARDRUN_ZZZZZZ is not a shardrun variable",
-    )
+def test_unknown_shardrun_variables_are_an_error_with_suggestion(jobs: Path) -> None:
+    """A misspelt SHARDRUN_* variable is an error naming the closest real one, so an operator's
+    override during an incident is never silently dropped; report's variables and empty ones
+    pass, and SHARDRUN_IGNORE_VARS lets a wrapper's own variables through (not shardrun's)."""
+    path = write(jobs, MINIMAL)
+    env = {"SHARDRUN_CONCURENCY": "4", "SHARDRUN_ZZZZZZ": "1", "OTHER": "x",
+           "SHARDRUN_SHARDS": "2", "SHARDRUN_EMPTY": "", "SHARDRUN_FAST_FOLD": "0",
+           "SHARDRUN_AGGREGATE_WORKERS": "2"}  # the last two: report's
+    assert error_of(path, env=env) == (
+        "environment variables SHARDRUN_CONCURENCY (did you mean SHARDRUN_CONCURRENCY?) and "
+        "SHARDRUN_ZZZZZZ are not shardrun variables; rename or unset them, or add them to "
+        "SHARDRUN_IGNORE_VARS if something else reads them (`shardrun --help` lists shardrun's)")
+    assert error_of(path, env={"SHARDRUN_SHARD": "3"}) == (
+        "environment variable SHARDRUN_SHARD (did you mean SHARDRUN_SHARDS?) is not a shardrun "
+        "variable; rename or unset it, or add it to SHARDRUN_IGNORE_VARS if something else "
+        "reads it (`shardrun --help` lists shardrun's)")
+    wrapped = {**env, "SHARDRUN_IGNORE_VARS": "SHARDRUN_ZZZZZZ, SHARDRUN_CONCURENCY"}
+    job = load(path, wrapped)
+    assert job.spec.concurrency == 16 and job.spec.shards == 2 and job.warnings == ()
+    assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "SHARDRUN_SHARDS"}) == (
+        "SHARDRUN_IGNORE_VARS names SHARDRUN_SHARDS, which is shardrun's own variable and "
+        "cannot be ignored; remove it from SHARDRUN_IGNORE_VARS")
 
 
 def test_yaml_exponent_without_dot_is_a_number(jobs: Path) -> None:

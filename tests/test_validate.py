@@ -194,6 +194,8 @@ def test_an_input_of_which_no_line_is_an_item_is_an_error(
                                           "SHARDRUN_RUNS_DIR)"),
     ({}, ("--runs-dir", "a-file/runs"), "a-file is not a directory (runs_dir from flag "
                                          "--runs-dir)"),
+    ({"SHARDRUN_CONCURENCY": "4"}, (), "error: environment variable SHARDRUN_CONCURENCY (did "
+                                       "you mean SHARDRUN_CONCURRENCY?) is not a shardrun"),
 ])  # fmt: skip
 def test_validate_refuses_the_environment_a_run_refuses(
         tmp_path: Path, env: dict[str, str], flags: tuple[str, ...], says: str) -> None:
