@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "sim":
+        _command_signals(run=False)  # the simulator stops on SIGTERM in its own way
         from shardrun.sim import main as sim_main
 
         return sim_main(args_list[1:])
@@ -148,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = getattr(args, "handler", None)
     if handler is not None:
+        _command_signals(run=False)
         code: int = handler(args)
         return code
     try:
@@ -155,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardrunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # the coordinator turns a stop into a summary once it runs
+        print(f"error: {_stopped_early(args)}", file=sys.stderr)
         return 130
     except OSError as exc:  # a file of the run that no code path above names in its own words
         if isinstance(exc, BrokenPipeError):  # our reader went away: nothing to tell it
@@ -174,6 +176,7 @@ def entry() -> NoReturn:
     the interpreter's teardown would still do is free, object by object, memory the OS frees at
     once: about 0.03 CPU-s with a run's modules loaded, billed to the run's client CPU.
     """
+    _stop_at_once_from_now()  # `main` hands over to the command's own handling
     status = main()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that went away: nothing to do
@@ -207,14 +210,53 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+_EARLY_STOP = ["stopped before the command started; nothing was sent"]
+"""What `_stop_at_once` says; a run's pass puts its own words here (a one-item list: no
+`global`)."""
+
+
+def _stop_at_once(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM while the command's modules load: nothing exists yet that would need
+    cleaning up, so say so and end here. A KeyboardInterrupt could land inside an extension
+    module's initialisation (orjson's crashed the interpreter so, exit 139)."""
+    os.write(2, f"error: {_EARLY_STOP[0]}\n".encode())
+    os._exit(130)
+
+
+def _stop_at_once_from_now() -> None:
+    """`_stop_at_once` for SIGINT and SIGTERM, except a signal the process started ignoring
+    (`nohup`, a background job of a script): without it SIGTERM ends the process silently."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _stop_at_once)
+
+
+def _command_signals(*, run: bool) -> None:
+    """The command's own handling once its modules are loaded: Ctrl-C a KeyboardInterrupt, and
+    SIGTERM one too for a run (until the coordinator takes over: no half-made run directory
+    is left behind), else its default action."""
+    if signal.getsignal(signal.SIGINT) is _stop_at_once:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        return
+    if run:
+        signal.signal(signal.SIGTERM, _interrupted)
+    elif signal.getsignal(signal.SIGTERM) is _stop_at_once:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stopped_early(args: argparse.Namespace) -> str:
+    """A stop before the coordinator handles signals itself: no shard had started."""
+    resumed = args.command == "retry-failed" or getattr(args, "resume", None) is not None
+    return f"stopped before {'this pass of ' if resumed else ''}the run started; nothing was sent"
+
+
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    _EARLY_STOP[0] = _stopped_early(args)  # the imports below take most of the first 0.3 s
     from shardrun.runner import NothingToRetry, RunOptions, job_of_run, run
     from shardrun.summary import format_summary
 
-    # Until the run's own handlers take over, SIGTERM stops it as Ctrl-C does (no half-made run
-    # directory left behind), not by ending the process where it stands.
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, _interrupted)
+    _command_signals(run=True)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True,

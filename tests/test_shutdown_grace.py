@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
+import pytest
 
 from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
 
@@ -210,10 +211,48 @@ def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) ->
     assert not (run / "manifest.json").exists()  # the simulator takes far longer to start
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=WAIT_GUARD_S)
-    assert (proc.returncode, err) == (130, "error: interrupted\n")
+    assert (proc.returncode, err) == (
+        130, "error: stopped before the run started; nothing was sent\n")
     assert not run.exists()
     again = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "early", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize(("marker", "sig"), [
+    ("shardrun.cli", signal.SIGTERM),  # imported: the handler is being installed, or is
+    ("shardrun.coordinator", signal.SIGTERM),  # the run's modules loading: it is installed
+    ("shardrun.coordinator", signal.SIGINT),
+])  # fmt: skip
+def test_a_stop_while_the_modules_load_is_one_sentence(
+        tmp_path: Path, marker: str, sig: signal.Signals) -> None:
+    """A stop in a run's first moments, while its modules load (`-X importtime` says which):
+    exit 130 with one sentence saying nothing was sent, never a traceback or a crash inside an
+    extension module's start-up, and no run directory. Only a stop before the handler is
+    installed may still end the process by the signal, silently."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "shardrun", "job.yaml",
+                             "--runs-dir", "runs"], cwd=tmp_path, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:  # bounded: the process writes a few hundred lines, then ends
+        if line.rsplit("|", 1)[-1].strip() == marker:
+            proc.send_signal(sig)
+            break
+    else:
+        raise AssertionError(f"{marker} was never imported")
+    _, rest = proc.communicate(timeout=WAIT_GUARD_S)
+    said = [line for line in rest.splitlines() if not line.startswith("import time:")]
+    if marker == "shardrun.cli" and proc.returncode == -sig:
+        assert said == []
+    else:
+        assert proc.returncode == 130, rest
+        assert said == ["error: stopped before the "
+                        f"{'run' if marker != 'shardrun.cli' else 'command'} started; nothing "
+                        "was sent"], said
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -> None:
