@@ -366,12 +366,16 @@ def finish_manifest(
     status: str,
     reader: InputReader,
     summary: RunSummary | None,
+    error: str | None = None,
 ) -> None:
-    """Close the manifest: status, end time, input digest, summary, every file with its hash."""
+    """Close the manifest: status, end time, input digest, summary, every file with its hash;
+    for a pass that ended by an error instead of a summary, the error (`error`)."""
     ended = iso(time.time())
     record = manifest["resumes"][-1] if manifest.get("resumes") else manifest
     record["ended_at"] = manifest["ended_at"] = ended
     record["status"] = manifest["status"] = status
+    if error is not None:
+        record["error"] = error
     record["input"] = {
         "path": str(reader.path),
         "lines_read": reader.lines_read,

@@ -23,7 +23,7 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, RunError, SpecError, fix_for_write
+from shardrun.errors import InputError, RunError, ShardrunError, SpecError, fix_for_write
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -311,11 +311,11 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             from shardrun.batch_format import write_batch_files
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
-    except BaseException:
+    except BaseException as stopped:
         if this.info.get("retry_failed"):
             _put_back_unreached(this)
         try:
-            finish_manifest(manifest, this.run_dir, status, reader, summary)
+            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(stopped))
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised
             print(f"error: {_unclosed(exc)}", file=sys.stderr)
         raise
@@ -326,6 +326,14 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc)))
     return summary
+
+
+def _why(exc: BaseException) -> str:
+    """What ended a pass by an error, for its manifest record: our one sentence, else the
+    exception (a Ctrl-C before the coordinator took over signals is `KeyboardInterrupt`)."""
+    if isinstance(exc, ShardrunError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _unclosed(exc: OSError) -> str:

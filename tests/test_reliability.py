@@ -1820,6 +1820,7 @@ def test_a_retry_pass_whose_shards_all_die_leaves_its_dead_letters_standing(
     assert "Traceback" not in died.stderr
     run = Run.load(path)
     assert run.manifest["resumes"][-1]["status"] == "failed"
+    assert run.manifest["resumes"][-1]["error"].startswith("3 shards died, the last: shard ")
     assert_exactly_once(run, ids)
     # Back as they were: each dead letter's own line (in dead/unretried-r1.jsonl).
     lines = [line for p in (path / "dead").glob("*.jsonl") for line in p.read_bytes().splitlines()]
