@@ -12,6 +12,9 @@ A failed request is not an exception: it is an attempt event with its status.
 
 import errno
 
+CONTINUE = "continue with --resume"
+"""How a stop's sentence ends when a later pass finishes the run (a retry pass names its own)."""
+
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write failed for want of space: a full disk, a quota, a file size limit."""
 

@@ -23,7 +23,14 @@ from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
-from shardrun.errors import InputError, RunError, ShardrunError, SpecError, fix_for_write
+from shardrun.errors import (
+    CONTINUE,
+    InputError,
+    RunError,
+    ShardrunError,
+    SpecError,
+    fix_for_write,
+)
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
     RunDir,
@@ -312,13 +319,17 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
     except BaseException as stopped:
+        ended = stopped
         if this.info.get("retry_failed"):
             _put_back_unreached(this)
+            ended = _for_retry_pass(stopped, retry_command(job, this.run_dir))
         try:
-            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(stopped))
+            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended))
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised
             print(f"error: {_unclosed(exc)}", file=sys.stderr)
-        raise
+        if ended is stopped:
+            raise
+        raise ended from None
     try:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
     except OSError as exc:
@@ -326,6 +337,16 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc)))
     return summary
+
+
+def _for_retry_pass(exc: BaseException, command: str) -> BaseException:
+    """A failed retry pass's dead letters are back in dead/, where `--resume` does not look
+    (they are finished items to it): the error's "continue with --resume" names the retry."""
+    if isinstance(exc, ShardrunError) and CONTINUE in str(exc):
+        again = type(exc)(str(exc).replace(CONTINUE, f"continue with `{command}`"))
+        again.__cause__ = exc.__cause__
+        return again
+    return exc
 
 
 def _why(exc: BaseException) -> str:

@@ -1818,6 +1818,8 @@ def test_a_retry_pass_whose_shards_all_die_leaves_its_dead_letters_standing(
                             "PYTHONPATH": str(site)})  # fmt: skip
     assert died.returncode == 1 and "3 shards died" in died.stderr, died.stderr
     assert "Traceback" not in died.stderr
+    # --resume would run nothing of them: the sentence names the retry.
+    assert died.stderr.rstrip().endswith(f"continue with `shardrun retry-failed {path}`")
     run = Run.load(path)
     assert run.manifest["resumes"][-1]["status"] == "failed"
     assert run.manifest["resumes"][-1]["error"].startswith("3 shards died, the last: shard ")
