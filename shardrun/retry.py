@@ -110,7 +110,9 @@ class Retrier:
         `budgeted`: a storm's retries go one at a time, `shardrun.outage`).
 
         Never retries sooner than the server asked (Retry-After, or on 429/503 the
-        x-ratelimit-reset-* headers); a wait above `max_server_wait_s` gives up instead.
+        x-ratelimit-reset-* headers); a wait above `max_server_wait_s` gives up instead, but
+        not in a storm (not `budgeted`): there the item is held with the others, and the
+        shard's probe waits at most `max_server_wait_s` (`Shard._storm_failed`).
         """
         if not is_retryable(status, http_status):
             return Decision(False, why=f"not_retryable_{status}")
@@ -118,7 +120,10 @@ class Retrier:
             return Decision(False, why="max_attempts")
         asked = server_wait(http_status, retry_after, rate_headers or {})
         if asked is not None and asked > self.policy.max_server_wait_s:
-            return Decision(False, why="server_wait_too_long", wait=asked)
+            if budgeted:
+                return Decision(False, why="server_wait_too_long", wait=asked)
+            # Every request fails alike: the ask is the server's, not this item's trouble.
+            asked = self.policy.max_server_wait_s
         if budgeted:
             if not self.budget.allows_retry():
                 return Decision(False, why="retry_budget_exhausted")

@@ -423,7 +423,9 @@ class Shard:
             return False
         self.storm_cause = outcome.error or outcome.status
         asked = server_wait(outcome.http_status, outcome.retry_after, outcome.rate_headers)
-        if asked is not None:  # the server says when to come back: no probe before then
+        if asked is not None:  # the server says when to come back: no probe before then, but
+            # the job's ceiling on a server's wait holds (an ask above it is no dead letter here)
+            asked = min(asked, self.retrier.policy.max_server_wait_s)
             storm.next_probe_at = max(storm.next_probe_at, now + asked)
         return True
 

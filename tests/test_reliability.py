@@ -234,6 +234,34 @@ def test_server_wait_above_ceiling_dead_letters(tmp_path: Path) -> None:
     assert all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
 
 
+def test_a_server_wait_above_ceiling_in_a_storm_holds_the_items(tmp_path: Path) -> None:
+    """A storm of 503s whose Retry-After (30 s) is above retry.max_server_wait_s (2 s): once the
+    storm is on, no item is dead-lettered for the ask (outside one it still is, as the test
+    above shows); the items are held, the probe goes after the ceiling, and the storm ends at
+    its success."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    with sim(storm_after_n=20, storm_s=1, retry_after_503=True, retry_after_s=30) as server:
+        job_for(tmp_path, server.base_url, retry={"max_server_wait_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    asked = {(e["span"], e["attempt"]) for e in run.events
+             if e["ev"] == "attempt_end" and e["retry_after"] == "30"}
+    for shard in (0, 1):
+        events = [e for e in run.events if e["shard"] == shard]
+        held = [e for e in events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
+        assert held and all((e["span"], e["attempt"]) in asked for e in held), held[:3]
+        # Before the storm was on, a lone ask above the ceiling still dead-letters at once.
+        dead = [e for e in events if e["ev"] == "released" and e["outcome"] == "dead"]
+        assert all(e["t"] < held[0]["t"] for e in dead), (held[0], dead)
+        # The probe went after the ceiling (or the probe interval, at most 5 s), not after 30 s.
+        probe = min(e["t"] for e in events if e["ev"] == "attempt_start" and e["attempt"] > 1)
+        assert probe - held[0]["t"] < 15, (held[0], probe)
+    assert all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
+    assert len(run.results) > len(ids) // 2
+
+
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
            preexec: Any = None) -> subprocess.Popen[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}

@@ -75,6 +75,9 @@ def test_decide_gives_up_with_the_right_reason() -> None:
     assert r.decide("http_4xx", 400, 1).why == "not_retryable_http_4xx"
     assert r.decide("http_5xx", 500, 3).why == "max_attempts"
     assert r.decide("http_429", 429, 1, retry_after="3600").why == "server_wait_too_long"
+    # In a storm (not budgeted) the item is held with the others instead.
+    held = r.decide("http_5xx", 503, 1, retry_after="3600", budgeted=False)
+    assert held.retry and held.wait == 60
     first = r.decide("http_5xx", 500, 1)
     assert first.retry
     assert r.decide("http_5xx", 500, 1).why == "retry_budget_exhausted"
