@@ -131,6 +131,8 @@ class Shard:
         # Set by a stop: waits for the rate limit or a retry's backoff end at once then, since
         # no request may start after a stop (nothing in flight would keep the grace busy).
         self.stopped = asyncio.Event()
+        # Set by a stop or a fatal error: a retry's wait ends at once then (`_pause`).
+        self.halted = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
                                    sleep=self._nap, phase=cfg.rate_phase,
@@ -157,6 +159,7 @@ class Shard:
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.stopped.set()
+            self.halted.set()
             self._wake_held()
             self._abandon_queued()
             if kind == protocol.ABORT:
@@ -232,11 +235,19 @@ class Shard:
             self._abandon(span, admitted=False)
             self.sem.release()
 
-    async def _nap(self, seconds: float) -> None:
-        """Sleep `seconds`, or less if a stop comes first."""
-        if not self.stopped.is_set():
+    async def _nap(self, seconds: float, until: asyncio.Event | None = None) -> None:
+        """Sleep `seconds`, or less if a stop comes first (or `until` is set)."""
+        event = self.stopped if until is None else until
+        if not event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopped.wait(), seconds)
+                await asyncio.wait_for(event.wait(), seconds)
+
+    async def _pause(self, seconds: float) -> None:
+        """A retry's wait: a fatal error ends it too (no retry follows one), so the run stops
+        when it is called, not after the longest wait (a probe napping a 20 s Retry-After held
+        a storm's stop 17 s past retry.outage_s). Not the rate limiter's sleep, which asks
+        again at once when woken short of a stop."""
+        await self._nap(seconds, self.halted)
 
     async def _rate_wait(self, span: Span, attempt: int) -> None:
         """Wait for the job's rate limit before an attempt; a wait is its own event.
@@ -358,7 +369,7 @@ class Shard:
             self.counters.retrying += 1
             try:
                 if not held:
-                    await self._nap(decision.wait)
+                    await self._pause(decision.wait)
                 if self.storm.on:  # held, or a storm began during its backoff: one at a time
                     await self._ride_out_storm(span)
             finally:
@@ -467,6 +478,15 @@ class Shard:
                 "the job's params against the server (its log says why it fails), then "
                 "continue with --resume")
 
+    def _storm_limit(self, now: float) -> None:
+        """Stop the run once a storm has lasted its limit (`_storm_too_long`), whatever its
+        spans are doing: they checked it only between their waits, and the probe's wait can
+        be a server's Retry-After (20 s of a storm against retry.outage_s 3)."""
+        if not self.storm.on or self.fatal_reason is not None:
+            return
+        if (reason := self._storm_too_long(now)) is not None:
+            self._go_fatal(reason, ABANDON)
+
     async def _ride_out_storm(self, span: Span) -> None:
         """Wait in a storm until a success ends it, or until this span's turn to probe comes
         (then until the probe's time); a stop or a fatal error ends the wait too, and the
@@ -482,7 +502,7 @@ class Shard:
                 if self.storm_probe is None and held[0] is span:
                     held.popleft()
                     self.storm_probe = span
-                    await self._nap(max(0.0, self.storm.next_probe_at - now))
+                    await self._pause(max(0.0, self.storm.next_probe_at - now))
                     return
                 with contextlib.suppress(TimeoutError):  # the event of the news after this look
                     await asyncio.wait_for(self.storm_news.wait(), RECHECK_S)
@@ -542,7 +562,7 @@ class Shard:
                 if await client.answers(PROBE_MAX_S):
                     self._endpoint_up(asked)
                 else:
-                    await self._nap(wait or 0.0)
+                    await self._pause(wait or 0.0)
             else:
                 await self._wait_for_endpoint()
         finally:
@@ -719,6 +739,7 @@ class Shard:
             return
         self.fatal_reason = reason
         self.fatal_mode = mode
+        self.halted.set()
         if tell:
             self.send({"t": protocol.FATAL, "reason": reason, "mode": mode})
         while self.queue:
@@ -820,6 +841,7 @@ class Shard:
                 now = self.clock.now()
                 self.log.emit(events.LOOP_LAG, t=now, lag=max(0.0, now_loop - expected))
                 self.log.checkpoint(now)
+                self._storm_limit(now)
             sync = now_loop >= next_sync
             if sync:
                 next_sync = now_loop + self.cfg.fsync_interval_s

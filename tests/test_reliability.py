@@ -192,6 +192,27 @@ def test_a_storm_longer_than_outage_s_stops_the_run_for_resume(tmp_path: Path) -
     resume_on_a_live_server(tmp_path, path, ids)
 
 
+def test_a_storm_whose_retry_after_outlasts_outage_s_stops_at_outage_s(tmp_path: Path) -> None:
+    """A storm of 503s asking to come back in 30 s, against retry.outage_s 2: the run stops with
+    the outage's sentence once the storm has lasted outage_s, not once the probe (and the
+    retries napping the same ask) have slept 30 s; nothing is dead-lettered. The bound is
+    read off the event log: every span ends well before the first 503's Retry-After is up."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    asked = 30.0
+    with sim(storm_after_n=20, storm_s=120, retry_after_503=True, retry_after_s=asked) as server:
+        job_for(tmp_path, server.base_url, retry={"outage_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "longer than retry.outage_s" in errors[0], proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.dead and len(run.results) == 20
+    first_503 = min(e["t"] for e in run.events if e["ev"] == "attempt_end" and e["http"] == 503)
+    last_end = max(e["t"] for e in run.events if e["ev"] == "released")
+    assert last_end - first_503 < asked / 2, (first_503, last_end)
+    assert {e["id"] for e in run.events if e["ev"] == "released"} <= set(ids)
+
+
 def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
     """The server answers 503 to everything for 2 s mid-run. With a retry budget that would
     have dead-lettered most items, none is: the shards hold them, one probe at a time, and the
