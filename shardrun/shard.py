@@ -359,13 +359,11 @@ class Shard:
                     self.counters.budget_exhausted += 1
                 self._dead_letter(span, _reason(decision.why, decision.wait, outcome))
                 return
-            self.counters.retries += 1
             # A storm's retries name it as their cause, as an outage's do (the attempt_end line
             # has the status): `report` tells them apart.
-            self.log.emit(events.RETRY, t=self.clock.now(), span=span.span_id, id=span.item_id,
-                          attempt=attempt, cause=STORM if held else outcome.status,
-                          wait=None if held else decision.wait,
-                          why=STORM if held else decision.why)
+            self._plan_retry(span, attempt, cause=STORM if held else outcome.status,
+                             wait=None if held else decision.wait,
+                             why=STORM if held else decision.why)
             self.counters.retrying += 1
             try:
                 if not held:
@@ -549,11 +547,9 @@ class Shard:
         probe = self.prober is None or self.prober is span
         wait = min(self.retrier.backoff(span.outage_tries), PROBE_MAX_S) if probe else None
         span.history[-1]["wait"] = wait
-        self.counters.retries += 1
         # Its cause names the outage (the attempt_end line has the status): `report` tells
         # these waits from a retry storm.
-        self.log.emit(events.RETRY, t=now, span=span.span_id, id=span.item_id, attempt=attempt,
-                      cause="endpoint_down", wait=wait, why="endpoint_down")
+        self._plan_retry(span, attempt, cause="endpoint_down", wait=wait, why="endpoint_down")
         self.counters.retrying += 1
         try:
             if probe:
@@ -577,6 +573,15 @@ class Shard:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.endpoint_back.wait(), RECHECK_S)
 
+    def _plan_retry(self, span: Span, attempt: int, *, cause: str, wait: float | None,
+                    why: str) -> None:
+        """Note a retry decided now after failed attempt `attempt`; its `retry` line is written
+        when the retry is sent (`_attempt`), so a retry a stop or a fatal error leaves unsent
+        has none: the log, the summary and `report` count only retries sent (a run stopped in
+        a storm counted 22 retries of 22 attempts, a retry rate of 137.5 %)."""
+        span.retry_line = {"t": self.clock.now(), "span": span.span_id, "id": span.item_id,
+                           "attempt": attempt, "cause": cause, "wait": wait, "why": why}
+
     def _settle_rate(self, span: Span, outcome: AttemptOutcome) -> None:
         """Correct the token charge by what the server counted; heed its rate-limit headers."""
         limiter = self.limiter
@@ -597,6 +602,9 @@ class Shard:
         if started is None:
             started = self.clock.now()
         span.attempt_started_at = started
+        if span.retry_line is not None:  # its `t` is when it was decided, before this line's
+            self.log.emit(events.RETRY, **span.retry_line)
+            span.retry_line = None
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its
         # attempt_end line, one line where there were four (docs/ARCHITECTURE.md, Event log).
@@ -626,6 +634,7 @@ class Shard:
         span.conn_ready_at = conn
         counters = self.counters
         counters.attempts += 1
+        counters.retries += attempt > 1  # counted as attempts are: sent, once it has ended
         counters.prompt_tokens += outcome.prompt_tokens or 0
         counters.cached_tokens += outcome.cached_tokens or 0
         wasted = outcome.wasted_tokens

@@ -36,6 +36,8 @@ class Span:
     cut_once: bool = False  # a stream of it was cut mid-answer (the next cut is its own)
     # When its latest attempt failed saying the endpoint was down (None after any other end).
     down_failure_at: float | None = None
+    # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
+    retry_line: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

@@ -248,9 +248,9 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
     Those lines were written after the report's counters were read: their item, its tokens
     and its last attempt are not in them. Earlier attempts of the same span may be: `tried` (the
     reports' changes to it applied up to this one) holds how many attempts each span still open
-    then had ended (every one a failure followed by a retry), so that they are not counted
-    twice. What the lines do not hold (the tokens wasted by earlier attempts, rate-limit waits)
-    stays as reported.
+    then had ended (every one a failure; all but the first of them a retry), so that they are
+    not counted twice. What the lines do not hold (the tokens wasted by earlier attempts,
+    rate-limit waits) stays as reported.
     """
     add: Counter[str] = Counter()
     for line in results:
@@ -271,9 +271,10 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
 
 
 def _add_attempts(add: Counter[str], attempts: int, reported: int) -> None:
-    """A finished span's attempts, and its retries (one fewer), less those already reported."""
+    """A finished span's attempts, and its retries (one fewer), less those already reported
+    (a retry is counted once its attempt has ended, as an attempt is)."""
     add["attempts"] += max(0, attempts - reported)
-    add["retries"] += max(0, attempts - 1 - reported)
+    add["retries"] += max(0, attempts - 1 - max(0, reported - 1))
 
 
 def _minute(m: int) -> str:

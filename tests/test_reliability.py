@@ -213,6 +213,31 @@ def test_a_storm_whose_retry_after_outlasts_outage_s_stops_at_outage_s(tmp_path:
     assert {e["id"] for e in run.events if e["ev"] == "released"} <= set(ids)
 
 
+def test_a_run_stopped_in_a_storm_counts_only_the_retries_it_sent(tmp_path: Path) -> None:
+    """A storm of 500s outlasting retry.outage_s stops the run with retries held for their turn
+    to probe: those were never sent, and neither the summary nor `report` counts them. Both
+    agree with the event log: its `retry` lines are the attempts after an item's first."""
+    write_input(tmp_path / "input.jsonl", 200)
+    with sim(storm_after_n=20, storm_s=120, storm_status=500) as server:
+        job_for(tmp_path, server.base_url, retry={"outage_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    starts = [e for e in run.events if e["ev"] == "attempt_start"]
+    first = sum(1 for e in starts if e["attempt"] == 1)
+    retries = sum(1 for e in run.events if e["ev"] == "retry")
+    assert retries == len(starts) - first
+    # The stop left retries undone: failed attempts that no retry line (nor dead letter) follows.
+    failed = sum(1 for e in run.events if e["ev"] == "attempt_end" and e["status"] != "ok")
+    assert failed - len(run.dead) > retries
+    said = re.search(r"attempts +(\d+) \((\d+) retries\)", proc.stdout)
+    assert said and (int(said[1]), int(said[2])) == (len(starts), retries), proc.stdout
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    att = doc["attempts"]
+    assert (att["started"], att["first"], att["retries"]) == (len(starts), first, retries)
+    assert att["retry_rate"] == round(retries / first, 6)
+
+
 def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
     """The server answers 503 to everything for 2 s mid-run. With a retry budget that would
     have dead-lettered most items, none is: the shards hold them, one probe at a time, and the
@@ -682,10 +707,12 @@ config = json.loads(sys.stdin.readline())
 os.write(1, b'{"t": "want", "n": 16}\\n')
 items = json.loads(sys.stdin.readline())["items"]
 spans = [f"0-{n}" for n in range(1, len(items) + 1)]
+# A retry is counted once sent and ended: none in the first report (each retry decided, not
+# sent), one in the second (the first item's second attempt).
 def report(attempts, tried):
     message = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": attempts,
-               "retries": attempts, "prompt_tokens": 3 * attempts, "tried": tried}
-    os.write(1, (json.dumps(message) + "\\n").encode())
+               "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried}
+    os.write(1, (json.dumps(message) + "\n").encode())
 report(len(items), {s: 1 for s in spans})
 report(len(items) + 1, {spans[0]: 2})
 def write(sub, lines):

@@ -192,6 +192,6 @@ def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report
     assert {k: after.get(k, 0) for k in (
         "ok", "dead", "attempts", "retries", "completion_tokens", "prompt_tokens",
         "cached_tokens", "reasoning_tokens", "refusals", "budget_exhausted", "wasted_tokens",
-    )} == {"ok": 7, "dead": 1, "attempts": 9 + 1 + 1 + 2, "retries": 2 + 0 + 0 + 1,
+    )} == {"ok": 7, "dead": 1, "attempts": 9 + 1 + 1 + 2, "retries": 2 + 1 + 0 + 1,
            "completion_tokens": 9, "prompt_tokens": 6, "cached_tokens": 2,
            "reasoning_tokens": 1, "refusals": 1, "budget_exhausted": 1, "wasted_tokens": 40}
