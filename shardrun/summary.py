@@ -128,8 +128,8 @@ class RunSummary:
             started_at=started_at,
             ended_at=ended_at,
             minute_tokens=dict(minutes),
-            per_shard=[{"shard": i, "ok": int(r.get("ok", 0)), "dead": int(r.get("dead", 0))}
-                       for i, r in enumerate(reports)],
+            per_shard=[{"shard": i, "ok": int(r.get("ok", 0)), "dead": int(r.get("dead", 0)),
+                        "abandoned": int(r.get("abandoned", 0))} for i, r in enumerate(reports)],
             interrupted=interrupted,
             fatal_reason=fatal_reason,
             dead_reasons=reasons,
@@ -337,15 +337,24 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  spend              {s.cost['spend']:,.4f}"
                      + ("" if per is None else f"  ({per:,.6f} per success)")
                      + f", wasted tokens {s.wasted_tokens:,} cost {s.cost['wasted_cost']:,.4f}")
-    busy = [p["ok"] + p["dead"] for p in s.per_shard]
-    if busy:
-        lines.append(f"  items per shard    min {min(busy):,} / max {max(busy):,}")
+    if s.per_shard:
+        lines.append(_per_shard_line(s.per_shard))
     if s.shard_deaths:
         lines.append(f"  shard deaths       {s.shard_deaths} ({s.reassigned:,} items handed "
                      "to other shards)")
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)
+
+
+def _per_shard_line(per_shard: list[dict[str, int]]) -> str:
+    """The items each shard took. Those a stop left unfinished count too: a run stopped in a
+    storm or an outage has most of its shards' items held, and counting only the ended ones
+    read as if the shards had taken a handful each."""
+    left = sum(p.get("abandoned", 0) for p in per_shard)
+    took = [p["ok"] + p["dead"] + p.get("abandoned", 0) for p in per_shard]
+    line = f"  items per shard    min {min(took):,} / max {max(took):,}"
+    return line + (f" ({left:,} of them left unfinished, for --resume)" if left else "")
 
 
 def _items_note(s: RunSummary) -> str:

@@ -213,16 +213,22 @@ def test_a_storm_whose_retry_after_outlasts_outage_s_stops_at_outage_s(tmp_path:
     assert {e["id"] for e in run.events if e["ev"] == "released"} <= set(ids)
 
 
-def test_a_run_stopped_in_a_storm_counts_only_the_retries_it_sent(tmp_path: Path) -> None:
-    """A storm of 500s outlasting retry.outage_s stops the run with retries held for their turn
-    to probe: those were never sent, and neither the summary nor `report` counts them. Both
-    agree with the event log: its `retry` lines are the attempts after an item's first."""
+def _stopped_in_a_storm(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Run]:
+    """A run of 200 items in which a storm of 500s sets in after 20 and outlasts
+    retry.outage_s (2 s): it stops with items held, some of them waiting for a retry."""
     write_input(tmp_path / "input.jsonl", 200)
     with sim(storm_after_n=20, storm_s=120, storm_status=500) as server:
         job_for(tmp_path, server.base_url, retry={"outage_s": 2})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    run = Run.load(only_run(tmp_path / "runs"))
+    return proc, Run.load(only_run(tmp_path / "runs"))
+
+
+def test_a_run_stopped_in_a_storm_counts_only_the_retries_it_sent(tmp_path: Path) -> None:
+    """A storm of 500s outlasting retry.outage_s stops the run with retries held for their turn
+    to probe: those were never sent, and neither the summary nor `report` counts them. Both
+    agree with the event log: its `retry` lines are the attempts after an item's first."""
+    proc, run = _stopped_in_a_storm(tmp_path)
     starts = [e for e in run.events if e["ev"] == "attempt_start"]
     first = sum(1 for e in starts if e["attempt"] == 1)
     retries = sum(1 for e in run.events if e["ev"] == "retry")
@@ -236,6 +242,28 @@ def test_a_run_stopped_in_a_storm_counts_only_the_retries_it_sent(tmp_path: Path
     att = doc["attempts"]
     assert (att["started"], att["first"], att["retries"]) == (len(starts), first, retries)
     assert att["retry_rate"] == round(retries / first, 6)
+
+
+def test_the_summary_of_a_run_stopped_in_a_storm_says_what_it_held(tmp_path: Path) -> None:
+    """A run stopped in a storm holds most of its shards' items unfinished: "items per shard"
+    counts every item a shard took (its `queued` lines), and says how many the stop left; the
+    report's scheduler rows show the slots full and the requests out apart."""
+    proc, run = _stopped_in_a_storm(tmp_path)
+    took = Counter(e["shard"] for e in run.events if e["ev"] == "queued")
+    left = sum(1 for e in run.events if e["ev"] == "released" and e["outcome"] == "abandoned")
+    assert left > len(run.results) + len(run.dead)  # most of what the shards took
+    line = f"  items per shard    min {min(took.values())} / max {max(took.values())} " \
+           f"({left} of them left unfinished, for --resume)"
+    assert line in proc.stdout.splitlines(), proc.stdout
+    # The report's scheduler table: the held items fill every slot, but few requests were out.
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    for row in doc["scheduler"]["shards"]:
+        events = [e for e in run.events if e["shard"] == int(row["shard"])]
+        starts = {(e["span"], e["attempt"]): e["t"] for e in events if e["ev"] == "attempt_start"}
+        out_s = sum(e["t"] - starts[(e["span"], e["attempt"])] for e in events
+                    if e["ev"] == "attempt_end")  # fmt: skip
+        assert 0 < row["sending_slot_s"] <= out_s + 1e-6, (row, out_s)  # rounded to 1 µs
+        assert row["occupancy_under_backlog"] - row["sending_under_backlog"] > 0.5, row
 
 
 def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
@@ -752,7 +780,7 @@ def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path
     # Every attempt's, as billed: the stand-in's reports had the failed attempts' but the last.
     assert summary["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in run.results) \
         + 3 * 17
-    assert summary["per_shard"][0] == {"shard": 0, "ok": 15, "dead": 1}
+    assert summary["per_shard"][0] == {"shard": 0, "ok": 15, "dead": 1, "abandoned": 0}
 
 
 def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:

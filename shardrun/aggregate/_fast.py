@@ -90,7 +90,7 @@ class FastShardFold:
                      "cached_tokens", "reasoning_tokens", "completion_tokens", "new_conns",
                      "reused_conns",
                      "rate_waits", "rate_wait_first_s", "rate_wait_retry_s", "backlog_s",
-                     "gap_s", "busy_slot_s", "cap_slot_s", "idle_s"):
+                     "gap_s", "busy_slot_s", "cap_slot_s", "sending_slot_s", "idle_s"):
             setattr(s, name, raw[name])
         s.minutes = {m: MinuteCell(*cell) for m, cell in sorted(raw["minutes"].items())}
         s.segments = {i: _segment(*entry) for i, entry in sorted(raw["segments"].items())}

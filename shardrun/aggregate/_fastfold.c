@@ -585,6 +585,9 @@ typedef struct {
     long long q, f;
     int has_last;
     double last, backlog, gap, busy_slots, cap_slots, idle;
+    long long o; /* requests out, integrated on their own clock (`send_to`) */
+    int has_sent_last;
+    double sent_last, sending_slots;
     /* open spans */
     Table open;
     Span *spans;
@@ -615,7 +618,24 @@ typedef struct {
     double first_t, last_t;
 } Fold;
 
+/* Scheduler._send_to */
+static void send_to(Fold *s, double t) {
+    if (s->has_sent_last && t > s->sent_last) {
+        if (s->q > 0) {
+            long long cap = s->cap > 0 ? s->cap : 0;
+            long long out = s->o > 0 ? s->o : 0;
+            if (out > cap) out = cap;
+            s->sending_slots += (double)out * (t - s->sent_last);
+        }
+        s->sent_last = t;
+    } else if (!s->has_sent_last) {
+        s->sent_last = t;
+        s->has_sent_last = 1;
+    }
+}
+
 static void sched_move(Fold *s, double t, long long dq, long long df) {
+    send_to(s, t);
     if (s->has_last && t > s->last) {
         if (s->q > 0) {
             double dt = t - s->last;
@@ -936,6 +956,9 @@ static int ev_shard_start(Fold *s, Val *v) {
     s->f = 0;
     s->last = v[K_T].d;
     s->has_last = 1;
+    s->o = 0;
+    s->sent_last = v[K_T].d;
+    s->has_sent_last = 1;
     return 1;
 }
 
@@ -991,6 +1014,8 @@ static int ev_attempt_start(Fold *s, Val *v) {
     sp->s = v[K_T].d;
     sp->has_s = 1;
     sp->has_c = sp->has_f = 0;
+    send_to(s, v[K_T].d);
+    s->o++;
     s->attempts++;
     if (v[K_ATTEMPT].type == V_INT && v[K_ATTEMPT].i == 1) s->first_attempts++;
     return 1;
@@ -1004,6 +1029,10 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     NEED(IS_FLOAT_OR_NONE(v[K_CONN_READY_T]));
     NEED(v[K_REUSED].type != V_INT && v[K_REUSED].type != V_FLOAT &&
          v[K_REUSED].type != V_STR && v[K_REUSED].type != V_OBJ);
+    if (s->full && v[K_T].type == V_FLOAT) { /* a request no longer out */
+        send_to(s, v[K_T].d);
+        s->o--;
+    }
     int ok = streq(st, "ok");
     PyObject *key;
     if (ok) {
@@ -1412,7 +1441,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     if (!lag) goto fail;
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
-        "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
+        "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
         "s:N,s:L,s:L,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
@@ -1427,7 +1456,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         "new_conns", s->new_conns, "reused_conns", s->reused_conns, "rate_wait_first_s",
         s->rate_wait_first_s, "rate_wait_retry_s", s->rate_wait_retry_s, "backlog_s",
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,
-        "cap_slot_s", s->cap_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
+        "cap_slot_s", s->cap_slots, "sending_slot_s", s->sending_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
         "rate_waits", s->rate_waits, "refusals", s->refusals,
         "reasoning_tokens", s->reasoning_tokens);
 fail:

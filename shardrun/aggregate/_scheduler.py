@@ -9,7 +9,10 @@ it is gap time by construction. What remains is the scheduler's own stall.
 gap_fraction counts time with *any* free slot, so one free slot of 64 counts as much as 64 free.
 `occupancy_under_backlog` weighs by slots: integral of in_flight over integral of cap, both over
 the time with queue depth > 0, so `1 - occupancy` is the share of slot-seconds left idle while
-work waited (what maps to lost throughput).
+work waited (what maps to lost throughput). A slot is busy from `admitted` to `released`, also
+while its item waits for a retry: `sending_under_backlog` weighs the requests actually out
+(`attempt_start` to `attempt_end`) the same way, so a shard whose slots all hold items in a
+storm, one probe out at a time, reads full occupancy and the sending share it had.
 """
 
 from __future__ import annotations
@@ -33,15 +36,18 @@ def time_before(s: ShardSummary, end_t: float | None) -> float:
     return max(0.0, end - s.first_t)
 
 
-def _split(backlog: float, gap: float, busy: float, slots: float, rate: float, idle: float,
-           before: float) -> dict[str, float]:
+def _split(backlog: float, gap: float, busy: float, slots: float, sending: float, rate: float,
+           idle: float, before: float) -> dict[str, float]:
     rate_gap = min(gap, rate)
     occupancy = ratio(busy, slots)
+    sent = ratio(sending, slots)
     return {
         "backlog_s": round(backlog, 6), "gap_s": round(gap, 6),
         "gap_fraction": ratio(gap, backlog) or 0.0,
         "busy_slot_s": round(busy, 6), "cap_slot_s": round(slots, 6),
         "occupancy_under_backlog": 1.0 if occupancy is None else occupancy,
+        "sending_slot_s": round(sending, 6),
+        "sending_under_backlog": 1.0 if sent is None else sent,
         "rate_limited_gap_s": round(rate_gap, 6),
         "stall_gap_fraction": ratio(gap - rate_gap, backlog) or 0.0,
         "idle_before_input_end_s": round(idle, 6),
@@ -56,13 +62,14 @@ def scheduler_section(coords: list[CoordinatorSummary],
         before = time_before(s, input_end(coords, s.segment))
         rows.append({
             "shard": s.name, "cap": s.cap, "observed_s": round(s.observed_s, 6),
-            **_split(s.backlog_s, s.gap_s, s.busy_slot_s, s.cap_slot_s, s.rate_wait_first_s,
-                     s.idle_s, before),
+            **_split(s.backlog_s, s.gap_s, s.busy_slot_s, s.cap_slot_s, s.sending_slot_s,
+                     s.rate_wait_first_s, s.idle_s, before),
             "queue_depth_at_end": s.queue_depth, "in_flight_at_end": s.in_flight,
         })  # fmt: skip
     total = _split(
         sum(s.backlog_s for s in shards), sum(s.gap_s for s in shards),
         sum(s.busy_slot_s for s in shards), sum(s.cap_slot_s for s in shards),
+        sum(s.sending_slot_s for s in shards),
         sum(min(s.gap_s, s.rate_wait_first_s) for s in shards), sum(s.idle_s for s in shards),
         sum(time_before(s, input_end(coords, s.segment)) for s in shards),
     )  # fmt: skip

@@ -155,6 +155,7 @@ class ShardFold:
         span = self.open.get(sid) or self._new(sid)
         span[S] = rec["t"]
         span[C] = span[F] = None
+        self.sched.sending(rec["t"], 1)
         self.sum.attempts += 1
         if rec.get("attempt") == 1:
             self.sum.first_attempts += 1
@@ -181,6 +182,8 @@ class ShardFold:
 
     def _attempt_end(self, rec: Record, raw: bytes) -> None:
         s = self.sum
+        if self.full and isinstance(t := rec.get("t"), float):
+            self.sched.sending(t, -1)
         status = rec.get("status")
         s.by_status[status] = s.by_status.get(status, 0) + 1
         s.wasted_tokens += rec.get("wasted_tokens") or 0
@@ -293,6 +296,7 @@ class ShardFold:
         s.queue_depth, s.in_flight = sched.q, sched.f
         s.backlog_s, s.gap_s, s.idle_s = sched.backlog, sched.gap, sched.idle
         s.busy_slot_s, s.cap_slot_s = sched.busy_slots, sched.cap_slots
+        s.sending_slot_s = sched.sending_slots
         s.minutes = self.tally.cells()
         s.segments = self.segments
         s.loop_lag = self.loop_lag

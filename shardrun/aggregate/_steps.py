@@ -10,6 +10,9 @@ time integral below is exact: no sampling.
     cap_slot_s   integral of cap over the backlog time    (occupancy_under_backlog = busy / cap)
     idle_s       time with queue depth = 0 and in_flight = 0, before the coordinator's
                  `input_end` (it still held unassigned work then: cross-shard idle)
+    sending_slot_s  integral of the requests out (from `attempt_start` to `attempt_end`, up
+                 to cap) over the backlog time: a slot whose item waits for its retry (a
+                 backoff, a storm's or an outage's hold) is in flight, but sends nothing
 
 `StepTrace` keeps the change points for plots: exactly, up to `TRACE_LIMIT` points per shard;
 past that, per-second envelopes (max queue, min and max in_flight), so memory stays bounded by
@@ -66,7 +69,7 @@ class Scheduler:
     """Queue depth and in_flight of one shard, with their time integrals."""
 
     __slots__ = ("backlog", "busy_slots", "cap", "cap_slots", "f", "gap", "idle", "idle_until",
-                 "last", "q", "trace")
+                 "last", "o", "q", "sending_slots", "sent_last", "trace")
 
     def __init__(self, cap: int, idle_until: float, trace: StepTrace | None = None) -> None:
         self.cap = cap
@@ -80,6 +83,11 @@ class Scheduler:
         self.busy_slots = 0.0
         self.cap_slots = 0.0
         self.idle = 0.0
+        # Requests out, integrated on a clock of their own (`sending`), so that the other
+        # integrals are cut at the scheduler's events alone, as before.
+        self.o = 0
+        self.sent_last: float | None = None
+        self.sending_slots = 0.0
 
     def restart(self, t: float, cap: int) -> None:
         """A (re)started shard process: empty queue, nothing in flight, observed from `t`."""
@@ -87,6 +95,8 @@ class Scheduler:
         self.q = 0
         self.f = 0
         self.last = t
+        self.o = 0
+        self.sent_last = t
         if self.trace is not None:
             self.trace.add(t, 0, 0)
 
@@ -96,6 +106,7 @@ class Scheduler:
 
     def move(self, t: float, dq: int, df: int, *, record: bool = True) -> None:
         """A scheduler event at `t`: integrate up to it, then apply the change."""
+        self._send_to(t)
         last = self.last
         if last is not None and t > last:
             if self.q > 0:
@@ -115,3 +126,17 @@ class Scheduler:
         self.f += df
         if record and self.trace is not None:
             self.trace.add(t, self.q, self.f)
+
+    def sending(self, t: float, do: int) -> None:
+        """An attempt started (+1) or ended (-1) at `t`."""
+        self._send_to(t)
+        self.o += do
+
+    def _send_to(self, t: float) -> None:
+        last = self.sent_last
+        if last is not None and t > last:
+            if self.q > 0:
+                self.sending_slots += min(max(self.o, 0), max(self.cap, 0)) * (t - last)
+            self.sent_last = t
+        elif last is None:
+            self.sent_last = t

@@ -70,6 +70,7 @@ class ShardSummary:
     backlog_s: float = 0.0
     gap_s: float = 0.0
     busy_slot_s: float = 0.0  # integral of in_flight (up to cap) while queue depth > 0
+    sending_slot_s: float = 0.0  # integral of requests out (up to cap) while queue depth > 0
     cap_slot_s: float = 0.0  # integral of cap while queue depth > 0
     idle_s: float = 0.0
     minutes: dict[int, MinuteCell] = field(default_factory=dict)

@@ -195,9 +195,10 @@ def format_scheduler(doc: dict[str, Any]) -> str:
     waits = sch["rate_waits"]
     lines = [
         "Scheduler (exact step functions; seconds; stall = gap less our own rate-limit waits; "
-        "occupancy = busy / cap slot-seconds under backlog)",
+        "occupancy = busy / cap slot-seconds under backlog, a slot busy while its item waits "
+        "for a retry too; sending = requests out / cap slot-seconds under backlog)",
         *table(["shard", "cap", "observed", "backlog", "gap", "gap_fraction", "occupancy",
-                "rate-limited", "stall", "idle<input_end", "idle %"], rows),
+                "sending", "rate-limited", "stall", "idle<input_end", "idle %"], rows),
         "  input_end at " + ", ".join(
             when(t) if t else "(not logged: work still unassigned)" for t in sch["input_end_t"]),
     ]  # fmt: skip
@@ -210,7 +211,7 @@ def format_scheduler(doc: dict[str, Any]) -> str:
 
 def _gap_cells(r: dict[str, Any]) -> list[str]:
     return [secs(r["backlog_s"]), secs(r["gap_s"]), pct(r["gap_fraction"], 2),
-            pct(r["occupancy_under_backlog"], 2),
+            pct(r["occupancy_under_backlog"], 2), pct(r["sending_under_backlog"], 2),
             secs(r["rate_limited_gap_s"]), pct(r["stall_gap_fraction"], 2)]
 
 
