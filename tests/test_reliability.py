@@ -740,7 +740,7 @@ spans = [f"0-{n}" for n in range(1, len(items) + 1)]
 def report(attempts, tried):
     message = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": attempts,
                "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried}
-    os.write(1, (json.dumps(message) + "\n").encode())
+    os.write(1, (json.dumps(message) + "\\n").encode())
 report(len(items), {s: 1 for s in spans})
 report(len(items) + 1, {spans[0]: 2})
 def write(sub, lines):
