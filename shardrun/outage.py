@@ -18,8 +18,9 @@ An endpoint can also answer and still fail everything: a storm of 503s from an o
 server, or of 500s from a broken one. The retry budget
 then runs out in seconds and every later failure is a dead letter at once, racing through the
 input (2,200 of 3,000 items in a 10 s storm of 503s). So when failures of the server's own
-come from `STORM_AFTER` different items in a row, at any cap, with no success
-between, a storm is on: as in an outage, one request per shard probes the endpoint at growing
+come from `STORM_AFTER` different items in a row, at any cap, with no success between (more
+where the server failed most requests at random lately: `StormWatch.needed`), a storm is on:
+as in an outage, one request per shard probes the endpoint at growing
 intervals, honouring any Retry-After, and the others wait for a success to end it. Unlike an
 outage, every try is one of the item's attempts: the probe passes from item to item in turn, so
 an item that fails for its own reasons still runs out of attempts and is dead-lettered, and
@@ -31,6 +32,9 @@ has succeeded yet (`Shard._storm_too_long`).
 """
 
 from __future__ import annotations
+
+import math
+from collections import deque
 
 # Endpoint-level failures in a row, with no answer between, that make an outage: the first. A
 # failure that says nothing about the item must not count against it, and a lone one costs a
@@ -45,10 +49,21 @@ NO_CONNECTION_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 
 
 # Failures of the server's own, from this many different items in a row with no success between,
-# that make a storm, at any cap: one item alone is never a storm, and random failures at any
-# sane rate hardly ever line up eight in a row (at a cap of 1 a smaller count held every retry
-# of a flaky server one probe at a time).
+# that make a storm, at any cap: one item alone is never a storm, and random failures at one in
+# two hardly ever line up eight in a row (at a cap of 1 a smaller count held every retry of a
+# flaky server one probe at a time). A server that fails more often at random needs a longer
+# streak (`StormWatch.needed`).
 STORM_AFTER = 8
+# The latest outcomes (successes and failures of the server's own) a shard keeps, to tell a
+# server that fails many requests at random from one that fails them all.
+STORM_WINDOW = 64
+# The longest streak a storm needs however often the server failed recently: at 88 % failures
+# and more, a server fails nearly every request, and its items had better be held.
+STORM_AFTER_MAX = 64
+# How unlikely a streak of random failures must be to make a storm, as a log: that of 12 in a
+# row at one in two, about once in 4,000 items (8 would be once in 250, often enough at 80 %
+# failures that a long run still held its retries every few hundred items).
+RANDOM_STREAK_ODDS = 12 * math.log(0.5)
 # An answer of the server's own that fails: a 5xx that is no gateway's (those say it is down).
 # Not a timeout: one request at a time, each waiting out its whole timeout, would crawl through
 # items whose prompts are slow to answer. Not a 429 (rate limits have their own pacing), not a
@@ -82,37 +97,75 @@ def says_endpoint_failing(status: str) -> bool:
 class StormWatch:
     """The items failing in a row with no success between, and whether they make a storm."""
 
-    __slots__ = ("after", "failing", "first_at", "next_probe_at", "probes", "since")
+    __slots__ = ("after", "failing", "first_at", "next_probe_at", "probes", "recent",
+                 "recent_failures", "since", "streak_failures")
 
-    def __init__(self, after: int) -> None:
+    def __init__(self, after: int, window: int = STORM_WINDOW) -> None:
         self.after = after
         self.failing: set[str] = set()  # span ids
+        self.streak_failures = 0  # their failed attempts (an item may fail more than once)
         self.first_at = 0.0  # when the first of them failed
         self.since: float | None = None  # when the storm began (None: no storm)
         self.probes = 0  # probes that failed in this storm
         self.next_probe_at = 0.0
+        # The outcomes before this streak, oldest first (True: failed), and how many failed.
+        self.recent: deque[bool] = deque(maxlen=window)
+        self.recent_failures = 0
 
     def failed(self, span_id: str, now: float) -> bool:
         """Count one failure; True when it is the one that starts a storm."""
         if not self.failing:
             self.first_at = now
         self.failing.add(span_id)
-        if self.since is not None or len(self.failing) < self.after:
+        self.streak_failures += 1
+        if self.since is not None or len(self.failing) < self.needed():
             return False
         self.since = now
         return True
 
-    def succeeded(self, started: float) -> bool:
-        """A success of an attempt that started at `started`; True when it ends a storm."""
+    def needed(self) -> int:
+        """How many different items failing in a row make a storm now: `after`, unless the
+        server failed more than a third of the requests before this streak. Random failures at
+        a rate r line up n in a row with a chance of r**n, so the streak must be as unlikely at
+        the recent rate as RANDOM_STREAK_ODDS says: 12 at one in two, 38 at 80 %. The rate is
+        that of the outcomes before the streak (with the streak's own, a storm early in a run
+        would raise its own bar as it goes on), and only from `after` of them on, with a
+        success among them (a couple say little, and failures alone say nothing of a rate)."""
+        seen = len(self.recent)
+        if seen < self.after or self.recent_failures == seen:  # no success: nothing to go by
+            return self.after
+        rate = self.recent_failures / seen
+        if rate <= 0.0:
+            return self.after
+        bar = math.ceil(RANDOM_STREAK_ODDS / math.log(rate))
+        return max(self.after, min(STORM_AFTER_MAX, bar))
+
+    def succeeded(self, started: float, *, finished: bool = True) -> bool:
+        """A success of an attempt that started at `started` (from its first token on: not
+        `finished`, and its end comes again); True when it ends a storm."""
         if self.failing and started < self.first_at:
             # Sent before the failures began: says nothing about the endpoint now (as a storm
             # sets in, the answers already streaming still end well).
+            if finished:
+                self._remember(False)
             return False
         on = self.since is not None
+        for _ in range(min(self.streak_failures, self.recent.maxlen or 0)):
+            self._remember(True)
+        if finished:
+            self._remember(False)
         self.failing.clear()
+        self.streak_failures = 0
         self.since = None
         self.probes = 0
         return on
+
+    def _remember(self, failed: bool) -> None:
+        recent = self.recent
+        if len(recent) == recent.maxlen:
+            self.recent_failures -= recent[0]
+        recent.append(failed)
+        self.recent_failures += failed
 
     @property
     def on(self) -> bool:

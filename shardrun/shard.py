@@ -416,7 +416,7 @@ class Shard:
         if span is self.prober:
             self._endpoint_answered(span)
         if self.storm.failing:
-            self._storm_success(span)
+            self._storm_success(span, finished=False)
 
     # -- storms: the endpoint answers, but fails every request (`shardrun.outage`) ------------
 
@@ -450,8 +450,8 @@ class Shard:
             self.storm.next_probe_at = self.clock.now() + self._probe_interval()
         self._wake_held()
 
-    def _storm_success(self, span: Span) -> None:
-        if self.storm.succeeded(span.attempt_started_at or 0.0):
+    def _storm_success(self, span: Span, *, finished: bool = True) -> None:
+        if self.storm.succeeded(span.attempt_started_at or 0.0, finished=finished):
             self._wake_held()
 
     def _wake_held(self) -> None:
@@ -772,8 +772,7 @@ class Shard:
     def _succeed(self, span: Span, outcome: AttemptOutcome) -> None:
         self.ever_connected = self.ok_once = True
         self._endpoint_answered(span)
-        if self.storm.failing:
-            self._storm_success(span)
+        self._storm_success(span)  # every success: it tells a flaky server from a storm
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

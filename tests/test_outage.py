@@ -10,6 +10,8 @@ import pytest
 from shardrun import protocol
 from shardrun._attempt import AttemptOutcome
 from shardrun.outage import (
+    STORM_AFTER_MAX,
+    STORM_WINDOW,
     OutageWatch,
     StormWatch,
     says_endpoint_down,
@@ -78,6 +80,73 @@ def test_a_storm_is_distinct_items_failing_with_no_later_sent_success_between() 
     assert not watch.failed("e", 30.0) and not watch.failed("f", 31.0)
     assert not watch.succeeded(started=30.5)  # ends the streak, which was no storm
     assert not watch.failed("g", 32.0) and not watch.failed("h", 33.0) and not watch.on
+
+
+def _outcomes(watch: StormWatch, pattern: str, t: float) -> float:
+    """Feed `pattern` to the watch, one outcome a second from `t`: "x" a failure of a new item,
+    "o" a success of a request sent after the failures before it; the time after the last."""
+    for n, outcome in enumerate(pattern):
+        if outcome == "x":
+            watch.failed(f"{t}-{n}", t)
+        else:
+            watch.succeeded(started=t - 0.5)
+        t += 1.0
+    return t
+
+
+def test_a_server_failing_most_requests_at_random_needs_a_longer_streak_for_a_storm() -> None:
+    """Before this streak, the server failed four requests in five, with successes between:
+    eight items failing in a row are then common and make no storm; a streak as unlikely at
+    that rate as twelve in a row at one in two does (38 at 80 %)."""
+    watch = StormWatch(after=8)
+    t = _outcomes(watch, "xxxxo" * 10, 0.0)
+    assert watch.needed() == 38
+    t = _outcomes(watch, "x" * 37, t)
+    assert not watch.on  # 37 items: 8 would have made a storm
+    assert watch.failed("the 38th", t) and watch.on
+
+
+@pytest.mark.parametrize(("before", "needed"), [
+    ("", 8),  # nothing to go by: a storm from the run's start is held as soon as ever
+    ("o" * 40, 8),  # a server that served everything, then fails: held as soon as ever
+    ("xo" * 3, 8),  # too few outcomes to tell a rate by
+    ("xxo" * 20, 21),  # two in three
+    ("xxxxxxxxxo" * 6, STORM_AFTER_MAX),  # 90 %: nearly every request, held after 64
+])
+def test_the_streak_a_storm_needs_follows_the_failure_rate_before_it(before: str,
+                                                                     needed: int) -> None:
+    watch = StormWatch(after=8)
+    _outcomes(watch, before, 0.0)
+    assert watch.needed() == needed
+
+
+def test_the_streak_itself_does_not_raise_the_bar_and_the_rate_is_of_recent_outcomes() -> None:
+    """A storm early in a run, after eight successes, needs the usual eight (counting the
+    streak's own failures in the rate would raise its bar with every failure); the outcomes
+    of a storm that ended, once STORM_WINDOW later ones came, no longer count."""
+    watch = StormWatch(after=8)
+    t = _outcomes(watch, "o" * 8 + "x" * 7, 0.0)
+    assert watch.failed("the eighth", t)
+    t = _outcomes(watch, "x" * 20 + "o", t)  # probes failed, then one succeeded
+    assert watch.needed() > 8
+    _outcomes(watch, "o" * STORM_WINDOW, t)
+    assert watch.needed() == 8
+
+
+def test_a_first_token_ends_a_streak_and_its_success_is_counted_once_at_the_end() -> None:
+    """A probe's first token ends the streak, and the attempt's end counts the success; a
+    stream cut after its first token counts none, and failures with no success among them say
+    nothing of a rate."""
+    watch = StormWatch(after=8)
+    t = _outcomes(watch, "x" * 9, 0.0)
+    assert watch.on
+    assert not watch.succeeded(started=-1.0, finished=False)  # sent before: counted at its end
+    assert not watch.recent
+    assert watch.succeeded(started=t - 0.5, finished=False)  # the first token
+    assert list(watch.recent) == [True] * 9 and watch.needed() == 8
+    watch.succeeded(started=t - 0.5)  # its end
+    assert list(watch.recent) == [True] * 9 + [False]
+    assert watch.needed() == STORM_AFTER_MAX
 
 
 class _Clock:
@@ -179,4 +248,39 @@ def test_a_storm_before_any_success_of_the_run_stops_after_a_minute_not_after_ou
     said = shard._storm_too_long(clock.now())
     assert said is not None and said.endswith("longer than retry.outage_s; continue with "
                                               "--resume once it answers again")
+    shard.close()
+
+
+def test_every_success_counts_toward_the_rate_a_storm_is_judged_by(tmp_path: Path) -> None:
+    """A shard that saw the server fail four requests in five, then serve STORM_WINDOW
+    requests well: eight items failing in a row after that make a storm, since every success
+    counts toward the rate, not only one that ends a streak."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m")  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    spans = (Span(f"s{n}", {"id": f"s{n}"}, clock.t) for n in range(1000))
+
+    def fail() -> None:
+        clock.t += 1
+        shard._storm_failed(next(spans), AttemptOutcome(status="http_5xx", http_status=503,
+                                                        started_at=clock.t - 0.5))
+
+    def succeed() -> None:
+        clock.t += 1
+        span = next(spans)
+        span.admitted_at = span.attempt_started_at = clock.t - 0.5
+        shard._succeed(span, AttemptOutcome(status="ok", http_status=200,
+                                            started_at=clock.t - 0.5, ended_at=clock.t))
+
+    for _ in range(10):
+        for _ in range(4):
+            fail()
+        succeed()
+    assert shard.storm.needed() > 8
+    for _ in range(STORM_WINDOW):
+        succeed()
+    for _ in range(8):
+        fail()
+    assert shard.storm.on
     shard.close()
