@@ -441,14 +441,29 @@ class Shard:
     def _probe_interval(self) -> float:
         return min(self.retrier.backoff(self.storm.probes + 1), PROBE_MAX_S)
 
-    def _probe_done(self) -> None:
-        """The probe's attempt ended: the next span in turn probes after an interval (unless
-        the storm is over), or after what the server asked for (`_storm_failed`)."""
+    def _probe_done(self, outcome: AttemptOutcome | None = None) -> None:
+        """The probe's attempt ended (None: it ended with no outcome, or its span did): unless
+        the storm is over, the next span in turn probes after an interval, or after what the
+        server asked for (`_storm_failed`)."""
         self.storm_probe = None
         if self.storm.on:
-            self.storm.probes += 1
-            self.storm.next_probe_at = self.clock.now() + self._probe_interval()
+            self.storm.next_probe_at = self.clock.now() + self._next_probe_wait(outcome)
         self._wake_held()
+
+    def _next_probe_wait(self, outcome: AttemptOutcome | None) -> float:
+        """The interval grows with the probes failing as the storm does. A probe that ends
+        otherwise (a 429, a timeout, a refusal of its item; a success ended the storm) says
+        neither that the server still fails every request nor that it no longer does (a rate
+        limit can stand in front of a broken server, a timeout is no answer): the next probe
+        goes after the storm's first interval, or what a 429 asked for, not one grown long,
+        which held the items that long after a server that had recovered."""
+        if outcome is not None and says_endpoint_failing(outcome.status):
+            self.storm.probes += 1
+            return self._probe_interval()
+        asked = None if outcome is None else server_wait(outcome.http_status,
+                                                          outcome.retry_after,
+                                                          outcome.rate_headers)
+        return max(min(self.retrier.backoff(1), PROBE_MAX_S), asked or 0.0)
 
     def _storm_success(self, span: Span, *, finished: bool = True) -> None:
         if self.storm.succeeded(span.attempt_started_at or 0.0, finished=finished):
@@ -614,6 +629,7 @@ class Shard:
         probe = None
         if span is self.prober or span is self.storm_probe:
             probe = functools.partial(self._probe_answered, span)
+        outcome: AttemptOutcome | None = None
         try:
             outcome = await client.attempt(body, on_first_token=probe)
         except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
@@ -621,7 +637,7 @@ class Shard:
             raise
         finally:
             if self.storm_probe is span:
-                self._probe_done()
+                self._probe_done(outcome)
         self._end_attempt(span, attempt, started, outcome)
         return outcome
 

@@ -284,3 +284,42 @@ def test_every_success_counts_toward_the_rate_a_storm_is_judged_by(tmp_path: Pat
         fail()
     assert shard.storm.on
     shard.close()
+
+
+@pytest.mark.parametrize(("status", "http", "retry_after", "wait", "probes"), [
+    ("http_5xx", 503, None, 5.0, 4),  # failing as the storm does: the interval grows
+    ("http_5xx", 503, "7", 7.0, 4),  # ... or is what the server asked for
+    ("http_429", 429, None, 1.0, 3),  # an answer, but no proof: the first interval again
+    ("http_429", 429, "2", 2.0, 3),  # ... or what the 429 asked for
+    ("timeout_first_token", 200, None, 1.0, 3),  # no answer at all: the first interval
+    ("http_4xx", 400, None, 1.0, 3),  # the probe's item refused: says nothing of the storm
+])
+def test_only_a_probe_failing_as_the_storm_does_puts_the_next_probe_off_longer(
+        tmp_path: Path, status: str, http: int, retry_after: str | None, wait: float,
+        probes: int) -> None:
+    """Three probes of a storm have failed. A fourth that fails with a 5xx puts the next one
+    off by a grown interval; one answered 429, or timed out, or refused for its item, after
+    the server recovered says nothing either way: the next goes after the first interval (or
+    a 429's Retry-After), not a grown one, so the hold ends soon after the recovery."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m")  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    shard.retrier.backoff = float  # type: ignore[method-assign]  # backoff(n) = n s
+    for n in range(8):
+        shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t),
+                            AttemptOutcome(status="http_5xx", http_status=503, started_at=0))
+    assert shard.storm.on
+    shard.storm.probes = 3
+    probe = Span("probe", {"id": "probe"}, clock.t)
+    shard.storm_probe = probe
+    clock.t += 10
+    ended = AttemptOutcome(status=status, http_status=http, started_at=clock.t - 1,
+                           retry_after=retry_after)
+    shard._probe_done(ended)
+    if status == "http_5xx":
+        shard._storm_failed(probe, ended)
+    assert shard.storm_probe is None and shard.storm.on
+    assert shard.storm.probes == probes
+    assert shard.storm.next_probe_at == clock.t + wait
+    shard.close()
