@@ -28,7 +28,8 @@ none holds the shard. Only the retry budget is set aside, since one probe cannot
 endpoint. A success of a request sent after the first of those failures ends it (from the
 probe's first token on); one sent before says nothing, however many end well as a storm sets
 in. One that lasts `retry.outage_s` stops the run too, or a minute where no request of the run
-has succeeded yet (`Shard._storm_too_long`).
+has succeeded yet (`Shard._storm_too_long`); until then the items the cap holds make a storm,
+and its retries are not the items' attempts (`Shard._storm_failed`).
 """
 
 from __future__ import annotations

@@ -339,6 +339,8 @@ class Shard:
                 decision = Decision(True, wait=self.retrier.backoff(1), why="stream_cut")
             else:  # tries made while the endpoint was down are not the item's attempts
                 storm = self._storm_failed(span, outcome)
+                if storm and not self._proven() and attempt - span.outage_tries > 1:
+                    span.outage_tries += 1  # a retry, not the item's attempt: `_storm_failed`
                 decision = self.retrier.decide(outcome.status, outcome.http_status,
                                                attempt - span.outage_tries,
                                                outcome.retry_after, outcome.rate_headers,
@@ -422,10 +424,20 @@ class Shard:
 
     def _storm_failed(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count a failure of the server's own toward a storm; whether one is on (then the
-        item waits its turn to probe, and spends no retry budget)."""
+        item waits its turn to probe, and spends no retry budget; before any request of the
+        run has succeeded, its retries spend no attempts either, its first failure only: a job
+        the server fails from the start stops after a minute, `_storm_too_long`, and its items
+        are better left for --resume than dead-lettered, as they were at a small cap, while
+        max_attempts 1 still means no retry)."""
         if not says_endpoint_failing(outcome.status):
             return False
         storm, now = self.storm, self.clock.now()
+        # Before any request of the run has succeeded, the items the cap holds make a storm
+        # (two at least: one item alone is never one): at a small cap, eight different items
+        # failing first took the retry budget and the attempts of most of them.
+        storm.after = STORM_AFTER
+        if not self._proven():
+            storm.after = max(2, min(STORM_AFTER, self.cfg.concurrency))
         if storm.failed(span.span_id, now):
             storm.next_probe_at = now + self._probe_interval()
         if not storm.on:
@@ -437,6 +449,11 @@ class Shard:
             asked = min(asked, self.retrier.policy.max_server_wait_s)
             storm.next_probe_at = max(storm.next_probe_at, now + asked)
         return True
+
+    def _proven(self) -> bool:
+        """Whether a request of the run has succeeded (in this pass or an earlier one, in any
+        shard)."""
+        return self.ok_once or self.run_answered or self.cfg.answered_before
 
     def _probe_interval(self) -> float:
         return min(self.retrier.backoff(self.storm.probes + 1), PROBE_MAX_S)
@@ -482,7 +499,7 @@ class Shard:
         from the start is more likely wrong than the server overloaded, and its user should
         hear so in a minute, not in ten."""
         lasted, limit = self.storm.lasted(now), self.retrier.policy.outage_s
-        if self.ok_once or self.run_answered or self.cfg.answered_before:
+        if self._proven():
             return _failed_too_long(lasted, self.storm_cause) if lasted >= limit else None
         if lasted < min(limit, UNPROVEN_STORM_S):
             return None

@@ -30,8 +30,9 @@ class Span:
     conn_ready_at: float | None = None  # of the latest attempt (None: no connection)
     history: list[dict[str, Any]] = field(default_factory=list)
     ended: bool = False  # released (ok, dead or abandoned)
-    # Attempts that were not the item's own: made while the endpoint was down, or its first
-    # stream cut mid-answer (`Shard._first_cut`).
+    # Attempts that were not the item's own: made while the endpoint was down, its first
+    # stream cut mid-answer (`Shard._first_cut`), or retries that failed in a storm before any
+    # request of the run succeeded (`Shard._storm_failed`).
     outage_tries: int = 0
     cut_once: bool = False  # a stream of it was cut mid-answer (the next cut is its own)
     # When its latest attempt failed saying the endpoint was down (None after any other end).

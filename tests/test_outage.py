@@ -323,3 +323,25 @@ def test_only_a_probe_failing_as_the_storm_does_puts_the_next_probe_off_longer(
     assert shard.storm.probes == probes
     assert shard.storm.next_probe_at == clock.t + wait
     shard.close()
+
+
+@pytest.mark.parametrize(("cap", "proven", "after"), [
+    (2, False, 2),  # before any success: the items the cap holds
+    (1, False, 2),  # one item alone is never a storm
+    (32, False, 8),
+    (2, True, 8),  # once a request of the run has succeeded (here in an earlier pass)
+])
+def test_before_any_success_of_the_run_the_items_the_cap_holds_make_a_storm(
+        tmp_path: Path, cap: int, proven: bool, after: int) -> None:
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", concurrency=cap,
+                      answered_before=proven)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t)
+    first = Span("s0", {"id": "s0"}, clock.t)
+    assert not shard._storm_failed(first, failed) and not shard._storm_failed(first, failed)
+    for n in range(1, after - 1):
+        assert not shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t), failed)
+    assert shard._storm_failed(Span("last", {"id": "last"}, clock.t), failed)
+    shard.close()

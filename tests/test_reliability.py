@@ -191,6 +191,30 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
     assert len(probes) > 4 and max(probes.values()) <= 4
 
 
+def test_a_job_failed_from_the_start_at_a_small_cap_dead_letters_nothing(
+        tmp_path: Path) -> None:
+    """At a cap of 2 an endpoint that answers 503 to everything from the start: before any
+    request of the run has succeeded, the two items the cap holds make a storm, and their
+    retries in it are not their attempts (their first failures are). The run stops with the
+    sentence that nothing has succeeded, every item left for --resume. Before, eight different
+    items had to fail first, taking the budget and their attempts, and the probes took the
+    attempts of the rest: every item was dead-lettered."""
+    write_input(tmp_path / "input.jsonl", 20)
+    retry = {"backoff_s": 0.05, "backoff_max_s": 0.2, "outage_s": 2}
+    with sim(fail_503=1.0) as server:
+        job_for(tmp_path, server.base_url, retry=retry, concurrency=2)
+        proc = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "2", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "none of this run has succeeded" in errors[0], proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.results and not run.dead
+    held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
+    assert {e["shard"] for e in held} == {0, 1}
+    # The items probed more often than retry.max_attempts (4) allows, and were not charged.
+    assert max(e["attempt"] for e in run.events if e["ev"] == "attempt_start") > 4
+
+
 def test_a_storm_longer_than_outage_s_stops_the_run_for_resume(tmp_path: Path) -> None:
     """A storm of 500s that sets in once requests have succeeded, and outlasts retry.outage_s
     (2 s): the run stops with the outage's sentence, nothing dead-lettered, and a resume
