@@ -480,7 +480,8 @@ class Shard:
         asked = None if outcome is None else server_wait(outcome.http_status,
                                                           outcome.retry_after,
                                                           outcome.rate_headers)
-        return max(min(self.retrier.backoff(1), PROBE_MAX_S), asked or 0.0)
+        ceiling = self.retrier.policy.max_server_wait_s  # as for a 5xx's ask, `_storm_failed`
+        return max(min(self.retrier.backoff(1), PROBE_MAX_S), min(asked or 0.0, ceiling))
 
     def _storm_success(self, span: Span, *, finished: bool = True) -> None:
         if self.storm.succeeded(span.attempt_started_at or 0.0, finished=finished):

@@ -291,6 +291,8 @@ def test_every_success_counts_toward_the_rate_a_storm_is_judged_by(tmp_path: Pat
     ("http_5xx", 503, "7", 7.0, 4),  # ... or is what the server asked for
     ("http_429", 429, None, 1.0, 3),  # an answer, but no proof: the first interval again
     ("http_429", 429, "2", 2.0, 3),  # ... or what the 429 asked for
+    ("http_429", 429, "900", 300.0, 3),  # ... up to retry.max_server_wait_s (300 s)
+    ("http_5xx", 503, "900", 300.0, 4),  # as for a 5xx's ask
     ("timeout_first_token", 200, None, 1.0, 3),  # no answer at all: the first interval
     ("http_4xx", 400, None, 1.0, 3),  # the probe's item refused: says nothing of the storm
 ])
