@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_storm.py                      # this tree
     .venv/bin/python scripts/bench_storm.py --before ecaf15d     # that revision too, in turn
+    .venv/bin/python scripts/bench_storm.py --flaky --before d93c978 --repeats 3
 
 Each case starts this tree's simulator as its own process (ttft 200 ms, 16-64 tokens), which
 answers every request with the storm's status for `--storm-s` seconds once `--storm-after-n`
@@ -10,6 +11,11 @@ retry policy) against it. The table counts results and dead letters from the run
 the requests the simulator answered in the storm (its /sim/stats). A revision given with
 `--before` runs from a read-only `git archive` snapshot against the same simulator, so both
 rows see the same storm.
+
+`--flaky` runs the other side of it: a server that fails most requests at random (80 % 503s,
+80 % 500s, 50 % 503s) is no storm, and must not be held as one; and a real 3 s storm at the
+same small shape (2 shards x 8, 200 items) must still be. "held retries" counts the event log's
+retries held in a storm (cause `endpoint_failing`).
 
 Only loopback traffic; every run is bounded in time; every process it starts is stopped by PID.
 """
@@ -23,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -34,29 +41,58 @@ from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 
 RUN_TIMEOUT_S = 600.0  # a hang guard for one run, not a measurement
-ITEMS, SHARDS, CAP, AFTER_N = 3000, 4, 128, 800
-CASES = ((503, 10.0, False), (500, 10.0, False), (503, 60.0, True))  # status, seconds, Retry-After
+AFTER_N = 800
 
 
-def storm_sim(status: int, seconds: float, retry_after: bool) -> SimProcess:
-    """This tree's simulator with a storm, on a free loopback port."""
+@dataclass(frozen=True)
+class Case:
+    label: str
+    sim: dict[str, object]  # SimConfig settings on top of ttft 200 ms, 16-64 tokens
+    items: int = 3000
+    shards: int = 4
+    cap: int = 128
+
+
+def _storm(status: int, seconds: float, retry_after: bool, after_n: int = AFTER_N,
+           items: int = 3000, shards: int = 4, cap: int = 128) -> Case:
+    label = f"{status} × {seconds:g} s" + (" (Retry-After 2 s)" if retry_after else "")
+    return Case(label, {"storm_after_n": after_n, "storm_s": seconds, "storm_status": status,
+                        "retry_after_503": retry_after, "retry_after_s": 2},
+                items, shards, cap)
+
+
+STORMS = (_storm(503, 10.0, False), _storm(500, 10.0, False), _storm(503, 60.0, True))
+FLAKY = (Case("503 at random, 80 %", {"fail_503": 0.8, "seed": 1}, 200, 2, 8),
+         Case("500 at random, 80 %", {"fail_500": 0.8, "seed": 1}, 200, 2, 8),
+         Case("503 at random, 50 %", {"fail_503": 0.5, "seed": 1}, 200, 2, 8),
+         _storm(503, 3.0, False, after_n=100, items=600, shards=2, cap=8))
+
+
+def storm_sim(case: Case) -> SimProcess:
+    """This tree's simulator with the case's faults, on a free loopback port."""
     return start_sim(SimConfig(ttft_ms=200, itl_ms=2, tokens="uniform:16:64",
-                               storm_after_n=AFTER_N, storm_s=seconds, storm_status=status,
-                               retry_after_503=retry_after, retry_after_s=2))
+                               **case.sim))  # type: ignore[arg-type]
 
 
 def lines(pattern: str, run: Path) -> int:
     return sum(p.read_bytes().count(b"\n") for p in run.glob(pattern))
 
 
-def run_case(src: Path, work: Path, case: tuple[int, float, bool], name: str) -> list[object]:
-    status, seconds, retry_after = case
-    sim = storm_sim(*case)
+def held_retries(run: Path) -> int:
+    """Retries the event log says a storm held."""
+    return sum(line.count(b'"endpoint_failing"') > 0
+               for p in run.glob("events/*.jsonl") for line in p.read_bytes().splitlines()
+               if b'"retry"' in line)
+
+
+def run_case(src: Path, work: Path, case: Case, name: str) -> list[object]:
+    sim = storm_sim(case)
     try:
         job = work / f"job-{name}.yaml"
         job.write_text(f"endpoint: {{base_url: '{sim.base_url}', api: chat, model: m}}\n"
-                       f"input: {{path: {work / 'input.jsonl'}}}\nparams: {{max_tokens: 64}}\n"
-                       f"shards: {SHARDS}\nconcurrency: {CAP}\n")
+                       f"input: {{path: {work / f'input-{case.items}.jsonl'}}}\n"
+                       f"params: {{max_tokens: 64}}\n"
+                       f"shards: {case.shards}\nconcurrency: {case.cap}\n")
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "shardrun", str(job), "--runs-dir",
                                str(work / "runs"), "--run-id", name, "--quiet"],
@@ -69,15 +105,19 @@ def run_case(src: Path, work: Path, case: tuple[int, float, bool], name: str) ->
     finally:
         sim.stop()
     run = work / "runs" / name
-    storm = f"{status} × {seconds:g} s" + (" (Retry-After 2 s)" if retry_after else "")
-    return [storm, lines("results/*.jsonl", run), lines("dead/*.jsonl", run),
-            stats["faults"]["storm"], stats["requests_total"], round(wall, 1), done.returncode]
+    failed = sum(stats["faults"].get(k, 0) for k in ("storm", "fail_500", "fail_503"))
+    return [case.label, lines("results/*.jsonl", run), lines("dead/*.jsonl", run),
+            failed, stats["requests_total"], held_retries(run), round(wall, 1), done.returncode]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--before", metavar="REV", help="also run this git revision, in turn")
+    p.add_argument("--flaky", action="store_true",
+                   help="random failures (no storm) and a short storm, at 2 x 8")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="runs of each case")
     args = p.parse_args()
+    cases = FLAKY if args.flaky else STORMS
     work = Path(tempfile.mkdtemp(prefix="shardrun-storm-"))
     try:
         sides = {"this tree": bt.snapshot(work, None, "now")}
@@ -85,20 +125,22 @@ def main() -> int:
         if args.before:
             sides[args.before] = bt.snapshot(work, args.before, "before")
             srcs[args.before] = work / "before"
-        bt.write_input(work / "input.jsonl", ITEMS)
+        for n in {case.items for case in cases}:
+            bt.write_input(work / f"input-{n}.jsonl", n)
         rows = []
-        for i, case in enumerate(CASES):
-            for side, src in srcs.items():
-                row = run_case(src, work, case, f"c{i}-{len(rows)}")
-                rows.append([row[0], side, *row[1:]])
-                print(f"  {rows[-1]}", file=sys.stderr)
+        for i, case in enumerate(cases):
+            for _ in range(args.repeats):
+                for side, src in srcs.items():
+                    row = run_case(src, work, case, f"c{i}-{len(rows)}")
+                    rows.append([row[0], side, *row[1:]])
+                    print(f"  {rows[-1]}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"# {SHARDS} x {CAP}, {ITEMS:,} items, storm from request {AFTER_N + 1}; "
-          + "; ".join(f"{k}: {v}" for k, v in sides.items()))
-    print("| storm | client | succeeded | dead letters | requests in the storm | requests "
-          "| wall s | exit |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("# " + "; ".join(f"{c.label}: {c.shards} x {c.cap}, {c.items:,} items" for c in cases)
+          + "; " + "; ".join(f"{k}: {v}" for k, v in sides.items()))
+    print("| faults | client | succeeded | dead letters | requests failed | requests "
+          "| held retries | wall s | exit |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
     return 0

@@ -98,7 +98,8 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
 
 
 class StreamingClient:
-    """Runs attempts against one endpoint over the shard's session. Stateless between attempts."""
+    """Runs attempts against one endpoint over the shard's session. Stateless between attempts,
+    but for `heard_at`: when a stream last brought events (the live view's "no token for")."""
 
     def __init__(
         self,
@@ -114,6 +115,7 @@ class StreamingClient:
     ) -> None:
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._api = api
+        self.heard_at = 0.0
         self._url = endpoint_url(base_url, API_PATHS[api])
         self._models_url = endpoint_url(base_url, "/models")
         # Where every attempt is POSTed, as messages show it (a password in the URL masked).
@@ -221,7 +223,10 @@ class StreamingClient:
                     before_events = None
                 else:
                     before_events.append(chunk)
-            stop = st.take(payloads, now_of()) if payloads else False
+            stop = False
+            if payloads:
+                self.heard_at = heard = now_of()  # one store per read with events
+                stop = st.take(payloads, heard)
             if waiting_first and out.first_token_at is not None:
                 waiting_first = False
                 if on_first_token is not None:

@@ -40,12 +40,12 @@ __all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
-          "failing_cause")
+          "failing_cause", "sending", "unheard_s")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
-# Requests out and not one token or ended item for this long: say so. A hung endpoint holds
-# every request until its read timeout, and timeouts are no storm; without the line the view
-# shows only "0 TPM" for minutes. Long enough that a slow first token at a small cap rarely
-# trips it, and the text only states what is seen.
+# Requests out and nothing heard for this long (no stream's events, no answer): say so. A hung
+# endpoint holds every request until its timeouts fire, and timeouts are no storm; without the
+# line the view shows only "0 TPM" for minutes. Long enough that a slow first token at a small
+# cap rarely trips it, and the text only states what is seen.
 SILENT_AFTER_S = 30.0
 WINDOW_S = 10.0
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
@@ -87,17 +87,15 @@ class Snapshot:
     # and the latest failure, from the shard in it longest; None while none is in one.
     failing_s: float | None = None
     failing_cause: str | None = None
-    # How long requests have been out with no token and no item ended, once that passes
-    # SILENT_AFTER_S; None otherwise, or while `down_s` / `failing_s` already say why.
+    # How long requests have been out with nothing heard in any shard sending them (shards
+    # report `unheard_s`), once that passes SILENT_AFTER_S; None otherwise, or while `down_s`
+    # / `failing_s` already say why. `sending`: the requests out (attempts running).
     silent_s: float | None = None
+    sending: int = 0
 
     @property
     def done(self) -> int:
         return self.ok + self.dead
-
-    @property
-    def in_flight(self) -> int:
-        return sum(row.in_flight for row in self.shards)
 
     @property
     def eta_s(self) -> float | None:
@@ -161,7 +159,6 @@ class ProgressView:
         self.shards: dict[int, _Shard] = {}
         self.started = clock()
         self._samples: deque[tuple[float, int, int, int]] = deque()
-        self._moved: tuple[float, int, int] = (self.started, 0, 0)  # when done / tokens moved
         self._last_line = self.started
         self._live: Live | None = None
 
@@ -173,7 +170,6 @@ class ProgressView:
 
     def start(self) -> None:
         self.started = self._last_line = self.clock()
-        self._moved = (self.started, *self._moved[1:])
         if self.tty and not self.quiet:
             from rich.live import Live
 
@@ -226,24 +222,15 @@ class ProgressView:
         failing = max((s.gauges for s in self.shards.values()), default={},
                       key=lambda g: float(g.get("failing_s") or 0))
         failing_s = float(failing.get("failing_s") or 0) or None
-        silent_s = self._silent_s(now, done, sums["completion_tokens"],
-                                  sum(r.in_flight for r in rows))
-        if down or failing_s:
-            silent_s = None
+        sending = [s.gauges for s in self.shards.values() if s.gauges.get("sending")]
+        # The shard that heard last: one shard hearing answers means the endpoint answers.
+        unheard = min((float(g.get("unheard_s") or 0) for g in sending), default=0.0)
+        silent_s = None if unheard < SILENT_AFTER_S or down or failing_s else unheard
         return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
                         failing_s, failing.get("failing_cause") if failing_s else None,
-                        silent_s)
-
-    def _silent_s(self, now: float, done: int, tokens: int, in_flight: int) -> float | None:
-        """Seconds since the last token or ended item while requests are out, once that
-        reaches SILENT_AFTER_S; the clock restarts whenever either moves or nothing is out."""
-        since, done0, tokens0 = self._moved
-        if in_flight == 0 or done != done0 or tokens != tokens0:
-            self._moved = (now, done, tokens)
-            return None
-        return now - since if now - since >= SILENT_AFTER_S else None
+                        silent_s, sum(int(g["sending"]) for g in sending))
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -306,7 +293,7 @@ def format_plain_line(s: Snapshot) -> str:
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
             f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
-            f"{_silent_text(s.silent_s, s.in_flight)}")  # fmt: skip
+            f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
 
 
 def _held_text(rate_waiting: int) -> str:
@@ -332,12 +319,12 @@ def _failing_text(failing_s: float | None, cause: str | None) -> str:
             "until it answers")
 
 
-def _silent_text(silent_s: float | None, in_flight: int) -> str:
+def _silent_text(silent_s: float | None, sending: int) -> str:
     """Requests out and nothing back: a hung or very slow endpoint, until timeouts fire."""
     if silent_s is None:
         return ""
-    return (f"; no token for {_clock_text(silent_s)} with {in_flight:,} requests out, waiting "
-            "for the endpoint")
+    return (f"; nothing heard for {_clock_text(silent_s)} with {sending:,} requests out, "
+            "waiting for the endpoint")
 
 
 def format_final_line(s: Snapshot) -> str:
@@ -396,7 +383,7 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         counts.append(_failing_text(s.failing_s, s.failing_cause).replace(";", "  │", 1),
                       "bold red")
     if s.silent_s is not None:
-        counts.append(_silent_text(s.silent_s, s.in_flight).replace(";", "  │", 1), "yellow")
+        counts.append(_silent_text(s.silent_s, s.sending).replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -75,12 +75,11 @@ UNPROVEN_STORM_S = 60.0
 class Shard:
     """The state of one running shard."""
 
-    clients: dict[str, StreamingClient]  # by API: one OpenAI Batch file may mix both
-
     def __init__(self, cfg: ShardConfig, send: Send, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.send = send
         self.clock = clock or Clock()
+        self.clients: dict[str, StreamingClient] = {}  # by API: one Batch file may mix both
         self.counters = Counters()
         self.retrier = Retrier(RetryPolicy(**cfg.retry))
         self.outage = OutageWatch(self.retrier.policy.outage_s)
@@ -96,6 +95,10 @@ class Shard:
         # Set at news for the held spans (then replaced): wakes them to look again.
         self.storm_news = asyncio.Event()
         self.storm_cause = ""  # the latest failure of the storm, for the progress line
+        # For the live view's "no token for": attempts out now, when one last ended with an
+        # answer, and the last moment none was out (`_unheard_s`).
+        self.sending = 0
+        self.answer_at = self.quiet_since = self.clock.now()
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -648,14 +651,18 @@ class Shard:
         if span is self.prober or span is self.storm_probe:
             probe = functools.partial(self._probe_answered, span)
         outcome: AttemptOutcome | None = None
+        self.sending += 1
         try:
             outcome = await client.attempt(body, on_first_token=probe)
         except AttemptCancelled as stop:  # a stop's end: the attempt still gets its line
             self._end_attempt(span, attempt, started, stop.outcome)
             raise
         finally:
+            self.sending -= 1
             if self.storm_probe is span:
                 self._probe_done(outcome)
+        if not outcome.status.startswith("timeout"):  # an answer, even a failure, is news
+            self.answer_at = outcome.ended_at
         self._end_attempt(span, attempt, started, outcome)
         return outcome
 
@@ -897,11 +904,22 @@ class Shard:
         # While the endpoint is down, for how long: the progress display says so.
         down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(self.clock.now())
         return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
+                "sending": self.sending, "unheard_s": self._unheard_s(),
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), **self.counters.as_dict()}
+
+    def _unheard_s(self) -> float:
+        """How long requests have been out with nothing heard: no stream's events, no answer
+        (a timeout is none), since the last moment none was out."""
+        now = self.clock.now()
+        if not self.sending:
+            self.quiet_since = now
+        heard = max(self.quiet_since, self.answer_at,
+                    *(client.heard_at for client in self.clients.values()))
+        return round(max(0.0, now - heard), 1)
 
     def close(self) -> None:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())

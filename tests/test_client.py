@@ -111,18 +111,25 @@ async def normal_chat(request: web.Request) -> web.StreamResponse:
 
 
 def test_normal_chat_stream() -> None:
-    """A normal chat stream: text, usage, finish_reason, headers, ordered timestamps, callbacks."""
+    """A normal chat stream: text, usage, finish_reason, headers, ordered timestamps, callbacks,
+    and when the client last heard a stream's events (the live view's "nothing heard for")."""
     calls: list[tuple[str, object]] = []
+    heard: list[float] = []
 
     async def go() -> AttemptOutcome:
         async with serve(normal_chat) as client:
-            return await client.attempt(
+            heard.append(client.heard_at)
+            out = await client.attempt(
                 BODY,
                 on_conn_ready=lambda t, reused: calls.append(("conn", reused)),
                 on_first_token=lambda t: calls.append(("first", t)),
             )
+            heard.append(client.heard_at)
+            return out
 
     out = run(go())
+    assert heard[0] == 0.0 and out.last_token_at is not None
+    assert out.last_token_at <= heard[1] <= out.ended_at
     assert out.status == "ok" and out.error is None and out.http_status == 200
     assert out.text == "héllo 世界 🙂" and out.finish_reason == "stop"
     assert (out.prompt_tokens, out.completion_tokens, out.usage_estimated) == (11, 3, False)

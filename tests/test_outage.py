@@ -4,6 +4,7 @@ when a run of failures is an outage."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -346,4 +347,32 @@ def test_before_any_success_of_the_run_the_items_the_cap_holds_make_a_storm(
     for n in range(1, after - 1):
         assert not shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t), failed)
     assert shard._storm_failed(Span("last", {"id": "last"}, clock.t), failed)
+    shard.close()
+
+
+def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: Path) -> None:
+    """`unheard_s` in a progress report: since the latest of a stream's events (the client's
+    `heard_at`), an attempt ending with an answer, and the last moment no request was out;
+    `sending` is the requests out."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m")  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    client = SimpleNamespace(heard_at=0.0)
+    shard.clients = {"chat": client}  # type: ignore[dict-item]
+    clock.t += 100
+    assert shard._unheard_s() == 0.0  # nothing out: nothing awaited
+    shard.sending = 3
+    clock.t += 40
+    assert (shard.report("progress")["unheard_s"], shard.report("progress")["sending"]) == (40, 3)
+    client.heard_at = clock.t - 5  # a stream's events
+    assert shard._unheard_s() == 5.0
+    shard.answer_at = clock.t - 1  # an answer (a failure's too)
+    assert shard._unheard_s() == 1.0
+    shard.sending = 0
+    clock.t += 60
+    assert shard._unheard_s() == 0.0
+    shard.sending = 1  # out again: counted from when none was
+    clock.t += 10
+    assert shard._unheard_s() == 10.0
     shard.close()

@@ -160,49 +160,42 @@ def test_a_storm_is_shown_with_its_cause_for_the_shard_in_it_longest() -> None:
     assert view.snapshot().failing_s is None and view.snapshot().failing_cause is None
 
 
-def test_requests_out_with_nothing_back_are_shown_once_silent_long_enough() -> None:
-    """A hung endpoint: requests out, no token and no item ended. After SILENT_AFTER_S both
-    views say how long and how many are out; a token, an ended item, or no request out
-    restarts the clock, and a down or failing endpoint's own text takes its place."""
+def test_requests_out_with_nothing_heard_are_shown_once_silent_long_enough() -> None:
+    """Shards report the requests they have out (`sending`) and how long they have heard
+    nothing (`unheard_s`). Once every shard sending has heard nothing for SILENT_AFTER_S, both
+    views say how long (the shard that heard last) and how many are out; a shard that hears,
+    or a down or failing endpoint's own text, takes it away."""
     clock, out = Clock(), StringIO()
     view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
     view.start()
-    view.update(0, report(5, tokens=100, in_flight=8, cap=8))
-    view.update(1, report(5, tokens=100, in_flight=6, cap=8))
-    for _ in range(int(SILENT_AFTER_S) - 1):
-        clock.now += 1
-        view.refresh()
-    assert "no token" not in out.getvalue()  # first seen at the first refresh, a second in
-    clock.now += 2
+    quiet = SILENT_AFTER_S + 15
+    view.update(0, report(5, in_flight=8, cap=8, sending=8, unheard_s=quiet))
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=SILENT_AFTER_S - 1))
+    view.update(2, report(5, in_flight=2, cap=8, sending=0, unheard_s=0))  # nothing out
+    clock.now += 1
+    view.refresh()
+    assert "nothing heard" not in out.getvalue()  # shard 1 heard 29 s ago
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=SILENT_AFTER_S))
+    clock.now += 1
     view.refresh()
     assert out.getvalue().splitlines()[-1].endswith(
-        f"; no token for {int(SILENT_AFTER_S) // 60}:{int(SILENT_AFTER_S) % 60:02d} "
-        "with 14 requests out, waiting for the endpoint")
+        f"; nothing heard for {int(SILENT_AFTER_S) // 60}:{int(SILENT_AFTER_S) % 60:02d} with 14 "
+        "requests out, waiting for the endpoint")
     console_out = StringIO()
     console = Console(file=console_out, force_terminal=True, width=200, color_system=None)
-    view.console, view.tty = console, True
+    frame = ProgressView(400, console=console, clock=clock)
+    frame.update(0, report(5, in_flight=8, cap=8, sending=8, unheard_s=quiet))
     with console.capture() as cap:
-        console.print(view.render())
-    assert "│ no token for" in cap.get() and "with 14 requests out" in cap.get()
-    view.update(0, report(5, tokens=101, in_flight=8, cap=8))  # one token: moving again
-    clock.now += 1
-    assert view.snapshot().silent_s is None
-    clock.now += SILENT_AFTER_S
-    assert view.snapshot().silent_s == SILENT_AFTER_S
-    view.update(0, report(5, tokens=101, in_flight=8, cap=8, down_s=3.0))
+        console.print(frame.render())
+    assert "│ nothing heard for 0:45 with 8 requests out" in cap.get()
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=0.2))
+    assert view.snapshot().silent_s is None  # one shard hears: the endpoint answers
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet, down_s=3.0))
     assert view.snapshot().silent_s is None  # "endpoint down" says it better
-    view.update(0, report(5, tokens=101, in_flight=8, cap=8, failing_s=3.0))
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet, failing_s=3.0))
     assert view.snapshot().silent_s is None  # and so does "endpoint failing"
-    view.update(0, report(5, tokens=101, in_flight=8, cap=8))
-    assert view.snapshot().silent_s is not None
-    view.update(0, report(6, tokens=101, in_flight=8, cap=8))  # an item ended, no token
-    assert view.snapshot().silent_s is None
-    for shard in (0, 1):
-        view.update(shard, report(5, tokens=101, in_flight=0, cap=8))
-    clock.now += SILENT_AFTER_S
-    assert view.snapshot().silent_s is None  # nothing out, nothing awaited
-    clock.now += SILENT_AFTER_S
-    assert view.snapshot().silent_s is None
+    view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet))
+    assert view.snapshot().silent_s == quiet
 
 
 def test_requests_held_by_a_rate_limit_are_shown() -> None:
