@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Literal
 
@@ -127,12 +127,14 @@ IGNORE_HELP = ("names (comma-separated) of SHARDRUN_* variables that are not sha
                "a wrapper's; any other unknown one is an error")
 
 
-def unknown_env_errors(env: Mapping[str, str]) -> tuple[str, ...]:
+def unknown_env_errors(env: Mapping[str, str],
+                       also_known: Set[str] = frozenset()) -> tuple[str, ...]:
     """What is wrong with the `SHARDRUN_*` names: one we do not read is an error, since a typo
     (SHARDRUN_CONCURENCY) would silently run with the default during the very incident it was
     set for.
 
-    Names listed in SHARDRUN_IGNORE_VARS are left alone (a wrapper's own variables); an empty
+    `also_known`: names the job reads besides ours (its api_key_env). Names listed in
+    SHARDRUN_IGNORE_VARS are left alone (a wrapper's own variables); an empty
     value sets nothing whatever the name. Only names are reported, never values: a misspelt
     variable may well hold a secret.
     """
@@ -141,7 +143,7 @@ def unknown_env_errors(env: Mapping[str, str]) -> tuple[str, ...]:
     errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable and cannot be "
               f"ignored; remove it from {IGNORE_VAR}" for name in sorted(ignored & known)]
     unknown = [name for name in sorted(env) if name.startswith(PREFIX)
-               and name not in known | ignored and env[name] != ""]  # fmt: skip
+               and name not in known | ignored | also_known and env[name] != ""]  # fmt: skip
     if unknown:
         errors.append(_unknown_sentence(unknown, sorted(known)))
     return tuple(errors)

@@ -313,6 +313,9 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             cached_tokens=summary.cached_tokens),
             resume_command=resume_command(job, this.run_dir),
             retry_command=retry_command(job, this.run_dir))
+        if this.info.get("retry_failed") and summary.fatal_reason:  # a storm, an outage...
+            summary = replace(summary, fatal_reason=_retry_way(summary.fatal_reason,
+                                                               retry_command(job, this.run_dir)))
         status = summary.status
         if spec.output.format == "openai-batch":
             from shardrun.batch_format import write_batch_files
@@ -340,13 +343,18 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
 
 def _for_retry_pass(exc: BaseException, command: str) -> BaseException:
-    """A failed retry pass's dead letters are back in dead/, where `--resume` does not look
-    (they are finished items to it): the error's "continue with --resume" names the retry."""
+    """The error that ended a retry pass, naming the retry as the way on (`_retry_way`)."""
     if isinstance(exc, ShardrunError) and CONTINUE in str(exc):
-        again = type(exc)(str(exc).replace(CONTINUE, f"continue with `{command}`"))
+        again = type(exc)(_retry_way(str(exc), command))
         again.__cause__ = exc.__cause__
         return again
     return exc
+
+
+def _retry_way(reason: str, command: str) -> str:
+    """A stopped retry pass's dead letters are back in dead/, where `--resume` does not look
+    (they are finished items to it): "continue with --resume" becomes the retry's command."""
+    return reason.replace(CONTINUE, f"continue with `{command}`")
 
 
 def _why(exc: BaseException) -> str:

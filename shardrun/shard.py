@@ -95,6 +95,7 @@ class Shard:
         # Set at news for the held spans (then replaced): wakes them to look again.
         self.storm_news = asyncio.Event()
         self.storm_cause = ""  # the latest failure of the storm, for the progress line
+        self.storm_asked_until = -math.inf  # until when the server last asked us to wait
         # For the live view's "no token for": attempts out now, when one last ended with an
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
@@ -451,6 +452,7 @@ class Shard:
             # the job's ceiling on a server's wait holds (an ask above it is no dead letter here)
             asked = min(asked, self.retrier.policy.max_server_wait_s)
             storm.next_probe_at = max(storm.next_probe_at, now + asked)
+            self.storm_asked_until = max(self.storm_asked_until, now + asked)
         return True
 
     def _proven(self) -> bool:
@@ -484,6 +486,9 @@ class Shard:
                                                           outcome.retry_after,
                                                           outcome.rate_headers)
         ceiling = self.retrier.policy.max_server_wait_s  # as for a 5xx's ask, `_storm_failed`
+        if asked:
+            self.storm_asked_until = max(self.storm_asked_until,
+                                         self.clock.now() + min(asked, ceiling))
         return max(min(self.retrier.backoff(1), PROBE_MAX_S), min(asked or 0.0, ceiling))
 
     def _storm_success(self, span: Span, *, finished: bool = True) -> None:
@@ -507,6 +512,8 @@ class Shard:
             return _failed_too_long(lasted, self.storm_cause) if lasted >= limit else None
         if lasted < min(limit, UNPROVEN_STORM_S):
             return None
+        if lasted < limit and now < self.storm_asked_until + PROBE_MAX_S:
+            return None  # the server said when to come back: ask it then (a probe's time)
         return (f"the endpoint failed every request for {lasted:.0f} s ({self.storm_cause}) and "
                 "none of this run has succeeded: check endpoint.base_url, endpoint.model and "
                 "the job's params against the server (its log says why it fails), then "
@@ -516,8 +523,8 @@ class Shard:
         """Stop the run once a storm has lasted its limit (`_storm_too_long`), whatever its
         spans are doing: they checked it only between their waits, and the probe's wait can
         be a server's Retry-After (20 s of a storm against retry.outage_s 3)."""
-        if not self.storm.on or self.fatal_reason is not None:
-            return
+        if not self.storm.on or self.fatal_reason is not None or self.stopping:
+            return  # a stop is under way: no second reason to stop
         if (reason := self._storm_too_long(now)) is not None:
             self._go_fatal(reason, ABANDON)
 

@@ -154,7 +154,7 @@ class LoadedJob:
 def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object]) -> LoadedJob:
     """Read, layer and validate a job; raise one SpecError listing everything that is wrong."""
     origin = str(path)
-    problems: list[Problem] = [(None, text) for text in unknown_env_errors(env)]
+    problems: list[Problem] = []
     raw = _drop_unknown_keys(read_job_file(path, origin), origin, problems)
     given_flags = _given_flags(flags)
     set_env = env_values(env)
@@ -163,6 +163,11 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     shown.update({k: v for k, v in given_flags.items() if isinstance(v, str)})
     blame = Blame(origin, sources, shown, FIELDS)
     merged = _merge(raw, _overrides(set_env, given_flags))
+    endpoint = merged.get("endpoint")
+    key_var = endpoint.get("api_key_env") if isinstance(endpoint, dict) else None
+    # The job's own key variable may be a SHARDRUN_ name: shardrun reads it, so it is known.
+    problems[:0] = [(None, text) for text in unknown_env_errors(
+        env, also_known={key_var} if isinstance(key_var, str) else set())]
     sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))

@@ -354,7 +354,7 @@ def _per_shard_line(per_shard: list[dict[str, int]]) -> str:
     left = sum(p.get("abandoned", 0) for p in per_shard)
     took = [p["ok"] + p["dead"] + p.get("abandoned", 0) for p in per_shard]
     line = f"  items per shard    min {min(took):,} / max {max(took):,}"
-    return line + (f" ({left:,} of them left unfinished, for --resume)" if left else "")
+    return line + (f" ({left:,} of them left unfinished)" if left else "")  # "to finish" says how
 
 
 def _items_note(s: RunSummary) -> str:

@@ -11,6 +11,7 @@ import pytest
 from shardrun import protocol
 from shardrun._attempt import AttemptOutcome
 from shardrun.outage import (
+    PROBE_MAX_S,
     STORM_AFTER_MAX,
     STORM_WINDOW,
     OutageWatch,
@@ -249,6 +250,33 @@ def test_a_storm_before_any_success_of_the_run_stops_after_a_minute_not_after_ou
     said = shard._storm_too_long(clock.now())
     assert said is not None and said.endswith("longer than retry.outage_s; continue with "
                                               "--resume once it answers again")
+    shard.close()
+
+
+def test_before_any_success_a_storm_whose_server_asked_to_wait_stops_after_its_next_probe(
+        tmp_path: Path) -> None:
+    """Before any success, a Retry-After longer than the minute (120 s, under the 300 s
+    ceiling) puts the stop off until a probe at the time asked has had its chance
+    (PROBE_MAX_S), never past retry.outage_s; the stop is never decided during a stop."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", retry={"outage_s": 600.0})  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t,
+                            retry_after="120", error="HTTP 503: come back later")
+    for n in range(8):
+        shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t), failed)
+    assert shard.storm.on and shard.storm.next_probe_at == clock.t + 120
+    clock.t += 120 + PROBE_MAX_S - 1
+    assert shard._storm_too_long(clock.now()) is None
+    shard.stopping = True
+    clock.t += 2
+    shard._storm_limit(clock.now())
+    assert shard.fatal_reason is None  # a stop under way: no second reason
+    shard.stopping = False
+    shard._storm_limit(clock.now())
+    assert shard.fatal_reason is not None and "none of this run has succeeded" in \
+        shard.fatal_reason
     shard.close()
 
 

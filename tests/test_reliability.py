@@ -295,7 +295,7 @@ def test_the_summary_of_a_run_stopped_in_a_storm_says_what_it_held(tmp_path: Pat
     left = sum(1 for e in run.events if e["ev"] == "released" and e["outcome"] == "abandoned")
     assert left > len(run.results) + len(run.dead)  # most of what the shards took
     line = f"  items per shard    min {min(took.values())} / max {max(took.values())} " \
-           f"({left} of them left unfinished, for --resume)"
+           f"({left} of them left unfinished)"
     assert line in proc.stdout.splitlines(), proc.stdout
     # The report's scheduler table: the held items fill every slot, but few requests were out.
     doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
@@ -1963,6 +1963,23 @@ def _failed_dead_letters(tmp_path: Path, n: int) -> tuple[list[str], Path, dict[
     dead = {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")}
     assert b"".join(dead.values())
     return ids, path, dead
+
+
+def test_a_retry_pass_stopped_by_a_storm_names_the_retry_as_the_way_on(tmp_path: Path) -> None:
+    """A retry pass stopped by a storm lasting outage_s: its dead letters are back in dead/,
+    where --resume does not look, so both the summary and the error name retry-failed, and
+    that command finishes the run."""
+    ids, path, _ = _failed_dead_letters(tmp_path, 40)
+    with sim(fail_503=1.0) as failing:
+        stopped = run_cli("retry-failed", str(path), cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": failing.base_url, "SHARDRUN_OUTAGE_S": "2",
+                               "SHARDRUN_MAX_ATTEMPTS": "5"})  # fmt: skip
+    assert stopped.returncode == 1, stopped.stderr
+    retry = f"continue with `shardrun retry-failed {path}`"
+    assert "--resume" not in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
+    assert retry in stopped.stderr and "  stopped early      the endpoint failed" in stopped.stdout
+    assert retry in stopped.stdout, stopped.stdout
+    assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
 
 
 def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:

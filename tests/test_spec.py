@@ -531,6 +531,12 @@ def test_unknown_shardrun_variables_are_an_error_with_suggestion(jobs: Path) -> 
     assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "SHARDRUN_SHARDS"}) == (
         "SHARDRUN_IGNORE_VARS names SHARDRUN_SHARDS, which is shardrun's own variable and "
         "cannot be ignored; remove it from SHARDRUN_IGNORE_VARS")
+    # The job's own key variable is read, whatever its name: in the file or from a variable.
+    keyed = write(jobs, MINIMAL.replace("sim://", "'https://h/v1'").replace(
+        "model:", "api_key_env: SHARDRUN_KEY\n  model:"))
+    assert load(keyed, {"SHARDRUN_KEY": "sk-1"}).api_key({"SHARDRUN_KEY": "sk-1"}) == "sk-1"
+    named = {"SHARDRUN_API_KEY_ENV": "SHARDRUN_OTHER_KEY", "SHARDRUN_OTHER_KEY": "sk-2"}
+    assert load(keyed, named).api_key(named) == "sk-2"
 
 
 def test_yaml_exponent_without_dot_is_a_number(jobs: Path) -> None:
