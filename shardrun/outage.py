@@ -144,6 +144,9 @@ class StormWatch:
     def succeeded(self, started: float, *, finished: bool = True) -> bool:
         """A success of an attempt that started at `started` (from its first token on: not
         `finished`, and its end comes again); True when it ends a storm."""
+        recent = self.recent
+        if not self.failing and not self.recent_failures and len(recent) == recent.maxlen:
+            return False  # a healthy shard's success (most): the window would stay as it is
         if self.failing and started < self.first_at:
             # Sent before the failures began: says nothing about the endpoint now (as a storm
             # sets in, the answers already streaming still end well).
