@@ -327,6 +327,9 @@ class Shard:
                 if self.stopping:  # a retry after a stop: no verdict on the item (see below)
                     self._abandon(span)
                     return
+                if self.fatal_reason is not None:  # one came while it waited for the limit
+                    self._end_early(span)
+                    return
             outcome = await self._attempt(client, span, attempt, body)
             self._settle_rate(span, outcome)
             if outcome.status == "ok":

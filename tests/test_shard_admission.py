@@ -126,3 +126,38 @@ def test_a_report_names_the_open_spans_whose_failed_attempts_it_counted(tmp_path
     assert waiting["tried"] == {"0-1": 1, "0-2": 1} and waiting["attempts"] == 2
     # Each report carries the changes since the one before: here, both spans ended.
     assert ended["tried"] == {"0-1": 0, "0-2": 0} and ended["abandoned"] == 2
+
+
+def test_a_fatal_error_during_a_retrys_rate_wait_sends_no_retry(tmp_path: Path) -> None:
+    """A retry waits for the rate limit; a fatal error (another span's, the coordinator's)
+    arrives meanwhile: the retry is not sent, and the item ends as the fatal error says."""
+
+    async def go() -> Shard:
+        sent: list[protocol.Message] = []
+        cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path),
+                          base_url="http://127.0.0.1:9", api="completions", model="m",
+                          concurrency=1, retry={"backoff_s": 0.0})  # fmt: skip
+        shard = Shard(cfg, sent.append)
+        waited = shard._rate_wait
+
+        async def wait_then_fatal(span: object, attempt: int) -> None:
+            await waited(span, attempt)  # type: ignore[arg-type]
+            if attempt > 1:
+                shard._go_fatal("the coordinator says stop", tell=False)
+
+        shard._rate_wait = wait_then_fatal  # type: ignore[method-assign]
+        async with make_session(1, Timeouts()) as session:
+            shard.clients = {api: StreamingClient(session, shard.cfg.base_url, api, {},
+                                                  Timeouts(), shard.clock) for api in API_PATHS}
+            shard.on_message(_items(1))
+            shard.on_message({"t": protocol.END})
+            await shard.dispatch()
+            while shard.tasks:
+                await asyncio.gather(*shard.tasks)
+        shard.close()
+        return shard
+
+    shard = asyncio.run(go())
+    kinds = Counter(e["ev"] for e in _events(tmp_path))
+    assert kinds["attempt_start"] == 1 and kinds["released"] == 1
+    assert shard.counters.dead == 1 and shard.fatal_reason == "the coordinator says stop"
