@@ -549,10 +549,13 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
     of the function are appended (a server may split a name too; arguments sent as an object
     are appended as its JSON text); `id` and `type` are set. A custom tool's call (type
     "custom") has `custom` with `name` and `input` in their place. A delta not shaped so raises
-    one of `PARSE_ERRORS` (the stream is then malformed).
+    one of `PARSE_ERRORS` (the stream is then malformed), and so does an `index` that is not an
+    integer (`"index": null` beside `"index": 0` broke the sort at the stream's end).
     """
     for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
         index = delta.get("index", 0)
+        if type(index) is not int:  # null, a string: the calls could not be put in order
+            raise TypeError(f"tool call index {index!r}")
         call = calls.get(index)
         if call is None:
             call = calls[index] = ToolCallParts()
