@@ -99,7 +99,7 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
 
 class StreamingClient:
     """Runs attempts against one endpoint over the shard's session. Stateless between attempts,
-    but for `heard_at`: when a stream last brought events (the live view's "no token for")."""
+    but for `heard_at`: when a stream last brought events (the live view's "nothing heard for")."""
 
     def __init__(
         self,

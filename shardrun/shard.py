@@ -96,7 +96,7 @@ class Shard:
         self.storm_news = asyncio.Event()
         self.storm_cause = ""  # the latest failure of the storm, for the progress line
         self.storm_asked_until = -math.inf  # until when the server last asked us to wait
-        # For the live view's "no token for": attempts out now, when one last ended with an
+        # For the live view's "nothing heard for": attempts out now, when one last ended with an
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
         self.answer_at = self.quiet_since = self.clock.now()
