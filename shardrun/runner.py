@@ -345,9 +345,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 def _for_retry_pass(exc: BaseException, command: str) -> BaseException:
     """The error that ended a retry pass, naming the retry as the way on (`_retry_way`)."""
     if isinstance(exc, ShardrunError) and CONTINUE in str(exc):
-        again = type(exc)(_retry_way(str(exc), command))
-        again.__cause__ = exc.__cause__
-        return again
+        return type(exc)(_retry_way(str(exc), command))
     return exc
 
 

@@ -451,12 +451,16 @@ class Shard:
             return False
         self.storm_cause = outcome.error or outcome.status
         asked = server_wait(outcome.http_status, outcome.retry_after, outcome.rate_headers)
-        if asked is not None:  # the server says when to come back: no probe before then, but
-            # the job's ceiling on a server's wait holds (an ask above it is no dead letter here)
-            asked = min(asked, self.retrier.policy.max_server_wait_s)
-            storm.next_probe_at = max(storm.next_probe_at, now + asked)
-            self.storm_asked_until = max(self.storm_asked_until, now + asked)
+        if asked is not None:  # the server says when to come back: no probe before then
+            storm.next_probe_at = max(storm.next_probe_at, now + self._server_ask(asked, now))
         return True
+
+    def _server_ask(self, asked: float, now: float) -> float:
+        """A wait the server asked for in a storm, held to the job's ceiling on such waits (an
+        ask above it is no dead letter here); noted for `_storm_too_long`."""
+        asked = min(asked, self.retrier.policy.max_server_wait_s)
+        self.storm_asked_until = max(self.storm_asked_until, now + asked)
+        return asked
 
     def _proven(self) -> bool:
         """Whether a request of the run has succeeded (in this pass or an earlier one, in any
@@ -488,11 +492,8 @@ class Shard:
         asked = None if outcome is None else server_wait(outcome.http_status,
                                                           outcome.retry_after,
                                                           outcome.rate_headers)
-        ceiling = self.retrier.policy.max_server_wait_s  # as for a 5xx's ask, `_storm_failed`
-        if asked:
-            self.storm_asked_until = max(self.storm_asked_until,
-                                         self.clock.now() + min(asked, ceiling))
-        return max(min(self.retrier.backoff(1), PROBE_MAX_S), min(asked or 0.0, ceiling))
+        ask = self._server_ask(asked, self.clock.now()) if asked else 0.0  # as for a 5xx's
+        return max(min(self.retrier.backoff(1), PROBE_MAX_S), ask)
 
     def _storm_success(self, span: Span, *, finished: bool = True) -> None:
         if self.storm.succeeded(span.attempt_started_at or 0.0, finished=finished):
