@@ -312,7 +312,7 @@ class Coordinator:
                 self.log_problem = (
                     f"cannot write {self.log.path}: {(exc.strerror or str(exc)).lower()}, so the "
                     f"coordinator's events since are lost (the results are not); "
-                    f"{fix_for_write(exc)}, then continue with --resume")
+                    f"{fix_for_write(exc)}, then {self.config.way_on}")
 
     async def watch(self) -> None:
         """Kill a running shard that has sent nothing for `silence_s` (its pipe then closes, and
@@ -485,7 +485,7 @@ class Coordinator:
         if len(self.deaths) >= MAX_SHARD_DEATHS:
             await self._abandon()
             raise RunError(f"{len(self.deaths)} shards died, the last: {self.deaths[-1]}; "
-                           f"results so far are in {self.run_dir.path}; continue with --resume")
+                           f"results so far are in {self.run_dir.path}; {self.config.way_on}")
         if self.handing_out and not (self.source.empty and not items):
             await self._start_shard()
 

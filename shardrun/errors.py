@@ -13,7 +13,8 @@ A failed request is not an exception: it is an attempt event with its status.
 import errno
 
 CONTINUE = "continue with --resume"
-"""How a stop's sentence ends when a later pass finishes the run (a retry pass names its own)."""
+"""A pass's way on, how its stop's sentence ends, when `--resume` finishes what it leaves; a
+retry pass can have another (`continue_with`, chosen once per pass by `runner.way_on`)."""
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write failed for want of space: a full disk, a quota, a file size limit."""
@@ -49,6 +50,11 @@ class EndpointError(ShardrunError):
 
 class RunError(ShardrunError):
     """The run cannot go on."""
+
+
+def continue_with(command: str) -> str:
+    """A way on that names the command to run next (a retry pass's own, with its flags)."""
+    return f"continue with `{command}`"
 
 
 def fix_for_write(exc: OSError) -> str:

@@ -29,6 +29,7 @@ from shardrun.errors import (
     RunError,
     ShardrunError,
     SpecError,
+    continue_with,
     fix_for_write,
 )
 from shardrun.inputs import InputReader, Reject, make_reader
@@ -103,6 +104,7 @@ class Pass:
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
     read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
     recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
+    way_on: str = CONTINUE  # how this pass's stops end their sentence (`choose_way_on`)
 
 
 def run(
@@ -135,7 +137,7 @@ def run(
             # fault the same requests again, and retry-failed could never succeed on it.
             sim = start_sim(replace(sim_config, seed=sim_config.seed + this.segment))
             base_url = sim.base_url
-        gone = None if sim is None else functools.partial(_sim_ended, sim)
+        gone = None if sim is None else functools.partial(_sim_ended, sim, this.way_on)
         return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy, gone), argv,
                          options)
     finally:
@@ -178,7 +180,7 @@ def _put_back_unreached(this: Pass) -> None:
               "the next pass of the run puts them back", file=sys.stderr)
 
 
-def _sim_ended(sim: SimProcess) -> str | None:
+def _sim_ended(sim: SimProcess, way_on: str) -> str | None:
     """Why the simulator this run started can never answer again: it has exited (no one else
     restarts it, and a new one would listen on another port)."""
     code = sim.returncode
@@ -188,7 +190,7 @@ def _sim_ended(sim: SimProcess) -> str | None:
     last = f"; its stderr ends with: {ellipsize(said[0], 200)}" if said else ""
     return (f"the simulator this run started for sim:// ended mid-run ({exit_description(code)}"
             f"{last}), so nothing can answer the items left; they are unfinished, not failed: "
-            "continue with --resume, which starts a new simulator")
+            f"{way_on}, which starts a new simulator")
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
@@ -226,6 +228,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
                              f"({resume_command(job, run_dir)} runs the items no pass has run, "
                              "if any)")
+    read_before = input_read_whole(manifest)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "only_failed": only_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
@@ -234,7 +237,18 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
                 prior.retried_ids if only_failed else None, _lines_read_before(manifest),
-                input_read_whole(manifest))
+                read_before, way_on=choose_way_on(job, run_dir, options))
+
+
+def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions) -> str:
+    """What continues the run once this pass stops, chosen once, before it starts: every
+    sentence of a stop (a shard's, the coordinator's, a write that failed) ends with it.
+
+    A retry pass puts the dead letters it did not reach back in dead/, where `--resume` does
+    not look (they are finished items to it): its way on is the retry's command."""
+    if options.retry_failed:
+        return continue_with(retry_command(job, run_dir))
+    return CONTINUE
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:
@@ -313,46 +327,26 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             cached_tokens=summary.cached_tokens),
             resume_command=resume_command(job, this.run_dir),
             retry_command=retry_command(job, this.run_dir))
-        if this.info.get("retry_failed") and summary.fatal_reason:  # a storm, an outage...
-            summary = replace(summary, fatal_reason=_retry_way(summary.fatal_reason,
-                                                               retry_command(job, this.run_dir)))
         status = summary.status
         if spec.output.format == "openai-batch":
             from shardrun.batch_format import write_batch_files
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
     except BaseException as stopped:
-        ended = stopped
         if this.info.get("retry_failed"):
             _put_back_unreached(this)
-            ended = _for_retry_pass(stopped, retry_command(job, this.run_dir))
         try:
-            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended))
+            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(stopped))
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised
-            print(f"error: {_unclosed(exc)}", file=sys.stderr)
-        if ended is stopped:
-            raise
-        raise ended from None
+            print(f"error: {_unclosed(exc, this.way_on)}", file=sys.stderr)
+        raise
     try:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
     except OSError as exc:
         # The pass has ended all the same (its processes are gone and its lock free, which
         # `report` reads): say what it did, and what could not be recorded.
-        return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc)))
+        return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
     return summary
-
-
-def _for_retry_pass(exc: BaseException, command: str) -> BaseException:
-    """The error that ended a retry pass, naming the retry as the way on (`_retry_way`)."""
-    if isinstance(exc, ShardrunError) and CONTINUE in str(exc):
-        return type(exc)(_retry_way(str(exc), command))
-    return exc
-
-
-def _retry_way(reason: str, command: str) -> str:
-    """A stopped retry pass's dead letters are back in dead/, where `--resume` does not look
-    (they are finished items to it): "continue with --resume" becomes the retry's command."""
-    return reason.replace(CONTINUE, f"continue with `{command}`")
 
 
 def _why(exc: BaseException) -> str:
@@ -363,11 +357,10 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _unclosed(exc: OSError) -> str:
+def _unclosed(exc: OSError, way_on: str) -> str:
     """The manifest could not be written at the end of a pass: one sentence."""
     return (f"cannot write {exc.filename}: {(exc.strerror or str(exc)).lower()}, so it still "
-            f"says the run is running, though it has ended; {fix_for_write(exc)}, then continue "
-            "with --resume")
+            f"says the run is running, though it has ended; {fix_for_write(exc)}, then {way_on}")
 
 
 def resume_command(job: LoadedJob, run_dir: RunDir) -> str:
@@ -436,6 +429,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         fsync_interval_s=spec.fsync_interval_s,
         segment=this.segment,
         answered_before=len(this.done) > this.prior_dead,  # an earlier pass has results
+        way_on=this.way_on,
     )
 
 

@@ -33,6 +33,7 @@ from shardrun.client import (
     request_headers,
 )
 from shardrun.clock import Clock
+from shardrun.errors import CONTINUE
 from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
 from shardrun.outage import (
@@ -513,7 +514,9 @@ class Shard:
         hear so in a minute, not in ten."""
         lasted, limit = self.storm.lasted(now), self.retrier.policy.outage_s
         if self._proven():
-            return _failed_too_long(lasted, self.storm_cause) if lasted >= limit else None
+            if lasted < limit:
+                return None
+            return _failed_too_long(lasted, self.storm_cause, self.cfg.way_on)
         if lasted < min(limit, UNPROVEN_STORM_S):
             return None
         if lasted < limit and now < self.storm_asked_until + PROBE_MAX_S:
@@ -521,7 +524,7 @@ class Shard:
         return (f"the endpoint failed every request for {lasted:.0f} s ({self.storm_cause}) and "
                 "none of this run has succeeded: check endpoint.base_url, endpoint.model and "
                 "the job's params against the server (its log says why it fails), then "
-                "continue with --resume")
+                f"{self.cfg.way_on}")
 
     def _storm_limit(self, now: float) -> None:
         """Stop the run once a storm has lasted its limit (`_storm_too_long`), whatever its
@@ -580,8 +583,8 @@ class Shard:
         once, and then the probe's own item is what fails so (its next failure is charged)."""
         now = self.clock.now()
         if self.fatal_reason is None and self.outage.too_long(now):
-            self._go_fatal(_failed_too_long(self.outage.lasted(now),
-                                            outcome.error or outcome.status), ABANDON)
+            self._go_fatal(_failed_too_long(self.outage.lasted(now), outcome.error
+                                            or outcome.status, self.cfg.way_on), ABANDON)
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
@@ -717,14 +720,14 @@ class Shard:
             self._go_fatal(f"this machine ran out of file descriptors ({outcome.error}) with "
                            f"{self.cfg.concurrency} connections per shard and a limit of "
                            f"{self.open_files} open files per process: raise it (ulimit -n) "
-                           "or lower the concurrency, then continue with --resume", ABANDON)
+                           f"or lower the concurrency, then {self.cfg.way_on}", ABANDON)
             return
         if outcome.error_code in QUOTA_NAMES:
             # OpenAI answers 429 once the account's credit is used up: a retry never cures it,
             # and every item would spend its attempts on it. Stop, and leave them for --resume.
             self._go_fatal(f"the endpoint says the account's quota is used up "
                            f"({outcome.error or outcome.error_code}): add credit or raise the "
-                           "account's limit, then continue with --resume", ABANDON)
+                           f"account's limit, then {self.cfg.way_on}", ABANDON)
             return
         if http == 401 or (http == 403 and not self.ok_once):
             # The error already reads "HTTP 401: <the server's message>".
@@ -743,7 +746,7 @@ class Shard:
             self._go_fatal(f"POST {url} answered {outcome.error or 'HTTP 404'} before any "
                            "request succeeded: check endpoint.base_url (OpenAI-compatible "
                            "servers serve under /v1), endpoint.api and endpoint.model, then "
-                           "continue with --resume", ABANDON)
+                           f"{self.cfg.way_on}", ABANDON)
             return
         if (self.cfg.stream_usage and not self.ok_once
                 and refused_stream_options(http, outcome.error)):
@@ -752,7 +755,7 @@ class Shard:
             self._go_fatal(f"the endpoint refused stream_options, which asks it to report "
                            f"usage in the stream ({outcome.error}): set endpoint.stream_usage: "
                            "false in the job file (completion tokens are then counted from the "
-                           "stream and marked estimated), then continue with --resume", ABANDON)
+                           f"stream and marked estimated), then {self.cfg.way_on}", ABANDON)
             return
         if not self.ok_once and (outcome.not_an_answer or (
                 outcome.status == "http_4xx" and not is_retryable(outcome.status, http))):
@@ -778,9 +781,16 @@ class Shard:
             self._go_fatal(f"the endpoint refused {self.refusals} requests in a row with the "
                            f"same answer before any succeeded ({error or 'no message'}): the "
                            "job's params, endpoint.base_url, endpoint.model or endpoint.api do "
-                           "not suit this server; fix the job file, then continue with --resume "
-                           "--retry-failed (which also gives the items dead-lettered so far "
-                           "another pass)", ABANDON)
+                           "not suit this server; fix the job file, then "
+                           f"{self._way_on_with_retries()}", ABANDON)
+
+    def _way_on_with_retries(self) -> str:
+        """The way on, for a stop that also dead-lettered items: `--resume` would leave them
+        failed, so it gains --retry-failed; a retry pass's own command retries them anyway."""
+        if self.cfg.way_on != CONTINUE:
+            return self.cfg.way_on
+        return (f"{CONTINUE} --retry-failed (which also gives the items dead-lettered so far "
+                "another pass)")
 
     def _unexpected(self, span: Span, exc: Exception) -> None:
         """An exception escaped a span: the traceback goes to the shard's log (its stderr), the
@@ -789,7 +799,7 @@ class Shard:
         traceback.print_exception(exc, file=sys.stderr)
         sys.stderr.flush()
         self._go_fatal(f"shard {self.cfg.shard} stopped on an unexpected {type(exc).__name__}: "
-                       f"{clip(exc)} (the traceback is in its log); continue with --resume",
+                       f"{clip(exc)} (the traceback is in its log); {self.cfg.way_on}",
                        ABANDON)
         if not span.ended:
             self._abandon(span, admitted=span.admitted_at is not None)
@@ -882,7 +892,7 @@ class Shard:
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
-                       "continue with --resume", ABANDON)
+                       f"{self.cfg.way_on}", ABANDON)
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -1010,10 +1020,10 @@ async def _drain(shard: Shard, dispatcher: asyncio.Task[None]) -> None:
             dispatcher.result()  # an error in admission ends the shard at once, as it did
 
 
-def _failed_too_long(lasted: float, cause: str) -> str:
+def _failed_too_long(lasted: float, cause: str, way_on: str) -> str:
     """The run's stop after an outage or a storm of `retry.outage_s`."""
     return (f"the endpoint failed every request for {lasted:.0f} s ({cause}), longer than "
-            "retry.outage_s; continue with --resume once it answers again")
+            f"retry.outage_s; {way_on} once it answers again")
 
 
 def _reason(why: str, wait: float, outcome: AttemptOutcome) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shardrun import protocol
+from shardrun.errors import CONTINUE
 
 # How a shard stops early. DEAD_LETTER: every remaining item ends as a dead letter with the
 # reason (the endpoint is unreachable). ABANDON: stop; items without a line are left for
@@ -52,6 +53,8 @@ class ShardConfig:
     # The endpoint answered this run before (an earlier pass, or another shard of this one): a
     # shard that cannot reach it waits for it (an outage), rather than judging it unreachable.
     answered_before: bool = False
+    # How the sentence of a stop ends: what continues the run after this pass (`runner.way_on`).
+    way_on: str = CONTINUE
 
     @property
     def file_name(self) -> str:

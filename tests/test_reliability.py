@@ -1982,6 +1982,22 @@ def test_a_retry_pass_stopped_by_a_storm_names_the_retry_as_the_way_on(tmp_path:
     assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
 
 
+def test_a_retry_pass_refused_alike_names_its_own_command_once(tmp_path: Path) -> None:
+    """A retry pass of a job the server refuses alike: the sentence ends with the retry's
+    command as the way on, which retries the dead letters anyway, not with that command
+    followed by `--retry-failed` (the words a pass continued by --resume adds)."""
+    _, path, _ = _failed_dead_letters(tmp_path, 100)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "unused", "api": "chat", "model": "m"},
+              params={"max_tokens": 0}, retry={"max_attempts": 1})
+    with sim() as good:
+        refused = run_cli("retry-failed", str(path), cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": good.base_url})
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: the endpoint refused "), errors
+    assert errors[0].endswith(
+        f"fix the job file, then continue with `shardrun retry-failed {path}`"), errors
+
+
 def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:
     rows = run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()
     return Counter(orjson.loads(line)["status"] for line in rows)
