@@ -160,12 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # the coordinator turns a stop into a summary once it runs
         print(f"error: {_stopped_early(args)}", file=sys.stderr)
         return 130
-    except OSError as exc:  # a file of the run that no code path above names in its own words
+    except OSError as exc:  # a file no code path above names in its own words
         if isinstance(exc, BrokenPipeError):  # our reader went away: nothing to tell it
             raise
+        # One in a pass is said by the pass, with its way on (`runner.run`): this one came
+        # before a pass began, so the command is the one to run again (the next pass puts back
+        # what this one's preparation set aside, `resume.prepare`).
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{(exc.strerror or str(exc)).lower()}; the run stopped there: "
-              f"{fix_for_write(exc)}, then continue with --resume", file=sys.stderr)
+        print(f"error: {where}{(exc.strerror or str(exc)).lower()}; no request was sent: "
+              f"{fix_for_write(exc)}, then run the same command again", file=sys.stderr)
         return 1
 
 

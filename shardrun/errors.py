@@ -57,6 +57,14 @@ def continue_with(command: str) -> str:
     return f"continue with `{command}`"
 
 
+def stopped_writing(exc: OSError, way_on: str) -> str:
+    """The sentence of a pass stopped by a file it could not write or read (a full disk, a
+    path in the way), ending with what continues the run (`runner.choose_way_on`)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return (f"{where}{(exc.strerror or str(exc)).lower()}; the run stopped there: "
+            f"{fix_for_write(exc)}, then {way_on}")
+
+
 def fix_for_write(exc: OSError) -> str:
     """What to do about a file of a run that could not be written, by why it could not."""
     if exc.errno in NO_ROOM:

@@ -31,6 +31,7 @@ from shardrun.errors import (
     SpecError,
     continue_with,
     fix_for_write,
+    stopped_writing,
 )
 from shardrun.inputs import InputReader, Reject, make_reader
 from shardrun.manifest import (
@@ -140,6 +141,11 @@ def run(
         gone = None if sim is None else functools.partial(_sim_ended, sim, this.way_on)
         return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy, gone), argv,
                          options)
+    except OSError as exc:  # a file of the pass (the simulator's start...): one sentence
+        said = _said(exc, this.way_on)
+        if said is exc:
+            raise
+        raise said from None
     finally:
         if sim is not None:
             sim.stop()
@@ -333,13 +339,16 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
 
             write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
     except BaseException as stopped:
+        ended = _said(stopped, this.way_on)
         if this.info.get("retry_failed"):
             _put_back_unreached(this)
         try:
-            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(stopped))
+            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended))
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised
             print(f"error: {_unclosed(exc, this.way_on)}", file=sys.stderr)
-        raise
+        if ended is stopped:
+            raise
+        raise ended from None
     try:
         finish_manifest(manifest, this.run_dir, status, reader, summary)
     except OSError as exc:
@@ -347,6 +356,15 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
     return summary
+
+
+def _said(exc: BaseException, way_on: str) -> BaseException:
+    """What ended a pass, as the user is to read it: a file the pass could not write or read
+    (a full disk, a path in the way) becomes its one sentence, ending with the pass's way on.
+    A broken pipe is our reader gone (the CLI's to handle)."""
+    if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+        return RunError(stopped_writing(exc, way_on))
+    return exc
 
 
 def _why(exc: BaseException) -> str:

@@ -1998,6 +1998,39 @@ def test_a_retry_pass_refused_alike_names_its_own_command_once(tmp_path: Path) -
         f"fix the job file, then continue with `shardrun retry-failed {path}`"), errors
 
 
+def test_a_retry_pass_stopped_by_a_file_it_cannot_write_names_the_retry(tmp_path: Path) -> None:
+    """A retry pass that cannot write a file of the run (logs/ is a file now): the one
+    sentence names the path and, as the way on, the retry's command, not --resume (which would
+    run none of the dead letters); the manifest records the same sentence, and once the path is
+    usable again that command finishes the run."""
+    ids, path, _ = _failed_dead_letters(tmp_path, 40)
+    shutil.rmtree(path / "logs")
+    (path / "logs").write_text("")
+    stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
+    said = (f"{path}/logs/shard-00.r1.log: not a directory; the run stopped there: make that "
+            "path usable (a read-only or damaged run directory?), then continue with "
+            f"`shardrun retry-failed {path}`")
+    assert (stopped.returncode, stopped.stderr) == (1, f"error: {said}\n")
+    assert Run.load(path).manifest["resumes"][-1]["error"] == said
+    (path / "logs").unlink()
+    (path / "logs").mkdir()
+    assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
+
+
+def test_a_file_in_the_way_before_a_pass_begins_asks_for_the_same_command(
+        tmp_path: Path) -> None:
+    """A retry whose run cannot even be locked (its .lock is a directory): no pass began, so
+    the sentence asks for the same command again, not for --resume; nothing was set aside."""
+    _, path, dead = _failed_dead_letters(tmp_path, 40)
+    (path / ".lock").unlink()
+    (path / ".lock").mkdir()
+    stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
+    assert (stopped.returncode, stopped.stderr) == (
+        1, f"error: {path}/.lock: is a directory; no request was sent: make that path usable (a "
+           "read-only or damaged run directory?), then run the same command again\n")
+    assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
+
+
 def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:
     rows = run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()
     return Counter(orjson.loads(line)["status"] for line in rows)
