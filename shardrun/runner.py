@@ -243,16 +243,21 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
                 prior.retried_ids if only_failed else None, _lines_read_before(manifest),
-                read_before, way_on=choose_way_on(job, run_dir, options))
+                read_before, way_on=choose_way_on(job, run_dir, options, read_before))
 
 
-def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions) -> str:
+def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
+                  read_before: bool) -> str:
     """What continues the run once this pass stops, chosen once, before it starts: every
     sentence of a stop (a shard's, the coordinator's, a write that failed) ends with it.
 
     A retry pass puts the dead letters it did not reach back in dead/, where `--resume` does
-    not look (they are finished items to it): its way on is the retry's command."""
-    if options.retry_failed:
+    not look (they are finished items to it): its way on is the retry's command, if that is
+    all it leaves. `--resume --retry-failed` of a run whose input no pass read whole also runs
+    the input, which `retry-failed` never does: its way on is `--resume`, as its summary's
+    "to finish the run" and `report` say (`summary.work_left`), and they name the retry for
+    the dead letters it did not reach."""
+    if options.retry_failed and (options.only_failed or read_before):
         return continue_with(retry_command(job, run_dir))
     return CONTINUE
 

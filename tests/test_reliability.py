@@ -2031,6 +2031,38 @@ def test_a_file_in_the_way_before_a_pass_begins_asks_for_the_same_command(
     assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
 
 
+def test_a_resume_and_retry_stopped_with_input_unread_names_resume(tmp_path: Path) -> None:
+    """`--resume X --retry-failed` after a --limit trial, stopped by a storm before the end of
+    the input: `retry-failed` would not read the input it left, so the error, the summary and
+    `report` all send the rest to --resume, and the dead letters it did not reach to
+    retry-failed; the two commands then finish the run."""
+    ids = write_input(tmp_path / "input.jsonl", 1000)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", "--limit", "40",
+                       cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    assert Run.load(path).dead
+    with sim(fail_503=1.0) as failing:
+        stopped = run_cli("job.yaml", "--runs-dir", "runs", "--resume", path.name,
+                          "--retry-failed", cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": failing.base_url, "SHARDRUN_OUTAGE_S": "2",
+                               "SHARDRUN_MAX_ATTEMPTS": "5"})  # fmt: skip
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert stopped.returncode == 1 and len(errors) == 1, stopped.stderr
+    assert errors[0].endswith("retry.outage_s; continue with --resume once it answers again")
+    resume = f"shardrun job.yaml --resume {path.name} --runs-dir runs"
+    assert f"  to finish the run  {resume}\n" in stopped.stdout, stopped.stdout
+    assert f"(another pass: shardrun retry-failed runs/{path.name})" in stopped.stdout
+    report = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert "the items after it have not run, --resume runs them" in report, report
+    with sim() as good:
+        rest = run_cli(*shlex.split(resume)[1:], cwd=tmp_path,
+                       env={"SHARDRUN_BASE_URL": good.base_url})
+    assert rest.returncode == 1 and "earlier failures" in rest.stdout, rest.stderr
+    _retry_succeeds(tmp_path, path, ids)
+
+
 def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:
     rows = run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()
     return Counter(orjson.loads(line)["status"] for line in rows)
