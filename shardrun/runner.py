@@ -106,6 +106,7 @@ class Pass:
     read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
     recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
     way_on: str = CONTINUE  # how this pass's stops end their sentence (`choose_way_on`)
+    retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
 
 
 def run(
@@ -243,7 +244,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
                 prior.retried_ids if only_failed else None, _lines_read_before(manifest),
-                read_before, way_on=choose_way_on(job, run_dir, options, read_before))
+                read_before, way_on=choose_way_on(job, run_dir, options, read_before),
+                retried=prior.retried_ids if options.retry_failed else None)
 
 
 def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
@@ -306,7 +308,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
-                        record_rejects=this.only is None)
+                        record_rejects=this.only is None, retrying=this.retried)
     total = estimate_total(job.input_path, spec.input.format)
     left = None if total is None else max(0, total - len(this.done))
     if this.only is not None:
@@ -332,6 +334,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         summary = replace(
             summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried,
             unretried=unretried, input_read_before=this.read_before,
+            unfinished_put_back=_unfinished_put_back(summary, this, source, unretried),
             prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
@@ -361,6 +364,14 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
     return summary
+
+
+def _unfinished_put_back(summary: RunSummary, this: Pass, source: WorkSource,
+                         unretried: int) -> int:
+    """Of the items this pass took and did not end, the dead letters it retried: they are back
+    in dead/ (`unretried` counts them, with those it never took), not left for --resume."""
+    not_taken = len(this.retried or ()) - source.taken_retried
+    return min(summary.unfinished, max(0, unretried - not_taken))
 
 
 def _said(exc: BaseException, way_on: str) -> BaseException:

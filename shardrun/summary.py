@@ -47,6 +47,9 @@ class RunSummary:
     # Of prior_dead: dead letters this retry pass set aside but did not reach (--limit, a stop),
     # put back in dead/unretried-rK.jsonl; `retry-failed` runs them, not `--resume`.
     unretried: int = 0
+    # Of unfinished: the dead letters this retry pass took and did not end (back in dead/, and
+    # in unretried): what is left for --resume is the rest (`work_left`).
+    unfinished_put_back: int = 0
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -190,6 +193,7 @@ class RunSummary:
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
             "left_out": self.left_out,
             "prior_dead": self.prior_dead, "unretried": self.unretried,
+            "unfinished_put_back": self.unfinished_put_back,
             "prior_rejects": self.prior_rejects,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
             "budget_exhausted": self.budget_exhausted,
@@ -229,15 +233,22 @@ class WorkLeft:
 def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
     """What the pass whose summary (`RunSummary.as_dict()`, as the manifest records it) this is
     left undone; `read_before`: whether an earlier pass read the input whole and ended all it
-    read. Then every item this pass could run was a dead letter it retried, and one it did not
-    end (--limit, a stop) is put back as a dead letter, `unretried`: nothing is left for
-    `--resume`, however little of the input this pass read."""
+    read. Then the input this pass left unread holds no item --resume would run.
+
+    Its items are not all dead letters, though: one whose result was removed by hand runs
+    again, in --resume and in --resume --retry-failed, and `retry-failed` passes it over
+    (`left_out`). So what it took and did not end counts, less the dead letters among them,
+    which are back in dead/ (`unfinished_put_back`; a summary of an older shardrun lacks it,
+    and its count stays as it was judged then)."""
     unretried = int(summary.get("unretried") or 0)
-    if read_before:
-        return WorkLeft(unread=False, left_out=0, unfinished=0, unretried=unretried)
-    return WorkLeft(unread=summary.get("input_read") is False,
-                    left_out=int(summary.get("left_out") or 0),
-                    unfinished=int(summary.get("unfinished") or 0), unretried=unretried)
+    unfinished = int(summary.get("unfinished") or 0)
+    if "unfinished_put_back" in summary:
+        unfinished -= int(summary["unfinished_put_back"] or 0)
+    elif read_before:
+        unfinished = 0
+    return WorkLeft(unread=not read_before and summary.get("input_read") is False,
+                    left_out=int(summary.get("left_out") or 0), unfinished=unfinished,
+                    unretried=unretried)
 
 
 def add_unreported(report: dict[str, Any], tried: Mapping[str, int],

@@ -74,7 +74,7 @@ class WorkSource:
     def __init__(self, reader: InputReader, rejects_path: Path,
                  done: DigestSet | None = None, limit: int | None = None,
                  only: DigestSet | None = None, *, judged_lines: int = 0,
-                 record_rejects: bool = True) -> None:
+                 record_rejects: bool = True, retrying: DigestSet | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -95,6 +95,10 @@ class WorkSource:
         self.limit_reached = False  # the limit ended the input early (there may be more)
         self._accepted = 0  # new items read from the input
         self.taken = 0
+        # Dead letters a retry pass set aside (`retrying`), and how many of them it took: one
+        # it does not end goes back to dead/ (`resume.restore_unretried`), not to --resume.
+        self._retrying = retrying
+        self.taken_retried = 0
         self.skipped = 0
         self.left_out = 0  # items neither done nor in `only`: left for a later pass
         self.rejects = 0
@@ -135,6 +139,9 @@ class WorkSource:
         if len(batch) < n and not self._read_all:
             self._read(n - len(batch), batch)
         self.taken += len(batch) - fresh
+        if self._retrying:
+            self.taken_retried += sum(id_digest(item["id"]) in self._retrying
+                                      for item in batch[fresh:])
         if self._read_all and not self._ahead and not self.exhausted:
             self.exhausted = True
             if self.on_input_end is not None:

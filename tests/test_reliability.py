@@ -2063,6 +2063,34 @@ def test_a_resume_and_retry_stopped_with_input_unread_names_resume(tmp_path: Pat
     _retry_succeeds(tmp_path, path, ids)
 
 
+def test_items_rerun_after_a_whole_read_and_left_unfinished_are_left_for_resume(
+        tmp_path: Path) -> None:
+    """A run read its input whole and ended every item; results removed by hand run again in
+    a --resume, which a storm stops: those items are unfinished and no dead letters, so
+    nothing puts them back. The summary and `report` send them to --resume (they said nothing
+    was left), and --resume then finishes the run."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    with sim() as good:
+        job_for(tmp_path, good.base_url)
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 0
+    path = only_run(tmp_path / "runs")
+    (path / "results" / "shard-00.jsonl").unlink()
+    with sim(fail_503=1.0) as failing:
+        stopped = run_cli("job.yaml", "--runs-dir", "runs", "--resume", path.name, cwd=tmp_path,
+                          env={"SHARDRUN_BASE_URL": failing.base_url, "SHARDRUN_OUTAGE_S": "2",
+                               "SHARDRUN_MAX_ATTEMPTS": "5"})  # fmt: skip
+    assert stopped.returncode == 1 and "  not finished       " in stopped.stdout, stopped.stdout
+    resume = f"shardrun job.yaml --resume {path.name} --runs-dir runs"
+    assert f"  to finish the run  {resume}\n" in stopped.stdout, stopped.stdout
+    report = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert "were not finished (a stop): --resume runs them" in report, report
+    with sim() as good:
+        rest = run_cli(*shlex.split(resume)[1:], cwd=tmp_path,
+                       env={"SHARDRUN_BASE_URL": good.base_url})
+    assert rest.returncode == 0, rest.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def _export_counts(tmp_path: Path, path: Path) -> Counter[str]:
     rows = run_cli("export", str(path), cwd=tmp_path).stdout.splitlines()
     return Counter(orjson.loads(line)["status"] for line in rows)

@@ -14,7 +14,14 @@ from conftest import write_job
 from shardrun.manifest import RunDir
 from shardrun.runner import resume_command
 from shardrun.spec import load_job
-from shardrun.summary import CORES_MIN_WALL_S, RunSummary, add_unreported, format_summary
+from shardrun.summary import (
+    CORES_MIN_WALL_S,
+    RunSummary,
+    WorkLeft,
+    add_unreported,
+    format_summary,
+    work_left,
+)
 
 
 def summary_of(reports: list[dict[str, Any]], *, dead: int, rejects: int = 0) -> RunSummary:
@@ -195,3 +202,16 @@ def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report
     )} == {"ok": 7, "dead": 1, "attempts": 9 + 1 + 1 + 2, "retries": 2 + 1 + 0 + 1,
            "completion_tokens": 9, "prompt_tokens": 6, "cached_tokens": 2,
            "reasoning_tokens": 1, "refusals": 1, "budget_exhausted": 1, "wasted_tokens": 40}
+
+
+def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> None:
+    """After a pass that read the input whole, what a later pass took and did not end is left
+    for --resume, less the dead letters it retried (back in dead/); a summary of an older
+    shardrun, which lacks that count, stays as it was judged: nothing for --resume."""
+    recorded = {"input_read": False, "unfinished": 5, "unfinished_put_back": 3, "unretried": 4}
+    assert work_left(recorded, read_before=True) == WorkLeft(
+        unread=False, left_out=0, unfinished=2, unretried=4)
+    older = {key: value for key, value in recorded.items() if key != "unfinished_put_back"}
+    assert work_left(older, read_before=True).for_resume is False
+    assert work_left(older, read_before=False) == WorkLeft(
+        unread=True, left_out=0, unfinished=5, unretried=4)

@@ -271,6 +271,9 @@ def _work_left(loaded: LoadedRun) -> str:
     elif work.left_out:
         left += (f"; {work.left_out:,} input items no pass has run (its last pass retried "
                  "dead letters only): --resume runs them")
+    elif work.unfinished:
+        left += (f"; {work.unfinished:,} items its last pass took were not finished (a stop): "
+                 "--resume runs them")
     if work.unretried:
         passes = len(loaded.manifest.get("resumes") or [])
         left += (f"; {work.unretried:,} dead letters its last pass set aside to retry were not "
