@@ -411,7 +411,8 @@ def changed_results(manifest: dict[str, Any], run_path: Path) -> list[tuple[str,
 def list_files(root: Path) -> list[dict[str, Any]]:
     files = []
     for path in sorted(root.rglob("*")):
-        skip = path.name in ("manifest.json", ".lock") or path.name.endswith(".tmp")
+        skip = path.name in ("manifest.json", ".lock", ".pass.lock") or path.name.endswith(
+            ".tmp")
         if path.is_file() and not skip:
             sha, size = file_digest(path)
             files.append({"path": str(path.relative_to(root)), "sha256": sha, "bytes": size})

@@ -2,7 +2,8 @@
 
 Exactly-once across passes rests on four things: every process that writes into a run holds a
 shared lock on `<run>/.lock` and a new pass takes it exclusively first (so it waits for the
-shards of a killed coordinator to finish their grace period); torn last lines are cut; the ids
+shards of a killed coordinator to finish their grace period), holding `<run>/.pass.lock`
+exclusively meanwhile and for its life (`RunLock`); torn last lines are cut; the ids
 in the results and dead-letter files are the set of finished items; and a pass names items as
 the run's first did (`ITEM_NAMING`, compared by `setting_changes`).
 """
@@ -150,18 +151,55 @@ def _now(size: int | None) -> str:
     return "is missing" if size is None else f"holds {size:,} bytes"
 
 
-def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:
-    """Take the run's lock exclusively (waiting for older writers), then share it with shards."""
-    handle = open(run_path / ".lock", "ab")  # noqa: SIM115 - held for the life of the pass
+PASS_LOCK = ".pass.lock"
+"""A pass holds it exclusively for its life, beside its shared hold on `.lock`."""
+
+
+@dataclass
+class RunLock:
+    """A pass's hold on its run: `gate` (PASS_LOCK) exclusively, so that no other pass can
+    begin while it lives, and `held` (`.lock`) shared, as its shards hold it.
+
+    `held` alone would not do: a flock conversion is not atomic (Linux drops the old lock,
+    then takes the new one), so while `alone_in_run` converts it, a pass starting in that
+    moment could take `.lock` exclusively. The gate keeps it waiting all the same."""
+
+    gate: IO[bytes]
+    held: IO[bytes]
+
+    def close(self) -> None:
+        self.held.close()
+        self.gate.close()
+
+
+def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> RunLock:
+    """Take the run for a pass: its gate exclusively (waiting for another pass), then `.lock`
+    exclusively (waiting for older writers: the shards of a killed pass), then share that."""
     deadline = time.monotonic() + wait_s
-    told = False
+    gate = open(run_path / PASS_LOCK, "ab")  # noqa: SIM115 - held for the life of the pass
+    try:
+        told = _take(gate, run_path, deadline, told=False)
+        held = open(run_path / ".lock", "ab")  # noqa: SIM115 - held for the life of the pass
+        try:
+            _take(held, run_path, deadline, told=told)
+        except BaseException:
+            held.close()
+            raise
+    except BaseException:
+        gate.close()
+        raise
+    fcntl.flock(held, fcntl.LOCK_SH)
+    return RunLock(gate, held)
+
+
+def _take(handle: IO[bytes], run_path: Path, deadline: float, *, told: bool) -> bool:
+    """Lock `handle` exclusively, waiting until `deadline`; whether the wait has been said."""
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return told
         except BlockingIOError:
             if time.monotonic() > deadline:
-                handle.close()
                 raise SpecError(
                     f"run {run_path.name} is in use by another shardrun process (a run or "
                     "shards still finishing); wait for it to end, then try again"
@@ -171,20 +209,19 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> IO[bytes]:
                       file=sys.stderr)
                 told = True
             time.sleep(0.2)
-    fcntl.flock(handle, fcntl.LOCK_SH)
-    return handle
 
 
-def alone_in_run(handle: IO[bytes]) -> bool:
-    """Whether no other process holds the run's lock beside this pass's `handle` (its shards
-    have all exited); the hold is shared again either way. Linux may drop a shared lock while
-    converting it, so it is taken again rather than assumed kept."""
+def alone_in_run(lock: RunLock) -> bool:
+    """Whether no other process holds the run's lock beside this pass (its shards have all
+    exited); the hold is shared again either way. Linux drops a shared lock while converting
+    it, so it is taken again rather than assumed kept, and no other pass can take the run in
+    that moment: this one holds its gate (`RunLock`)."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock.held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         alone = True
     except BlockingIOError:
         alone = False
-    fcntl.flock(handle, fcntl.LOCK_SH)
+    fcntl.flock(lock.held, fcntl.LOCK_SH)
     return alone
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -99,7 +99,7 @@ class Pass:
     segment: int
     done: DigestSet
     info: dict[str, Any]
-    lock: IO[bytes]
+    lock: resume.RunLock
     prior_dead: int = 0
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded

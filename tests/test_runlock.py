@@ -1,0 +1,76 @@
+"""A pass's hold on its run (`resume.lock_run`): no other pass can take the run while it
+lives, even in the moment `alone_in_run` converts its shared hold on `.lock`, which Linux
+drops before it takes the new one. Real processes hold the locks."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
+from shardrun import resume
+
+TAKE = """
+import sys
+from pathlib import Path
+from shardrun.errors import SpecError
+from shardrun.resume import lock_run
+try:
+    lock_run(Path(sys.argv[1]), wait_s=0.5)
+except SpecError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(1)
+"""
+
+SHARE = """
+import sys
+from pathlib import Path
+from shardrun.resume import share_lock
+with share_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def another_pass(run: Path) -> subprocess.CompletedProcess[str]:
+    """A second pass's attempt to take the run, giving up after half a second."""
+    return subprocess.run([sys.executable, "-c", TAKE, str(run)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_no_other_pass_takes_the_run_while_a_pass_converts_its_hold(tmp_path: Path) -> None:
+    """The moment inside `alone_in_run`'s conversion, with `.lock` held by no process, made
+    to last: another pass still cannot take the run (the pass holds its gate); it can once
+    the pass has ended."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = resume.lock_run(run)
+    fcntl.flock(lock.held, fcntl.LOCK_UN)  # what the conversion does first
+    refused = another_pass(run)
+    assert refused.returncode == 1, refused.stderr
+    assert f"run {run.name} is in use by another shardrun process" in refused.stderr
+    lock.close()
+    assert another_pass(run).returncode == 0
+
+
+def test_a_pass_is_alone_in_its_run_once_its_shards_let_go(tmp_path: Path) -> None:
+    """A shard's shared hold (a real process) makes `alone_in_run` false, and the pass keeps
+    its hold either way: no other pass takes the run meanwhile; once the shard has exited the
+    pass is alone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = resume.lock_run(run)
+    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+        assert resume.alone_in_run(lock) is False
+        assert another_pass(run).returncode == 1
+    finally:
+        assert shard.stdin is not None
+        shard.stdin.close()
+        assert shard.wait(timeout=30) == 0
+    assert resume.alone_in_run(lock) is True
+    assert another_pass(run).returncode == 1  # the pass holds its run still
+    lock.close()
