@@ -225,19 +225,23 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a manifest.
 
     A write that fails (a full disk) leaves `path` as it was and no temporary file, and raises
-    an OSError that names `path` (a failed write names no file of its own).
+    an OSError that names the file that failed: the temporary one, where it could not be
+    made or written (a failed write names no file of its own), else `path`, which it could not
+    replace.
     """
     tmp = path.with_suffix(path.suffix + ".tmp")
+    failed = tmp
     try:
         with open(tmp, "wb") as f:
             f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
             f.flush()
             os.fsync(f.fileno())
+        failed = path
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise OSError(exc.errno, exc.strerror or str(exc), str(failed)) from exc
 
 
 def versions() -> dict[str, str]:

@@ -393,8 +393,9 @@ def _why(exc: BaseException) -> str:
 
 def _unclosed(exc: OSError, way_on: str) -> str:
     """The manifest could not be written at the end of a pass: one sentence."""
-    return (f"cannot write {exc.filename}: {(exc.strerror or str(exc)).lower()}, so it still "
-            f"says the run is running, though it has ended; {fix_for_write(exc)}, then {way_on}")
+    return (f"cannot write {exc.filename}: {(exc.strerror or str(exc)).lower()}, so the "
+            "manifest still says the run is running, though it has ended; "
+            f"{fix_for_write(exc)}, then {way_on}")
 
 
 def resume_command(job: LoadedJob, run_dir: RunDir) -> str:

@@ -1773,9 +1773,9 @@ def test_a_disk_too_full_for_the_manifest_still_ends_the_run(tmp_path: Path) -> 
     assert proc.returncode == 1, err
     assert "Traceback" not in err
     path = only_run(tmp_path / "runs")
-    manifest = Path("runs") / path.name / "manifest.json"
-    assert (f"error: cannot write {manifest}: file too large, so it still says the run is "
-            "running, though it has ended; free some space, then continue with --resume"
+    manifest = Path("runs") / path.name / "manifest.json.tmp"  # where the write failed
+    assert (f"error: cannot write {manifest}: file too large, so the manifest still says the "
+            "run is running, though it has ended; free some space, then continue with --resume"
             ) in err.splitlines(), err
     assert re.search(r"^  succeeded +[0-9,]+$", out, re.M), out
     assert not list(path.glob("*.tmp"))
@@ -2133,6 +2133,9 @@ def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Pat
     (path / "manifest.json.tmp").mkdir()
     stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
     assert stopped.returncode == 1 and stopped.stderr.startswith("error: "), stopped.stderr
+    # The file in the way is named, not the manifest it was to replace.
+    assert stopped.stderr.startswith(f"error: {path}/manifest.json.tmp: is a directory; "
+                                     "the run stopped there: "), stopped.stderr
     assert "Traceback" not in stopped.stderr
     (path / "manifest.json.tmp").rmdir()
     assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
