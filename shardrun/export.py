@@ -55,6 +55,7 @@ from shardrun.manifest import (
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file
+from shardrun.resume import unreached_set_aside
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -160,6 +161,9 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
                 for sub in ("results", "dead"):
                     for path in sorted((run_path / sub).glob("*.jsonl")):
                         index.add(path, failed=sub == "dead", summary=summary)
+                # A retry pass killed before it put back the dead letters it never reached
+                # left them only aside: failed still, not pending (no --resume runs them).
+                index.add_aside(unreached_set_aside(run_path))
                 if out is None:
                     _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary, columns)
                 else:
@@ -252,6 +256,20 @@ class _Index:
         self._db.execute("COMMIT")
         self.size += added
         summary.repeated += lines.count - added
+
+    def add_aside(self, lines: dict[str, tuple[Path, int]]) -> None:
+        """Dead letters set aside by a retry pass that no live line ended: id -> (file, offset)."""
+        numbers: dict[Path, int] = {}
+        for path, _ in lines.values():
+            if path not in numbers:
+                numbers[path] = len(self._files)
+                self._files.append((path, True))
+        rows = ((item_id, numbers[path], at) for item_id, (path, at) in lines.items())
+        self._db.execute("BEGIN")
+        before = self._db.total_changes
+        self._db.executemany("INSERT OR IGNORE INTO line VALUES (?, ?, ?)", rows)
+        self.size += self._db.total_changes - before
+        self._db.execute("COMMIT")
 
     def find(self, item_id: str) -> tuple[dict[str, Any], bool] | None:
         """The line that ended `item_id` and whether it is a dead letter, or None."""

@@ -46,16 +46,20 @@ def _last_newline_end(f: BinaryIO, size: int) -> int:
     return 0
 
 
-def line_ids(path: Path) -> Iterator[str]:
-    """The `id` of every line of a results or dead-letter file (after repair)."""
-    return (item_id for item_id, _ in line_records(path))
+def line_ids(path: Path, *, whole_only: bool = False) -> Iterator[str]:
+    """The `id` of every line of a results or dead-letter file (after repair; `whole_only`:
+    before it, leaving out a last line without its line break)."""
+    return (item_id for item_id, _ in line_records(path, whole_only=whole_only))
 
 
-def line_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(id, the line parsed) for every line of a results or dead-letter file (after repair)."""
+def line_records(path: Path, *, whole_only: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(id, the line parsed) for every line of a results or dead-letter file (after repair).
+
+    `whole_only`, for readers that do not repair (a running run's files, or a killed one's):
+    a last line without its line break is one being written or cut, not an ending yet."""
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
+            if not line.strip() or (whole_only and not line.endswith(b"\n")):
                 continue
             try:
                 record = orjson.loads(line)

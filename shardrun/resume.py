@@ -349,23 +349,7 @@ def restore_unretried(run_path: Path, segment: int) -> int:
     Its newest set-aside line comes back, in `dead/unretried-rK.jsonl`, written whole or not
     at all; the set-aside copies stay as history.
     """
-    dirs = [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
-    if not dirs:
-        return 0
-    newest_first = sorted(dirs, key=_pass_of, reverse=True)
-    aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
-    for folder in newest_first:
-        for path in sorted(folder.glob("*.jsonl")):
-            for item_id, offset in _ids_at(path):
-                aside.setdefault(item_id, (path, offset))
-    # An item set aside by pass K can only have finished since: files of earlier passes cannot
-    # hold it, and skipping them spares reading the first pass's results (millions, often).
-    since = min(_pass_of(folder) for folder in dirs)
-    for sub in ("results", "dead"):
-        for path in sorted((run_path / sub).glob("*.jsonl")):
-            if _pass_of(path) >= since:
-                for item_id in line_ids(path):
-                    aside.pop(item_id, None)
+    aside = unreached_set_aside(run_path)
     if not aside:
         return 0
     lines = []
@@ -382,6 +366,35 @@ def restore_unretried(run_path: Path, segment: int) -> int:
     os.replace(temporary, target)
     _fsync_dir(target.parent)
     return len(lines)
+
+
+def unreached_set_aside(run_path: Path) -> dict[str, tuple[Path, int]]:
+    """The items retry passes set aside that no live result or dead-letter line ended: id ->
+    (set-aside file, offset of its newest line there).
+
+    While a retry pass runs, the ones it has not reached yet; after a retry pass was killed,
+    the ones it never reached, until the next pass puts them back (`restore_unretried`).
+    Either way each is a dead letter still, not an item no pass has run: `report` and
+    `export` count them so.
+    """
+    dirs = [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
+    if not dirs:
+        return {}
+    newest_first = sorted(dirs, key=_pass_of, reverse=True)
+    aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
+    for folder in newest_first:
+        for path in sorted(folder.glob("*.jsonl")):
+            for item_id, offset in _ids_at(path):
+                aside.setdefault(item_id, (path, offset))
+    # An item set aside by pass K can only have finished since: files of earlier passes cannot
+    # hold it, and skipping them spares reading the first pass's results (millions, often).
+    since = min(_pass_of(folder) for folder in dirs)
+    for sub in ("results", "dead"):
+        for path in sorted((run_path / sub).glob("*.jsonl")):
+            if _pass_of(path) >= since:
+                for item_id in line_ids(path, whole_only=True):
+                    aside.pop(item_id, None)
+    return aside
 
 
 def _pass_of(path: Path) -> int:

@@ -28,7 +28,7 @@ import orjson
 import psutil
 import pytest
 
-from shardrun.resume import restore_unretried
+from shardrun.resume import restore_unretried, unreached_set_aside
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import (
@@ -1093,6 +1093,48 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
     assert not run.dead
 
 
+def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_and_export(
+        tmp_path: Path) -> None:
+    """kill -9 of a retry pass before it reached its dead letters: until the next pass puts
+    them back, `export` and `report` count them as the dead letters they are, not as items
+    no pass has run (export said "pending" and sent them to a --resume that runs nothing)."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, shutdown_grace_s=1)
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = sorted(d["id"] for d in Run.load(path).dead)
+    assert dead
+    # A server that answers nothing for a minute: the retry pass reaches no dead letter.
+    with sim(ttft_ms=60_000) as hung:
+        proc = _start(tmp_path, "retry-failed", str(path),
+                      env={"SHARDRUN_BASE_URL": hung.base_url})
+        try:
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while not any(b'"attempt_start"' in f.read_bytes()
+                          for f in path.glob("events/shard-*.r1.jsonl")):
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+                time.sleep(0.05)
+            children = psutil.Process(proc.pid).children(recursive=True)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=WAIT_GUARD_S)
+            psutil.wait_procs(children, timeout=WAIT_GUARD_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    # The pass's own dead-letter files are there, empty: nothing was put back.
+    assert not any(f.read_bytes() for f in path.glob("dead/*.jsonl"))
+    done = run_cli("export", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(r["id"] for r in rows if r["status"] == "failed") == dead
+    assert not [r for r in rows if r["status"] == "pending"], done.stderr
+    assert "--resume" not in done.stderr, done.stderr
+    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    by_item = orjson.loads(report.stdout)["items"]["by_item"]
+    assert (by_item["succeeded"], by_item["dead"]) == (len(ids) - len(dead), len(dead))
+
+
 def _next_step(done: subprocess.CompletedProcess[str]) -> list[str] | None:
     """The command a pass's summary gives as the one that finishes the run, if any."""
     lines = [line for line in done.stdout.splitlines() if line.startswith("  to finish the run")]
@@ -1143,6 +1185,19 @@ def test_restoring_unretried_items_reads_only_the_passes_since_they_were_set_asi
     (tmp_path / "dead" / "shard-01.r2.jsonl").write_bytes(aside[2])
     assert restore_unretried(tmp_path, 2) == 1
     assert (tmp_path / "dead" / "unretried-r2.jsonl").read_bytes() == aside[0]
+
+
+def test_a_retry_pass_still_writing_leaves_its_unreached_dead_letters_readable(
+        tmp_path: Path) -> None:
+    """`report` and `export` read a retry pass's files while it writes them (or after a kill,
+    before any repair): a result line without its line break yet is no ending, and no error."""
+    for name in ("results", "dead/superseded-r1"):
+        (tmp_path / name).mkdir(parents=True)
+    aside = [orjson.dumps({"id": i, "error": "max_attempts: HTTP 500"}) + b"\n" for i in "abc"]
+    (tmp_path / "dead" / "superseded-r1" / "shard-00.jsonl").write_bytes(b"".join(aside))
+    whole, cut = (orjson.dumps({"id": i, "output": "x"}) + b"\n" for i in "ab")
+    (tmp_path / "results" / "shard-00.r1.jsonl").write_bytes(whole + cut[:9])
+    assert sorted(unreached_set_aside(tmp_path)) == ["b", "c"]
 
 
 def resume_on_a_live_server(tmp_path: Path, path: Path, ids: list[str]) -> None:

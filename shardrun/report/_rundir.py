@@ -30,6 +30,7 @@ from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
 from shardrun.manifest import input_read_whole, newest_summary, read_manifest
 from shardrun.report._scan import FileScan, scan_file
+from shardrun.resume import unreached_set_aside
 from shardrun.summary import work_left
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -105,13 +106,15 @@ def event_files(run_dir: Path) -> list[Path]:
 
 
 def standing_dead_letters(run_dir: Path) -> int | None:
-    """The dead letters that still stand (the lines of `dead/*.jsonl`), or None while no retry
+    """The dead letters that still stand (the lines of `dead/*.jsonl`, and those a retry pass
+    set aside but has not reached, or was killed before it reached), or None while no retry
     pass has set any aside: until then every dead span is a dead item and the log's figures
     say it all. After one, a dead span may be an item that a later pass finished."""
     dead = run_dir / "dead"
     if not any(d.is_dir() for d in dead.glob("superseded-r*")):
         return None
-    return sum(_line_count(path) for path in dead.glob("*.jsonl"))
+    unreached = len(unreached_set_aside(run_dir))
+    return sum(_line_count(path) for path in dead.glob("*.jsonl")) + unreached
 
 
 def _line_count(path: Path) -> int:
