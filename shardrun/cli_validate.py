@@ -95,6 +95,9 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
                  f"{check.first_rejects[0].reason}" if check.first_rejects else "")
         raise InputError(f"no line of {job.input_path} is an item: all {check.rejects:,} were "
                          f"rejected{first}; check the input section of the job file")
+    if not check.items:  # as the run's summary asks: an empty file is rarely the one meant
+        raise InputError(f"{job.input_path} holds no records, so a run of it would send "
+                         "nothing; check input.path in the job file")
     result = run_ping(job, os.environ, check.first_item) if args.ping else None
     failed = (result is not None and not result.ok) or (args.strict and check.rejects > 0)
     try:

@@ -182,6 +182,12 @@ def test_an_input_of_which_no_line_is_an_item_is_an_error(
     assert capsys.readouterr().err == (
         f"error: no line of {tmp_path / 'input.jsonl'} is an item: all 2 were rejected; check "
         "the input section of the job file\n")
+    # No line at all, or blank lines only: no line is an item either, not a valid job.
+    for lines in ([], [b"", b"  "]):
+        assert validate(str(make_job(tmp_path, lines)))[0] == 2
+        assert capsys.readouterr().err == (
+            f"error: {tmp_path / 'input.jsonl'} holds no records, so a run of it would send "
+            "nothing; check input.path in the job file\n")
     mixed = make_job(tmp_path, [*GOOD, b'{"id": "z", "text": "t"}'])
     code, text = validate(str(mixed))
     assert code == 0 and "line 3: prompt field 'prompt' is missing\n" in text  # nothing close
