@@ -13,8 +13,9 @@ A failed request is not an exception: it is an attempt event with its status.
 import errno
 
 CONTINUE = "continue with --resume"
-"""A pass's way on, how its stop's sentence ends, when `--resume` finishes what it leaves; a
-retry pass can have another (`continue_with`, chosen once per pass by `runner.way_on`)."""
+"""The way on where no pass has chosen one (a shard's configuration made by hand, in tests): a
+run's pass names its command in full (`continue_with`, chosen once per pass by
+`runner.choose_way_on`)."""
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write failed for want of space: a full disk, a quota, a file size limit."""

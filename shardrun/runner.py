@@ -106,6 +106,7 @@ class Pass:
     read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
     recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
     way_on: str = CONTINUE  # how this pass's stops end their sentence (`choose_way_on`)
+    way_on_retrying: str = CONTINUE  # the same for a stop that also dead-lettered items
     retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
 
 
@@ -143,7 +144,7 @@ def run(
         return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy, gone), argv,
                          options)
     except OSError as exc:  # a file of the pass (the simulator's start...): one sentence
-        said = _said(exc, this.way_on)
+        said = _said(exc, this.way_on if _leaves_a_run(this) else "run the same command again")
         if said is exc:
             raise
         raise said from None
@@ -153,7 +154,7 @@ def run(
         if this.segment > 0 and not this.recorded:
             _undo_unrecorded(this)  # under the lock still: no other pass may be preparing
         this.lock.close()
-        if this.segment == 0 and not (this.run_dir.path / "manifest.json").exists():
+        if not _leaves_a_run(this):
             # Stopped before the run began (an early Ctrl-C, a simulator that would not start):
             # there is nothing to keep, and a directory without a manifest is no run to
             # resume or report on, yet would refuse its --run-id.
@@ -171,6 +172,12 @@ def _undo_unrecorded(this: Pass) -> None:
         print(f"warning: cannot put back the dead letters this pass set aside in "
               f"{exc.filename or this.run_dir.path / 'dead'} ({exc.strerror or exc}); the next "
               "pass of the run puts them back", file=sys.stderr)
+
+
+def _leaves_a_run(this: Pass) -> bool:
+    """Whether a stop of this pass leaves a run to continue: a first pass stopped before its
+    manifest exists leaves none (`run` removes its directory)."""
+    return this.segment > 0 or (this.run_dir.path / "manifest.json").exists()
 
 
 def _put_back_unreached(this: Pass) -> None:
@@ -213,7 +220,9 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             if source == "default" or not str(exc).startswith("cannot create"):
                 raise
             raise SpecError(f"{exc} (runs_dir from {source})") from None
-        return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path))
+        way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
+        return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path),
+                    way_on=way_on, way_on_retrying=retrying)
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)
@@ -236,6 +245,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                              f"({resume_command(job, run_dir)} runs the items no pass has run, "
                              "if any)")
     read_before = input_read_whole(manifest)
+    way_on, retrying = choose_way_on(job, run_dir, options, read_before)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "only_failed": only_failed,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
@@ -244,14 +254,17 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # Lines an earlier pass read were judged then: their rejects are on record already.
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
                 prior.retried_ids if only_failed else None, _lines_read_before(manifest),
-                read_before, way_on=choose_way_on(job, run_dir, options, read_before),
+                read_before, way_on=way_on, way_on_retrying=retrying,
                 retried=prior.retried_ids if options.retry_failed else None)
 
 
 def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
-                  read_before: bool) -> str:
+                  read_before: bool) -> tuple[str, str]:
     """What continues the run once this pass stops, chosen once, before it starts: every
-    sentence of a stop (a shard's, the coordinator's, a write that failed) ends with it.
+    sentence of a stop (a shard's, the coordinator's, a write that failed) ends with it. It is
+    a command in full (the run's id, its runs directory, the pass's flags), since an error
+    ends the command with no summary after it to say more. The second is the way on of a stop
+    that also dead-lettered items, which `--resume` would leave failed.
 
     A retry pass puts the dead letters it did not reach back in dead/, where `--resume` does
     not look (they are finished items to it): its way on is the retry's command, if that is
@@ -260,8 +273,12 @@ def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
     "to finish the run" and `report` say (`summary.work_left`), and they name the retry for
     the dead letters it did not reach."""
     if options.retry_failed and (options.only_failed or read_before):
-        return continue_with(retry_command(job, run_dir))
-    return CONTINUE
+        retry = continue_with(retry_command(job, run_dir))
+        return retry, retry  # the retry's own command retries them anyway
+    retrying = resume_command(job, run_dir, retry_failed=True)
+    return (continue_with(resume_command(job, run_dir)),
+            f"{continue_with(retrying)} (which also gives the items dead-lettered so far "
+            "another pass)")
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:
@@ -398,12 +415,14 @@ def _unclosed(exc: OSError, way_on: str) -> str:
             f"{fix_for_write(exc)}, then {way_on}")
 
 
-def resume_command(job: LoadedJob, run_dir: RunDir) -> str:
+def resume_command(job: LoadedJob, run_dir: RunDir, *, retry_failed: bool = False) -> str:
     """The command that continues this run: the job file as the user named it, the runs
     directory unless the job file (or the default) gives it anyway, and the flags that set
     this pass's shards, concurrency and rate limits (pasted without them, a rate limit given
-    as a flag would be dropped)."""
+    as a flag would be dropped); with `--retry-failed` if asked."""
     words = ["shardrun", job.origin or str(job.job_path), "--resume", run_dir.run_id]
+    if retry_failed:
+        words.append("--retry-failed")
     if job.sources["runs_dir"] not in ("job file", "default"):
         words += ["--runs-dir", str(run_dir.path.parent)]
     return shlex.join([*words, *carried_flags(job)])
@@ -465,6 +484,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         segment=this.segment,
         answered_before=len(this.done) > this.prior_dead,  # an earlier pass has results
         way_on=this.way_on,
+        way_on_retrying=this.way_on_retrying,
     )
 
 

@@ -33,7 +33,6 @@ from shardrun.client import (
     request_headers,
 )
 from shardrun.clock import Clock
-from shardrun.errors import CONTINUE
 from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
 from shardrun.outage import (
@@ -782,15 +781,7 @@ class Shard:
                            f"same answer before any succeeded ({error or 'no message'}): the "
                            "job's params, endpoint.base_url, endpoint.model or endpoint.api do "
                            "not suit this server; fix the job file, then "
-                           f"{self._way_on_with_retries()}", ABANDON)
-
-    def _way_on_with_retries(self) -> str:
-        """The way on, for a stop that also dead-lettered items: `--resume` would leave them
-        failed, so it gains --retry-failed; a retry pass's own command retries them anyway."""
-        if self.cfg.way_on != CONTINUE:
-            return self.cfg.way_on
-        return (f"{CONTINUE} --retry-failed (which also gives the items dead-lettered so far "
-                "another pass)")
+                           f"{self.cfg.way_on_retrying}", ABANDON)
 
     def _unexpected(self, span: Span, exc: Exception) -> None:
         """An exception escaped a span: the traceback goes to the shard's log (its stderr), the

@@ -53,8 +53,10 @@ class ShardConfig:
     # The endpoint answered this run before (an earlier pass, or another shard of this one): a
     # shard that cannot reach it waits for it (an outage), rather than judging it unreachable.
     answered_before: bool = False
-    # How the sentence of a stop ends: what continues the run after this pass (`runner.way_on`).
+    # How the sentence of a stop ends: what continues the run after this pass, and what does
+    # when the stop also dead-lettered items (`runner.choose_way_on`).
     way_on: str = CONTINUE
+    way_on_retrying: str = f"{CONTINUE} --retry-failed"
 
     @property
     def file_name(self) -> str:

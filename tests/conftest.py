@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -103,6 +105,25 @@ def free_port() -> int:
 def only_run(runs_dir: Path) -> Path:
     (run,) = [p for p in runs_dir.iterdir() if p.is_dir()]
     return run
+
+
+_RESUME_WAY_ON = re.compile(r"continue with `(shardrun \S+ --resume [^`]*)`")
+
+
+def error_lines(stderr: str, cwd: Path) -> list[str]:
+    """The `error:` lines of a command run in `cwd`, each "continue with `shardrun JOB --resume
+    RUN ...`" in them checked to name a run that exists there (in the `--runs-dir` it gives, or
+    `runs`) and written as "continue with --resume" (plus " --retry-failed" if it has that
+    flag), so that a test can spell the sentence without the run's id."""
+
+    def plain(match: re.Match[str]) -> str:
+        words = shlex.split(match.group(1))
+        runs = words[words.index("--runs-dir") + 1] if "--runs-dir" in words else "runs"
+        assert (cwd / runs / words[3] / "manifest.json").is_file(), words
+        return "continue with --resume" + (" --retry-failed" if "--retry-failed" in words else "")
+
+    return [_RESUME_WAY_ON.sub(plain, line) for line in stderr.splitlines()
+            if line.startswith("error:")]
 
 
 @dataclass

@@ -22,6 +22,7 @@ from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig
 from tests.conftest import (
     FAST_SIM,
     Run,
+    error_lines,
     only_run,
     page_server,
     run_cli,
@@ -82,7 +83,7 @@ def test_a_refused_stream_options_stops_the_run_and_resume_without_it_finishes(
     job = write_job(tmp_path / "job.yaml", endpoint=endpoint(reject_stream_options=True))
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 1
-    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [REFUSAL]
+    assert error_lines(proc.stderr, tmp_path) == [REFUSAL]
     assert "Traceback" not in proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and not run.dead
@@ -116,10 +117,11 @@ def test_validate_ping_says_what_to_set_when_stream_options_is_refused(tmp_path:
     assert "hint:" not in proc.stdout
 
 
-def assert_refused_alike(proc: subprocess.CompletedProcess[str], answer: str) -> None:
-    """The run failed with the one sentence of a server that gave every request `answer`."""
+def assert_refused_alike(proc: subprocess.CompletedProcess[str], answer: str, cwd: Path) -> None:
+    """The run in `cwd` failed with the one sentence of a server that gave every request
+    `answer`."""
     assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, cwd)
     assert errors == [
         f"error: the endpoint refused {REFUSED_ALIKE_AFTER} requests in a row with the same "
         f"answer before any succeeded ({answer}): the job's params, endpoint.base_url, "
@@ -135,7 +137,8 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
     ids = write_input(tmp_path / "input.jsonl", 500)
     job = write_job(tmp_path / "job.yaml", params={"max_tokens": 0})
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert_refused_alike(proc, "HTTP 400: 'max_tokens' must be an integer >= 1, not 0.")
+    assert_refused_alike(proc, "HTTP 400: 'max_tokens' must be an integer >= 1, not 0.",
+                         tmp_path)
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and run.dead
     sent = [e for e in run.events if e["ev"] == "attempt_end"]
@@ -161,7 +164,7 @@ def test_a_web_page_instead_of_an_endpoint_stops_the_run(tmp_path: Path) -> None
                                                    "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert_refused_alike(proc, "stream ended before [DONE] after 0 tokens (content-type "
-                               "text/html; charset=utf-8)")  # fmt: skip
+                               "text/html; charset=utf-8)", tmp_path)  # fmt: skip
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and len(run.dead) < len(ids) / 4
     assert 0 < server.served < len(ids) / 4

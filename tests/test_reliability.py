@@ -34,6 +34,7 @@ from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import (
     FAST_SIM,
     Run,
+    error_lines,
     free_port,
     only_run,
     read_jsonl,
@@ -174,7 +175,7 @@ def test_an_endpoint_failing_everything_is_probed_one_request_at_a_time(tmp_path
         job_for(tmp_path, server.base_url, retry=retry, concurrency=16)
         proc = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "2", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, tmp_path)
     assert len(errors) == 1 and re.fullmatch(
         r"error: the endpoint failed every request for \d+ s \(HTTP 503: The engine is "
         r"currently overloaded \(simulated\)\.\) and none of this run has succeeded: check "
@@ -224,7 +225,7 @@ def test_a_storm_longer_than_outage_s_stops_the_run_for_resume(tmp_path: Path) -
         job_for(tmp_path, server.base_url, concurrency=8, retry={"outage_s": 2})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, tmp_path)
     assert len(errors) == 1 and re.fullmatch(
         r"error: the endpoint failed every request for \d+ s \(HTTP 500: The server had an "
         r"error while processing your request \(simulated\)\.\), longer than "
@@ -1407,7 +1408,7 @@ def test_a_run_directory_it_cannot_write_is_one_sentence(tmp_path: Path) -> None
     assert (proc.returncode, proc.stderr) == (
         1, f"error: runs/{path.name}/logs/shard-00.r1.log: not a directory; the run stopped "
            "there: make that path usable (a read-only or damaged run directory?), then continue "
-           "with --resume\n")  # fmt: skip
+           f"with `shardrun job.yaml --resume {path.name} --runs-dir runs`\n")  # fmt: skip
 
 
 def test_retry_failed_of_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
@@ -1602,7 +1603,7 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
         proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--progress-interval", "0.5")
         out, err = _end_after(proc, tmp_path / "runs", lambda: server.stop(timeout=0.1))
     assert proc.returncode == 1, out + err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    errors = error_lines(err, tmp_path)
     assert len(errors) == 1 and re.fullmatch(
         r"error: the endpoint failed every request for \d+ s \(.+\), longer than "
         r"retry\.outage_s; continue with --resume once it answers again", errors[0]), err
@@ -1631,7 +1632,7 @@ def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) 
 
     out, err = _end_after(proc, tmp_path / "runs", kill_the_simulator)
     assert proc.returncode == 1, out + err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    errors = error_lines(err, tmp_path)
     assert errors == ["error: the simulator this run started for sim:// ended mid-run (killed "
                       "by signal SIGKILL), so nothing can answer the items left; they are "
                       "unfinished, not failed: continue with --resume, which starts a new "
@@ -1690,7 +1691,7 @@ def test_an_unexpected_exception_in_a_shard_stops_the_run_with_one_sentence(
                           capture_output=True, text=True, timeout=STALL_GUARD_S,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, tmp_path)
     assert len(errors) == 1 and re.fullmatch(
         r"error: shard \d stopped on an unexpected RuntimeError: planted for the test \(the "
         r"traceback is in its log\); continue with --resume", errors[0]), proc.stderr
@@ -1739,7 +1740,7 @@ def test_a_used_up_quota_stops_the_run_and_resume_finishes_it(tmp_path: Path) ->
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
         stats = sim_stats(server)
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, tmp_path)
     assert errors == ["error: the endpoint says the account's quota is used up (HTTP 429: You "
                       "exceeded your current quota, please check your plan and billing details "
                       "(simulated).): add credit or raise the account's limit, then continue "
@@ -1761,7 +1762,7 @@ def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) ->
         write_job(tmp_path / "job.yaml", endpoint={"base_url": wrong, "api": "chat", "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
         assert proc.returncode == 1
-        error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        error = error_lines(proc.stderr, tmp_path)
         assert error == [f"error: POST {wrong}/chat/completions answered HTTP 404: 404: Not "
                          "Found before any request succeeded: check endpoint.base_url "
                          "(OpenAI-compatible servers serve under /v1), endpoint.api and "
@@ -1816,6 +1817,27 @@ def _leave_no_room_for_the_final_manifest() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (5_500, 5_500))
 
 
+def _leave_no_room_for_any_manifest() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000, 1_000))  # below the manifest's 4.5 KB
+
+
+def test_a_first_pass_that_cannot_write_its_manifest_asks_for_the_same_command(
+        tmp_path: Path) -> None:
+    """A disk with no room for a new run's first manifest: no run is left to resume (its
+    directory is removed), so the sentence asks for the same command again, not a --resume
+    of a run that is gone."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs",
+                  preexec=_leave_no_room_for_any_manifest)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 1, err
+    assert not [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    (error,) = error_lines(err, tmp_path)
+    assert re.fullmatch(r"error: runs/[^/]+/manifest\.json\.tmp: file too large; the run stopped "
+                        r"there: free some space, then run the same command again", error), err
+
+
 def test_a_disk_too_full_for_the_manifest_still_ends_the_run(tmp_path: Path) -> None:
     """The disk fills up mid-run and has no room for the manifest at the end either: the run
     still prints its summary, names the file it could not write, leaves no temporary file, and
@@ -1830,8 +1852,8 @@ def test_a_disk_too_full_for_the_manifest_still_ends_the_run(tmp_path: Path) -> 
     path = only_run(tmp_path / "runs")
     manifest = Path("runs") / path.name / "manifest.json.tmp"  # where the write failed
     assert (f"error: cannot write {manifest}: file too large, so the manifest still says the "
-            "run is running, though it has ended; free some space, then continue with --resume"
-            ) in err.splitlines(), err
+            "run is running, though it has ended; free some space, then continue with "
+            f"`shardrun job.yaml --resume {path.name} --runs-dir runs`") in err.splitlines(), err
     assert re.search(r"^  succeeded +[0-9,]+$", out, re.M), out
     assert not list(path.glob("*.tmp"))
     assert orjson.loads((path / "manifest.json").read_bytes())["status"] == "running"
@@ -2103,7 +2125,7 @@ def test_a_resume_and_retry_stopped_with_input_unread_names_resume(tmp_path: Pat
                           "--retry-failed", cwd=tmp_path,
                           env={"SHARDRUN_BASE_URL": failing.base_url, "SHARDRUN_OUTAGE_S": "2",
                                "SHARDRUN_MAX_ATTEMPTS": "5"})  # fmt: skip
-    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(stopped.stderr, tmp_path)
     assert stopped.returncode == 1 and len(errors) == 1, stopped.stderr
     assert errors[0].endswith("retry.outage_s; continue with --resume once it answers again")
     resume = f"shardrun job.yaml --resume {path.name} --runs-dir runs"
@@ -2177,6 +2199,31 @@ def test_a_retry_pass_whose_shards_all_die_leaves_its_dead_letters_standing(
     assert sorted(lines) == sorted(b"".join(dead.values()).splitlines())
     assert _export_counts(tmp_path, path) == {"ok": 40 - len(run.dead), "failed": len(run.dead)}
     assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
+
+
+def test_a_pass_whose_shards_keep_dying_names_the_command_that_continues_it(
+        tmp_path: Path) -> None:
+    """Three shard deaths end a pass with an error: it names the resume as a command (the run
+    id, the runs directory and the flags), not a bare "--resume", and that command, as printed,
+    finishes the run."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    write_job(tmp_path / "job.yaml")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SHARD_DIES_AT_START)
+    died = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "1", cwd=tmp_path,
+                   env={"SHARDRUN_SHARD_START": "spawn", "PYTHONPATH": str(site)})
+    assert died.returncode == 1 and "3 shards died" in died.stderr, died.stderr
+    path = only_run(tmp_path / "runs")
+    said = re.search(r"continue with `([^`]*)`\n$", died.stderr)
+    assert said, died.stderr
+    command = shlex.split(said.group(1))
+    assert command == ["shardrun", "job.yaml", "--resume", path.name, "--runs-dir", "runs",
+                       "--shards", "1"]
+    assert Run.load(path).manifest["error"].endswith(f"continue with `{said.group(1)}`")
+    resumed = run_cli(*command[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
 
 
 def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Path) -> None:
