@@ -86,6 +86,7 @@ class Shard:
         self.endpoint_back = asyncio.Event()
         self.endpoint_back.set()
         self.prober: Span | None = None  # the one span trying the endpoint while it is down
+        self.outage_cause = ""  # the latest failure of an outage, for the stop's sentence
         # When the latest attempt the endpoint answered (`outage.says_endpoint_up`) started.
         self.answered_start = -math.inf
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
@@ -337,7 +338,7 @@ class Shard:
                 return
             self._note_failure(outcome, client.url)
             if self._endpoint_down(span, outcome):
-                if await self._wait_out_outage(client, span, attempt, outcome):
+                if await self._wait_out_outage(client, span, attempt):
                     continue
                 return
             storm = False
@@ -418,6 +419,7 @@ class Shard:
         down = self.outage.down and self.ever_connected
         if down:
             self.endpoint_back.clear()
+            self.outage_cause = outcome.error or outcome.status
         return down
 
     def _probe_answered(self, span: Span, _first_token_at: float) -> None:
@@ -525,13 +527,20 @@ class Shard:
                 "the job's params against the server (its log says why it fails), then "
                 f"{self.cfg.way_on}")
 
-    def _storm_limit(self, now: float) -> None:
-        """Stop the run once a storm has lasted its limit (`_storm_too_long`), whatever its
-        spans are doing: they checked it only between their waits, and the probe's wait can
-        be a server's Retry-After (20 s of a storm against retry.outage_s 3)."""
-        if not self.storm.on or self.fatal_reason is not None or self.stopping:
+    def _failing_limit(self, now: float) -> None:
+        """Stop the run once an outage or a storm has lasted its limit, whatever its spans are
+        doing (the ticker calls this once a second): they checked it only between their waits,
+        and a storm's probe may nap a server's Retry-After (20 s of a storm against
+        retry.outage_s 3), an outage's probe up to PROBE_MAX_S (4 s past an outage_s of 1)."""
+        if self.fatal_reason is not None or self.stopping:
             return  # a stop is under way: no second reason to stop
-        if (reason := self._storm_too_long(now)) is not None:
+        reason = None
+        if not self.endpoint_back.is_set() and self.outage.too_long(now):
+            reason = _failed_too_long(self.outage.lasted(now), self.outage_cause,
+                                      self.cfg.way_on)
+        elif self.storm.on:
+            reason = self._storm_too_long(now)
+        if reason is not None:
             self._go_fatal(reason, ABANDON)
 
     async def _ride_out_storm(self, span: Span) -> None:
@@ -570,8 +579,7 @@ class Shard:
         self.prober = None
         self.endpoint_back.set()
 
-    async def _wait_out_outage(self, client: StreamingClient, span: Span, attempt: int,
-                               outcome: AttemptOutcome) -> bool:
+    async def _wait_out_outage(self, client: StreamingClient, span: Span, attempt: int) -> bool:
         """Wait to try again while the endpoint is down, spending neither the item's attempts
         nor the retry budget; False once the span has ended (a stop, or an outage too long).
 
@@ -579,11 +587,8 @@ class Shard:
         the others wait for its answer, so a shard sends about one request per interval however
         many slots it has, and none while the endpoint is away. Before each wait the probe asks
         the server for its model list (`StreamingClient.answers`): an answer ends the outage at
-        once, and then the probe's own item is what fails so (its next failure is charged)."""
-        now = self.clock.now()
-        if self.fatal_reason is None and self.outage.too_long(now):
-            self._go_fatal(_failed_too_long(self.outage.lasted(now), outcome.error
-                                            or outcome.status, self.cfg.way_on), ABANDON)
+        once, and then the probe's own item is what fails so (its next failure is charged).
+        How long the outage lasts is the ticker's to judge (`_failing_limit`)."""
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
@@ -902,7 +907,7 @@ class Shard:
                 now = self.clock.now()
                 self.log.emit(events.LOOP_LAG, t=now, lag=max(0.0, now_loop - expected))
                 self.log.checkpoint(now)
-                self._storm_limit(now)
+                self._failing_limit(now)
             sync = now_loop >= next_sync
             if sync:
                 next_sync = now_loop + self.cfg.fsync_interval_s

@@ -224,6 +224,33 @@ def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
     assert again == [False, *[True] * 7]
 
 
+def test_the_once_a_second_check_stops_an_outage_at_outage_s_but_not_during_a_stop(
+        tmp_path: Path) -> None:
+    """The shard's ticker stops an outage at retry.outage_s, whatever its probe is doing (it
+    naps up to PROBE_MAX_S between tries), naming the outage's latest failure; nothing is
+    decided during a stop."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True,
+                      retry={"outage_s": 2.0})  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    assert shard._endpoint_down(Span("s", {"id": "s"}, clock.t), _refused(clock.t))
+    clock.t += 1.9
+    shard._failing_limit(clock.now())
+    assert shard.fatal_reason is None
+    clock.t += 0.1
+    shard.stopping = True
+    shard._failing_limit(clock.now())
+    assert shard.fatal_reason is None  # a stop under way: no second reason
+    shard.stopping = False
+    shard._failing_limit(clock.now())
+    assert shard.fatal_reason == ("the endpoint failed every request for 2 s (connection "
+                                  "refused), longer than retry.outage_s; continue with "
+                                  "--resume once it answers again")
+    assert shard.fatal_mode == "abandon"
+    shard.close()
+
+
 def test_a_storm_before_any_success_of_the_run_stops_after_a_minute_not_after_outage_s(
         tmp_path: Path) -> None:
     """A shard in a storm with no success of its own stops after a minute with the sentence
@@ -271,10 +298,10 @@ def test_before_any_success_a_storm_whose_server_asked_to_wait_stops_after_its_n
     assert shard._storm_too_long(clock.now()) is None
     shard.stopping = True
     clock.t += 2
-    shard._storm_limit(clock.now())
+    shard._failing_limit(clock.now())
     assert shard.fatal_reason is None  # a stop under way: no second reason
     shard.stopping = False
-    shard._storm_limit(clock.now())
+    shard._failing_limit(clock.now())
     assert shard.fatal_reason is not None and "none of this run has succeeded" in \
         shard.fatal_reason
     shard.close()

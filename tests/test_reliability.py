@@ -1615,6 +1615,35 @@ def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> 
     resume_on_a_live_server(tmp_path, path, ids)
 
 
+def test_an_outage_stops_the_run_within_a_tick_of_outage_s(tmp_path: Path) -> None:
+    """The server goes away for good, with retry.outage_s 1 and a backoff so long that the
+    probe tries every PROBE_MAX_S (5 s): the shard's once-a-second check stops the run about
+    a second past outage_s, not at the probe's next try, as when only the probe checked (the
+    sentence said 5 s). Read off the run's own record: the sentence's length of the outage,
+    and in the shard that stopped first, its first item released with the stop's reason
+    against its first request refused."""
+    write_input(tmp_path / "input.jsonl", 600)
+    retry = {"outage_s": 1, "backoff_s": 1000, "backoff_max_s": 1000}
+    with sim(ttft_ms=40) as server:
+        write_job(tmp_path / "job.yaml", shards=2, concurrency=4, retry=retry,
+                  endpoint={"base_url": server.base_url, "api": "chat", "model": "m"})
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+        out, err = _end_after(proc, tmp_path / "runs", lambda: server.stop(timeout=0.1))
+    assert proc.returncode == 1, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    said = re.fullmatch(r"error: (the endpoint failed every request for (\d+) s \(.+\), longer "
+                        r"than retry\.outage_s; continue with --resume once it answers again)",
+                        errors[0]) if len(errors) == 1 else None
+    assert said and int(said[2]) <= 2, err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.dead
+    stop, shard = min((e["t"], e["shard"]) for e in run.events
+                      if e["ev"] == "released" and e["reason"] == said[1])
+    refused = min(e["t"] for e in run.events if e["shard"] == shard and e["ev"] == "attempt_end"
+                  and e["status"] == "conn_reset" and not e["tokens"])
+    assert stop - refused < 1 + 1.5, (refused, stop)
+
+
 def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) -> None:
     """kill -9 of the simulator a sim:// run started: no one can bring it back, so the run
     stops with one sentence that says so, instead of waiting out retry.outage_s (60 s here;
