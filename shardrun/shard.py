@@ -407,12 +407,16 @@ class Shard:
         last = span.down_failure_at
         own = last is not None and self.outage.since is None and self.answered_start > last
         self.outage.failed(now)  # the item's own failure too: others failing after it are held
-        if own:
+        if own and span.held_again:
             # The endpoint answered a request sent after this item last failed so, and no
             # request has failed so since: it is serving, and this item is what it cannot
             # answer (its attempts are spent, not held forever). Answers to requests sent
             # before then say nothing: a server shutting down finishes those it has.
             return False
+        # The first time, the endpoint may as well be down again: a restart following one,
+        # which the items held in the first meet alone when they go again at its end (the
+        # first of them was charged). Held once like the others; the next time it is its own.
+        span.held_again |= own
         span.down_failure_at = now
         # Before the endpoint ever answered this run, `_note_failure` judges it unreachable
         # (every item failed with the cause, promptly); after, it is waited for.

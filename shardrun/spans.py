@@ -37,6 +37,9 @@ class Span:
     cut_once: bool = False  # a stream of it was cut mid-answer (the next cut is its own)
     # When its latest attempt failed saying the endpoint was down (None after any other end).
     down_failure_at: float | None = None
+    # It failed so once after the endpoint answered a later request, and was held all the same
+    # (`Shard._endpoint_down`): the next such failure is its own.
+    held_again: bool = False
     # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
     retry_line: dict[str, Any] | None = None
 

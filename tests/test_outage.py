@@ -199,18 +199,21 @@ def test_an_item_held_in_one_outage_is_held_again_in_the_next(tmp_path: Path) ->
     clock.t += 1
     assert shard._endpoint_down(again, _refused(clock.t))
     # Once the endpoint answers a request sent after an item's refusal, a refusal of that item
-    # again is the item's: its attempts are spent.
-    clock.t += 1
-    _answered(shard, clock, "later")
-    clock.t += 1
-    assert not shard._endpoint_down(again, _refused(clock.t))
+    # again may be the item's: held once (the endpoint may be down again), then its attempts
+    # are spent.
+    for charged in (False, True):
+        clock.t += 1
+        _answered(shard, clock, "later")
+        clock.t += 1
+        assert shard._endpoint_down(again, _refused(clock.t)) is not charged
 
 
 def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
         tmp_path: Path) -> None:
     """Items held in one outage are the only requests when the next one begins (they went
-    again at the probe's answer): the first refusal may be its item's own trouble, but it
-    counts toward an outage, and the others are held, not charged one by one."""
+    again at the probe's answer): the first refusal may be its item's own trouble or the
+    endpoint down again, and is held once like the others (before, it was charged). An item
+    refused so a second time after an answer is what the endpoint cannot answer: charged."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", answered_before=True)  # fmt: skip
@@ -220,8 +223,12 @@ def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
     clock.t += 2
     _answered(shard, clock, "probe")
     clock.t += 1
+    assert [shard._endpoint_down(span, _refused(clock.t)) for span in held] == [True] * 8
+    clock.t += 2
+    _answered(shard, clock, "probe")
+    clock.t += 1
     again = [shard._endpoint_down(span, _refused(clock.t)) for span in held]
-    assert again == [False, *[True] * 7]
+    assert again == [False, *[True] * 7]  # the first has had its hold: its own now
 
 
 def test_the_once_a_second_check_stops_an_outage_at_outage_s_but_not_during_a_stop(

@@ -1491,6 +1491,47 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
     assert "endpoint_down" not in findings.get("retries", {}).get("causes", {})
 
 
+def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
+    """The server is killed with four requests out before their first token (answers take 2 s
+    to start), comes back, and is killed again while those four, held and sent again at its
+    answer, are out before theirs: they alone meet the second outage. With one attempt per
+    item and no retry budget, a refusal charged is a dead letter: the first of the second
+    outage was (it looked like its item's own trouble, the endpoint having answered since
+    the item last failed so); now it is held like the others, and every item is answered."""
+    ids = write_input(tmp_path / "input.jsonl", 12)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000})
+    servers = [start_sim(config, port=port)]
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=4,
+              retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
+              endpoint={"base_url": servers[0].base_url, "api": "chat", "model": "m"})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    try:
+        _wait_for_results(tmp_path / "runs", 4)  # the next four are out, not yet answering
+        for _ in range(2):
+            os.kill(servers[-1].pid, signal.SIGKILL)
+            time.sleep(0.5)
+            servers.append(start_sim(config, port=port))
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while sim_stats(servers[-1])["in_flight"] < 4:  # the held four went again
+                assert proc.poll() is None and time.monotonic() < deadline, "never sent"
+                time.sleep(0.05)
+        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        for server in servers:
+            server.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    refused = Counter(e["id"] for e in run.events if e["ev"] == "attempt_end"
+                      and e["status"] == "conn_reset" and not e["tokens"])
+    assert len([n for n in refused.values() if n >= 2]) == 4  # they met both outages
+
+
 def test_the_probes_first_token_ends_the_outage(tmp_path: Path) -> None:
     """While the endpoint is down one request per shard probes it and the others wait. They go
     again as soon as the probe's answer starts (its first token), not once its whole answer has
