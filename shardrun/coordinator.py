@@ -119,6 +119,7 @@ class Coordinator:
         self.terminal_fds: list[int] = []  # stdout, stderr: those that are a terminal
         self.fatal_reason: str | None = None
         self.fatal_mode: str | None = None
+        self.fatal_cause: str | None = None  # an outage or a storm that stopped the run
         self.log_problem: str | None = None  # why the coordinator's log could not be written
         self.deaths: list[str] = []
         self.reassigned = 0
@@ -160,7 +161,8 @@ class Coordinator:
                     state.done = message
                     self._rebalance_rates()
             elif kind == protocol.FATAL:
-                self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index)
+                self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index,
+                               message.get("cause"))
         state.died, killed = await self._exit_status(handle)
         if state.died is not None and state.done is not None:
             # Its work is all reported, its files closed before it said so: the run goes on as
@@ -252,12 +254,12 @@ class Coordinator:
         for state in live:
             state.handle.send({"t": protocol.RATE, "rpm": rpm, "tpm": tpm})
 
-    def _on_fatal(self, reason: str, mode: str, origin: int) -> None:
+    def _on_fatal(self, reason: str, mode: str, origin: int, cause: str | None = None) -> None:
         """One shard (or, with `origin` -1, this process) found the endpoint (or the disk)
         unusable: tell the others at once."""
         if self.fatal_reason is not None:
             return
-        self.fatal_reason, self.fatal_mode = reason, mode
+        self.fatal_reason, self.fatal_mode, self.fatal_cause = reason, mode, cause
         for other in self.states:
             if other.handle.index != origin:
                 other.handle.send({"t": protocol.FATAL, "reason": reason, "mode": mode})
@@ -403,7 +405,8 @@ class Coordinator:
             cpu, why = summary.client_cpu_s, summary.client_cpu_unknown
             self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
                           client_cpu_s=None if cpu is None else round(cpu, 3),
-                          **({"client_cpu_unknown": why} if cpu is None and why else {}))
+                          **({"client_cpu_unknown": why} if cpu is None and why else {}),
+                          **({"stopped_by": self.fatal_cause} if self.fatal_cause else {}))
             self.log.checkpoint(self.clock.now())
             self._write_log(self.log.close)
         if self.log_problem is not None:

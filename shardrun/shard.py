@@ -68,6 +68,7 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 # Item-specific refusals (a prompt over the context length) differ from item to item.
 REFUSED_ALIKE_AFTER = 10
 STORM = "endpoint_failing"  # the cause and why of a retry held in a storm
+OUTAGE = "endpoint_down"  # of one held while the endpoint is down
 # How long a storm may last before any request of the run succeeded (`_storm_too_long`).
 UNPROVEN_STORM_S = 60.0
 
@@ -538,14 +539,15 @@ class Shard:
         retry.outage_s 3), an outage's probe up to PROBE_MAX_S (4 s past an outage_s of 1)."""
         if self.fatal_reason is not None or self.stopping:
             return  # a stop is under way: no second reason to stop
-        reason = None
+        reason, cause = None, STORM
         if not self.endpoint_back.is_set() and self.outage.too_long(now):
             reason = _failed_too_long(self.outage.lasted(now), self.outage_cause,
                                       self.cfg.way_on)
+            cause = OUTAGE
         elif self.storm.on:
             reason = self._storm_too_long(now)
         if reason is not None:
-            self._go_fatal(reason, ABANDON)
+            self._go_fatal(reason, ABANDON, cause=cause)
 
     async def _ride_out_storm(self, span: Span) -> None:
         """Wait in a storm until a success ends it, or until this span's turn to probe comes
@@ -557,7 +559,7 @@ class Shard:
             while self.storm.on and not self.stopping and self.fatal_reason is None:
                 now = self.clock.now()
                 if (reason := self._storm_too_long(now)) is not None:
-                    self._go_fatal(reason, ABANDON)
+                    self._go_fatal(reason, ABANDON, cause=STORM)
                     return
                 if self.storm_probe is None and held[0] is span:
                     held.popleft()
@@ -607,7 +609,7 @@ class Shard:
         span.history[-1]["wait"] = wait
         # Its cause names the outage (the attempt_end line has the status): `report` tells
         # these waits from a retry storm.
-        self._plan_retry(span, attempt, cause="endpoint_down", wait=wait, why="endpoint_down")
+        self._plan_retry(span, attempt, cause=OUTAGE, wait=wait, why=OUTAGE)
         self.counters.retrying += 1
         try:
             if probe:
@@ -804,15 +806,19 @@ class Shard:
         if not span.ended:
             self._abandon(span, admitted=span.admitted_at is not None)
 
-    def _go_fatal(self, reason: str, mode: str = DEAD_LETTER, *, tell: bool = True) -> None:
-        """Stop sending requests; queued and later items end as `mode` says."""
+    def _go_fatal(self, reason: str, mode: str = DEAD_LETTER, *, tell: bool = True,
+                  cause: str | None = None) -> None:
+        """Stop sending requests; queued and later items end as `mode` says. `cause` names an
+        outage or a storm that lasted too long, for the run's `run_end` line: a stop before
+        any held retry was sent leaves no retry line to tell `report` so."""
         if self.fatal_reason is not None:
             return
         self.fatal_reason = reason
         self.fatal_mode = mode
         self.halted.set()
         if tell:
-            self.send({"t": protocol.FATAL, "reason": reason, "mode": mode})
+            self.send({"t": protocol.FATAL, "reason": reason, "mode": mode,
+                       **({"cause": cause} if cause else {})})
         while self.queue:
             span = self.queue.popleft()
             if mode == DEAD_LETTER:

@@ -239,7 +239,9 @@ def test_a_storm_whose_retry_after_outlasts_outage_s_stops_at_outage_s(tmp_path:
     """A storm of 503s asking to come back in 30 s, against retry.outage_s 2: the run stops with
     the outage's sentence once the storm has lasted outage_s, not once the probe (and the
     retries napping the same ask) have slept 30 s; nothing is dead-lettered. The bound is
-    read off the event log: every span ends well before the first 503's Retry-After is up."""
+    read off the event log: every span ends well before the first 503's Retry-After is up.
+    No held retry was sent (the probe's turn was 30 s away), so no retry line shows the storm:
+    `report` names it from the stop the run's end recorded."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     asked = 30.0
     with sim(storm_after_n=20, storm_s=120, retry_after_503=True, retry_after_s=asked) as server:
@@ -254,6 +256,13 @@ def test_a_storm_whose_retry_after_outlasts_outage_s_stops_at_outage_s(tmp_path:
     last_end = max(e["t"] for e in run.events if e["ev"] == "released")
     assert last_end - first_503 < asked / 2, (first_503, last_end)
     assert {e["id"] for e in run.events if e["ev"] == "released"} <= set(ids)
+    assert not [e for e in run.events if e["ev"] == "retry"]
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    findings = {f["id"]: f["evidence"] for f in doc["triage"]["findings"]}
+    assert findings["endpoint_failing"] == {"held_retries": 0, "stopped_the_run": True}
+    assert "endpoint_down" not in findings
+    text = run_cli("report", str(run.path), cwd=tmp_path).stdout
+    assert "the endpoint failed every request" in text, text
 
 
 def _stopped_in_a_storm(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Run]:
@@ -1683,6 +1692,10 @@ def test_an_outage_stops_the_run_within_a_tick_of_outage_s(tmp_path: Path) -> No
     refused = min(e["t"] for e in run.events if e["shard"] == shard and e["ev"] == "attempt_end"
                   and e["status"] == "conn_reset" and not e["tokens"])
     assert stop - refused < 1 + 1.5, (refused, stop)
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    findings = {f["id"]: f["evidence"] for f in doc["triage"]["findings"]}
+    assert findings["endpoint_down"]["stopped_the_run"] is True
+    assert "endpoint_failing" not in findings
 
 
 def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) -> None:

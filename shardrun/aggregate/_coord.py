@@ -47,3 +47,5 @@ class CoordinatorFold:
                 s.client_cpu_s = float(cpu)
             elif isinstance(why := rec.get("client_cpu_unknown"), str):
                 s.client_cpu_unknown = why
+            if isinstance(cause := rec.get("stopped_by"), str):
+                s.stopped_by = cause

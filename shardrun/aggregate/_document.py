@@ -87,6 +87,9 @@ def _run(facts: RunFacts, coords: list[CoordinatorSummary], spans: list[tuple[fl
         "run_id": facts.run_id, "dir": facts.run_dir, "state": facts.state,
         "state_reason": facts.state_reason, "manifest_status": facts.manifest_status,
         "run_end_status": last.run_status,
+        # Passes stopped by an outage or a storm: triage names it even if no held retry was sent.
+        "stopped_by": [c.stopped_by for c in sorted(coords, key=lambda c: c.segment)
+                       if c.stopped_by],
         "start_t": min((s for s, _ in spans), default=None),
         "end_t": max((e for _, e in spans), default=None),
         "passes": [{"start_t": s, "end_t": e} for s, e in spans],

@@ -105,6 +105,7 @@ class CoordinatorSummary:
     run_status: str | None = None
     client_cpu_s: float | None = None  # user + sys of coordinator, launcher and shards
     client_cpu_unknown: str | None = None  # why `run_end` recorded no CPU time, if it said
+    stopped_by: str | None = None  # the outage or storm that stopped the pass, if one did
     input_end: float | None = None
     input_lines: int | None = None
     rejects: int | None = None

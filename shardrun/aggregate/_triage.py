@@ -165,14 +165,16 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     att = doc["attempts"]
     # Waits while the endpoint was down are retries in the log, but no retry storm: their own
     # finding says what they were.
-    held = att["retry_causes"].get(ENDPOINT_DOWN, 0)
-    if held:
-        out.append(_finding(ENDPOINT_DOWN, "the endpoint was down", {"held_retries": held},
-                            *TABLE[ENDPOINT_DOWN]))
-    failing = att["retry_causes"].get(ENDPOINT_FAILING, 0)
-    if failing:  # the item's own attempts, so they count among the retries below too
-        out.append(_finding(ENDPOINT_FAILING, "the endpoint failed every request",
-                            {"held_retries": failing}, *TABLE[ENDPOINT_FAILING]))
+    # A storm's held retries are the item's own attempts, so they count among the retries below
+    # too. A pass stopped by either before a held retry was sent has no retry line to show it.
+    stopped = doc["run"].get("stopped_by") or []
+    for cause, title in ((ENDPOINT_DOWN, "the endpoint was down"),
+                         (ENDPOINT_FAILING, "the endpoint failed every request")):
+        held = att["retry_causes"].get(cause, 0)
+        if held or cause in stopped:
+            evidence = {"held_retries": held, **({"stopped_the_run": True} if cause in stopped
+                                                 else {})}
+            out.append(_finding(cause, title, evidence, *TABLE[cause]))
     own = {cause: n for cause, n in att["retry_causes"].items() if cause != ENDPOINT_DOWN}
     rate = sum(own.values()) / att["first"] if att["first"] else None
     if rate is not None and rate >= RETRY_RATE_LIMIT:
