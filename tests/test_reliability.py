@@ -382,10 +382,11 @@ def test_server_wait_above_ceiling_dead_letters(tmp_path: Path) -> None:
 
 
 def test_a_server_wait_above_ceiling_in_a_storm_holds_the_items(tmp_path: Path) -> None:
-    """A storm of 503s whose Retry-After (30 s) is above retry.max_server_wait_s (2 s): once the
-    storm is on, no item is dead-lettered for the ask (outside one it still is, as the test
-    above shows); the items are held, the probe goes after the ceiling, and the storm ends at
-    its success."""
+    """A storm of 503s whose Retry-After (30 s) is above retry.max_server_wait_s (2 s): no item
+    is dead-lettered for the ask (outside a storm it still is, as the tests above and below
+    show); the items are held, the probe goes after the ceiling, and the storm ends at its
+    success. The streak's first failures, before the storm watch decided, wait for it and are
+    held too: they were dead-lettered at once (7 per shard)."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     with sim(storm_after_n=20, storm_s=1, retry_after_503=True, retry_after_s=30) as server:
         job_for(tmp_path, server.base_url, retry={"max_server_wait_s": 2})
@@ -399,14 +400,28 @@ def test_a_server_wait_above_ceiling_in_a_storm_holds_the_items(tmp_path: Path) 
         events = [e for e in run.events if e["shard"] == shard]
         held = [e for e in events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
         assert held and all((e["span"], e["attempt"]) in asked for e in held), held[:3]
-        # Before the storm was on, a lone ask above the ceiling still dead-letters at once.
-        dead = [e for e in events if e["ev"] == "released" and e["outcome"] == "dead"]
-        assert all(e["t"] < held[0]["t"] for e in dead), (held[0], dead)
         # The probe went after the ceiling (or the probe interval, at most 5 s), not after 30 s.
         probe = min(e["t"] for e in events if e["ev"] == "attempt_start" and e["attempt"] > 1)
         assert probe - held[0]["t"] < 15, (held[0], probe)
-    assert all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
-    assert len(run.results) > len(ids) // 2
+    assert not run.dead
+    assert len(run.results) == len(ids)
+
+
+def test_a_lone_server_wait_above_ceiling_dead_letters_once_the_next_request_succeeds(
+        tmp_path: Path) -> None:
+    """A server that answers one request in twenty 503 with a Retry-After of an hour, above
+    retry.max_server_wait_s (2 s), and the rest well: each such failure waits for the storm
+    watch, whose streak the next success ends, and is dead-lettered for the ask; no storm."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    with sim(fail_503=0.05, retry_after_503=True, retry_after_s=3600) as server:
+        job_for(tmp_path, server.base_url, retry={"max_server_wait_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert run.dead and all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
+    assert len(run.dead) == failed_attempts(run, "http_5xx")
+    assert not [e for e in run.events if e["ev"] == "retry"]
 
 
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
