@@ -480,6 +480,11 @@ class Shard:
         storm.after = STORM_AFTER
         if not self._proven():
             storm.after = max(2, min(STORM_AFTER, self.cfg.concurrency))
+        if self.input_ended:
+            # A shard's last items, fewer than the streak: all of them failing with no success
+            # between is the streak (a storm in a run's last seconds dead-lettered its tail).
+            left = self.counters.in_flight + len(self.queue)
+            storm.after = max(2, min(storm.after, left))
         if storm.failed(span.span_id, now):
             storm.next_probe_at = now + self._probe_interval()
             self._wake_held()  # failures waiting for the storm watch (`_storm_decides`)

@@ -412,6 +412,28 @@ def test_before_any_success_of_the_run_the_items_the_cap_holds_make_a_storm(
     shard.close()
 
 
+@pytest.mark.parametrize(("ended", "left", "after"), [
+    (True, 3, 3),  # its input ended: as many items as it has left make a storm
+    (True, 1, 2),  # ... two at least: one item alone is never a storm
+    (True, 20, 8),
+    (False, 3, 8),  # more may come: eight, as ever
+])
+def test_a_shards_last_items_failing_make_a_storm(tmp_path: Path, ended: bool, left: int,
+                                                  after: int) -> None:
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", concurrency=32,
+                      answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    shard.input_ended = ended
+    shard.counters.in_flight = left
+    failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t)
+    for n in range(after - 1):
+        assert not shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t), failed)
+    assert shard._storm_failed(Span("last", {"id": "last"}, clock.t), failed)
+    shard.close()
+
+
 def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: Path) -> None:
     """`unheard_s` in a progress report: since the latest of a stream's events (the client's
     `heard_at`), an attempt ending with an answer, and the last moment no request was out;

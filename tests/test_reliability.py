@@ -346,6 +346,28 @@ def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
     assert findings["endpoint_failing"] == {"held_retries": len(held)}
 
 
+def test_a_storm_at_the_end_of_a_shards_input_holds_its_last_items(tmp_path: Path) -> None:
+    """A storm of 503s (6 s) that meets only a shard's last four items: fewer than eight, they
+    never made the streak, retried side by side and were dead-lettered once the retry budget
+    (8 here: their third failures, within 3.5 s) ran out. With its input ended, a shard's items
+    all failing in a row make the streak: the four are held, one probe at a time, and answered
+    once the storm is over. (Their failures before it spend the budget: it leaves room.)"""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    with sim(storm_after_n=36, storm_s=6) as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=8,
+                retry={"max_attempts": 6, "budget_ratio": 0, "budget_floor": 8})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        storm = sim_stats(server)["faults"]["storm"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert storm > 4
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    held = [e for e in run.events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
+    assert held and {e["id"] for e in held} <= set(ids[36:])  # the last four, and only they
+    assert not _retries_in_storms_overlap(run)
+
+
 def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) -> None:
     """A server that fails 80 % of requests with a 503 at random, but answers the rest: eight
     items failing in a row are common there, yet each shard learns the rate from its outcomes
