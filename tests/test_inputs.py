@@ -105,6 +105,16 @@ def test_an_id_that_is_not_a_string_keeps_its_json_spelling(tmp_path: Path) -> N
         "true", '{"y":2,"x":1}', '[1,"a"]', "7", "2.5"]
 
 
+def test_a_number_id_is_its_value_not_its_spelling(tmp_path: Path) -> None:
+    """As the README says: 1e2 and 100.0 are one id, "100.0" (orjson gives the value only)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"id": 1e2, "prompt": "a"}\n{"id": 100.0, "prompt": "b"}\n'
+                    '{"id": 0100, "prompt": "c"}\n')
+    read = read_all(path, InputPlan())
+    assert [item["id"] for item in read if isinstance(item, dict)] == ["100.0", "100.0"]
+    assert isinstance(read[2], Reject)  # a leading zero is no JSON number
+
+
 def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
     """sha, bytes_read and lines_read cover the whole file (a leading BOM included, and
     ignored by the parser) after iteration."""

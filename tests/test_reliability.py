@@ -1719,7 +1719,8 @@ def test_an_outage_stops_the_run_within_a_tick_of_outage_s(tmp_path: Path) -> No
     assert proc.returncode == 1, out + err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     said = re.fullmatch(r"error: (the endpoint failed every request for (\d+) s \(.+\), longer "
-                        r"than retry\.outage_s; continue with --resume once it answers again)",
+                        r"than retry\.outage_s; continue with `shardrun job\.yaml --resume [^`]+` "
+                        r"once it answers again)",
                         errors[0]) if len(errors) == 1 else None
     assert said and int(said[2]) <= 2, err
     run = Run.load(only_run(tmp_path / "runs"))

@@ -198,6 +198,8 @@ def test_run_states(tmp_path: Path) -> None:
     doc, _ = load_report(running)
     assert doc["run"]["state"] == "crashed" and "without shard_end: 00" in doc["run"][
         "state_reason"]
+    assert doc["run"]["state_reason"].endswith("; --resume continues it (it keeps every answer "
+                                               "on disk and repairs torn lines)")
 
 
 def test_resumed_passes_are_separate_windows(tmp_path: Path) -> None:

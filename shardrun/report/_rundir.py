@@ -229,6 +229,10 @@ def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
         return [f.result() for f in futures]
 
 
+CRASHED_WAY_ON = "; --resume continues it (it keeps every answer on disk and repairs torn lines)"
+"""What a crashed run's state says to do: as a stopped run's report names `--resume`."""
+
+
 def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     """`finished`, `running` or `crashed`, and why (see docs/METRICS.md, "Run state")."""
     status = loaded.manifest.get("status")
@@ -247,16 +251,17 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         return "crashed", ("manifest status running, but no process of the run holds its lock: "
                            "the run ended without closing its manifest"
                            + (f"; shard logs without shard_end: {_list(unended)}"
-                              if unended else ""))
+                              if unended else "") + CRASHED_WAY_ON)
     age = (time.time() if now is None else now) - loaded.newest_mtime
     alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
     if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
         return "running", (f"manifest status running; last log write {age:.1f} s ago"
                            + (f"; shard processes alive: {_list(alive)}" if alive else ""))
     if not unended:
-        return "crashed", "every shard log ended but the manifest was never finalized"
+        return "crashed", ("every shard log ended but the manifest was never finalized"
+                           + CRASHED_WAY_ON)
     return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
-                       f"without shard_end: {_list(unended)}")
+                       f"without shard_end: {_list(unended)}{CRASHED_WAY_ON}")
 
 
 def _work_left(loaded: LoadedRun) -> str:
