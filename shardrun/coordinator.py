@@ -290,7 +290,8 @@ class Coordinator:
         self.view.quiet = True
         # A log file that outlives the terminal gets this line: with no terminal left, Ctrl-C
         # is no way to abort, a SIGTERM (or a second SIGHUP) is.
-        self.interrupt(" (the terminal hung up)", "SIGTERM")
+        # A SIGHUP sent by `kill` reads the same: no terminal need have hung up.
+        self.interrupt(" (SIGHUP: a hang-up)", "SIGTERM")
 
     async def progress(self) -> None:
         """Redraw the display; once a second flush and checkpoint the coordinator's own log,

@@ -280,7 +280,7 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
             proc.kill()
             proc.wait()
     assert proc.returncode == 130
-    assert ("stopping (the terminal hung up): letting in-flight requests finish (SIGTERM to "
+    assert ("stopping (SIGHUP: a hang-up): letting in-flight requests finish (SIGTERM to "
             "abort)") in log.read_text()
     path = only_run(tmp_path / "runs")
     first = Run.load(path)
