@@ -1178,8 +1178,14 @@ def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_
     assert not [r for r in rows if r["status"] == "pending"], done.stderr
     assert "--resume" not in done.stderr, done.stderr
     report = run_cli("report", str(path), "--json", cwd=tmp_path)
-    by_item = orjson.loads(report.stdout)["items"]["by_item"]
+    doc = orjson.loads(report.stdout)
+    by_item = doc["items"]["by_item"]
     assert (by_item["succeeded"], by_item["dead"]) == (len(ids) - len(dead), len(dead))
+    # The crashed pass was a retry: its way on is the retry, which --resume is not.
+    assert doc["run"]["state"] == "crashed"
+    assert doc["run"]["state_reason"].endswith(
+        f"; shardrun retry-failed {path} continues it (its dead letters are for retry-failed, "
+        "not --resume)"), doc["run"]["state_reason"]
 
 
 def _next_step(done: subprocess.CompletedProcess[str]) -> list[str] | None:

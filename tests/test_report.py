@@ -199,7 +199,34 @@ def test_run_states(tmp_path: Path) -> None:
     assert doc["run"]["state"] == "crashed" and "without shard_end: 00" in doc["run"][
         "state_reason"]
     assert doc["run"]["state_reason"].endswith("; --resume continues it (it keeps every answer "
-                                               "on disk and repairs torn lines)")
+                                               "on disk)")
+
+
+WHOLE = {"summary": {"input_read": True, "left_out": 0, "unfinished": 0}}
+
+
+@pytest.mark.parametrize(("first", "newest", "said"), [
+    (WHOLE, None, "; --resume continues it"),
+    (WHOLE, {"retry_failed": True, "only_failed": True}, "; shardrun retry-failed RUN continues"),
+    (WHOLE, {"retry_failed": True, "only_failed": False}, "; shardrun retry-failed RUN continues"),
+    ({"summary": {"input_read": False}}, {"retry_failed": True, "only_failed": False},
+     "; --resume runs the input it left, and shardrun retry-failed RUN its dead letters"),
+])
+def test_a_crashed_runs_way_on_follows_its_newest_pass(
+        tmp_path: Path, first: dict[str, Any], newest: dict[str, Any] | None, said: str) -> None:
+    """A crashed retry pass is continued by the retry (its dead letters are finished items to
+    --resume), unless it was `--resume --retry-failed` of a run whose input no pass read
+    whole: then --resume reads the rest and the retry takes the dead letters."""
+    recs = hand_shard()[:-1]  # no shard_end
+    run = write_run(tmp_path / "run", {"00": recs}, None, status="running")
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest.update(first)
+    if newest is not None:
+        manifest["resumes"] = [newest]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    _age(run)
+    reason = load_report(run)[0]["run"]["state_reason"]
+    assert said.replace("RUN", str(run)) in reason, reason
 
 
 def test_resumed_passes_are_separate_windows(tmp_path: Path) -> None:

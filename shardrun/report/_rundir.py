@@ -229,10 +229,6 @@ def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
         return [f.result() for f in futures]
 
 
-CRASHED_WAY_ON = "; --resume continues it (it keeps every answer on disk and repairs torn lines)"
-"""What a crashed run's state says to do: as a stopped run's report names `--resume`."""
-
-
 def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     """`finished`, `running` or `crashed`, and why (see docs/METRICS.md, "Run state")."""
     status = loaded.manifest.get("status")
@@ -251,7 +247,7 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         return "crashed", ("manifest status running, but no process of the run holds its lock: "
                            "the run ended without closing its manifest"
                            + (f"; shard logs without shard_end: {_list(unended)}"
-                              if unended else "") + CRASHED_WAY_ON)
+                              if unended else "") + _crashed_way_on(loaded))
     age = (time.time() if now is None else now) - loaded.newest_mtime
     alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
     if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
@@ -259,9 +255,24 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
                            + (f"; shard processes alive: {_list(alive)}" if alive else ""))
     if not unended:
         return "crashed", ("every shard log ended but the manifest was never finalized"
-                           + CRASHED_WAY_ON)
+                           + _crashed_way_on(loaded))
     return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
-                       f"without shard_end: {_list(unended)}{CRASHED_WAY_ON}")
+                       f"without shard_end: {_list(unended)}{_crashed_way_on(loaded)}")
+
+
+def _crashed_way_on(loaded: LoadedRun) -> str:
+    """What continues a crashed run, by what its newest pass was (the way on its stop would
+    have named, `runner.choose_way_on`): the next pass keeps every answer on disk, repairs torn
+    lines and puts back the dead letters a retry pass set aside and did not reach."""
+    resumes = loaded.manifest.get("resumes")
+    newest = resumes[-1] if isinstance(resumes, list) and resumes else {}
+    retry = f"shardrun retry-failed {loaded.path}"
+    if not isinstance(newest, dict) or not newest.get("retry_failed"):
+        return "; --resume continues it (it keeps every answer on disk)"
+    if newest.get("only_failed") or input_read_whole(loaded.manifest, but_the_newest=True):
+        return f"; {retry} continues it (its dead letters are for retry-failed, not --resume)"
+    return (f"; --resume runs the input it left, and {retry} its dead letters (--resume does "
+            "not retry them)")
 
 
 def _work_left(loaded: LoadedRun) -> str:
