@@ -16,6 +16,8 @@ CONTINUE = "continue with --resume"
 """The way on where no pass has chosen one (a shard's configuration made by hand, in tests): a
 run's pass names its command in full (`continue_with`, chosen once per pass by
 `runner.choose_way_on`)."""
+CONTINUE_RETRYING = f"{CONTINUE} --retry-failed"
+"""`CONTINUE` for a stop that also dead-lettered items."""
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A write failed for want of space: a full disk, a quota, a file size limit."""

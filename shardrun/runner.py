@@ -25,6 +25,7 @@ from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import (
     CONTINUE,
+    CONTINUE_RETRYING,
     InputError,
     RunError,
     ShardrunError,
@@ -105,8 +106,10 @@ class Pass:
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
     read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
     recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
-    way_on: str = CONTINUE  # how this pass's stops end their sentence (`choose_way_on`)
-    way_on_retrying: str = CONTINUE  # the same for a stop that also dead-lettered items
+    # How this pass's stops end their sentence, and those that also dead-lettered items
+    # (`choose_way_on`; the defaults are `ShardConfig`'s).
+    way_on: str = CONTINUE
+    way_on_retrying: str = CONTINUE_RETRYING
     retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
 
 

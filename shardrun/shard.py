@@ -779,12 +779,15 @@ class Shard:
         if http == 401 or (http == 403 and not self.ok_once):
             # The error already reads "HTTP 401: <the server's message>".
             self._go_fatal("the endpoint refused the credentials "
-                           f"({outcome.error or f'HTTP {http}'})", ABANDON)
+                           f"({outcome.error or f'HTTP {http}'}): set the right key in the "
+                           f"variable endpoint.api_key_env names, then {self.cfg.way_on}",
+                           ABANDON)
             return
         if http == 407:
             said = (outcome.error or "HTTP 407").removeprefix("the proxy answered ")  # a CONNECT
             self._go_fatal(f"the proxy refused the credentials ({said}); set them in the proxy "
-                           "variable as http://user:password@host:port", ABANDON)
+                           "variable as http://user:password@host:port, then "
+                           f"{self.cfg.way_on}", ABANDON)
             return
         if http == 404 and not self.ok_once:
             # No item makes a completions URL "not found": the path, the API or the model is

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shardrun import protocol
-from shardrun.errors import CONTINUE
+from shardrun.errors import CONTINUE, CONTINUE_RETRYING
 
 # How a shard stops early. DEAD_LETTER: every remaining item ends as a dead letter with the
 # reason (the endpoint is unreachable). ABANDON: stop; items without a line are left for
@@ -56,7 +56,7 @@ class ShardConfig:
     # How the sentence of a stop ends: what continues the run after this pass, and what does
     # when the stop also dead-lettered items (`runner.choose_way_on`).
     way_on: str = CONTINUE
-    way_on_retrying: str = f"{CONTINUE} --retry-failed"
+    way_on_retrying: str = CONTINUE_RETRYING
 
     @property
     def file_name(self) -> str:

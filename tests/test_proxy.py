@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import FAST_SIM, Run, only_run, read_jsonl, run_cli, write_input, write_job
+from conftest import (
+    FAST_SIM,
+    Run,
+    error_lines,
+    only_run,
+    read_jsonl,
+    run_cli,
+    write_input,
+    write_job,
+)
 
 from shardrun.errors import SpecError
 from shardrun.proxy import Proxy, bypassed, proxy_for
@@ -221,11 +230,12 @@ def test_a_proxy_that_refuses_the_credentials_stops_the_run(tmp_path: Path, sche
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path,
                        env={f"{scheme.upper()}_PROXY": f"http://alice:wrong@127.0.0.1:{port}"})
     assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr, tmp_path)
     assert len(errors) == 1 and errors[0].startswith(
         "error: the proxy refused the credentials (HTTP 407"), proc.stderr
     assert errors[0].endswith("set them in the proxy variable as "
-                              "http://user:password@host:port"), errors[0]
+                              "http://user:password@host:port, then continue with --resume"
+                              ), errors[0]
     assert "HTTP 407: HTTP 407" not in errors[0] and "the proxy answered" not in errors[0]
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.dead and not run.results

@@ -1845,6 +1845,9 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path, env={"KEY": "wrong"})
         assert proc.returncode == 1
         assert "refused the credentials (HTTP 401" in proc.stderr
+        (error,) = error_lines(proc.stderr, tmp_path)
+        assert error.endswith(": set the right key in the variable endpoint.api_key_env names, "
+                              "then continue with --resume"), error
         assert "HTTP 401: HTTP 401" not in proc.stderr + proc.stdout
         run = Run.load(only_run(tmp_path / "runs"))
         assert not run.dead and not run.results
