@@ -78,7 +78,9 @@ class WorkSource:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
-        self._ahead: deque[dict[str, Any]] = deque()  # read and accepted, not handed out yet
+        # Read and accepted, not handed out yet; each with whether it is a dead letter being
+        # retried (`retrying`), known where its digest is computed, so nothing hashes it again.
+        self._ahead: deque[tuple[dict[str, Any], bool]] = deque()
         self._read_all = False  # the input iterator has ended
         self._seen = DigestSet()
         self._done = DigestSet() if done is None else done
@@ -122,7 +124,7 @@ class WorkSource:
 
         Reads ahead up to `limit` items to find out; they are handed out later, in order."""
         if not self._read_all and len(self._ahead) < limit:
-            self._read(limit - len(self._ahead), self._ahead)
+            self._read(limit - len(self._ahead))
         if not self._read_all:
             return None
         left = len(self._requeued) + len(self._ahead)
@@ -134,25 +136,25 @@ class WorkSource:
         while self._requeued and len(batch) < n:
             batch.append(self._requeued.popleft())
         fresh = len(batch)
+        if len(self._ahead) < n - fresh and not self._read_all:
+            self._read(n - fresh - len(self._ahead))
         while self._ahead and len(batch) < n:
-            batch.append(self._ahead.popleft())
-        if len(batch) < n and not self._read_all:
-            self._read(n - len(batch), batch)
+            item, retried = self._ahead.popleft()
+            batch.append(item)
+            self.taken_retried += retried
         self.taken += len(batch) - fresh
-        if self._retrying:
-            self.taken_retried += sum(id_digest(item["id"]) in self._retrying
-                                      for item in batch[fresh:])
         if self._read_all and not self._ahead and not self.exhausted:
             self.exhausted = True
             if self.on_input_end is not None:
                 self.on_input_end()
         return batch
 
-    def _read(self, n: int, into: list[dict[str, Any]] | deque[dict[str, Any]]) -> None:
-        """Append up to `n` new items from the input to `into`, skipping rejects, duplicates
+    def _read(self, n: int) -> None:
+        """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates
         and items an earlier pass finished."""
         from shardrun.inputs import Reject
 
+        into = self._ahead
         wanted = len(into) + n
         for entry in self._items:
             if isinstance(entry, Reject):
@@ -169,7 +171,7 @@ class WorkSource:
             if self._only is not None and digest not in self._only:
                 self.left_out += 1
                 continue
-            into.append(entry)
+            into.append((entry, self._retrying is not None and digest in self._retrying))
             self._accepted += 1
             if self._accepted == self.limit:  # no line past the last item is read
                 self._read_all = True

@@ -163,3 +163,25 @@ def _write(tmp_path: Path, lines: list[bytes]) -> Path:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     return path
+
+
+def test_taken_retried_counts_the_dead_letters_handed_out(tmp_path: Path) -> None:
+    """`taken_retried` counts the new items handed out that are dead letters being retried,
+    whether read ahead by `remaining` or read by `take`; one not handed out yet and a re-queued
+    one (counted when first taken) add nothing."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_item(i) + b"\n" for i in ("a", "d1", "b", "d2", "d3", "c")))
+    retrying = DigestSet()
+    for item_id in ("d1", "d2", "d3"):
+        retrying.add(id_digest(item_id))
+    source = WorkSource(InputReader(path, FIELDS), tmp_path / "rejects.jsonl",
+                        retrying=retrying)
+    assert [i["id"] for i in source.take(2)] == ["a", "d1"]
+    assert source.taken_retried == 1
+    assert source.remaining(10) == 4  # d2 and d3 read ahead, not handed out
+    assert source.taken_retried == 1
+    source.requeue([{"id": "d1", "prompt": "p"}])
+    assert [i["id"] for i in source.take(3)] == ["d1", "b", "d2"]
+    assert source.taken_retried == 2
+    assert [i["id"] for i in source.take(10)] == ["d3", "c"]
+    assert source.taken_retried == 3 and source.taken == 6
