@@ -55,7 +55,7 @@ from shardrun.manifest import (
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file
-from shardrun.resume import unreached_set_aside
+from shardrun.resume import set_aside_lines
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -163,7 +163,8 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
                         index.add(path, failed=sub == "dead", summary=summary)
                 # A retry pass killed before it put back the dead letters it never reached
                 # left them only aside: failed still, not pending (no --resume runs them).
-                index.add_aside(unreached_set_aside(run_path))
+                # Read after the live files, whose lines win (resume.set_aside_lines: why).
+                index.add_aside(set_aside_lines(run_path))
                 if out is None:
                     _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary, columns)
                 else:
@@ -258,7 +259,8 @@ class _Index:
         summary.repeated += lines.count - added
 
     def add_aside(self, lines: dict[str, tuple[Path, int]]) -> None:
-        """Dead letters set aside by a retry pass that no live line ended: id -> (file, offset)."""
+        """Dead letters retry passes set aside, id -> (file, offset): after the live lines,
+        each only where no live line ended it (the table keeps an id's first line)."""
         numbers: dict[Path, int] = {}
         for path, _ in lines.values():
             if path not in numbers:

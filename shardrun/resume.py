@@ -372,32 +372,54 @@ def unreached_set_aside(run_path: Path) -> dict[str, tuple[Path, int]]:
     """The items retry passes set aside that no live result or dead-letter line ended: id ->
     (set-aside file, offset of its newest line there).
 
-    While a retry pass runs, the ones it has not reached yet; after a retry pass was killed,
-    the ones it never reached, until the next pass puts them back (`restore_unretried`).
-    Either way each is a dead letter still, not an item no pass has run: `report` and
-    `export` count them so.
+    After a retry pass was stopped or killed, the ones it never reached, until the next pass
+    puts them back (`restore_unretried`): dead letters still, not items no pass has run.
+    For a pass that holds the run: one that may be writing it reads the other way round
+    (`set_aside_lines`).
     """
-    dirs = [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
-    if not dirs:
+    since = first_set_aside_pass(run_path)
+    if since is None:
         return {}
-    newest_first = sorted(dirs, key=_pass_of, reverse=True)
-    aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
-    for folder in newest_first:
-        for path in sorted(folder.glob("*.jsonl")):
-            for item_id, offset in _ids_at(path):
-                aside.setdefault(item_id, (path, offset))
-    # An item set aside by pass K can only have finished since: files of earlier passes cannot
-    # hold it, and skipping them spares reading the first pass's results (millions, often).
-    since = min(_pass_of(folder) for folder in dirs)
+    aside = set_aside_lines(run_path)
     for sub in ("results", "dead"):
         for path in sorted((run_path / sub).glob("*.jsonl")):
-            if _pass_of(path) >= since:
+            if pass_of(path) >= since:
                 for item_id in line_ids(path, whole_only=True):
                     aside.pop(item_id, None)
     return aside
 
 
-def _pass_of(path: Path) -> int:
+def set_aside_lines(run_path: Path) -> dict[str, tuple[Path, int]]:
+    """Every item retry passes set aside, whether a live line has ended it since or not: id ->
+    (set-aside file, offset of its newest line there).
+
+    `report` and `export` may read a run while a retry pass writes it: they read the live
+    files first and these after, and let a live line win. An item the pass reaches between
+    the two reads is then still here (the set-aside copies stay), and the dead letters a
+    starting pass moves aside between them were in the live read. Read the other way round,
+    or with the live files read a second time to leave out what they ended, either item is
+    in neither read, and would show as never run.
+    """
+    aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
+    for folder in sorted(_set_aside_dirs(run_path), key=pass_of, reverse=True):
+        for path in sorted(folder.glob("*.jsonl")):
+            for item_id, offset in _ids_at(path):
+                aside.setdefault(item_id, (path, offset))
+    return aside
+
+
+def first_set_aside_pass(run_path: Path) -> int | None:
+    """The first pass that set dead letters aside, or None. An item it set aside can only have
+    ended since: files of earlier passes cannot hold it, and skipping them spares reading the
+    first pass's results (millions, often)."""
+    return min((pass_of(d) for d in _set_aside_dirs(run_path)), default=None)
+
+
+def _set_aside_dirs(run_path: Path) -> list[Path]:
+    return [d for d in (run_path / "dead").glob("superseded-r*") if d.is_dir()]
+
+
+def pass_of(path: Path) -> int:
     """The pass that wrote a file: K for `shard-NN.rK.jsonl`, `unretried-rK.jsonl` and
     `superseded-rK`, 0 for the first pass's `shard-NN.jsonl`."""
     found = re.search(r"[.-]r(\d+)$", path.name.removesuffix(".jsonl"))

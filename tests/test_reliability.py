@@ -1341,6 +1341,80 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
             f"{statuses['failed']} dead letters standing") in text
 
 
+def _retry_pass_started(path: Path, segment: int = 1) -> list[str]:
+    """Set the run's dead letters aside as retry pass `segment` does when it starts; their
+    ids."""
+    aside = path / "dead" / f"superseded-r{segment}"
+    aside.mkdir()
+    ids = []
+    for dead in sorted(path.glob("dead/*.jsonl")):
+        ids += [orjson.loads(line)["id"] for line in dead.read_bytes().splitlines()]
+        dead.rename(aside / dead.name)
+    return ids
+
+
+def _between_reads(monkeypatch: pytest.MonkeyPatch, happen: Callable[[], None]) -> None:
+    """A running pass does `happen` while a reader of the run reads it: once, as the reader
+    begins reading the set-aside dead letters (after the live files, if it reads them first)."""
+    import shardrun.resume as resume
+
+    real = resume._ids_at
+    done: list[bool] = []
+
+    def ids_at(*args: Any) -> list[tuple[str, int]]:
+        if not done:
+            done.append(True)
+            happen()
+        return real(*args)
+
+    monkeypatch.setattr(resume, "_ids_at", ids_at)
+
+
+def _append(path: Path, record: dict[str, Any]) -> Callable[[], None]:
+    def write() -> None:
+        with open(path, "ab") as f:
+            f.write(orjson.dumps(record) + b"\n")
+    return write
+
+
+def test_an_item_a_retry_pass_reaches_while_export_reads_is_not_pending(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """export reads a run while its retry pass runs; the pass reaches a dead letter between
+    export's reads of the live files and of the set-aside ones: the item is failed (as it
+    stood at the first read), not pending. The set-aside ones were read with the live files
+    read a second time, to leave out what live lines ended, so it was in neither read."""
+    from shardrun.export import export
+
+    _, path = failed_half(tmp_path, 40)
+    aside = _retry_pass_started(path)
+    results = path / "results" / "shard-00.r1.jsonl"
+    _between_reads(monkeypatch, _append(results, {"id": aside[0], "output": "x"}))
+    out = tmp_path / "out.jsonl"
+    export(path, out, "jsonl")
+    assert results.exists()  # the pass did reach it during the export
+    rows = {r["id"]: r["status"] for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert rows[aside[0]] == "failed"
+    assert "pending" not in rows.values()
+
+
+def test_dead_letters_a_retry_pass_sets_aside_while_report_reads_are_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above for report's count of the dead letters standing: a second retry pass starts
+    and sets them aside while report reads; each is counted once, not left out."""
+    from shardrun.report._rundir import standing_dead_letters
+
+    _, path = failed_half(tmp_path, 40)
+    aside = _retry_pass_started(path)
+    for done in path.glob("dead/superseded-r1/*.jsonl"):  # pass 1 dead-lettered them again
+        shutil.copy(done, path / "dead" / done.name.replace(".jsonl", ".r1.jsonl"))
+    # and, a --resume --retry-failed, an item no pass had run: set aside by no earlier pass
+    _append(path / "dead" / "shard-00.r1.jsonl", {"id": "new", "error": "HTTP 500"})()
+    _between_reads(monkeypatch, lambda: _retry_pass_started(path, 2) and None)
+    standing = standing_dead_letters(path)
+    assert (path / "dead" / "superseded-r2").is_dir()  # it did happen during the count
+    assert standing == len(aside) + 1
+
+
 def test_each_pass_of_a_sim_run_draws_its_faults_anew(tmp_path: Path) -> None:
     """retry-failed against the same sim:// job failing half its requests: about half of the
     dead letters now succeed (with the first pass's seed, a new simulator process would fail

@@ -29,8 +29,9 @@ from shardrun.aggregate import (
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
 from shardrun.manifest import input_read_whole, newest_summary, read_manifest
+from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
-from shardrun.resume import unreached_set_aside
+from shardrun.resume import first_set_aside_pass, pass_of, set_aside_lines
 from shardrun.summary import work_left
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -109,12 +110,25 @@ def standing_dead_letters(run_dir: Path) -> int | None:
     """The dead letters that still stand (the lines of `dead/*.jsonl`, and those a retry pass
     set aside but has not reached, or was killed before it reached), or None while no retry
     pass has set any aside: until then every dead span is a dead item and the log's figures
-    say it all. After one, a dead span may be an item that a later pass finished."""
-    dead = run_dir / "dead"
-    if not any(d.is_dir() for d in dead.glob("superseded-r*")):
+    say it all. After one, a dead span may be an item that a later pass finished.
+
+    The live files are read once, before the set-aside ones (`resume.set_aside_lines` says
+    why): so while a pass writes, each item is counted once."""
+    since = first_set_aside_pass(run_dir)
+    if since is None:
         return None
-    unreached = len(unreached_set_aside(run_dir))
-    return sum(_line_count(path) for path in dead.glob("*.jsonl")) + unreached
+    live: set[str] = set()
+    dead = 0
+    for sub in ("dead", "results"):
+        for path in sorted((run_dir / sub).glob("*.jsonl")):
+            if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s are counted
+                dead += _line_count(path) if sub == "dead" else 0
+                continue
+            ids = list(line_ids(path, whole_only=True))
+            live.update(ids)
+            dead += len(ids) if sub == "dead" else 0
+    aside = set_aside_lines(run_dir)
+    return dead + len(aside.keys() - live)
 
 
 def _line_count(path: Path) -> int:
