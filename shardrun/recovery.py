@@ -46,17 +46,21 @@ def _last_newline_end(f: BinaryIO, size: int) -> int:
     return 0
 
 
-def line_ids(path: Path, *, whole_only: bool = False) -> Iterator[str]:
+def line_ids(path: Path, *, whole_only: bool = False,
+             bad: list[str] | None = None) -> Iterator[str]:
     """The `id` of every line of a results or dead-letter file (after repair; `whole_only`:
-    before it, leaving out a last line without its line break)."""
-    return (item_id for item_id, _ in line_records(path, whole_only=whole_only))
+    before it, leaving out a last line without its line break; `bad`: as `line_records`)."""
+    return (item_id for item_id, _ in line_records(path, whole_only=whole_only, bad=bad))
 
 
-def line_records(path: Path, *, whole_only: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+def line_records(path: Path, *, whole_only: bool = False,
+                 bad: list[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """(id, the line parsed) for every line of a results or dead-letter file (after repair).
 
     `whole_only`, for readers that do not repair (a running run's files, or a killed one's):
-    a last line without its line break is one being written or cut, not an ending yet."""
+    a last line without its line break is one being written or cut, not an ending yet.
+    A line that is no record fails the read, unless `bad` is given (a reader that only
+    reports, and says so): then it is named there ('PATH line N') and passed over."""
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip() or (whole_only and not line.endswith(b"\n")):
@@ -65,6 +69,9 @@ def line_records(path: Path, *, whole_only: bool = False) -> Iterator[tuple[str,
                 record = orjson.loads(line)
                 item_id = str(record["id"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
+                if bad is not None:
+                    bad.append(f"{path} line {number}")
+                    continue
                 raise RunError(
                     f"{path} line {number} is not a valid record; the run directory was "
                     "edited or damaged, so it cannot be resumed safely"

@@ -389,9 +389,9 @@ def unreached_set_aside(run_path: Path) -> dict[str, tuple[Path, int]]:
     return aside
 
 
-def set_aside_lines(run_path: Path) -> dict[str, tuple[Path, int]]:
+def set_aside_lines(run_path: Path, bad: list[str] | None = None) -> dict[str, tuple[Path, int]]:
     """Every item retry passes set aside, whether a live line has ended it since or not: id ->
-    (set-aside file, offset of its newest line there).
+    (set-aside file, offset of its newest line there). `bad`: as `recovery.line_records`.
 
     `report` and `export` may read a run while a retry pass writes it: they read the live
     files first and these after, and let a live line win. An item the pass reaches between
@@ -403,7 +403,7 @@ def set_aside_lines(run_path: Path) -> dict[str, tuple[Path, int]]:
     aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
     for folder in sorted(_set_aside_dirs(run_path), key=pass_of, reverse=True):
         for path in sorted(folder.glob("*.jsonl")):
-            for item_id, offset in _ids_at(path):
+            for item_id, offset in _ids_at(path, bad):
                 aside.setdefault(item_id, (path, offset))
     return aside
 
@@ -426,17 +426,21 @@ def pass_of(path: Path) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _ids_at(path: Path) -> list[tuple[str, int]]:
-    """(id, byte offset) of every line of a set-aside dead-letter file."""
+def _ids_at(path: Path, bad: list[str] | None = None) -> list[tuple[str, int]]:
+    """(id, byte offset) of every line of a set-aside dead-letter file; `bad`: as
+    `recovery.line_records`."""
     found, offset = [], 0
     with open(path, "rb") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
                 try:
                     found.append((str(orjson.loads(line)["id"]), offset))
                 except (orjson.JSONDecodeError, KeyError, TypeError):
-                    raise RunError(f"{path}: a line at byte {offset:,} is not a valid record; "
-                                   "the run directory was edited or damaged") from None
+                    if bad is None:
+                        raise RunError(f"{path}: a line at byte {offset:,} is not a valid "
+                                       "record; the run directory was edited or damaged"
+                                       ) from None
+                    bad.append(f"{path} line {number}")
             offset += len(line)
     return found
 

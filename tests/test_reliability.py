@@ -1341,6 +1341,51 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
             f"{statuses['failed']} dead letters standing") in text
 
 
+def test_report_of_a_retried_run_with_a_line_that_is_no_record_still_reports(
+        tmp_path: Path) -> None:
+    """A line that is no record in a retry pass's results (edited or damaged): `report` still
+    reports, as it does for such a line in an event file, and says which line made its count
+    of the dead letters standing partial (it failed the whole report, with a sentence about
+    resuming)."""
+    _, path = failed_half(tmp_path, 60)
+    assert run_cli("retry-failed", str(path), "--quiet", cwd=tmp_path).returncode in (0, 1)
+    exported = run_cli("export", str(path), cwd=tmp_path)
+    failed = [r for r in map(orjson.loads, exported.stdout.splitlines())
+              if r["status"] == "failed"]
+    results = next(p for p in sorted(path.glob("results/*.r1.jsonl")) if p.stat().st_size)
+    results.write_bytes(b'{"oops":1}\n' + results.read_bytes())
+    for flags in ((), ("--json",)):
+        proc = run_cli("report", str(path), *flags, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["items"]["by_item"]["dead"] == len(failed)
+    assert [n for n in doc["notes"] if n.startswith(f"{results} line 1 is not a record")] == [
+        f"{results} line 1 is not a record (the run directory was edited or damaged), so the "
+        f"{len(failed):,} dead letters standing (by item) are a partial count: an item such a "
+        "line ended may be counted wrongly"]
+
+
+def test_lines_that_are_no_record_make_the_standing_count_partial_not_fatal(
+        tmp_path: Path) -> None:
+    """report's count of the dead letters standing passes over a line that is no record, in a
+    live dead-letter, results or set-aside file, and names each; one in dead/ still counts."""
+    from shardrun.report._rundir import standing_dead_letters
+
+    for name in ("results", "dead/superseded-r1"):
+        (tmp_path / name).mkdir(parents=True)
+    aside = [orjson.dumps({"id": i, "error": "HTTP 500"}) + b"\n" for i in "abc"]
+    (tmp_path / "dead" / "superseded-r1" / "shard-00.jsonl").write_bytes(
+        b"".join(aside) + b"[]\n")
+    (tmp_path / "dead" / "shard-00.r1.jsonl").write_bytes(aside[0] + b"oops\n")
+    (tmp_path / "results" / "shard-00.r1.jsonl").write_bytes(b"{}\n")
+    standing = standing_dead_letters(tmp_path)
+    assert standing is not None
+    assert standing.dead == 4  # a and the line that is no record, in dead/; b and c, aside
+    assert standing.bad == [f"{tmp_path}/dead/shard-00.r1.jsonl line 2",
+                            f"{tmp_path}/results/shard-00.r1.jsonl line 1",
+                            f"{tmp_path}/dead/superseded-r1/shard-00.jsonl line 4"]
+
+
 def _retry_pass_started(path: Path, segment: int = 1) -> list[str]:
     """Set the run's dead letters aside as retry pass `segment` does when it starts; their
     ids."""
@@ -1412,7 +1457,7 @@ def test_dead_letters_a_retry_pass_sets_aside_while_report_reads_are_counted(
     _between_reads(monkeypatch, lambda: _retry_pass_started(path, 2) and None)
     standing = standing_dead_letters(path)
     assert (path / "dead" / "superseded-r2").is_dir()  # it did happen during the count
-    assert standing == len(aside) + 1
+    assert standing is not None and (standing.dead, standing.bad) == (len(aside) + 1, [])
 
 
 def test_each_pass_of_a_sim_run_draws_its_faults_anew(tmp_path: Path) -> None:

@@ -63,10 +63,16 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
                          "its figures are not in this report" for p in missing]
     # Spans are not items once a retry pass has run dead letters again: say how the items ended.
-    if (dead := standing_dead_letters(run_dir)) is not None:
-        ok = doc["items"]["succeeded"]
+    if (standing := standing_dead_letters(run_dir)) is not None:
+        ok, dead = doc["items"]["succeeded"], standing.dead
         doc["items"]["by_item"] = {"succeeded": ok, "dead": dead,
                                    "success_rate": ratio(ok, ok + dead)}
+        if standing.bad:
+            more = f" (and {len(standing.bad) - 1:,} more)" if len(standing.bad) > 1 else ""
+            doc["notes"].append(
+                f"{standing.bad[0]}{more} is not a record (the run directory was edited or "
+                f"damaged), so the {dead:,} dead letters standing (by item) are a partial "
+                "count: an item such a line ended may be counted wrongly")
     # Result files do not feed the figures, but answers removed by hand are answers lost.
     if edited := changed_results(manifest, run_dir):
         doc["integrity"]["results_changed"] = [

@@ -106,17 +106,27 @@ def event_files(run_dir: Path) -> list[Path]:
     return coordinator_files(run_dir) + shard_files(run_dir)
 
 
-def standing_dead_letters(run_dir: Path) -> int | None:
+@dataclass(frozen=True)
+class Standing:
+    """The dead letters that still stand, and the lines that count could not read."""
+
+    dead: int
+    bad: list[str]  # 'PATH line N' of each line that is no record: the count may be off by it
+
+
+def standing_dead_letters(run_dir: Path) -> Standing | None:
     """The dead letters that still stand (the lines of `dead/*.jsonl`, and those a retry pass
     set aside but has not reached, or was killed before it reached), or None while no retry
     pass has set any aside: until then every dead span is a dead item and the log's figures
     say it all. After one, a dead span may be an item that a later pass finished.
 
     The live files are read once, before the set-aside ones (`resume.set_aside_lines` says
-    why): so while a pass writes, each item is counted once."""
+    why): so while a pass writes, each item is counted once. A line that is no record is
+    noted, not fatal: a report still reports."""
     since = first_set_aside_pass(run_dir)
     if since is None:
         return None
+    bad: list[str] = []
     live: set[str] = set()
     dead = 0
     for sub in ("dead", "results"):
@@ -124,11 +134,13 @@ def standing_dead_letters(run_dir: Path) -> int | None:
             if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s are counted
                 dead += _line_count(path) if sub == "dead" else 0
                 continue
-            ids = list(line_ids(path, whole_only=True))
+            unread = len(bad)
+            ids = list(line_ids(path, whole_only=True, bad=bad))
             live.update(ids)
-            dead += len(ids) if sub == "dead" else 0
-    aside = set_aside_lines(run_dir)
-    return dead + len(aside.keys() - live)
+            if sub == "dead":  # a line that is no record still counts, as _line_count does
+                dead += len(ids) + len(bad) - unread
+    aside = set_aside_lines(run_dir, bad)
+    return Standing(dead + len(aside.keys() - live), bad)
 
 
 def _line_count(path: Path) -> int:
