@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
 @guarded
 def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
+    from shardrun.resume import in_use
 
     fmt = format_of(args.output, args.format)
     summary = export(args.run_dir, args.output, fmt, args.job, args.with_input)
@@ -62,9 +63,12 @@ def handle(args: argparse.Namespace) -> int:
           f"{summary.pending:,} pending", file=sys.stderr)  # fmt: skip
     run = args.run_dir
     job = shlex.quote(str(summary.job_path or "JOB.yaml"))
+    way_on = (f"`shardrun {job} --resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` "
+              "runs them")
+    if in_use(run):  # a --resume would only wait for the pass at work
+        way_on = "the run is still at work (a process holds its lock): export again once it ends"
     notes = [
-        (summary.pending, "record has", "records have", f"no answer yet: `shardrun {job} "
-         f"--resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` runs them"),
+        (summary.pending, "record has", "records have", f"no answer yet: {way_on}"),
         (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}"
          + ("" if args.job is None else f" --job {job}") + "` gives them another pass"),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "

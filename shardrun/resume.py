@@ -225,6 +225,21 @@ def alone_in_run(lock: RunLock) -> bool:
     return alone
 
 
+def in_use(run_path: Path) -> bool | None:
+    """Whether a process of the run holds its lock (`lock_run`, `share_lock`): a pass or its
+    shards are still at work; None where that cannot be told (no lock file, no access to it)."""
+    try:
+        with open(run_path / ".lock", "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)  # at once: a pass about to start waits for it
+            return False
+    except OSError:
+        return None
+
+
 def share_lock(run_path: Path) -> IO[bytes]:
     """A shard's shared hold on the run (blocks while a new pass is taking over)."""
     handle = open(run_path / ".lock", "ab")  # noqa: SIM115 - held until the shard exits

@@ -189,6 +189,32 @@ def test_items_without_a_line_are_pending(base: Path, tmp_path: Path) -> None:
     assert "  1 line of the run is cut short" in done.stderr
 
 
+def test_pending_items_of_a_run_at_work_are_not_sent_to_resume(base: Path,
+                                                                tmp_path: Path) -> None:
+    """While a process of the run holds its lock (here a shard's shared hold, taken by a child
+    process), a pending item is one the pass has yet to end: --resume would only wait for it,
+    so the note says to export again once the run ends."""
+    run_dir, _ = copy_of(base, tmp_path)
+    results = sorted((run_dir / "results").glob("shard-*.jsonl"))[0]
+    results.write_bytes(b"".join(results.read_bytes().splitlines(keepends=True)[:-2]))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from shardrun.resume import share_lock; held = share_lock(Path(sys.argv[1])); "
+         "print('held', flush=True); sys.stdin.read()", str(run_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    finally:
+        holder.communicate(timeout=30)  # its stdin closed: it exits, letting the lock go
+    assert done.returncode == 0, done.stderr
+    assert ("  2 records have no answer yet: the run is still at work (a process holds its "
+            "lock): export again once it ends\n") in done.stderr, done.stderr
+    assert "--resume" not in done.stderr
+    after = export(str(run_dir), "-o", str(tmp_path / "b.jsonl"), cwd=tmp_path)
+    assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in after.stderr
+
+
 def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> None:
     """Lines the invariant rules out (a second line for one id, a line for an id the input does
     not have) are reported, not exported: the first line of an id is the one exported."""

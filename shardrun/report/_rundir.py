@@ -31,7 +31,7 @@ from shardrun.errors import RunDirError
 from shardrun.manifest import input_read_whole, newest_summary, read_manifest
 from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
-from shardrun.resume import first_set_aside_pass, pass_of, set_aside_lines
+from shardrun.resume import first_set_aside_pass, in_use, pass_of, set_aside_lines
 from shardrun.summary import work_left
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -266,7 +266,7 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
-    if _lock_held(loaded.path) is False:
+    if in_use(loaded.path) is False:
         # Every process of a pass holds the run's lock while it lives: none is left, however
         # recently the logs were written (a pass that could not write its manifest at the end,
         # on a full disk, or one killed a moment ago).
@@ -325,23 +325,6 @@ def _work_left(loaded: LoadedRun) -> str:
                  f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
                  f"shardrun retry-failed {loaded.path} runs them")
     return left
-
-
-def _lock_held(run_path: Path) -> bool | None:
-    """Whether a process holds the run's lock (`resume.lock_run`, `resume.share_lock`); None
-    where that cannot be told (no lock file, no access to it, no `flock`)."""
-    try:
-        import fcntl
-
-        with open(run_path / ".lock", "rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)  # at once: a pass about to start waits for it
-            return False
-    except (ImportError, OSError):
-        return None
 
 
 def _alive(s: ShardSummary) -> bool:
