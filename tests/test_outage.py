@@ -434,6 +434,32 @@ def test_a_shards_last_items_failing_make_a_storm(tmp_path: Path, ended: bool, l
     shard.close()
 
 
+@pytest.mark.parametrize(("cap", "ended", "in_flight", "queued", "deciding", "may"), [
+    (1, False, 1, 5, 1, False),  # the one slot waits for the watch: nothing else goes out
+    (8, False, 8, 5, 8, False),  # every slot does
+    (8, False, 1, 0, 1, True),  # a slot free, and more items to come
+    (8, True, 1, 0, 1, False),  # a shard's last item: nothing left to join its streak
+    (8, True, 4, 2, 1, False),  # 1 failed + 3 others out + 2 queued: 6 of the 8 needed
+    (8, True, 6, 2, 1, True),  # ... 7 others: the streak may still be made
+])
+def test_a_failure_waits_for_the_storm_watch_only_while_its_streak_may_grow(
+        tmp_path: Path, cap: int, ended: bool, in_flight: int, queued: int, deciding: int,
+        may: bool) -> None:
+    """`Shard._streak_may_grow`: only other items of the shard, out or yet to go, can make a
+    streak a storm; a failure waiting for the watch holds its slot."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", concurrency=cap,
+                      answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    shard.input_ended = ended
+    shard.counters.in_flight, shard.deciding = in_flight, deciding
+    shard.queue.extend(Span(f"q{n}", {"id": f"q{n}"}, clock.t) for n in range(queued))
+    shard.storm.failed("s0", clock.t)
+    assert shard._streak_may_grow() is may
+    shard.close()
+
+
 def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: Path) -> None:
     """`unheard_s` in a progress report: since the latest of a stream's events (the client's
     `heard_at`), an attempt ending with an answer, and the last moment no request was out;

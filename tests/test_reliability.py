@@ -446,6 +446,30 @@ def test_a_lone_server_wait_above_ceiling_dead_letters_once_the_next_request_suc
     assert not [e for e in run.events if e["ev"] == "retry"]
 
 
+def test_a_lone_server_wait_above_ceiling_at_a_cap_of_1_dead_letters_at_once(
+        tmp_path: Path) -> None:
+    """As above, at one shard with a cap of 1: the failure waiting for the storm watch holds the
+    only slot, so no other request can go out to join its streak or end it, and waiting (5 s
+    each) only put its dead letter off. It is dead-lettered at once: the time from such a
+    failure to its item's release is a small part of the run (10 s of 11 s when it waited)."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    with sim(fail_503=0.05, retry_after_503=True, retry_after_s=3600) as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=1,
+                retry={"max_server_wait_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert run.dead and all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
+    failed = {e["span"]: e["t"] for e in run.events
+              if e["ev"] == "attempt_end" and e["status"] == "http_5xx"}
+    released = {e["span"]: e["t"] for e in run.events if e["ev"] == "released"}
+    assert len(failed) == len(run.dead)
+    waited = sum(released[span] - t for span, t in failed.items())
+    times = [e["t"] for e in run.events]
+    assert waited < (max(times) - min(times)) / 4, (waited, min(times), max(times))
+
+
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
            preexec: Any = None) -> subprocess.Popen[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
