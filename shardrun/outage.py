@@ -99,10 +99,16 @@ class StormWatch:
     """The items failing in a row with no success between, and whether they make a storm."""
 
     __slots__ = ("after", "failing", "first_at", "next_probe_at", "probes", "recent",
-                 "recent_failures", "since", "streak_failures")
+                 "recent_failures", "since", "streak_failures", "usual_after")
 
     def __init__(self, after: int, window: int = STORM_WINDOW) -> None:
         self.after = after
+        # The streak's usual length, fixed: `after` shrinks (a shard's last items, the cap
+        # before any success), but a failure rate counts only from this many outcomes on, and
+        # raises the bar only above it. Else a rate of 2 or 3 outcomes (one failure in three
+        # asked for 8 of the 3 items left), or of a server failing one request in five (6),
+        # undid the shrinking, and a shard's tail was never held.
+        self.usual_after = after
         self.failing: set[str] = set()  # span ids
         self.streak_failures = 0  # their failed attempts (an item may fail more than once)
         self.first_at = 0.0  # when the first of them failed
@@ -130,16 +136,17 @@ class StormWatch:
         a rate r line up n in a row with a chance of r**n, so the streak must be as unlikely at
         the recent rate as RANDOM_STREAK_ODDS says: 12 at one in two, 38 at 80 %. The rate is
         that of the outcomes before the streak (with the streak's own, a storm early in a run
-        would raise its own bar as it goes on), and only from `after` of them on, with a
-        success among them (a couple say little, and failures alone say nothing of a rate)."""
+        would raise its own bar as it goes on), and only from `usual_after` of them on, with a
+        success among them (a couple say little, and failures alone say nothing of a rate). A
+        bar no higher than `usual_after` leaves `after` as it is, shrunk or not."""
         seen = len(self.recent)
-        if seen < self.after or self.recent_failures == seen:  # no success: nothing to go by
+        if seen < self.usual_after or self.recent_failures == seen:  # nothing to go by
             return self.after
         rate = self.recent_failures / seen
         if rate <= 0.0:
             return self.after
         bar = math.ceil(RANDOM_STREAK_ODDS / math.log(rate))
-        return max(self.after, min(STORM_AFTER_MAX, bar))
+        return self.after if bar <= self.usual_after else min(STORM_AFTER_MAX, bar)
 
     def succeeded(self, started: float, *, finished: bool = True) -> bool:
         """A success of an attempt that started at `started` (from its first token on: not

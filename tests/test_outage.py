@@ -122,6 +122,24 @@ def test_the_streak_a_storm_needs_follows_the_failure_rate_before_it(before: str
     assert watch.needed() == needed
 
 
+@pytest.mark.parametrize(("before", "after", "needed"), [
+    ("xoo", 3, 3),  # one failure in three outcomes: too few to tell a rate by (it asked 8)
+    ("xo", 2, 2),  # ... one in two (it asked 12)
+    ("xoooo" * 4, 3, 3),  # one in five: a bar below the usual 8 (6) leaves the shrunk one
+    ("xo" * 10, 3, 12),  # a flaky server still needs its longer streak
+    ("xxxxo" * 10, 2, 38),
+])
+def test_a_shrunk_streak_is_raised_only_by_a_rate_that_raises_the_usual_one(
+        before: str, after: int, needed: int) -> None:
+    """A shard's last items make a storm with a shorter streak (`after` shrunk to the items
+    left): the failure rate before it counts from the usual eight outcomes on, and only when it
+    asks for more than the usual eight."""
+    watch = StormWatch(after=8)
+    _outcomes(watch, before, 0.0)
+    watch.after = after
+    assert watch.needed() == needed
+
+
 def test_the_streak_itself_does_not_raise_the_bar_and_the_rate_is_of_recent_outcomes() -> None:
     """A storm early in a run, after eight successes, needs the usual eight (counting the
     streak's own failures in the rate would raise its bar with every failure); the outcomes
