@@ -3,6 +3,7 @@ when a run of failures is an outage."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from shardrun import protocol
 from shardrun._attempt import AttemptOutcome
 from shardrun.outage import (
     PROBE_MAX_S,
+    STORM_AFTER,
     STORM_AFTER_MAX,
     STORM_WINDOW,
     OutageWatch,
@@ -476,6 +478,31 @@ def test_a_failure_waits_for_the_storm_watch_only_while_its_streak_may_grow(
     shard.storm.failed("s0", clock.t)
     assert shard._streak_may_grow() is may
     shard.close()
+
+
+def test_a_retrys_backoff_ends_when_a_storm_begins(tmp_path: Path) -> None:
+    """`Shard._back_off`: an item of the streak waiting out its backoff (a minute here) joins
+    the held items as soon as the storm begins, without any time passing: left in its backoff,
+    the item that made the storm probed alone, again and again, and spent its attempts."""
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True)  # fmt: skip
+
+    async def main() -> None:
+        shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        backoff = asyncio.create_task(shard._back_off(60.0))
+        failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=0.0)
+        for n in range(STORM_AFTER):
+            for _ in range(5):  # the loop runs on: the backoff goes on until the storm
+                await asyncio.sleep(0)
+            assert not backoff.done()
+            shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, 0.0), failed)
+        assert shard.storm.on
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert backoff.done()
+        shard.close()
+
+    asyncio.run(main())
 
 
 def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: Path) -> None:
