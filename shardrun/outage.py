@@ -125,7 +125,12 @@ class StormWatch:
             self.first_at = now
         self.failing.add(span_id)
         self.streak_failures += 1
-        if self.since is not None or len(self.failing) < self.needed():
+        return self.due(now)
+
+    def due(self, now: float) -> bool:
+        """Begin the storm if the streak is long enough for one now; True when this begins
+        it (`after` may have shrunk since the streak's last failure)."""
+        if self.since is not None or not self.failing or len(self.failing) < self.needed():
             return False
         self.since = now
         return True

@@ -431,6 +431,7 @@ class Shard:
         try:
             while (span.span_id in storm.failing and not storm.on and not self.halted.is_set()
                    and not self.stopping and self._streak_may_grow()
+                   and not self._storm_begun_by(outcome)
                    and (left := deadline - self.clock.now()) > 0):
                 with contextlib.suppress(TimeoutError):  # the event of the news after this look
                     await asyncio.wait_for(self.storm_news.wait(), min(left, RECHECK_S))
@@ -438,13 +439,26 @@ class Shard:
             self.deciding -= 1
         return storm.on and span.span_id in storm.failing
 
+    def _storm_begun_by(self, outcome: AttemptOutcome) -> bool:
+        """Begin the storm where the streak has become long enough with no new failure (the
+        input ended since, and the items left are all in it: `_streak_may_grow` took the
+        streak's new length); whether it began."""
+        now = self.clock.now()
+        if not self.storm.due(now):
+            return False
+        self._storm_begins(now)
+        self._storm_heard(outcome, now)
+        return True
+
     def _streak_may_grow(self) -> bool:
         """Whether items that may still fail could make the streak a storm: only other
         requests of this shard can, and a failure waiting for the watch holds its slot. At a
         cap of 1, or with every slot held so, nothing more goes out; a shard's last items may
         be too few. Waiting then only delayed the dead letter by STREAK_WAIT_S (11 s against
         1 s for 60 items at a cap of 1 with two such asks). The other items in flight may have
-        failed already (counted twice): the bound is an upper one, so no storm is missed."""
+        failed already (counted twice): the bound is an upper one, so no storm is missed. The
+        streak's length is taken anew: the input may have ended since its last failure."""
+        self.storm.after = self._streak_after()
         others = self.counters.in_flight - self.deciding  # the waiting ones are in the streak
         if self.deciding < self.cfg.concurrency:  # a slot free for the queued items
             if not self.input_ended:
@@ -514,27 +528,40 @@ class Shard:
         if not says_endpoint_failing(outcome.status):
             return False
         storm, now = self.storm, self.clock.now()
+        storm.after = self._streak_after()
+        if storm.failed(span.span_id, now):
+            self._storm_begins(now)
+        if not storm.on:
+            return False
+        self._storm_heard(outcome, now)
+        return True
+
+    def _streak_after(self) -> int:
+        """How many different items failing in a row make a storm, as the shard stands now
+        (before the failure rate's say, `StormWatch.needed`)."""
         # Before any request of the run has succeeded, the items the cap holds make a storm
         # (two at least: one item alone is never one): at a small cap, eight different items
         # failing first took the retry budget and the attempts of most of them.
-        storm.after = STORM_AFTER
+        after = STORM_AFTER
         if not self._proven():
-            storm.after = max(2, min(STORM_AFTER, self.cfg.concurrency))
+            after = max(2, min(STORM_AFTER, self.cfg.concurrency))
         if self.input_ended:
             # A shard's last items, fewer than the streak: all of them failing with no success
             # between is the streak (a storm in a run's last seconds dead-lettered its tail).
-            left = self.counters.in_flight + len(self.queue)
-            storm.after = max(2, min(storm.after, left))
-        if storm.failed(span.span_id, now):
-            storm.next_probe_at = now + self._probe_interval()
-            self._wake_held()  # failures waiting for the storm watch (`_storm_decides`)
-        if not storm.on:
-            return False
+            after = max(2, min(after, self.counters.in_flight + len(self.queue)))
+        return after
+
+    def _storm_begins(self, now: float) -> None:
+        self.storm.next_probe_at = now + self._probe_interval()
+        self._wake_held()  # failures waiting for the storm watch (`_storm_decides`)
+
+    def _storm_heard(self, outcome: AttemptOutcome, now: float) -> None:
+        """A failure in a storm: its cause for the progress line, and its Retry-After."""
         self.storm_cause = outcome.error or outcome.status
         asked = server_wait(outcome.http_status, outcome.retry_after, outcome.rate_headers)
         if asked is not None:  # the server says when to come back: no probe before then
-            storm.next_probe_at = max(storm.next_probe_at, now + self._server_ask(asked, now))
-        return True
+            self.storm.next_probe_at = max(self.storm.next_probe_at,
+                                           now + self._server_ask(asked, now))
 
     def _server_ask(self, asked: float, now: float) -> float:
         """A wait the server asked for in a storm, held to the job's ceiling on such waits (an

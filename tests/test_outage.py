@@ -459,8 +459,10 @@ def test_a_shards_last_items_failing_make_a_storm(tmp_path: Path, ended: bool, l
     (8, False, 8, 5, 8, False),  # every slot does
     (8, False, 1, 0, 1, True),  # a slot free, and more items to come
     (8, True, 1, 0, 1, False),  # a shard's last item: nothing left to join its streak
-    (8, True, 4, 2, 1, False),  # 1 failed + 3 others out + 2 queued: 6 of the 8 needed
-    (8, True, 6, 2, 1, True),  # ... 7 others: the streak may still be made
+    (8, True, 2, 0, 1, True),  # the last 2 items: 1 failed + 1 out make the 2 needed
+    (8, False, 4, 2, 1, True),  # 4 out, more to come
+    (8, True, 4, 2, 1, True),  # 1 failed + 3 others out + 2 queued: the 6 left make it
+    (8, True, 3, 0, 3, False),  # the last 3 all waiting (the streak has just 1): none to join
 ])
 def test_a_failure_waits_for_the_storm_watch_only_while_its_streak_may_grow(
         tmp_path: Path, cap: int, ended: bool, in_flight: int, queued: int, deciding: int,
@@ -531,3 +533,49 @@ def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: 
     clock.t += 10
     assert shard._unheard_s() == 10.0
     shard.close()
+
+
+def test_a_failure_waiting_for_the_watch_as_the_input_ends_is_held_by_the_storm(
+        tmp_path: Path) -> None:
+    """A failure asking to wait above the ceiling waits for the storm watch; the input ends
+    while it waits, with 6 items left: the streak needed is then 6, not the 8 it was when the
+    failure came, so the wait goes on, and once the 5 others fail the storm holds them all,
+    the waiting one too (it was dead-lettered at the input's end, the storm then holding the
+    rest). Two waiting failures that are all the shard has left begin the storm themselves."""
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", concurrency=8,
+                      answered_before=True)  # fmt: skip
+    asked = AttemptOutcome(status="http_5xx", http_status=503, started_at=0.0,
+                           retry_after="3600")
+
+    async def main() -> None:
+        shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        shard.counters.in_flight = 6
+        first = Span("a", {"id": "a"}, 0.0)
+        assert not shard._storm_failed(first, asked)
+        waiting = asyncio.create_task(shard._storm_decides(first, asked))
+        await asyncio.sleep(0.01)
+        shard.input_ended = True
+        shard._wake_held()  # as the input's end does
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        for n in range(5):
+            shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, 0.0), asked)
+        assert await asyncio.wait_for(waiting, 1.0) is True
+        assert shard.storm.on and shard.deciding == 0
+        shard.close()
+
+        last = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        last.counters.in_flight = 2
+        pair = [Span(name, {"id": name}, 0.0) for name in ("b", "c")]
+        for span in pair:
+            assert not last._storm_failed(span, asked)  # 2 of the 8 while input may come
+        both = [asyncio.create_task(last._storm_decides(span, asked)) for span in pair]
+        await asyncio.sleep(0.01)
+        last.input_ended = True
+        last._wake_held()
+        assert await asyncio.wait_for(asyncio.gather(*both), 1.0) == [True, True]
+        assert last.storm.on and last.storm_cause
+        last.close()
+
+    asyncio.run(main())
