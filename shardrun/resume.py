@@ -418,7 +418,11 @@ def set_aside_lines(run_path: Path, bad: list[str] | None = None) -> dict[str, t
     aside: dict[str, tuple[Path, int]] = {}  # id -> where its newest set-aside line starts
     for folder in sorted(_set_aside_dirs(run_path), key=pass_of, reverse=True):
         for path in sorted(folder.glob("*.jsonl")):
-            for item_id, offset in _ids_at(path, bad):
+            try:
+                found = _ids_at(path, bad)
+            except FileNotFoundError:  # a pass that never began moved it back (undo_set_aside)
+                continue
+            for item_id, offset in found:
                 aside.setdefault(item_id, (path, offset))
     return aside
 

@@ -1413,6 +1413,31 @@ def test_lines_that_are_no_record_make_the_standing_count_partial_not_fatal(
                             f"{tmp_path}/dead/superseded-r1/shard-00.jsonl line 4"]
 
 
+def test_a_dead_letter_file_moved_aside_while_report_counts_is_read_where_it_went(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starting retry pass moves dead/'s files aside after report listed them and before it
+    opens them: the count reads them where they went, with no traceback (FileNotFoundError
+    escaped `report`)."""
+    from shardrun.report import _rundir
+
+    for name in ("results", "dead/superseded-r1"):
+        (tmp_path / name).mkdir(parents=True)
+    lines = [orjson.dumps({"id": i, "error": "HTTP 500"}) + b"\n" for i in "abc"]
+    (tmp_path / "dead" / "superseded-r1" / "shard-00.jsonl").write_bytes(b"".join(lines))
+    (tmp_path / "dead" / "shard-00.r1.jsonl").write_bytes(lines[0] + lines[1])
+    real = _rundir.line_ids
+
+    def moved_first(path: Path, **kwargs: Any) -> Iterator[str]:
+        if path.parent.name == "dead":
+            (tmp_path / "dead" / "superseded-r2").mkdir(exist_ok=True)
+            path.rename(tmp_path / "dead" / "superseded-r2" / "shard-00.jsonl")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(_rundir, "line_ids", moved_first)
+    standing = _rundir.standing_dead_letters(tmp_path)
+    assert standing is not None and (standing.dead, standing.bad) == (3, [])
+
+
 def _retry_pass_started(path: Path, segment: int = 1) -> list[str]:
     """Set the run's dead letters aside as retry pass `segment` does when it starts; their
     ids."""

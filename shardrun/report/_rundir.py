@@ -131,11 +131,14 @@ def standing_dead_letters(run_dir: Path) -> Standing | None:
     dead = 0
     for sub in ("dead", "results"):
         for path in sorted((run_dir / sub).glob("*.jsonl")):
-            if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s are counted
-                dead += _line_count(path) if sub == "dead" else 0
+            try:
+                if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s count
+                    dead += _line_count(path) if sub == "dead" else 0
+                    continue
+                unread = len(bad)
+                ids = list(line_ids(path, whole_only=True, bad=bad))
+            except FileNotFoundError:  # a starting pass moved it aside: read there, below
                 continue
-            unread = len(bad)
-            ids = list(line_ids(path, whole_only=True, bad=bad))
             live.update(ids)
             if sub == "dead":  # a line that is no record still counts, as _line_count does
                 dead += len(ids) + len(bad) - unread
