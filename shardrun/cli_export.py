@@ -48,6 +48,16 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=handle)
 
 
+def _retrying_only(run: Path) -> bool:
+    """Whether the run's newest pass retries dead letters only (`retry-failed`): it never
+    ends an input item no pass has run."""
+    from shardrun.manifest import read_manifest
+
+    resumes = read_manifest(run).get("resumes")
+    newest = resumes[-1] if isinstance(resumes, list) and resumes else None
+    return isinstance(newest, dict) and bool(newest.get("only_failed"))
+
+
 @guarded
 def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
@@ -65,8 +75,10 @@ def handle(args: argparse.Namespace) -> int:
     job = shlex.quote(str(summary.job_path or "JOB.yaml"))
     way_on = (f"`shardrun {job} --resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` "
               "runs them")
-    if in_use(run):  # a --resume would only wait for the pass at work
+    if in_use(run) and not _retrying_only(run):  # a --resume would only wait for that pass
         way_on = "the run is still at work (a process holds its lock): export again once it ends"
+    elif in_use(run):
+        way_on = f"the pass at work retries dead letters only; once it ends, {way_on}"
     notes = [
         (summary.pending, "record has", "records have", f"no answer yet: {way_on}"),
         (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}"

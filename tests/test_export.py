@@ -205,12 +205,21 @@ def test_pending_items_of_a_run_at_work_are_not_sent_to_resume(base: Path,
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+        # A retry-failed pass at work never ends an input item no pass has run.
+        manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
+        (run_dir / "manifest.json").write_bytes(orjson.dumps(
+            {**manifest, "resumes": [{"retry_failed": True, "only_failed": True}]}))
+        retrying = export(str(run_dir), "-o", str(tmp_path / "r.jsonl"), cwd=tmp_path)
+        (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
     finally:
         holder.communicate(timeout=30)  # its stdin closed: it exits, letting the lock go
     assert done.returncode == 0, done.stderr
     assert ("  2 records have no answer yet: the run is still at work (a process holds its "
             "lock): export again once it ends\n") in done.stderr, done.stderr
     assert "--resume" not in done.stderr
+    assert ("  2 records have no answer yet: the pass at work retries dead letters only; once "
+            "it ends, `shardrun ") in retrying.stderr, retrying.stderr
+    assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in retrying.stderr
     after = export(str(run_dir), "-o", str(tmp_path / "b.jsonl"), cwd=tmp_path)
     assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in after.stderr
 

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import math
 import os
+import shlex
 import socket
 import time
 from collections.abc import Iterator
@@ -295,7 +296,7 @@ def _crashed_way_on(loaded: LoadedRun) -> str:
     lines and puts back the dead letters a retry pass set aside and did not reach."""
     resumes = loaded.manifest.get("resumes")
     newest = resumes[-1] if isinstance(resumes, list) and resumes else {}
-    retry = f"shardrun retry-failed {loaded.path}"
+    retry = shlex.join(["shardrun", "retry-failed", str(loaded.path)])
     if not isinstance(newest, dict) or not newest.get("retry_failed"):
         return "; --resume continues it (it keeps every answer on disk)"
     if newest.get("only_failed") or input_read_whole(loaded.manifest, but_the_newest=True):
@@ -326,7 +327,7 @@ def _work_left(loaded: LoadedRun) -> str:
         passes = len(loaded.manifest.get("resumes") or [])
         left += (f"; {work.unretried:,} dead letters its last pass set aside to retry were not "
                  f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
-                 f"shardrun retry-failed {loaded.path} runs them")
+                 f"{shlex.join(['shardrun', 'retry-failed', str(loaded.path)])} runs them")
     return left
 
 
