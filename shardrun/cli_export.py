@@ -75,10 +75,11 @@ def handle(args: argparse.Namespace) -> int:
     job = shlex.quote(str(summary.job_path or "JOB.yaml"))
     way_on = (f"`shardrun {job} --resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` "
               "runs them")
-    if in_use(run) and not _retrying_only(run):  # a --resume would only wait for that pass
-        way_on = "the run is still at work (a process holds its lock): export again once it ends"
-    elif in_use(run):
-        way_on = f"the pass at work retries dead letters only; once it ends, {way_on}"
+    if in_use(run):  # a pass at work: a --resume now would only wait for it
+        way_on = (f"the pass at work retries dead letters only; once it ends, {way_on}"
+                  if _retrying_only(run) else
+                  "the run is still at work (a process holds its lock): export again once it "
+                  "ends")
     notes = [
         (summary.pending, "record has", "records have", f"no answer yet: {way_on}"),
         (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}"
