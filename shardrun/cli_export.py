@@ -51,11 +51,9 @@ def register(subparsers: Any) -> None:
 def _retrying_only(run: Path) -> bool:
     """Whether the run's newest pass retries dead letters only (`retry-failed`): it never
     ends an input item no pass has run."""
-    from shardrun.manifest import read_manifest
+    from shardrun.manifest import newest_pass, read_manifest
 
-    resumes = read_manifest(run).get("resumes")
-    newest = resumes[-1] if isinstance(resumes, list) and resumes else None
-    return isinstance(newest, dict) and bool(newest.get("only_failed"))
+    return bool(newest_pass(read_manifest(run)).get("only_failed"))
 
 
 @guarded

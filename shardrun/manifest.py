@@ -328,12 +328,18 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The summary the newest pass recorded (a resume's is in its `resumes` entry), or {} when
-    it recorded none (a pass killed before its end)."""
+def newest_pass(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The newest pass's record: its `resumes` entry, or the manifest for the first pass ({}
+    where the entry is no object)."""
     resumes = manifest.get("resumes")
     record = resumes[-1] if isinstance(resumes, list) and resumes else manifest
-    summary = record.get("summary") if isinstance(record, dict) else None
+    return record if isinstance(record, dict) else {}
+
+
+def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The summary the newest pass recorded, or {} when it recorded none (a pass killed before
+    its end)."""
+    summary = newest_pass(manifest).get("summary")
     return summary if isinstance(summary, dict) else {}
 
 

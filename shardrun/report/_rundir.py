@@ -29,7 +29,7 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
-from shardrun.manifest import input_read_whole, newest_summary, read_manifest
+from shardrun.manifest import input_read_whole, newest_pass, newest_summary, read_manifest
 from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
 from shardrun.resume import first_set_aside_pass, in_use, pass_of, set_aside_lines
@@ -294,10 +294,9 @@ def _crashed_way_on(loaded: LoadedRun) -> str:
     """What continues a crashed run, by what its newest pass was (the way on its stop would
     have named, `runner.choose_way_on`): the next pass keeps every answer on disk, repairs torn
     lines and puts back the dead letters a retry pass set aside and did not reach."""
-    resumes = loaded.manifest.get("resumes")
-    newest = resumes[-1] if isinstance(resumes, list) and resumes else {}
+    newest = newest_pass(loaded.manifest)
     retry = shlex.join(["shardrun", "retry-failed", str(loaded.path)])
-    if not isinstance(newest, dict) or not newest.get("retry_failed"):
+    if not newest.get("retry_failed"):
         return "; --resume continues it (it keeps every answer on disk)"
     if newest.get("only_failed") or input_read_whole(loaded.manifest, but_the_newest=True):
         return f"; {retry} continues it (its dead letters are for retry-failed, not --resume)"
