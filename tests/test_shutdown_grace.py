@@ -345,8 +345,9 @@ def test_a_stop_during_a_retrys_wait_starts_no_attempt(tmp_path: Path) -> None:
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
 
     def every_slot_got_a_429() -> bool:  # each slot's first attempt refused: all are waiting
+        # (attempt ends, not `retry` lines: a retry's line is written when it is sent, 20 s on)
         logs = list((tmp_path / "runs").glob("*/events/shard-*.jsonl"))
-        return bool(logs) and logs[0].read_bytes().count(b'"ev":"retry"') >= 4
+        return bool(logs) and logs[0].read_bytes().count(b'"status":"http_429"') >= 4
 
     _, proc, err, took, wall = _interrupted(
         tmp_path, lambda p: _wait_for(p, every_slot_got_a_429, "every slot's first 429"))
