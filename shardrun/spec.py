@@ -171,6 +171,9 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))
+    overridden = _overridden_vars(set_env, given_flags)
+    if overridden:
+        loaded = replace(loaded, warnings=(*overridden, *loaded.warnings))
     if not sim_ignored:
         return loaded
     url, source = masked_url(spec.endpoint.base_url), sources["endpoint.base_url"]
@@ -289,6 +292,25 @@ def _overrides(
         except ValueError:
             out[key] = value
     return out
+
+
+def _overridden_vars(
+    set_env: Mapping[str, tuple[EnvVar, str]], flags: Mapping[str, object]
+) -> list[str]:
+    """A variable set to another value than a flag given for the same key: the flag wins, and
+    the operator who set the variable during an incident and pasted the printed command (it
+    carries the pass's --concurrency, --shards, --rpm and --tpm) is told that it is not used."""
+    warnings = []
+    for key, (var, text) in set_env.items():
+        if key not in flags:
+            continue
+        flag = _overrides({}, {key: flags[key]})[key]
+        if _parse_or_keep(text, key) != flag:
+            shown = flags[key] if isinstance(flags[key], str) else flag
+            warnings.append(f"{var.name}={text} is not used: the flag {flag_for(key)} {shown} "
+                            "overrides it (a flag wins over the environment); leave the flag "
+                            "out to use the variable")
+    return warnings
 
 
 def _parse_or_keep(text: str, key: str) -> object:

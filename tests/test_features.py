@@ -683,3 +683,37 @@ def test_the_printed_commands_keep_the_flags_that_set_limits(tmp_path: Path) -> 
     effective = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["effective"]
     assert effective["rate_limits.rpm"] == {"value": 60000.0, "source": "flag --rpm"}
     assert effective["concurrency"] == {"value": 3, "source": "flag --concurrency"}
+
+
+def test_a_variable_a_flag_overrides_is_named_not_silently_dropped(tmp_path: Path) -> None:
+    """The command printed to finish a run carries its --concurrency; an operator who then
+    lowers SHARDRUN_CONCURRENCY for an incident and pastes it gets the flag's value (a flag
+    wins), and is told so in one warning naming both, where the variable was dropped silently.
+    A variable equal to the flag, or one no flag overrides, draws no warning."""
+    ids = write_input(tmp_path / "input.jsonl", 12)
+    write_job(tmp_path / "job.yaml")
+    first = run_cli("job.yaml", "--limit", "4", "--runs-dir", "runs", "--concurrency", "6",
+                    "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    [hint] = [line for line in first.stdout.splitlines() if "to finish the run" in line]
+    command = shlex.split(hint.split("to finish the run", 1)[1])
+    assert command[-2:] == ["--concurrency", "6"], command
+    rest = run_cli(*command[1:], "--quiet", cwd=tmp_path,
+                   env={"SHARDRUN_CONCURRENCY": "2", "SHARDRUN_MAX_ATTEMPTS": "3"})
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert [line for line in rest.stderr.splitlines() if "SHARDRUN_" in line] == [
+        "warning: SHARDRUN_CONCURRENCY=2 is not used: the flag --concurrency 6 overrides it "
+        "(a flag wins over the environment); leave the flag out to use the variable"]
+    path = only_run(tmp_path / "runs")
+    assert sorted(r["id"] for r in Run.load(path).results) == ids
+    effective = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["effective"]
+    assert effective["concurrency"] == {"value": 6, "source": "flag --concurrency"}
+    same = run_cli("validate", "job.yaml", "--concurrency", "6", cwd=tmp_path,
+                   env={"SHARDRUN_CONCURRENCY": "6"})
+    assert same.returncode == 0 and "warning" not in same.stdout + same.stderr, same.stderr
+    # A bad value a flag overrides is not an error (it is not used), but it is named.
+    bad = run_cli("validate", "job.yaml", "--shards", "3", cwd=tmp_path,
+                  env={"SHARDRUN_SHARDS": "lots"})
+    assert bad.returncode == 0, bad.stdout + bad.stderr
+    assert ("warning: SHARDRUN_SHARDS=lots is not used: the flag --shards 3 overrides it"
+            in bad.stdout + bad.stderr)
