@@ -2054,6 +2054,35 @@ def test_a_used_up_quota_stops_the_run_and_resume_finishes_it(tmp_path: Path) ->
     resume_on_a_live_server(tmp_path, only_run(tmp_path / "runs"), ids)
 
 
+def test_report_says_what_stopped_a_pass_the_endpoint_stopped(tmp_path: Path) -> None:
+    """A pass the endpoint stopped (a used-up quota here; refused credentials, a 404, an outage
+    do alike): report's state names the stop in the words the run printed, where it said only
+    that the input was not read to its end "(--limit, or a stop)", as if the user had stopped
+    it. Once a resume finishes the run, the stop is no longer named."""
+    write_input(tmp_path / "input.jsonl", 80)
+    with sim(quota_after=10) as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    [printed] = [line.removeprefix("error: ") for line in proc.stderr.splitlines()
+                 if line.startswith("error: ")]
+    path = only_run(tmp_path / "runs")
+    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    reason = orjson.loads(report.stdout)["run"]["state_reason"]
+    assert f"; its last pass was stopped: {printed};" in reason, reason
+    text = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert f"its last pass was stopped: {printed}" in text
+    with sim() as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m"})
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    after = orjson.loads(run_cli("report", str(path), "--json", cwd=tmp_path).stdout)
+    assert "stopped" not in after["run"]["state_reason"], after["run"]["state_reason"]
+
+
 def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) -> None:
     """HTTP 404 before any success (a wrong path or model): one sentence naming the URL and
     what to check, nothing dead-lettered, and --resume with the right URL finishes the job."""

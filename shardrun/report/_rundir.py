@@ -266,6 +266,11 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     unended = [s.name for s in loaded.shards if not s.ended]
     if status != "running" and ended_at:
         why = f"manifest status {status}, ended {ended_at}"
+        # What stopped the pass (refused credentials, a used-up quota, an outage...), in the
+        # sentence the run printed: else the work left below reads as a --limit or a user's stop.
+        stop = newest_summary(loaded.manifest).get("fatal_reason")
+        if isinstance(stop, str) and stop:
+            why += f"; its last pass was stopped: {stop}"
         why += _work_left(loaded)
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
