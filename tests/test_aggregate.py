@@ -24,7 +24,7 @@ from shardrun.aggregate import (
 from shardrun.aggregate._metrics import client_cpu_section
 from shardrun.aggregate._segments import DIST_NAMES, overall
 from shardrun.itl import REL_ERROR, bucket_of
-from shardrun.report._text import _client_cpu
+from shardrun.report._text import _client_cpu, _peak_lines
 
 M = B // 60  # the minute that starts at B
 
@@ -188,6 +188,10 @@ def test_a_shard_logs_peak_is_a_minute_it_was_writing_in() -> None:
              for p in _report([short, later])["tpm"]["per_shard_peak"]}
     assert peaks["00"] == (None, None)
     assert peaks["00.r1"] == (minute_label(M + 10), 30)
+    # The text says so, where it read "00: - at ," (an empty minute and a dash for tokens).
+    lines = _peak_lines(_report([short, later])["tpm"])
+    at = minute_label(M + 10)[11:]
+    assert lines[1] == f"  each shard's own peak: 00: none,  00.r1: 30 at {at}"
 
 
 def test_minutes_only_mode_gives_the_same_figure() -> None:

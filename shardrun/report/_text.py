@@ -101,7 +101,8 @@ def _peak_lines(tpm: dict[str, Any]) -> list[str]:
     return [f"  peak full minute: {peak['minute']}  {num(peak['completion_tokens'])} "
             f"tokens/min ({num(peak['spans'])} spans)",
             "  each shard's own peak: " + ",  ".join(
-                f"{p['shard']}: {num(p['completion_tokens'])} at {(p['minute'] or '-')[11:]}"
+                f"{p['shard']}: {num(p['completion_tokens'])} at {p['minute'][11:]}"
+                if p["minute"] else f"{p['shard']}: none"  # no full minute of its own
                 for p in tpm["per_shard_peak"])]
 
 
