@@ -411,11 +411,13 @@ def _failure_lines(s: RunSummary) -> list[str]:
     # counted from its files; their reasons are in those lines only.
     unreported = s.dead - sum(n for n, _ in s.dead_reasons.values())
     width = len(f"{max([n for _, (n, _) in ranked] + [unreported, 0]):,}")
+    # A fourth kind alone takes the line that "other reasons" would, and says what it is.
+    shown = len(ranked) if len(ranked) == SHOWN_REASONS + 1 else SHOWN_REASONS
     lines = [f"    {count:>{width},}  {ellipsize(' '.join(example.split()), 100)}"
-             for _, (count, example) in ranked[:SHOWN_REASONS]]
-    if len(ranked) > SHOWN_REASONS:
-        rest = sum(n for _, (n, _) in ranked[SHOWN_REASONS:])
-        lines.append(f"    {rest:>{width},}  other reasons ({len(ranked) - SHOWN_REASONS} kinds; "
+             for _, (count, example) in ranked[:shown]]
+    if len(ranked) > shown:
+        rest = sum(n for _, (n, _) in ranked[shown:])
+        lines.append(f"    {rest:>{width},}  other reasons ({len(ranked) - shown} kinds; "
                      f"shardrun report {s.run_dir})")
     if unreported > 0:
         lines.append(f"    {unreported:>{width},}  reason in the dead-letter lines (written by a "

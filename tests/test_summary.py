@@ -67,6 +67,17 @@ def test_beyond_three_kinds_the_rest_is_one_line_and_counts_still_add_up() -> No
     assert "  rejected lines     runs/r1/rejects.jsonl" in text
 
 
+def test_a_fourth_kind_alone_is_shown_not_called_other_reasons() -> None:
+    """Four kinds: the fourth takes the line an "other reasons (1 kinds; ...)" line would, and
+    says what it is (seen after an incident: "2  other reasons (1 kinds; shardrun report ...)",
+    where report's dead-letter reasons give only the text before the first colon)."""
+    reasons = {f"kind{i}": [i + 1, f"kind{i}: reason {i}"] for i in range(4)}
+    s = summary_of([{"dead_reasons": reasons}], dead=10)
+    shown = [line for line in format_summary(s).splitlines() if line.startswith("    ")]
+    assert shown == ["    4  kind3: reason 3", "    3  kind2: reason 2", "    2  kind1: reason 1",
+                     "    1  kind0: reason 0"]
+
+
 def test_a_clean_run_shows_no_failure_lines() -> None:
     text = format_summary(summary_of([{"dead_reasons": {}}], dead=0))
     assert "dead letters" not in text and "rejected lines" not in text
