@@ -304,8 +304,10 @@ def _overridden_vars(
     for key, (var, text) in set_env.items():
         if key not in flags:
             continue
-        flag = _overrides({}, {key: flags[key]})[key]
-        if _parse_or_keep(text, key) != flag:
+        flag, value = _overrides({}, {key: flags[key]})[key], _parse_or_keep(text, key)
+        if key == "runs_dir":  # one directory however spelt (the printed --runs-dir is tidied)
+            flag, value = (os.path.abspath(os.path.expanduser(str(v))) for v in (flag, value))
+        if value != flag:
             shown = flags[key] if isinstance(flags[key], str) else flag
             warnings.append(f"{var.name}={text} is not used: the flag {flag_for(key)} {shown} "
                             "overrides it (a flag wins over the environment); leave the flag "

@@ -711,6 +711,10 @@ def test_a_variable_a_flag_overrides_is_named_not_silently_dropped(tmp_path: Pat
     same = run_cli("validate", "job.yaml", "--concurrency", "6", cwd=tmp_path,
                    env={"SHARDRUN_CONCURRENCY": "6"})
     assert same.returncode == 0 and "warning" not in same.stdout + same.stderr, same.stderr
+    # The printed --runs-dir is the variable's directory tidied: the same one, no warning.
+    tidied = run_cli("validate", "job.yaml", "--runs-dir", "runs", cwd=tmp_path,
+                     env={"SHARDRUN_RUNS_DIR": "./runs/"})
+    assert tidied.returncode == 0 and "warning" not in tidied.stdout + tidied.stderr
     # A bad value a flag overrides is not an error (it is not used), but it is named.
     bad = run_cli("validate", "job.yaml", "--shards", "3", cwd=tmp_path,
                   env={"SHARDRUN_SHARDS": "lots"})
