@@ -305,10 +305,10 @@ def _overridden_vars(
         if key not in flags:
             continue
         flag, value = _overrides({}, {key: flags[key]})[key], _parse_or_keep(text, key)
+        shown = flags[key] if isinstance(flags[key], str) else flag  # as typed, where text
         if key == "runs_dir":  # one directory however spelt (the printed --runs-dir is tidied)
             flag, value = (os.path.abspath(os.path.expanduser(str(v))) for v in (flag, value))
         if value != flag:
-            shown = flags[key] if isinstance(flags[key], str) else flag
             warnings.append(f"{var.name}={text} is not used: the flag {flag_for(key)} {shown} "
                             "overrides it (a flag wins over the environment); leave the flag "
                             "out to use the variable")
