@@ -223,9 +223,10 @@ def _check_shape(path: Path, sample: dict[str, Any]) -> None:
             raise VerifyError(f"sample {path}: {key} must be a list of objects")
     seen: set[str] = set()
     for i, rec in enumerate(sample["files"]):
-        for name, kind in (("path", str), ("sha256", str), ("bytes", int)):
+        for name, kind, what in (("path", str, "string"), ("sha256", str, "string"),
+                                 ("bytes", int, "whole number")):
             if not isinstance(rec.get(name), kind) or isinstance(rec.get(name), bool):
-                raise VerifyError(f"sample {path}: files[{i}] lacks {name!r} (a {kind.__name__})")
+                raise VerifyError(f"sample {path}: files[{i}] lacks {name!r} (a {what})")
         if rec["path"] in seen:
             raise VerifyError(f"sample {path}: files[{i}] names {rec['path']} again (the sample "
                               "was edited: each event file is listed once)")

@@ -304,6 +304,12 @@ def _listed_twice(run: Path, sample: Path) -> None:
     sample.write_bytes(orjson.dumps(doc))
 
 
+def _size_as_text(run: Path, sample: Path) -> None:
+    doc = orjson.loads(sample.read_bytes())
+    doc["files"][0]["bytes"] = str(doc["files"][0]["bytes"])
+    sample.write_bytes(orjson.dumps(doc))
+
+
 def _other_run(run: Path, sample: Path) -> None:
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "run_id": "another-run"}))
@@ -346,6 +352,7 @@ TAMPERS = [
     # How the file came to differ, where its bytes, the other files and the manifest tell.
     ("listed file hash", _sample_hash_edited_in_a_listed_run, "as the run's manifest recorded "
      "it, so the SHA-256 or size in the sample was changed", ""),
+    ("size as text", _size_as_text, "files[0] lacks 'bytes' (a whole number)", ""),
     ("a file listed twice", _listed_twice, "files[3] names events/shard-00.jsonl again", ""),
     ("swapped files", _swapped, "records for events/shard-01.jsonl: the files were swapped", ""),
     ("torn tail", _torn, "ends in 13 bytes of a line cut short", ""),
@@ -407,7 +414,7 @@ def test_unreadable_samples(published: tuple[Path, Path], tmp_path: Path) -> Non
     run_dir, sample = published
     good = orjson.loads(sample.read_bytes())
     for edited, says in (({**good, "files": [{**good["files"][0], "sha256": None}]},
-                          r"files\[0\] lacks 'sha256' \(a str\)"),
+                          r"files\[0\] lacks 'sha256' \(a string\)"),
                          ({**good, "files": None}, "files must be a list of objects"),
                          ({**good, "per_shard": [3]}, "per_shard must be a list of objects")):
         bad.write_bytes(orjson.dumps(edited))
