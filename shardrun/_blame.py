@@ -41,7 +41,9 @@ _MUST_BE_OVERRIDES: Mapping[str, str] = {
 }
 
 _CROSS_FIELD: Mapping[str, str] = {
-    "backoff_order": "{subject} must be at least {other} ({other_value}{other_src}), got {got}",
+    "backoff_order": (
+        "{subject} must be at least {other} ({other_value}{other_src}), got {got}{got_src}"
+    ),
     "sim_needs_sim_url": (
         "{subject} is only allowed when endpoint.base_url is sim://,"
         " but base_url is {other_value}{other_src}"
@@ -116,6 +118,13 @@ class Blame:
         """', from env X' when a related value did not come from the file the user is reading."""
         source = self.sources.get(key, "job file")
         return "" if source == "job file" else f" from {source}"
+
+    def default_note(self, key: str) -> str:
+        """' (the default: ...)' for a value no one gave, saying where one is given."""
+        if self.sources.get(key) != "default":
+            return ""
+        var = ENV_BY_KEY.get(key)
+        return f" (the default: set {key}" + (f" or {var.name})" if var else ")")
 
 
 def render(problems: Sequence[Problem], limit: int = 8) -> str:
@@ -276,6 +285,7 @@ def _cross_field(kind: str, base: str, ctx: Mapping[str, Any], blame: Blame) -> 
         other_value=show(other, ctx.get("other_value"), blame),
         other_src=blame.source_note(other),
         got=ctx["got"] if kind.startswith("params_") else show(key, ctx.get("value"), blame),
+        got_src=blame.default_note(key),
     )
     return origin, text
 

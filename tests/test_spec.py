@@ -431,6 +431,17 @@ def test_retry_backoff_order(jobs: Path) -> None:
     )
 
 
+def test_retry_backoff_order_against_the_default_says_where_to_raise_it(jobs: Path) -> None:
+    """A first backoff above the default cap (30 s) blames a value no one gave: the message says
+    it is the default and names the key and the variable that set it."""
+    message = error_of(write(jobs, MINIMAL), env={"SHARDRUN_RETRY_BACKOFF_S": "60"})
+    assert message == (
+        "jobs/x.yaml: retry.backoff_max_s must be at least retry.backoff_s"
+        " ('60' from env SHARDRUN_RETRY_BACKOFF_S), got 30.0 (the default: set"
+        " retry.backoff_max_s or SHARDRUN_RETRY_BACKOFF_MAX_S)"
+    )
+
+
 def test_params_cannot_set_what_the_client_sends(jobs: Path) -> None:
     """params passes through, but may not override model, prompt, messages or stream."""
     assert "params must not set 'model', 'stream'" in error_of(
