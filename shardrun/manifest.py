@@ -343,19 +343,41 @@ def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
-def input_read_whole(manifest: dict[str, Any], *, but_the_newest: bool = False) -> bool:
+def input_read_whole(manifest: dict[str, Any], *, but_the_newest: bool = False,
+                     size: int | None = None) -> bool:
     """Whether a pass of the run (but its newest, with `but_the_newest`) read the input to its
     end and ended every item it read (a `retry-failed` pass passes over the items no pass has
     run, `left_out`; a stopped one leaves items `unfinished`). From then on `--resume` has
-    nothing to run: what a later pass leaves are dead letters, for `retry-failed`."""
+    nothing to run: what a later pass leaves are dead letters, for `retry-failed`.
+
+    `size`: the input's size as the pass asking saw it. Lines appended since that earlier pass
+    (a resume allows them, `resume.check_input`) are items no pass has run, so it counts only
+    if it read at least `size` bytes (one recorded without `bytes_read` counts, as before)."""
     records = [record for _, record in _passes(manifest)]
     for record in records[:-1] if but_the_newest else records:
         summary = record.get("summary") if isinstance(record, dict) else None
         if not isinstance(summary, dict) or summary.get("input_read") is not True:
             continue
-        if not summary.get("left_out") and not summary.get("unfinished"):
+        if summary.get("left_out") or summary.get("unfinished"):
+            continue
+        read = record.get("input") if isinstance(record, dict) else None
+        got = read.get("bytes_read") if isinstance(read, dict) else None
+        if size is None or not isinstance(got, int) or got >= size:
             return True
     return False
+
+
+def newest_read_before(manifest: dict[str, Any]) -> bool:
+    """Whether an earlier pass had read the whole input the newest pass saw
+    (`input_read_whole`), as that pass judged it at its start and recorded in its entry
+    (`input_read_before`; the first pass has no earlier one). An entry of an older shardrun
+    lacks it: then as that shardrun judged it, by whether any earlier pass read the input to
+    its end, however long the input is now."""
+    newest = newest_pass(manifest)
+    judged = newest.get("input_read_before")
+    if isinstance(judged, bool):
+        return judged
+    return input_read_whole(manifest, but_the_newest=True)
 
 
 def newest_job_path(manifest: dict[str, Any]) -> Path | None:

@@ -104,7 +104,8 @@ class Pass:
     prior_dead: int = 0
     only: DigestSet | None = None  # run these items only (`retry-failed`: its dead letters)
     judged_lines: int = 0  # input lines whose rejects an earlier pass has recorded
-    read_before: bool = False  # an earlier pass read the input whole (`input_read_whole`)
+    # An earlier pass read the whole input this one sees (`input_read_whole`).
+    read_before: bool = False
     recorded: bool = False  # the manifest holds this pass (from then on, it is a pass of the run)
     # How this pass's stops end their sentence, and those that also dead-lettered items
     # (`choose_way_on`; the defaults are `ShardConfig`'s).
@@ -247,10 +248,11 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
                              f"({resume_command(job, run_dir)} runs the items no pass has run, "
                              "if any)")
-    read_before = input_read_whole(manifest)
+    # Lines appended since the pass that read the input whole are items no pass has run.
+    read_before = input_read_whole(manifest, size=_input_size(job))
     way_on, retrying = choose_way_on(job, run_dir, options, read_before)
     info = {"segment": segment, "retry_failed": options.retry_failed,
-            "only_failed": only_failed,
+            "only_failed": only_failed, "input_read_before": read_before,
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked, "results_changed": results_changed}
@@ -282,6 +284,15 @@ def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
     return (continue_with(resume_command(job, run_dir)),
             f"{continue_with(retrying)} (which also gives the items dead-lettered so far "
             "another pass)")
+
+
+def _input_size(job: LoadedJob) -> int | None:
+    """The input's size as this pass starts (None where it cannot be read: the reader, open
+    already, says what is wrong)."""
+    try:
+        return job.input_path.stat().st_size
+    except OSError:
+        return None
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:

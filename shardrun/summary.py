@@ -57,8 +57,9 @@ class RunSummary:
     dead_reasons: dict[str, tuple[int, str]] = field(default_factory=dict)
     rejects_file: Path | None = None  # where this pass set aside bad input lines
     input_read: bool = True  # False: the run stopped before reading its input to the end
-    # An earlier pass read the input to its end and ended every item it read (see
-    # `manifest.input_read_whole`): a --limit on this pass left no input unread.
+    # An earlier pass read the input to its end, as long as this pass found it (lines appended
+    # since are new items), and ended every item it read (see `manifest.input_read_whole`): a
+    # --limit on this pass left no input unread.
     input_read_before: bool = False
     limit: int | None = None  # --limit, when it ended this pass's input early
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
@@ -232,8 +233,9 @@ class WorkLeft:
 
 def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
     """What the pass whose summary (`RunSummary.as_dict()`, as the manifest records it) this is
-    left undone; `read_before`: whether an earlier pass read the input whole and ended all it
-    read. Then the input this pass left unread holds no item --resume would run.
+    left undone; `read_before`: whether an earlier pass read the whole input this pass found
+    and ended all it read (`manifest.input_read_whole`; lines appended since it are items no
+    pass has run). Then the input this pass left unread holds no item --resume would run.
 
     Its items are not all dead letters, though: one whose result was removed by hand runs
     again, in --resume and in --resume --retry-failed, and `retry-failed` passes it over

@@ -211,6 +211,9 @@ WHOLE = {"summary": {"input_read": True, "left_out": 0, "unfinished": 0}}
     (WHOLE, {"retry_failed": True, "only_failed": False}, "; shardrun retry-failed RUN continues"),
     ({"summary": {"input_read": False}}, {"retry_failed": True, "only_failed": False},
      "; --resume runs the input it left, and shardrun retry-failed RUN its dead letters"),
+    # Read whole, but lines were appended before the retry pass began: as the pass judged it.
+    (WHOLE, {"retry_failed": True, "only_failed": False, "input_read_before": False},
+     "; --resume runs the input it left, and shardrun retry-failed RUN its dead letters"),
 ])
 def test_a_crashed_runs_way_on_follows_its_newest_pass(
         tmp_path: Path, first: dict[str, Any], newest: dict[str, Any] | None, said: str) -> None:

@@ -5,6 +5,7 @@ read without a line break), and export checks every pass."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -96,6 +97,43 @@ def test_lines_added_at_the_end_are_resumed(tmp_path: Path) -> None:
     resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "warning" not in resumed.stderr, resumed.stderr
+    assert_exactly_once(Run.load(path), ids + more)
+
+
+def test_lines_appended_after_a_whole_read_are_left_for_resume(tmp_path: Path) -> None:
+    """The first pass read the whole input; lines appended since are items no pass has run. A
+    resume with --limit 2 runs two of them, and its summary, `report` and `export` still send
+    the other three to --resume (the first pass's whole read was of a shorter file); the
+    command the summary gives runs them, each item ending exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 6)
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    more = write_input(tmp_path / "more.jsonl", 5, prefix="added")
+    with open(tmp_path / "input.jsonl", "ab") as f:
+        f.write((tmp_path / "more.jsonl").read_bytes())
+    some = run_cli("job.yaml", "--resume", "qq", "--limit", "2", *RUNS, cwd=tmp_path)
+    assert some.returncode == 0, some.stdout + some.stderr
+    assert ("  items              2  (--limit 2: the command below runs the rest of the input, "
+            "if any)") in some.stdout.splitlines(), some.stdout
+    finish = [line for line in some.stdout.splitlines() if line.startswith("  to finish the run")]
+    assert len(finish) == 1, some.stdout
+    words = shlex.split(finish[0].removeprefix("  to finish the run  "))
+    assert words[1:4] == ["job.yaml", "--resume", "qq"], words
+    assert Run.load(path).manifest["resumes"][0]["input_read_before"] is False
+    report = run_cli("report", str(path), cwd=tmp_path)
+    assert ("; its last pass did not read the input to its end (--limit, or a stop): the items "
+            "after it have not run, --resume runs them") in report.stdout, report.stdout
+    exported = run_cli("export", str(path), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "0 failed, 0 rejected, 3 pending" in exported.stderr, exported.stderr
+    assert (f"3 records have no answer yet: `shardrun {tmp_path / 'job.yaml'} --resume qq "
+            f"--runs-dir {tmp_path / 'runs'}` runs them") in exported.stderr, exported.stderr
+    rest = run_cli(*words[1:], "--quiet", cwd=tmp_path)
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert "  items              3" in rest.stdout.splitlines(), rest.stdout
+    assert "to finish the run" not in rest.stdout, rest.stdout
     assert_exactly_once(Run.load(path), ids + more)
 
 

@@ -29,7 +29,7 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
-from shardrun.manifest import input_read_whole, newest_pass, newest_summary, read_manifest
+from shardrun.manifest import newest_pass, newest_read_before, newest_summary, read_manifest
 from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
 from shardrun.resume import first_set_aside_pass, in_use, pass_of, set_aside_lines
@@ -303,7 +303,7 @@ def _crashed_way_on(loaded: LoadedRun) -> str:
     retry = shlex.join(["shardrun", "retry-failed", str(loaded.path)])
     if not newest.get("retry_failed"):
         return "; --resume continues it (it keeps every answer on disk)"
-    if newest.get("only_failed") or input_read_whole(loaded.manifest, but_the_newest=True):
+    if newest.get("only_failed") or newest_read_before(loaded.manifest):
         return f"; {retry} continues it (its dead letters are for retry-failed, not --resume)"
     return (f"; --resume runs the input it left, and {retry} its dead letters (--resume does "
             "not retry them)")
@@ -314,9 +314,9 @@ def _work_left(loaded: LoadedRun) -> str:
     run (`--resume`), and dead letters a retry pass set aside but did not reach (`retry-failed`:
     to `--resume` they are finished items)."""
     # A --limit pass, or one stopped, is finished, not done, unless an earlier pass read the
-    # whole input (then what it left is only the dead letters it did not retry, below).
+    # whole input it found (then what it left is only the dead letters it did not retry, below).
     work = work_left(newest_summary(loaded.manifest),
-                     read_before=input_read_whole(loaded.manifest, but_the_newest=True))
+                     read_before=newest_read_before(loaded.manifest))
     left = ""
     if work.unread:
         left += ("; its last pass did not read the input to its end (--limit, or a stop): "
