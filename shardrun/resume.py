@@ -226,15 +226,27 @@ def alone_in_run(lock: RunLock) -> bool:
 
 
 def in_use(run_path: Path) -> bool | None:
-    """Whether a process of the run holds its lock (`lock_run`, `share_lock`): a pass or its
-    shards are still at work; None where that cannot be told (no lock file, no access to it)."""
+    """Whether a process of the run holds its locks: a pass (its gate, PASS_LOCK, which it
+    holds for its whole life) or its shards (`.lock`) are still at work; None where that
+    cannot be told (no lock file, no access to it).
+
+    `.lock` alone would not do: while `alone_in_run` converts a pass's hold on it, no process
+    holds it for a moment, and a live pass would read as gone (`report`: crashed)."""
+    if _held(run_path / PASS_LOCK):  # a run of an older shardrun has no gate: None
+        return True
+    return _held(run_path / ".lock")
+
+
+def _held(path: Path) -> bool | None:
+    """Whether a process holds the lock file `path` (None: it cannot be opened). Probed by
+    taking it and letting go at once: a pass about to start waits for it that moment."""
     try:
-        with open(run_path / ".lock", "rb") as f:
+        with open(path, "rb") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
-            fcntl.flock(f, fcntl.LOCK_UN)  # at once: a pass about to start waits for it
+            fcntl.flock(f, fcntl.LOCK_UN)
             return False
     except OSError:
         return None

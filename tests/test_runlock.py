@@ -1,6 +1,7 @@
 """A pass's hold on its run (`resume.lock_run`): no other pass can take the run while it
 lives, even in the moment `alone_in_run` converts its shared hold on `.lock`, which Linux
-drops before it takes the new one. Real processes hold the locks."""
+drops before it takes the new one, and `report` never calls it crashed in that moment. Real
+processes hold the locks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_aggregate_fixtures import hand_shard, write_run
+
 from shardrun import resume
+from shardrun.report import load_report
 
 TAKE = """
 import sys
@@ -30,6 +34,18 @@ from shardrun.resume import share_lock
 with share_lock(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()
+"""
+
+
+GAP = """
+import fcntl
+import sys
+from pathlib import Path
+from shardrun.resume import lock_run
+lock = lock_run(Path(sys.argv[1]))
+fcntl.flock(lock.held, fcntl.LOCK_UN)  # the moment inside alone_in_run's conversion
+print("held", flush=True)
+sys.stdin.read()
 """
 
 
@@ -74,3 +90,45 @@ def test_a_pass_is_alone_in_its_run_once_its_shards_let_go(tmp_path: Path) -> No
     assert resume.alone_in_run(lock) is True
     assert another_pass(run).returncode == 1  # the pass holds its run still
     lock.close()
+
+
+def test_report_calls_a_pass_in_its_conversion_running_not_crashed(tmp_path: Path) -> None:
+    """A live pass (a real process) in the moment `alone_in_run` converts its hold, made to
+    last: no process holds `.lock`, but the pass holds its gate, so the run is in use, and
+    `report` on it, its manifest saying `running` and its logs fresh, says running, where it
+    said crashed (it looked at `.lock` only). Once the pass is gone, crashed it is."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()[:-1]}, None, status="running")
+    holder = subprocess.Popen([sys.executable, "-c", GAP, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert resume.in_use(run) is True
+        state = load_report(run)[0]["run"]
+        assert state["state"] == "running", state["state_reason"]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    assert resume.in_use(run) is False
+    state = load_report(run)[0]["run"]
+    assert state["state"] == "crashed", state["state_reason"]
+    assert "no process of the run holds its lock" in state["state_reason"]
+
+
+def test_in_use_of_a_run_without_a_gate_reads_its_shards_lock(tmp_path: Path) -> None:
+    """A run of an older shardrun has no `.pass.lock`: the shards' hold on `.lock` still says
+    the run is in use; with no lock file at all, that cannot be told."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert resume.in_use(run) is None
+    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+        assert not (run / resume.PASS_LOCK).exists()
+        assert resume.in_use(run) is True
+    finally:
+        assert shard.stdin is not None
+        shard.stdin.close()
+        assert shard.wait(timeout=30) == 0
+    assert resume.in_use(run) is False

@@ -276,9 +276,10 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
     if in_use(loaded.path) is False:
-        # Every process of a pass holds the run's lock while it lives: none is left, however
-        # recently the logs were written (a pass that could not write its manifest at the end,
-        # on a full disk, or one killed a moment ago).
+        # Every process of a pass holds the run's locks while it lives (the pass its gate for
+        # its whole life, `resume.in_use`): none is left, however recently the logs were
+        # written (a pass that could not write its manifest at the end, on a full disk, or one
+        # killed a moment ago).
         return "crashed", ("manifest status running, but no process of the run holds its lock: "
                            "the run ended without closing its manifest"
                            + (f"; shard logs without shard_end: {_list(unended)}"
