@@ -253,6 +253,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     way_on, retrying = choose_way_on(job, run_dir, options, read_before)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "only_failed": only_failed, "input_read_before": read_before,
+            # So that `report` on this pass, crashed, names the retry as its way on does.
+            "carried_flags": carried_flags(job),
             "repaired": prior.notes, "dead_letters_retried": prior.retried,
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked, "results_changed": results_changed}

@@ -1167,6 +1167,34 @@ def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Pat
     assert not run.dead
 
 
+def _kill_a_retry_pass_at_work(tmp_path: Path, path: Path, *flags: str,
+                               group: bool = False) -> None:
+    """`retry-failed` of the run at `path` (with `flags`) against a server that answers nothing
+    for a minute, so that it reaches no dead letter, SIGKILLed once its first attempt has
+    started: its coordinator, or with `group` its whole process group (a session of its own);
+    returns once every process of it has exited."""
+    with sim(ttft_ms=60_000) as hung:
+        proc = _start(tmp_path, "retry-failed", str(path), *flags,
+                      env={"SHARDRUN_BASE_URL": hung.base_url},
+                      preexec=os.setsid if group else None)
+        try:
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while not any(b'"attempt_start"' in f.read_bytes()
+                          for f in path.glob("events/shard-*.r1.jsonl")):
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+                time.sleep(0.05)
+            children = psutil.Process(proc.pid).children(recursive=True)
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=WAIT_GUARD_S)
+            psutil.wait_procs(children, timeout=WAIT_GUARD_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_and_export(
         tmp_path: Path) -> None:
     """kill -9 of a retry pass before it reached its dead letters: until the next pass puts
@@ -1179,23 +1207,7 @@ def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_
     path = only_run(tmp_path / "runs")
     dead = sorted(d["id"] for d in Run.load(path).dead)
     assert dead
-    # A server that answers nothing for a minute: the retry pass reaches no dead letter.
-    with sim(ttft_ms=60_000) as hung:
-        proc = _start(tmp_path, "retry-failed", str(path),
-                      env={"SHARDRUN_BASE_URL": hung.base_url})
-        try:
-            deadline = time.monotonic() + WAIT_GUARD_S
-            while not any(b'"attempt_start"' in f.read_bytes()
-                          for f in path.glob("events/shard-*.r1.jsonl")):
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-                time.sleep(0.05)
-            children = psutil.Process(proc.pid).children(recursive=True)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=WAIT_GUARD_S)
-            psutil.wait_procs(children, timeout=WAIT_GUARD_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    _kill_a_retry_pass_at_work(tmp_path, path)
     # The pass's own dead-letter files are there, empty: nothing was put back.
     assert not any(f.read_bytes() for f in path.glob("dead/*.jsonl"))
     done = run_cli("export", str(path), cwd=tmp_path)
@@ -1213,6 +1225,39 @@ def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_
     assert doc["run"]["state_reason"].endswith(
         f"; shardrun retry-failed {path} continues it (its dead letters are for retry-failed, "
         "not --resume)"), doc["run"]["state_reason"]
+
+
+def test_report_of_a_killed_retry_pass_names_its_retry_with_its_flags(tmp_path: Path) -> None:
+    """A `retry-failed --shards 1 --concurrency 3` killed (SIGKILL to its process group) before
+    it reached its dead letters: `report` calls the run crashed and names the retry with the
+    pass's own flags, as its way on would have (a bare `retry-failed RUN_DIR` fell back to the
+    job file's shards and concurrency); that command, run as printed, ends every item once."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, shutdown_grace_s=1)
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    assert Run.load(path).dead
+    flags = ["--shards", "1", "--concurrency", "3"]
+    _kill_a_retry_pass_at_work(tmp_path, path, *flags, group=True)
+    assert Run.load(path).manifest["resumes"][-1]["carried_flags"] == flags
+    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    state = orjson.loads(report.stdout)["run"]
+    retry = shlex.join(["shardrun", "retry-failed", str(path), *flags])
+    assert state["state"] == "crashed", state["state_reason"]
+    assert state["state_reason"].endswith(
+        f"; {retry} continues it (its dead letters are for retry-failed, not --resume)"), (
+        state["state_reason"])
+    with sim() as good:
+        again = run_cli(*shlex.split(retry)[1:], "--quiet", cwd=tmp_path,
+                        env={"SHARDRUN_BASE_URL": good.base_url})
+    assert again.returncode == 0, again.stdout + again.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    effective = run.manifest["resumes"][-1]["effective"]
+    assert (effective["shards"], effective["concurrency"]) == (
+        {"value": 1, "source": "flag --shards"}, {"value": 3, "source": "flag --concurrency"})
 
 
 def _next_step(done: subprocess.CompletedProcess[str]) -> list[str] | None:

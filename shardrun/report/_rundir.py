@@ -301,7 +301,7 @@ def _crashed_way_on(loaded: LoadedRun) -> str:
     have named, `runner.choose_way_on`): the next pass keeps every answer on disk, repairs torn
     lines and puts back the dead letters a retry pass set aside and did not reach."""
     newest = newest_pass(loaded.manifest)
-    retry = shlex.join(["shardrun", "retry-failed", str(loaded.path)])
+    retry = _retry_command(loaded)
     if not newest.get("retry_failed"):
         return "; --resume continues it (it keeps every answer on disk)"
     if newest.get("only_failed") or newest_read_before(loaded.manifest):
@@ -332,8 +332,18 @@ def _work_left(loaded: LoadedRun) -> str:
         passes = len(loaded.manifest.get("resumes") or [])
         left += (f"; {work.unretried:,} dead letters its last pass set aside to retry were not "
                  f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
-                 f"{shlex.join(['shardrun', 'retry-failed', str(loaded.path)])} runs them")
+                 f"{_retry_command(loaded)} runs them")
     return left
+
+
+def _retry_command(loaded: LoadedRun) -> str:
+    """`shardrun retry-failed RUN_DIR` with the newest pass's flags for shards, concurrency and
+    rate limits, as that pass's own way on and summary name it (`runner.retry_command`): its
+    entry records them (`carried_flags`); an entry of an older shardrun lacks them."""
+    flags = newest_pass(loaded.manifest).get("carried_flags")
+    if not (isinstance(flags, list) and all(isinstance(word, str) for word in flags)):
+        flags = []
+    return shlex.join(["shardrun", "retry-failed", str(loaded.path), *flags])
 
 
 def _alive(s: ShardSummary) -> bool:
