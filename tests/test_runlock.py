@@ -14,6 +14,7 @@ from test_aggregate_fixtures import hand_shard, write_run
 
 from shardrun import resume
 from shardrun.report import load_report
+from shardrun.report._rundir import load_run, run_state
 
 TAKE = """
 import sys
@@ -46,6 +47,22 @@ lock = lock_run(Path(sys.argv[1]))
 fcntl.flock(lock.held, fcntl.LOCK_UN)  # the moment inside alone_in_run's conversion
 print("held", flush=True)
 sys.stdin.read()
+"""
+
+
+END = """
+import sys
+from pathlib import Path
+import orjson
+from shardrun.resume import lock_run
+run = Path(sys.argv[1])
+lock = lock_run(run)
+print("held", flush=True)
+sys.stdin.read()
+manifest = orjson.loads((run / "manifest.json").read_bytes())
+manifest.update(status="succeeded", ended_at="2027-01-15T08:00:04.000Z")
+(run / "manifest.json").write_bytes(orjson.dumps(manifest))  # a pass closes its manifest,
+lock.close()  # then lets go of the run
 """
 
 
@@ -132,3 +149,28 @@ def test_in_use_of_a_run_without_a_gate_reads_its_shards_lock(tmp_path: Path) ->
         shard.stdin.close()
         assert shard.wait(timeout=30) == 0
     assert resume.in_use(run) is False
+
+
+def test_a_pass_that_ends_while_report_reads_the_run_is_finished_not_crashed(
+        tmp_path: Path) -> None:
+    """`report` reads the manifest (`running`) and then the logs; the pass (a real process
+    holding the run's locks) closes its manifest and exits meanwhile, so that no process
+    holds a lock when the report asks: the run is finished, as the manifest now says, not
+    crashed, and the reason says that the figures are of the moment before."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
+    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        loaded = load_run(run)
+        assert loaded.manifest["status"] == "running"
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    assert resume.in_use(run) is False
+    state, why = run_state(loaded)
+    assert state == "finished", why
+    assert why.startswith("manifest status succeeded, ended 2027-01-15T08:00:04.000Z"), why
+    assert why.endswith("; it ended while this report read the run, so the figures are of the "
+                        "moment before: report again for all of it"), why

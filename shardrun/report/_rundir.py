@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,10 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
     if in_use(loaded.path) is False:
+        if (ended := _ended_since(loaded)) is not None:
+            state, why = run_state(replace(loaded, manifest=ended), now)
+            return state, (f"{why}; it ended while this report read the run, so the figures "
+                           "are of the moment before: report again for all of it")
         # Every process of a pass holds the run's locks while it lives (the pass its gate for
         # its whole life, `resume.in_use`): none is left, however recently the logs were
         # written (a pass that could not write its manifest at the end, on a full disk, or one
@@ -294,6 +298,17 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
                            + _crashed_way_on(loaded))
     return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
                        f"without shard_end: {_list(unended)}{_crashed_way_on(loaded)}")
+
+
+def _ended_since(loaded: LoadedRun) -> dict[str, Any] | None:
+    """The manifest as it is now, if it records the end that the one read with the logs did
+    not: the pass ended (closing its manifest, then letting go of its locks) while the logs
+    were read, which no lock held now would otherwise tell from a crash."""
+    try:
+        manifest = read_manifest(loaded.path)
+    except RunDirError:
+        return None
+    return manifest if manifest.get("status") != "running" and manifest.get("ended_at") else None
 
 
 def _crashed_way_on(loaded: LoadedRun) -> str:
