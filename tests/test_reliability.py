@@ -2483,16 +2483,23 @@ def test_a_file_in_the_way_before_a_pass_begins_asks_for_the_same_command(
     assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
 
 
-def test_a_resume_and_retry_stopped_with_input_unread_names_resume(tmp_path: Path) -> None:
-    """`--resume X --retry-failed` after a --limit trial, stopped by a storm before the end of
-    the input: `retry-failed` would not read the input it left, so the error, the summary and
-    `report` all send the rest to --resume, and the dead letters it did not reach to
-    retry-failed; the two commands then finish the run."""
-    ids = write_input(tmp_path / "input.jsonl", 1000)
+@pytest.mark.parametrize("trial", ["limit", "appended"])
+def test_a_resume_and_retry_stopped_with_input_unread_names_resume(
+        tmp_path: Path, trial: str) -> None:
+    """`--resume X --retry-failed` after a --limit trial (or a whole run of 40 items, with 960
+    lines appended to its input since), stopped by a storm before the end of the input:
+    `retry-failed` would not read the input it left, so the error, the summary and `report`
+    all send the rest to --resume, and the dead letters it did not reach to retry-failed; the
+    two commands then finish the run."""
+    ids = write_input(tmp_path / "input.jsonl", 1000 if trial == "limit" else 40)
     with sim(fail_500=0.5) as bad:
         job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
-        assert run_cli("job.yaml", "--runs-dir", "runs", "--limit", "40",
-                       cwd=tmp_path).returncode == 1
+        limit = ["--limit", "40"] if trial == "limit" else []
+        assert run_cli("job.yaml", "--runs-dir", "runs", *limit, cwd=tmp_path).returncode == 1
+    if trial == "appended":
+        ids += write_input(tmp_path / "more.jsonl", 960, prefix="added")
+        with open(tmp_path / "input.jsonl", "ab") as f:
+            f.write((tmp_path / "more.jsonl").read_bytes())
     path = only_run(tmp_path / "runs")
     assert Run.load(path).dead
     with sim(fail_503=1.0) as failing:
