@@ -232,9 +232,15 @@ def in_use(run_path: Path) -> bool | None:
 
     `.lock` alone would not do: while `alone_in_run` converts a pass's hold on it, no process
     holds it for a moment, and a live pass would read as gone (`report`: crashed)."""
-    if _held(run_path / PASS_LOCK):  # a run of an older shardrun has no gate: None
+    if pass_lives(run_path):
         return True
     return _held(run_path / ".lock")
+
+
+def pass_lives(run_path: Path) -> bool:
+    """Whether a pass of the run is alive: it holds the run's gate (PASS_LOCK), which it takes
+    first and lets go last. False for a run of an older shardrun, which has none."""
+    return _held(run_path / PASS_LOCK) is True
 
 
 def _held(path: Path) -> bool | None:

@@ -6,8 +6,10 @@ processes hold the locks."""
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from test_aggregate_fixtures import hand_shard, write_run
@@ -174,3 +176,29 @@ def test_a_pass_that_ends_while_report_reads_the_run_is_finished_not_crashed(
     assert why.startswith("manifest status succeeded, ended 2027-01-15T08:00:04.000Z"), why
     assert why.endswith("; it ended while this report read the run, so the figures are of the "
                         "moment before: report again for all of it"), why
+
+
+def test_report_calls_a_live_pass_running_however_long_since_its_logs_were_written(
+        tmp_path: Path) -> None:
+    """A pass at its end (a real process holding the run's locks), its shards' logs all ended
+    and an hour old, its manifest still `running`, as while it hashes the run's files for
+    the manifest: running, where it read as crashed ("the manifest was never finalized").
+    Once it has closed its manifest and exited, finished."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
+    past = time.time() - 3600
+    for path in (run / "events").iterdir():
+        os.utime(path, (past, past))
+    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        state = load_report(run)[0]["run"]
+        assert state["state"] == "running", state["state_reason"]
+        assert state["state_reason"].startswith(
+            "manifest status running; its pass is alive (it holds .pass.lock); last log write "
+        ), state["state_reason"]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    assert load_report(run)[0]["run"]["state"] == "finished"

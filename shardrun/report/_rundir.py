@@ -32,7 +32,14 @@ from shardrun.errors import RunDirError
 from shardrun.manifest import newest_pass, newest_read_before, newest_summary, read_manifest
 from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
-from shardrun.resume import first_set_aside_pass, in_use, pass_of, set_aside_lines
+from shardrun.resume import (
+    PASS_LOCK,
+    first_set_aside_pass,
+    in_use,
+    pass_lives,
+    pass_of,
+    set_aside_lines,
+)
 from shardrun.summary import work_left
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
@@ -290,6 +297,12 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
                               if unended else "") + _crashed_way_on(loaded))
     age = (time.time() if now is None else now) - loaded.newest_mtime
     alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
+    if pass_lives(loaded.path):
+        # However long since its logs were written: at its end a pass hashes every file of
+        # the run for its manifest, its shards gone and its logs closed (a while, in a big run).
+        return "running", (f"manifest status running; its pass is alive (it holds {PASS_LOCK}); "
+                           f"last log write {age:.1f} s ago"
+                           + (f"; shard processes alive: {_list(alive)}" if alive else ""))
     if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
         return "running", (f"manifest status running; last log write {age:.1f} s ago"
                            + (f"; shard processes alive: {_list(alive)}" if alive else ""))
