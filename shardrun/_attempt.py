@@ -12,9 +12,10 @@ about 80 µs per request: aiohttp then builds a Trace and an attrs parameter obj
 signal at every trace point (request start, each chunk sent and received, headers, end).
 
 Deadlines: one deadline per attempt that moves as the attempt advances (connect -> first token ->
-idle, each capped by start + total_s), enforced by a watchdog timer that expires the attempt's
-`asyncio.Timeout`; `kind` remembers which limit is armed, so an expiry names its own status.
-A read only stores a float: no timer churn and no task per read.
+idle, each capped by start + total_s), enforced by the client's `Watchdog`, which looks at its
+attempts' deadlines every `SWEEP_S` and expires the attempt's `asyncio.Timeout` once its
+deadline has passed; `kind` remembers which limit is armed, so an expiry names its own status.
+Arming only stores a float: no timer per attempt, and no task.
 """
 
 from __future__ import annotations
@@ -149,6 +150,41 @@ class AttemptOutcome:
         return 0 if self.status == "ok" else self.content_chunks
 
 
+SWEEP_S = 0.1
+"""How often a client's watchdog looks at its attempts' deadlines: a limit ends an attempt up
+to this much after it has passed."""
+
+
+class Watchdog:
+    """One client's timer for the deadlines of all its attempts under way.
+
+    Why one for all: a timer per attempt (made at its start, made again earlier for the drain
+    after [DONE], cancelled at its end) cost about 4 % of the client's CPU at 8 x 32
+    (docs/PERFORMANCE.md, "Side by side"), far more than the two timers cost in a loop on their
+    own: uvloop makes a libuv handle for every timer and closes it when cancelled. This one
+    runs every `SWEEP_S` while any attempt is watched, and not at all when none is.
+    """
+
+    __slots__ = ("_handle", "attempts", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.attempts: set[Attempt] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self, st: Attempt) -> None:
+        self.attempts.add(st)
+        if self._handle is None:
+            self._handle = self.loop.call_later(SWEEP_S, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for st in [st for st in self.attempts if st.deadline <= now]:
+            self.attempts.discard(st)
+            st.expire(now)
+        self._handle = self.loop.call_later(SWEEP_S, self._sweep) if self.attempts else None
+
+
 CURRENT: ContextVar[Attempt | None] = ContextVar("shardrun_attempt", default=None)
 """The attempt whose request is running in this task, for `StampingConnector`."""
 
@@ -183,20 +219,20 @@ class Attempt:
     """Mutable state of one attempt; fills `out` as it goes."""
 
     __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
-                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watch",
-                 "watch_at", "whole_estimate")  # fmt: skip
+                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watchdog",
+                 "whole_estimate")  # fmt: skip
 
     def __init__(self, api: Api, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
-                 on_conn: OnConnReady | None) -> None:  # fmt: skip
+                 on_conn: OnConnReady | None, watchdog: Watchdog) -> None:  # fmt: skip
         self.clock, self.touts, self.tm, self.on_conn = clock, touts, tm, on_conn
         self.reader: ChunkReader | ResponsesReader = (
             ResponsesReader() if api == "responses" else ChunkReader(api == "chat"))
-        self.loop = asyncio.get_running_loop()
+        self.loop = watchdog.loop
         self.out = AttemptOutcome(started_at=clock.now())
         self.total_dl = self.deadline = self.loop.time() + touts.total_s
         self.kind = "timeout_total"  # which limit `deadline` stands for
-        self.watch: asyncio.TimerHandle | None = None
-        self.watch_at = math.inf
+        self.watchdog = watchdog
+        watchdog.watch(self)
         self.pieces: list[str] = []
         self.done = self.failed = self.notified = False
         self.resp: aiohttp.ClientResponse | None = None
@@ -205,33 +241,20 @@ class Attempt:
     def arm(self, delay: float, kind: str) -> None:
         """Move the deadline to `delay` from now, capped by the total deadline.
 
-        Called on every read, so it only stores a float; the watchdog timer is touched only when
-        the deadline moves *earlier* than it (a few times per attempt). Rescheduling a timer per
-        read would cost more than parsing the chunk.
+        Called on every read, so it only stores a float, which the watchdog reads.
         """
         when = self.loop.time() + delay
         if when >= self.total_dl:
             when, kind = self.total_dl, "timeout_total"
         self.deadline, self.kind = when, kind
-        if when < self.watch_at:
-            if self.watch is not None:
-                self.watch.cancel()
-            self.watch, self.watch_at = self.loop.call_at(when, self._check), when
 
-    def _check(self) -> None:
-        """Watchdog: sleep again if the deadline moved later, else expire the attempt's Timeout."""
-        now = self.loop.time()
-        if now < self.deadline:
-            self.watch, self.watch_at = self.loop.call_at(self.deadline, self._check), self.deadline
-        else:
-            self.watch, self.watch_at = None, math.inf
-            if not self.tm.expired():
-                self.tm.reschedule(now)  # cancels the task; `async with` turns it into TimeoutError
+    def expire(self, now: float) -> None:
+        """The deadline has passed (the watchdog): expire the attempt's Timeout."""
+        if not self.tm.expired():
+            self.tm.reschedule(now)  # cancels the task; `async with` turns it into TimeoutError
 
     def disarm(self) -> None:
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
+        self.watchdog.attempts.discard(self)
 
     def conn_ready(self, reused: bool | None) -> None:
         """A connection is ours: the first-token clock starts now."""

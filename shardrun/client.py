@@ -15,8 +15,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error
 
-Deadlines (one moving deadline per attempt, enforced by a watchdog) and the per-attempt state
-live in `shardrun._attempt`.
+Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
+per-attempt state live in `shardrun._attempt`.
 
 Connection timing: `make_session` builds the session on a `StampingConnector`, which stamps
 `conn_ready_at` and `conn_reused` on the attempt running in the calling task (found through a
@@ -50,6 +50,7 @@ from shardrun._attempt import (
     OnFirstToken,
     StampingConnector,
     Timeouts,
+    Watchdog,
     call_caller,
 )
 from shardrun._chunks import clip, read_error_body
@@ -116,6 +117,7 @@ class StreamingClient:
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._api = api
         self.heard_at = 0.0
+        self._watchdog: Watchdog | None = None  # the deadlines of its attempts (`_attempt`)
         self._url = endpoint_url(base_url, API_PATHS[api])
         self._models_url = endpoint_url(base_url, "/models")
         # Where every attempt is POSTed, as messages show it (a password in the URL masked).
@@ -145,7 +147,9 @@ class StreamingClient:
         """POST `body` (sent as given) and read the stream. Never raises but for cancellation."""
         data = orjson.dumps(body)
         tm = asyncio.timeout(None)
-        st = Attempt(self._api, self._clock, self._timeouts, tm, on_conn_ready)
+        if (watchdog := self._watchdog) is None:  # the first attempt: the loop is running now
+            watchdog = self._watchdog = Watchdog(asyncio.get_running_loop())
+        st = Attempt(self._api, self._clock, self._timeouts, tm, on_conn_ready, watchdog)
         token = CURRENT.set(st)  # for the session's StampingConnector, in this task only
         cancelled = False
         try:

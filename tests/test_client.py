@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun import client as client_module
-from shardrun._attempt import CURRENT, Attempt
+from shardrun._attempt import CURRENT, Attempt, Watchdog
 from shardrun.client import (
     AttemptOutcome,
     StreamingClient,
@@ -855,7 +855,8 @@ def test_multibyte_text_split_across_writes_arrives_intact() -> None:
 
 
 async def _attempt() -> Attempt:
-    return Attempt("chat", Clock(), FAST, asyncio.timeout(None), None)
+    return Attempt("chat", Clock(), FAST, asyncio.timeout(None), None,
+                   Watchdog(asyncio.get_running_loop()))
 
 
 _GAP = st.one_of(st.just(0.0), st.floats(0.0, 1e-6), st.floats(1e-6, 2.0))
