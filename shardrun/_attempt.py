@@ -179,10 +179,12 @@ class Watchdog:
 
     def _sweep(self) -> None:
         now = self.loop.time()
-        for st in [st for st in self.attempts if st.deadline <= now]:
-            self.attempts.discard(st)
-            st.expire(now)
+        due = [st for st in self.attempts if st.deadline <= now]
+        self.attempts.difference_update(due)
+        # The next look is set first: nothing an expiry might raise can stop the watchdog.
         self._handle = self.loop.call_later(SWEEP_S, self._sweep) if self.attempts else None
+        for st in due:
+            st.expire(now)
 
 
 CURRENT: ContextVar[Attempt | None] = ContextVar("shardrun_attempt", default=None)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun import client as client_module
-from shardrun._attempt import CURRENT, Attempt, Watchdog
+from shardrun._attempt import CURRENT, SWEEP_S, Attempt, Watchdog
 from shardrun.client import (
     AttemptOutcome,
     StreamingClient,
@@ -545,6 +545,34 @@ def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
     assert stalled.last_token_at is not None and elapsed < 3.0
     assert 0.2 <= stalled.ended_at - stalled.last_token_at < 1.0
     assert after.status == "ok" and after.conn_reused is False
+
+
+def test_deadlines_hold_after_the_client_sat_idle() -> None:
+    """The client's watchdog stops while no attempt is under way and starts again with the next:
+    a stall after an idle spell still ends in timeout_idle, next to an attempt that succeeds."""
+    timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if (await request.json()).get("stall"):
+            resp = await open_stream(request)
+            await resp.write(sse(chat("a")))
+            await asyncio.sleep(30)
+            return resp
+        return await normal_chat(request)
+
+    async def go() -> list[AttemptOutcome]:
+        async with serve(handler, timeouts) as client:
+            first = await client.attempt(BODY)
+            await asyncio.sleep(3 * SWEEP_S)  # nothing under way: the watchdog has stopped
+            stalled, ok = await asyncio.gather(client.attempt({**BODY, "stall": True}),
+                                               client.attempt(BODY))
+            return [first, stalled, ok]
+
+    first, stalled, ok = run(go())
+    assert (first.status, ok.status) == ("ok", "ok")
+    assert stalled.status == "timeout_idle" and stalled.error == "no data for 0.2 s after 1 tokens"
+    assert stalled.last_token_at is not None
+    assert 0.2 <= stalled.ended_at - stalled.last_token_at < 1.0
 
 
 @pytest.mark.parametrize("send_headers", [True, False])
