@@ -102,7 +102,8 @@ def test_live_view_draws_on_a_terminal_and_the_summary_follows(tmp_path: Path) -
 
 def test_ctrl_c_at_the_terminal_stops_gracefully_and_resume_finishes(tmp_path: Path) -> None:
     """^C reaches the whole process group: in-flight work finishes, exit 130, nothing lost."""
-    ids = _job(tmp_path, 4000, {**FAST_SIM, "ttft_ms": 40, "itl_ms": 2})
+    # Enough items that the ^C at 200 results leaves most unstarted, for --resume to do.
+    ids = _job(tmp_path, 800, {**FAST_SIM, "ttft_ms": 40, "itl_ms": 2})
     term = Terminal(tmp_path, "job.yaml", "--runs-dir", "runs")
     deadline = time.monotonic() + GUARD_S
     results = tmp_path / "runs"
