@@ -924,19 +924,19 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit
     (set through its environment variable): the coordinator sees that it was stopped too, and
     no shard is taken for hung."""
-    ids = write_input(tmp_path / "input.jsonl", 1500)
+    ids = write_input(tmp_path / "input.jsonl", 600)
     write_job(tmp_path / "job.yaml", shards=3,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     code = _cli_code("coordinator.WATCH_EVERY_S = 0.2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    env["SHARDRUN_SHARD_SILENCE_S"] = "4"
+    env["SHARDRUN_SHARD_SILENCE_S"] = "2"  # the lowest allowed; a shard reports every 0.2 s
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_results(tmp_path / "runs", 100)
         os.killpg(proc.pid, signal.SIGSTOP)
-        time.sleep(10.0)  # well past the 4 s limit (not a timing assertion)
+        time.sleep(5.0)  # well past the 2 s limit (not a timing assertion)
         os.killpg(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
@@ -948,7 +948,7 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     assert "died" not in err, err
     manifest = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())
     assert manifest["effective"]["shard_silence_s"] == {  # the limit the stop outlasted
-        "value": 4.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
+        "value": 2.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert {e["status"] for e in shard_exits(run)} == {"done"}
