@@ -179,8 +179,13 @@ def test_sigterm_to_the_whole_process_group_is_a_graceful_stop(tmp_path: Path) -
     write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
     runs = tmp_path / "runs"
+
+    def every_slot_sent() -> bool:  # eight requests out, each 3 s from its answer at most
+        return sum(p.read_bytes().count(b'"ev":"attempt_start"')
+                   for p in runs.glob("*/events/shard-*.jsonl")) >= 8
+
     _, proc, err, _, _ = _interrupted(tmp_path, lambda p: _wait_for(
-        p, lambda: _result_lines(runs) >= 8, "a first round of results"), group_sigterm=True)
+        p, every_slot_sent, "every slot's first request"), group_sigterm=True)
     assert proc.returncode == 130, err
     assert "died" not in err and "Traceback" not in err, err
     assert "stopping (SIGTERM): letting in-flight requests finish (SIGTERM again to abort)" in err
