@@ -956,7 +956,7 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
 
 def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
     """kill -9 of the coordinator: shards and simulator exit by themselves; --resume completes."""
-    ids = write_input(tmp_path / "input.jsonl", 2000)
+    ids = write_input(tmp_path / "input.jsonl", 600)  # the kill at 200 results leaves most
     write_job(tmp_path / "job.yaml", shutdown_grace_s=2,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
@@ -999,7 +999,7 @@ def test_a_coordinator_killed_in_its_first_second_leaves_the_run_start(tmp_path:
 
 def test_sigint_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     """SIGINT: exit 130, manifest says interrupted, no torn line; resume finishes exactly once."""
-    ids = write_input(tmp_path / "input.jsonl", 2000)
+    ids = write_input(tmp_path / "input.jsonl", 600)  # the stop at 100 results leaves most
     write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
                                                "model": "m", "sim": SLOW_SIM})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
@@ -1963,7 +1963,7 @@ def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) 
     stops with one sentence that says so, instead of waiting out retry.outage_s (60 s here;
     the guard below is longer) for it; nothing is dead-lettered, and --resume, with a
     simulator of its own, finishes exactly once."""
-    ids = write_input(tmp_path / "input.jsonl", 2000)
+    ids = write_input(tmp_path / "input.jsonl", 600)  # the kill at 100 results leaves most
     write_job(tmp_path / "job.yaml", retry={"outage_s": 60},
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
