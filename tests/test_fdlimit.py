@@ -34,11 +34,13 @@ def _limited(hard: int) -> None:
 def test_running_out_of_file_descriptors_stops_the_run_and_loses_nothing(tmp_path: Path) -> None:
     """A shard whose cap (300) is above what the machine allows it (160 open files): the run
     stops with one sentence naming the limit, dead-letters nothing (the items were never the
-    problem), and a resume at a lower concurrency answers every item exactly once."""
+    problem), and a resume at a lower concurrency, under the same limit, answers every item
+    exactly once."""
     n = 600
     write_input(tmp_path / "input.jsonl", n)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
     # The simulator runs apart, with this process's own limit: only the client is short.
+    # Answers take 300 ms to start, so the first run's connections pile up to its cap.
     with start_sim(SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300})) as sim:
         write_job(tmp_path / "job.yaml", shards=1, concurrency=300,
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
@@ -47,17 +49,20 @@ def test_running_out_of_file_descriptors_stops_the_run_and_loses_nothing(tmp_pat
         short = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                                timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL,
                                preexec_fn=lambda: _limited(160))  # fmt: skip
-        assert short.returncode == 1, short.stdout + short.stderr
-        assert "ran out of file descriptors" in short.stdout
-        assert "a limit of 160 open files per process: raise it (ulimit -n)" in short.stdout
-        assert "Traceback" not in short.stderr
-        run = Run.load(only_run(tmp_path / "runs"))
-        assert run.dead == []
-        assert len(run.results) < n
+    assert short.returncode == 1, short.stdout + short.stderr
+    assert "ran out of file descriptors" in short.stdout
+    assert "a limit of 160 open files per process: raise it (ulimit -n)" in short.stdout
+    assert "Traceback" not in short.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert run.dead == []
+    assert len(run.results) < n
+    # The rest from a simulator that answers at once (the 300 ms were for the pile-up only).
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as fast:
         again = subprocess.run([*argv[:-3], "--resume", "r1", "--concurrency", "20", "--quiet"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True,
-                               timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
-        assert again.returncode == 0, again.stdout + again.stderr
+                               cwd=tmp_path, env={**env, "SHARDRUN_BASE_URL": fast.base_url},
+                               capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                               stdin=subprocess.DEVNULL, preexec_fn=lambda: _limited(160))
+    assert again.returncode == 0, again.stdout + again.stderr
     ids = [r["id"] for r in Run.load(only_run(tmp_path / "runs")).results]
     assert sorted(ids) == sorted(r["id"] for r in read_jsonl(tmp_path / "input.jsonl"))
 
