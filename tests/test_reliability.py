@@ -1742,11 +1742,11 @@ def _through_a_restart(tmp_path: Path, sim_settings: dict[str, Any], *, results:
 
 def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> None:
     """The server is killed mid-run (cutting 32 streams before their first token, leaving
-    kept-alive connections dead) and comes back 3 s later on the same port: the shards hold
+    kept-alive connections dead) and comes back 2 s later on the same port: the shards hold
     their items (one probe at a time) instead of spending attempts and the retry budget (a
     tight one here) on what the restart did, and the run ends with every item answered."""
-    ids = write_input(tmp_path / "input.jsonl", 600)
-    run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 300}, results=100, down_s=3,
+    ids = write_input(tmp_path / "input.jsonl", 250)  # the budget: 2 % of the first attempts
+    run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 300}, results=100, down_s=2,
                              concurrency=16, retry={"budget_ratio": 0.02, "budget_floor": 0})
     assert_exactly_once(run, ids)
     assert not run.dead
@@ -1805,7 +1805,7 @@ def test_the_probes_first_token_ends_the_outage(tmp_path: Path) -> None:
     again as soon as the probe's answer starts (its first token), not once its whole answer has
     streamed: in each shard, a waiting request starts between the probe's first token and its
     end. Answers here stream for about a second."""
-    write_input(tmp_path / "input.jsonl", 120)
+    write_input(tmp_path / "input.jsonl", 48)  # after the restart 16 a shard, for 8 slots
     run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "tokens": 30,
                                         "flush_ms": 0}, results=16, down_s=1, concurrency=8)
     for shard in (0, 1):
