@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,16 @@ import yaml
 # Fast simulator settings: the tests are about behaviour, not speed.
 FAST_SIM = {"ttft_ms": 5, "itl_ms": 0.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}
 CLI_TIMEOUT_S = 240  # a hang guard, not a timing assertion
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' runs must hear the SIGINT the tests send them. A shell without job control
+    starts a command put in the background (`pytest &`) with SIGINT ignored, the runs inherit
+    that, and shardrun rightly keeps a SIGINT its caller chose to ignore: every Ctrl-C test
+    would fail with exit 0 for no fault of the code. A handler of our own is reset to the
+    default in each process the tests start."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def write_input(path: Path, n: int, *, prefix: str = "item") -> list[str]:
