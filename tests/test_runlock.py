@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_aggregate_fixtures import hand_shard, write_run
 
 from shardrun import resume
@@ -21,6 +22,8 @@ from shardrun.report._rundir import load_run, run_state
 TAKE = """
 import sys
 from pathlib import Path
+
+import pytest
 from shardrun.errors import SpecError
 from shardrun.resume import lock_run
 try:
@@ -33,6 +36,8 @@ except SpecError as exc:
 SHARE = """
 import sys
 from pathlib import Path
+
+import pytest
 from shardrun.resume import share_lock
 with share_lock(Path(sys.argv[1])):
     print("held", flush=True)
@@ -44,6 +49,8 @@ GAP = """
 import fcntl
 import sys
 from pathlib import Path
+
+import pytest
 from shardrun.resume import lock_run
 lock = lock_run(Path(sys.argv[1]))
 fcntl.flock(lock.held, fcntl.LOCK_UN)  # the moment inside alone_in_run's conversion
@@ -55,6 +62,8 @@ sys.stdin.read()
 END = """
 import sys
 from pathlib import Path
+
+import pytest
 import orjson
 from shardrun.resume import lock_run
 run = Path(sys.argv[1])
@@ -201,4 +210,43 @@ def test_report_calls_a_live_pass_running_however_long_since_its_logs_were_writt
         assert holder.stdin is not None
         holder.stdin.close()
         assert holder.wait(timeout=30) == 0
+    assert load_report(run)[0]["run"]["state"] == "finished"
+
+
+def test_a_pass_that_ends_between_reports_looks_at_its_locks_is_not_called_crashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass (a real process holding the run's locks) closes its manifest and exits right
+    after `report` has found its gate held, its logs an hour old (as at a big run's end):
+    the gate is asked once, so the run reads as running, as it was when asked. It was asked
+    twice (in `in_use`, then on its own), and the second ask, finding no pass, let the logs'
+    age call the run crashed ("the manifest was never finalized") with no look at the
+    manifest, which by then said the run had succeeded."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
+    past = time.time() - 3600
+    for path in (run / "events").iterdir():
+        os.utime(path, (past, past))
+    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    held = resume._held
+
+    def held_then_the_pass_ends(path: Path) -> bool | None:
+        answer = held(path)
+        if path.name == resume.PASS_LOCK and holder.poll() is None:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            assert holder.wait(timeout=30) == 0
+        return answer
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        loaded = load_run(run)
+        monkeypatch.setattr(resume, "_held", held_then_the_pass_ends)
+        state, why = run_state(loaded)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=30)
+    assert holder.returncode == 0
+    assert state == "running", why
+    monkeypatch.undo()
     assert load_report(run)[0]["run"]["state"] == "finished"

@@ -282,11 +282,12 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         if unended:
             why += f"; shard logs without shard_end: {_list(unended)}"
         return "finished", why
-    if in_use(loaded.path) is False:
-        if (ended := _ended_since(loaded)) is not None:
-            state, why = run_state(replace(loaded, manifest=ended), now)
-            return state, (f"{why}; it ended while this report read the run, so the figures "
-                           "are of the moment before: report again for all of it")
+    # The gate is asked once: asked again below, a pass that ended between the two asks
+    # would read as neither alive nor just ended, and be called crashed by its logs' age.
+    lives = pass_lives(loaded.path)
+    if not lives and in_use(loaded.path) is False:
+        if (meanwhile := _finished_meanwhile(loaded, now)) is not None:
+            return meanwhile
         # Every process of a pass holds the run's locks while it lives (the pass its gate for
         # its whole life, `resume.in_use`): none is left, however recently the logs were
         # written (a pass that could not write its manifest at the end, on a full disk, or one
@@ -297,7 +298,7 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
                               if unended else "") + _crashed_way_on(loaded))
     age = (time.time() if now is None else now) - loaded.newest_mtime
     alive = [s.name for s in loaded.shards if not s.ended and _alive(s)]
-    if pass_lives(loaded.path):
+    if lives:
         # However long since its logs were written: at its end a pass hashes every file of
         # the run for its manifest, its shards gone and its logs closed (a while, in a big run).
         return "running", (f"manifest status running; its pass is alive (it holds {PASS_LOCK}); "
@@ -306,11 +307,23 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
     if age < RUNNING_WINDOW_S or (alive and age < STALLED_WINDOW_S):
         return "running", (f"manifest status running; last log write {age:.1f} s ago"
                            + (f"; shard processes alive: {_list(alive)}" if alive else ""))
+    if (meanwhile := _finished_meanwhile(loaded, now)) is not None:
+        return meanwhile
     if not unended:
         return "crashed", ("every shard log ended but the manifest was never finalized"
                            + _crashed_way_on(loaded))
     return "crashed", (f"manifest status running, no log written for {age:.0f} s; shard logs "
                        f"without shard_end: {_list(unended)}{_crashed_way_on(loaded)}")
+
+
+def _finished_meanwhile(loaded: LoadedRun, now: float | None) -> tuple[str, str] | None:
+    """The run's state by its manifest as it is now, if that records an end the one read with
+    the logs did not (see `_ended_since`); None if it does not."""
+    if (ended := _ended_since(loaded)) is None:
+        return None
+    state, why = run_state(replace(loaded, manifest=ended), now)
+    return state, (f"{why}; it ended while this report read the run, so the figures are of "
+                   "the moment before: report again for all of it")
 
 
 def _ended_since(loaded: LoadedRun) -> dict[str, Any] | None:
