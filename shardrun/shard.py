@@ -93,6 +93,9 @@ class Shard:
         self.outage_cause = ""  # the latest failure of an outage, for the stop's sentence
         # When the latest attempt the endpoint answered (`outage.says_endpoint_up`) started.
         self.answered_start = -math.inf
+        # Since when the server has answered its model list but not our requests: an outage's
+        # probe found the list answering (None: not so, or a request was answered since).
+        self.list_only_since: float | None = None
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
         self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
@@ -487,6 +490,9 @@ class Shard:
                 self._endpoint_answered(span)
             return False
         now = self.clock.now()
+        if self._list_only(span, outcome):
+            span.down_failure_at = now  # the item's own: charged, and no outage
+            return False
         last = span.down_failure_at
         own = last is not None and self.outage.since is None and self.answered_start > last
         self.outage.failed(now)  # the item's own failure too: others failing after it are held
@@ -508,6 +514,23 @@ class Shard:
             self.endpoint_back.clear()
             self.outage_cause = outcome.error or outcome.status
         return down
+
+    def _list_only(self, span: Span, outcome: AttemptOutcome) -> bool:
+        """Whether a failure that says the endpoint is down is the item's own after all: the
+        server has answered its model list since the request was sent, but not our requests
+        (`list_only_since`). Each such failure is charged, so the items spend their attempts
+        and the retry budget, with their backoff. When the list's answer ended every outage,
+        the items held went again at once and all failed again, the first charged and the
+        rest held anew: 1,499 requests for 300 items in 2.7 s. A request that found no
+        connection at all is the server gone again (restarted): that ends this, and is an
+        outage as before."""
+        since = self.list_only_since
+        if since is None:
+            return False
+        if outcome.conn_ready_at is None and outcome.http_status is None:
+            self.list_only_since = None
+            return False
+        return (span.attempt_started_at or 0.0) >= since
 
     def _probe_answered(self, span: Span, _first_token_at: float) -> None:
         """The first token of a probe's answer: the endpoint answers again."""
@@ -677,6 +700,8 @@ class Shard:
                 held.remove(span)
 
     def _endpoint_answered(self, span: Span) -> None:
+        """One of our requests was answered: whatever the model list said, they are served."""
+        self.list_only_since = None
         self._endpoint_up(span.attempt_started_at or 0.0)
 
     def _endpoint_up(self, started: float) -> None:
@@ -697,8 +722,9 @@ class Shard:
         the others wait for its answer, so a shard sends about one request per interval however
         many slots it has, and none while the endpoint is away. Before each wait the probe asks
         the server for its model list (`StreamingClient.answers`): an answer ends the outage at
-        once, and then the probe's own item is what fails so (its next failure is charged).
-        How long the outage lasts is the ticker's to judge (`_failing_limit`)."""
+        once, and until one of our requests is answered, their failures with no answer are
+        their items' own, charged (`_list_answered`, `_list_only`). How long the outage lasts
+        is the ticker's to judge (`_failing_limit`)."""
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
@@ -720,7 +746,7 @@ class Shard:
                 self.prober = span
                 asked = self.clock.now()
                 if await client.answers(PROBE_MAX_S):
-                    self._endpoint_up(asked)
+                    self._list_answered(span, asked)
                 else:
                     await self._pause(wait or 0.0)
             else:
@@ -728,6 +754,19 @@ class Shard:
         finally:
             self.counters.retrying -= 1
         return True
+
+    def _list_answered(self, span: Span, asked: float) -> None:
+        """The probe's GET of the model list, sent at `asked`, was answered: the outage is
+        over, and until one of our requests is answered, their failures with no answer are
+        their own (`_list_only`). The probe's retry goes now: its line says the time the check
+        took, not the wait it was planned with (it said 5.0 s for a retry sent at once)."""
+        self._endpoint_up(asked)
+        now = self.clock.now()
+        if self.list_only_since is None:  # held since an earlier answer: judged from then
+            self.list_only_since = now
+        line = span.retry_line
+        if line is not None:
+            line["wait"] = span.history[-1]["wait"] = max(0.0, now - line["t"])
 
     async def _wait_for_endpoint(self) -> None:
         """Until the prober hears an answer, a stop or a fatal error comes, or the prober is

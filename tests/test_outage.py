@@ -251,6 +251,58 @@ def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
     assert again == [False, *[True] * 7]  # the first has had its hold: its own now
 
 
+def _reset(at: float, *, connected: bool = True, http: int | None = None) -> AttemptOutcome:
+    """A request dropped with no answer: on a connection the server took, or finding none."""
+    return AttemptOutcome(status="http_5xx" if http else "conn_reset", http_status=http,
+                          started_at=at, conn_ready_at=at if connected else None,
+                          error=f"HTTP {http}" if http else "connection reset")
+
+
+def test_while_only_the_model_list_answers_failures_with_no_answer_are_the_items_own(
+        tmp_path: Path) -> None:
+    """An outage's probe found the server's model list answering: the outage is over, but the
+    list says nothing of our requests. Until one of them is answered, a request sent since
+    that fails with no answer (dropped on a connection the server took, or a gateway's 502)
+    is its item's own, charged, and starts no outage: held, every item went again at the
+    list's next answer, and a server resetting every request was hammered. One sent before is
+    judged as before. One that found no connection at all is the server gone (a restart): an
+    outage, held, and the list's word is over. So is it once one of our requests is answered."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    spans = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(4)]
+    for span in spans:
+        span.attempt_started_at = clock.t
+    assert shard._endpoint_down(spans[0], _reset(clock.t))  # an outage: held
+    clock.t += 1
+    shard._list_answered(spans[0], clock.t - 0.01)  # the probe's check of the model list
+    assert shard.endpoint_back.is_set()
+    clock.t += 1
+    assert shard._endpoint_down(spans[1], _reset(clock.t))  # sent before the list answered
+    shard._list_answered(spans[1], clock.t)
+    for span in spans:  # they go again
+        clock.t += 0.5
+        span.attempt_started_at = clock.t
+    clock.t += 0.5
+    assert not shard._endpoint_down(spans[0], _reset(clock.t))  # charged
+    assert not shard._endpoint_down(spans[1], _reset(clock.t, http=502))
+    assert not shard.outage.streak and shard.endpoint_back.is_set()
+    assert shard._endpoint_down(spans[2], _reset(clock.t, connected=False))  # gone: held
+    assert not shard.endpoint_back.is_set()
+    clock.t += 1
+    shard._list_answered(spans[2], clock.t)  # back, or answering only its list again
+    clock.t += 0.1
+    for span in spans:
+        span.attempt_started_at = clock.t
+    clock.t += 0.1
+    assert not shard._endpoint_down(spans[0], _reset(clock.t))
+    _answered(shard, clock, "later")  # one of our requests is answered: judged as before
+    clock.t += 0.1
+    spans[3].attempt_started_at = clock.t
+    assert shard._endpoint_down(spans[3], _reset(clock.t))
+
+
 def test_the_once_a_second_check_stops_an_outage_at_outage_s_but_not_during_a_stop(
         tmp_path: Path) -> None:
     """The shard's ticker stops an outage at retry.outage_s, whatever its probe is doing (it

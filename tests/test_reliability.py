@@ -1926,6 +1926,42 @@ def test_one_items_request_reset_every_time_is_the_items_failure_even_at_a_cap_o
     assert stats["faults"]["reset_when"] >= 3
 
 
+def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_hammered(
+        tmp_path: Path) -> None:
+    """The server answers its model list but resets every completion request before any
+    answer. The list's answer ended each outage at once and sent every held item again, each
+    wave charging one failure: 1,499 requests for 300 items, four times the retries the
+    budget allows, and retry lines saying "wait": 5.0 before a retry sent at once. Now those
+    failures are the items' own: attempts stay within max_attempts per item, retries within
+    the budget (and one hold per slot, the first outage's), each retry waits its line's wait,
+    and the run ends with every item dead-lettered for the reset, none held to outage_s."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    ratio, floor, most = 0.2, 10, 4
+    with sim(reset_before_headers=1.0) as server:
+        job_for(tmp_path, server.base_url, shards=2, concurrency=8,
+                retry={"max_attempts": most, "budget_ratio": ratio, "budget_floor": floor,
+                       "backoff_s": 0.05, "backoff_max_s": 0.2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "outage_s" not in proc.stderr, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.results and all("reset" in d["reason"] for d in run.dead), run.dead[:3]
+    starts = {(e["span"], e["attempt"]): e["t"] for e in run.events if e["ev"] == "attempt_start"}
+    assert len(starts) <= len(ids) * most
+    retries = [e for e in run.events if e["ev"] == "retry"]
+    for shard in (0, 1):
+        mine = [e for e in retries if e["shard"] == shard]
+        firsts = sum(1 for e in run.events if e["ev"] == "attempt_start"
+                     and e["shard"] == shard and e["attempt"] == 1)
+        held = sum(1 for e in mine if e["why"] == "endpoint_down")
+        assert held <= 8, f"shard {shard}"
+        assert len(mine) - held <= math.ceil(ratio * firsts + floor), f"shard {shard}"
+    early = [e for e in retries if e["wait"] is not None
+             and starts[(e["span"], e["attempt"] + 1)] < e["t"] + e["wait"] - 1e-3]
+    assert not early, early[:3]
+
+
 def _end_after(proc: subprocess.Popen[str], runs: Path,
                act: Callable[[], object]) -> tuple[str, str]:
     """Once the run has 100 results in `runs`, `act` on it, then wait for its end (bounded) and
