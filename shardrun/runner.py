@@ -457,8 +457,13 @@ def carried_flags(job: LoadedJob) -> list[str]:
                              ("rate_limits.rpm", "--rpm", spec.rate_limits.rpm),
                              ("rate_limits.tpm", "--tpm", spec.rate_limits.tpm)):  # fmt: skip
         if job.sources.get(key, "").startswith("flag "):
-            words += [flag, "none" if value is None else f"{value:g}"]
+            words += [flag, "none" if value is None else _flag_number(value)]
     return words
+
+
+def _flag_number(value: float) -> str:
+    """A flag's value written back exactly (`:g` made --tpm 1234567 into 1.23457e+06)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

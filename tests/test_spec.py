@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from shardrun._urls import masked_url
 from shardrun.errors import SpecError
+from shardrun.runner import carried_flags
 from shardrun.spec import ENV_VARS, LEAF_KEYS, LoadedJob, flag_for, load_job
 
 MINIMAL = """\
@@ -651,6 +652,17 @@ def test_rate_limits_layering(jobs: Path) -> None:
     # ... and is the file's own setting, not the default's.
     assert unlimited.sources["rate_limits.rpm"] == unlimited.sources["rate_limits.tpm"] == (
         "job file")
+
+
+def test_flags_a_later_pass_carries_keep_their_values_exactly(jobs: Path) -> None:
+    """The command a stopped pass prints carries its flags: a large limit comes back as given
+    (`:g` wrote --tpm 1234567 as 1.23457e+06, which the next pass then ran with), a fraction
+    as given, `none` as `none`, and a value from the file or environment not at all."""
+    path = write(jobs, MINIMAL + "rate_limits: {rpm: 600}\n")
+    job = load(path, {"SHARDRUN_CONCURRENCY": "7"},
+               {"rate_limits.tpm": "1234567", "shards": "3", "rate_limits.rpm": "0.5"})
+    assert carried_flags(job) == ["--shards", "3", "--rpm", "0.5", "--tpm", "1234567"]
+    assert carried_flags(load(path, {}, {"rate_limits.rpm": "none"})) == ["--rpm", "none"]
 
 
 @pytest.mark.parametrize("url", ["http://[::1]:8000/v1", "http://h:/v1", "http://u:p@h:80/v1",
