@@ -181,10 +181,15 @@ class Watchdog:
         now = self.loop.time()
         due = [st for st in self.attempts if st.deadline <= now]
         self.attempts.difference_update(due)
-        # The next look is set first: nothing an expiry might raise can stop the watchdog.
+        # The next look is set first, and each expiry stands alone: nothing one of them might
+        # raise can stop the watchdog or spare the attempts after it.
         self._handle = self.loop.call_later(SWEEP_S, self._sweep) if self.attempts else None
         for st in due:
-            st.expire(now)
+            try:
+                st.expire(now)
+            except Exception as exc:  # reported as the loop reports a failing callback
+                self.loop.call_exception_handler(
+                    {"message": "shardrun: expiring an attempt's deadline", "exception": exc})
 
 
 CURRENT: ContextVar[Attempt | None] = ContextVar("shardrun_attempt", default=None)

@@ -575,6 +575,38 @@ def test_deadlines_hold_after_the_client_sat_idle() -> None:
     assert 0.2 <= stalled.ended_at - stalled.last_token_at < 1.0
 
 
+def test_an_expiry_that_raises_spares_no_other_attempt_and_stops_no_sweep() -> None:
+    """Attempts past their deadlines in one sweep are each expired, even when one expiry
+    raises (it is reported to the loop's handler, as a failing callback is), and the
+    watchdog goes on looking at the rest."""
+
+    class Due:
+        def __init__(self, deadline: float, fails: bool) -> None:
+            self.deadline, self.fails, self.expired = deadline, fails, 0
+
+        def expire(self, _now: float) -> None:
+            self.expired += 1
+            if self.fails:
+                raise RuntimeError("this Timeout is not entered")
+
+    async def go() -> tuple[list[Due], list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        dog = Watchdog(loop)
+        now = loop.time()
+        due = [Due(now, fails=True), Due(now, fails=True), Due(now, fails=False),
+               Due(now + 2 * SWEEP_S, fails=False), Due(now + 60, fails=False)]
+        for attempt in due:
+            dog.watch(attempt)  # type: ignore[arg-type]  # stands in for an Attempt
+        await asyncio.sleep(4 * SWEEP_S)
+        return due, reported
+
+    due, reported = run(go())
+    assert [attempt.expired for attempt in due] == [1, 1, 1, 1, 0]
+    assert [str(c["exception"]) for c in reported] == ["this Timeout is not entered"] * 2
+
+
 @pytest.mark.parametrize("send_headers", [True, False])
 def test_no_first_token_is_timeout_first_token(send_headers: bool) -> None:
     """No token within first_token_s after connecting (headers sent or not) times out."""
