@@ -362,12 +362,14 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # Dead letters this retry pass set aside but stopped before are dead letters still.
         unretried = (resume.restore_unretried(this.run_dir.path, this.segment)
                      if this.info.get("retry_failed") else 0)  # fmt: skip
+        # Those it took and did not end are its unfinished items: not earlier failures too.
+        put_back = _unfinished_put_back(summary, this, source, unretried)
         # What earlier passes finished, all of it: the work source counts only what it read
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
-            summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried,
+            summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried - put_back,
             unretried=unretried, input_read_before=this.read_before,
-            unfinished_put_back=_unfinished_put_back(summary, this, source, unretried),
+            unfinished_put_back=put_back,
             prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,

@@ -43,12 +43,15 @@ class RunSummary:
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
     rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
     rate_wait_s: float = 0.0  # their time, summed over slots
-    prior_dead: int = 0  # dead letters left by earlier passes of a resumed run
-    # Of prior_dead: dead letters this retry pass set aside but did not reach (--limit, a stop),
-    # put back in dead/unretried-rK.jsonl; `retry-failed` runs them, not `--resume`.
+    # Dead letters left by earlier passes of a resumed run that this pass did not take: those
+    # it took and did not end are counted in `unfinished`, not here too.
+    prior_dead: int = 0
+    # The dead letters this retry pass put back in dead/unretried-rK.jsonl: those it set aside
+    # and did not reach (--limit, a stop; in prior_dead) and those it took and did not end
+    # (`unfinished_put_back`); `retry-failed` runs them, not `--resume`.
     unretried: int = 0
-    # Of unfinished: the dead letters this retry pass took and did not end (back in dead/, and
-    # in unretried): what is left for --resume is the rest (`work_left`).
+    # Of unfinished (and of unretried): the dead letters this retry pass took and did not end,
+    # back in dead/: what is left for --resume is the rest (`work_left`).
     unfinished_put_back: int = 0
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
@@ -223,12 +226,18 @@ class WorkLeft:
 
     unread: bool  # input after where the pass stopped reading, that no pass has read
     left_out: int  # items a pass of dead letters only passed over
-    unfinished: int  # items handed out and not ended (a stop)
-    unretried: int
+    unfinished: int  # items handed out and not ended (a stop), less the dead letters among them
+    unretried: int  # the dead letters put back in dead/: not reached, or taken and not ended
+    put_back: int  # of unretried: those it took and did not end (a stop)
 
     @property
     def for_resume(self) -> bool:
         return self.unread or self.left_out > 0 or self.unfinished > 0
+
+    @property
+    def not_reached(self) -> int:
+        """The dead letters the pass set aside and never took."""
+        return self.unretried - self.put_back
 
 
 def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
@@ -244,13 +253,14 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
     and its count stays as it was judged then)."""
     unretried = int(summary.get("unretried") or 0)
     unfinished = int(summary.get("unfinished") or 0)
+    put_back = min(unretried, int(summary.get("unfinished_put_back") or 0))
     if "unfinished_put_back" in summary:
-        unfinished -= int(summary["unfinished_put_back"] or 0)
+        unfinished -= put_back
     elif read_before:
         unfinished = 0
     return WorkLeft(unread=not read_before and summary.get("input_read") is False,
                     left_out=int(summary.get("left_out") or 0), unfinished=unfinished,
-                    unretried=unretried)
+                    unretried=unretried, put_back=put_back)
 
 
 def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
@@ -308,16 +318,18 @@ def format_summary(s: RunSummary) -> str:
         + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
     ]
     lines += _failure_lines(s)
-    if s.unfinished:
-        lines.append(f"  not finished       {s.unfinished:,}")
     work = s.work_left
-    if s.resume_command and work.for_resume:
+    resume = bool(s.resume_command and work.for_resume)
+    if s.unfinished:
+        lines.append(f"  not finished       {s.unfinished:,}" + _put_back_note(s, work, resume))
+    if resume:
         lines.append(f"  to finish the run  {s.resume_command}")
     elif work.unretried:
         lines.append(f"  to finish the run  {_retry(s)}")
     if s.prior_dead:
-        # The command once is enough: the line above may have named it.
-        again = ("" if lines[-1].endswith(_retry(s)) else f" (another pass: {_retry(s)})")
+        # The command once is enough: a line above may have named it.
+        named = lines[-1].endswith(_retry(s)) or (resume and work.put_back > 0)
+        again = "" if named else f" (another pass: {_retry(s)})"
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier "
                      f"passes{again}")
     if s.prior_rejects:
@@ -358,6 +370,17 @@ def format_summary(s: RunSummary) -> str:
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)
+
+
+def _put_back_note(s: RunSummary, work: WorkLeft, resume: bool) -> str:
+    """Which of the items a retry pass took and did not end are dead letters again (back in
+    dead/; the earlier failures below do not count them a second time), and the retry that
+    runs them, when "to finish the run" names --resume instead."""
+    if not work.put_back:
+        return ""
+    which = "all of them" if work.put_back == s.unfinished else f"{work.put_back:,} of them"
+    retry = f"; another pass: {_retry(s)}" if resume else ", for the retry below"
+    return f"  ({which} dead letters it took to retry: back in dead/{retry})"
 
 
 def _per_shard_line(per_shard: list[dict[str, int]]) -> str:

@@ -1260,6 +1260,66 @@ def test_report_of_a_killed_retry_pass_names_its_retry_with_its_flags(tmp_path: 
         {"value": 1, "source": "flag --shards"}, {"value": 3, "source": "flag --concurrency"})
 
 
+def _summary_count(out: str, label: str) -> int:
+    """The number on the summary line that starts with `label` (0 without that line)."""
+    found = re.search(rf"^  {label} +([\d,]+)", out, re.MULTILINE)
+    return int(found.group(1).replace(",", "")) if found else 0
+
+
+def test_a_retry_pass_stopped_at_work_counts_each_dead_letter_once(tmp_path: Path) -> None:
+    """A `retry-failed` pass stopped (SIGINT to its process group) with dead letters in hand:
+    those it took and did not end are back in dead/ with the ones it never reached. Each is
+    counted once: its summary's "not finished" and "earlier failures", and `report`'s "not
+    reached" and "not finished", add up to the dead letters `report` (text and JSON) and
+    `export` count and dead/ holds (they counted the taken ones twice, and report called all
+    of them not reached)."""
+    ids = write_input(tmp_path / "input.jsonl", 400)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, shutdown_grace_s=1)
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    dead = len(Run.load(path).dead)
+    with sim(ttft_ms=60_000) as hung:
+        proc = _start(tmp_path, "retry-failed", str(path), "--shards", "2", "--concurrency", "3",
+                      env={"SHARDRUN_BASE_URL": hung.base_url}, preexec=os.setsid)
+        try:
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while sum(f.read_bytes().count(b'"attempt_start"')
+                      for f in path.glob("events/shard-*.r1.jsonl")) < 6:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, out + err
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert len(run.dead) == dead  # every one back, none finished
+    unfinished = _summary_count(out, "not finished")
+    earlier = _summary_count(out, "earlier failures")
+    assert unfinished > 0 and earlier > 0, out
+    assert unfinished + earlier == dead, out
+    assert "(all of them dead letters it took to retry: back in dead/, for the retry below)" in (
+        out), out
+    summary = run.manifest["resumes"][-1]["summary"]
+    assert (summary["unfinished_put_back"], summary["prior_dead"], summary["unretried"]) == (
+        unfinished, earlier, dead)
+    retry = shlex.join(["shardrun", "retry-failed", str(path), "--shards", "2",
+                        "--concurrency", "3"])
+    said = (f"; {earlier} dead letters its last pass set aside to retry were not reached, and "
+            f"{unfinished} it took were not finished (a stop; all back in "
+            f"dead/unretried-r1.jsonl): {retry} runs them")
+    text = run_cli("report", str(path), cwd=tmp_path).stdout
+    assert said in text, text
+    assert f"by item, after the retry passes: {len(ids) - dead} succeeded, {dead} dead " in text
+    doc = orjson.loads(run_cli("report", str(path), "--json", cwd=tmp_path).stdout)
+    assert said in doc["run"]["state_reason"]
+    assert doc["items"]["by_item"]["dead"] == dead
+    assert _export_counts(tmp_path, path) == {"ok": len(ids) - dead, "failed": dead}
+
+
 def _next_step(done: subprocess.CompletedProcess[str]) -> list[str] | None:
     """The command a pass's summary gives as the one that finishes the run, if any."""
     lines = [line for line in done.stdout.splitlines() if line.startswith("  to finish the run")]
@@ -2587,7 +2647,8 @@ def test_a_resume_and_retry_stopped_with_input_unread_names_resume(
     assert errors[0].endswith("retry.outage_s; continue with --resume once it answers again")
     resume = f"shardrun job.yaml --resume {path.name} --runs-dir runs"
     assert f"  to finish the run  {resume}\n" in stopped.stdout, stopped.stdout
-    assert f"(another pass: shardrun retry-failed runs/{path.name})" in stopped.stdout
+    assert f"another pass: shardrun retry-failed runs/{path.name})" in stopped.stdout, (
+        stopped.stdout)
     report = run_cli("report", str(path), cwd=tmp_path).stdout
     assert "the items after it have not run, --resume runs them" in report, report
     with sim() as good:

@@ -221,8 +221,9 @@ def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> 
     shardrun, which lacks that count, stays as it was judged: nothing for --resume."""
     recorded = {"input_read": False, "unfinished": 5, "unfinished_put_back": 3, "unretried": 4}
     assert work_left(recorded, read_before=True) == WorkLeft(
-        unread=False, left_out=0, unfinished=2, unretried=4)
+        unread=False, left_out=0, unfinished=2, unretried=4, put_back=3)
+    assert work_left(recorded, read_before=True).not_reached == 1
     older = {key: value for key, value in recorded.items() if key != "unfinished_put_back"}
     assert work_left(older, read_before=True).for_resume is False
     assert work_left(older, read_before=False) == WorkLeft(
-        unread=True, left_out=0, unfinished=5, unretried=4)
+        unread=True, left_out=0, unfinished=5, unretried=4, put_back=0)

@@ -370,10 +370,19 @@ def _work_left(loaded: LoadedRun) -> str:
         left += (f"; {work.unfinished:,} items its last pass took were not finished (a stop): "
                  "--resume runs them")
     if work.unretried:
-        passes = len(loaded.manifest.get("resumes") or [])
-        left += (f"; {work.unretried:,} dead letters its last pass set aside to retry were not "
-                 f"reached (--limit, or a stop; dead/unretried-r{passes}.jsonl): "
-                 f"{_retry_command(loaded)} runs them")
+        # Each once: the ones it took and did not end are no unreached ones.
+        where = f"dead/unretried-r{len(loaded.manifest.get('resumes') or [])}.jsonl"
+        if not work.put_back:
+            left += (f"; {work.not_reached:,} dead letters its last pass set aside to retry were "
+                     f"not reached (--limit, or a stop; {where})")
+        elif not work.not_reached:
+            left += (f"; {work.put_back:,} dead letters its last pass took to retry were not "
+                     f"finished (a stop; back in {where})")
+        else:
+            left += (f"; {work.not_reached:,} dead letters its last pass set aside to retry were "
+                     f"not reached, and {work.put_back:,} it took were not finished (a stop; "
+                     f"all back in {where})")
+        left += f": {_retry_command(loaded)} runs them"
     return left
 
 
