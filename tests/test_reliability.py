@@ -1850,6 +1850,40 @@ def test_an_endpoint_down_for_seconds_dead_letters_nothing(tmp_path: Path) -> No
     assert "endpoint_down" not in findings.get("retries", {}).get("causes", {})
 
 
+def test_the_two_retry_rates_of_a_run_with_an_outage_have_their_own_names(
+        tmp_path: Path) -> None:
+    """A run with retries of its own (random 5xx) and outage waits (the server killed and
+    back on its port): `report` gives two retry rates that differ by the waits, under two
+    names (both were "retry rate"/`retry_rate`), each the figure docs/METRICS.md defines,
+    computed here from the run's event log."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 300, "fail_500": 0.15},
+                             results=100, down_s=3, concurrency=16, retry=RETRY_FAST)
+    assert_exactly_once(run, ids)
+    first = sum(1 for e in run.events if e["ev"] == "attempt_start" and e["attempt"] == 1)
+    retries = [e["why"] for e in run.events if e["ev"] == "retry"]
+    waits = retries.count("endpoint_down")
+    assert waits and len(retries) > waits, Counter(retries)
+    # attempts.retry_rate: every retry line over first attempts, the outage waits included.
+    with_waits = round(len(retries) / first, 6)
+    # The triage's: every retry line but the outage waits (`endpoint_down`) over first attempts.
+    without = round((len(retries) - waits) / first, 6)
+    doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
+    findings = {f["id"]: f["evidence"] for f in doc["triage"]["findings"]}
+    assert doc["attempts"]["retry_rate"] == with_waits
+    assert findings["retries"]["retry_rate_without_outage_waits"] == without
+    assert "retry_rate" not in findings["retries"]
+    text = run_cli("report", str(run.path), cwd=tmp_path).stdout
+    attempts = [line for line in text.splitlines() if line.startswith("  attempts ")]
+    triage = [line for line in text.splitlines() if "[!] many retries: SEEN; " in line]
+    assert len(attempts) == len(triage) == 1, text
+    assert f": retry rate with outage waits {100 * with_waits:.2f}%, " in attempts[0]
+    assert f"; retry_rate_without_outage_waits {without:.4g}; " in triage[0]
+    assert "retry rate with outage waits" not in triage[0]
+    assert "retry_rate_without_outage_waits" not in attempts[0]
+    assert f"{100 * with_waits:.2f}" != f"{100 * without:.2f}"
+
+
 def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
     """The server is killed with four requests out before their first token (answers take 2 s
     to start) and comes back; one of the four probes it, and the other three, held, go again

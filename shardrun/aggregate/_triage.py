@@ -179,7 +179,7 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     rate = sum(own.values()) / att["first"] if att["first"] else None
     if rate is not None and rate >= RETRY_RATE_LIMIT:
         out.append(_finding("retries", "many retries",
-                            {"retry_rate": round(rate, 6), "causes": own,
+                            {"retry_rate_without_outage_waits": round(rate, 6), "causes": own,
                              "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
     waits = doc["scheduler"]["rate_waits"]
     share = rate_share_of_slots(doc)

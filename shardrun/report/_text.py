@@ -152,7 +152,8 @@ def format_attempts(doc: dict[str, Any]) -> str:
     return "\n".join([
         "Attempts, connections, client",
         f"  attempts {num(att['started'])} (first {num(att['first'])}), retries "
-        f"{num(att['retries'])}: retry rate {pct(att['retry_rate'], 2)}, "
+        # Not the triage's retry_rate_without_outage_waits: this counts every retry line.
+        f"{num(att['retries'])}: retry rate with outage waits {pct(att['retry_rate'], 2)}, "
         f"{num(att['attempts_per_success'], 3)} attempts per success",
         f"  by status: {_counts(att['by_status'])}",
         f"  retry causes: {_counts(att['retry_causes'])}",
