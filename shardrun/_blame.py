@@ -117,6 +117,8 @@ class Blame:
     def source_note(self, key: str) -> str:
         """', from env X' when a related value did not come from the file the user is reading."""
         source = self.sources.get(key, "job file")
+        if source == "default":
+            return ", the default"
         return "" if source == "job file" else f" from {source}"
 
     def default_note(self, key: str) -> str:

@@ -432,6 +432,17 @@ def test_retry_backoff_order(jobs: Path) -> None:
     )
 
 
+def test_retry_backoff_order_against_a_default_first_backoff_says_it_is_the_default(
+        jobs: Path) -> None:
+    """A cap below the first backoff no one gave reads '(0.5, the default)', not '(0.5 from
+    default)'."""
+    message = error_of(write(jobs, MINIMAL), env={"SHARDRUN_RETRY_BACKOFF_MAX_S": "0.1"})
+    assert message == (
+        "environment variable SHARDRUN_RETRY_BACKOFF_MAX_S must be at least retry.backoff_s"
+        " (0.5, the default), got '0.1'"
+    )
+
+
 def test_retry_backoff_order_against_the_default_says_where_to_raise_it(jobs: Path) -> None:
     """A first backoff above the default cap (30 s) blames a value no one gave: the message says
     it is the default and names the key and the variable that set it."""
