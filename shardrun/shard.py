@@ -523,11 +523,15 @@ class Shard:
         the items held went again at once and all failed again, the first charged and the
         rest held anew: 1,499 requests for 300 items in 2.7 s. A request that found no
         connection at all is the server gone again (restarted): that ends this, and is an
-        outage as before."""
+        outage as before. So is one cut after the headers of a stream: the server took our
+        request, so it serves them again, and a restart cut it (charged, the items a second
+        restart soon after the list's answer met were dead-lettered: 23 of 300 at 1 x 64)."""
         since = self.list_only_since
         if since is None:
             return False
-        if outcome.conn_ready_at is None and outcome.http_status is None:
+        status = outcome.http_status
+        if (outcome.conn_ready_at is None and status is None) or (
+                status is not None and 200 <= status < 300):
             self.list_only_since = None
             return False
         return (span.attempt_started_at or 0.0) >= since
@@ -759,10 +763,14 @@ class Shard:
         """The probe's GET of the model list, sent at `asked`, was answered: the outage is
         over, and until one of our requests is answered, their failures with no answer are
         their own (`_list_only`). The probe's retry goes now: its line says the time the check
-        took, not the wait it was planned with (it said 5.0 s for a retry sent at once)."""
+        took, not the wait it was planned with (it said 5.0 s for a retry sent at once).
+        Where one of our requests was answered while the GET was out (the outage is over
+        already), the list adds nothing to that answer: no such state."""
+        answered_meanwhile = self.outage.since is None
         self._endpoint_up(asked)
         now = self.clock.now()
-        if self.list_only_since is None:  # held since an earlier answer: judged from then
+        # Held since an earlier answer: judged from then.
+        if self.list_only_since is None and not answered_meanwhile:
             self.list_only_since = now
         line = span.retry_line
         if line is not None:

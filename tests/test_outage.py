@@ -258,6 +258,20 @@ def _reset(at: float, *, connected: bool = True, http: int | None = None) -> Att
                           error=f"HTTP {http}" if http else "connection reset")
 
 
+def _four_spans(tmp_path: Path, *, held: bool) -> tuple[_Clock, Shard, list[Span]]:
+    """A shard of a run the endpoint answered before, four of its items sent, and (`held`)
+    held in an outage."""
+    clock = _Clock()
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", answered_before=True)  # fmt: skip
+    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    spans = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(4)]
+    for span in spans:
+        span.attempt_started_at = clock.t
+        assert not held or shard._endpoint_down(span, _reset(clock.t))
+    return clock, shard, spans
+
+
 def test_while_only_the_model_list_answers_failures_with_no_answer_are_the_items_own(
         tmp_path: Path) -> None:
     """An outage's probe found the server's model list answering: the outage is over, but the
@@ -267,13 +281,7 @@ def test_while_only_the_model_list_answers_failures_with_no_answer_are_the_items
     list's next answer, and a server resetting every request was hammered. One sent before is
     judged as before. One that found no connection at all is the server gone (a restart): an
     outage, held, and the list's word is over. So is it once one of our requests is answered."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
-    spans = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(4)]
-    for span in spans:
-        span.attempt_started_at = clock.t
+    clock, shard, spans = _four_spans(tmp_path, held=False)
     assert shard._endpoint_down(spans[0], _reset(clock.t))  # an outage: held
     clock.t += 1
     shard._list_answered(spans[0], clock.t - 0.01)  # the probe's check of the model list
@@ -301,6 +309,48 @@ def test_while_only_the_model_list_answers_failures_with_no_answer_are_the_items
     clock.t += 0.1
     spans[3].attempt_started_at = clock.t
     assert shard._endpoint_down(spans[3], _reset(clock.t))
+
+
+def test_a_stream_cut_after_its_headers_ends_the_lists_word_and_is_held(
+        tmp_path: Path) -> None:
+    """The list's answer ended an outage, the held items went again, the server took them
+    (200 and its stream headers) and a second restart cut them before their first token: the
+    server was serving our requests, so the list's word is over, and they are held as in any
+    outage (charged, a second restart soon after the list's answer dead-lettered items). A
+    request dropped before any headers, after that, is held too."""
+    clock, shard, spans = _four_spans(tmp_path, held=True)
+    clock.t += 1
+    shard._list_answered(spans[0], clock.t)
+    assert shard.list_only_since is not None
+    clock.t += 0.1
+    for span in spans:
+        span.attempt_started_at = clock.t
+    clock.t += 0.1
+    cut = AttemptOutcome(status="conn_reset", http_status=200, started_at=clock.t,
+                         conn_ready_at=clock.t, error="connection reset")
+    assert [shard._endpoint_down(span, cut) for span in spans[:3]] == [True] * 3  # held
+    assert shard.list_only_since is None
+    assert shard._endpoint_down(spans[3], _reset(clock.t))
+
+
+def test_a_list_answer_after_one_of_our_requests_was_answered_starts_no_list_only_state(
+        tmp_path: Path) -> None:
+    """The probe's GET of the model list is out (up to 5 s) when a request sent earlier is
+    answered, which ends the outage. The list's answer then adds nothing: a request dropped
+    after it is judged as in any outage (held), not charged as the item's own."""
+    clock, shard, spans = _four_spans(tmp_path, held=True)
+    clock.t += 1
+    asked = clock.t
+    clock.t += 0.5
+    _answered(shard, clock, "sent before")
+    clock.t += 0.5
+    shard._list_answered(spans[0], asked)
+    assert shard.list_only_since is None
+    clock.t += 0.1
+    for span in spans:
+        span.attempt_started_at = clock.t
+    clock.t += 0.1
+    assert [shard._endpoint_down(span, _reset(clock.t)) for span in spans] == [True] * 4
 
 
 def test_the_once_a_second_check_stops_an_outage_at_outage_s_but_not_during_a_stop(

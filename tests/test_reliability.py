@@ -1884,6 +1884,65 @@ def test_the_two_retry_rates_of_a_run_with_an_outage_have_their_own_names(
     assert f"{100 * with_waits:.2f}" != f"{100 * without:.2f}"
 
 
+def _restart_twice_with_four_out(tmp_path: Path, proc: subprocess.Popen[str],
+                                 servers: list[SimProcess], config: SimConfig,
+                                 port: int) -> tuple[str, str]:
+    """Once four results are in (the next four out, their answers 2 s away), kill the server
+    and start it again on its port, twice, each time once the four held went again; then the
+    run's end: its stdout and stderr."""
+    _wait_for_results(tmp_path / "runs", 4)
+    for _ in range(2):
+        os.kill(servers[-1].pid, signal.SIGKILL)
+        time.sleep(0.5)
+        servers.append(start_sim(config, port=port))
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while sim_stats(servers[-1])["in_flight"] < 4:  # the held four went again
+            assert proc.poll() is None and time.monotonic() < deadline, "never sent"
+            time.sleep(0.05)
+    return proc.communicate(timeout=WAIT_GUARD_S)
+
+
+def test_two_restarts_behind_a_listener_that_outlives_the_server_dead_letter_nothing(
+        tmp_path: Path) -> None:
+    """The server restarts behind a socket it does not own (tests/kept_listener.py): a probe's
+    GET of the model list, waiting in the listener, is answered by the new server before any
+    request of ours, which ends the outage by the list's word. The held items go again, the
+    server takes them (stream headers sent, answers 2 s away) and is killed once more: those
+    cuts are the endpoint's, held, not charged as the items' own. With one attempt per item
+    and no retry budget, a charge is a dead letter: four were."""
+    ids = write_input(tmp_path / "input.jsonl", 12)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000})
+    servers = [start_sim(config, port=port)]
+    listener = subprocess.Popen([sys.executable, str(Path(__file__).with_name(
+        "kept_listener.py")), str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)  # fmt: skip
+    proc = None
+    try:
+        assert listener.stdout is not None
+        front = int(listener.stdout.readline().removeprefix("listening on "))
+        write_job(tmp_path / "job.yaml", shards=1, concurrency=4,
+                  retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
+                  endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat",
+                            "model": "m"})
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+        out, err = _restart_twice_with_four_out(tmp_path, proc, servers, config, port)
+    finally:
+        for server in servers:
+            server.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        assert listener.stdin is not None
+        listener.stdin.close()
+        listener.wait(timeout=WAIT_GUARD_S)
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.dead, [d["reason"] for d in run.dead]
+    assert proc.returncode == 0, out + err
+    assert_exactly_once(run, ids)
+    assert any(e["ev"] == "retry" and e["why"] == "endpoint_down" for e in run.events)
+
+
 def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
     """The server is killed with four requests out before their first token (answers take 2 s
     to start) and comes back; one of the four probes it, and the other three, held, go again
@@ -1902,16 +1961,7 @@ def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Pa
               endpoint={"base_url": servers[0].base_url, "api": "chat", "model": "m"})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
     try:
-        _wait_for_results(tmp_path / "runs", 4)  # the next four are out, not yet answering
-        for _ in range(2):
-            os.kill(servers[-1].pid, signal.SIGKILL)
-            time.sleep(0.5)
-            servers.append(start_sim(config, port=port))
-            deadline = time.monotonic() + WAIT_GUARD_S
-            while sim_stats(servers[-1])["in_flight"] < 4:  # the held four went again
-                assert proc.poll() is None and time.monotonic() < deadline, "never sent"
-                time.sleep(0.05)
-        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+        out, err = _restart_twice_with_four_out(tmp_path, proc, servers, config, port)
     finally:
         for server in servers:
             server.stop()
