@@ -187,18 +187,25 @@ def test_a_pass_that_ends_while_report_reads_the_run_is_finished_not_crashed(
                         "moment before: report again for all of it"), why
 
 
+def _ending_pass_with_old_logs(tmp_path: Path) -> tuple[Path, subprocess.Popen[str]]:
+    """A run whose manifest says `running` and whose shard logs all ended an hour ago, and its
+    pass, a real process holding the run's locks, which closes the manifest and lets go once
+    its standard input closes (as a pass at its end, hashing a big run's files)."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
+    past = time.time() - 3600
+    for path in (run / "events").iterdir():
+        os.utime(path, (past, past))
+    return run, subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+
 def test_report_calls_a_live_pass_running_however_long_since_its_logs_were_written(
         tmp_path: Path) -> None:
     """A pass at its end (a real process holding the run's locks), its shards' logs all ended
     and an hour old, its manifest still `running`, as while it hashes the run's files for
     the manifest: running, where it read as crashed ("the manifest was never finalized").
     Once it has closed its manifest and exited, finished."""
-    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
-    past = time.time() - 3600
-    for path in (run / "events").iterdir():
-        os.utime(path, (past, past))
-    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    run, holder = _ending_pass_with_old_logs(tmp_path)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         state = load_report(run)[0]["run"]
@@ -221,12 +228,7 @@ def test_a_pass_that_ends_between_reports_looks_at_its_locks_is_not_called_crash
     twice (in `in_use`, then on its own), and the second ask, finding no pass, let the logs'
     age call the run crashed ("the manifest was never finalized") with no look at the
     manifest, which by then said the run had succeeded."""
-    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
-    past = time.time() - 3600
-    for path in (run / "events").iterdir():
-        os.utime(path, (past, past))
-    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    run, holder = _ending_pass_with_old_logs(tmp_path)
     held = resume._held
 
     def held_then_the_pass_ends(path: Path) -> bool | None:
