@@ -54,8 +54,9 @@ class Decision:
 
     retry: bool
     wait: float = 0.0
-    # "backoff" or "server" when retrying ("stream_cut": the shard's free retry of an item's
-    # first stream cut mid-answer); the dead-letter reason otherwise.
+    # "backoff" or "server" when retrying ("stream_cut", "list_only": the shard's free retry of
+    # an item's first stream cut mid-answer, or of its first failure with no answer while only
+    # the server's model list answers); the dead-letter reason otherwise.
     why: str = ""
 
 

@@ -373,6 +373,9 @@ class Shard:
             if self._first_cut(span, outcome):
                 span.outage_tries += 1
                 decision = Decision(True, wait=self.retrier.backoff(1), why="stream_cut")
+            elif self._first_list_only(span):
+                span.outage_tries += 1
+                decision = Decision(True, wait=self.retrier.backoff(1), why="list_only")
             else:
                 storm = self._storm_failed(span, outcome)
                 decision = self._decide(span, attempt, outcome, storm=storm)
@@ -482,8 +485,21 @@ class Shard:
         span.cut_once = True
         return True
 
+    @staticmethod
+    def _first_list_only(span: Span) -> bool:
+        """Whether this failure is the item's first while only the model list answered: it
+        is retried free, after its backoff. A restart behind a listener that outlives the
+        server has the list answered first (the probe's GET waits in the listener), and a
+        second restart soon after cut the held items, which went again at once, each charged
+        (23 of 300 dead-lettered at 1 x 64 with the defaults). The next is the item's own."""
+        if not span.list_only_now or span.list_free_used:
+            return False
+        span.list_free_used = True
+        return True
+
     def _endpoint_down(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Count the failure if it is the endpoint's (see `outage`); whether it is down now."""
+        span.list_only_now = False
         if not says_endpoint_down(outcome.status, outcome.http_status, outcome.content_chunks):
             span.down_failure_at = None  # its latest failure is another kind (a cut stream...)
             if says_endpoint_up(outcome.status, outcome.http_status):
@@ -491,7 +507,8 @@ class Shard:
             return False
         now = self.clock.now()
         if self._list_only(span, outcome):
-            span.down_failure_at = now  # the item's own: charged, and no outage
+            span.down_failure_at = now  # the item's own (but its first): no outage
+            span.list_only_now = True
             return False
         last = span.down_failure_at
         own = last is not None and self.outage.since is None and self.answered_start > last
@@ -518,20 +535,17 @@ class Shard:
     def _list_only(self, span: Span, outcome: AttemptOutcome) -> bool:
         """Whether a failure that says the endpoint is down is the item's own after all: the
         server has answered its model list since the request was sent, but not our requests
-        (`list_only_since`). Each such failure is charged, so the items spend their attempts
-        and the retry budget, with their backoff. When the list's answer ended every outage,
+        (`list_only_since`). Each such failure, from an item's second on (its first is retried
+        free, `_first_list_only`), is charged, so the items spend their attempts and the retry
+        budget, with their backoff. When the list's answer ended every outage,
         the items held went again at once and all failed again, the first charged and the
         rest held anew: 1,499 requests for 300 items in 2.7 s. A request that found no
         connection at all is the server gone again (restarted): that ends this, and is an
-        outage as before. So is one cut after the headers of a stream: the server took our
-        request, so it serves them again, and a restart cut it (charged, the items a second
-        restart soon after the list's answer met were dead-lettered: 23 of 300 at 1 x 64)."""
+        outage as before."""
         since = self.list_only_since
         if since is None:
             return False
-        status = outcome.http_status
-        if (outcome.conn_ready_at is None and status is None) or (
-                status is not None and 200 <= status < 300):
+        if outcome.conn_ready_at is None and outcome.http_status is None:
             self.list_only_since = None
             return False
         return (span.attempt_started_at or 0.0) >= since

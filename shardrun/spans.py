@@ -40,6 +40,10 @@ class Span:
     # It failed so once after the endpoint answered a later request, and was held all the same
     # (`Shard._endpoint_down`): the next such failure is its own.
     held_again: bool = False
+    # Its latest failure came while only the server's model list answered (`Shard._list_only`),
+    # and whether it has had the one free retry of such a failure (`Shard._first_list_only`).
+    list_only_now: bool = False
+    list_free_used: bool = False
     # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
     retry_line: dict[str, Any] | None = None
 

@@ -311,26 +311,35 @@ def test_while_only_the_model_list_answers_failures_with_no_answer_are_the_items
     assert shard._endpoint_down(spans[3], _reset(clock.t))
 
 
-def test_a_stream_cut_after_its_headers_ends_the_lists_word_and_is_held(
+def test_an_items_first_failure_while_only_the_list_answers_is_retried_free(
         tmp_path: Path) -> None:
-    """The list's answer ended an outage, the held items went again, the server took them
-    (200 and its stream headers) and a second restart cut them before their first token: the
-    server was serving our requests, so the list's word is over, and they are held as in any
-    outage (charged, a second restart soon after the list's answer dead-lettered items). A
-    request dropped before any headers, after that, is held too."""
+    """The list's answer ended an outage, the held items went again, and a second restart cut
+    them before any answer, with or without the stream's headers (a listener that outlives
+    the server took them): each item's first such failure is retried free, after its
+    backoff; its second is its own, charged. Before, the first was charged, and with one
+    attempt per item the second restart dead-lettered them."""
     clock, shard, spans = _four_spans(tmp_path, held=True)
     clock.t += 1
     shard._list_answered(spans[0], clock.t)
-    assert shard.list_only_since is not None
     clock.t += 0.1
     for span in spans:
         span.attempt_started_at = clock.t
     clock.t += 0.1
-    cut = AttemptOutcome(status="conn_reset", http_status=200, started_at=clock.t,
-                         conn_ready_at=clock.t, error="connection reset")
-    assert [shard._endpoint_down(span, cut) for span in spans[:3]] == [True] * 3  # held
-    assert shard.list_only_since is None
-    assert shard._endpoint_down(spans[3], _reset(clock.t))
+    headers = AttemptOutcome(status="conn_reset", http_status=200, started_at=clock.t,
+                             conn_ready_at=clock.t, error="connection reset")
+    outcomes = [headers, headers, _reset(clock.t), _reset(clock.t)]
+    assert not any(shard._endpoint_down(s, o) for s, o in zip(spans, outcomes, strict=True))
+    assert [Shard._first_list_only(span) for span in spans] == [True] * 4  # free
+    clock.t += 0.5
+    for span in spans:
+        span.attempt_started_at = clock.t
+    clock.t += 0.1
+    assert not any(shard._endpoint_down(s, o) for s, o in zip(spans, outcomes, strict=True))
+    assert [Shard._first_list_only(span) for span in spans] == [False] * 4  # charged
+    # Another kind of failure is no list-only one: no free retry comes of it.
+    shard._endpoint_down(spans[0], AttemptOutcome(status="http_4xx", http_status=400,
+                                                  started_at=clock.t, error="bad request"))
+    assert not spans[0].list_only_now
 
 
 def test_a_list_answer_after_one_of_our_requests_was_answered_starts_no_list_only_state(

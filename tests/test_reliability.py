@@ -1902,17 +1902,19 @@ def _restart_twice_with_four_out(tmp_path: Path, proc: subprocess.Popen[str],
     return proc.communicate(timeout=WAIT_GUARD_S)
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["stream", "whole_body"])
 def test_two_restarts_behind_a_listener_that_outlives_the_server_dead_letter_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, whole: bool) -> None:
     """The server restarts behind a socket it does not own (tests/kept_listener.py): a probe's
     GET of the model list, waiting in the listener, is answered by the new server before any
     request of ours, which ends the outage by the list's word. The held items go again, the
-    server takes them (stream headers sent, answers 2 s away) and is killed once more: those
-    cuts are the endpoint's, held, not charged as the items' own. With one attempt per item
-    and no retry budget, a charge is a dead letter: four were."""
+    server takes them (answers 2 s away; its stream's headers sent at once, or, answering
+    whole, none) and is killed once more: each item's first failure then is retried free, not
+    charged as its own. With one attempt per item and no retry budget, a charge is a dead
+    letter: four were."""
     ids = write_input(tmp_path / "input.jsonl", 12)
     port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000})
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000, "ignore_stream": whole})
     servers = [start_sim(config, port=port)]
     listener = subprocess.Popen([sys.executable, str(Path(__file__).with_name(
         "kept_listener.py")), str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -2076,9 +2078,10 @@ def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_ha
     answer. The list's answer ended each outage at once and sent every held item again, each
     wave charging one failure: 1,499 requests for 300 items, four times the retries the
     budget allows, and retry lines saying "wait": 5.0 before a retry sent at once. Now those
-    failures are the items' own: attempts stay within max_attempts per item, retries within
-    the budget (and one hold per slot, the first outage's), each retry waits its line's wait,
-    and the run ends with every item dead-lettered for the reset, none held to outage_s."""
+    failures are the items' own, but for one free retry each (`list_only`): attempts stay
+    within max_attempts per item and that one, the other retries within the budget (and one
+    hold per slot, the first outage's), each retry waits its line's wait, and the run ends
+    with every item dead-lettered for the reset, none held to outage_s."""
     ids = write_input(tmp_path / "input.jsonl", 300)
     ratio, floor, most = 0.2, 10, 4
     with sim(reset_before_headers=1.0) as server:
@@ -2092,15 +2095,18 @@ def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_ha
     assert_exactly_once(run, ids)
     assert not run.results and all("reset" in d["reason"] for d in run.dead), run.dead[:3]
     starts = {(e["span"], e["attempt"]): e["t"] for e in run.events if e["ev"] == "attempt_start"}
-    assert len(starts) <= len(ids) * most
+    assert len(starts) <= len(ids) * (most + 1)
     retries = [e for e in run.events if e["ev"] == "retry"]
+    free = Counter(e["id"] for e in retries if e["why"] == "list_only")
+    assert free and max(free.values()) == 1
     for shard in (0, 1):
         mine = [e for e in retries if e["shard"] == shard]
         firsts = sum(1 for e in run.events if e["ev"] == "attempt_start"
                      and e["shard"] == shard and e["attempt"] == 1)
         held = sum(1 for e in mine if e["why"] == "endpoint_down")
+        own = sum(1 for e in mine if e["why"] not in ("endpoint_down", "list_only"))
         assert held <= 8, f"shard {shard}"
-        assert len(mine) - held <= math.ceil(ratio * firsts + floor), f"shard {shard}"
+        assert own <= math.ceil(ratio * firsts + floor), f"shard {shard}"
     early = [e for e in retries if e["wait"] is not None
              and starts[(e["span"], e["attempt"] + 1)] < e["t"] + e["wait"] - 1e-3]
     assert not early, early[:3]
