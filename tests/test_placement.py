@@ -59,9 +59,12 @@ def test_a_spawned_shard_that_ended_leaves_no_descriptor_behind(tmp_path: Path) 
         shard = await placement.start_local_shard(index, logs, out, 0)
         kept.append(shard)
         shard.kill()
-        assert await asyncio.wait_for(shard.wait(), GUARD_S) == "killed by signal SIGKILL"
-        while await shard.receive() is not None:  # its stdout, read to the end
+        # Its stdout read to the end first, then its end waited for, as the coordinator does:
+        # `wait` closes our ends of its pipes, and a read after that waited for good (a rare
+        # hang of this test in CI).
+        while await asyncio.wait_for(shard.receive(), GUARD_S) is not None:
             pass
+        assert await asyncio.wait_for(shard.wait(), GUARD_S) == "killed by signal SIGKILL"
 
     async def main() -> tuple[int, int]:
         logs, out = _dirs(tmp_path)
