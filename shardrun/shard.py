@@ -537,11 +537,10 @@ class Shard:
         server has answered its model list since the request was sent, but not our requests
         (`list_only_since`). Each such failure, from an item's second on (its first is retried
         free, `_first_list_only`), is charged, so the items spend their attempts and the retry
-        budget, with their backoff. When the list's answer ended every outage,
-        the items held went again at once and all failed again, the first charged and the
-        rest held anew: 1,499 requests for 300 items in 2.7 s. A request that found no
-        connection at all is the server gone again (restarted): that ends this, and is an
-        outage as before."""
+        budget, with their backoff. When the list's answer ended every outage, the items held
+        went again at once and all failed again, the first charged and the rest held anew:
+        1,499 requests for 300 items in 2.7 s. A request that found no connection at all is
+        the server gone again (restarted): that ends this, and is an outage as before."""
         since = self.list_only_since
         if since is None:
             return False
@@ -741,8 +740,8 @@ class Shard:
         many slots it has, and none while the endpoint is away. Before each wait the probe asks
         the server for its model list (`StreamingClient.answers`): an answer ends the outage at
         once, and until one of our requests is answered, their failures with no answer are
-        their items' own, charged (`_list_answered`, `_list_only`). How long the outage lasts
-        is the ticker's to judge (`_failing_limit`)."""
+        their items' own, charged from each item's second (`_list_answered`, `_list_only`).
+        How long the outage lasts is the ticker's to judge (`_failing_limit`)."""
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
