@@ -3,8 +3,9 @@
 `register(subparsers)` adds them to the main parser; each sets `handler`, which takes the parsed
 arguments and returns the exit code. The library raises `ShardrunError`s for user errors; the
 handlers print them as `error: <message>` and return their exit code (2 for a bad run directory
-or an impossible publish, 1 for a sample that does not verify). `report` prints its report
-whatever the log's state, and exits 1 when the log fails its integrity check.
+or an impossible publish, a path `verify` cannot take or a run it cannot check yet; 1 for a
+sample or a run that does not verify). `report` prints its report whatever the log's state, and
+exits 1 when the log fails its integrity check.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from shardrun.errors import ShardrunError
+from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.outpath import check_output_file
 
 
@@ -52,13 +53,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     publish.set_defaults(handler=run_publish)
 
     verify = subparsers.add_parser(
-        "verify", help="re-derive a published sample from the raw files",
-        description="Re-read the raw event files, check every SHA-256 and recompute the figure."
-                    " Exit 0 when everything matches, 1 with the reason otherwise.",
+        "verify", help="check a run directory against its manifest, or re-derive a sample",
+        description="Given a run directory: check every file its manifest lists (size, "
+                    "SHA-256, and the checkpoints of event files) and that results/, events/ "
+                    "and dead/ hold no other file; a run whose pass is still at work is "
+                    "refused. Given a sample file: re-read the raw event files, check every "
+                    "SHA-256 and recompute the figure. Exit 0 when everything matches, 1 with "
+                    "what differs otherwise, 2 for a path that is neither or a run still "
+                    "running.",
     )  # fmt: skip
-    verify.add_argument("sample", type=Path, metavar="SAMPLE.json", help="the sample file")
+    verify.add_argument("path", type=Path, metavar="RUN_DIR|SAMPLE.json",
+                        help="a run directory, or a sample file `publish` wrote")
     verify.add_argument("--run-dir", type=Path, metavar="DIR",
-                        help="the run directory (default: the one the sample sits in)")
+                        help="for a sample: its run directory (default: the one it sits in)")
     verify.set_defaults(handler=run_verify)
 
 
@@ -135,7 +142,19 @@ def run_publish(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from shardrun.provenance import verify
 
-    print(verify(args.sample, args.run_dir))
+    path: Path = args.path
+    if path.is_dir():
+        from shardrun.runverify import verify_run
+
+        if args.run_dir is not None:
+            raise SpecError(f"--run-dir goes with a sample file, and {path} is a directory: "
+                             f"`shardrun verify {path}` checks that run")
+        print(verify_run(path))
+        return 0
+    if not path.is_file():
+        raise RunDirError(f"{path} is neither a run directory nor a sample file: "
+                         f"{'nothing is there' if not path.exists() else 'it is no file'}")
+    print(verify(path, args.run_dir))
     return 0
 
 

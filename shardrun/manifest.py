@@ -440,12 +440,17 @@ def changed_results(manifest: dict[str, Any], run_path: Path) -> list[tuple[str,
     return changed
 
 
+def listed_file(path: Path) -> bool:
+    """Whether the manifest's list of a run's files names `path` (`list_files`): every file
+    but the manifest itself, the locks and the temporary files of atomic writes."""
+    skip = path.name in ("manifest.json", ".lock", ".pass.lock") or path.name.endswith(".tmp")
+    return path.is_file() and not skip
+
+
 def list_files(root: Path) -> list[dict[str, Any]]:
     files = []
     for path in sorted(root.rglob("*")):
-        skip = path.name in ("manifest.json", ".lock", ".pass.lock") or path.name.endswith(
-            ".tmp")
-        if path.is_file() and not skip:
+        if listed_file(path):
             sha, size = file_digest(path)
             files.append({"path": str(path.relative_to(root)), "sha256": sha, "bytes": size})
     return files

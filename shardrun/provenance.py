@@ -56,6 +56,12 @@ class VerifyError(ShardrunError):
     """A sample does not verify against its run."""
 
 
+class NotASample(VerifyError):
+    """The file given as a sample is none: not JSON, or of another schema."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class Figure:
     """What the events say about one minute."""
@@ -204,10 +210,11 @@ def read_sample(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise VerifyError(f"cannot read sample {path}: {exc.strerror}") from None
     except orjson.JSONDecodeError as exc:
-        raise VerifyError(f"sample {path} is not valid JSON ({exc})") from None
+        raise NotASample(f"{path} is not valid JSON ({exc}), so it is no sample (nor a run "
+                         "directory)") from None
     if not isinstance(sample, dict) or sample.get("schema") != SAMPLE_SCHEMA:
         got = sample.get("schema") if isinstance(sample, dict) else None
-        raise VerifyError(f"sample {path} has schema {got!r}, expected {SAMPLE_SCHEMA!r}")
+        raise NotASample(f"sample {path} has schema {got!r}, expected {SAMPLE_SCHEMA!r}")
     for key in ("run_id", "minute", "files", "per_shard", "method", *FIGURE_FIELDS):
         if key not in sample:
             raise VerifyError(f"sample {path} lacks the field {key!r}")

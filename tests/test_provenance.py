@@ -88,16 +88,22 @@ def test_verify_confirms_in_one_line(published: tuple[Path, Path],
 
 def test_verify_given_the_run_directory_names_its_sample(
         published: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`verify RUN_DIR`, an easy slip: one sentence naming the run's newest sample, or how to
-    make one."""
+    """The library's sample check given a directory: one sentence naming the run's newest
+    sample, or how to make one. (`shardrun verify RUN_DIR` checks the run itself, against its
+    manifest: tests/test_runverify.py; this hand-made run's manifest lists no files.)"""
     run, path = published
+    with pytest.raises(VerifyError) as caught:
+        verify(run)
+    assert str(caught.value) == (
+        f"{run} is a directory, and verify takes a sample file that `shardrun publish` "
+        f"wrote; the newest sample of this run is {path}")
+    bare = _run(tmp_path / "bare")
+    with pytest.raises(VerifyError, match=f"; `shardrun publish {bare} --peak` makes one$"):
+        verify(bare)
     assert main(["verify", str(run)]) == 1
     assert capsys.readouterr().err == (
-        f"error: {run} is a directory, and verify takes a sample file that `shardrun publish` "
-        f"wrote; the newest sample of this run is {path}\n")
-    bare = _run(tmp_path / "bare")
-    assert main(["verify", str(bare)]) == 1
-    assert capsys.readouterr().err.endswith(f"; `shardrun publish {bare} --peak` makes one\n")
+        f"error: {run}/manifest.json lists no files (a run of a shardrun older than the list, "
+        "or a manifest edited by hand), so there is nothing to check the run against\n")
 
 
 def test_lines_hash_is_the_documented_canonical_order(published: tuple[Path, Path]) -> None:

@@ -13,11 +13,11 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shardrun import event_names as events
 from shardrun.aggregate import (
@@ -46,6 +46,7 @@ PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it save
 WORKERS_VAR = "SHARDRUN_AGGREGATE_WORKERS"
 RUNNING_WINDOW_S = 10.0  # a live shard writes its log at least once a second
 STALLED_WINDOW_S = 300.0  # a shard process alive but silent this long is not trusted as ours
+T = TypeVar("T")
 COORDINATOR_EVENTS = (events.RUN_START, events.BATCH, events.INPUT_END, events.SHARD_EXIT,
                       events.RUN_END, events.CHECKPOINT)
 
@@ -256,13 +257,20 @@ def _workers() -> int | None:
 
 def _fold_all(jobs: list[tuple[Any, ...]], workers: int | None,
               total_bytes: int) -> list[tuple[FileScan, ShardSummary]]:
+    return map_files(fold_shard_file, jobs, workers, total_bytes)
+
+
+def map_files(read: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int | None,
+              total_bytes: int) -> list[T]:
+    """`read(*job)` for each job (one file each), in job order: in `workers` processes (default
+    `SHARDRUN_AGGREGATE_WORKERS`, else one per CPU once the files hold `PARALLEL_BYTES`)."""
     workers = workers if workers is not None else _workers()
-    # Never more workers than files: each folds one file, and a process costs its start-up.
+    # Never more workers than files: each reads one file, and a process costs its start-up.
     n = min(workers if workers is not None else os.cpu_count() or 1, len(jobs))
     if n <= 1 or len(jobs) <= 1 or (workers is None and total_bytes < PARALLEL_BYTES):
-        return [fold_shard_file(*job) for job in jobs]
+        return [read(*job) for job in jobs]
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(fold_shard_file, *job) for job in jobs]
+        futures = [pool.submit(read, *job) for job in jobs]
         return [f.result() for f in futures]
 
 

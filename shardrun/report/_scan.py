@@ -147,16 +147,17 @@ class _Hasher:
         self.broken = True
 
 
-def scan_file(path: Path, rel: str, handlers: Mapping[str, Handler],
+def scan_file(path: Path, rel: str, handlers: Mapping[str, Handler] | None,
               wanted: frozenset[str] | None = None, folder: ChunkFolder | None = None) -> FileScan:
-    """Read `path` once, feeding its records to `handlers` (event name -> handler).
+    """Read `path` once, feeding its records to `handlers` (event name -> handler); with None,
+    parse no line: only hash the file, count its lines and check its checkpoints.
 
     With `folder`, each chunk's complete lines go to `folder.body` instead (its exceptions
     propagate: the C fold's `Fallback` means "fold this file in Python").
     """
     scan = FileScan(rel)
     hasher = _Hasher(scan)
-    feeder = _Feeder(scan, handlers, wanted)
+    feeder = None if handlers is None else _Feeder(scan, handlers, wanted)
 
     def take(body: bytes | memoryview) -> None:
         if folder is not None:
@@ -165,7 +166,8 @@ def scan_file(path: Path, rel: str, handlers: Mapping[str, Handler],
         else:
             body = bytes(body)
             hasher.body(body, scan.lines, scan.bytes)
-            feeder.body(body)
+            if feeder is not None:
+                feeder.body(body)
             lines = body.count(b"\n")
         scan.lines += lines
         scan.bytes += len(body)
