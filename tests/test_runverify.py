@@ -244,9 +244,38 @@ def test_a_crashed_retry_pass_is_checked_as_far_as_it_can_be(
         assert (f"\n  dead/shard-{shard}.jsonl was set aside, unchanged, to "
                 f"dead/superseded-r1/shard-{shard}.jsonl by a retry pass that did not end"
                 in out), out
+    # The launcher's log is shared by the passes: what the crashed one added is no change.
+    with open(run / "logs" / "launcher.log", "ab") as f:
+        f.write(b"a line the crashed pass's launcher wrote\n")
+    code, out, err = _verify(run, capsys)
+    assert code == 0, err
+    assert ("\n  41 bytes were appended to logs/launcher.log after the manifest recorded its 0 "
+            "(by the pass that crashed); those 0 are as recorded" in out), out
     _flip(run)
     code, _, err = _verify(run, capsys)
     assert code == 1 and "results/shard-00.jsonl differs from the manifest" in err, err
+
+
+def test_dead_letters_set_aside_by_a_pass_that_never_began_are_found(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A retry pass killed after it set the dead letters aside and before its manifest entry
+    was written leaves a finished run with them in dead/superseded-r1/ (the next pass puts
+    them back): found there unchanged, and said; one edited there is not."""
+    run = _copy(finished, tmp_path)
+    aside = run / "dead" / "superseded-r1"
+    aside.mkdir()
+    for path in sorted((run / "dead").glob("*.jsonl")):
+        path.rename(aside / path.name)
+    code, out, err = _verify(run, capsys)
+    assert code == 0, err
+    assert out.endswith("\n  dead/shard-01.jsonl was set aside, unchanged, to "
+                        "dead/superseded-r1/shard-01.jsonl by a retry pass that did not end\n")
+    with open(aside / "shard-01.jsonl", "ab") as f:
+        f.write(b'{"id": "forged"}\n')
+    code, _, err = _verify(run, capsys)
+    assert code == 1
+    assert ("\n  dead/shard-01.jsonl is listed in the manifest but missing from the run "
+            "directory\n") in err, err
 
 
 def test_a_live_pass_is_refused(finished: Path, tmp_path: Path,
