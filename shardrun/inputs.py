@@ -251,6 +251,26 @@ def make_reader(job: LoadedJob, keep_records: bool = False) -> InputReader:
     return InputReader(job.input_path, InputPlan.from_job(job), keep_records)
 
 
+def holds_more(path: Path, offset: int, fmt: str) -> bool:
+    """Whether the input holds anything past its first `offset` bytes but blank lines, which a
+    reader passes over: bytes no pass has read that may be items. Reads only that tail, and
+    stops at its first such byte.
+
+    A JSON line of whitespace is blank; a CSV row is blank only when the line is empty (a row of
+    spaces is a row of the wrong width, a reject). Anything past a Parquet file's end changed
+    the file. A file that cannot be read holds none: the reader, opened already, says why."""
+    blank = {"csv": b"\r\n", "parquet": b""}.get(fmt, b" \t\n\r\x0b\x0c")
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while chunk := f.read(1 << 16):
+                if chunk.strip(blank) if blank else chunk:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 def _must_exist(path: Path) -> None:
     if not path.is_file():
         _open(path).close()  # raises the same InputError as the line formats

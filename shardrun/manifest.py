@@ -16,7 +16,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -344,15 +344,17 @@ def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def input_read_whole(manifest: dict[str, Any], *, but_the_newest: bool = False,
-                     size: int | None = None) -> bool:
+                     more_after: Callable[[int], bool] | None = None) -> bool:
     """Whether a pass of the run (but its newest, with `but_the_newest`) read the input to its
     end and ended every item it read (a `retry-failed` pass passes over the items no pass has
     run, `left_out`; a stopped one leaves items `unfinished`). From then on `--resume` has
     nothing to run: what a later pass leaves are dead letters, for `retry-failed`.
 
-    `size`: the input's size as the pass asking saw it. Lines appended since that earlier pass
-    (a resume allows them, `resume.check_input`) are items no pass has run, so it counts only
-    if it read at least `size` bytes (one recorded without `bytes_read` counts, as before)."""
+    `more_after`: whether the input, as the pass asking sees it, holds more than blank lines
+    past a number of bytes (`inputs.holds_more`). Lines appended since that earlier pass (a
+    resume allows them, `resume.check_input`) are items no pass has run, so it counts only if
+    nothing but blank lines lies past its `bytes_read` (one recorded without `bytes_read`
+    counts, as before): a line break or blank lines added at the end hold no item."""
     records = [record for _, record in _passes(manifest)]
     for record in records[:-1] if but_the_newest else records:
         summary = record.get("summary") if isinstance(record, dict) else None
@@ -362,7 +364,7 @@ def input_read_whole(manifest: dict[str, Any], *, but_the_newest: bool = False,
             continue
         read = record.get("input") if isinstance(record, dict) else None
         got = read.get("bytes_read") if isinstance(read, dict) else None
-        if size is None or not isinstance(got, int) or got >= size:
+        if more_after is None or not isinstance(got, int) or not more_after(got):
             return True
     return False
 

@@ -34,7 +34,7 @@ from shardrun.errors import (
     fix_for_write,
     stopped_writing,
 )
-from shardrun.inputs import InputReader, Reject, make_reader
+from shardrun.inputs import InputReader, Reject, holds_more, make_reader
 from shardrun.manifest import (
     RunDir,
     finish_manifest,
@@ -249,7 +249,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                              f"({resume_command(job, run_dir)} runs the items no pass has run, "
                              "if any)")
     # Lines appended since the pass that read the input whole are items no pass has run.
-    read_before = input_read_whole(manifest, size=_input_size(job))
+    read_before = input_read_whole(manifest, more_after=functools.partial(
+        holds_more, job.input_path, fmt=job.spec.input.format))
     way_on, retrying = choose_way_on(job, run_dir, options, read_before)
     info = {"segment": segment, "retry_failed": options.retry_failed,
             "only_failed": only_failed, "input_read_before": read_before,
@@ -286,15 +287,6 @@ def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
     return (continue_with(resume_command(job, run_dir)),
             f"{continue_with(retrying)} (which also gives the items dead-lettered so far "
             "another pass)")
-
-
-def _input_size(job: LoadedJob) -> int | None:
-    """The input's size as this pass starts (None where it cannot be read: the reader, open
-    already, says what is wrong)."""
-    try:
-        return job.input_path.stat().st_size
-    except OSError:
-        return None
 
 
 def _lines_read_before(manifest: dict[str, Any]) -> int:

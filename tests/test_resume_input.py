@@ -17,7 +17,7 @@ import pytest
 from shardrun.errors import SpecError
 from shardrun.manifest import RunOn, file_digest, prefix_digests, run_on
 from shardrun.resume import check_input
-from tests.conftest import Run, only_run, run_cli, write_input, write_job
+from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
 
 RUNS = ("--runs-dir", "runs", "--quiet")
 
@@ -383,3 +383,38 @@ def test_run_on_of_a_pass_recorded_by_an_older_shardrun(tmp_path: Path) -> None:
     assert run_on({**older, "input": {**record, "open_end": None}}, file) is None
     file.write_bytes(file.read_bytes().replace(b'"}{', b'"}\r\n{'))
     assert run_on(older, file) is None  # a line break (CRLF) completed the line
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
+        tmp_path: Path, fmt: str) -> None:
+    """The first pass read the whole input; only blank lines were appended since, which hold
+    no item. A retry pass stopped by --limit leaves dead letters only: its summary sends them
+    to retry-failed, not to a --resume that would run nothing, and the pass records that an
+    earlier pass read the whole input. An item appended after blank lines still counts."""
+    unterminated(tmp_path, fmt, 30)
+    fast = {**FAST_SIM, "fail_500": 0.5}
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": f"input.{fmt}"},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test", "sim": fast},
+              retry={"max_attempts": 1})
+    first = run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    path, file = tmp_path / "runs" / "qq", tmp_path / f"input.{fmt}"
+    assert len(Run.load(path).dead) > 2
+    with open(file, "ab") as f:  # the last line's break, then blank lines
+        f.write(b"\n\n\r\n\n" if fmt == "csv" else b"\n\n  \n\t\n")
+    some = run_cli("job.yaml", "--resume", "qq", "--retry-failed", "--limit", "1", *RUNS,
+                   cwd=tmp_path)
+    assert some.returncode == 1, some.stdout + some.stderr
+    assert Run.load(path).manifest["resumes"][0]["input_read_before"] is True
+    assert "(--limit 1: an earlier pass read the whole input)" in some.stdout, some.stdout
+    finish = [line for line in some.stdout.splitlines() if line.startswith("  to finish the run")]
+    assert finish == [f"  to finish the run  shardrun retry-failed {Path('runs') / 'qq'}"], (
+        some.stdout)
+    with open(file, "ab") as f:
+        f.write(b"late,say something late\n" if fmt == "csv" else orjson.dumps(
+            {"id": "late", "prompt": "say something late"}) + b"\n")
+    more = run_cli("job.yaml", "--resume", "qq", "--retry-failed", "--limit", "1", *RUNS,
+                   cwd=tmp_path)
+    assert Run.load(path).manifest["resumes"][1]["input_read_before"] is False, (
+        more.stdout + more.stderr)
