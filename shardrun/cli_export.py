@@ -48,17 +48,10 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=handle)
 
 
-def _retrying_only(run: Path) -> bool:
-    """Whether the run's newest pass retries dead letters only (`retry-failed`): it never
-    ends an input item no pass has run."""
-    from shardrun.manifest import newest_pass, read_manifest
-
-    return bool(newest_pass(read_manifest(run)).get("only_failed"))
-
-
 @guarded
 def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
+    from shardrun.manifest import carried_flags, newest_pass, read_manifest, retry_failed_command
     from shardrun.resume import in_use
 
     fmt = format_of(args.output, args.format)
@@ -70,18 +63,22 @@ def handle(args: argparse.Namespace) -> int:
           f"{summary.ok:,} ok, {summary.failed:,} failed, {summary.rejected:,} rejected, "
           f"{summary.pending:,} pending", file=sys.stderr)  # fmt: skip
     run = args.run_dir
-    job = shlex.quote(str(summary.job_path or "JOB.yaml"))
-    way_on = (f"`shardrun {job} --resume {run.name} --runs-dir {shlex.quote(str(run.parent))}` "
-              "runs them")
+    # The commands carry the newest pass's flags, as its summary's and `report`'s do.
+    manifest = read_manifest(run)
+    job = str(summary.job_path or "JOB.yaml")
+    resume = shlex.join(["shardrun", job, "--resume", run.name, "--runs-dir", str(run.parent),
+                         *carried_flags(manifest)])
+    retry = retry_failed_command(run, manifest, *([] if args.job is None else ["--job", job]))
+    way_on = f"`{resume}` runs them"
     if in_use(run):  # a pass at work: a --resume now would only wait for it
+        # One that retries dead letters only never ends an input item no pass has run.
         way_on = (f"the pass at work retries dead letters only; once it ends, {way_on}"
-                  if _retrying_only(run) else
+                  if newest_pass(manifest).get("only_failed") else
                   "the run is still at work (a process holds its lock): export again once it "
                   "ends")
     notes = [
         (summary.pending, "record has", "records have", f"no answer yet: {way_on}"),
-        (summary.failed, "record", "records", f"failed: `shardrun retry-failed {run}"
-         + ("" if args.job is None else f" --job {job}") + "` gives them another pass"),
+        (summary.failed, "record", "records", f"failed: `{retry}` gives them another pass"),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
          "writing, or one killed since): their records count as pending"),
         (summary.repeated, "id has", "ids have", "more than one line in the run: the first "

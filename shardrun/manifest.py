@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import secrets
+import shlex
 import socket
 import sys
 import time
@@ -256,10 +257,12 @@ def versions() -> dict[str, str]:
 
 def start_manifest(
     job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str],
-    proxy: dict[str, str] | None = None,
+    proxy: dict[str, str] | None = None, flags: list[str] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a new run, written at once. `proxy`: the proxy's URL (no credentials)
-    and the variable that named it, None for direct connections."""
+    and the variable that named it, None for direct connections; `flags`: the pass's
+    `carried_flags`, which the commands `report` and `export` print carry, as a resume
+    entry's do."""
     job_sha, job_size = file_digest(job.job_path)
     manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
@@ -272,6 +275,7 @@ def start_manifest(
         "endpoint_url": masked_url(base_url),
         "proxy": proxy,
         "shards": job.spec.shards,
+        "carried_flags": flags or [],
         "versions": versions(),
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
                  "cpus": os.cpu_count()},
@@ -380,6 +384,24 @@ def newest_read_before(manifest: dict[str, Any]) -> bool:
     if isinstance(judged, bool):
         return judged
     return input_read_whole(manifest, but_the_newest=True)
+
+
+def carried_flags(manifest: dict[str, Any]) -> list[str]:
+    """The newest pass's flags for shards, concurrency and rate limits, as it recorded them
+    for a later pass to take (`runner.carried_flags`); none for an entry of an older shardrun,
+    which lacks them."""
+    flags = newest_pass(manifest).get("carried_flags")
+    if isinstance(flags, list) and all(isinstance(word, str) for word in flags):
+        return flags
+    return []
+
+
+def retry_failed_command(run_path: Path, manifest: dict[str, Any], *more: str) -> str:
+    """`shardrun retry-failed RUN_DIR` (then `more`) with the newest pass's `carried_flags`,
+    as that pass's own way on and summary name it (`runner.retry_command`): what `report` and
+    `export` print, so that a pasted retry keeps the pass's rate limits."""
+    return shlex.join(["shardrun", "retry-failed", str(run_path), *more,
+                       *carried_flags(manifest)])
 
 
 def newest_job_path(manifest: dict[str, Any]) -> Path | None:

@@ -326,7 +326,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
               argv: list[str], options: RunOptions) -> RunSummary:
     proxy = None if endpoint.proxy is None else endpoint.proxy.describe()
     if this.segment == 0:
-        manifest = start_manifest(job, this.run_dir, endpoint.base_url, argv, proxy)
+        manifest = start_manifest(job, this.run_dir, endpoint.base_url, argv, proxy,
+                                  carried_flags(job))
     else:
         manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
     this.recorded = True

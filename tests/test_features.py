@@ -680,6 +680,20 @@ def test_the_printed_commands_keep_the_flags_that_set_limits(tmp_path: Path) -> 
     retry = printed("(another pass: ", first.stdout)
     assert retry[:2] == ["shardrun", "retry-failed"] and (tmp_path / retry[2]) == path
     assert retry[3:] == ["--concurrency", "3", "--rpm", "60000"]
+    # export's notes name the same commands, with the same flags.
+    exported = run_cli("export", str(path), "-o", "out.jsonl", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+
+    def quoted(label: str) -> list[str]:
+        found = re.search(label + r" `([^`]*)`", exported.stderr)
+        assert found, exported.stderr
+        return shlex.split(found.group(1))
+
+    assert quoted("no answer yet:") == [
+        "shardrun", str(tmp_path / "job.yaml"), "--resume", path.name, "--runs-dir",
+        str(tmp_path / "runs"), "--concurrency", "3", "--rpm", "60000"]
+    assert quoted("failed:") == ["shardrun", "retry-failed", str(path), "--concurrency", "3",
+                                 "--rpm", "60000"]
     again = run_cli(*retry[1:], cwd=tmp_path)
     assert again.returncode in (0, 1), again.stdout + again.stderr
     effective = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["effective"]

@@ -10,7 +10,6 @@ import contextlib
 import gc
 import math
 import os
-import shlex
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,13 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate import _fast as fast
 from shardrun.errors import RunDirError
-from shardrun.manifest import newest_pass, newest_read_before, newest_summary, read_manifest
+from shardrun.manifest import (
+    newest_pass,
+    newest_read_before,
+    newest_summary,
+    read_manifest,
+    retry_failed_command,
+)
 from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
 from shardrun.resume import (
@@ -395,13 +400,7 @@ def _work_left(loaded: LoadedRun) -> str:
 
 
 def _retry_command(loaded: LoadedRun) -> str:
-    """`shardrun retry-failed RUN_DIR` with the newest pass's flags for shards, concurrency and
-    rate limits, as that pass's own way on and summary name it (`runner.retry_command`): its
-    entry records them (`carried_flags`); an entry of an older shardrun lacks them."""
-    flags = newest_pass(loaded.manifest).get("carried_flags")
-    if not (isinstance(flags, list) and all(isinstance(word, str) for word in flags)):
-        flags = []
-    return shlex.join(["shardrun", "retry-failed", str(loaded.path), *flags])
+    return retry_failed_command(loaded.path, loaded.manifest)
 
 
 def _alive(s: ShardSummary) -> bool:
