@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from test_aggregate_fixtures import hand_shard, write_run
 
@@ -23,6 +24,7 @@ TAKE = """
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from shardrun.errors import SpecError
 from shardrun.resume import lock_run
@@ -37,6 +39,7 @@ SHARE = """
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from shardrun.resume import share_lock
 with share_lock(Path(sys.argv[1])):
@@ -50,6 +53,7 @@ import fcntl
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 from shardrun.resume import lock_run
 lock = lock_run(Path(sys.argv[1]))
@@ -63,6 +67,7 @@ END = """
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 import orjson
 from shardrun.resume import lock_run
@@ -252,3 +257,39 @@ def test_a_pass_that_ends_between_reports_looks_at_its_locks_is_not_called_crash
     assert state == "running", why
     monkeypatch.undo()
     assert load_report(run)[0]["run"]["state"] == "finished"
+
+
+def test_a_run_its_logs_age_would_call_crashed_is_looked_up_in_its_manifest_again(
+        tmp_path: Path) -> None:
+    """No pass holds the run's gate, but a process still holds `.lock` (a shard of a pass of
+    an older shardrun, which had no gate), so only the logs' age can call the run crashed:
+    its logs all ended an hour ago and the manifest `report` read says `running`. The pass
+    closes its manifest after `report` read it: the run is finished, as the manifest now
+    says, where the logs' age alone called it crashed ("the manifest was never finalized")."""
+    run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
+    past = time.time() - 3600
+    for path in (run / "events").iterdir():
+        os.utime(path, (past, past))
+    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+        assert not (run / resume.PASS_LOCK).exists() and resume.in_use(run) is True
+        loaded = load_run(run)
+        state, why = run_state(loaded)
+        assert (state, why) == ("crashed", "every shard log ended but the manifest was never "
+                                "finalized; --resume continues it (it keeps every answer on "
+                                "disk)")
+        manifest = orjson.loads((run / "manifest.json").read_bytes())
+        manifest.update(status="succeeded", ended_at="2027-01-15T08:00:04.000Z")
+        (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+        state, why = run_state(loaded)
+    finally:
+        assert shard.stdin is not None
+        shard.stdin.close()
+        assert shard.wait(timeout=30) == 0
+    assert loaded.manifest["status"] == "running"  # the one read with the logs
+    assert state == "finished", why
+    assert why.startswith("manifest status succeeded, ended 2027-01-15T08:00:04.000Z"), why
+    assert why.endswith("; it ended while this report read the run, so the figures are of the "
+                        "moment before: report again for all of it"), why
