@@ -362,7 +362,9 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         summary = replace(
             summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried - put_back,
             unretried=unretried, input_read_before=this.read_before,
-            unfinished_put_back=put_back,
+            unfinished_put_back=put_back, retried=len(this.retried or ()),
+            dead_letters_only=bool(this.info.get("retry_failed")) and (
+                this.only is not None or this.read_before),
             prior_rejects=source.prior_rejects, cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,

@@ -53,6 +53,10 @@ class RunSummary:
     # Of unfinished (and of unretried): the dead letters this retry pass took and did not end,
     # back in dead/: what is left for --resume is the rest (`work_left`).
     unfinished_put_back: int = 0
+    # The dead letters this pass set aside to retry, and whether it ran them only (`retry-failed`,
+    # or --resume --retry-failed after a whole read): then what it took are dead letters.
+    retried: int = 0
+    dead_letters_only: bool = False
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -397,6 +401,8 @@ def _items_note(s: RunSummary) -> str:
     if s.left_out:
         return (f"  (dead letters only: {s.left_out:,} items no pass has run are left for the "
                 "command below)")
+    if s.dead_letters_only and s.retried and not s.input_read:
+        return _retried_note(s)
     if s.limit is not None and s.input_read_before:
         return f"  (--limit {s.limit:,}: an earlier pass read the whole input)"
     if s.limit is not None:
@@ -406,6 +412,16 @@ def _items_note(s: RunSummary) -> str:
     if s.items == 0 and s.skipped == 0:
         return "  (the input holds no records: is it the right file?)"
     return ""
+
+
+def _retried_note(s: RunSummary) -> str:
+    """A pass of dead letters only that stopped before its input's end (--limit, a stop): what
+    it took are dead letters, and those it did not reach are back in dead/ (the earlier
+    failures below)."""
+    why = "the pass stopped" if s.limit is None else f"--limit {s.limit:,} stopped the pass"
+    if not (left := s.work_left.not_reached):
+        return f"  (dead letters taken to retry: all {s.retried:,} set aside)"
+    return f"  (dead letters taken to retry, of {s.retried:,}: {why} before the other {left:,})"
 
 
 CORES_MIN_WALL_S = 5.0

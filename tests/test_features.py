@@ -701,6 +701,35 @@ def test_the_printed_commands_keep_the_flags_that_set_limits(tmp_path: Path) -> 
     assert effective["concurrency"] == {"value": 3, "source": "flag --concurrency"}
 
 
+def test_a_retry_pass_stopped_part_way_counts_the_dead_letters_it_took(tmp_path: Path) -> None:
+    """A `retry-failed` pass stopped part-way (the account's quota used up after 4 requests):
+    its summary's items are the dead letters it took, of those it set aside, and the stop came
+    before the others, which its earlier failures count; not "read so far: the run stopped
+    before the end of the input", which read as input left for --resume."""
+    write_input(tmp_path / "input.jsonl", 40)
+    base = {"base_url": "sim://", "api": "chat", "model": "m"}
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=2, retry={"max_attempts": 1},
+              endpoint={**base, "sim": {**FAST_SIM, "fail_500": 0.5}})
+    first = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    dead = len(read_jsonl(path / "dead" / "shard-00.jsonl"))
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=2, retry={"max_attempts": 1},
+              endpoint={**base, "sim": {**FAST_SIM, "quota_after": 4}})
+    retry = run_cli("retry-failed", str(path), "--quiet", cwd=tmp_path)
+    assert retry.returncode == 1, retry.stdout + retry.stderr
+    assert "quota is used up" in retry.stdout, retry.stdout
+    lines = retry.stdout.splitlines()
+    [items] = [line for line in lines if line.startswith("  items              ")]
+    [earlier] = [line for line in lines if line.startswith("  earlier failures ")]
+    took = int(items.split()[1])
+    left = int(earlier.split()[2])
+    assert 0 < took < dead and took + left == dead, retry.stdout
+    assert items.endswith(f"  (dead letters taken to retry, of {dead}: the pass stopped before "
+                          f"the other {left})"), items
+    assert "read so far" not in retry.stdout
+
+
 def test_a_variable_a_flag_overrides_is_named_not_silently_dropped(tmp_path: Path) -> None:
     """The command printed to finish a run carries its --concurrency; an operator who then
     lowers SHARDRUN_CONCURRENCY for an incident and pastes it gets the flag's value (a flag

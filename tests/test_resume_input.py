@@ -407,7 +407,7 @@ def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
                    cwd=tmp_path)
     assert some.returncode == 1, some.stdout + some.stderr
     assert Run.load(path).manifest["resumes"][0]["input_read_before"] is True
-    assert "(--limit 1: an earlier pass read the whole input)" in some.stdout, some.stdout
+    assert "(dead letters taken to retry, of " in some.stdout, some.stdout
     finish = [line for line in some.stdout.splitlines() if line.startswith("  to finish the run")]
     assert finish == [f"  to finish the run  shardrun retry-failed {Path('runs') / 'qq'}"], (
         some.stdout)

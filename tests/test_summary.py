@@ -140,6 +140,24 @@ def test_after_a_pass_that_read_the_whole_input_only_dead_letters_are_left() -> 
     assert f"  to finish the run  {command}" in format_summary(unread).splitlines()
 
 
+def test_a_retry_pass_stopped_part_way_speaks_of_dead_letters() -> None:
+    """A pass of dead letters only that stopped before its input's end: its items are dead
+    letters it took, of those set aside, and the rest were not reached (by --limit or a stop);
+    a pass that also ran the input still says it read only so far."""
+    stopped = replace(summary_of([{}], dead=0), input_read=False, interrupted=True, retried=23,
+                      dead_letters_only=True, unretried=16, prior_dead=16)
+    note = "  items              10  (dead letters taken to retry, of 23: {} before the other 16)"
+    assert note.format("the pass stopped") in format_summary(stopped).splitlines()
+    limited = replace(stopped, interrupted=False, limit=10)
+    assert note.format("--limit 10 stopped the pass") in format_summary(limited).splitlines()
+    all_taken = replace(stopped, unretried=3, unfinished_put_back=3, prior_dead=0)
+    assert ("  items              10  (dead letters taken to retry: all 23 set aside)" in
+            format_summary(all_taken).splitlines())
+    with_input = replace(stopped, dead_letters_only=False)
+    assert "(read so far: the run stopped before the end of the input)" in format_summary(
+        with_input)
+
+
 def test_a_stop_that_left_nothing_undone_is_no_interruption() -> None:
     """A Ctrl-C once every item has ended and the input was read: the run's status is what its
     items say (exit 0 here); with an item unfinished, or the input not read to its end (not for
