@@ -2562,27 +2562,6 @@ def test_resume_keeps_earlier_dead_letters_failed(tmp_path: Path) -> None:
     assert_exactly_once(run, ids)
 
 
-def test_endpoint_lost_during_a_stop_dead_letters_nothing(tmp_path: Path) -> None:
-    """SIGINT, then the server dies: in-flight items end with no line and resume runs them."""
-    ids = write_input(tmp_path / "input.jsonl", 1000)
-    server = start_sim(SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300}))
-    try:
-        job_for(tmp_path, server.base_url, shutdown_grace_s=10,
-                retry={"max_attempts": 4, "backoff_s": 0.05, "backoff_max_s": 0.1})
-        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
-        _wait_for_results(tmp_path / "runs", 50)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.1)
-        os.kill(server.pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=WAIT_GUARD_S)
-    finally:
-        server.stop()
-    assert proc.returncode == 130, err
-    path = only_run(tmp_path / "runs")
-    assert not Run.load(path).dead
-    resume_on_a_live_server(tmp_path, path, ids)
-
-
 def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
     tmp_path: Path,
 ) -> None:
