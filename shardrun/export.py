@@ -22,7 +22,10 @@ comes first; a record without a key has an empty cell there).
 
 The id -> (file, offset) index lives in a SQLite table in a temporary directory, and a row's
 line is read back from its file when its record comes up; per record, memory holds only the
-8-byte digest of its id (about 20 bytes in a `DigestSet`), which finds duplicate ids.
+8-byte digest of its id (about 20 bytes in a `DigestSet`), which finds duplicate ids. Each file
+is read back through the handle it was indexed from, kept open: a pass may run meanwhile (an
+export of a run at work shows what is done so far), and a retry pass starting moves the
+dead-letter files under dead/superseded-rK/, which an open handle still reads.
 Before anything is written, the input's bytes are checked against the SHA-256 the manifest
 recorded, because an input edited since the run would pair answers with the wrong lines.
 """
@@ -45,6 +48,7 @@ import orjson
 
 from shardrun.digestset import DigestSet
 from shardrun.errors import NO_ROOM, RunError, SpecError
+from shardrun.fdlimit import ensure_open_files
 from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
 from shardrun.manifest import (
     file_digest,
@@ -158,9 +162,13 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
         try:
             index = _Index(Path(scratch) / "index.sqlite")
             try:
-                for sub in ("results", "dead"):
-                    for path in sorted((run_path / sub).glob("*.jsonl")):
-                        index.add(path, failed=sub == "dead", summary=summary)
+                live = [(path, sub == "dead") for sub in ("results", "dead")
+                        for path in sorted((run_path / sub).glob("*.jsonl"))]
+                # One handle a file, kept open (`_Index`); the set-aside files too, read after.
+                ensure_open_files(len(live) + len(list(
+                    run_path.glob("dead/superseded-r*/*.jsonl"))))
+                for path, failed in live:
+                    index.add(path, failed=failed, summary=summary)
                 # A retry pass killed before it put back the dead letters it never reached
                 # left them only aside: failed still, not pending (no --resume runs them).
                 # Read after the live files, whose lines win (resume.set_aside_lines: why).
@@ -233,7 +241,11 @@ def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
 
 
 class _Index:
-    """Where each id's line is: a SQLite table on disk, so memory stays flat however many."""
+    """Where each id's line is: a SQLite table on disk, so memory stays flat however many.
+
+    Each file is opened once, when it is indexed, and its lines are read back through that
+    handle: a retry pass that starts meanwhile moves the dead-letter files aside, and one
+    opened only at its first row was gone by then (the export failed midway)."""
 
     def __init__(self, db_path: Path) -> None:
         # No journal and no syncs: the table is scratch, gone with its directory.
@@ -247,9 +259,16 @@ class _Index:
         self.size = 0
 
     def add(self, path: Path, *, failed: bool, summary: ExportSummary) -> None:
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - kept for `find`, closed in `close`
+        except FileNotFoundError:
+            if failed:  # set aside since it was listed: the set-aside files are read after
+                return
+            raise
         number = len(self._files)
         self._files.append((path, failed))
-        lines = _Lines(path, number, summary)
+        self._open[number] = handle
+        lines = _Lines(handle, path, number, summary)
         self._db.execute("BEGIN")
         before = self._db.total_changes
         self._db.executemany("INSERT OR IGNORE INTO line VALUES (?, ?, ?)", lines)
@@ -265,6 +284,7 @@ class _Index:
         for path, _ in lines.values():
             if path not in numbers:
                 numbers[path] = len(self._files)
+                self._open[numbers[path]] = open(path, "rb")  # noqa: SIM115 - as in `add`
                 self._files.append((path, True))
         rows = ((item_id, numbers[path], at) for item_id, (path, at) in lines.items())
         self._db.execute("BEGIN")
@@ -279,9 +299,7 @@ class _Index:
         if hit is None:
             return None
         number, at = hit
-        f = self._open.get(number)
-        if f is None:
-            f = self._open[number] = open(self._files[number][0], "rb")  # noqa: SIM115
+        f = self._open[number]
         f.seek(at)
         return orjson.loads(f.readline()), self._files[number][1]
 
@@ -298,26 +316,27 @@ class _Lines:
     it is counted in `summary.torn` and left out. `count` is how many were yielded.
     """
 
-    def __init__(self, path: Path, number: int, summary: ExportSummary) -> None:
-        self.path, self.number, self.summary, self.count = path, number, summary, 0
+    def __init__(self, handle: IO[bytes], path: Path, number: int,
+                 summary: ExportSummary) -> None:  # fmt: skip
+        self.handle, self.path, self.number, self.summary = handle, path, number, summary
+        self.count = 0
 
     def __iter__(self) -> Iterator[tuple[str, int, int]]:
         at = 0
-        with open(self.path, "rb") as f:
-            for raw in f:
-                start, at = at, at + len(raw)
-                if not raw.endswith(b"\n"):
-                    self.summary.torn += 1
-                    continue
-                if not raw.strip():
-                    continue
-                try:
-                    item_id = orjson.loads(raw)["id"]
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    raise RunError(f"{self.path} at byte {start} holds a line that is not a "
-                                   "record; the run directory was edited or damaged") from None
-                self.count += 1
-                yield str(item_id), self.number, start
+        for raw in self.handle:
+            start, at = at, at + len(raw)
+            if not raw.endswith(b"\n"):
+                self.summary.torn += 1
+                continue
+            if not raw.strip():
+                continue
+            try:
+                item_id = orjson.loads(raw)["id"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                raise RunError(f"{self.path} at byte {start} holds a line that is not a "
+                               "record; the run directory was edited or damaged") from None
+            self.count += 1
+            yield str(item_id), self.number, start
 
 
 def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterator[dict[str, Any]]:

@@ -680,3 +680,52 @@ def test_with_input_reads_every_parquet_column_and_keeps_content_ids(tmp_path: P
     ]
     # A timestamp or a decimal is its text, not JSON's quoted string.
     assert (cells[2]["input.at"], cells[2]["input.price"]) == ("2026-01-01T00:00:02", "2.25")
+
+
+def test_a_retry_pass_that_moves_dead_letters_during_an_export_fails_nothing(
+        tmp_path: Path) -> None:
+    """An export to a pipe nobody reads yet, its index built, its first row out: a real
+    `retry-failed` pass then sets the dead letters aside (moving their files under
+    dead/superseded-r2/) and dead-letters them again. The export, read on, writes every row,
+    the dead letters' as they were when it indexed them; it failed midway ("could not read
+    .../dead/shard-00.r1.jsonl"), opening the dead-letter files only at their first row."""
+    ids = write_input(tmp_path / "input.jsonl", 1500)
+    write_job(tmp_path / "job.yaml", shards=1)
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path).returncode == 0
+    run_dir = only_run(tmp_path / "runs")
+    # Items after the answered ones, all dead-lettered: their rows come after 1,500 others
+    # (far more than a pipe holds), so the export is blocked writing before it reaches them.
+    late = write_input(tmp_path / "late.jsonl", 10, prefix="late")
+    with open(tmp_path / "input.jsonl", "ab") as f:
+        f.write((tmp_path / "late.jsonl").read_bytes())
+    write_job(tmp_path / "job.yaml", shards=1, retry={"max_attempts": 1},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test",
+                        "sim": {**FAST_SIM, "fail_500": 1.0}})  # fmt: skip
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", run_dir.name, "--quiet",
+                      cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert len(read_jsonl(run_dir / "dead" / "shard-00.r1.jsonl")) == 10
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    errors = open(tmp_path / "export.err", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the index is built: rows are being written
+        assert orjson.loads(first)["id"] == ids[0]
+        retry = run_cli("retry-failed", str(run_dir), "--quiet", cwd=tmp_path)
+        assert retry.returncode == 1, retry.stdout + retry.stderr
+        assert not (run_dir / "dead" / "shard-00.r1.jsonl").exists()
+        rest = proc.stdout.read()  # through the buffer the first line was read from
+        proc.wait(timeout=CLI_TIMEOUT_S)
+    except BaseException:  # the export is ended, not left blocked on its pipe
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        errors.close()
+    assert proc.returncode == 0, (tmp_path / "export.err").read_text()
+    rows = [orjson.loads(line) for line in [first, *rest.splitlines()]]
+    assert [r["id"] for r in rows] == ids + late
+    assert [r["status"] for r in rows] == ["ok"] * len(ids) + ["failed"] * len(late)
