@@ -146,6 +146,28 @@ def test_reset_before_headers_is_a_connection_error(stream: bool) -> None:
     run(go())
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_reset_after_headers_sends_a_200_and_its_headers_then_resets(stream: bool) -> None:
+    """reset_after_headers answers 200 with its headers (an event stream's, or a JSON answer's),
+    then resets the connection before any byte of the body: a status, no answer."""
+    cfg = SimConfig(**QUICK, reset_after_headers=1.0)
+
+    async def go() -> None:
+        async with serving(cfg) as (s, root):
+            async with s.post(root + "/v1/chat/completions", json=chat(1, stream=stream)) as resp:
+                assert resp.status == 200
+                kind = resp.headers["Content-Type"]
+                with pytest.raises((aiohttp.ClientPayloadError, aiohttp.ClientOSError,
+                                    aiohttp.ServerDisconnectedError)):
+                    await resp.read()
+            st = await stats(s, root)  # the server survives and keeps serving
+        assert kind.startswith("text/event-stream" if stream else "application/json")
+        assert st["faults"]["reset_after_headers"] == 1 and st["requests_total"] == 1
+        assert st["completed"] == 0 and st["in_flight"] == 0
+
+    run(go())
+
+
 def test_drop_mid_stream_cuts_after_half_the_tokens_without_done() -> None:
     """drop_mid_stream sends headers and about half the tokens, then the body breaks: no [DONE]."""
     cfg = SimConfig(ttft_ms=1, itl_ms=1, tokens="20", flush_ms=1, drop_mid_stream=1.0)
@@ -505,6 +527,7 @@ def test_decide_is_pure_and_follows_cumulative_shares() -> None:
          ["fail_429", "drop_mid_stream", "slow_first_token"]),
         ({"fail_429": -0.1}, ["fail_429"]),
         ({"reset_before_headers": 1.5}, ["reset_before_headers"]),
+        ({"reset_after_headers": 1.5}, ["reset_after_headers"]),
         ({"stall_mid_stream": float("nan")}, ["stall_mid_stream"]),
         ({"fail_503": "0.3"}, ["fail_503"]),
         ({"stall_s": -1}, ["stall_s"]),

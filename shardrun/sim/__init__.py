@@ -48,6 +48,8 @@ _FAULT_HELP = {
     "drop_mid_stream": "reset the connection after about half the tokens",
     "stall_mid_stream": "pause --stall-s after about half the tokens, then finish",
     "slow_first_token": "add --slow-first-token-s to the first-token delay",
+    "reset_after_headers": "answer 200 and its headers, then reset the connection before any "
+                           "body byte",
 }
 
 

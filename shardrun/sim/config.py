@@ -118,8 +118,9 @@ def parse_tokens(spec: str) -> TokenSpec:
 
 
 #: Fault fractions, in the order their shares are stacked on [0, 1) for the per-request draw.
+#: reset_after_headers comes last, so that adding it moved no other fault's draws.
 FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop_mid_stream",
-               "stall_mid_stream", "slow_first_token")  # fmt: skip
+               "stall_mid_stream", "slow_first_token", "reset_after_headers")  # fmt: skip
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
            "refusal", "storm_s")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens",
@@ -149,6 +150,7 @@ class SimConfig:
     drop_mid_stream: float = 0.0
     stall_mid_stream: float = 0.0
     slow_first_token: float = 0.0
+    reset_after_headers: float = 0.0
     retry_after_s: float = 1.0  # Retry-After of a 429 (and of a 503 with retry_after_503)
     retry_after_503: bool = False
     stall_s: float = 5.0  # pause in the middle of a stall_mid_stream answer

@@ -22,7 +22,9 @@ arrival of request `storm_after_n` + 1, every authorised generation request gets
 answer once an account's credit is used up) are checked, then the body is validated (400s
 are never faulted and take no draw). Non-streamed requests meet the stream faults too:
 `slow_first_token` and `stall_mid_stream` lengthen their delay, and `drop_mid_stream` resets
-the connection halfway through it, before any response byte.
+the connection halfway through it, before any response byte. `reset_after_headers` answers
+200 with its headers (a stream's or a JSON answer's) and resets the connection before any byte
+of the body, at once, streamed or not.
 """
 
 from __future__ import annotations

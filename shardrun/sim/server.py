@@ -44,6 +44,7 @@ from shardrun.sim.gate import FifoGate
 from shardrun.sim.render import OBJECT, Frames, ResponseFrames, render_full, render_stream
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_JSON_HEADERS = {"Content-Type": "application/json"}
 ARRIVALS_KEPT = 200_000
 
 
@@ -167,6 +168,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if fault == "reset_before_headers":
         reset(request)
         return web.Response()  # never sent: aiohttp's write to the dead transport is swallowed
+    if fault == "reset_after_headers":
+        return await _headers_then_reset(request, stream=plan.stream)
     rid, created = sim.next_id(kind)
     try:
         if plan.stream:
@@ -175,6 +178,16 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except asyncio.CancelledError:
         st["aborted"] += 1  # the client went away; its slot is already released
         raise
+
+
+async def _headers_then_reset(request: web.Request, *, stream: bool) -> web.StreamResponse:
+    """reset_after_headers: a 200 and its headers (an event stream's, or a JSON answer's), then
+    the connection reset before any byte of the body, as a server whose worker dies once its
+    answer has begun. The client has a status, no answer, and no token."""
+    resp = web.StreamResponse(headers=_SSE_HEADERS if stream else _JSON_HEADERS)
+    await resp.prepare(request)  # a StreamResponse sends its headers here
+    reset(request)
+    return resp
 
 
 async def _respond_full(request: web.Request, sim: Sim, plan: Plan, ident: tuple[str, int],
