@@ -12,6 +12,7 @@ import functools
 import shlex
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -335,13 +336,9 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
                         record_rejects=this.only is None, retrying=this.retried)
-    total = estimate_total(job.input_path, spec.input.format)
-    left = None if total is None else max(0, total - len(this.done))
-    if this.only is not None:
-        left = len(this.only)
-    if options.limit is not None:
-        left = options.limit if left is None else min(left, options.limit)
-    view = ProgressView(left, quiet=options.quiet, interval=options.progress_interval)
+    view = ProgressView(_left(None, this, options.limit), quiet=options.quiet,
+                        interval=options.progress_interval,
+                        count=_total_count(job, this, options.limit))
     coordinator = Coordinator(shard_template(job, this, endpoint), spec.shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),
@@ -394,6 +391,32 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
     return summary
+
+
+def _left(total: int | None, this: Pass, limit: int | None) -> int | None:
+    """The items this pass has to do, as the progress view's total, from the input's `total`
+    (None: not counted yet)."""
+    left = None if total is None else max(0, total - len(this.done))
+    if this.only is not None:
+        left = len(this.only)
+    if limit is not None:
+        left = limit if left is None else min(left, limit)
+    return left
+
+
+def _total_count(job: LoadedJob, this: Pass,
+                 limit: int | None) -> Callable[[threading.Event], int | None] | None:
+    """What the progress view counts, in its own thread while the run goes: the input's lines
+    (a retry pass knows its items without)."""
+    if this.only is not None:
+        return None
+    path, fmt = job.input_path, job.spec.input.format
+
+    def count(stop: threading.Event) -> int | None:
+        total = estimate_total(path, fmt, stop=stop)
+        return None if total is None else _left(total, this, limit)
+
+    return count
 
 
 def _unfinished_put_back(summary: RunSummary, this: Pass, source: WorkSource,

@@ -45,6 +45,23 @@ def test_plain_progress_lines_without_escape_codes(tmp_path: Path) -> None:
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+def test_progress_total_is_what_the_pass_has_left(tmp_path: Path) -> None:
+    """The total the status lines show is counted while the run goes (progress.ProgressView):
+    a --limit pass shows its limit, and a resume the input's lines less those already done."""
+    write_input(tmp_path / "input.jsonl", 700)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                               "sim": {**FAST_SIM, "ttft_ms": 40}})
+    every = ("--progress-interval", "0.2")
+    trial = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "200", *every, cwd=tmp_path)
+    assert trial.returncode == 0, trial.stderr
+    status = [line for line in trial.stderr.splitlines() if line.strip()]
+    assert all("/200 done" in line for line in status), status
+    rest = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", *every, cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr
+    status = [line for line in rest.stderr.splitlines() if " done" in line]
+    assert status and all("/500 done" in line for line in status), rest.stderr
+
+
 @pytest.mark.parametrize("how", ["python -m shardrun", "console script"])
 def test_output_and_status_survive_the_exit_without_teardown(tmp_path: Path, how: str) -> None:
     """The command line ends with `os._exit` (`cli.entry`). Piped stdout is block-buffered when

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -272,16 +273,72 @@ def test_restarted_shard_keeps_what_it_reported() -> None:
 
 
 def test_count_lines_cheaply(tmp_path: Path) -> None:
-    """Newlines counted, a last line without one included, big files refused."""
+    """Newlines counted, a last line without one included, none above a given size or once
+    told to stop."""
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"a\nb\nc")
     assert count_lines_cheaply(path) == 3
     path.write_bytes(b"a\n" * 3_000_000)
     assert count_lines_cheaply(path) == 3_000_000
     assert count_lines_cheaply(path, limit_bytes=1000) is None
+    stopped = threading.Event()
+    stopped.set()
+    assert count_lines_cheaply(path, stop=stopped) is None
     path.write_bytes(b"")
     assert count_lines_cheaply(path) == 0
     assert count_lines_cheaply(tmp_path / "missing") is None
+
+
+def test_the_total_is_counted_while_the_run_goes(tmp_path: Path) -> None:
+    """The input's count does not hold the run back: the view starts without its total, which
+    the count brings once it ends, for the plain lines and the frame alike. The input's end
+    knows better: a count ending after it is dropped; and `stop` ends a count still going."""
+    go, asked = threading.Event(), threading.Event()
+
+    def slow_count(stop: threading.Event) -> int | None:
+        asked.set()
+        go.wait(30)
+        return 400
+
+    clock, out = Clock(), StringIO()
+    view = ProgressView(None, tty=False, stream=out, clock=clock, interval=10.0, count=slow_count)
+    view.start()  # returns while the count waits
+    assert asked.wait(30) and view.snapshot().total is None
+    go.set()
+    for _ in range(500):  # bounded: the count's thread ends at once
+        if view.snapshot().total is not None:
+            break
+        threading.Event().wait(0.01)
+    feed(view, clock, 10)
+    view.stop()
+    assert out.getvalue().startswith("[   10.0s] 160/400 done (40.0%)"), out.getvalue()
+
+    late = threading.Event()
+    view = ProgressView(None, tty=False, stream=StringIO(), clock=Clock(),
+                        count=lambda stop: 400 if late.wait(30) else None)
+    view.start()
+    view.set_total(7)  # the input ended first: 7 items
+    late.set()
+    view.stop()
+    assert view.snapshot().total == 7
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"a\n" * 3_000_000)
+    counted: list[int | None] = []
+    started, ended = threading.Event(), threading.Event()
+
+    def stopped_count(stop: threading.Event) -> int | None:
+        started.set()
+        stop.wait(30)
+        counted.append(count_lines_cheaply(path, stop=stop))
+        ended.set()
+        return counted[-1]
+
+    view = ProgressView(None, tty=False, stream=StringIO(), clock=Clock(), count=stopped_count)
+    view.start()
+    assert started.wait(30)
+    view.stop()
+    assert ended.wait(30) and counted == [None] and view.snapshot().total is None
 
 
 def test_estimate_total_by_format(tmp_path: Path) -> None:
