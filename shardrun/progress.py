@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
 
-__all__ = ["ProgressView", "Snapshot", "count_lines_cheaply", "estimate_total"]
+__all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
@@ -304,7 +304,8 @@ def _rates(
 # -- rendering (pure) --------------------------------------------------------------------------
 
 
-def _clock_text(seconds: float | None) -> str:
+def clock_text(seconds: float | None) -> str:
+    """Seconds as M:SS, or H:MM:SS from an hour on; '--:--' for none."""
     if seconds is None:
         return "--:--"
     s = int(seconds + 0.5)
@@ -322,7 +323,7 @@ def format_plain_line(s: Snapshot) -> str:
         head = f"{s.done:,}/{s.total:,} done ({100 * s.done / s.total:.1f}%)"
     else:
         head = f"{s.done:,} done"
-    eta = "" if s.eta_s is None else f", ETA {_clock_text(s.eta_s)}"
+    eta = "" if s.eta_s is None else f", ETA {clock_text(s.eta_s)}"
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
             f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
@@ -338,7 +339,7 @@ def _down_text(down_s: float | None) -> str:
     """Why nothing moves while the endpoint is away, and that the items are held, not lost."""
     if down_s is None:
         return ""
-    return f"; endpoint down for {_clock_text(down_s)}, items held until it answers"
+    return f"; endpoint down for {clock_text(down_s)}, items held until it answers"
 
 
 def _failing_text(failing_s: float | None, cause: str | None) -> str:
@@ -349,7 +350,7 @@ def _failing_text(failing_s: float | None, cause: str | None) -> str:
     said = ""
     if cause:
         said = f" ({cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 1] + '…'})"
-    return (f"; endpoint failing every request for {_clock_text(failing_s)}{said}, items held "
+    return (f"; endpoint failing every request for {clock_text(failing_s)}{said}, items held "
             "until it answers")
 
 
@@ -357,7 +358,7 @@ def _silent_text(silent_s: float | None, sending: int) -> str:
     """Requests out and nothing back: a hung or very slow endpoint, until timeouts fire."""
     if silent_s is None:
         return ""
-    return (f"; nothing heard for {_clock_text(silent_s)} with {sending:,} requests out, "
+    return (f"; nothing heard for {clock_text(silent_s)} with {sending:,} requests out, "
             "waiting for the endpoint")
 
 
@@ -400,14 +401,14 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
     if s.total:
         pct = 100 * s.done / s.total
         head.add_row(ProgressBar(total=s.total, completed=min(s.done, s.total), width=40),
-                     Text(f"{s.done:,}/{s.total:,}  {pct:.1f}%  ETA {_clock_text(s.eta_s)}"))
+                     Text(f"{s.done:,}/{s.total:,}  {pct:.1f}%  ETA {clock_text(s.eta_s)}"))
     else:
         head.add_row(Text(f"{s.done:,} done  {_num(s.items_per_s, 1)} items/s"))
     counts = Text.assemble(
         ("succeeded ", "dim"), (f"{s.ok:,}", "green"), ("  failed ", "dim"),
         (f"{s.dead:,}", "red" if s.dead else ""), ("  retrying ", "dim"), f"{s.retrying:,}",
         ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
-        ("  elapsed ", "dim"), _clock_text(s.elapsed),
+        ("  elapsed ", "dim"), clock_text(s.elapsed),
     )  # fmt: skip
     if s.rate_waiting:
         counts.append(_held_text(s.rate_waiting).replace(";", "  │", 1), "yellow")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import ellipsize
+from shardrun.progress import clock_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,7 +352,7 @@ def format_summary(s: RunSummary) -> str:
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
-        f"  wall time          {s.wall_s:,.1f} s",
+        f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",
         f"  completion TPM     {s.tpm:,.0f} (run average, all shards)",
     ]
     peak = s.peak_full_minute
@@ -422,6 +423,15 @@ def _retried_note(s: RunSummary) -> str:
     if not (left := s.work_left.not_reached):
         return f"  (dead letters taken to retry: all {s.retried:,} set aside)"
     return f"  (dead letters taken to retry, of {s.retried:,}: {why} before the other {left:,})"
+
+
+CLOCK_FROM_S = 600.0
+"""Shortest wall time also shown as a clock reads: a run of a million items lasts hours, and
+'50,000.0 s' alone asks the reader to divide."""
+
+
+def _as_clock(wall_s: float) -> str:
+    return f" ({clock_text(wall_s)})" if wall_s >= CLOCK_FROM_S else ""
 
 
 CORES_MIN_WALL_S = 5.0

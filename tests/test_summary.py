@@ -15,6 +15,7 @@ from shardrun.manifest import RunDir
 from shardrun.runner import resume_command
 from shardrun.spec import load_job
 from shardrun.summary import (
+    CLOCK_FROM_S,
     CORES_MIN_WALL_S,
     RunSummary,
     WorkLeft,
@@ -197,6 +198,20 @@ def test_an_empty_input_is_pointed_out() -> None:
     assert note in format_summary(empty).splitlines()
     # A resume with nothing left to do read records: it says how many were already done.
     assert note not in format_summary(replace(empty, skipped=5)).splitlines()
+
+
+def test_a_long_wall_time_is_also_shown_as_a_clock_reads() -> None:
+    """A run of a million items lasts hours: its wall time also reads as H:MM:SS (M:SS from
+    CLOCK_FROM_S on), a short one in seconds alone."""
+    s = summary_of([{"completion_tokens": 5, "attempts": 4}], dead=0)
+
+    def wall(wall_s: float) -> str:
+        text = format_summary(replace(s, wall_s=wall_s))
+        return next(x for x in text.splitlines() if x.startswith("  wall time"))
+
+    assert wall(207.5) == "  wall time          207.5 s"
+    assert wall(CLOCK_FROM_S) == "  wall time          600.0 s (10:00)"
+    assert wall(50_000.0) == "  wall time          50,000.0 s (13:53:20)"
 
 
 def test_cores_on_average_only_for_runs_long_enough_to_mean_it() -> None:
