@@ -384,6 +384,9 @@ class Coordinator:
         ticker = asyncio.create_task(self.progress())
         watchdog = asyncio.create_task(self.watch())
         try:
+            # A resume passes over the lines earlier passes finished before the shards are
+            # started, yielding as it goes: the display and Ctrl-C stay live.
+            await self.source.skip_finished_in_slices(lambda: self.handing_out)
             await self._start_first_shards()
             await self._supervise()
         finally:

@@ -9,6 +9,7 @@ of the items.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -58,6 +59,10 @@ def fair_share(asked: int, left: int, holds: int, held: int, shards: int) -> int
     # asks next, rather than as an extra item each to the first askers, leaving the last none.
     part = (left + held) // max(1, shards)
     return max(1, min(asked, left, part - holds))
+
+
+SKIP_SLICE_LINES = 5_000
+"""Input lines a resume passes over between yields to its event loop: about 20 ms."""
 
 
 class WorkSource:
@@ -149,14 +154,40 @@ class WorkSource:
                 self.on_input_end()
         return batch
 
-    def _read(self, n: int) -> None:
+    def skip_finished(self, lines: int) -> bool:
+        """Read past up to `lines` input lines that hold no item to hand out (finished by an
+        earlier pass, rejected, duplicated, left out), up to the first item to hand out, which
+        is kept ahead; False once that item is found or the input has ended.
+
+        A resume calls it in slices, yielding between them (`skip_finished_in_slices`), so
+        that its event loop is not held: in one `take` the skip held the coordinator's for 3 s at
+        452,722 items done (about 3.5 us per line), a minute at ten million, with the display
+        frozen and Ctrl-C unheard."""
+        if self._read_all or self._ahead or self._requeued:
+            return False
+        self._read(1, budget=lines)
+        return not (self._read_all or self._ahead)
+
+    async def skip_finished_in_slices(self, keep_going: Callable[[], bool],
+                                      lines: int = SKIP_SLICE_LINES) -> None:
+        """`skip_finished` in slices of `lines`, yielding to the event loop between them, while
+        `keep_going()` (a stop ends the skip: the items not reached are left for --resume)."""
+        import asyncio
+
+        while keep_going() and self.skip_finished(lines):
+            await asyncio.sleep(0)
+
+    def _read(self, n: int, budget: int | None = None) -> None:
         """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates
-        and items an earlier pass finished."""
+        and items an earlier pass finished; with a `budget`, reading at most that many lines."""
         from shardrun.inputs import Reject
 
         into = self._ahead
         wanted = len(into) + n
-        for entry in self._items:
+        entries = self._items if budget is None else itertools.islice(self._items, budget)
+        read = 0
+        for entry in entries:
+            read += 1
             if isinstance(entry, Reject):
                 self.reject(entry)
                 continue
@@ -179,6 +210,8 @@ class WorkSource:
                 return
             if len(into) >= wanted:
                 return
+        if budget is not None and read == budget:
+            return  # the budget ran out, not the input (islice takes no entry past it)
         self._read_all = True
 
     def requeue(self, items: Iterable[dict[str, Any]]) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -185,3 +187,79 @@ def test_taken_retried_counts_the_dead_letters_handed_out(tmp_path: Path) -> Non
     assert source.taken_retried == 2
     assert [i["id"] for i in source.take(10)] == ["d3", "c"]
     assert source.taken_retried == 3 and source.taken == 6
+
+
+def _resumed(tmp_path: Path, ids: list[str], done_ids: list[str], **kw: Any) -> WorkSource:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_item(i) + b"\n" for i in ids))
+    done = DigestSet()
+    for item_id in done_ids:
+        done.add(id_digest(item_id))
+    return WorkSource(InputReader(path, FIELDS), tmp_path / "rejects.jsonl", done, **kw)
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_a_resume_skips_finished_lines_in_slices_and_hands_out_the_same(
+        tmp_path: Path, limit: int | None) -> None:
+    """25 finished lines before the first unfinished item, in slices of 10: two full slices
+    say there may be more, the third stops at that item, kept ahead; what follows is what one
+    `take` hands out with no skip before it, in the same order, and the limit still counts
+    only new items."""
+    ids = [f"done{i}" for i in range(25)] + ["a", "done-late", "b", "c"]
+    finished = [i for i in ids if i.startswith("done")]
+    (tmp_path / "s").mkdir()
+    skipping = _resumed(tmp_path / "s", ids, finished, limit=limit)
+    plain = _resumed(tmp_path, ids, finished, limit=limit)
+    assert [skipping.skip_finished(10) for _ in range(4)] == [True, True, False, False]
+    assert skipping.skipped == 25 and skipping.reader.lines_read == 26
+    assert [i["id"] for i in skipping.take(10)] == [i["id"] for i in plain.take(10)]
+    assert (skipping.skipped, skipping.limit_reached, skipping.exhausted) == (
+        plain.skipped, plain.limit_reached, plain.exhausted)
+
+
+def test_a_skip_that_reaches_the_input_end_leaves_an_ended_input(tmp_path: Path) -> None:
+    """Every line finished, 12 of them in slices of 6: the second slice reads all it may and
+    the skip cannot tell the end yet; the third finds it. The source is then empty and says
+    the input ended once it is asked."""
+    ids = [f"done{i}" for i in range(12)]
+    source = _resumed(tmp_path, ids, ids)
+    ended: list[int] = []
+    source.on_input_end = lambda: ended.append(source.taken)
+    assert [source.skip_finished(6) for _ in range(3)] == [True, True, False]
+    assert source.take(5) == [] and source.empty and ended == [0] and source.skipped == 12
+
+
+def test_the_skip_in_slices_yields_to_the_loop_and_stops_when_told(tmp_path: Path) -> None:
+    """A task that counts while the skip runs is let in between slices (a skip in one piece
+    let it in only once it was over), and a stop (keep_going false) ends the skip there,
+    the items not reached unread."""
+    ids = [f"done{i}" for i in range(100)] + ["a"]
+
+    async def skip(stop_after: int | None) -> tuple[int, int]:
+        source = _resumed(tmp_path, ids, ids[:100])
+        ticks = 0
+
+        async def count() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.create_task(count())
+        await asyncio.sleep(0)  # the counter's first tick
+        calls = 0
+
+        def keep_going() -> bool:
+            nonlocal calls
+            calls += 1
+            return stop_after is None or calls <= stop_after
+
+        await source.skip_finished_in_slices(keep_going, lines=10)
+        seen = ticks
+        counter.cancel()
+        return seen, source.skipped
+
+    ticks, skipped = asyncio.run(skip(None))
+    assert skipped == 100 and ticks >= 10  # one tick per slice at least, the first before
+    ticks, skipped = asyncio.run(skip(3))
+    assert skipped == 30
