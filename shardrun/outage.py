@@ -13,9 +13,8 @@ and the others wait for its answer. Only an answer ends the outage (a success, f
 token on, or an HTTP answer of the server's own); a stream cut after its first token, or timed
 out, says nothing either way. The probe also asks for the server's model list: its answer ends
 the outage too, but says nothing of our requests, so until one of them is answered their
-failures with no answer are the items' own (`Shard._list_only`), unless the items the cap holds
-fail so in a row: that is a storm (below) whose tries spend nothing, as in an outage. An outage
-that lasts `retry.outage_s` stops the run, leaving the items for `--resume`.
+failures with no answer are the items' own (`Shard._list_only`). An outage that lasts
+`retry.outage_s` stops the run, leaving the items for `--resume`.
 
 An endpoint can also answer and still fail everything: a storm of 503s from an overloaded
 server, or of 500s from a broken one. The retry budget

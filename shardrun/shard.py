@@ -373,12 +373,11 @@ class Shard:
             if self._first_cut(span, outcome):
                 span.outage_tries += 1
                 decision = Decision(True, wait=self.retrier.backoff(1), why="stream_cut")
-            elif not (storm := self._storm_failed(span, outcome)) and self._first_list_only(span):
+            elif self._first_list_only(span):
                 span.outage_tries += 1
                 decision = Decision(True, wait=self.retrier.backoff(1), why="list_only")
             else:
-                if span.list_only_now and not storm and await self._storm_decides(span, outcome):
-                    storm = True  # its streak became a storm while it waited: held, free
+                storm = self._storm_failed(span, outcome)
                 decision = self._decide(span, attempt, outcome, storm=storm)
                 if decision.why == "server_wait_too_long" and await self._storm_decides(span,
                                                                                         outcome):
@@ -410,8 +409,6 @@ class Shard:
                 if not held:
                     await self._back_off(decision.wait)
                 if self.storm.on:  # held, or a storm began during its backoff: one at a time
-                    if span.retry_line is not None:  # it waits its turn, not its backoff
-                        span.retry_line["wait"] = span.history[-1]["wait"] = None
                     await self._ride_out_storm(span)
             finally:
                 self.counters.retrying -= 1
@@ -419,10 +416,8 @@ class Shard:
     def _decide(self, span: Span, attempt: int, outcome: AttemptOutcome, *,
                 storm: bool) -> Decision:
         """Retry or give up after a failed attempt; tries made while the endpoint was down are
-        not the item's attempts, nor, before any success of the run, retries in a storm, nor
-        failures with no answer while only the model list answers, in a storm."""
-        if storm and (span.list_only_now
-                      or (not self._proven() and attempt - span.outage_tries > 1)):
+        not the item's attempts, nor, before any success of the run, retries in a storm."""
+        if storm and not self._proven() and attempt - span.outage_tries > 1:
             span.outage_tries += 1  # a retry, not the item's attempt: `_storm_failed`
         return self.retrier.decide(outcome.status, outcome.http_status,
                                    attempt - span.outage_tries, outcome.retry_after,
@@ -434,13 +429,8 @@ class Shard:
         waits for the storm watch to decide, at most STREAK_WAIT_S. In a storm it is held like
         the others; before, the streak's first failures died at once (7 per shard, 14 of 200
         items at 2 x 8 with Retry-After 30 and a ceiling of 2 s). The wait ends at the streak's
-        end (a success sent after its first failure, then it dead-letters) or a stop.
-
-        So does an item's failure while only the model list answers that would be charged (its
-        free retry spent): the items a restart cut after their first token retry free after
-        a backoff and join the streak late, while the others' second failures came first, and
-        at one attempt each were dead letters (2 of 4 at 1 x 4) before the streak was whole."""
-        if not (says_endpoint_failing(outcome.status) or span.list_only_now):
+        end (a success sent after its first failure, then it dead-letters) or a stop."""
+        if not says_endpoint_failing(outcome.status):
             return False
         storm, deadline = self.storm, self.clock.now() + STREAK_WAIT_S
         self.deciding += 1
@@ -547,8 +537,7 @@ class Shard:
         server has answered its model list since the request was sent, but not our requests
         (`list_only_since`). Each such failure, from an item's second on (its first is retried
         free, `_first_list_only`), is charged, so the items spend their attempts and the retry
-        budget, with their backoff, unless the items the cap holds fail so in a row: a storm,
-        held free (`_storm_failed`). When the list's answer ended every outage, the items held
+        budget, with their backoff. When the list's answer ended every outage, the items held
         went again at once and all failed again, the first charged and the rest held anew:
         1,499 requests for 300 items in 2.7 s. A request that found no connection at all is
         the server gone again (restarted): that ends this, and is an outage as before."""
@@ -575,15 +564,8 @@ class Shard:
         run has succeeded, its retries spend no attempts either, its first failure only: a job
         the server fails from the start stops after a minute, `_storm_too_long`, and its items
         are better left for --resume than dead-lettered, as they were at a small cap, while
-        max_attempts 1 still means no retry).
-
-        A failure with no answer (or a gateway's 502 or 504) while only the model list answers
-        (`_list_only`) counts too, and in a storm it spends nothing, as in an outage: a gateway
-        that answers the list itself while the server behind it restarts resets every request
-        (or answers 502), and charged, its items went to dead letters within seconds (184 of
-        200 at 1 x 8 with the defaults, the server down for good). One item alone is no streak:
-        a prompt whose request alone is reset is still its own failure, and dead-lettered."""
-        if not (says_endpoint_failing(outcome.status) or span.list_only_now):
+        max_attempts 1 still means no retry)."""
+        if not says_endpoint_failing(outcome.status):
             return False
         storm, now = self.storm, self.clock.now()
         storm.after = self._streak_after()
@@ -601,9 +583,7 @@ class Shard:
         # (two at least: one item alone is never one): at a small cap, eight different items
         # failing first took the retry budget and the attempts of most of them.
         after = STORM_AFTER
-        if not self._proven() or self.list_only_since is not None:
-            # So too while only the model list answers: no request of ours has been answered
-            # since the outage, and one spent past its free retry is a dead letter.
+        if not self._proven():
             after = max(2, min(STORM_AFTER, self.cfg.concurrency))
         if self.input_ended:
             # A shard's last items, fewer than the streak: all of them failing with no success
@@ -654,9 +634,8 @@ class Shard:
         limit can stand in front of a broken server, a timeout is no answer): the next probe
         goes after the storm's first interval, or what a 429 asked for, not one grown long,
         which held the items that long after a server that had recovered."""
-        if outcome is not None and (says_endpoint_failing(outcome.status) or says_endpoint_down(
-                outcome.status, outcome.http_status, outcome.content_chunks)):
-            self.storm.probes += 1  # no answer at all (`_list_only`) says so too
+        if outcome is not None and says_endpoint_failing(outcome.status):
+            self.storm.probes += 1
             return self._probe_interval()
         asked = None if outcome is None else server_wait(outcome.http_status,
                                                           outcome.retry_after,
