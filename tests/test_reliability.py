@@ -2074,8 +2074,9 @@ def test_one_items_request_reset_every_time_is_the_items_failure_even_at_a_cap_o
     assert stats["faults"]["reset_when"] >= 3
 
 
+@pytest.mark.parametrize("fault", ["reset_before_headers", "reset_after_headers"])
 def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_hammered(
-        tmp_path: Path) -> None:
+        tmp_path: Path, fault: str) -> None:
     """The server answers its model list but resets every completion request before any
     answer. The list's answer ended each outage at once and sent every held item again, each
     wave charging one failure: 1,499 requests for 300 items, four times the retries the
@@ -2083,10 +2084,11 @@ def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_ha
     failures are the items' own, but for one free retry each (`list_only`): attempts stay
     within max_attempts per item and that one, the other retries within the budget (and one
     hold per slot, the first outage's), each retry waits its line's wait, and the run ends
-    with every item dead-lettered for the reset, none held to outage_s."""
+    with every item dead-lettered for the reset, none held to outage_s. The same whether the
+    reset comes before the answer's 200 and headers or right after them."""
     ids = write_input(tmp_path / "input.jsonl", 300)
     ratio, floor, most = 0.2, 10, 4
-    with sim(reset_before_headers=1.0) as server:
+    with sim(**{fault: 1.0}) as server:
         job_for(tmp_path, server.base_url, shards=2, concurrency=8,
                 retry={"max_attempts": most, "budget_ratio": ratio, "budget_floor": floor,
                        "backoff_s": 0.05, "backoff_max_s": 0.2})
