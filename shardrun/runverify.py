@@ -271,7 +271,11 @@ def _compare(out: Outcome, check: FileCheck, rec: dict[str, Any], crashed: bool)
     if check.head_sha256 == sha:
         grown = (f"{check.scan.bytes - size:,} bytes were appended to {rel} after the "
                  f"manifest recorded its {size:,}")
-        if crashed:
+        if crashed and check.scan.checkpoint_error:
+            out.problems.append(f"{grown}, and they fail its own checkpoints "
+                                f"({check.scan.checkpoint_error}); those {size:,} are as "
+                                "recorded")
+        elif crashed:
             out.notes.append(f"{grown} (by the pass that crashed); those {size:,} are as "
                              "recorded" + _covered(check))
         else:

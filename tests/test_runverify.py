@@ -251,6 +251,18 @@ def test_a_crashed_retry_pass_is_checked_as_far_as_it_can_be(
     assert code == 0, err
     assert ("\n  41 bytes were appended to logs/launcher.log after the manifest recorded its 0 "
             "(by the pass that crashed); those 0 are as recorded" in out), out
+    # A listed event file grown since its list (no pass appends to another's) with a line
+    # that breaks its checkpoints: the crash excuses the growth, not the broken chain.
+    events = run / "events" / "shard-00.jsonl"
+    kept = events.read_bytes()
+    last = orjson.loads(kept.splitlines()[-1])
+    with open(events, "ab") as f:
+        f.write(orjson.dumps({**last, "t": last["t"] + 1, "lines": last["lines"] + 1,
+                              "sha256": "0" * 64}) + b"\n")
+    code, _, err = _verify(run, capsys)
+    assert code == 1 and "appended to events/shard-00.jsonl" in err, err
+    assert "fail its own checkpoints" in err, err
+    events.write_bytes(kept)
     _flip(run)
     code, _, err = _verify(run, capsys)
     assert code == 1 and "results/shard-00.jsonl differs from the manifest" in err, err
