@@ -123,6 +123,12 @@ class CsvRows:
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
             yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key
 
+    def read_on(self) -> Iterator[bytes]:
+        """The rest of the file past the row last read, in blocks of its own bytes (hashed and
+        counted as read, like the rows)."""
+        while chunk := self._text.read(CHUNK):
+            yield chunk.encode("utf-8", "surrogateescape")
+
     def close(self) -> None:
         self._text.close()
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,14 +204,16 @@ class InputReader:
         return self.lines_read if self._row_start is None else self._row_start
 
     def at_end(self) -> bool:
-        """Whether nothing follows the entries read so far: the last byte of a JSON lines file
-        (a blank line after it counts as more), the last row of a Parquet file. False for a
-        CSV, which is read in blocks, so that only reading on could tell."""
+        """Whether nothing but blank lines follows the entries read so far (`blank`, as for
+        text appended after a whole read): the rest of a JSON lines file is read from the byte
+        after the last line read, a CSV's is read on from its last row (the reader holds part
+        of it in a block already, and stops at the first row there is), and a Parquet file is
+        at its end at its last row."""
         if isinstance(self._tabular, ParquetRows):
             return self._tabular.rows_read == self._tabular.num_rows
-        if self._tabular is not None:
-            return False
-        return self.bytes_read == os.fstat(self._file.fileno()).st_size
+        if isinstance(self._tabular, CsvRows):
+            return all(blank(chunk, "csv") for chunk in self._tabular.read_on())
+        return not holds_more(self.path, self.bytes_read, self.fields.format)
 
     @property
     def open_end(self) -> str | None:
@@ -253,22 +254,28 @@ def make_reader(job: LoadedJob, keep_records: bool = False) -> InputReader:
 
 def holds_more(path: Path, offset: int, fmt: str) -> bool:
     """Whether the input holds anything past its first `offset` bytes but blank lines, which a
-    reader passes over: bytes no pass has read that may be items. Reads only that tail, and
-    stops at its first such byte.
-
-    A JSON line of whitespace is blank; a CSV row is blank only when the line is empty (a row of
-    spaces is a row of the wrong width, a reject). Anything past a Parquet file's end changed
-    the file. A file that cannot be read holds none: the reader, opened already, says why."""
-    blank = {"csv": b"\r\n", "parquet": b""}.get(fmt, b" \t\n\r\x0b\x0c")
+    reader passes over (`blank`): bytes no pass has read that may be items. Reads only that
+    tail, and stops at its first block holding more. A file that cannot be read holds none:
+    the reader, opened already, says why."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             while chunk := f.read(1 << 16):
-                if chunk.strip(blank) if blank else chunk:
+                if not blank(chunk, fmt):
                     return True
     except OSError:
         return False
     return False
+
+
+def blank(data: bytes, fmt: str) -> bool:
+    """Whether `data`, a part of an input file, is nothing but blank lines as the reader of the
+    format `fmt` passes over them: a JSON line of whitespace is blank; a CSV row is blank only
+    when the line is empty (a row of spaces is a row of the wrong width, a reject); any byte
+    past a Parquet file's end changed the file. The one rule for what follows the input read:
+    text appended after a whole read (`holds_more`) and the rest after a `--limit`'s last item
+    (`InputReader.at_end`)."""
+    return not data.strip({"csv": b"\r\n", "parquet": b""}.get(fmt, b" \t\n\r\x0b\x0c"))
 
 
 def _must_exist(path: Path) -> None:

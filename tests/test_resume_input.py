@@ -418,3 +418,29 @@ def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
                    cwd=tmp_path)
     assert Run.load(path).manifest["resumes"][1]["input_read_before"] is False, (
         more.stdout + more.stderr)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_limit_that_ends_on_the_last_record_before_blank_lines_reads_the_whole_input(
+        tmp_path: Path, fmt: str) -> None:
+    """--limit 6 on six items whose file ends with blank lines (an editor's "\\n\\n"): nothing
+    but blank lines follows the sixth item, so the pass read the whole input, with no limit in
+    its summary and no --resume to print (one would run nothing). A row after the blank lines
+    is still more input."""
+    unterminated(tmp_path, fmt, 6)
+    file = tmp_path / f"input.{fmt}"
+    with open(file, "ab") as f:
+        f.write(b"\n\n\r\n\n" if fmt == "csv" else b"\n\n  \n\t\n")
+    whole = run_cli("job.yaml", "--limit", "6", "--run-id", "ww", *RUNS, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "to finish the run" not in whole.stdout and "--limit" not in whole.stdout, whole.stdout
+    summary = Run.load(tmp_path / "runs" / "ww").manifest["summary"]
+    assert (summary["limit"], summary["input_read"]) == (None, True)
+    with open(file, "ab") as f:
+        f.write(b"late,say something late\n" if fmt == "csv" else orjson.dumps(
+            {"id": "late", "prompt": "say something late"}) + b"\n")
+    some = run_cli("job.yaml", "--limit", "6", "--run-id", "ss", *RUNS, cwd=tmp_path)
+    assert some.returncode == 0, some.stdout + some.stderr
+    summary = Run.load(tmp_path / "runs" / "ss").manifest["summary"]
+    assert (summary["limit"], summary["input_read"]) == (6, False)
+    assert "to finish the run" in some.stdout, some.stdout

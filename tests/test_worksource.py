@@ -136,24 +136,26 @@ def test_a_limit_above_the_input_reads_it_to_the_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("fmt", "tail", "more"), [
-    ("jsonl", b"", False), ("jsonl", b"\n", True), ("jsonl", _item("c") + b"\n", True),
-    ("csv", b"", True), ("parquet", b"", False), ("parquet", _item("c"), True),
+    ("jsonl", b"", False), ("jsonl", b"\n", False), ("jsonl", b"\n  \n\t\n", False),
+    ("jsonl", _item("c") + b"\n", True), ("jsonl", b"\n\n" + _item("c") + b"\n", True),
+    ("csv", b"", False), ("csv", b"\n\r\n\n", False), ("csv", b"\n \n", True),
+    ("csv", b"\nc,p\n", True), ("parquet", b"", False), ("parquet", _item("c"), True),
 ])  # fmt: skip
 def test_a_limit_at_the_inputs_last_item_reads_it_to_the_end(
     tmp_path: Path, fmt: str, tail: bytes, more: bool
 ) -> None:
-    """--limit 2 with two items: a JSON lines file whose last byte was read, or a Parquet file
-    whose last row was, is read to the end (nothing for a resume to do). A line after them,
-    even a blank one, or a CSV (read in blocks, so only reading on could tell) may hold more."""
-    lines = [_item("a"), _item("b"), *([tail.rstrip(b"\n")] if tail else [])]
+    """--limit 2 with two items: a file with nothing after them but blank lines, as its reader
+    passes over them (whitespace after a JSON line, empty lines after a CSV row), or a Parquet
+    file whose last row was read, is read to the end (nothing for a resume to do). A record
+    after them, or a CSV line of spaces (a row of the wrong width), is more."""
     path = tmp_path / f"in.{fmt}"
     if fmt == "jsonl":
-        path.write_bytes(b"".join(line + b"\n" for line in lines[:2]) + tail)
+        path.write_bytes(_item("a") + b"\n" + _item("b") + b"\n" + tail)
     elif fmt == "csv":
-        path.write_text("id,prompt\na,p\nb,p\n")
+        path.write_bytes(b"id,prompt\na,p\nb,p\n" + tail)
     else:
         pa = pytest.importorskip("pyarrow")
-        rows = [orjson.loads(line) for line in lines]
+        rows = [orjson.loads(line) for line in (_item("a"), _item("b"), *([tail] if tail else []))]
         pytest.importorskip("pyarrow.parquet").write_table(pa.Table.from_pylist(rows), path)
     reader = InputReader(path, InputPlan(format=fmt))  # type: ignore[arg-type]
     source = WorkSource(reader, tmp_path / "rejects.jsonl", limit=2)
