@@ -133,7 +133,7 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
                                         "the run's job file": job.job_path})
     reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
-        _check_input(run_path, manifest, job.input_path, summary)
+        _check_input(run_path, manifest, job.input_path, job.spec.input.format, summary)
         columns = reader.columns
         if fmt == "csv" and with_input and columns is None:
             columns = _json_keys(job.input_path)
@@ -214,7 +214,7 @@ def _job_sha256(manifest: dict[str, Any]) -> str | None:
     return None if sha is None else str(sha)
 
 
-def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
+def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path, fmt: str,
                  summary: ExportSummary) -> None:  # fmt: skip
     """Fail unless the input starts with the bytes every ended pass read (their count and
     SHA-256). Every pass, not the newest only: each pass's answers came from what it read, and
@@ -234,7 +234,7 @@ def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path,
                             f"first {size:,} bytes have another SHA-256 than the manifest "
                             "records): export pairs answers with input lines, so it needs the "
                             "input as the run read it")  # fmt: skip
-    if (joined := run_on(manifest, input_path)) is not None:
+    if (joined := run_on(manifest, input_path, fmt)) is not None:
         raise SpecError(f"the input {input_path} is not what run {run_path.name} read: "
                         f"{joined.why}, so export would show neither that line's answer nor "
                         f"the lines added; {joined.fix}")

@@ -171,14 +171,16 @@ class RunOn:
         return f"put a line break at the end of line {self.line:,}, before the added text"
 
 
-def run_on(manifest: dict[str, Any], path: Path) -> RunOn | None:
+def run_on(manifest: dict[str, Any], path: Path, fmt: str) -> RunOn | None:
     """The first ended pass whose last record ended where the input then ended, without a line
     break (or inside a quoted CSV cell), if text added to the file since runs on into it.
 
     The file still starts with the bytes that pass read (checked before), so its lines are
     numbered as then; but the record is now another, or no record, and the items appended after
     it are read as part of it: a line the pass judged already, so no pass would run them or
-    record them as rejected. A line break alone, added at the end, only completes the line."""
+    record them as rejected. A line break alone, added at the end, only completes the line; so
+    do spaces or tabs before it after a JSON line (`fmt`), whose record they leave the same,
+    where in a CSV they would change its last cell."""
     for name, entry in _passes(manifest):
         record = entry.get("input") if isinstance(entry, dict) else None
         size = record.get("bytes_read") if isinstance(record, dict) else None
@@ -188,15 +190,29 @@ def run_on(manifest: dict[str, Any], path: Path) -> RunOn | None:
         try:
             with open(path, "rb") as f:
                 f.seek(size - 1)
-                last, after = (got := f.read(3))[:1], got[1:]
+                last, after = (got := f.read(_RUN_ON_READ))[:1], got[1:]
         except OSError as exc:
             raise InputError(f"cannot read input file {path}: {exc.strerror}") from None
         kind = _open_end(entry, record, last)
-        if not after or kind is None or (kind == "line" and after.startswith((b"\n", b"\r\n"))):
+        if not after or kind is None or (kind == "line" and _completes(after, fmt)):
             continue
         line = record.get("lines_read")
         return RunOn(name, line if isinstance(line, int) else 0, kind == "quote")
     return None
+
+
+_RUN_ON_READ = 1 << 16
+"""How much of the text added after a line without a line break `run_on` reads (and 1)."""
+
+
+def _completes(after: bytes, fmt: str) -> bool:
+    """Whether text added after a last line without a line break only completes that line: a
+    line break first, or, after a JSON line, spaces, tabs and CRs (JSON whitespace) before it
+    or up to the file's end. In a CSV they would be part of the row's last cell."""
+    if fmt == "csv":
+        return after.startswith((b"\n", b"\r\n"))
+    rest = after.lstrip(b" \t\r")
+    return rest.startswith(b"\n") or (not rest and len(after) < _RUN_ON_READ - 1)
 
 
 def _open_end(entry: dict[str, Any], record: dict[str, Any], last: bytes) -> str | None:

@@ -62,7 +62,7 @@ def setting_changes(started: object, now: dict[str, dict[str, object]],
 
 
 def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
-                run_id: str) -> list[str]:  # fmt: skip
+                run_id: str, fmt: str) -> list[str]:  # fmt: skip
     """Refuse (SpecError) a resume whose input is not the one the run read; return warnings
     where the manifest does not record enough to tell.
 
@@ -101,7 +101,7 @@ def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
                 f"bytes differ from those {name} read ({why}), so answers already in the run "
                 "would sit next to other lines; restore the file as the run read it (lines "
                 "added at its end are fine), or start a new run without --resume")
-        if (joined := run_on(manifest, input_path)) is not None:
+        if (joined := run_on(manifest, input_path, fmt)) is not None:
             raise SpecError(
                 f"the input {input_path} grew in a way run {run_id} cannot go on with: "
                 f"{joined.why}, so the items added would never run; {joined.fix}, "

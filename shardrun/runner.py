@@ -235,7 +235,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     # Before the run is repaired or a request sent: the answers on disk belong to the lines the
     # run read, so another or an edited input would pair them with other lines.
     unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
-                                   job_name=str(job.origin or job.job_path))
+                                   job_name=str(job.origin or job.job_path),
+                                   fmt=job.spec.input.format)
     results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
     for warning in unchecked + results_changed:
         print(f"warning: {warning}", file=sys.stderr)

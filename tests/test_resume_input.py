@@ -196,7 +196,7 @@ def test_check_input_without_records_warns_and_goes_on(tmp_path: Path) -> None:
     """A run of an older shardrun killed before it ended recorded nothing of its input."""
     write_input(tmp_path / "in.jsonl", 5)
     (warning,) = check_input(_manifest(None), tmp_path / "in.jsonl", job_name="j.yaml",
-                             run_id="r")  # fmt: skip
+                             run_id="r", fmt="jsonl")  # fmt: skip
     assert "cannot check that" in warning
 
 
@@ -207,16 +207,16 @@ def test_check_input_of_a_pass_that_did_not_end(tmp_path: Path) -> None:
     write_input(file, 5)
     ended = _ended(file, 40)
     killed = _manifest(ended, _started(file))
-    assert check_input(killed, file, job_name="j.yaml", run_id="r") == []
+    assert check_input(killed, file, job_name="j.yaml", fmt="jsonl", run_id="r") == []
     with open(file, "ab") as f:
         f.write(b"\n")
     os.utime(file, ns=(1, 1))
-    (warning,) = check_input(killed, file, job_name="j.yaml", run_id="r")
+    (warning,) = check_input(killed, file, job_name="j.yaml", fmt="jsonl", run_id="r")
     assert warning.startswith("resume 1 of run r did not end, so it never recorded the bytes")
     # The pass before it did record them: those are still checked.
     file.write_bytes(b"x" + file.read_bytes()[1:])
     with pytest.raises(SpecError, match=r"its first 40 bytes differ from those the first pass"):
-        check_input(killed, file, job_name="j.yaml", run_id="r")
+        check_input(killed, file, job_name="j.yaml", fmt="jsonl", run_id="r")
 
 
 def test_check_input_refuses_another_file_when_nothing_shows_it_is_the_same(
@@ -225,7 +225,7 @@ def test_check_input_refuses_another_file_when_nothing_shows_it_is_the_same(
     shutil.copy(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     with pytest.raises(SpecError, match="no pass of the run ended to record the bytes it read"):
         check_input(_manifest(_started(tmp_path / "a.jsonl")), tmp_path / "b.jsonl",
-                    job_name="j.yaml", run_id="r")  # fmt: skip
+                    job_name="j.yaml", fmt="jsonl", run_id="r")  # fmt: skip
 
 
 def test_a_resume_says_which_result_files_lost_answers_and_runs_those_items_again(
@@ -296,6 +296,17 @@ def unterminated(tmp_path: Path, fmt: str, n: int) -> tuple[list[str], bytes]:
     return ids + more, added
 
 
+def resumes_every_item_once(path: Path, ids: list[str], tmp_path: Path) -> None:
+    """`--resume` of run qq with job.yaml runs every item of `ids` no pass has run, each once,
+    and export then pairs every line with its answer."""
+    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+    done = run_cli("export", str(path), cwd=tmp_path)
+    assert done.returncode == 0 and f"{len(ids)} ok, 0 failed, 0 rejected, 0 pending" in (
+        done.stderr), done.stderr
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_lines_appended_to_a_last_line_without_a_line_break_are_refused(
         tmp_path: Path, fmt: str) -> None:
@@ -323,12 +334,7 @@ def test_lines_appended_to_a_last_line_without_a_line_break_are_refused(
         "export would show neither that line's answer nor the lines added; put a line break "
         f"at the end of line {line}, before the added text\n")
     file.write_bytes(read + b"\n" + added)
-    resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_exactly_once(Run.load(path), ids)
-    done = run_cli("export", str(path), cwd=tmp_path)
-    assert done.returncode == 0 and f"{len(ids)} ok, 0 failed, 0 rejected, 0 pending" in (
-        done.stderr), done.stderr
+    resumes_every_item_once(path, ids, tmp_path)
 
 
 def test_a_line_break_alone_completes_the_last_line(tmp_path: Path) -> None:
@@ -376,13 +382,13 @@ def test_run_on_of_a_pass_recorded_by_an_older_shardrun(tmp_path: Path) -> None:
     file.write_bytes(b'{"prompt":"a"}\n{"prompt":"b"}')
     record = {**_ended(file, file.stat().st_size), "lines_read": 2}
     older = {"input": record, "summary": {"input_read": True}, "resumes": []}
-    assert run_on(older, file) is None  # nothing added yet
+    assert run_on(older, file, "jsonl") is None  # nothing added yet
     file.write_bytes(file.read_bytes() + b'{"prompt":"c"}\n')
-    assert run_on(older, file) == RunOn("the first pass", 2, quote=False)
-    assert run_on({**older, "summary": {"input_read": False}}, file) is None
-    assert run_on({**older, "input": {**record, "open_end": None}}, file) is None
+    assert run_on(older, file, "jsonl") == RunOn("the first pass", 2, quote=False)
+    assert run_on({**older, "summary": {"input_read": False}}, file, "jsonl") is None
+    assert run_on({**older, "input": {**record, "open_end": None}}, file, "jsonl") is None
     file.write_bytes(file.read_bytes().replace(b'"}{', b'"}\r\n{'))
-    assert run_on(older, file) is None  # a line break (CRLF) completed the line
+    assert run_on(older, file, "jsonl") is None  # a line break (CRLF) completed the line
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
@@ -444,3 +450,22 @@ def test_a_limit_that_ends_on_the_last_record_before_blank_lines_reads_the_whole
     summary = Run.load(tmp_path / "runs" / "ss").manifest["summary"]
     assert (summary["limit"], summary["input_read"]) == (6, False)
     assert "to finish the run" in some.stdout, some.stdout
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_spaces_before_the_line_break_added_to_a_last_json_line_complete_it(
+        tmp_path: Path, fmt: str) -> None:
+    """Spaces, a tab and a CR, then a line break, added after a last JSON line read without one
+    leave its record the same (JSON whitespace): the resume runs the items appended after them,
+    each once, and export pairs every line. In a CSV they would be part of the row's last cell,
+    so there the resume still refuses."""
+    ids, added = unterminated(tmp_path, fmt, 20)
+    assert run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path).returncode == 0
+    path, file = tmp_path / "runs" / "qq", tmp_path / f"input.{fmt}"
+    with open(file, "ab") as f:
+        f.write(b" \t \r\n" + added)
+    if fmt == "csv":
+        assert "grew in a way run qq cannot go on with" in refused("job.yaml", "qq", path,
+                                                                   tmp_path)
+        return
+    resumes_every_item_once(path, ids, tmp_path)
