@@ -386,7 +386,12 @@ class Coordinator:
         try:
             # A resume passes over the lines earlier passes finished before the shards are
             # started, yielding as it goes: the display and Ctrl-C stay live.
-            await self.source.skip_finished_in_slices(lambda: self.handing_out)
+            # The display says so meanwhile (at ten million done, half a minute).
+            self.view.skipping = lambda: self.source.skipped
+            try:
+                await self.source.skip_finished_in_slices(lambda: self.handing_out)
+            finally:
+                self.view.skipping = None
             await self._start_first_shards()
             await self._supervise()
         finally:

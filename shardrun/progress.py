@@ -20,6 +20,7 @@ logging to a file or a pipe never loads it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
 
-__all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total"]
+__all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total",
+           "smoothed_rate"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
@@ -53,6 +55,12 @@ WINDOW_S = 10.0
 # input counted this fast has its total from the first frame; 190 MB take about 0.14 s.
 COUNT_WAIT_S = 0.05
 MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
+# The ETA's rate: the window's item rate averaged with exponential weights whose time constant
+# is a quarter of the time the run has gone, between these bounds. Early on it follows the
+# window (a run's first seconds say little), later it damps the swings a shared machine puts
+# in a 10 s window: the ETA went 2:10, 2:35, 1:52 in three lines 5 s apart.
+ETA_TAU_MIN_S = 2.0
+ETA_TAU_MAX_S = 30.0
 _CHUNK = 1 << 20
 
 
@@ -95,6 +103,11 @@ class Snapshot:
     # / `failing_s` already say why. `sending`: the requests out (attempts running).
     silent_s: float | None = None
     sending: int = 0
+    # The item rate the ETA divides by (`smoothed_rate`); None: `items_per_s`.
+    eta_items_per_s: float | None = None
+    # A resume passing over the input lines earlier passes finished, before it starts the
+    # shards: how many it has passed so far; None once it is done (or when there was none).
+    skipping: int | None = None
 
     @property
     def done(self) -> int:
@@ -105,10 +118,11 @@ class Snapshot:
         """Seconds left at the current item rate, when the total and a rate are known; none
         while the endpoint is down or fails everything (the rate then says nothing about the
         time left)."""
-        if (self.total is None or not self.items_per_s or self.down_s is not None
+        rate = self.items_per_s if self.eta_items_per_s is None else self.eta_items_per_s
+        if (self.total is None or not rate or self.down_s is not None
                 or self.failing_s is not None):
             return None
-        return max(0, self.total - self.done) / self.items_per_s
+        return max(0, self.total - self.done) / rate
 
 
 class _Shard:
@@ -163,6 +177,10 @@ class ProgressView:
         self.shards: dict[int, _Shard] = {}
         self.started = clock()
         self._samples: deque[tuple[float, int, int, int]] = deque()
+        self._eta_rate: float | None = None
+        self._eta_at = self.started
+        # Set by a resume while it skips the finished input lines: how many so far.
+        self.skipping: Callable[[], int] | None = None
         self._last_line = self.started
         self._live: Live | None = None
         # The total, counted off the event loop (`count`) while the run goes: a big input's
@@ -192,7 +210,7 @@ class ProgressView:
 
     def start(self) -> None:
         """Start the clock, the count (a thread: call this after any fork) and the display."""
-        self.started = self._last_line = self.clock()
+        self.started = self._last_line = self._eta_at = self.clock()
         if self._count is not None and self._counter is None:
             self._counter = threading.Thread(target=self._run_count, args=(self._count,),
                                              name="shardrun-count", daemon=True)
@@ -249,6 +267,10 @@ class ProgressView:
             while len(self._samples) > 2 and self._samples[1][0] <= now - WINDOW_S:
                 self._samples.popleft()
         rates = _rates(self._samples)
+        if sample:
+            self._eta_rate = smoothed_rate(self._eta_rate, rates[2], now - self._eta_at,
+                                           now - self.started)
+            self._eta_at = now
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
         down = max((float(s.gauges.get("down_s") or 0) for s in self.shards.values()),
                    default=0.0)
@@ -264,7 +286,8 @@ class ProgressView:
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
                         failing_s, failing.get("failing_cause") if failing_s else None,
-                        silent_s, sum(int(g["sending"]) for g in sending))
+                        silent_s, sum(int(g["sending"]) for g in sending),
+                        self._eta_rate, None if self.skipping is None else self.skipping())
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -301,6 +324,21 @@ def _rates(
     return (tok1 - tok0) / span * 60, (att1 - att0) / span, (done1 - done0) / span
 
 
+def smoothed_rate(previous: float | None, rate: float | None, dt: float,
+                  elapsed: float) -> float | None:
+    """The ETA's rate after a new window `rate`, `dt` seconds after `previous`, `elapsed`
+    seconds into the run: an exponentially weighted average, its time constant a quarter of
+    `elapsed` within [ETA_TAU_MIN_S, ETA_TAU_MAX_S]. No rate yet keeps the previous one; the
+    first rate is taken as it is."""
+    if rate is None:
+        return previous
+    if previous is None:
+        return rate
+    tau = min(ETA_TAU_MAX_S, max(ETA_TAU_MIN_S, elapsed / 4))
+    weight = 1.0 - math.exp(-max(0.0, dt) / tau)
+    return previous + weight * (rate - previous)
+
+
 # -- rendering (pure) --------------------------------------------------------------------------
 
 
@@ -319,6 +357,8 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 def format_plain_line(s: Snapshot) -> str:
     """The status line printed when the output is not a terminal."""
+    if s.skipping is not None:
+        return f"[{s.elapsed:7.1f}s] {_skipping_text(s.skipping)}"
     if s.total:
         head = f"{s.done:,}/{s.total:,} done ({100 * s.done / s.total:.1f}%)"
     else:
@@ -329,6 +369,10 @@ def format_plain_line(s: Snapshot) -> str:
             f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
+
+
+def _skipping_text(skipped: int) -> str:
+    return f"resuming: skipping finished items: {skipped:,} so far"
 
 
 def _held_text(rate_waiting: int) -> str:
@@ -398,6 +442,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
     from rich.text import Text
 
     head = Table.grid(padding=(0, 2))
+    if s.skipping is not None:
+        return Group(Text(f"{_skipping_text(s.skipping)}  elapsed {clock_text(s.elapsed)}"))
     if s.total:
         pct = 100 * s.done / s.total
         head.add_row(ProgressBar(total=s.total, completed=min(s.done, s.total), width=40),

@@ -379,3 +379,88 @@ def test_terminal_detection_agrees_with_rich(
     if stream_type is StringIO and not env:
         assert view.console is None
     assert ProgressView(10, quiet=True, stream=stream, clock=Clock()).console is None
+
+
+def _etas(rates: list[float], left: float, dt: float = 0.25) -> list[float]:
+    """The ETA after each of `rates` (one per refresh, `dt` apart), smoothed and raw."""
+    from shardrun.progress import smoothed_rate
+
+    smooth: float | None = None
+    out = []
+    for step, rate in enumerate(rates, start=1):
+        smooth = smoothed_rate(smooth, rate, dt, elapsed=60.0 + step * dt)
+        assert smooth is not None
+        out.append(left / smooth)
+    return out
+
+
+def test_the_eta_rate_damps_a_noisy_window_and_follows_a_real_change() -> None:
+    """A window rate swinging 30% either way every 5 s (a shared machine) moves the ETA far
+    less than dividing by the window's rate does; a real halving of the rate is followed."""
+    from shardrun.progress import smoothed_rate
+
+    noisy = [100.0 * (1.3 if (step // 20) % 2 else 0.7) for step in range(240)]  # 60 s
+    etas = _etas(noisy, left=10_000.0)
+    raw = [10_000.0 / r for r in noisy]
+    late = etas[120:]
+    assert max(late) - min(late) < 0.25 * (max(raw) - min(raw))
+    # A real change: from 100/s to 50/s, held; within a few time constants the rate is there.
+    smooth: float | None = 100.0
+    for step in range(4 * 60 * 4):  # 4 minutes of refreshes
+        smooth = smoothed_rate(smooth, 50.0, 0.25, elapsed=600.0 + step / 4)
+    assert smooth == pytest.approx(50.0, rel=0.01)
+    # Early in a run it follows the window closely: 2 s after a change, most of the way.
+    smooth = 100.0
+    for step in range(8):
+        smooth = smoothed_rate(smooth, 50.0, 0.25, elapsed=4.0 + step / 4)
+    assert smooth is not None and smooth < 70.0
+    # No rate (too short a window) keeps the one before; the first is taken as it is.
+    assert smoothed_rate(42.0, None, 0.25, 10.0) == 42.0
+    assert smoothed_rate(None, 7.0, 0.25, 10.0) == 7.0
+
+
+def test_the_views_eta_divides_by_the_smoothed_rate() -> None:
+    """The view's ETA: a burst in the last seconds moves it less than the window rate does."""
+    clock = Clock()
+    view = ProgressView(100_000, tty=False, stream=StringIO(), clock=clock)
+    view.start()
+    feed(view, clock, 60, per_s=50)  # 100 items/s for a minute
+    start = view.snapshot().done // 2
+    for step in range(1, 21):  # 5 s at 300 items/s
+        clock.now += 0.25
+        for shard in (0, 1):
+            view.update(shard, report(start + int(150 * step / 4), 0, 0))
+        view.refresh()
+    snap = view.snapshot()
+    assert snap.items_per_s is not None and snap.eta_items_per_s is not None
+    assert snap.items_per_s > 190.0  # the window
+    assert 100.0 < snap.eta_items_per_s < 150.0
+    assert snap.eta_s == pytest.approx((100_000 - snap.done) / snap.eta_items_per_s)
+
+
+def test_a_resume_skipping_finished_lines_says_so() -> None:
+    """While a resume passes over the finished input lines the view says how far it has got,
+    in plain lines and on a terminal; after, the usual display."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(1000, tty=False, stream=out, clock=clock, interval=1.0)
+    skipped = [0]
+    view.skipping = lambda: skipped[0]
+    view.start()
+    for _ in range(3):
+        clock.now += 1.0
+        skipped[0] += 5000
+        view.refresh()
+    view.skipping = None
+    feed(view, clock, 2)
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == [f"[{t:7.1f}s] resuming: skipping finished items: {n:,} so far"
+                         for t, n in ((1.0, 5000), (2.0, 10000), (3.0, 15000))]
+    assert "done" in lines[3] and not ESCAPE.search(out.getvalue())
+    term = StringIO()
+    console = Console(file=term, force_terminal=True, width=100, color_system=None)
+    view = ProgressView(1000, console=console, clock=clock)
+    view.skipping = lambda: 2_300_000
+    view.start()
+    view.refresh()
+    view.stop()
+    assert "skipping finished items: 2,300,000 so far" in term.getvalue()
