@@ -45,7 +45,19 @@ def register(subparsers: Any) -> None:
                    help="add each row's input record: as 'input' in JSON lines; in CSV as one "
                         "input.NAME column per column of a CSV or Parquet input, or per "
                         "top-level key of a JSON lines input")  # fmt: skip
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on standard error (the counts at the end are kept)")
+    p.add_argument("--progress-interval", type=_seconds, default=10.0, metavar="S",
+                   help="seconds between progress lines when standard error is not a "
+                        "terminal (default 10)")
     p.set_defaults(handler=handle)
+
+
+def _seconds(text: str) -> float:
+    """`cli.positive_seconds`, imported on use: `cli` imports this module."""
+    from shardrun.cli import positive_seconds
+
+    return positive_seconds(text)
 
 
 @guarded
@@ -53,9 +65,14 @@ def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
     from shardrun.manifest import carried_flags, newest_pass, read_manifest, retry_failed_command
     from shardrun.resume import in_use
+    from shardrun.ticker import Ticker
 
     fmt = format_of(args.output, args.format)
-    summary = export(args.run_dir, args.output, fmt, args.job, args.with_input)
+    ticker = Ticker(quiet=args.quiet, interval=args.progress_interval)
+    try:
+        summary = export(args.run_dir, args.output, fmt, args.job, args.with_input, ticker)
+    finally:
+        ticker.close()
     for warning in summary.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     where = "standard output" if args.output is None else str(args.output)

@@ -55,7 +55,19 @@ def register(subparsers: Any) -> None:
                    help="as for run: checked to be a place run directories can be made in")
     p.add_argument("--rpm", metavar="X", help="as for run (none: no limit)")
     p.add_argument("--tpm", metavar="X", help="as for run (none: no limit)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on standard error while the input is read")
+    p.add_argument("--progress-interval", type=_seconds, default=10.0, metavar="S",
+                   help="seconds between progress lines when standard error is not a "
+                        "terminal (default 10)")
     p.set_defaults(handler=handle)
+
+
+def _seconds(text: str) -> float:
+    """`cli.positive_seconds`, imported on use: `cli` imports this module."""
+    from shardrun.cli import positive_seconds
+
+    return positive_seconds(text)
 
 
 def _whole_number(text: str) -> int:
@@ -89,7 +101,13 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     job = load_job(args.job, env=os.environ, flags=flags)
     preflight(job, os.environ)  # what `run` refuses before it starts, refused here too
     check_runs_dir(job)
-    check = check_input(job, show=args.show)
+    from shardrun.ticker import Ticker
+
+    ticker = Ticker(quiet=args.quiet, interval=args.progress_interval)
+    try:
+        check = check_input(job, show=args.show, ticker=ticker)
+    finally:
+        ticker.close()
     if check.rejects and not check.items:
         first = (f", the first (line {check.first_rejects[0].line}) because "
                  f"{check.first_rejects[0].reason}" if check.first_rejects else "")

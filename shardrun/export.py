@@ -39,7 +39,7 @@ import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -60,6 +60,7 @@ from shardrun.manifest import (
 )
 from shardrun.outpath import check_not_read_back, check_output_file
 from shardrun.resume import set_aside_lines
+from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
 
 if TYPE_CHECKING:
@@ -116,10 +117,10 @@ def format_of(out: Path | None, given: str | None) -> Format:
 
 
 def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None = None,
-           with_input: bool = False) -> ExportSummary:  # fmt: skip
+           with_input: bool = False, ticker: Ticker | None = None) -> ExportSummary:  # fmt: skip
     """Write the run's rows to `out` (atomically: a file appears only whole), or to standard
     output when `out` is None. `job_path` stands in for the job file the manifest names;
-    `with_input` adds each row's input record."""
+    `with_input` adds each row's input record; `ticker` shows how far it has got."""
     if out is not None:
         check_output_file("-o", out)
     manifest = read_manifest(run_path)
@@ -137,7 +138,8 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
         columns = reader.columns
         if fmt == "csv" and with_input and columns is None:
             columns = _json_keys(job.input_path)
-        _export(run_path, reader, fmt, out, summary, columns)
+        _export(run_path, reader, fmt, out, summary, columns, ticker or Ticker(quiet=True),
+                _input_size(job.input_path))
     finally:
         reader.close()
     return summary
@@ -156,8 +158,16 @@ def _json_keys(path: Path) -> list[str]:
     return list(keys)
 
 
+def _input_size(path: Path) -> int | None:
+    try:
+        return os.path.getsize(path) or None
+    except OSError:
+        return None
+
+
 def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
-            summary: ExportSummary, columns: list[str] | None) -> None:  # fmt: skip
+            summary: ExportSummary, columns: list[str] | None, ticker: Ticker,
+            size: int | None) -> None:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="shardrun-export-") as scratch:
         try:
             index = _Index(Path(scratch) / "index.sqlite")
@@ -167,12 +177,16 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
                 # One handle a file, kept open (`_Index`); the set-aside files too, read after.
                 ensure_open_files(len(live) + len(list(
                     run_path.glob("dead/superseded-r*/*.jsonl"))))
+                ticker.phase("reading the run's results", "lines")
                 for path, failed in live:
-                    index.add(path, failed=failed, summary=summary)
+                    index.add(path, failed=failed, summary=summary, step=ticker.step)
                 # A retry pass killed before it put back the dead letters it never reached
                 # left them only aside: failed still, not pending (no --resume runs them).
                 # Read after the live files, whose lines win (resume.set_aside_lines: why).
                 index.add_aside(set_aside_lines(run_path))
+                share = None if size is None else lambda: min(1.0, reader.bytes_read / size)
+                ticker.phase("writing rows", "rows", share)
+                index.row_done = ticker.step
                 if out is None:
                     _write_to_stdout(index, reader, fmt, sys.stdout.buffer, summary, columns)
                 else:
@@ -257,8 +271,10 @@ class _Index:
         self._files: list[tuple[Path, bool]] = []  # (path, holds dead letters)
         self._open: dict[int, IO[bytes]] = {}
         self.size = 0
+        self.row_done: Callable[[], None] | None = None  # told of each row made (progress)
 
-    def add(self, path: Path, *, failed: bool, summary: ExportSummary) -> None:
+    def add(self, path: Path, *, failed: bool, summary: ExportSummary,
+            step: Callable[[], None] | None = None) -> None:
         try:
             handle = open(path, "rb")  # noqa: SIM115 - kept for `find`, closed in `close`
         except FileNotFoundError:
@@ -268,7 +284,7 @@ class _Index:
         number = len(self._files)
         self._files.append((path, failed))
         self._open[number] = handle
-        lines = _Lines(handle, path, number, summary)
+        lines = _Lines(handle, path, number, summary, step)
         self._db.execute("BEGIN")
         before = self._db.total_changes
         self._db.executemany("INSERT OR IGNORE INTO line VALUES (?, ?, ?)", lines)
@@ -316,9 +332,10 @@ class _Lines:
     it is counted in `summary.torn` and left out. `count` is how many were yielded.
     """
 
-    def __init__(self, handle: IO[bytes], path: Path, number: int,
-                 summary: ExportSummary) -> None:  # fmt: skip
+    def __init__(self, handle: IO[bytes], path: Path, number: int, summary: ExportSummary,
+                 step: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.handle, self.path, self.number, self.summary = handle, path, number, summary
+        self.step = step  # told of each line read (progress)
         self.count = 0
 
     def __iter__(self) -> Iterator[tuple[str, int, int]]:
@@ -336,6 +353,8 @@ class _Lines:
                 raise RunError(f"{self.path} at byte {start} holds a line that is not a "
                                "record; the run directory was edited or damaged") from None
             self.count += 1
+            if self.step is not None:
+                self.step()
             yield str(item_id), self.number, start
 
 
@@ -351,6 +370,8 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
             row = _record_row(index, reader.line, entry["id"], seen, summary)
         if reader.keep_records:
             row["input"] = reader.record
+        if index.row_done is not None:
+            index.row_done()
         yield row
 
 

@@ -729,3 +729,38 @@ def test_a_retry_pass_that_moves_dead_letters_during_an_export_fails_nothing(
     rows = [orjson.loads(line) for line in [first, *rest.splitlines()]]
     assert [r["id"] for r in rows] == ids + late
     assert [r["status"] for r in rows] == ["ok"] * len(ids) + ["failed"] * len(late)
+
+
+def test_progress_goes_to_standard_error_and_leaves_the_export_as_it_was(
+        base: Path, tmp_path: Path) -> None:
+    """With a tiny --progress-interval and standard error no terminal: plain progress lines on
+    standard error, no escape codes, and the same bytes written as with --quiet, to a file and
+    to standard output."""
+    run_dir = only_run(base / "runs")
+    quiet, loud = tmp_path / "quiet.jsonl", tmp_path / "loud.jsonl"
+    done = export(str(run_dir), "-o", str(quiet), "--quiet", cwd=base)
+    assert done.returncode == 0, done.stderr
+    assert "reading the run's results" not in done.stderr and "exported" in done.stderr
+    done = export(str(run_dir), "-o", str(loud), "--progress-interval", "0.000001", cwd=base)
+    assert done.returncode == 0, done.stderr
+    assert loud.read_bytes() == quiet.read_bytes()
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    lines = done.stderr.splitlines()
+    results = [line for line in lines if "] reading the run's results: " in line]
+    rows = [line for line in lines if "] writing rows: " in line]
+    assert results and rows, done.stderr
+    assert rows[-1].startswith("[") and "% of the input read)" in rows[-1]
+    counts = [int(line.split("writing rows: ")[1].split(" rows")[0].replace(",", ""))
+              for line in rows]
+    assert counts == sorted(counts) and counts[-1] <= N + 3
+    piped = export(str(run_dir), "--format", "jsonl", "--progress-interval", "0.000001",
+                   cwd=base)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.encode() == quiet.read_bytes()
+    assert "] writing rows: " in piped.stderr
+
+
+def test_a_progress_interval_that_is_no_number_of_seconds_is_refused(base: Path) -> None:
+    done = export(str(only_run(base / "runs")), "--progress-interval", "0", cwd=base)
+    assert done.returncode == 2 and "--progress-interval" in done.stderr
+    assert "Traceback" not in done.stderr

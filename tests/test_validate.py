@@ -358,3 +358,23 @@ def test_ping_reports_rate_headers_and_caps_tokens(tmp_path: Path) -> None:
     assert result.rate_headers == {"x-ratelimit-remaining-requests": "59",
                                    "x-ratelimit-reset-tokens": "6m0s"}  # fmt: skip
     assert len(seen) == 1 and seen[0]["max_tokens"] == 16 and seen[0]["stream"] is True
+
+
+def test_reading_the_input_shows_progress_on_standard_error(tmp_path: Path) -> None:
+    """With a tiny --progress-interval and standard error no terminal: plain lines saying how
+    far the read has got, on standard error only; the report on standard output is the one
+    --quiet gives."""
+    lines = [orjson.dumps({"id": f"i{n}", "prompt": f"prompt {n}"}) for n in range(400)]
+    make_job(tmp_path, lines)
+    quiet = run_cli("validate", "job.yaml", "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
+    loud = run_cli("validate", "job.yaml", "--progress-interval", "0.000001", cwd=tmp_path)
+    assert loud.returncode == 0, loud.stderr
+    assert loud.stdout == quiet.stdout
+    assert "\x1b" not in loud.stderr and "\r" not in loud.stderr
+    shown = [line for line in loud.stderr.splitlines() if "] reading " in line]
+    assert shown and all(line.startswith("[") and " lines" in line for line in shown)
+    assert "% of the input read)" in shown[-1]
+    done = run_cli("validate", "job.yaml", "--progress-interval", "nan", cwd=tmp_path)
+    assert done.returncode == 2 and "--progress-interval" in done.stderr
