@@ -387,7 +387,7 @@ class Coordinator:
             # A resume passes over the lines earlier passes finished before the shards are
             # started, yielding as it goes: the display and Ctrl-C stay live.
             # The display says so meanwhile (at ten million done, half a minute).
-            self.view.skipping = lambda: self.source.skipped
+            self.view.skipping = lambda: self.source.reader.lines_read
             try:
                 await self.source.skip_finished_in_slices(lambda: self.handing_out)
             finally:

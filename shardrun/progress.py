@@ -117,9 +117,10 @@ class Snapshot:
     def eta_s(self) -> float | None:
         """Seconds left at the current item rate, when the total and a rate are known; none
         while the endpoint is down or fails everything (the rate then says nothing about the
-        time left)."""
+        time left), nor while nothing finished in the window (the smoothed rate only decays
+        then, and an ETA from it would promise an end that nothing says is coming)."""
         rate = self.items_per_s if self.eta_items_per_s is None else self.eta_items_per_s
-        if (self.total is None or not rate or self.down_s is not None
+        if (self.total is None or not rate or not self.items_per_s or self.down_s is not None
                 or self.failing_s is not None):
             return None
         return max(0, self.total - self.done) / rate
@@ -371,8 +372,10 @@ def format_plain_line(s: Snapshot) -> str:
             f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
 
 
-def _skipping_text(skipped: int) -> str:
-    return f"resuming: skipping finished items: {skipped:,} so far"
+def _skipping_text(lines: int) -> str:
+    # Lines read, not items skipped: a retry pass passes over the lines it leaves out, and any
+    # pass over rejects, which no count of finished items shows moving.
+    return f"reading up to the first item to run: {lines:,} input lines so far"
 
 
 def _held_text(rate_waiting: int) -> str:

@@ -436,6 +436,11 @@ def test_the_views_eta_divides_by_the_smoothed_rate() -> None:
     assert snap.items_per_s > 190.0  # the window
     assert 100.0 < snap.eta_items_per_s < 150.0
     assert snap.eta_s == pytest.approx((100_000 - snap.done) / snap.eta_items_per_s)
+    for _ in range(48):  # then 12 s in which nothing finishes: no ETA, the rate decaying
+        clock.now += 0.25
+        view.refresh()
+    snap = view.snapshot()
+    assert snap.items_per_s == 0 and snap.eta_items_per_s and snap.eta_s is None
 
 
 def test_a_resume_skipping_finished_lines_says_so() -> None:
@@ -453,8 +458,8 @@ def test_a_resume_skipping_finished_lines_says_so() -> None:
     view.skipping = None
     feed(view, clock, 2)
     lines = out.getvalue().splitlines()
-    assert lines[:3] == [f"[{t:7.1f}s] resuming: skipping finished items: {n:,} so far"
-                         for t, n in ((1.0, 5000), (2.0, 10000), (3.0, 15000))]
+    assert lines[:3] == [f"[{t:7.1f}s] reading up to the first item to run: {n:,} input lines"
+                         " so far" for t, n in ((1.0, 5000), (2.0, 10000), (3.0, 15000))]
     assert "done" in lines[3] and not ESCAPE.search(out.getvalue())
     term = StringIO()
     console = Console(file=term, force_terminal=True, width=100, color_system=None)
@@ -463,4 +468,4 @@ def test_a_resume_skipping_finished_lines_says_so() -> None:
     view.start()
     view.refresh()
     view.stop()
-    assert "skipping finished items: 2,300,000 so far" in term.getvalue()
+    assert "first item to run: 2,300,000 input lines so far" in term.getvalue()
