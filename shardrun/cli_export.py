@@ -68,7 +68,9 @@ def handle(args: argparse.Namespace) -> int:
     from shardrun.ticker import Ticker
 
     fmt = format_of(args.output, args.format)
-    ticker = Ticker(quiet=args.quiet, interval=args.progress_interval)
+    # Rows written to a terminal would be torn by a live line redrawn on the same screen.
+    rows_on_screen = args.output is None and sys.stdout.isatty()
+    ticker = Ticker(quiet=args.quiet or rows_on_screen, interval=args.progress_interval)
     try:
         summary = export(args.run_dir, args.output, fmt, args.job, args.with_input, ticker)
     finally:

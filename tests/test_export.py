@@ -11,13 +11,16 @@ import csv
 import datetime
 import decimal
 import os
+import pty
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -764,3 +767,41 @@ def test_a_progress_interval_that_is_no_number_of_seconds_is_refused(base: Path)
     done = export(str(only_run(base / "runs")), "--progress-interval", "0", cwd=base)
     assert done.returncode == 2 and "--progress-interval" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_rows_written_to_a_terminal_get_no_live_line_among_them(base: Path,
+                                                                 tmp_path: Path) -> None:
+    """Export to standard output, both streams a terminal (a pseudo-terminal here): the rows
+    and the summary, with no progress line redrawn among them (its carriage returns and erase
+    codes tore the rows on screen)."""
+    run_dir = only_run(base / "runs")
+    to_file = tmp_path / "rows.jsonl"
+    assert export(str(run_dir), "-o", str(to_file), "--quiet", cwd=base).returncode == 0
+    main, sub = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir),
+                                 "--format", "jsonl", "--progress-interval", "0.000001"],
+                                cwd=base, stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
+        os.close(sub)
+        # Read nothing for a while: the rows fill the terminal's buffer and the export waits
+        # on it, long enough for a live line to be due (a quick export ends before any).
+        time.sleep(1.0)
+        screen = bytearray()
+        deadline = time.monotonic() + CLI_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if select.select([main], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the other end closed: Linux says EIO
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+        assert proc.wait(timeout=CLI_TIMEOUT_S) == 0, screen[-500:]
+    finally:
+        os.close(main)
+    text = screen.decode()
+    rows = [line for line in text.split("\r\n") if line.startswith('{"line":')]
+    assert "\n".join(rows) + "\n" == to_file.read_text(), text[:300]
+    assert "exported" in text and "\x1b" not in text and "\r\n" in text
+    assert "\r" not in text.replace("\r\n", "\n"), text[:300]
