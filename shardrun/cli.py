@@ -41,17 +41,6 @@ def whole_number(text: str) -> int:
     return value
 
 
-def positive_seconds(text: str) -> float:
-    """An interval in seconds: above 0 and finite (`--progress-interval` of export, validate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
-    if not 0 < value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
-    return value
-
-
 RATE_HELP = {
     "rpm": "job-wide requests per minute (all shards); none lifts the job file's limit",
     "tpm": "job-wide prompt+completion tokens per minute (all shards); none lifts the job "

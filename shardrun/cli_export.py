@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardrun.argtypes import positive_seconds
 from shardrun.cli_analysis import guarded
 
 __all__ = ["handle", "register"]
@@ -47,17 +48,10 @@ def register(subparsers: Any) -> None:
                         "top-level key of a JSON lines input")  # fmt: skip
     p.add_argument("--quiet", action="store_true",
                    help="no progress on standard error (the counts at the end are kept)")
-    p.add_argument("--progress-interval", type=_seconds, default=10.0, metavar="S",
+    p.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
                    help="seconds between progress lines when standard error is not a "
                         "terminal (default 10)")
     p.set_defaults(handler=handle)
-
-
-def _seconds(text: str) -> float:
-    """`cli.positive_seconds`, imported on use: `cli` imports this module."""
-    from shardrun.cli import positive_seconds
-
-    return positive_seconds(text)
 
 
 @guarded

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import ellipsize
+from shardrun.argtypes import positive_seconds
 from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
@@ -57,17 +58,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tpm", metavar="X", help="as for run (none: no limit)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on standard error while the input is read")
-    p.add_argument("--progress-interval", type=_seconds, default=10.0, metavar="S",
+    p.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
                    help="seconds between progress lines when standard error is not a "
                         "terminal (default 10)")
     p.set_defaults(handler=handle)
-
-
-def _seconds(text: str) -> float:
-    """`cli.positive_seconds`, imported on use: `cli` imports this module."""
-    from shardrun.cli import positive_seconds
-
-    return positive_seconds(text)
 
 
 def _whole_number(text: str) -> int:
