@@ -1,4 +1,4 @@
-"""Cutting a value down for a one-line message."""
+"""A value in a one-line message: cut down to a length, or named by its JSON kind."""
 
 from __future__ import annotations
 
@@ -6,3 +6,16 @@ from __future__ import annotations
 def ellipsize(text: str, limit: int) -> str:
     """`text` if it fits in `limit` characters, else its start and "..." in exactly `limit`."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, for a sentence: 'null', 'true', 'a number', 'a string', 'a list'..."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"

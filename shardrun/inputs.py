@@ -25,7 +25,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from shardrun._ellipsis import ellipsize
+from shardrun._ellipsis import ellipsize, json_kind
+from shardrun._messages import messages_problem
 from shardrun._tabular import CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
 from shardrun._template import MissingField, Template, parse_template
 from shardrun.errors import InputError
@@ -364,7 +365,7 @@ def record_item(
         prompt = record.get(plan.prompt_field)
         if not isinstance(prompt, str):
             what = ("missing" + _near(plan.prompt_field, record) if plan.prompt_field not in record
-                    else f"{_json_kind(prompt)}, not a string")
+                    else f"{json_kind(prompt)}, not a string")
             return Reject(line_no, f"prompt field '{plan.prompt_field}' is {what}", item_id)
         if not prompt.strip():  # sent, it would be paid for and answer nothing asked
             return Reject(line_no, f"prompt field '{plan.prompt_field}' is empty", item_id)
@@ -394,10 +395,8 @@ def _messages_item(
                           item_id)
     if not isinstance(messages, list) or not messages:
         return Reject(line_no, f"messages field '{field}' must be a non-empty list", item_id)
-    for message in messages:
-        if not isinstance(message, dict) or "role" not in message:
-            return Reject(line_no, f"every entry of '{field}' must be an object with a 'role'",
-                          item_id)
+    if problem := messages_problem(messages, field):
+        return Reject(line_no, problem, item_id)
     return {"id": item_id, "messages": messages}
 
 
@@ -406,7 +405,7 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
     if not isinstance(custom_id, str) or not custom_id:
         named = None if custom_id in (None, "") else orjson.dumps(custom_id).decode()
-        what = "missing" if named is None else f"{_json_kind(custom_id)}, not a string"
+        what = "missing" if named is None else f"{json_kind(custom_id)}, not a string"
         return Reject(line_no, f"custom_id is {what} (a non-empty string is required)", named)
     if record.get("method") != "POST":
         return Reject(line_no, f"method must be POST, got {_short(record.get('method'))}",
@@ -429,17 +428,6 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
         return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
                                "one, so give one line per answer", custom_id)  # fmt: skip
     return {"id": custom_id, "body": body, "url": url}
-
-
-def _json_kind(value: object) -> str:
-    """What a JSON value is, for a sentence: 'null', 'true', 'a number', 'a list'..."""
-    if value is None or isinstance(value, bool):
-        return orjson.dumps(value).decode()
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, list):
-        return "a list"
-    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
 def _short(value: object) -> str:

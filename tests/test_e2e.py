@@ -255,10 +255,17 @@ def test_messages_field_and_completions_api(tmp_path: Path) -> None:
             msgs = [{"role": "system", "content": "Be brief."},
                     {"role": "user", "content": f"Hello {i} héllo 世界"}]
             f.write(orjson.dumps({"id": i, "messages": msgs}) + b"\n")
+        # Lists no server takes are rejects at read time (lines 41, 42), never requests.
+        f.write(b'{"id": "x", "messages": [{"role": "user"}]}\n'
+                b'{"id": "y", "messages": [{"role": "user", "content": "Q"}, {"content": "A"}]}\n')
     write_job(tmp_path / "job.yaml", input={"path": "input.jsonl", "messages_field": "messages"})
-    assert run_cli("job.yaml", "--runs-dir", "a", cwd=tmp_path).returncode == 0
+    assert run_cli("job.yaml", "--runs-dir", "a", cwd=tmp_path).returncode == 1  # rejects
     chat = Run.load(only_run(tmp_path / "a"))
     assert sorted(int(r["id"]) for r in chat.results) == list(range(40))
+    assert len(attempt_ends(chat)) == 40
+    rejects = [orjson.loads(x) for x in (chat.path / "rejects.jsonl").read_bytes().splitlines()]
+    assert [(r["line"], r["id"], r["reason"]) for r in rejects] == [
+        (41, "x", "messages[0] has no content"), (42, "y", "messages[1] has no role")]
 
     write_input(tmp_path / "plain.jsonl", 40)
     write_job(tmp_path / "c.yaml", input={"path": "plain.jsonl"},

@@ -221,6 +221,63 @@ def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
     }
 
 
+MESSAGE_REJECTS = [
+    ('["hi"]', "m[0] is a string, not an object with a role and a content"),
+    ('[{"role": "user", "content": "a"}, {"content": "b"}]', "m[1] has no role"),
+    ('[{"role": 1, "content": "a"}]', "m[0] role is a number, not a string"),
+    ('[{"role": "usr", "content": "a"}]',
+     "m[0] role 'usr' is not one of system, user, assistant, tool, developer, function"),
+    ('[{"role": "user"}]', "m[0] has no content"),
+    ('[{"role": "user", "content": null}]', "m[0] content is null"),
+    ('[{"role": "assistant", "content": null}]', "m[0] content is null"),
+    ('[{"role": "user", "content": {"text": "a"}}]',
+     "m[0] content is an object, not a string or a list of parts"),
+    ('[{"role": "user", "content": []}]', "m[0] content is an empty list"),
+    ('[{"role": "user", "content": ["a"]}]', "m[0] content[0] is a string, not an object with "
+                                             "a type"),
+    ('[{"role": "user", "content": [{"text": "a"}]}]', "m[0] content[0] has no type"),
+    ('[{"role": "user", "content": [{"type": 3}]}]', "m[0] content[0] type is a number, not a "
+                                                     "string"),
+    ('[{"role": "user", "content": [{"type": "text", "text": 5}]}]',
+     "m[0] content[0] is a text part without a string 'text'"),
+]
+
+
+@pytest.mark.parametrize(("messages", "reason"), MESSAGE_REJECTS)
+def test_a_message_list_no_server_takes_is_a_reject_naming_the_entry(
+    messages: str, reason: str
+) -> None:
+    """Each entry of a messages_field list needs a known role and a content (a string or a list
+    of typed parts): sent without, it would cost a request and an attempt and fail at the server.
+    The reject says which entry and what it lacks; a CSV cell holding the list says the same."""
+    plan = InputPlan(prompt_field=None, messages_field="m")
+    assert parse_line(b'{"id": "x", "m": %s}' % messages.encode(), 7, plan) == Reject(
+        7, reason, "x")
+    cell = orjson.dumps(messages).decode()
+    assert parse_line(b'{"id": "x", "m": %s}' % cell.encode(), 7, plan) == Reject(7, reason, "x")
+
+
+def test_a_message_list_keeps_what_the_api_allows() -> None:
+    """Keys the check does not look at pass (name, tool_call_id, tool_calls); an assistant
+    message calling a tool may have no content; parts of any type (image_url, input_text...)
+    pass, so do the developer role and the older function role."""
+    messages = [
+        {"role": "developer", "content": "Be brief.", "name": "ops"},
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": "data:x"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "assistant", "tool_calls": [{"id": "c2", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+        {"role": "function", "name": "f", "content": "42"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Again?"}]},
+        {"role": "user", "content": "", "extra": True},
+    ]
+    plan = InputPlan(prompt_field=None, messages_field="m")
+    line = orjson.dumps({"id": "ok", "m": messages})
+    assert parse_line(line, 1, plan) == {"id": "ok", "messages": messages}
+
+
 def test_template_fills_fields_and_rejects_missing_ones() -> None:
     """A template fills {field}s from the record (numbers as JSON); a missing or null field is
     a reject naming it, never an exception."""

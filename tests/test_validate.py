@@ -114,6 +114,24 @@ def test_a_repeated_record_without_an_id_says_to_give_ids(tmp_path: Path) -> Non
         (4, "duplicate id 'h0123456789abcdef01234' (an earlier line has it)")]  # fmt: skip
 
 
+def test_a_message_list_a_run_rejects_is_reported_by_validate(tmp_path: Path) -> None:
+    """validate reads with the run's reader: a chat message list without a role or a content is
+    a rejected line there too, with the same reason (and `--strict` exits 1)."""
+    path = make_job(tmp_path, [
+        b'{"id": "a", "msgs": [{"role": "user", "content": "hi"}]}',
+        b'{"id": "b", "msgs": [{"role": "system", "content": "S"}, {"content": "Q"}]}',
+        b'{"id": "c", "msgs": [{"role": "user", "content": [{"text": "Q"}]}]}',
+    ], input={"path": "input.jsonl", "messages_field": "msgs"})
+    check = check_input(load_job(path, env={}, flags={}))
+    assert (check.items, check.rejects) == (1, 2)
+    assert [(r.line, r.reason, r.id) for r in check.first_rejects] == [
+        (2, "msgs[1] has no role", "b"), (3, "msgs[0] content[0] has no type", "c")]
+    code, text = validate(str(path))
+    assert code == 0 and "  line 2: msgs[1] has no role" in text
+    assert "  line 3: msgs[0] content[0] has no type" in text
+    assert validate(str(path), "--strict")[0] == 1
+
+
 def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
     """Every effective value with its source, as text."""
     job = load_job(make_job(tmp_path, GOOD), env={"SHARDRUN_RPM": "120"}, flags={"shards": 3})
