@@ -11,7 +11,6 @@ be written.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,12 @@ def register(subparsers: Any) -> None:
 @guarded
 def handle(args: argparse.Namespace) -> int:
     from shardrun.export import export, format_of
-    from shardrun.manifest import carried_flags, newest_pass, read_manifest, retry_failed_command
+    from shardrun.manifest import (
+        newest_pass,
+        read_manifest,
+        resume_command_of,
+        retry_failed_command,
+    )
     from shardrun.resume import in_use
     from shardrun.ticker import Ticker
 
@@ -78,9 +82,8 @@ def handle(args: argparse.Namespace) -> int:
     run = args.run_dir
     # The commands carry the newest pass's flags, as its summary's and `report`'s do.
     manifest = read_manifest(run)
+    resume = resume_command_of(run, manifest, summary.job_path)
     job = str(summary.job_path or "JOB.yaml")
-    resume = shlex.join(["shardrun", job, "--resume", run.name, "--runs-dir", str(run.parent),
-                         *carried_flags(manifest)])
     retry = retry_failed_command(run, manifest, *([] if args.job is None else ["--job", job]))
     way_on = f"`{resume}` runs them"
     if in_use(run):  # a pass at work: a --resume now would only wait for it

@@ -420,6 +420,45 @@ def retry_failed_command(run_path: Path, manifest: dict[str, Any], *more: str) -
                        *carried_flags(manifest)])
 
 
+def resume_command_of(run_path: Path, manifest: dict[str, Any], job: Path | None = None, *,
+                      retry_failed: bool = False) -> str:
+    """`shardrun JOB --resume RUN --runs-dir DIR` with the newest pass's `carried_flags`, built
+    from the run directory as this command was given it and the job file the manifest names
+    (resolved, or `job`): what `export` and `report`, run from anywhere, print for it."""
+    named = job or newest_job_path(manifest)
+    words = ["shardrun", str(named or "JOB.yaml"), "--resume", run_path.name]
+    if retry_failed:
+        words.append("--retry-failed")
+    return shlex.join([*words, "--runs-dir", str(run_path.parent), *carried_flags(manifest)])
+
+
+_WAY_ON = re.compile(r"continue with `(shardrun [^`]*)`")
+
+
+def restate_way_on(sentence: str, run_path: Path, manifest: dict[str, Any]) -> str:
+    """A sentence the newest pass recorded (its stop), with the command of its way on
+    (`runner.choose_way_on`) rebuilt as `report` names commands: the pass wrote the job file
+    and runs directory as it was given them, relative to where it ran, which a command run
+    elsewhere later cannot use. The resume or retry it named, with the same flags, from the
+    run directory as this command was given it."""
+
+    def rebuilt(match: re.Match[str]) -> str:
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:
+            return match.group(0)
+        if words[1:2] == ["retry-failed"]:
+            command = retry_failed_command(run_path, manifest)
+        elif "--resume" in words:
+            command = resume_command_of(run_path, manifest,
+                                        retry_failed="--retry-failed" in words)
+        else:
+            return match.group(0)
+        return f"continue with `{command}`"
+
+    return _WAY_ON.sub(rebuilt, sentence)
+
+
 def newest_job_path(manifest: dict[str, Any]) -> Path | None:
     """The job file the newest pass ran (a resume may name another file than the first pass),
     or None if the manifest names none."""

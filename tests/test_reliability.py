@@ -2332,26 +2332,36 @@ def test_report_says_what_stopped_a_pass_the_endpoint_stopped(tmp_path: Path) ->
     """A pass the endpoint stopped (a used-up quota here; refused credentials, a 404, an outage
     do alike): report's state names the stop in the words the run printed, where it said only
     that the input was not read to its end "(--limit, or a stop)", as if the user had stopped
-    it. Once a resume finishes the run, the stop is no longer named."""
-    write_input(tmp_path / "input.jsonl", 80)
+    it. The run printed its way on with the paths it was given (relative to where it ran);
+    report, run from another directory, names the command as it names the others, from the run
+    directory it was given and the job file the manifest records, and pasted there it resumes
+    the run. Once a resume finishes the run, the stop is no longer named."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    write_input(project / "input.jsonl", 80)
     with sim(quota_after=10) as server:
-        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
-                                                   "model": "m"})
-        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        write_job(project / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                  "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "2", cwd=project)
     assert proc.returncode == 1, proc.stderr
     [printed] = [line.removeprefix("error: ") for line in proc.stderr.splitlines()
                  if line.startswith("error: ")]
-    path = only_run(tmp_path / "runs")
-    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    path = only_run(project / "runs")
+    said = f"continue with `shardrun job.yaml --resume {path.name} --runs-dir runs --shards 2`"
+    assert printed.endswith(said), printed
+    given = Path("..", "project", "runs", path.name)
+    ours = (f"continue with `shardrun {project / 'job.yaml'} --resume {path.name} --runs-dir "
+            f"{given.parent} --shards 2`")
+    report = run_cli("report", str(given), "--json", cwd=elsewhere)
     assert report.returncode == 0, report.stderr
     reason = orjson.loads(report.stdout)["run"]["state_reason"]
-    assert f"; its last pass was stopped: {printed};" in reason, reason
-    text = run_cli("report", str(path), cwd=tmp_path).stdout
-    assert f"its last pass was stopped: {printed}" in text
+    assert f"; its last pass was stopped: {printed.replace(said, ours)};" in reason, reason
+    text = run_cli("report", str(given), cwd=elsewhere).stdout
+    assert f"its last pass was stopped: {printed.replace(said, ours)}" in text
     with sim() as server:
-        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
-                                                   "model": "m"})
-        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+        write_job(project / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                  "model": "m"})
+        resumed = run_cli(*shlex.split(ours.split("`")[1])[1:], cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stderr
     after = orjson.loads(run_cli("report", str(path), "--json", cwd=tmp_path).stdout)
     assert "stopped" not in after["run"]["state_reason"], after["run"]["state_reason"]

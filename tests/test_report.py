@@ -507,3 +507,28 @@ def test_aggregate_workers_never_outnumber_the_event_files(monkeypatch: pytest.M
     monkeypatch.setenv("SHARDRUN_AGGREGATE_WORKERS", "1000")
     assert _rundir._fold_all([("a",), ("b",)], None, 0) == [("a",), ("b",)]
     assert started == [2]
+
+
+@pytest.mark.parametrize(("recorded", "rebuilt"), [
+    ("continue with `shardrun job.yaml --resume R1 --shards 2`",
+     "continue with `shardrun /p/job.yaml --resume R1 --runs-dir ../p/runs --shards 2`"),
+    ("continue with `shardrun 'my job.yaml' --resume R1 --retry-failed --runs-dir runs "
+     "--shards 2` (which also gives the items dead-lettered so far another pass)",
+     "continue with `shardrun /p/job.yaml --resume R1 --retry-failed --runs-dir ../p/runs "
+     "--shards 2` (which also gives the items dead-lettered so far another pass)"),
+    ("then continue with `shardrun retry-failed runs/R1 --shards 2`",
+     "then continue with `shardrun retry-failed ../p/runs/R1 --shards 2`"),
+    ("run the same command again", "run the same command again"),
+    ("continue with `shardrun report runs/R1`", "continue with `shardrun report runs/R1`"),
+])
+def test_a_recorded_way_on_is_named_from_the_run_directory_given(recorded: str,
+                                                                 rebuilt: str) -> None:
+    """The command a pass's stop named has the paths the pass was given, relative to where it
+    ran: restated, it names the run directory as `report` was given it, the job file the
+    manifest records (absolute) and the same flags, as `report` and `export` name theirs."""
+    from shardrun.manifest import restate_way_on
+
+    manifest = {"job": {"path": "/p/job.yaml"}, "carried_flags": ["--shards", "2"]}
+    sentence = f"the endpoint is down: {recorded}"
+    assert restate_way_on(sentence, Path("../p/runs/R1"), manifest) == (
+        f"the endpoint is down: {rebuilt}")

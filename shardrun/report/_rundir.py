@@ -33,6 +33,7 @@ from shardrun.manifest import (
     newest_read_before,
     newest_summary,
     read_manifest,
+    restate_way_on,
     retry_failed_command,
 )
 from shardrun.recovery import line_ids
@@ -290,6 +291,8 @@ def run_state(loaded: LoadedRun, now: float | None = None) -> tuple[str, str]:
         # sentence the run printed: else the work left below reads as a --limit or a user's stop.
         stop = newest_summary(loaded.manifest).get("fatal_reason")
         if isinstance(stop, str) and stop:
+            # Its command rebuilt: the pass named paths as it was given them, where it ran.
+            stop = restate_way_on(stop, loaded.path, loaded.manifest)
             why += f"; its last pass was stopped: {stop}"
         why += _work_left(loaded)
         if unended:
