@@ -110,7 +110,10 @@ class InputReader:
         self.sha = hashlib.sha256()
         self.bytes_read = 0
         self.lines_read = 0
-        self._newlines = 0  # b"\n" bytes read: with `lines_read`, whether a last line had one
+        # Line breaks read: with `lines_read`, whether a last line had one. A CSV line may end
+        # with a lone CR too (old Mac exports; the csv module reads it as a line's end).
+        self._newlines = 0
+        self._lone_crs = fields.format == "csv"
         self._last = b""  # the last byte read
         self._row_start: int | None = None  # the first line of the CSV row last yielded
         self.keep_records = keep_records
@@ -132,6 +135,10 @@ class InputReader:
         self.sha.update(data)
         self.bytes_read += len(data)
         self._newlines += data.count(b"\n")
+        if self._lone_crs:
+            # A CR ending one block and an LF starting the next are one CRLF, counted once.
+            self._newlines += (data.count(b"\r") - data.count(b"\r\n")
+                               - (self._last == b"\r" and data[:1] == b"\n"))
         self._last = data[-1:] or self._last
 
     def __iter__(self) -> Iterator[dict[str, Any] | Reject]:

@@ -207,10 +207,11 @@ _RUN_ON_READ = 1 << 16
 
 def _completes(after: bytes, fmt: str) -> bool:
     """Whether text added after a last line without a line break only completes that line: a
-    line break first, or, after a JSON line, spaces, tabs and CRs (JSON whitespace) before it
-    or up to the file's end. In a CSV they would be part of the row's last cell."""
+    line break first (in a CSV a lone CR too, as the csv module reads one), or, after a JSON
+    line, spaces, tabs and CRs (JSON whitespace) before it or up to the file's end. In a CSV
+    they would be part of the row's last cell."""
     if fmt == "csv":
-        return after.startswith((b"\n", b"\r\n"))
+        return after.startswith((b"\n", b"\r"))
     rest = after.lstrip(b" \t\r")
     return rest.startswith(b"\n") or (not rest and len(after) < _RUN_ON_READ - 1)
 

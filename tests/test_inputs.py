@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shardrun._tabular import CHUNK
 from shardrun._template import TemplateError, parse_template
 from shardrun.errors import InputError
 from shardrun.inputs import (
@@ -170,6 +171,10 @@ BATCH_LINE = (b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions",'
     ("csv", b"id,prompt\na,p\nb,q", None, "line"),
     ("csv", b"id,prompt\r\na,p\r\nb,q\r\n", None, None),
     ("csv", b"id,prompt\ra,p\rb,q\r", None, None),  # a lone CR ends a CSV line
+    ("csv", b"id,prompt\ra,p\rb,q", None, "line"),
+    ("csv", b"id,prompt\ra,p\rb,q", 1, None),  # lone CRs count as the line breaks they are
+    # A CRLF split between two blocks the reader reads is one line break, not two.
+    ("csv", b"id,prompt\r\na," + b"x" * (CHUNK - 14) + b"\r\nb,q", None, "line"),
     ("csv", b"id,prompt\na,p\nb,q", 1, None),  # read to the file's end, but not its last row
     ("csv", b'id,prompt\na,p\nb,"q\n', None, "quote"),
 ])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from shardrun import progress
 from shardrun.progress import (
     SILENT_AFTER_S,
     ProgressView,
@@ -287,6 +288,22 @@ def test_count_lines_cheaply(tmp_path: Path) -> None:
     path.write_bytes(b"")
     assert count_lines_cheaply(path) == 0
     assert count_lines_cheaply(tmp_path / "missing") is None
+
+
+def test_a_csv_total_counts_rows_ended_by_a_lone_cr(tmp_path: Path) -> None:
+    """A CSV's rows may end with a lone CR (old Mac exports), as the csv module reads them, or
+    CRLF: the total counts each row once, a CRLF split between two chunks too, where counting
+    LF bytes alone made a CR-only file one line, a total of 0 items."""
+    path = tmp_path / "in.csv"
+    for ending in (b"\r", b"\r\n", b"\n"):
+        path.write_bytes(b"id,prompt" + b"".join(ending + b"%d,p" % i for i in range(5)))
+        assert estimate_total(path, "csv") == 5
+        path.write_bytes(path.read_bytes() + ending)
+        assert estimate_total(path, "csv") == 5
+    row = b"x" * (progress._CHUNK - 1)  # its CR is a chunk's last byte, its LF the next's first
+    path.write_bytes(row + b"\r\n" + b"1,p\r" + b"2,p\r")
+    assert count_lines_cheaply(path, lone_cr=True) == 3
+    assert count_lines_cheaply(path) == 2  # LF bytes, and the last line without one
 
 
 def test_the_total_is_counted_while_the_run_goes(tmp_path: Path) -> None:

@@ -469,3 +469,40 @@ def test_spaces_before_the_line_break_added_to_a_last_json_line_complete_it(
                                                                    tmp_path)
         return
     resumes_every_item_once(path, ids, tmp_path)
+
+
+@pytest.mark.parametrize("ending", [b"\r", b"\r\n"])
+def test_a_csv_whose_rows_end_with_a_lone_cr_resumes_to_its_end(
+        tmp_path: Path, ending: bytes) -> None:
+    """A CSV from an old Mac export ends its rows with a lone CR, which the csv module reads as
+    a line's end. A pass stopped early (--limit) over a file longer than the block it read
+    ends in the midst of a row: counting only LF line breaks, it was taken for a last line
+    without one, and the resume was refused as if rows had been appended to it. It resumes,
+    each item once, the rejected row named once by its line; a last row without a line break,
+    completed by a lone CR and rows appended after it, resumes too."""
+    ids = [f"item-{i:03d}" for i in range(40)]
+    prompt = "x" * 30_000  # 40 rows: more than the 1 MiB block the reader reads at a time
+    rows = [b"id,prompt", *(f"{i},{prompt}".encode() for i in ids)]
+    rows.insert(4, b"bad,row,three")  # line 5, a reject
+    file = tmp_path / "input.csv"
+    file.write_bytes(ending.join(rows))
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": "input.csv"})
+    first = run_cli("job.yaml", "--limit", "5", "--run-id", "qq", *RUNS, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr  # the reject
+    path = tmp_path / "runs" / "qq"
+    assert Run.load(path).manifest["input"]["open_end"] is None
+    more = [f"added-{i}" for i in range(3)]
+    for expected in (ids, [*ids, *more]):
+        resumed = run_cli("job.yaml", "--resume", "qq", *RUNS, cwd=tmp_path)
+        assert resumed.returncode == 1 and resumed.stderr == "", resumed.stdout + resumed.stderr
+        assert_exactly_once(Run.load(path), expected)
+        rejects = [orjson.loads(x) for p in sorted(path.glob("rejects*.jsonl"))
+                   for x in p.read_bytes().splitlines()]
+        assert [(r["line"], r["id"]) for r in rejects] == [(5, "bad")]
+        done = run_cli("export", str(path), cwd=tmp_path)
+        assert f"{len(expected)} ok, 0 failed, 1 rejected, 0 pending" in done.stderr, done.stderr
+        if expected is ids:
+            # The whole file read, its last row without a line break: rows appended after a
+            # lone CR only complete it.
+            with open(file, "ab") as f:
+                f.write(b"".join(b"\r" + f"{i},say {i}".encode() for i in more))
