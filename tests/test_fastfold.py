@@ -22,7 +22,15 @@ import pytest
 from conftest import FAST_SIM, run_cli, write_input, write_job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_aggregate_fixtures import hand_shard, to_new_layout, to_old_layout, write_log
+from test_aggregate_fixtures import (
+    _end,
+    _span,
+    ev,
+    hand_shard,
+    to_new_layout,
+    to_old_layout,
+    write_log,
+)
 from test_aggregate_props import logs, simulate
 
 from shardrun.aggregate import MINUTES_ONLY_EVENTS, ShardFold, ShardSummary
@@ -277,6 +285,38 @@ def test_unknown_events_are_counted_like_the_reference(tmp_path: Path) -> None:
     for minutes_only in (False, True):
         both(path, minutes_only, minutes_only)
     assert c_fold(path, False, False)[0].unknown_events == 1
+
+
+def test_an_attempt_a_stop_cancelled_is_an_attempt_and_no_verdict(tmp_path: Path) -> None:
+    """A stop cut the last item's attempt short mid-stream (status `cancelled`, with the tokens
+    it had received) and released the span `abandoned`: both folds count the attempt (started,
+    `by_status`, its connection and wasted tokens), the span as abandoned, and nothing of it as
+    a success, a failure, a latency or a token minute, as for the item that failed instead."""
+    records = hand_shard()
+    at = next(i for i, r in enumerate(records)
+              if r["ev"] == "attempt_end" and r["span"] == "0-3")
+    records[at:at + 2] = [  # its 400 and dead letter become a stream a stop cut
+        _span("0-3", "first_token", 7, attempt=1),
+        _span("0-3", "last_token", 8, attempt=1, tokens=5),
+        _end("0-3", 9, 1, "cancelled", http=200, wasted_tokens=5, completion_tokens=5,
+             error="cancelled by a stop after 5 tokens"),
+        _span("0-3", "released", 9, outcome="abandoned",
+              reason="the stop's grace period ended"),
+    ]
+    records[-1] = ev("shard_end", records[-1]["t"], received=3, ok=2, dead=0)
+    path = tmp_path / "shard-00.jsonl"
+    write_log(path, to_new_layout(records))
+    for minutes_only in (False, True):
+        both(path, minutes_only, minutes_only)
+    write_log(tmp_path / "hand.jsonl", to_new_layout(hand_shard()))
+    failed = python_fold(tmp_path / "hand.jsonl", False, False)[1]
+    for s in (c_fold(path, False, False)[1], python_fold(path, False, False)[1]):
+        assert (s.attempts, s.by_status) == (4, {"conn_reset": 1, "ok": 2, "cancelled": 1})
+        assert (s.ok, s.dead, s.abandoned, s.dead_reasons) == (2, 0, 1, {})
+        assert s.wasted_tokens == failed.wasted_tokens + 5
+        assert (s.completion_tokens, dict(s.minutes)) == (
+            failed.completion_tokens, dict(failed.minutes))
+        assert (s.new_conns, s.reused_conns) == (failed.new_conns, failed.reused_conns)
 
 
 def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
