@@ -87,6 +87,15 @@ class Totals:
     dead: int = 0
 
 
+def _reap(tasks: set[asyncio.Task[None]]) -> None:
+    """Forget the tasks that have ended; one that failed (a full disk under rejects.jsonl)
+    fails its caller, as the work it did in line did."""
+    for task in [t for t in tasks if t.done()]:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.result()
+
+
 def _finishing(signum: int, frame: object) -> None:
     """A stop signal while the run's summary and manifest are written: they are, in a moment."""
 
@@ -147,11 +156,15 @@ class Coordinator:
         """Answer one shard's messages until it finishes or dies."""
         handle = state.handle
         loop = asyncio.get_running_loop()
+        # A hand-out may read long (`WorkSource.fill`): each is a task of its own, so that the
+        # shard's reports are heard meanwhile (and its silence not taken for a hang).
+        handing: set[asyncio.Task[None]] = set()
         while (message := await handle.receive()) is not None:
             state.heard_at = loop.time()
+            _reap(handing)
             kind = message["t"]
             if kind == protocol.WANT:
-                self._hand_out(state, int(message["n"]))
+                handing.add(asyncio.create_task(self._hand_out(state, int(message["n"]))))
             elif kind in (protocol.PROGRESS, protocol.DONE):
                 self._finished(state, message["fin_ok"], message["fin_dead"])
                 protocol.apply_changes(state.tried, message.get("tried") or {})
@@ -163,6 +176,13 @@ class Coordinator:
             elif kind == protocol.FATAL:
                 self._on_fatal(str(message["reason"]), str(message["mode"]), handle.index,
                                message.get("cause"))
+        for task in handing:
+            # Its pipe is closed: a read still going ends there (items a hand-out took are
+            # `outstanding`, and a dead shard's go back to the source).
+            task.cancel()
+        if handing:
+            await asyncio.wait(handing)
+            _reap(handing)
         state.died, killed = await self._exit_status(handle)
         if state.died is not None and state.done is not None:
             # Its work is all reported, its files closed before it said so: the run goes on as
@@ -205,8 +225,12 @@ class Coordinator:
             why += ", and its end was never reported"
         return why, why
 
-    def _hand_out(self, state: ShardState, n: int) -> None:
-        batch = self.source.take(self._share(state, n)) if self.handing_out else []
+    async def _hand_out(self, state: ShardState, n: int) -> None:
+        # Read first, yielding as it goes: where most input lines hold no item to hand out,
+        # reading up to the next ones held the event loop for seconds.
+        ahead = min(len(self.states) * n, LOOKAHEAD_MAX)
+        await self.source.fill(max(n, ahead), lambda: self.handing_out)
+        batch = self.source.take(self._share(state, n, ahead)) if self.handing_out else []
         if batch:
             for item in batch:
                 state.outstanding[item["id"]] = item
@@ -216,12 +240,13 @@ class Coordinator:
         if not self.handing_out or self.source.empty:
             state.handle.send({"t": protocol.END})
 
-    def _share(self, state: ShardState, n: int) -> int:
-        """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`).
+    def _share(self, state: ShardState, n: int, ahead: int) -> int:
+        """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`), the
+        input read `ahead` items ahead (`WorkSource.fill`).
 
         Until the input's end is in sight this costs no pass over the shards: a run of a
         thousand shards asks a thousand times a second."""
-        left = self.source.remaining(min(len(self.states) * n, LOOKAHEAD_MAX))
+        left = self.source.remaining(ahead)
         if left is None:
             return n
         live = self._live()
@@ -385,11 +410,11 @@ class Coordinator:
         watchdog = asyncio.create_task(self.watch())
         try:
             # A resume passes over the lines earlier passes finished before the shards are
-            # started, yielding as it goes: the display and Ctrl-C stay live.
-            # The display says so meanwhile (at ten million done, half a minute).
+            # started, yielding as it goes (`WorkSource.fill`): the display and Ctrl-C stay
+            # live, and the display says so (at ten million done, half a minute).
             self.view.skipping = lambda: self.source.reader.lines_read
             try:
-                await self.source.skip_finished_in_slices(lambda: self.handing_out)
+                await self.source.fill(1, lambda: self.handing_out)
             finally:
                 self.view.skipping = None
             await self._start_first_shards()

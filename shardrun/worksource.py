@@ -23,7 +23,9 @@ from shardrun.digestset import DigestSet
 if TYPE_CHECKING:
     # Imported where used instead: every shard imports this module (through resume.py, for
     # `id_digest`) but never reads input, and inputs.py brings csv and the tabular and
-    # template parsers with it.
+    # template parsers with it; export and validate import it and run no event loop.
+    import asyncio
+
     from shardrun.inputs import InputReader, Reject
 
 
@@ -62,7 +64,7 @@ def fair_share(asked: int, left: int, holds: int, held: int, shards: int) -> int
 
 
 SKIP_SLICE_LINES = 5_000
-"""Input lines a resume passes over between yields to its event loop: about 20 ms."""
+"""Input lines `WorkSource.fill` reads between yields to its event loop: about 20 ms."""
 
 
 class WorkSource:
@@ -87,6 +89,8 @@ class WorkSource:
         # retried (`retrying`), known where its digest is computed, so nothing hashes it again.
         self._ahead: deque[tuple[dict[str, Any], bool]] = deque()
         self._read_all = False  # the input iterator has ended
+        self._unyielded = 0  # entries `fill` read since it last yielded to the event loop
+        self._filling: asyncio.Lock | None = None  # made by the first `fill`
         self._seen = DigestSet()
         self._done = DigestSet() if done is None else done
         self._only = only
@@ -127,7 +131,8 @@ class WorkSource:
     def remaining(self, limit: int) -> int | None:
         """How many items are left to hand out, if that is at most `limit`; else None.
 
-        Reads ahead up to `limit` items to find out; they are handed out later, in order."""
+        Reads ahead up to `limit` items to find out; they are handed out later, in order.
+        What `fill` has not read ahead it reads in one piece (an event loop fills first)."""
         if not self._read_all and len(self._ahead) < limit:
             self._read(limit - len(self._ahead))
         if not self._read_all:
@@ -136,7 +141,8 @@ class WorkSource:
         return left if left <= limit else None
 
     def take(self, n: int) -> list[dict[str, Any]]:
-        """Up to `n` items; rejects go to rejects.jsonl on the way."""
+        """Up to `n` items; rejects go to rejects.jsonl on the way. What `fill` has not read
+        ahead it reads in one piece (an event loop fills first)."""
         batch: list[dict[str, Any]] = []
         while self._requeued and len(batch) < n:
             batch.append(self._requeued.popleft())
@@ -154,32 +160,38 @@ class WorkSource:
                 self.on_input_end()
         return batch
 
-    def skip_finished(self, lines: int) -> bool:
-        """Read past up to `lines` input lines that hold no item to hand out (finished by an
-        earlier pass, rejected, duplicated, left out), up to the first item to hand out, which
-        is kept ahead; False once that item is found or the input has ended.
+    async def fill(self, n: int, keep_going: Callable[[], bool] = lambda: True,
+                   lines: int = SKIP_SLICE_LINES) -> None:
+        """Read ahead until `n` items wait to be handed out or the input has ended, while
+        `keep_going()` (a stop ends the read: the items not reached are left for --resume).
 
-        A resume calls it in slices, yielding between them (`skip_finished_in_slices`), so
-        that its event loop is not held: in one `take` the skip held the coordinator's for 3 s at
-        452,722 items done (about 3.5 us per line), a minute at ten million, with the display
-        frozen and Ctrl-C unheard."""
-        if self._read_all or self._ahead or self._requeued:
-            return False
-        self._read(1, budget=lines)
-        return not (self._read_all or self._ahead)
-
-    async def skip_finished_in_slices(self, keep_going: Callable[[], bool],
-                                      lines: int = SKIP_SLICE_LINES) -> None:
-        """`skip_finished` in slices of `lines`, yielding to the event loop between them, while
-        `keep_going()` (a stop ends the skip: the items not reached are left for --resume)."""
+        It reads at most `lines` input entries between yields to the event loop, counted over
+        calls: where most lines hold no item to hand out (finished by an earlier pass, left
+        out of a retry, rejected, duplicated) a read that reached `n` items in one piece held
+        the coordinator's loop for about 3.5 us a line (3 s at 452,722 lines finished, a minute
+        at ten million), the display frozen, the shards unanswered and Ctrl-C unheard. Then
+        `take(n)` and `remaining(n)` hand out what was read, reading nothing themselves."""
         import asyncio
 
-        while keep_going() and self.skip_finished(lines):
-            await asyncio.sleep(0)
+        if self._filling is None:
+            self._filling = asyncio.Lock()
+        # One fill reads at a time, the others waiting their turn: two that each read a slice
+        # in one turn of the loop would hold it for both.
+        async with self._filling:
+            while not self._read_all and len(self._ahead) < n:
+                if self._unyielded >= lines:
+                    await asyncio.sleep(0)
+                    self._unyielded = 0
+                    continue  # asked again: an earlier fill may have read the items
+                if not keep_going():
+                    return
+                self._unyielded += self._read(n - len(self._ahead),
+                                              budget=lines - self._unyielded)
 
-    def _read(self, n: int, budget: int | None = None) -> None:
+    def _read(self, n: int, budget: int | None = None) -> int:
         """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates
-        and items an earlier pass finished; with a `budget`, reading at most that many lines."""
+        and items an earlier pass finished; with a `budget`, reading at most that many entries
+        (input lines but blank ones). Returns how many it read."""
         from shardrun.inputs import Reject
 
         into = self._ahead
@@ -207,12 +219,13 @@ class WorkSource:
             if self._accepted == self.limit:  # no line past the last item is read
                 self._read_all = True
                 self.limit_reached = not self.reader.at_end()
-                return
+                return read
             if len(into) >= wanted:
-                return
+                return read
         if budget is not None and read == budget:
-            return  # the budget ran out, not the input (islice takes no entry past it)
+            return read  # the budget ran out, not the input (islice takes no entry past it)
         self._read_all = True
+        return read
 
     def requeue(self, items: Iterable[dict[str, Any]]) -> None:
         """Give items back (their shard died before finishing them); served before new ones."""

@@ -16,13 +16,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import orjson
 import psutil
@@ -2852,3 +2853,85 @@ def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Pat
     _retry_succeeds(tmp_path, path, ids)
     # The set-aside files are the dead letters once, not a second copy put back as unretried.
     assert sorted(p.name for p in (path / "dead" / "superseded-r1").iterdir()) == sorted(dead)
+
+
+def _read_position(proc: psutil.Process, path: Path) -> int:
+    """How far the process has read `path` through the descriptors it has open on it."""
+    with suppress(psutil.Error):
+        return max((f.position for f in proc.open_files() if Path(f.path) == path), default=0)
+    return 0
+
+
+def test_a_stop_is_heard_while_a_retry_pass_reads_past_lines_it_leaves_out(
+        tmp_path: Path) -> None:
+    """A `--limit 10` trial whose 10 items all failed, then `retry-failed`: it runs those 10
+    and must read the rest of a 200,000-line input to find that no other dead letter is there
+    (every other line is left out). A SIGINT sent once the pass has read 30% of the input is
+    heard before long: the time from the signal to its `stopping` line is below the time the
+    pass took to read from 5% to 30% of the input, a reference measured in the same run.
+    When the read held the coordinator's event loop (one `take` reading to the input's end),
+    the signal waited for the other 70%: about three times that reference."""
+    lines = 200_000
+    ids = write_input(tmp_path / "input.jsonl", lines)
+    size = (tmp_path / "input.jsonl").stat().st_size
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "fail_500": 1.0}},
+              retry={"max_attempts": 1}, shards=2, concurrency=4)
+    trial = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "10", cwd=tmp_path)
+    path = only_run(tmp_path / "runs")
+    assert trial.returncode == 1 and len(Run.load(path).dead) == 10, trial.stderr
+    proc = _start(tmp_path, "retry-failed", str(path))
+    said: list[tuple[float, str]] = []
+    reading = threading.Thread(target=lambda: said.extend(
+        (time.monotonic(), line) for line in cast(IO[str], proc.stderr)), daemon=True)
+    reading.start()
+    try:
+        watched, started = psutil.Process(proc.pid), None
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while (read := _read_position(watched, tmp_path / "input.jsonl")) < 0.3 * size:
+            assert time.monotonic() < deadline and proc.poll() is None, said
+            if started is None and read > 0.05 * size:
+                started = time.monotonic()
+            time.sleep(0.002)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(WAIT_GUARD_S)
+        reading.join(WAIT_GUARD_S)
+        out = cast(IO[str], proc.stdout).read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert started is not None and proc.returncode == 130, (out, said)
+    heard = next(t for t, line in said if line.startswith("stopping"))
+    assert heard - sent < sent - started, (heard - sent, sent - started)
+    run = Run.load(path)
+    assert len(run.dead) == 10 and not run.results  # failed again, or put back unreached
+    assert ids[:10] == sorted(d["id"] for d in run.dead)
+
+
+def test_a_reject_that_cannot_be_written_while_handing_out_stops_the_pass(
+        tmp_path: Path) -> None:
+    """A resume whose rejects file cannot be written (a directory is in its way): the lines
+    it rejects come up while it hands items out, which reads the input in a task of its own
+    (`Coordinator._hand_out`); the failure ends the pass in one sentence, as when the read
+    was done in line, where a failure the serving loop never looked at left the shards
+    waiting for items for ever."""
+    with open(tmp_path / "input.jsonl", "wb") as f:
+        for i in range(5):
+            f.write(orjson.dumps({"id": f"a{i}", "prompt": "p"}) + b"\n")
+        f.write(b"{not json\n" * 50)
+        for i in range(5):
+            f.write(orjson.dumps({"id": f"b{i}", "prompt": "p"}) + b"\n")
+    write_job(tmp_path / "job.yaml")
+    trial = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "3", cwd=tmp_path)
+    assert trial.returncode == 0, trial.stderr
+    path = only_run(tmp_path / "runs")
+    (path / "rejects.r1.jsonl").mkdir()
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                   timeout=WAIT_GUARD_S)
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr, tmp_path) == [
+        f"error: {path.relative_to(tmp_path)}/rejects.r1.jsonl: is a directory; the run stopped "
+        "there: make that path usable (a read-only or damaged run directory?), then continue "
+        "with --resume"], done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -203,16 +204,15 @@ def _resumed(tmp_path: Path, ids: list[str], done_ids: list[str], **kw: Any) -> 
 @pytest.mark.parametrize("limit", [None, 2])
 def test_a_resume_skips_finished_lines_in_slices_and_hands_out_the_same(
         tmp_path: Path, limit: int | None) -> None:
-    """25 finished lines before the first unfinished item, in slices of 10: two full slices
-    say there may be more, the third stops at that item, kept ahead; what follows is what one
-    `take` hands out with no skip before it, in the same order, and the limit still counts
-    only new items."""
+    """25 finished lines before the first unfinished item, read in slices of 10 up to it: it
+    is kept ahead, no line past it read; what follows is what one `take` hands out with no
+    read before it, in the same order, and the limit still counts only new items."""
     ids = [f"done{i}" for i in range(25)] + ["a", "done-late", "b", "c"]
     finished = [i for i in ids if i.startswith("done")]
     (tmp_path / "s").mkdir()
     skipping = _resumed(tmp_path / "s", ids, finished, limit=limit)
     plain = _resumed(tmp_path, ids, finished, limit=limit)
-    assert [skipping.skip_finished(10) for _ in range(4)] == [True, True, False, False]
+    asyncio.run(skipping.fill(1, lines=10))
     assert skipping.skipped == 25 and skipping.reader.lines_read == 26
     assert [i["id"] for i in skipping.take(10)] == [i["id"] for i in plain.take(10)]
     assert (skipping.skipped, skipping.limit_reached, skipping.exhausted) == (
@@ -221,14 +221,15 @@ def test_a_resume_skips_finished_lines_in_slices_and_hands_out_the_same(
 
 def test_a_skip_that_reaches_the_input_end_leaves_an_ended_input(tmp_path: Path) -> None:
     """Every line finished, 12 of them in slices of 6: the second slice reads all it may and
-    the skip cannot tell the end yet; the third finds it. The source is then empty and says
-    the input ended once it is asked."""
+    cannot tell the end yet; the third finds it. The source is then empty and says the input
+    ended once it is asked."""
     ids = [f"done{i}" for i in range(12)]
     source = _resumed(tmp_path, ids, ids)
     ended: list[int] = []
     source.on_input_end = lambda: ended.append(source.taken)
-    assert [source.skip_finished(6) for _ in range(3)] == [True, True, False]
-    assert source.take(5) == [] and source.empty and ended == [0] and source.skipped == 12
+    asyncio.run(source.fill(1, lines=6))
+    assert source.skipped == 12 and ended == []
+    assert source.take(5) == [] and source.empty and ended == [0]
 
 
 def test_the_skip_in_slices_yields_to_the_loop_and_stops_when_told(tmp_path: Path) -> None:
@@ -256,7 +257,7 @@ def test_the_skip_in_slices_yields_to_the_loop_and_stops_when_told(tmp_path: Pat
             calls += 1
             return stop_after is None or calls <= stop_after
 
-        await source.skip_finished_in_slices(keep_going, lines=10)
+        await source.fill(1, keep_going, lines=10)
         seen = ticks
         counter.cancel()
         return seen, source.skipped
@@ -265,3 +266,75 @@ def test_the_skip_in_slices_yields_to_the_loop_and_stops_when_told(tmp_path: Pat
     assert skipped == 100 and ticks >= 10  # one tick per slice at least, the first before
     ticks, skipped = asyncio.run(skip(3))
     assert skipped == 30
+
+
+SPARSE_LINES = 6_000
+SLICE = 100
+
+
+def _sparse_input(path: Path, kind: str) -> tuple[list[str], DigestSet, DigestSet | None]:
+    """An input of SPARSE_LINES lines of which one in 500 holds an item to hand out; the others
+    are, by `kind`, finished by an earlier pass (a resume), dead letters' neighbours left out
+    (a retry), or rejects and duplicates. Returns those items' ids, `done` and `only`."""
+    lines, run, done, only = [], [], DigestSet(), DigestSet()
+    for i in range(SPARSE_LINES):
+        item_id = f"i{i}"
+        if i % 500 == 7:
+            run.append(item_id)
+            only.add(id_digest(item_id))
+        elif kind == "done":
+            done.add(id_digest(item_id))
+        elif kind == "rejects":
+            lines.append(orjson.dumps({"id": "i7", "prompt": "p"}) if i % 2 else b"{not json")
+            continue
+        lines.append(_item(item_id))
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return run, done, only if kind == "left_out" else None
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("kind", ["done", "left_out", "rejects"])
+def test_a_sparse_input_is_read_in_slices_between_yields_and_hands_out_the_same(
+        tmp_path: Path, kind: str, shards: int) -> None:
+    """One or two shards' hand-outs at once, each reading ahead (`fill`) then taking, over an
+    input where one line in 500 holds an item to hand out: a task that notes how far the input
+    has been read each time the loop lets it in never sees it move by more than a slice,
+    though a shard's fills follow each other with no yield between them; the items come out
+    as from `take` alone, in input order, with the same counts, and the input's end is said
+    once. In one piece, a fill read up to 500 lines at a time; with the slice's count started
+    afresh by each fill (one shard) or kept by each fill for itself (two), up to two slices."""
+    run, done, only = _sparse_input(tmp_path / "in.jsonl", kind)
+
+    def source(name: str) -> WorkSource:
+        return WorkSource(InputReader(tmp_path / "in.jsonl", FIELDS), tmp_path / name,
+                          done, only=only)
+
+    plain = source("plain.jsonl")
+    assert [i["id"] for i in plain.take(len(run) + 1)] == run
+
+    async def hand_out() -> tuple[list[str], list[int], list[int]]:
+        sliced, handed, seen = source("sliced.jsonl"), list[str](), [0]
+        ended: list[int] = []
+        sliced.on_input_end = lambda: ended.append(sliced.taken)
+
+        async def shard() -> None:
+            while not sliced.empty:
+                await sliced.fill(4, lines=SLICE)
+                handed.extend(i["id"] for i in sliced.take(2))
+
+        async def watch() -> None:
+            while True:
+                seen.append(sliced.reader.lines_read)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(shard() for _ in range(shards)))
+        watcher.cancel()
+        seen.append(sliced.reader.lines_read)
+        assert (sliced.skipped, sliced.left_out, sliced.rejects) == (
+            plain.skipped, plain.left_out, plain.rejects)
+        return handed, [b - a for a, b in itertools.pairwise(seen)], ended
+
+    handed, steps, ended = asyncio.run(hand_out())
+    assert handed == run and ended == [len(run)]
+    assert max(steps) <= SLICE, max(steps)
