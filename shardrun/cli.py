@@ -195,6 +195,10 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     if args.run_id is not None and args.resume is not None:
         raise SpecError(f"--run-id {args.run_id} names a new run and --resume {args.resume} "
                         "an existing one: give one of them")
+
+
+def _check_progress_interval(args: argparse.Namespace) -> None:
+    """`--progress-interval` of a run and of `retry-failed` (0 would redraw without pause)."""
     if not 0 < args.progress_interval < float("inf"):  # also refuses nan
         raise SpecError(f"--progress-interval must be a number of seconds above 0, got "
                         f"{args.progress_interval}")
@@ -260,6 +264,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from shardrun.summary import format_summary
 
     _command_signals(run=True)
+    _check_progress_interval(args)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True,

@@ -158,6 +158,22 @@ def test_run_flags_a_run_cannot_use_are_refused(tmp_path: Path, flags: list[str]
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+def test_retry_failed_refuses_a_progress_interval_a_run_refuses(tmp_path: Path,
+                                                                interval: str) -> None:
+    """`retry-failed --progress-interval 0` was taken (and would print a line at every redraw)
+    where `run` refuses it: the same error line, exit 2, and no pass starts."""
+    write_input(tmp_path / "input.jsonl", 5)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path).returncode == 0
+    run_dir = only_run(tmp_path / "runs")
+    before = (run_dir / "manifest.json").read_bytes()
+    proc = run_cli("retry-failed", str(run_dir), "--progress-interval", interval, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [proc.stderr.strip()])
+    assert proc.stderr.startswith("error: --progress-interval must be a number of seconds")
+    assert (run_dir / "manifest.json").read_bytes() == before
+
+
 BATCH_URLS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 """Line i of the Batch input asks the API BATCH_URLS[i % 3]."""
 
