@@ -46,6 +46,16 @@ RATE_HELP = {
     "tpm": "job-wide prompt+completion tokens per minute (all shards); none lifts the job "
            "file's limit",
 }
+# The defaults of JobSpec (`_models`), written out: pydantic is not imported for `--help`.
+# tests/test_features.py checks them against JobSpec.
+DEFAULT_SHARDS, DEFAULT_CONCURRENCY, DEFAULT_RUNS_DIR = 4, 16, "runs"
+SHARDS_HELP = ("worker processes (default: SHARDRUN_SHARDS, else the job file's shards, "
+               f"else {DEFAULT_SHARDS})")
+CONCURRENCY_HELP = ("requests in flight per shard (default: SHARDRUN_CONCURRENCY, else the job "
+                    f"file's concurrency, else {DEFAULT_CONCURRENCY})")
+RUNS_DIR_HELP = ("where run directories go (default: SHARDRUN_RUNS_DIR, else the job file's "
+                 f"runs_dir, else {DEFAULT_RUNS_DIR}; a relative one is in the working "
+                 "directory)")
 
 
 def _env_help() -> str:
@@ -86,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
-    run.add_argument("--shards", type=int, metavar="N", help="worker processes")
-    run.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
-    run.add_argument("--runs-dir", type=Path, metavar="DIR", help="where run directories go")
-    run.add_argument("--run-id", metavar="ID", help="name of the run directory (default: time)")
+    run.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
+    run.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
+    run.add_argument("--runs-dir", type=Path, metavar="DIR", help=RUNS_DIR_HELP)
+    run.add_argument("--run-id", metavar="ID",
+                     help="name of the run directory (default: the UTC time and a random "
+                          "suffix, as 20261127T000407Z-bdb3d8)")
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue run RUN_ID (or `latest`: this job file's newest) in its "
                           "directory, skipping "
@@ -111,11 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "file. Only those: items no pass has run yet are left for `--resume` "
                     "(`shardrun JOB.yaml --resume RUN_ID --retry-failed` does both).",
     )
-    retry.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    retry.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
     retry.add_argument("--job", type=Path, metavar="JOB.yaml",
                        help="the run's job file, if it has moved since the run")
-    retry.add_argument("--shards", type=int, metavar="N", help="worker processes")
-    retry.add_argument("--concurrency", type=int, metavar="C", help="requests in flight per shard")
+    retry.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
+    retry.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
     retry.add_argument("--rpm", metavar="X", help=RATE_HELP["rpm"])
     retry.add_argument("--tpm", metavar="X", help=RATE_HELP["tpm"])
     _add_progress_flags(retry)

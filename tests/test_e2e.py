@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shlex
@@ -346,6 +347,54 @@ def test_help_says_what_flags_take(tmp_path: Path) -> None:
     assert "is refused (export writes JSON lines or CSV only)" in text
     for suffix in _OTHER_FORMATS:
         assert f"{suffix}," in text or f"{suffix} " in text, suffix
+
+
+def test_help_gives_the_defaults_of_the_flags_that_override_the_job(tmp_path: Path) -> None:
+    """run's and retry-failed's --shards and --concurrency, and run's --runs-dir, say what
+    applies without them: the variable, the job file, then JobSpec's default, written out in
+    `cli` (which loads no pydantic for --help) and checked here against JobSpec."""
+    from shardrun._models import JobSpec
+
+    fields = JobSpec.model_fields
+    defaults = {"--shards N": fields["shards"].default,
+                "--concurrency C": fields["concurrency"].default,
+                "--runs-dir DIR": fields["runs_dir"].default}  # fmt: skip
+    for command in ("run", "retry-failed"):
+        text = " ".join(run_cli(command, "--help", cwd=tmp_path).stdout.split())
+        for flag, default in defaults.items():
+            if flag == "--runs-dir DIR" and command == "retry-failed":
+                continue  # the run directory names its runs directory
+            said = text.split(flag, 2)[2][:160]
+            variable = "SHARDRUN_" + flag[2:].split()[0].replace("-", "_").upper()
+            assert f"(default: {variable}, else the job file's " in said, (command, said)
+            assert f"else {default}" in said, (command, said)
+
+
+def _listed_as(action: argparse.Action) -> str:
+    """How --help lists a flag at the head of its own line (the usage has `[--flag X]`)."""
+    if action.nargs == 0:
+        return action.option_strings[-1] + " "
+    shown = action.metavar or (
+        "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper())
+    return f"{action.option_strings[-1]} {shown} " if action.nargs is None else (
+        f"{action.option_strings[-1]} [{shown}] ")
+
+
+def test_sim_help_gives_every_default(tmp_path: Path) -> None:
+    """Each `shardrun sim` flag that takes a number or a word says its default in --help."""
+    from shardrun.sim import _parser
+
+    text = " ".join(run_cli("sim", "--help", cwd=tmp_path).stdout.split())
+    text = text.split("until Ctrl-C.", 1)[1]  # past the usage
+    actions = _parser("shardrun sim")._actions
+    listed = [_listed_as(action) for action in actions]
+    for action, here, after in zip(actions, listed, [*listed[1:], "\x00"], strict=True):
+        said = text.split(here, 1)[1].split(after, 1)[0]
+        value = action.default
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or value in (
+                "", argparse.SUPPRESS):
+            continue
+        assert f"default {value}" in said or f"{value} (default)" in said, (here, said)
 
 
 def _closed_port() -> int:

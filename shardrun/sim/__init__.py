@@ -32,6 +32,19 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Each flag that takes a number or a word says its default, unless its help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = isinstance(action.default, (int, float, str)) and not isinstance(
+            action.default, bool) and action.default not in ("", argparse.SUPPRESS)
+        if not shown or "default" in text:
+            return text
+        return text[:-1] + "; default %(default)s)" if text.endswith(")") else (
+            text + " (default %(default)s)")
+
+
 def _bool(text: str) -> bool:
     """A true/false flag value (argparse turns the ValueError into a usage error)."""
     value = text.strip().lower()
@@ -94,11 +107,12 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     d = SimConfig()
-    p = _Parser(prog=prog, description="Run the OpenAI-compatible simulator until Ctrl-C.")
+    p = _Parser(prog=prog, description="Run the OpenAI-compatible simulator until Ctrl-C.",
+                formatter_class=_DefaultsShown)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free)")
-    p.add_argument("--ttft-ms", type=float, default=d.ttft_ms, help="first-token delay")
-    p.add_argument("--itl-ms", type=float, default=d.itl_ms, help="inter-token delay")
+    p.add_argument("--ttft-ms", type=float, default=d.ttft_ms, help="first-token delay, ms")
+    p.add_argument("--itl-ms", type=float, default=d.itl_ms, help="inter-token delay, ms")
     p.add_argument("--tokens", default=d.tokens,
                    help="output length: N, uniform:LO:HI or lognormal:MEDIAN:SIGMA")  # fmt: skip
     p.add_argument("--text", choices=TEXTS, default=d.text,
@@ -108,7 +122,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="requests served at once, the rest queue (0 = unlimited)")  # fmt: skip
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the deterministic output")
     p.add_argument("--flush-ms", type=float, default=d.flush_ms,
-                   help="least time between two writes of one stream")  # fmt: skip
+                   help="least time between two writes of one stream, ms")  # fmt: skip
     p.add_argument("--reasoning-tokens", type=int, default=d.reasoning_tokens, metavar="N",
                    help="chat answers start with N reasoning tokens (delta.reasoning_content), "
                         "as a reasoning model's do")  # fmt: skip
