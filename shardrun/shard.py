@@ -905,10 +905,12 @@ class Shard:
             return
         if http == 401 or (http == 403 and not self.ok_once):
             # The error already reads "HTTP 401: <the server's message>".
+            fix = ("set the right key in the variable endpoint.api_key_env names"
+                   if self.cfg.api_key is not None else
+                   "the job sends no key: name the variable holding it in endpoint.api_key_env")
             self._go_fatal("the endpoint refused the credentials "
-                           f"({outcome.error or f'HTTP {http}'}): set the right key in the "
-                           f"variable endpoint.api_key_env names, then {self.cfg.way_on}",
-                           ABANDON)
+                           f"({outcome.error or f'HTTP {http}'}): {fix}, then "
+                           f"{self.cfg.way_on}", ABANDON)
             return
         if http == 407:
             said = (outcome.error or "HTTP 407").removeprefix("the proxy answered ")  # a CONNECT

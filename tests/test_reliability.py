@@ -2304,6 +2304,20 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
     assert_exactly_once(Run.load(only_run(tmp_path / "runs")), ids)
 
 
+def test_refused_credentials_of_a_job_without_a_key_say_to_name_one(tmp_path: Path) -> None:
+    """A job that names no api_key_env, against a server that wants a key: the stop says the
+    job sends none and where to name it, not to fix a variable the job does not have."""
+    write_input(tmp_path / "input.jsonl", 20)
+    with sim(auth_required="right-key") as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1
+    (error,) = error_lines(proc.stderr, tmp_path)
+    assert error.endswith("): the job sends no key: name the variable holding it in "
+                          "endpoint.api_key_env, then continue with --resume"), error
+
+
 def test_a_used_up_quota_stops_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
     """An account whose credit runs out mid-run (HTTP 429 insufficient_quota, which no retry
     cures): the run stops with one sentence instead of spending every item's attempts on it,
