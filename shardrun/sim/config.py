@@ -13,6 +13,7 @@ say what share of requests meet each fault; `shardrun.sim.faults` explains how o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import math
@@ -278,7 +279,10 @@ class SimConfig:
         kwargs: dict[str, object] = {}
         for key, value in d.items():
             if key not in known:
-                raise ValueError(f"unknown simulator setting {key!r}; known: {sorted(known)}.")
+                close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+                raise ValueError(f"unknown simulator setting {key!r}" + (
+                    f" (did you mean {close[0]!r}?)." if close else
+                    f"; known: {', '.join(sorted(known))}."))
             kwargs[key] = _coerce(key, value)
         return cls(**kwargs)  # type: ignore[arg-type]
 
