@@ -274,15 +274,18 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
     warnings say what differs)."""
     runs = [p for p in runs_dir.iterdir() if (p / "manifest.json").is_file()] if (
         runs_dir.is_dir()) else []
+    elsewhere = ("; a run made in another runs directory is resumed with the --runs-dir (or "
+                 "SHARDRUN_RUNS_DIR) that made it")
     if ref == "latest":
         if not runs:
-            raise SpecError(f"--resume latest: there is no run in {runs_dir}")
+            raise SpecError(f"--resume latest: there is no run in {runs_dir}{elsewhere}")
         own = [p for p in runs if job_path is not None and _ran(p, job_path)]
         return max(own or runs, key=lambda p: (_started(p), p.name))
     path = runs_dir / ref
     if not (path / "manifest.json").is_file():
         known = ", ".join(sorted(p.name for p in runs)[-5:]) or "none"
-        raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})")
+        raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})"
+                        f"{elsewhere}")
     return path
 
 

@@ -158,6 +158,27 @@ def test_run_flags_a_run_cannot_use_are_refused(tmp_path: Path, flags: list[str]
     assert not (tmp_path / "runs").exists()
 
 
+def test_resume_in_the_wrong_runs_directory_says_which_flag_finds_the_run(
+        tmp_path: Path) -> None:
+    """A run made with --runs-dir, resumed without it: the error names the directory looked in
+    and says the run is found with the --runs-dir (or SHARDRUN_RUNS_DIR) that made it."""
+    write_input(tmp_path / "input.jsonl", 5)
+    write_job(tmp_path / "job.yaml")
+    made = run_cli("job.yaml", "--runs-dir", "elsewhere", "--run-id", "r1", "--limit", "2",
+                   "--quiet", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    for ref, says in (("latest", "--resume latest: there is no run in runs; "),
+                      ("r1", "--resume r1: no run 'r1' in runs (recent runs: none); ")):
+        proc = run_cli("job.yaml", "--resume", ref, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"error: {says}a run made in another runs directory is "
+                                      "resumed with the --runs-dir (or SHARDRUN_RUNS_DIR) that "
+                                      "made it"), proc.stderr
+    resumed = run_cli("job.yaml", "--resume", "latest", "--runs-dir", "elsewhere", "--quiet",
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+
+
 @pytest.mark.parametrize("interval", ["0", "-1", "nan"])
 def test_retry_failed_refuses_a_progress_interval_a_run_refuses(tmp_path: Path,
                                                                 interval: str) -> None:
