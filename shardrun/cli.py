@@ -47,7 +47,7 @@ RATE_HELP = {
            "file's limit",
 }
 # The defaults of JobSpec (`_models`), written out: pydantic is not imported for `--help`.
-# tests/test_features.py checks them against JobSpec.
+# tests/test_e2e.py checks them against JobSpec.
 DEFAULT_SHARDS, DEFAULT_CONCURRENCY, DEFAULT_RUNS_DIR = 4, 16, "runs"
 SHARDS_HELP = ("worker processes (default: SHARDRUN_SHARDS, else the job file's shards, "
                f"else {DEFAULT_SHARDS})")
