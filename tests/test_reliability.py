@@ -1888,18 +1888,21 @@ def test_the_two_retry_rates_of_a_run_with_an_outage_have_their_own_names(
 
 
 def _restart_twice_with_four_out(tmp_path: Path, proc: subprocess.Popen[str],
-                                 servers: list[SimProcess], config: SimConfig,
-                                 port: int) -> tuple[str, str]:
+                                 servers: list[SimProcess], config: SimConfig, port: int,
+                                 answered: int = 0) -> tuple[str, str]:
     """Once four results are in (the next four out, their answers 2 s away), kill the server
-    and start it again on its port, twice, each time once the four held went again; then the
-    run's end: its stdout and stderr."""
+    and start it again on its port, twice, each time once four are out again and the new
+    server has answered `answered` requests whole; then the run's end: its stdout and stderr."""
     _wait_for_results(tmp_path / "runs", 4)
     for _ in range(2):
         os.kill(servers[-1].pid, signal.SIGKILL)
         time.sleep(0.5)
         servers.append(start_sim(config, port=port))
         deadline = time.monotonic() + WAIT_GUARD_S
-        while sim_stats(servers[-1])["in_flight"] < 4:  # the held four went again
+        while True:
+            stats = sim_stats(servers[-1])
+            if stats["in_flight"] >= 4 and stats["completed"] >= answered:
+                break
             assert proc.poll() is None and time.monotonic() < deadline, "never sent"
             time.sleep(0.05)
     return proc.communicate(timeout=WAIT_GUARD_S)
@@ -1966,7 +1969,11 @@ def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Pa
               endpoint={"base_url": servers[0].base_url, "api": "chat", "model": "m"})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
     try:
-        out, err = _restart_twice_with_four_out(tmp_path, proc, servers, config, port)
+        # Killed only once the probe's answer is whole (the held three go again at its first
+        # token, a few ms before): killed mid-answer, the probe would meet the second outage
+        # too, a fourth item in both.
+        out, err = _restart_twice_with_four_out(tmp_path, proc, servers, config, port,
+                                                answered=1)
     finally:
         for server in servers:
             server.stop()
