@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 
 from forward_proxy import relay  # run as a script: its own directory is on the path
 
@@ -36,6 +37,12 @@ async def _serve(upstream: int, client_r: asyncio.StreamReader,
                 client_w.transport.abort()
                 return
             await asyncio.sleep(RETRY_S)
+    await relay_both(client_r, client_w, up_r, up_w)
+
+
+async def relay_both(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                     up_r: asyncio.StreamReader, up_w: asyncio.StreamWriter) -> None:
+    """Bytes both ways until either side ends; then both are cut."""
     both = {asyncio.create_task(relay(client_r, up_w)),
             asyncio.create_task(relay(up_r, client_w))}
     await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
@@ -45,8 +52,11 @@ async def _serve(upstream: int, client_r: asyncio.StreamReader,
     up_w.transport.abort()
 
 
-async def _main(upstream: int) -> None:
-    server = await asyncio.start_server(lambda r, w: _serve(upstream, r, w), "127.0.0.1", 0)
+async def listen_until_stdin_closes(
+        serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> None:
+    """Listen on a free loopback port, say which (`listening on PORT`), and serve each
+    connection with `serve` until standard input closes."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
     loop = asyncio.get_running_loop()
     stdin_closed = loop.run_in_executor(None, sys.stdin.read)
@@ -55,4 +65,5 @@ async def _main(upstream: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main(int(sys.argv[1])))
+    port = int(sys.argv[1])
+    asyncio.run(listen_until_stdin_closes(lambda r, w: _serve(port, r, w)))
