@@ -12,9 +12,14 @@ the budget: one of them probes the endpoint, at growing intervals of at most `PR
 and the others wait for its answer. Only an answer ends the outage (a success, from its first
 token on, or an HTTP answer of the server's own); a stream cut after its first token, or timed
 out, says nothing either way. The probe also asks for the server's model list: its answer ends
-the outage too, but says nothing of our requests, so until one of them is answered their
-failures with no answer are the items' own (`Shard._list_only`). An outage that lasts
-`retry.outage_s` stops the run, leaving the items for `--resume`.
+the outage too, but says nothing of our requests (a gateway may answer it while the server
+behind restarts), so until one of them is answered a failure with no answer may be the item's
+own or the backend's: the item is held, spending nothing, while another item tells, a fresh
+one sent as the probe if need be (`Shard._hold_for_a_fresh_item`). A request answered says it
+was the item's (it goes again once, then is charged); the fresh probe failing too says the
+backend is down, an outage that the list no longer ends; at the input's tail, with no fresh
+item left, the held items are charged, so the run ends. An outage that lasts `retry.outage_s`
+stops the run, leaving the items for `--resume`.
 
 An endpoint can also answer and still fail everything: a storm of 503s from an overloaded
 server, or of 500s from a broken one. The retry budget

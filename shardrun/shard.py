@@ -74,6 +74,9 @@ OUTAGE = "endpoint_down"  # of one held while the endpoint is down
 STREAK_WAIT_S = 5.0
 # How long a storm may last before any request of the run succeeded (`_storm_too_long`).
 UNPROVEN_STORM_S = 60.0
+# The most spans a shard runs beside its cap as fresh probes while only the model list answers
+# (`Shard._send_list_probe`); past it, the items held then probe in turn, oldest first.
+BESIDE_CAP_MAX = 8
 
 
 class Shard:
@@ -96,6 +99,16 @@ class Shard:
         # Since when the server has answered its model list but not our requests: an outage's
         # probe found the list answering (None: not so, or a request was answered since).
         self.list_only_since: float | None = None
+        # While it is so, items failing with no answer are held (`_hold_for_a_fresh_item`),
+        # oldest first; the span probing for them; how many spans run beside the cap.
+        self.list_held: deque[Span] = deque()
+        self.list_probe: Span | None = None
+        self.beside_cap = 0
+        # That probe failed too: the backend is down behind a list that answers (an outage the
+        # list does not end), how many probes failed, and when the next may go.
+        self.list_down = False
+        self.list_probes = 0
+        self.list_next_probe_at = 0.0
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
         self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
@@ -162,8 +175,8 @@ class Shard:
         elif kind == protocol.END:
             self.want_pending = False
             self.input_ended = True
-            if self.deciding:  # the items left may be too few for their streak
-                self._wake_held()
+            if self.deciding or self.list_held:  # the items left may be too few for their
+                self._wake_held()  # streak, or none left to probe with
         elif kind == protocol.FATAL:
             self._go_fatal(str(message.get("reason", "endpoint unusable")),
                            str(message.get("mode", DEAD_LETTER)), tell=False)
@@ -243,12 +256,18 @@ class Shard:
             task.add_done_callback(self.tasks.discard)
             task.add_done_callback(functools.partial(self._never_ran, span))
 
-    def _never_ran(self, span: Span, _task: asyncio.Task[None]) -> None:
+    def _never_ran(self, span: Span, _task: asyncio.Task[None], *, permit: bool = True) -> None:
         """A slot's task cancelled before its first step (a stop's end, a second Ctrl-C) ran
-        none of its code, not even its `finally`: release its span and permit here."""
+        none of its code, not even its `finally`: release its span and permit here (a list-only
+        probe's task holds none, `_send_list_probe`)."""
         if span.admitted_at is None and not span.ended:
             self._abandon(span, admitted=False)
-            self.sem.release()
+            if permit:
+                self.sem.release()
+            else:
+                self.beside_cap -= 1
+            if self.list_probe is span:
+                self.list_probe = None
 
     async def _nap(self, seconds: float, until: asyncio.Event | None = None) -> None:
         """Sleep `seconds`, or less if a stop comes first (or `until` is set)."""
@@ -315,15 +334,7 @@ class Shard:
                 if self.stopping:  # a stop came before the span's turn: start no attempt after it
                     self._abandon(span, admitted=False)
                     return
-                self._admit(span)
-                try:
-                    await self._attempts(span)
-                finally:
-                    self.counters.in_flight -= 1
-                    if self.storm_probe is span:  # it ended (or was cancelled) as the probe
-                        self._probe_done()
-                    elif self.deciding:  # one fewer that may join their streak
-                        self._wake_held()
+                await self._run_span(span)
                 if self.stopping or self.fatal_reason is not None or not self.queue:
                     return
                 span = self.queue.popleft()
@@ -337,6 +348,20 @@ class Shard:
             self._unexpected(span, exc)
         finally:
             self.sem.release()
+
+    async def _run_span(self, span: Span) -> None:
+        """Admit a span and run its attempts to its end."""
+        self._admit(span)
+        try:
+            await self._attempts(span)
+        finally:
+            self.counters.in_flight -= 1
+            if self.list_probe is span:  # it ended (a stop, a fatal error) as the probe
+                self.list_probe = None
+            if self.storm_probe is span:  # it ended (or was cancelled) as the probe
+                self._probe_done()
+            elif self.deciding or self.list_held:  # one fewer that may join their streak,
+                self._wake_held()  # or tell the held items anything
 
     async def _attempts(self, span: Span) -> None:
         cfg = self.cfg
@@ -369,6 +394,12 @@ class Shard:
                 if await self._wait_out_outage(client, span, attempt):
                     continue
                 return
+            if span.list_only_now and self._list_may_probe():
+                again = await self._hold_for_a_fresh_item(span, attempt, outcome)
+                if again is None:
+                    return
+                if again:
+                    continue
             storm = False
             if self._first_cut(span, outcome):
                 span.outage_tries += 1
@@ -487,8 +518,9 @@ class Shard:
 
     @staticmethod
     def _first_list_only(span: Span) -> bool:
-        """Whether this failure is the item's first while only the model list answered: it
-        is retried free, after its backoff. A restart behind a listener that outlives the
+        """Whether this failure is the item's first while only the model list answered, at
+        the input's tail (else it is held for a fresh item's word, `_hold_for_a_fresh_item`):
+        it is retried free, after its backoff. A restart behind a listener that outlives the
         server has the list answered first (the probe's GET waits in the listener), and a
         second restart soon after cut the held items, which went again at once, each charged
         (23 of 300 dead-lettered at 1 x 64 with the defaults). The next is the item's own."""
@@ -533,25 +565,160 @@ class Shard:
         return down
 
     def _list_only(self, span: Span, outcome: AttemptOutcome) -> bool:
-        """Whether a failure that says the endpoint is down is the item's own after all: the
-        server has answered its model list since the request was sent, but not our requests
-        (`list_only_since`). Each such failure, from an item's second on (its first is retried
-        free, `_first_list_only`), is charged, so the items spend their attempts and the retry
-        budget, with their backoff. When the list's answer ended every outage, the items held
-        went again at once and all failed again, the first charged and the rest held anew:
-        1,499 requests for 300 items in 2.7 s. A request that found no connection at all is
-        the server gone again (restarted): that ends this, and is an outage as before."""
+        """Whether a failure that says the endpoint is down may be the item's own after all:
+        the server has answered its model list since the request was sent, but not our
+        requests (`list_only_since`). Such a failure is held while another item can tell
+        (`_hold_for_a_fresh_item`); at the input's tail it is charged, from an item's second on
+        (its first is retried free, `_first_list_only`). When the list's answer ended every
+        outage, the items held went again at once and all failed again, the first charged and
+        the rest held anew: 1,499 requests for 300 items in 2.7 s. A request that found no
+        connection at all is the server gone again (restarted): that ends this, and is an
+        outage as before."""
         since = self.list_only_since
         if since is None:
             return False
         if outcome.conn_ready_at is None and outcome.http_status is None:
-            self.list_only_since = None
+            self._list_only_ends()
             return False
         return (span.attempt_started_at or 0.0) >= since
 
+    def _list_may_probe(self) -> bool:
+        """Whether something may yet tell an item that failed while only the model list
+        answers whether the server behind it is up: a request out, a fresh item queued or to
+        come, or the fresh probe out. Else it is the input's tail, and the item is charged."""
+        return bool(self.queue or not self.input_ended or self.list_probe is not None
+                    or self.sending)
+
+    async def _hold_for_a_fresh_item(self, span: Span, attempt: int,
+                                     outcome: AttemptOutcome) -> bool | None:
+        """Hold an item whose request failed with no answer while only the model list
+        answers, spending neither its attempts nor the budget, until another item tells: one
+        in flight, or a fresh one (not failed in this state) sent beside the cap as the probe
+        (`_send_list_probe`). A request of ours answered ends the state, and this item goes
+        again (True), its next such failure its own once the server answered a request sent
+        after it (`held_again`). The probe failing too is the backend down behind the list: an
+        outage (`_list_probe_ended`), held on, probed with the next fresh item (BESIDE_CAP_MAX
+        at most beside the cap, then the held items in turn, oldest first), and stopped at
+        retry.outage_s. With nothing left to tell (the input's tail: no fresh item, nothing
+        out), the item is charged (False): its prompt may be what the server resets, and the
+        run must end; a dead letter can go again with retry-failed. None: a stop or a fatal
+        error ended the span."""
+        span.outage_tries += 1
+        span.history[-1]["wait"] = None
+        self._plan_retry(span, attempt, cause=OUTAGE, wait=None, why=OUTAGE)
+        held = self.list_held
+        held.append(span)
+        self.counters.retrying += 1
+        try:
+            while True:
+                if self.fatal_reason is not None or self.stopping:
+                    if self.fatal_reason is not None:
+                        self._end_early(span)
+                    else:
+                        self._abandon(span)
+                    return None
+                if self.list_only_since is None:  # answered (or gone: an outage as before)
+                    span.held_again |= self.outage.since is None
+                    return self._list_release(span)
+                if not self._list_may_probe():
+                    span.outage_tries -= 1  # the tail: this failure is the item's, as before
+                    span.retry_line = None
+                    return False
+                news, wait = self.storm_news, RECHECK_S
+                if self.list_probe is None and not self.sending:
+                    due = self.list_next_probe_at - self.clock.now()
+                    if due > 0:
+                        wait = min(due, RECHECK_S)
+                    elif self.beside_cap < BESIDE_CAP_MAX:
+                        if self.queue:
+                            self._send_list_probe()
+                            continue
+                    elif held[0] is span:  # no more beside the cap: the held ones in turn
+                        self.list_probe = span
+                        return self._list_release(span)
+                if not self.queue:
+                    self._request_more()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(news.wait(), wait)
+        finally:
+            if span in held:
+                held.remove(span)
+            self.counters.retrying -= 1
+
+    def _list_release(self, span: Span) -> bool:
+        """A held item goes again: its retry line's wait is the time it was held."""
+        line, now = span.retry_line, self.clock.now()
+        if line is not None:  # it waited for the news, not a planned backoff
+            line["wait"] = span.history[-1]["wait"] = max(0.0, now - line["t"])
+        return True
+
+    def _send_list_probe(self) -> None:
+        """Send the queue's next item, fresh, as the probe of the items held while only the
+        model list answers. It runs beside the cap, whose slots the held items keep: the
+        shard has a span in flight more than its cap while it does, and one more for each such
+        probe that failed and is held in turn, up to BESIDE_CAP_MAX."""
+        span = self.queue.popleft()
+        self.list_probe = span
+        self.beside_cap += 1
+        self._request_more()
+        task = asyncio.create_task(self._run_list_probe(span))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(functools.partial(self._never_ran, span, permit=False))
+
+    async def _run_list_probe(self, span: Span) -> None:
+        """Run the probe's span (`_send_list_probe`) as `_hold_slot` runs one, with no
+        permit: it ends there, its slot-less run the probe's only."""
+        try:
+            await self._rate_wait(span, 1)
+            if self.stopping:  # no attempt after a stop (`_attempts` ends it at a fatal error)
+                self._abandon(span, admitted=False)
+                return
+            await self._run_span(span)
+        except asyncio.CancelledError:
+            if not span.ended:
+                self._abandon(span, admitted=span.admitted_at is not None)
+            raise
+        except Exception as exc:  # as in `_hold_slot`
+            self._unexpected(span, exc)
+        finally:
+            self.beside_cap -= 1
+            self._wake_held()
+
+    def _list_probe_ended(self, outcome: AttemptOutcome | None) -> None:
+        """The fresh probe's attempt ended: a failure with no answer, while only the list
+        still answers, is the backend down behind it: an outage, which its list does not end
+        (`_wait_out_outage` asks it no more) and which stops the run at retry.outage_s. The
+        next fresh item probes after an interval growing with the failed probes, at most
+        PROBE_MAX_S. A success or an answer ends the state on its own (`_endpoint_answered`)."""
+        self.list_probe = None
+        if (outcome is not None and self.list_only_since is not None
+                and (outcome.conn_ready_at is not None or outcome.http_status is not None)
+                and says_endpoint_down(outcome.status, outcome.http_status,
+                                       outcome.content_chunks)):
+            now = self.clock.now()
+            self.list_down = True
+            self.list_probes += 1
+            self.outage.failed(now)
+            self.endpoint_back.clear()
+            self.outage_cause = outcome.error or outcome.status
+            self.list_next_probe_at = now + min(self.retrier.backoff(self.list_probes),
+                                                PROBE_MAX_S)
+        self._wake_held()
+
+    def _list_only_ends(self) -> None:
+        """The list's say is over (one of our requests was answered, or found no connection
+        at all): the items held for a fresh probe go again."""
+        self.list_only_since = None
+        if self.list_down or self.list_held:
+            self.list_down = False
+            self.list_probes = 0
+            self.list_next_probe_at = 0.0
+            self._wake_held()
+
     def _probe_answered(self, span: Span, _first_token_at: float) -> None:
         """The first token of a probe's answer: the endpoint answers again."""
-        if span is self.prober:
+        if span is self.prober or span is self.list_probe:
             self._endpoint_answered(span)
         if self.storm.failing:
             self._storm_success(span, finished=False)
@@ -718,8 +885,8 @@ class Shard:
 
     def _endpoint_answered(self, span: Span) -> None:
         """One of our requests was answered: whatever the model list said, they are served."""
-        self.list_only_since = None
         self._endpoint_up(span.attempt_started_at or 0.0)
+        self._list_only_ends()
 
     def _endpoint_up(self, started: float) -> None:
         """The endpoint answered a request sent at `started`: an outage, if any, is over."""
@@ -739,9 +906,10 @@ class Shard:
         the others wait for its answer, so a shard sends about one request per interval however
         many slots it has, and none while the endpoint is away. Before each wait the probe asks
         the server for its model list (`StreamingClient.answers`): an answer ends the outage at
-        once, and until one of our requests is answered, their failures with no answer are
-        their items' own, charged from each item's second (`_list_answered`, `_list_only`).
-        How long the outage lasts is the ticker's to judge (`_failing_limit`)."""
+        once, and until one of our requests is answered, their failures with no answer are held
+        for a fresh item's word (`_list_answered`, `_list_only`, `_hold_for_a_fresh_item`). Not
+        once a fresh item failed too (`list_down`): the list answers, the backend behind it does
+        not. How long the outage lasts is the ticker's to judge (`_failing_limit`)."""
         if self.fatal_reason is not None or self.stopping:
             if self.prober is span:
                 self.prober = None
@@ -762,7 +930,8 @@ class Shard:
             if probe:
                 self.prober = span
                 asked = self.clock.now()
-                if await client.answers(PROBE_MAX_S):
+                # Behind a list that answered while a fresh item failed, its answer says nothing.
+                if not self.list_down and await client.answers(PROBE_MAX_S):
                     self._list_answered(span, asked)
                 else:
                     await self._pause(wait or 0.0)
@@ -836,7 +1005,7 @@ class Shard:
         # back, and the requests waiting for it go at once, not after the whole answer (a
         # minute of idle slots for a long one).
         probe = None
-        if span is self.prober or span is self.storm_probe:
+        if span is self.prober or span is self.storm_probe or span is self.list_probe:
             probe = functools.partial(self._probe_answered, span)
         outcome: AttemptOutcome | None = None
         self.sending += 1
@@ -849,6 +1018,8 @@ class Shard:
             self.sending -= 1
             if self.storm_probe is span:
                 self._probe_done(outcome)
+            elif self.list_probe is span:
+                self._list_probe_ended(outcome)
         if not outcome.status.startswith("timeout"):  # an answer, even a failure, is news
             self.answer_at = outcome.ended_at
         self._end_attempt(span, attempt, started, outcome)

@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 from shardrun.resume import restore_unretried, unreached_set_aside
+from shardrun.shard import BESIDE_CAP_MAX
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import (
@@ -1915,9 +1916,9 @@ def test_two_restarts_behind_a_listener_that_outlives_the_server_dead_letter_not
     GET of the model list, waiting in the listener, is answered by the new server before any
     request of ours, which ends the outage by the list's word. The held items go again, the
     server takes them (answers 2 s away; its stream's headers sent at once, or, answering
-    whole, none) and is killed once more: each item's first failure then is retried free, not
-    charged as its own. With one attempt per item and no retry budget, a charge is a dead
-    letter: four were."""
+    whole, none) and is killed once more: each item's failure then is held while a fresh item
+    probes (at first, retried free once), not charged as its own. With one attempt per item
+    and no retry budget, a charge is a dead letter: four were."""
     ids = write_input(tmp_path / "input.jsonl", 12)
     port = free_port()
     config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000, "ignore_stream": whole})
@@ -1936,11 +1937,7 @@ def test_two_restarts_behind_a_listener_that_outlives_the_server_dead_letter_not
         proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
         out, err = _restart_twice_with_four_out(tmp_path, proc, servers, config, port)
     finally:
-        for server in servers:
-            server.stop()
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop_all(servers, proc)
         assert listener.stdin is not None
         listener.stdin.close()
         listener.wait(timeout=WAIT_GUARD_S)
@@ -1949,6 +1946,157 @@ def test_two_restarts_behind_a_listener_that_outlives_the_server_dead_letter_not
     assert proc.returncode == 0, out + err
     assert_exactly_once(run, ids)
     assert any(e["ev"] == "retry" and e["why"] == "endpoint_down" for e in run.events)
+
+
+@contextmanager
+def _models_gateway(port: int, mode: str) -> Iterator[tuple[int, list[str]]]:
+    """tests/models_gateway.py in front of `port`: its port, and the lines it has written so
+    far (a thread reads them): `models` for each list it answered, `refused` for each request
+    it could not relay."""
+    gateway = subprocess.Popen([sys.executable, str(Path(__file__).with_name(
+        "models_gateway.py")), str(port), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)  # fmt: skip
+    heard: list[str] = []
+
+    def read(stream: IO[str]) -> None:
+        for line in stream:
+            heard.append(line)
+
+    try:
+        assert gateway.stdout is not None
+        front = int(gateway.stdout.readline().removeprefix("listening on "))
+        threading.Thread(target=read, args=(gateway.stdout,), daemon=True).start()
+        yield front, heard
+    finally:
+        assert gateway.stdin is not None
+        gateway.stdin.close()
+        gateway.wait(timeout=WAIT_GUARD_S)
+
+
+def _refused_after_the_list(lines: list[str]) -> bool:
+    return "models\n" in lines and "refused\n" in lines[lines.index("models\n"):]
+
+
+def _kill_behind_the_gateway(tmp_path: Path, proc: subprocess.Popen[str],
+                             servers: list[SimProcess], heard: list[str]) -> None:
+    """Once 16 results are in, kill the server behind the gateway, and return once the gateway
+    has answered the model list and then refused a request (the run's requests meet the
+    gateway with nothing behind it, while its list answers), and 2 s more have passed."""
+    _wait_for_results(tmp_path / "runs", 16)
+    os.kill(servers[-1].pid, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT_GUARD_S
+    while not _refused_after_the_list(heard[:]):  # a copy: the reading thread appends
+        assert proc.poll() is None, "the run ended before the gateway refused a request"
+        assert time.monotonic() < deadline, "the gateway never refused a request"
+        time.sleep(0.05)
+    time.sleep(2)
+
+
+def _behind_the_gateway(tmp_path: Path, mode: str, cap: int, retry: dict[str, Any], *,
+                        back: bool) -> tuple[list[str], int, str, str]:
+    """200 items at 1 x `cap` through tests/models_gateway.py (`mode`), the server behind it
+    killed once 16 results are in (`_kill_behind_the_gateway`) and started again if `back`:
+    the items' ids, and the run's exit status, stdout and stderr."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 200})
+    servers = [start_sim(config, port=port)]
+    proc = None
+    try:
+        with _models_gateway(port, mode) as (front, heard):
+            write_job(tmp_path / "job.yaml", shards=1, concurrency=cap, retry=retry,
+                      endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat",
+                                "model": "m"})
+            proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+            _kill_behind_the_gateway(tmp_path, proc, servers, heard)
+            if back:
+                servers.append(start_sim(config, port=port))
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        _stop_all(servers, proc)
+    return ids, proc.returncode, out, err
+
+
+def _stop_all(servers: list[SimProcess], proc: subprocess.Popen[str] | None) -> None:
+    """Stop the servers, and the run if it still goes (the test failed on the way)."""
+    for server in servers:
+        server.stop()
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize(("mode", "cap", "retry"), [
+    ("reset", 8, {}),
+    ("reset", 4, {"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0}),
+    ("502", 8, {"max_attempts": 2}),
+], ids=["reset", "reset_cap_4_one_attempt", "502"])
+def test_a_restart_behind_a_gateway_that_answers_the_model_list_dead_letters_nothing(
+        tmp_path: Path, mode: str, cap: int, retry: dict[str, Any]) -> None:
+    """The server behind a gateway that answers GET of the model list itself is killed and
+    started again: meanwhile the gateway resets each request (or answers 502), and the list
+    still answers. Each item's failure past its one free retry was charged as its own, and
+    the shard's backlog went to dead letters within seconds (34 of 200 with the defaults).
+    Now the items failing while only the list answers are held, spending nothing, while a
+    fresh item probes; its failure too makes it an outage, held until the server is back,
+    and every item is answered."""
+    ids, returncode, out, err = _behind_the_gateway(tmp_path, mode, cap, retry, back=True)
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert not run.dead, [d["reason"] for d in run.dead][:3]
+    assert returncode == 0, out + err
+    assert_exactly_once(run, ids)
+    assert len(run.results) == len(ids)
+
+
+def test_a_server_down_behind_a_gateway_answering_its_list_stops_the_run_at_outage_s(
+        tmp_path: Path) -> None:
+    """The server behind a gateway that answers the model list itself goes away for good: the
+    items are held, and once retry.outage_s (3 s) has passed with nothing answered the run
+    stops for --resume, as in an outage, with no item dead-lettered (the shard's backlog was,
+    184 of 200); --resume against a live server finishes them."""
+    ids, returncode, out, err = _behind_the_gateway(tmp_path, "reset", 8, {"outage_s": 3},
+                                                    back=False)
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead, [d["reason"] for d in Run.load(path).dead][:3]
+    assert returncode == 1, out + err
+    errors = error_lines(err, tmp_path)
+    assert len(errors) == 1 and "longer than retry.outage_s" in errors[0], err
+    assert "--resume" in errors[0], err
+    resume_on_a_live_server(tmp_path, path, ids)
+
+
+def _input_with_bad(path: Path, n: int, bad: set[int]) -> list[str]:
+    """An input of `n` prompts whose requests the simulator answers, but for those at the
+    positions `bad`, which hold the text its reset_when (below) resets the request of."""
+    ids = [f"item-{i:05d}" for i in range(n)]
+    with open(path, "wb") as f:
+        for i, item_id in enumerate(ids):
+            text = "CRASH the worker." if i in bad else "say something."
+            f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: {text}"}) + b"\n")
+    return ids
+
+
+@pytest.mark.parametrize("bad", [{38, 39}, {17, 18}], ids=["last_two", "two_in_the_middle"])
+def test_two_bad_prompts_in_a_row_at_a_cap_of_2_are_dead_lettered_and_the_run_ends(
+        tmp_path: Path, bad: set[int]) -> None:
+    """Two prompts in a row whose requests the server resets (it answers everything else and
+    its model list): their failures look like a backend gone behind a gateway that answers
+    the list. Made a storm of them, at a cap of 2, held free, only retry.outage_s ended it:
+    the run stopped every pass, and with the input's last two prompts bad it never finished.
+    Now a fresh item probes while there is one (and is answered: they are the items' own), and
+    at the input's tail, with none left, they are charged: the two are dead-lettered, every
+    other item is answered, and the run ends with exit 1, not at outage_s."""
+    ids = _input_with_bad(tmp_path / "input.jsonl", 40, bad)
+    with sim(reset_when="CRASH") as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=2,
+                retry={"max_attempts": 3, "outage_s": 30})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "outage_s" not in proc.stderr, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert sorted(d["id"] for d in run.dead) == sorted(ids[i] for i in bad), run.dead
+    assert all(d["reason"].startswith("max_attempts: ") for d in run.dead), run.dead
 
 
 def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
@@ -2086,42 +2234,38 @@ def test_one_items_request_reset_every_time_is_the_items_failure_even_at_a_cap_o
 def test_a_server_answering_its_model_list_but_resetting_every_request_is_not_hammered(
         tmp_path: Path, fault: str) -> None:
     """The server answers its model list but resets every completion request before any
-    answer. The list's answer ended each outage at once and sent every held item again, each
-    wave charging one failure: 1,499 requests for 300 items, four times the retries the
-    budget allows, and retry lines saying "wait": 5.0 before a retry sent at once. Now those
-    failures are the items' own, but for one free retry each (`list_only`): attempts stay
-    within max_attempts per item and that one, the other retries within the budget (and one
-    hold per slot, the first outage's), each retry waits its line's wait, and the run ends
-    with every item dead-lettered for the reset, none held to outage_s. The same whether the
-    reset comes before the answer's 200 and headers or right after them."""
+    answer (or right after its 200 and headers). The list's answer ended each outage at once
+    and sent every held item again, each wave charging one failure: 1,499 requests for 300
+    items, four times the retries the budget allows, and retry lines saying "wait": 5.0
+    before a retry sent at once. Then each item's failures past one free retry were its own,
+    and the run dead-lettered all 300 (697 requests). Now the items failing so are held while
+    a fresh item probes, one at a time per shard; its failure too is the backend down behind
+    the list, an outage: no item is charged, each retry waits its line's wait, the run stops
+    at retry.outage_s (2 s here) for --resume, which finishes them all."""
     ids = write_input(tmp_path / "input.jsonl", 300)
-    ratio, floor, most = 0.2, 10, 4
     with sim(**{fault: 1.0}) as server:
         job_for(tmp_path, server.base_url, shards=2, concurrency=8,
-                retry={"max_attempts": most, "budget_ratio": ratio, "budget_floor": floor,
-                       "backoff_s": 0.05, "backoff_max_s": 0.2})
+                retry={"max_attempts": 4, "budget_ratio": 0.2, "budget_floor": 10,
+                       "backoff_s": 0.05, "backoff_max_s": 0.2, "outage_s": 2})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "outage_s" not in proc.stderr, proc.stderr
+    errors = error_lines(proc.stderr, tmp_path)
+    assert len(errors) == 1 and "longer than retry.outage_s" in errors[0], proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
-    assert_exactly_once(run, ids)
-    assert not run.results and all("reset" in d["reason"] for d in run.dead), run.dead[:3]
+    assert not run.results and not run.dead, run.dead[:3]
     starts = {(e["span"], e["attempt"]): e["t"] for e in run.events if e["ev"] == "attempt_start"}
-    assert len(starts) <= len(ids) * (most + 1)
+    assert len(starts) < 697, len(starts)  # the count with the free retries alone
     retries = [e for e in run.events if e["ev"] == "retry"]
-    free = Counter(e["id"] for e in retries if e["why"] == "list_only")
-    assert free and max(free.values()) == 1
-    for shard in (0, 1):
-        mine = [e for e in retries if e["shard"] == shard]
-        firsts = sum(1 for e in run.events if e["ev"] == "attempt_start"
-                     and e["shard"] == shard and e["attempt"] == 1)
-        held = sum(1 for e in mine if e["why"] == "endpoint_down")
-        own = sum(1 for e in mine if e["why"] not in ("endpoint_down", "list_only"))
-        assert held <= 8, f"shard {shard}"
-        assert own <= math.ceil(ratio * firsts + floor), f"shard {shard}"
+    assert {e["why"] for e in retries} <= {"endpoint_down", "stream_cut"}, retries[:3]
+    for shard in (0, 1):  # the fresh probes held beside the cap are bounded
+        steps = sorted((e["t"], e["ev"] == "admitted") for e in run.events
+                       if e["shard"] == shard and e["ev"] in ("admitted", "released"))
+        out = list(itertools.accumulate(1 if admitted else -1 for _, admitted in steps))
+        assert max(out) <= 8 + BESIDE_CAP_MAX, (shard, max(out))
     early = [e for e in retries if e["wait"] is not None
              and starts[(e["span"], e["attempt"] + 1)] < e["t"] + e["wait"] - 1e-3]
     assert not early, early[:3]
+    resume_on_a_live_server(tmp_path, run.path, ids)
 
 
 def _end_after(proc: subprocess.Popen[str], runs: Path,
