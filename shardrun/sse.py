@@ -13,10 +13,18 @@ Line endings follow the SSE spec (LF, CRLF or a lone CR). A CR that ends one rea
 half of a CRLF whose LF starts the next read; the decoder remembers that and drops the LF, so the
 split never produces a phantom blank line (which would end an event early).
 
-Deviation from the spec, on purpose: `close()` dispatches a final event that lacks its terminating
-blank line (the spec discards it). Some servers end the stream with `data: [DONE]\\n` only; being
-lenient there costs nothing and avoids reporting a good response as broken.
+Deviations from the spec, on purpose: an `error:` field (not one the spec names) is read, not
+ignored. llama.cpp's server reports a failure inside a stream as an event whose only line is
+`error: {"code": 400, "message": ..., "type": ...}`, and then ends the stream with `data: [DONE]`;
+ignored, it would turn a failed request into an empty success. Such an event's payload is the
+chat shape of an error, `{"error": VALUE}` (VALUE as sent when it is JSON, else as a JSON string),
+which the chunk readers end the stream with; it takes the place of any data lines of its event.
+And `close()` dispatches a final event that lacks its terminating blank line (the spec discards
+it). Some servers end the stream with `data: [DONE]\\n` only; being lenient there costs nothing
+and avoids reporting a good response as broken.
 """
+
+import orjson
 
 _BOM = b"\xef\xbb\xbf"
 _LF = 0x0A
@@ -30,14 +38,16 @@ class SSEDecoder:
     Payloads are bytes, exactly as received (`orjson.loads` takes bytes, so nothing is decoded
     twice). Multiple `data:` lines of one event are joined with b"\\n". Comments (lines starting
     with ':'), keep-alives and the fields `event:`, `id:`, `retry:` are ignored: the OpenAI
-    streaming format carries everything in `data`.
+    streaming format carries everything in `data`. An `error:` field makes its event an error
+    payload (module docstring).
     """
 
-    __slots__ = ("_data", "_parts", "_skip_lf", "_started")
+    __slots__ = ("_data", "_error", "_parts", "_skip_lf", "_started")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []  # the unterminated last line, as received
         self._data: list[bytes] = []  # data lines of the event being assembled
+        self._error: list[bytes] = []  # its error lines' values (llama.cpp), if any
         self._skip_lf = False  # the previous read ended with CR: drop one LF at the next start
         self._started = False  # the first line (which may carry a BOM) has been seen
 
@@ -65,7 +75,7 @@ class SSEDecoder:
             if data.startswith(_BOM):
                 data = data[3:]
         out: list[bytes] = []
-        if not self._data and data.startswith(b"data: "):
+        if not self._data and not self._error and data.startswith(b"data: "):
             # The shape of nearly every read: whole events of one "data: " line each. One split
             # yields their payloads; the newline count proves no event has any other line.
             end = data.rfind(b"\n\n")
@@ -106,7 +116,11 @@ class SSEDecoder:
         data = self._data
         for line in lines:
             if not line:
-                if data:
+                if self._error:
+                    out.append(_error_payload(b"\n".join(self._error)))
+                    self._error.clear()
+                    data.clear()
+                elif data:
                     out.append(data[0] if len(data) == 1 else b"\n".join(data))
                     data.clear()
             elif line.startswith(b"data"):
@@ -115,4 +129,16 @@ class SSEDecoder:
                 elif line[4] == _COLON:
                     data.append(line[6:] if line[5:6] == b" " else line[5:])
                 # else: a field such as "dataset:" that merely starts with "data": ignored
+            elif line.startswith(b"error:"):
+                self._error.append(line[7:] if line[6:7] == b" " else line[6:])
             # comments (":..."), event/id/retry and unknown fields: ignored
+
+
+def _error_payload(value: bytes) -> bytes:
+    """The chat shape of an error, `{"error": VALUE}`, for the value of an `error:` field: as
+    sent when it is JSON, else as a JSON string (the text, invalid UTF-8 read as U+FFFD)."""
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return orjson.dumps({"error": value.decode("utf-8", "replace")})
+    return b'{"error":' + value + b"}"

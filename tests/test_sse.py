@@ -134,16 +134,29 @@ def test_split_multibyte_character_arrives_whole() -> None:
 
 
 def _reference(raw: bytes) -> list[bytes]:
-    """The spec, line by line on the whole stream, plus the documented lenient close."""
+    """The spec, line by line on the whole stream, plus the documented lenient close and
+    `error:` field (llama.cpp's: its event is `{"error": value}`, the value a JSON string
+    unless it is JSON)."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     out: list[bytes] = []
     data: list[bytes] = []
+    errors: list[bytes] = []
     for line in [*re.split(rb"\r\n|\r|\n", raw), b""]:
         if not line:
-            if data:
+            if errors:
+                value = b"\n".join(errors)
+                try:
+                    orjson.loads(value)
+                except orjson.JSONDecodeError:
+                    value = orjson.dumps(value.decode("utf-8", "replace"))
+                out.append(b'{"error":' + value + b"}")
+            elif data:
                 out.append(b"\n".join(data))
-            data = []
+            data, errors = [], []
+        elif line.startswith(b"error:"):
+            value = line[6:]
+            errors.append(value[1:] if value.startswith(b" ") else value)
         elif line == b"data":
             data.append(b"")
         elif line.startswith(b"data:"):
@@ -156,7 +169,8 @@ _LINE = st.one_of(
     st.builds(lambda v: b"data: " + v, st.sampled_from([b"{}", b"[DONE]", b"x", b"", b" y",
                                                         "é🙂".encode(), b"data: z", b":"])),
     st.sampled_from([b"", b"", b"data", b"data:x", b"data:  two", b": ping", b":", b"event: m",
-                     b"id: 1", b"dataset: no", b"retry: 5"]),
+                     b"id: 1", b"dataset: no", b"retry: 5", b'error: {"code":500}', b"error:x",
+                     b"errors: no"]),
 )  # fmt: skip
 
 
@@ -202,6 +216,20 @@ def test_multiline_data_and_field_forms() -> None:
     dec = SSEDecoder()
     raw = b"data: one\ndata:two\ndata\ndata:  three\nevent: x\nid: 1\ndataset: no\n\n"
     assert dec.feed(raw) == [b"one\ntwo\n\n three"]
+
+
+def test_an_error_field_is_an_error_payload() -> None:
+    """llama.cpp's `error:` event (its in-stream failure, before its `data: [DONE]`) is read as
+    the chat shape of an error, its value as sent if JSON, else as a JSON string."""
+    err = b'{"code":400,"message":"the request exceeds the available context size","type":' \
+          b'"exceed_context_size_error"}'
+    assert _decode([b"data: a\n\nerror: " + err + b"\n\ndata: [DONE]\n\n"]) == [
+        b"a", b'{"error":' + err + b"}", b"[DONE]"]
+    assert _decode([b"error:", b" not json\r\n\r\n"]) == [b'{"error":"not json"}']
+    # A data line in the same event gives way to the error, in any order, split anywhere.
+    raw = b"error: {}\ndata: x\n\ndata: y\nerror: 5\n\n"
+    assert _decode([raw]) == _decode([raw[:10], raw[10:]]) == [b'{"error":{}}', b'{"error":5}']
+    assert _decode([b"error: {}\n", b"data: x\n\n"]) == [b'{"error":{}}']
 
 
 def test_comment_only_and_empty_events_dispatch_nothing() -> None:

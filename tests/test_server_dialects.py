@@ -1,0 +1,47 @@
+"""How real OpenAI-compatible servers differ from OpenAI's own stream, over loopback HTTP.
+
+Each test serves one server's way of answering (as its source or documents show it) and checks
+what shardrun makes of it: the output, the usage, the finish_reason, the status that decides a
+retry and the error sentence. Cases the other test files already hold are not repeated here.
+"""
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.test_client import chat, one, open_stream, run, sse
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_llama_cpp_error_event_is_a_failure_not_an_empty_success() -> None:
+    """llama.cpp reports a failure inside a stream as an `error:` event (not `data:`), then ends
+    the stream with `data: [DONE]` as usual: the attempt fails with the server's words, classed
+    by its code (a prompt over the context size, 400: not retried), and is no empty success."""
+    err = {"code": 400, "message": "the request exceeds the available context size, try "
+                                   "increasing it", "type": "exceed_context_size_error"}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request, Server="llama.cpp")
+        await resp.write(b"error: " + orjson.dumps(err) + b"\n\n" + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.http_status, out.text) == ("http_4xx", 200, "")
+    assert out.error == ("error 400 in stream after 0 tokens: the request exceeds the available "
+                         "context size, try increasing it")
+    assert out.error_code == "400"
+
+    async def midway(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("a")) + sse(chat("b")))
+        await asyncio.sleep(0.01)
+        await resp.write(b'error: {"code":500,"message":"decode failed","type":"server_error"}'
+                         b"\n\n" + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(midway))
+    assert (out.status, out.text, out.wasted_tokens) == ("http_5xx", "ab", 2)
+    assert out.error == "error 500 in stream after 2 tokens: decode failed"
