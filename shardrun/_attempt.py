@@ -44,6 +44,7 @@ from shardrun._responses import ResponsesReader
 from shardrun.clock import Clock
 from shardrun.items import Api, tokens_of_chars
 from shardrun.itl import ItlHistogram
+from shardrun.retry import retry_after_of
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler
@@ -298,7 +299,8 @@ class Attempt:
         if out.conn_ready_at is None:  # a session without our StampingConnector
             self.conn_ready(None)
         out.http_status = resp.status
-        out.retry_after = hdrs.get("Retry-After")
+        # On a failure, a wait asked in milliseconds counts too (`retry_after_of`).
+        out.retry_after = hdrs.get("Retry-After") if resp.status < 400 else retry_after_of(hdrs)
         # The `is_rate_header` test inline: no function call per header.
         out.rate_headers = {k.lower(): v for k, v in hdrs.items() if k[:12].lower() == RATE_PREFIX}
         self.notify_conn()

@@ -8,6 +8,7 @@ a floor under that wait. The budget (Envoy/gRPC style) caps retries at
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,6 +152,27 @@ def is_retryable(status: str, http_status: int | None) -> bool:
     if status == "http_4xx":
         return http_status in RETRYABLE_4XX
     return status in RETRYABLE_STATUSES
+
+
+MS_HEADERS = ("retry-after-ms", "x-ms-retry-after-ms")
+"""Headers that ask for a wait in milliseconds: OpenAI's and Azure OpenAI's 429s carry them
+beside (or instead of) Retry-After, and OpenAI's own clients read them first."""
+
+
+def retry_after_of(headers: Mapping[str, str]) -> str | None:
+    """The wait a response asks for, as a Retry-After value: its Retry-After header, or the
+    seconds its millisecond header asks (`MS_HEADERS`) when that is the longer or the only
+    ask. None when it asks for none."""
+    value = headers.get("Retry-After")
+    asked = parse_retry_after(value)
+    for name in MS_HEADERS:
+        try:
+            ms = float(headers.get(name) or "nan")
+        except ValueError:
+            continue
+        if math.isfinite(ms) and ms >= 0 and (asked is None or ms / 1000 > asked):
+            asked, value = ms / 1000, f"{ms / 1000:g}"
+    return value
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

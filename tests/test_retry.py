@@ -15,6 +15,7 @@ from shardrun.retry import (
     is_retryable,
     parse_duration,
     parse_retry_after,
+    retry_after_of,
     server_wait,
 )
 
@@ -36,6 +37,22 @@ def test_retry_after_seconds_and_http_date() -> None:
     later = format_datetime(now + timedelta(seconds=90), usegmt=True)
     assert parse_retry_after(later, now=now.timestamp()) == 90.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_a_wait_asked_in_milliseconds_counts() -> None:
+    """retry-after-ms (OpenAI) and x-ms-retry-after-ms (Azure OpenAI) ask in milliseconds: as
+    seconds they stand in for Retry-After when it is missing or asks less; junk, negative and
+    infinite values ask nothing."""
+    assert retry_after_of({"retry-after-ms": "2500"}) == "2.5"
+    assert retry_after_of({"x-ms-retry-after-ms": "800"}) == "0.8"
+    assert retry_after_of({"Retry-After": "1", "retry-after-ms": "1500"}) == "1.5"
+    assert retry_after_of({"Retry-After": "2", "retry-after-ms": "1500"}) == "2"
+    assert retry_after_of({"Retry-After": "soon", "retry-after-ms": "0"}) == "0"
+    later = format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
+    assert retry_after_of({"Retry-After": later, "retry-after-ms": "5000"}) == later
+    for junk in ("", "soon", "-5", "inf", "nan"):
+        assert retry_after_of({"retry-after-ms": junk}) is None
+        assert retry_after_of({"Retry-After": "4", "retry-after-ms": junk}) == "4"
 
 
 def test_rate_limit_reset_durations() -> None:

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from shardrun.retry import Retrier, RetryPolicy
 from tests.test_client import chat, one, open_stream, run, sse
 
 pytestmark = pytest.mark.timeout(30)
@@ -45,3 +46,27 @@ def test_llama_cpp_error_event_is_a_failure_not_an_empty_success() -> None:
     out = run(one(midway))
     assert (out.status, out.text, out.wasted_tokens) == ("http_5xx", "ab", 2)
     assert out.error == "error 500 in stream after 2 tokens: decode failed"
+
+
+@pytest.mark.parametrize(("headers", "asked"), [
+    ({"retry-after-ms": "2500"}, "2.5"),  # OpenAI's
+    ({"Retry-After": "1", "retry-after-ms": "1500"}, "1.5"),  # the longer ask wins
+    ({"x-ms-retry-after-ms": "4000"}, "4"),  # Azure OpenAI's
+])  # fmt: skip
+def test_a_429_asking_in_milliseconds_is_waited_out(headers: dict[str, str], asked: str) -> None:
+    """A 429 that asks for its wait in milliseconds: the attempt records it as seconds, and the
+    retry waits at least that long (before, the ask was unread and the retry came on backoff's
+    fraction of a second)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                          "code": "rate_limit_exceeded"}}
+        return web.json_response(body, status=429, headers=headers)
+
+    out = run(one(handler))
+    assert (out.status, out.retry_after) == ("http_429", asked)
+    assert out.error == "HTTP 429: Rate limit reached for requests"
+    decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
+        out.status, out.http_status, 1, out.retry_after, out.rate_headers)
+    assert (decision.retry, decision.why, decision.wait) == (True, "server", float(asked))
+
