@@ -512,6 +512,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         api=spec.endpoint.api,
         model=spec.endpoint.model,
         api_key=endpoint.api_key,
+        api_key_env=spec.endpoint.api_key_env,
         api_key_header=spec.endpoint.api_key_header,
         headers=dict(spec.endpoint.headers),
         stream_usage=spec.endpoint.stream_usage,

@@ -1086,9 +1086,11 @@ class Shard:
             return
         if http == 401 or (http == 403 and not self.ok_once):
             # The error already reads "HTTP 401: <the server's message>".
-            fix = ("set the right key in the variable endpoint.api_key_env names"
-                   if self.cfg.api_key is not None else
-                   "the job sends no key: name the variable holding it in endpoint.api_key_env")
+            name = self.cfg.api_key_env
+            fix = (f"set the right key in {name} (the variable endpoint.api_key_env names)"
+                   if self.cfg.api_key is not None and name is not None else
+                   "the job sends no key: name the variable that holds one in "
+                   "endpoint.api_key_env")  # fmt: skip
             self._go_fatal("the endpoint refused the credentials "
                            f"({outcome.error or f'HTTP {http}'}): {fix}, then "
                            f"{self.cfg.way_on}", ABANDON)

@@ -32,6 +32,7 @@ class ShardConfig:
     api: str
     model: str
     api_key: str | None = None
+    api_key_env: str | None = None  # the variable the key came from, for the messages
     api_key_header: str = "Authorization"
     headers: dict[str, str] = field(default_factory=dict)  # the job's own, for every request
     stream_usage: bool = True  # ask for usage in the stream (stream_options.include_usage)

@@ -2445,8 +2445,8 @@ def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -
         assert proc.returncode == 1
         assert "refused the credentials (HTTP 401" in proc.stderr
         (error,) = error_lines(proc.stderr, tmp_path)
-        assert error.endswith(": set the right key in the variable endpoint.api_key_env names, "
-                              "then continue with --resume"), error
+        assert error.endswith(": set the right key in KEY (the variable endpoint.api_key_env "
+                              "names), then continue with --resume"), error
         assert "HTTP 401: HTTP 401" not in proc.stderr + proc.stdout
         run = Run.load(only_run(tmp_path / "runs"))
         assert not run.dead and not run.results
@@ -2467,7 +2467,7 @@ def test_refused_credentials_of_a_job_without_a_key_say_to_name_one(tmp_path: Pa
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 1
     (error,) = error_lines(proc.stderr, tmp_path)
-    assert error.endswith("): the job sends no key: name the variable holding it in "
+    assert error.endswith("): the job sends no key: name the variable that holds one in "
                           "endpoint.api_key_env, then continue with --resume"), error
 
 
