@@ -6,6 +6,7 @@ retry and the error sentence. Cases the other test files already hold are not re
 """
 
 import asyncio
+import gzip
 
 import orjson
 import pytest
@@ -70,3 +71,26 @@ def test_a_429_asking_in_milliseconds_is_waited_out(headers: dict[str, str], ask
         out.status, out.http_status, 1, out.retry_after, out.rate_headers)
     assert (decision.retry, decision.why, decision.wait) == (True, "server", float(asked))
 
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gzip_compressed_answer_is_read(stream: bool) -> None:
+    """A gateway that compresses its answer (Content-Encoding: gzip): a whole JSON answer to a
+    streaming request (a server that ignores `stream`), and an event stream, both read as sent
+    uncompressed."""
+    answer = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+              "message": {"role": "assistant", "content": "compressed hi"}}],
+              "usage": {"prompt_tokens": 2, "completion_tokens": 2}}  # fmt: skip
+    events = sse(chat("compressed")) + sse(chat(" hi")) + sse(chat(None, "stop")) + sse(
+        {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2}}) + sse(b"[DONE]")
+    body = events if stream else orjson.dumps(answer)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert "gzip" in request.headers.get("Accept-Encoding", "")
+        ctype = "text/event-stream" if stream else "application/json"
+        return web.Response(body=gzip.compress(body), headers={
+            "Content-Type": ctype, "Content-Encoding": "gzip"})
+
+    out = run(one(handler))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "compressed hi", "stop")
+    assert (out.prompt_tokens, out.completion_tokens) == (2, 2)
