@@ -141,6 +141,9 @@ class AttemptOutcome:
     itl: ItlHistogram = field(default_factory=ItlHistogram)
     error: str | None = None
     error_code: str | None = None  # the server's name for the error (its code, else its type)
+    # The error body says a moderation check flagged the request's content (`read_error_body`):
+    # the item is refused, not the credentials, whatever the status (OpenRouter's is 403).
+    flagged: bool = False
     # A 2xx answer that was no event stream and no JSON answer: a login page, a proxy's notice,
     # a web app at the wrong base_url. Every request would meet it (`Shard._note_failure`).
     not_an_answer: bool = False

@@ -765,16 +765,23 @@ def error_message(body: bytes) -> str:
     return read_error_body(body)[0]
 
 
-def read_error_body(body: bytes) -> tuple[str, str | None]:
-    """(`error_message`, `error_name`) of an error body, read with one parse."""
+def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
+    """(`error_message`, `error_name`, `flagged`) of an error body, read with one parse.
+
+    `flagged`: the error says a moderation check flagged this request's content, as
+    OpenRouter's 403 does (its `metadata` names the `reasons` and the `flagged_input`): a
+    refusal of the item, not of the credentials."""
     msg: object = None
     err: object = None
+    flagged = False
     if (obj := json_object(body)) is not None:
         err = obj.get("error", obj)
         msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
+        meta = err.get("metadata") if isinstance(err, dict) else None
+        flagged = isinstance(meta, dict) and ("flagged_input" in meta or "reasons" in meta)
     if not isinstance(msg, str) or not msg:
         msg = body.decode("utf-8", "replace")
-    return clip(msg) or "(empty body)", error_name(err)
+    return clip(msg) or "(empty body)", error_name(err), flagged
 
 
 def clip(value: object) -> str:

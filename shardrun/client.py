@@ -268,7 +268,7 @@ class StreamingClient:
             parts.append(chunk)
             size += len(chunk)
         body = b"".join(parts)[:_ERROR_BODY_MAX]
-        message, st.out.error_code = read_error_body(body)
+        message, st.out.error_code, st.out.flagged = read_error_body(body)
         st.out.error = f"{prefix}: {message}"
 
 

@@ -1084,7 +1084,7 @@ class Shard:
                            f"({outcome.error or outcome.error_code}): add credit or raise the "
                            f"account's limit, then {self.cfg.way_on}", ABANDON)
             return
-        if http == 401 or (http == 403 and not self.ok_once):
+        if http == 401 or (http == 403 and not self.ok_once and not outcome.flagged):
             # The error already reads "HTTP 401: <the server's message>".
             name = self.cfg.api_key_env
             fix = (f"set the right key in {name} (the variable endpoint.api_key_env names)"

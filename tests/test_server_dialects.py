@@ -7,12 +7,15 @@ retry and the error sentence. Cases the other test files already hold are not re
 
 import asyncio
 import gzip
+from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp import web
 
+from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
+from shardrun.shard import ABANDON, Shard, ShardConfig
 from tests.test_client import chat, one, open_stream, run, sse
 
 pytestmark = pytest.mark.timeout(30)
@@ -94,3 +97,42 @@ def test_a_gzip_compressed_answer_is_read(stream: bool) -> None:
     out = run(one(handler))
     assert (out.status, out.text, out.finish_reason) == ("ok", "compressed hi", "stop")
     assert (out.prompt_tokens, out.completion_tokens) == (2, 2)
+
+
+def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body, status=status)
+
+    out: AttemptOutcome = run(one(handler))
+    return out
+
+
+def _shard_after(tmp_path: Path, out: AttemptOutcome) -> Shard:
+    """A shard that has not yet seen a success, told of the failed attempt `out`."""
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", api_key="k", api_key_env="OPENROUTER_API_KEY")
+    shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+    shard._note_failure(out, "http://x/v1/chat/completions")
+    shard.close()
+    return shard
+
+
+def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) -> None:
+    """OpenRouter answers 403 when a moderation check flags an item's input (its error's
+    `metadata` names the reasons and the flagged input): that item is refused, and the run goes
+    on; it was read as refused credentials, which stopped the whole run if it came first. A 403
+    without that metadata before any success still stops the run naming the key's variable."""
+    flagged = {"error": {"code": 403, "message": "Your input was flagged for harassment",
+                         "metadata": {"reasons": ["harassment"], "flagged_input": "you...",
+                                      "provider_name": "p", "model_slug": "m"}}}
+    out = _refused(403, flagged)
+    assert (out.status, out.flagged, out.error) == (
+        "http_4xx", True, "HTTP 403: Your input was flagged for harassment")
+    assert _shard_after(tmp_path, out).fatal_reason is None
+    out = _refused(403, {"error": {"code": 403, "message": "Key disabled"}})
+    assert not out.flagged
+    shard = _shard_after(tmp_path, out)
+    assert shard.fatal_mode == ABANDON and shard.fatal_reason == (
+        "the endpoint refused the credentials (HTTP 403: Key disabled): set the right key in "
+        "OPENROUTER_API_KEY (the variable endpoint.api_key_env names), then continue with "
+        "--resume")
