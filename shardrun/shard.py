@@ -1077,9 +1077,11 @@ class Shard:
                            f"{self.open_files} open files per process: raise it (ulimit -n) "
                            f"or lower the concurrency, then {self.cfg.way_on}", ABANDON)
             return
-        if outcome.error_code in QUOTA_NAMES:
-            # OpenAI answers 429 once the account's credit is used up: a retry never cures it,
-            # and every item would spend its attempts on it. Stop, and leave them for --resume.
+        if outcome.error_code in QUOTA_NAMES or http == 402:
+            # OpenAI answers 429 once the account's credit is used up, OpenRouter 402 (Payment
+            # Required): a retry never cures it, and every item would spend its attempts on it
+            # (or, a 402 not being retried, be dead-lettered at once). Stop, and leave them for
+            # --resume.
             self._go_fatal(f"the endpoint says the account's quota is used up "
                            f"({outcome.error or outcome.error_code}): add credit or raise the "
                            f"account's limit, then {self.cfg.way_on}", ABANDON)

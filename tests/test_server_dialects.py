@@ -117,6 +117,19 @@ def _shard_after(tmp_path: Path, out: AttemptOutcome) -> Shard:
     return shard
 
 
+def test_a_402_for_credits_stops_the_run_as_a_used_up_quota(tmp_path: Path) -> None:
+    """OpenRouter answers 402 (Payment Required) once the credits are used up: no item will
+    succeed until someone adds more, so the run stops for --resume as for OpenAI's
+    insufficient_quota (before, a 402 was any item's 4xx: every remaining item dead-lettered)."""
+    out = _refused(402, {"error": {"code": 402, "message": "Insufficient credits. Add more "
+                                   "using https://example.invalid/credits"}})
+    assert (out.status, out.error_code) == ("http_4xx", "402")
+    shard = _shard_after(tmp_path, out)
+    assert shard.fatal_mode == ABANDON and shard.fatal_reason is not None
+    assert shard.fatal_reason.startswith(
+        "the endpoint says the account's quota is used up (HTTP 402: Insufficient credits.")
+
+
 def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) -> None:
     """OpenRouter answers 403 when a moderation check flags an item's input (its error's
     `metadata` names the reasons and the flagged input): that item is refused, and the run goes
