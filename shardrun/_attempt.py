@@ -330,7 +330,11 @@ class Attempt:
         if end == MORE:
             return False
         if end == DONE:
-            self.done = True
+            if out.content_chunks or reader.finish_reason is not None:
+                self.done = True
+            else:  # an empty answer has its finish_reason ("stop", "length"): this has nothing
+                self.fail("protocol_error", "the stream reached [DONE] with nothing in it: no "
+                          "content, reasoning or tool call, and no finish_reason")
         elif end == BAD:
             bad = clip(self.reader.bad.decode("utf-8", "replace"))
             self.fail("protocol_error",

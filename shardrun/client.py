@@ -13,7 +13,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     timeout_idle         no bytes for idle_s after the first token
     timeout_total        the attempt as a whole exceeded total_s (wins over the others)
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
-    protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error
+    protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
+                         a stream with nothing in it (no token of any kind, no finish_reason)
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.

@@ -16,7 +16,7 @@ from aiohttp import web
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, Shard, ShardConfig
-from tests.test_client import chat, one, open_stream, run, sse
+from tests.test_client import Handler, chat, one, open_stream, run, sse
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -149,3 +149,26 @@ def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) 
         "the endpoint refused the credentials (HTTP 403: Key disabled): set the right key in "
         "OPENROUTER_API_KEY (the variable endpoint.api_key_env names), then continue with "
         "--resume")
+
+
+def test_a_stream_with_nothing_in_it_is_no_success() -> None:
+    """A stream that reaches [DONE] with no content, reasoning or tool call and no finish_reason
+    (a role chunk and usage at most) holds no answer: a protocol_error, retried, where it was an
+    empty success. An empty answer that says why it ended (finish_reason) stays a success."""
+
+    def handler_of(*payloads: object) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            resp = await open_stream(request)
+            await resp.write(b"".join(map(sse, payloads)) + sse(b"[DONE]"))
+            return resp
+        return handler
+
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}
+    for payloads in [(), (role, usage)]:
+        out = run(one(handler_of(*payloads)))
+        assert (out.status, out.text) == ("protocol_error", "")
+        assert out.error == ("the stream reached [DONE] with nothing in it: no content, "
+                             "reasoning or tool call, and no finish_reason")
+    out = run(one(handler_of(role, chat(None, "length"), usage)))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "", "length")
