@@ -343,7 +343,10 @@ class ChunkReader:
             self.reasoning.append(text)
             found = True
         if calls := delta.get("tool_calls"):
-            merge_tool_calls(self.tool_calls, calls)
+            if merge_tool_calls(self.tool_calls, calls) and self._asuffix:
+                # A call started at an index in use: the arguments envelope (learned with that
+                # index in it) would put its pieces on the call before. Learn it again.
+                self._aprefix = self._asuffix = b""
             found = True
         refusal = delta.get("refusal")
         if refusal and isinstance(refusal, str):
@@ -369,7 +372,7 @@ class ChunkReader:
         text = function.get("arguments") if isinstance(function, dict) else None
         if not (text and isinstance(text, str) and self._adopt(payload, text, ARGUMENTS)):
             return False
-        self._acall = self.tool_calls[calls[0].get("index", 0)].arguments  # as merged
+        self._acall = latest_call(self.tool_calls[calls[0].get("index", 0)]).arguments
         return True
 
     def tool_call_list(self) -> list[dict[str, Any]] | None:
@@ -519,13 +522,15 @@ class ToolCallParts:
     `as_message`: appending to a string copies all of it, which for an argument text of many
     pieces is quadratic."""
 
-    __slots__ = ("arguments", "id", "name", "type")
+    __slots__ = ("arguments", "id", "later", "name", "type")
 
     def __init__(self) -> None:
         self.id: str | None = None
         self.type = "function"
         self.name: list[str] = []
         self.arguments: list[str] = []
+        # A later call that the server sent with this call's index (`merge_tool_calls`).
+        self.later: ToolCallParts | None = None
 
     def as_message(self) -> dict[str, Any]:
         """The call as a chat message holds it."""
@@ -541,8 +546,9 @@ def call_list(calls: dict[int, ToolCallParts]) -> list[dict[str, Any]] | None:
     return [calls[i].as_message() for i in sorted(calls)] if calls else None
 
 
-def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
-    """Merge one chunk's `tool_calls` deltas into `calls`, the calls so far by index.
+def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> bool:
+    """Merge one chunk's `tool_calls` deltas into `calls`, the calls so far by index; True if
+    one of them started a call at an index already in use (see below).
 
     A stream sends each call in pieces: its first delta has the `id`, `type` and function
     `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
@@ -551,15 +557,28 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
     "custom") has `custom` with `name` and `input` in their place. A delta not shaped so raises
     one of `PARSE_ERRORS` (the stream is then malformed), and so does an `index` that is not an
     integer (`"index": null` beside `"index": 0` broke the sort at the stream's end).
+
+    A delta whose `id` is not that of the call at its index starts another call, after all the
+    others: Ollama sends every call of an answer with index 0, and some gateways send none (0
+    is taken then), each call whole in one delta. Merged by index, two calls became one with
+    both names and `{...}{...}` as its arguments. Later deltas without an `id` at that index
+    go to the latest call started there (`latest_call`).
     """
+    moved = False
     for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
         index = delta.get("index", 0)
         if type(index) is not int:  # null, a string: the calls could not be put in order
             raise TypeError(f"tool call index {index!r}")
         call = calls.get(index)
+        ident = delta.get("id")
         if call is None:
             call = calls[index] = ToolCallParts()
-        if ident := delta.get("id"):
+        else:
+            call = latest_call(call)
+            if ident and call.id is not None and str(ident) != call.id:
+                call.later = call = calls[max(calls) + 1] = ToolCallParts()
+                moved = True
+        if ident:
             call.id = str(ident)
         if kind := delta.get("type"):
             call.type = str(kind)
@@ -568,6 +587,14 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> None:
                 call.name.append(_text(name))
             if text := function.get("arguments") or function.get("input"):
                 call.arguments.append(_text(text))
+    return moved
+
+
+def latest_call(call: ToolCallParts) -> ToolCallParts:
+    """The latest call the server sent with the index of `call` (`merge_tool_calls`)."""
+    while call.later is not None:
+        call = call.later
+    return call
 
 
 def merge_function_call(call: ToolCallParts | None, delta: object) -> ToolCallParts:

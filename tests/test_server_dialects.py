@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, Shard, ShardConfig
@@ -172,3 +173,59 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
                              "reasoning or tool call, and no finish_reason")
     out = run(one(handler_of(role, chat(None, "length"), usage)))
     assert (out.status, out.text, out.finish_reason) == ("ok", "", "length")
+
+
+def _call_delta(arguments: str, index: int | None = 0, ident: str | None = None,
+                name: str | None = None) -> dict[str, object]:
+    call: dict[str, object] = {"function": {"arguments": arguments}}
+    if name is not None:
+        call = {"id": ident, "type": "function", "function": {"name": name,
+                                                             "arguments": arguments}}
+    if index is not None:
+        call["index"] = index
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+
+def _calls(*pairs: tuple[str, str, str]) -> list[dict[str, object]]:
+    return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in pairs]
+
+
+@pytest.mark.parametrize("index", [0, None])
+def test_tool_calls_that_share_an_index_stay_apart(index: int | None) -> None:
+    """Ollama sends every tool call of an answer with index 0 (some gateways with none), each
+    whole in one delta with its own id: they are two calls, not one with both names and
+    `{...}{...}` as its arguments. No content: the output is empty, the finish_reason says
+    tool_calls and the calls count as generated tokens."""
+    chunks = [_call_delta('{"path":"a.py"}', index, "call_a", "write"),
+              _call_delta('{"path":"b.py"}', index, "call_b", "write"),
+              chat(None, "tool_calls")]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for c in chunks:
+            await resp.write(sse(c))
+        await resp.write(sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.text, out.finish_reason, out.content_chunks) == (
+        "ok", "", "tool_calls", 2)
+    assert out.tool_calls == _calls(("call_a", "write", '{"path":"a.py"}'),
+                                    ("call_b", "write", '{"path":"b.py"}'))
+
+
+def test_tool_call_pieces_after_a_shared_index_go_to_the_latest_call() -> None:
+    """A server that reuses index 0 and streams each call's arguments in pieces: the pieces
+    after the second call's start are that call's, also once the reader has learned the
+    arguments chunks' bytes (the envelope, whose index is the same for both calls)."""
+    first = [_call_delta("", 0, "call_a", "f")] + [_call_delta(p) for p in ('{"x"', ":1", "}")]
+    second = [_call_delta("", 0, "call_b", "g")] + [_call_delta(p) for p in ('{"y"', ":2", "}")]
+    reader = ChunkReader(chat=True)
+    for payload in [*first, *second]:
+        assert reader.read([orjson.dumps(payload)], []) == MORE
+    assert reader.tool_call_list() == _calls(("call_a", "f", '{"x":1}'), ("call_b", "g", '{"y":2}'))
+    many = ChunkReader(chat=True)  # the same, as reads of many payloads
+    assert many.read([orjson.dumps(p) for p in first], []) == MORE
+    assert many.read([orjson.dumps(p) for p in second], []) == MORE
+    assert many.tool_call_list() == reader.tool_call_list()
