@@ -4,8 +4,9 @@ A failed request is data, not an exception: the shard turns every outcome into a
 event and decides about retries from `status`. Only cancellation propagates.
 
     status               when
-    ok                   the stream reached `data: [DONE]`, or the 2xx body was one complete
-                         JSON answer instead of a stream (a server that ignores `stream`)
+    ok                   the stream reached `data: [DONE]`, or its body ended cleanly after a
+                         finish_reason, or the 2xx body was one complete JSON answer instead of
+                         a stream (a server that ignores `stream`)
     http_429 / _5xx      HTTP 429 / 5xx, or an error object with that code inside the stream
     http_4xx             any other HTTP 4xx (message taken from the error body, <= 64 KiB read)
     timeout_connect      no connection (pool slot + DNS + TCP/TLS) within connect_s
@@ -248,6 +249,12 @@ class StreamingClient:
             if before_events and st.take_whole(b"".join(before_events), now_of()):
                 if out.first_token_at is not None and on_first_token is not None:
                     call_caller(on_first_token, out.first_token_at)
+                return
+            if self._api != "responses" and st.reader.finish_reason is not None:
+                # The body ended cleanly after the answer's finish_reason, with no [DONE]: some
+                # servers never send it (ik_llama.cpp's). The answer is whole; only a usage
+                # chunk may be missing, and then its tokens are estimated.
+                st.done = True
                 return
             ctype = resp.headers.get("Content-Type", "")
             stream = "event-stream" in ctype

@@ -229,3 +229,21 @@ def test_tool_call_pieces_after_a_shared_index_go_to_the_latest_call() -> None:
     assert many.read([orjson.dumps(p) for p in first], []) == MORE
     assert many.read([orjson.dumps(p) for p in second], []) == MORE
     assert many.tool_call_list() == reader.tool_call_list()
+
+
+def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> None:
+    """Some servers (ik_llama.cpp) end the body after the chunk with the finish_reason and never
+    send `data: [DONE]`: the answer is whole, so the attempt is ok (it was a protocol_error,
+    retried and in the end dead-lettered, for every item). Without a finish_reason the end of
+    the body still cuts the answer short (test_client's test_stream_cut_without_done)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        usage = {"prompt_tokens": 3, "completion_tokens": 2}
+        await resp.write(sse(chat("a")) + sse(chat("b")) + sse({**chat(None, "stop"),
+                                                               "usage": usage}))
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.error, out.text, out.finish_reason) == ("ok", None, "ab", "stop")
+    assert (out.completion_tokens, out.usage_estimated, out.wasted_tokens) == (2, False, 0)
