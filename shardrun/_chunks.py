@@ -306,6 +306,12 @@ class ChunkReader:
                             # fuller one, or one without content, may carry other text.
                             if (piece is None or len(delta) > 1) and self._other(delta):
                                 other = True
+                            if type(piece) is list:  # Mistral's parts (`content_parts`)
+                                piece, thought = content_parts(piece)
+                                if thought:
+                                    self.reasoning.append(thought)
+                                    self.other_chunks += not other
+                                    other = True
                     else:
                         piece = first.get("text")
                     if reason := first.get("finish_reason"):
@@ -640,6 +646,8 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         text = message.get("content") if isinstance(message, dict) else None
         if isinstance(message, dict):
             thought = message.get("reasoning_content") or message.get("reasoning")
+            if type(text) is list:  # Mistral's parts (`content_parts`)
+                text, thought = content_parts(text)
             if thought and isinstance(thought, str):
                 reader.reasoning.append(thought)
             refusal = message.get("refusal")
@@ -659,6 +667,28 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         reader.cached_tokens, reader.reasoning_tokens = usage_details(
             usage, "prompt_tokens_details", "completion_tokens_details")
     return text if isinstance(text, str) else ""
+
+
+def content_parts(parts: list[Any]) -> tuple[str, str]:
+    """(answer, thought) of a content sent as a list of parts: Mistral's reasoning models send
+    `[{"type": "thinking", "thinking": [{"type": "text", "text": ...}]}, {"type": "text",
+    "text": ...}]` where chat has a string. Text parts are the answer, thinking parts (a list
+    of text parts, or a string) the thought; other parts (references), and parts or texts
+    not shaped so, are no text (as a content that is no string is none)."""
+    answer: list[str] = []
+    thought: list[str] = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(text := part.get("text"), str):
+            answer.append(text)
+        elif kind == "thinking":
+            inner = part.get("thinking")
+            for t in inner if isinstance(inner, list) else [inner]:
+                if isinstance(t, str):
+                    thought.append(t)
+                elif isinstance(t, dict) and isinstance(text := t.get("text"), str):
+                    thought.append(text)
+    return "".join(answer), "".join(thought)
 
 
 def json_object(body: bytes) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, Shard, ShardConfig
-from tests.test_client import Handler, chat, one, open_stream, run, sse
+from tests.test_client import chat, one, open_stream, run, sse, streaming
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -157,21 +157,14 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
     (a role chunk and usage at most) holds no answer: a protocol_error, retried, where it was an
     empty success. An empty answer that says why it ended (finish_reason) stays a success."""
 
-    def handler_of(*payloads: object) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            resp = await open_stream(request)
-            await resp.write(b"".join(map(sse, payloads)) + sse(b"[DONE]"))
-            return resp
-        return handler
-
     role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
     usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}
     for payloads in [(), (role, usage)]:
-        out = run(one(handler_of(*payloads)))
+        out = run(one(streaming(*payloads, b"[DONE]")))
         assert (out.status, out.text) == ("protocol_error", "")
         assert out.error == ("the stream reached [DONE] with nothing in it: no content, "
                              "reasoning or tool call, and no finish_reason")
-    out = run(one(handler_of(role, chat(None, "length"), usage)))
+    out = run(one(streaming(role, chat(None, "length"), usage, b"[DONE]")))
     assert (out.status, out.text, out.finish_reason) == ("ok", "", "length")
 
 
@@ -200,15 +193,7 @@ def test_tool_calls_that_share_an_index_stay_apart(index: int | None) -> None:
     chunks = [_call_delta('{"path":"a.py"}', index, "call_a", "write"),
               _call_delta('{"path":"b.py"}', index, "call_b", "write"),
               chat(None, "tool_calls")]
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = await open_stream(request)
-        for c in chunks:
-            await resp.write(sse(c))
-        await resp.write(sse(b"[DONE]"))
-        return resp
-
-    out = run(one(handler))
+    out = run(one(streaming(*chunks, b"[DONE]")))
     assert (out.status, out.text, out.finish_reason, out.content_chunks) == (
         "ok", "", "tool_calls", 2)
     assert out.tool_calls == _calls(("call_a", "write", '{"path":"a.py"}'),
@@ -236,14 +221,44 @@ def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> N
     send `data: [DONE]`: the answer is whole, so the attempt is ok (it was a protocol_error,
     retried and in the end dead-lettered, for every item). Without a finish_reason the end of
     the body still cuts the answer short (test_client's test_stream_cut_without_done)."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        resp = await open_stream(request)
-        usage = {"prompt_tokens": 3, "completion_tokens": 2}
-        await resp.write(sse(chat("a")) + sse(chat("b")) + sse({**chat(None, "stop"),
-                                                               "usage": usage}))
-        return resp
-
-    out = run(one(handler))
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
+    out = run(one(streaming(chat("a"), chat("b"), {**chat(None, "stop"), "usage": usage})))
     assert (out.status, out.error, out.text, out.finish_reason) == ("ok", None, "ab", "stop")
     assert (out.completion_tokens, out.usage_estimated, out.wasted_tokens) == (2, False, 0)
+
+
+def _parts(*parts: dict[str, object], finish: str | None = None) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"role": "assistant", "content": list(parts)},
+                         "finish_reason": finish}]}  # fmt: skip
+
+
+def _thinking(text: str) -> dict[str, object]:
+    return {"type": "thinking", "thinking": [{"type": "text", "text": text}]}
+
+
+def test_mistral_content_parts_are_the_answer_and_the_thought() -> None:
+    """Mistral's reasoning models send `delta.content` as a list of parts, `thinking` parts
+    (the thought) and then `text` parts (the answer): the answer lands in the output and the
+    thought in `reasoning`, where both were dropped and the item succeeded with an empty
+    output. A whole (non-streamed) answer shaped so reads the same."""
+    chunks = [_parts(_thinking("The user")), _parts(_thinking(" wants 4.")),
+              _parts({"type": "text", "text": "2+2"}), _parts({"type": "text", "text": " = 4"}),
+              _parts({"type": "reference", "reference_ids": [1]}, finish="stop")]
+    out = run(one(streaming(*chunks, b"[DONE]")))
+    assert (out.status, out.text, out.reasoning, out.finish_reason) == (
+        "ok", "2+2 = 4", "The user wants 4.", "stop")
+    assert out.content_chunks == 4
+    whole = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+             "message": {"role": "assistant", "content": [_thinking("hm"),
+                                                          {"type": "text", "text": "4"}]}}]}
+
+    async def whole_handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(whole)
+
+    out = run(one(whole_handler))
+    assert (out.status, out.text, out.reasoning) == ("ok", "4", "hm")
+    reader = ChunkReader(chat=True)  # parts not shaped so are no text, as other contents
+    bad = _parts({"type": "thinking", "thinking": [5, {"text": 6}]}, {"type": "text"}, "a",
+                 {"type": "thinking", "thinking": 7})
+    assert reader.read([orjson.dumps(bad)], pieces := []) == MORE
+    assert (pieces, reader.reasoning, reader.other_chunks) == ([], [], 0)
