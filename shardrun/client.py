@@ -252,8 +252,8 @@ class StreamingClient:
                 return
             if self._api != "responses" and st.reader.finish_reason is not None:
                 # The body ended cleanly after the answer's finish_reason, with no [DONE]: some
-                # servers never send it (ik_llama.cpp's). The answer is whole; only a usage
-                # chunk may be missing, and then its tokens are estimated.
+                # servers send none (ik_llama.cpp's, before June 2025). The answer is whole; only
+                # a usage chunk may be missing, and then its tokens are estimated.
                 st.done = True
                 return
             ctype = resp.headers.get("Content-Type", "")

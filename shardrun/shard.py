@@ -13,6 +13,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import socket
 import sys
 import traceback
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip
@@ -1088,14 +1090,9 @@ class Shard:
             return
         if http == 401 or (http == 403 and not self.ok_once and not outcome.flagged):
             # The error already reads "HTTP 401: <the server's message>".
-            name = self.cfg.api_key_env
-            fix = (f"set the right key in {name} (the variable endpoint.api_key_env names)"
-                   if self.cfg.api_key is not None and name is not None else
-                   "the job sends no key: name the variable that holds one in "
-                   "endpoint.api_key_env")  # fmt: skip
             self._go_fatal("the endpoint refused the credentials "
-                           f"({outcome.error or f'HTTP {http}'}): {fix}, then "
-                           f"{self.cfg.way_on}", ABANDON)
+                           f"({outcome.error or f'HTTP {http}'}): {credentials_fix(self.cfg)}, "
+                           f"then {self.cfg.way_on}", ABANDON)
             return
         if http == 407:
             said = (outcome.error or "HTTP 407").removeprefix("the proxy answered ")  # a CONNECT
@@ -1306,6 +1303,23 @@ class Shard:
         self.log.emit(events.SHARD_END, t=self.clock.now(), **self.counters.as_dict())
         self.log.checkpoint(self.clock.now())
         self.out.close()
+
+
+_CREDENTIAL_HEADER = re.compile(r"auth|key|token", re.IGNORECASE)
+
+
+def credentials_fix(cfg: ShardConfig) -> str:
+    """What to set when the endpoint refuses the credentials: the key's variable, by name; or,
+    when the job sends no credentials at all (no key, no password in the URL, no header that
+    could carry one), that it sends none."""
+    name = cfg.api_key_env
+    if cfg.api_key is not None and name is not None:
+        return f"set the right key in {name} (the variable endpoint.api_key_env names)"
+    if urlsplit(cfg.base_url).password is None and not any(
+            map(_CREDENTIAL_HEADER.search, cfg.headers)):
+        return "the job sends no key: name the variable that holds one in endpoint.api_key_env"
+    return ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
+            "the password in endpoint.base_url or the header in endpoint.headers that carry one")
 
 
 async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:

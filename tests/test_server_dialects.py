@@ -8,6 +8,7 @@ retry and the error sentence. Cases the other test files already hold are not re
 import asyncio
 import gzip
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +17,7 @@ from aiohttp import web
 from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
-from shardrun.shard import ABANDON, Shard, ShardConfig
+from shardrun.shard import ABANDON, Shard, ShardConfig, credentials_fix
 from tests.test_client import chat, one, open_stream, run, sse, streaming
 
 pytestmark = pytest.mark.timeout(30)
@@ -217,10 +218,11 @@ def test_tool_call_pieces_after_a_shared_index_go_to_the_latest_call() -> None:
 
 
 def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> None:
-    """Some servers (ik_llama.cpp) end the body after the chunk with the finish_reason and never
-    send `data: [DONE]`: the answer is whole, so the attempt is ok (it was a protocol_error,
-    retried and in the end dead-lettered, for every item). Without a finish_reason the end of
-    the body still cuts the answer short (test_client's test_stream_cut_without_done)."""
+    """Some servers (ik_llama.cpp's, before June 2025) end the body after the chunk with the
+    finish_reason and send no `data: [DONE]`: the answer is whole, so the attempt is ok (it was
+    a protocol_error, retried and in the end dead-lettered, for every item). Without a
+    finish_reason the end of the body still cuts the answer short (test_client's
+    test_stream_cut_without_done)."""
     usage = {"prompt_tokens": 3, "completion_tokens": 2}
     out = run(one(streaming(chat("a"), chat("b"), {**chat(None, "stop"), "usage": usage})))
     assert (out.status, out.error, out.text, out.finish_reason) == ("ok", None, "ab", "stop")
@@ -262,3 +264,22 @@ def test_mistral_content_parts_are_the_answer_and_the_thought() -> None:
                  {"type": "thinking", "thinking": 7})
     assert reader.read([orjson.dumps(bad)], pieces := []) == MORE
     assert (pieces, reader.reasoning, reader.other_chunks) == ([], [], 0)
+
+
+def test_the_credentials_sentence_names_what_the_job_sends(tmp_path: Path) -> None:
+    """The sentence of a credentials stop names the key's variable; says the job sends no key
+    when it sends no credentials at all; and names the other places credentials come from when
+    the job sends them there (a URL's password, a header of the job's)."""
+
+    def cfg(**kw: Any) -> ShardConfig:
+        return ShardConfig(**{"shard": 0, "run_id": "r", "out_dir": str(tmp_path), "api": "chat",
+                              "model": "m", "base_url": "http://h/v1", **kw})
+
+    assert credentials_fix(cfg(api_key="k", api_key_env="KEY")) == (
+        "set the right key in KEY (the variable endpoint.api_key_env names)")
+    none = "the job sends no key: name the variable that holds one in endpoint.api_key_env"
+    assert credentials_fix(cfg(headers={"OpenAI-Organization": "org"})) == none
+    other = ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
+             "the password in endpoint.base_url or the header in endpoint.headers that carry one")
+    assert credentials_fix(cfg(base_url="http://u:p@h/v1")) == other
+    assert credentials_fix(cfg(headers={"X-Api-Key": "k"})) == other
