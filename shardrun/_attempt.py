@@ -404,6 +404,13 @@ class Attempt:
         if r.refusal:
             out.refusal = "".join(r.refusal)
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
+        if out.status == "ok" and r.finish_reason == "error":
+            # Some servers (Together's API, tt-inference-server) end an answer that failed on
+            # their side with finish_reason "error", keeping the text so far: no answer, but an
+            # in-stream error, retried as one (it was a success with a cut-off output).
+            out.status = "protocol_error"
+            out.error = (f"the server ended the answer with finish_reason 'error' after "
+                         f"{out.content_chunks} tokens")
         out.cached_tokens, out.reasoning_tokens = r.cached_tokens, r.reasoning_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
         if tokens is None:

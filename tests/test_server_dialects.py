@@ -18,7 +18,7 @@ from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, Shard, ShardConfig, credentials_fix
-from tests.test_client import chat, one, open_stream, run, sse, streaming
+from tests.test_client import chat, one, open_stream, run, sse, streaming, whole_answer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -227,6 +227,30 @@ def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> N
     out = run(one(streaming(chat("a"), chat("b"), {**chat(None, "stop"), "usage": usage})))
     assert (out.status, out.error, out.text, out.finish_reason) == ("ok", None, "ab", "stop")
     assert (out.completion_tokens, out.usage_estimated, out.wasted_tokens) == (2, False, 0)
+
+
+@pytest.mark.parametrize("way", ["stream", "no_done", "whole"])
+def test_an_answer_ending_with_finish_reason_error_is_no_success(way: str) -> None:
+    """Some servers (Together's API, tt-inference-server) end an answer that failed on their
+    side with finish_reason "error", the text so far kept: a protocol_error, retried (it was a
+    success whose output was cut off), streamed, streamed with no [DONE], or whole. Another
+    finish_reason of the server's own ("abort", "eos") stays a success as sent."""
+    end = [b"[DONE]"] if way == "stream" else []
+    answer = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "error",
+              "message": {"role": "assistant", "content": "ab"}}]}  # fmt: skip
+    handler = (whole_answer(orjson.dumps(answer)) if way == "whole"
+               else streaming(chat("a"), chat("b"), chat(None, "error"), *end))
+    out = run(one(handler))
+    tokens = 1 if way == "whole" else 2
+    assert (out.status, out.text, out.finish_reason) == ("protocol_error", "ab", "error")
+    assert out.error == (f"the server ended the answer with finish_reason 'error' after "
+                         f"{tokens} tokens")
+    assert out.wasted_tokens == tokens
+    decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
+        out.status, out.http_status, 1, out.retry_after, out.rate_headers)
+    assert decision.retry
+    out = run(one(streaming(chat("a"), chat(None, "eos"), *end)))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "a", "eos")
 
 
 def _parts(*parts: dict[str, object], finish: str | None = None) -> dict[str, object]:
