@@ -293,7 +293,7 @@ class ChunkReader:
                     # decoding the line to text first would. Invalid JSON raises here again.
                     obj = orjson.loads(payload.decode("utf-8", "replace"))
                 if (err := obj.get("error")) is not None:
-                    self.error = err
+                    self.error = error_of(obj, err)
                     return ERROR
                 usage = obj.get("usage")
                 if choices := obj.get("choices"):
@@ -632,7 +632,7 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     if obj is None:
         return None
     if (err := obj.get("error")) is not None:
-        reader.error = err
+        reader.error = error_of(obj, err)
         return ""
     choices = obj.get("choices")
     if type(choices) is not list or not choices or not all(isinstance(c, dict) for c in choices):
@@ -763,13 +763,26 @@ ERROR_NAMES = {
     **dict.fromkeys(("rate_limit_exceeded", "too_many_requests", "rate_limit_error"), 429),
     **dict.fromkeys(("server_error", "internal_error", "internal_server_error", "api_error",
                      "service_unavailable", "overloaded", "overloaded_error",
-                     "unavailable_error"), 500),
+                     "unavailable_error", "generation", "incomplete_generation",
+                     "stream_serialization_error"), 500),
     **dict.fromkeys(("invalid_request_error", "invalid_prompt", "context_length_exceeded",
                      "exceed_context_size_error", "bad_request", "invalid_value",
-                     "model_not_found", "insufficient_quota", "credit_balance_exhausted"), 400),
+                     "model_not_found", "insufficient_quota", "credit_balance_exhausted",
+                     "validation", "template_error", "missing_template_variable", "tool_error"),
+                    400),
 }  # fmt: skip
-"""Error codes and types (OpenAI's, llama.cpp's, gateways') that mean what an HTTP status
+"""Error codes and types (OpenAI's, llama.cpp's, TGI's, gateways') that mean what an HTTP status
 would."""
+
+
+def error_of(obj: dict[str, Any], err: object) -> object:
+    """The error an answer object carries (`err`, its "error"): TGI's is a bare message with its
+    kind beside it (`{"error": "Input validation error: ...", "error_type": "validation"}`),
+    read as OpenAI's `{"message", "type"}`, so the kind decides as a type does."""
+    kind = obj.get("error_type")
+    if isinstance(err, str) and isinstance(kind, str):
+        return {"message": err, "type": kind}
+    return err
 
 
 def stream_error(err: object, tokens: int) -> tuple[str, str]:
@@ -832,7 +845,7 @@ def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
     err: object = None
     flagged = False
     if (obj := json_object(body)) is not None:
-        err = obj.get("error", obj)
+        err = error_of(obj, obj.get("error", obj))
         msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
         meta = err.get("metadata") if isinstance(err, dict) else None
         flagged = isinstance(meta, dict) and ("flagged_input" in meta or "reasons" in meta)

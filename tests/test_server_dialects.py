@@ -54,6 +54,33 @@ def test_llama_cpp_error_event_is_a_failure_not_an_empty_success() -> None:
     assert out.error == "error 500 in stream after 2 tokens: decode failed"
 
 
+@pytest.mark.parametrize(("kind", "status"), [
+    ("validation", "http_4xx"),  # a prompt the server refuses: the same request meets the same
+    ("generation", "http_5xx"),  # a fault while generating: retried
+    ("overloaded", "http_5xx"),  # its queue is full: retried
+    ("something_new", "protocol_error"),  # a kind not known here: retried as a protocol error
+])  # fmt: skip
+def test_tgi_error_kind_decides_as_an_error_type(kind: str, status: str) -> None:
+    """Text Generation Inference reports an error as a bare message with its kind beside it,
+    `{"error": "...", "error_type": "validation"}`, inside a stream (here after one token) as in
+    an error body: the kind decides the status as OpenAI's error type does (every such error
+    was a protocol_error, retried, a refused prompt included) and is the error's name."""
+    err = {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096",
+           "error_type": kind}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request, Server="text-generation-inference")
+        await resp.write(sse(chat("a")) + sse(err))
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.http_status, out.error_code) == (status, 200, kind)
+    assert out.error == f"error {kind} in stream after 1 tokens: {err['error']}"
+    out = _refused(422, err)
+    assert (out.status, out.error_code) == ("http_4xx", kind)
+    assert out.error == f"HTTP 422: {err['error']}"
+
+
 @pytest.mark.parametrize(("headers", "asked"), [
     ({"retry-after-ms": "2500"}, "2.5"),  # OpenAI's
     ({"Retry-After": "1", "retry-after-ms": "1500"}, "1.5"),  # the longer ask wins
