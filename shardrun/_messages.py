@@ -3,7 +3,8 @@
 A list no OpenAI-compatible server takes would be sent anyway and fail there, a request and an
 attempt per item; checked here, it is a reject at read time with a reason naming the entry,
 as the server would (`messages[1] has no role`). The check is the API's own outline and no
-more: keys it does not look at (`name`, `tool_call_id`, `tool_calls`...) pass as they are.
+more: keys it does not look at (`name`, `tool_call_id`, `tool_calls`...) pass as they are, and
+so does any role a server may know (vLLM takes `ipython` for Llama tool results, `developer`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,19 @@ from typing import Any
 
 from shardrun._ellipsis import json_kind
 
-__all__ = ["ROLES", "messages_problem"]
+__all__ = ["CONTENT_OPTIONAL", "messages_problem"]
 
-ROLES = ("system", "user", "assistant", "tool", "developer", "function")
-"""The roles a chat message may have (`function`: the older form of `tool`, still taken)."""
-
-# An assistant message that calls a tool (or carries an earlier audio answer) may have no text.
-_NO_CONTENT_NEEDED = ("tool_calls", "function_call", "audio")
+CONTENT_OPTIONAL = ("assistant", "tool", "function")
+"""The roles whose content may be null or left out: an assistant message that calls a tool or
+carries only its reasoning (`reasoning_content`), a tool or function result with no text."""
 
 
 def messages_problem(messages: list[Any], field: str) -> str | None:
     """What is wrong with a non-empty message list, as a reject's reason, or None.
 
-    Each entry must be an object with a `role` of ROLES and a `content` that is a string or a
-    non-empty list of parts, each an object with a string `type` (a `text` part's `text` a
-    string); an assistant message that calls a tool may leave its content out or null."""
+    Each entry must be an object with a non-empty string `role` and a `content` that is a string
+    or a non-empty list of parts, each an object with a string `type` (a `text` part's `text` a
+    string); an assistant, tool or function message may leave its content out or null."""
     for index, message in enumerate(messages):
         where = f"{field}[{index}]"
         if not isinstance(message, dict):
@@ -36,8 +35,8 @@ def messages_problem(messages: list[Any], field: str) -> str | None:
             return f"{where} has no role"
         if not isinstance(role, str):
             return f"{where} role is {json_kind(role)}, not a string"
-        if role not in ROLES:
-            return f"{where} role '{role}' is not one of {', '.join(ROLES)}"
+        if not role:
+            return f"{where} role is empty"
         if problem := _content_problem(message, role):
             return f"{where} {problem}"
     return None
@@ -46,7 +45,7 @@ def messages_problem(messages: list[Any], field: str) -> str | None:
 def _content_problem(message: dict[str, Any], role: str) -> str | None:
     content = message.get("content")
     if content is None:
-        if role == "assistant" and any(message.get(key) for key in _NO_CONTENT_NEEDED):
+        if role in CONTENT_OPTIONAL:
             return None
         return "has no content" if "content" not in message else "content is null"
     if isinstance(content, str):
@@ -65,4 +64,3 @@ def _content_problem(message: dict[str, Any], role: str) -> str | None:
         if kind == "text" and not isinstance(part.get("text"), str):
             return f"content[{index}] is a text part without a string 'text'"
     return None
-

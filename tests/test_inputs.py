@@ -230,11 +230,15 @@ MESSAGE_REJECTS = [
     ('["hi"]', "m[0] is a string, not an object with a role and a content"),
     ('[{"role": "user", "content": "a"}, {"content": "b"}]', "m[1] has no role"),
     ('[{"role": 1, "content": "a"}]', "m[0] role is a number, not a string"),
-    ('[{"role": "usr", "content": "a"}]',
-     "m[0] role 'usr' is not one of system, user, assistant, tool, developer, function"),
+    ('[{"role": "", "content": "a"}]', "m[0] role is empty"),
     ('[{"role": "user"}]', "m[0] has no content"),
     ('[{"role": "user", "content": null}]', "m[0] content is null"),
-    ('[{"role": "assistant", "content": null}]', "m[0] content is null"),
+    ('[{"role": "system"}]', "m[0] has no content"),
+    ('[{"role": "system", "content": null}]', "m[0] content is null"),
+    ('[{"role": "assistant", "content": 3}]',
+     "m[0] content is a number, not a string or a list of parts"),
+    ('[{"role": "tool", "content": {"text": "a"}}]',
+     "m[0] content is an object, not a string or a list of parts"),
     ('[{"role": "user", "content": {"text": "a"}}]',
      "m[0] content is an object, not a string or a list of parts"),
     ('[{"role": "user", "content": []}]', "m[0] content is an empty list"),
@@ -252,8 +256,8 @@ MESSAGE_REJECTS = [
 def test_a_message_list_no_server_takes_is_a_reject_naming_the_entry(
     messages: str, reason: str
 ) -> None:
-    """Each entry of a messages_field list needs a known role and a content (a string or a list
-    of typed parts): sent without, it would cost a request and an attempt and fail at the server.
+    """Each entry of a messages_field list needs a role and a content (a string or a list of
+    typed parts): sent without, it would cost a request and an attempt and fail at the server.
     The reject says which entry and what it lacks; a CSV cell holding the list says the same."""
     plan = InputPlan(prompt_field=None, messages_field="m")
     assert parse_line(b'{"id": "x", "m": %s}' % messages.encode(), 7, plan) == Reject(
@@ -281,6 +285,37 @@ def test_a_message_list_keeps_what_the_api_allows() -> None:
     plan = InputPlan(prompt_field=None, messages_field="m")
     line = orjson.dumps({"id": "ok", "m": messages})
     assert parse_line(line, 1, plan) == {"id": "ok", "messages": messages}
+
+
+ACCEPTED_SHAPES = [
+    # vLLM takes any role a chat template knows: Llama's tool results, the developer role
+    pytest.param({"role": "ipython", "content": "42"}, id="ipython-role"),
+    pytest.param({"role": "developer", "content": "Be brief."}, id="developer-role"),
+    pytest.param({"role": "usr", "content": "a"}, id="a-role-the-check-does-not-know"),
+    pytest.param({"role": "function", "name": "f", "content": None}, id="function-null"),
+    pytest.param({"role": "function", "name": "f"}, id="function-no-content"),
+    pytest.param({"role": "tool", "tool_call_id": "c1", "content": None}, id="tool-null"),
+    pytest.param({"role": "tool", "tool_call_id": "c1"}, id="tool-no-content"),
+    pytest.param({"role": "assistant", "content": None,
+                  "tool_calls": [{"id": "c1", "type": "function"}]}, id="assistant-tool-calls"),
+    pytest.param({"role": "assistant", "content": None, "reasoning_content": "Hmm."},
+                 id="assistant-reasoning-content-null"),
+    pytest.param({"role": "assistant", "reasoning": "Hmm."}, id="assistant-reasoning-no-content"),
+    pytest.param({"role": "assistant", "content": None}, id="assistant-null"),
+]
+
+
+@pytest.mark.parametrize("message", ACCEPTED_SHAPES)
+def test_a_message_shape_servers_take_is_an_item(message: dict[str, Any]) -> None:
+    """vLLM takes any role string and a null or missing content for assistant, tool and function
+    messages (a tool call, a reasoning-only turn, a result with no text): such a list is an item,
+    as it was before the check came, in a JSON list and in a CSV cell holding one."""
+    messages = [{"role": "user", "content": "Q"}, message]
+    plan = InputPlan(prompt_field=None, messages_field="m")
+    item = {"id": "ok", "messages": messages}
+    assert parse_line(orjson.dumps({"id": "ok", "m": messages}), 1, plan) == item
+    cell = orjson.dumps(messages).decode()
+    assert parse_line(orjson.dumps({"id": "ok", "m": cell}), 1, plan) == item
 
 
 def test_template_fills_fields_and_rejects_missing_ones() -> None:

@@ -132,6 +132,28 @@ def test_a_message_list_a_run_rejects_is_reported_by_validate(tmp_path: Path) ->
     assert validate(str(path), "--strict")[0] == 1
 
 
+def test_message_lists_real_servers_take_are_items_for_validate(tmp_path: Path) -> None:
+    """A role vLLM knows and the check does not (ipython, developer), a null or missing content of
+    an assistant (tool calls, reasoning only), tool or function message: validate counts each an
+    item, as a run reads it; a user message without content is still a rejected line."""
+    path = make_job(tmp_path, [
+        b'{"id": "a", "msgs": [{"role": "developer", "content": "S"}, '
+        b'{"role": "user", "content": "Q"}, {"role": "assistant", "content": null, '
+        b'"tool_calls": [{"id": "c", "type": "function"}]}, {"role": "ipython", "content": "4"}]}',
+        b'{"id": "b", "msgs": [{"role": "user", "content": "Q"}, '
+        b'{"role": "assistant", "reasoning_content": "hm"}, {"role": "tool", "content": null}, '
+        b'{"role": "function", "name": "f"}]}',
+        b'{"id": "c", "msgs": [{"role": "user"}]}',
+    ], input={"path": "input.jsonl", "messages_field": "msgs"})
+    check = check_input(load_job(path, env={}, flags={}))
+    assert (check.items, check.rejects) == (2, 1)
+    assert [(r.line, r.reason, r.id) for r in check.first_rejects] == [
+        (3, "msgs[0] has no content", "c")]
+    code, text = validate(str(path))
+    assert code == 0 and "  line 3: msgs[0] has no content" in text
+    assert "line 1" not in text and "line 2" not in text
+
+
 def test_config_rows_say_where_values_came_from(tmp_path: Path) -> None:
     """Every effective value with its source, as text."""
     job = load_job(make_job(tmp_path, GOOD), env={"SHARDRUN_RPM": "120"}, flags={"shards": 3})
