@@ -425,8 +425,12 @@ def resume_command_of(run_path: Path, manifest: dict[str, Any], job: Path | None
                       retry_failed: bool = False) -> str:
     """`shardrun JOB --resume RUN --runs-dir DIR` with the newest pass's `carried_flags`, built
     from the run directory as this command was given it and the job file the manifest names
-    (resolved, or `job`): what `export` and `report`, run from anywhere, print for it."""
+    (resolved, or `job`): what `export` and `report`, run from anywhere, print for it. A run
+    directory given as `.` or `..` (`report .` inside it) has no name of its own to take: it is
+    made absolute first, so the command names the run id and its runs directory."""
     named = job or newest_job_path(manifest)
+    if run_path.name in ("", ".."):
+        run_path = run_path.resolve()
     words = ["shardrun", str(named or "JOB.yaml"), "--resume", run_path.name]
     if retry_failed:
         words.append("--retry-failed")

@@ -315,6 +315,29 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "runs" / "r1"
 
 
+def test_report_of_dot_inside_a_stopped_run_names_its_id_and_runs_directory(
+        tmp_path: Path) -> None:
+    """`report .` inside a run the endpoint stopped (`..` from its results/) restates the way on
+    the pass printed: the run directory given has no name of its own, and the command named
+    `--resume ''` (or `--resume ..`) with the wrong runs directory. It names the run id and the
+    runs directory, absolute, so that pasted anywhere it resumes this run."""
+    write_input(tmp_path / "input.jsonl", 80)
+    sim = {**FAST_SIM, "quota_after": 10}
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    run = tmp_path / "runs" / "r1"
+    ours = (f"continue with `shardrun {(tmp_path / 'job.yaml').resolve()} --resume r1 "
+            f"--runs-dir {run.resolve().parent}`")
+    for given, cwd in ((".", run), ("..", run / "results")):
+        report = run_cli("report", given, "--json", cwd=cwd)
+        assert report.returncode == 0, report.stderr
+        reason = orjson.loads(report.stdout)["run"]["state_reason"]
+        assert "its last pass was stopped: " in reason, (given, reason)
+        assert ours in reason, (given, reason)
+
+
 def test_real_run_matches_its_result_files(real_run: Path) -> None:
     """On a real run, successes, tokens and every bucket sum equal those of the result lines."""
     results = [r for p in sorted((real_run / "results").glob("*.jsonl")) for r in read_jsonl(p)]
