@@ -193,7 +193,7 @@ def run_on(manifest: dict[str, Any], path: Path, fmt: str) -> RunOn | None:
                 last, after = (got := f.read(_RUN_ON_READ))[:1], got[1:]
         except OSError as exc:
             raise InputError(f"cannot read input file {path}: {exc.strerror}") from None
-        kind = _open_end(entry, record, last)
+        kind = _open_end(entry, record, last, fmt)
         if not after or kind is None or (kind == "line" and _completes(after, fmt)):
             continue
         line = record.get("lines_read")
@@ -216,16 +216,19 @@ def _completes(after: bytes, fmt: str) -> bool:
     return rest.startswith(b"\n") or (not rest and len(after) < _RUN_ON_READ - 1)
 
 
-def _open_end(entry: dict[str, Any], record: dict[str, Any], last: bytes) -> str | None:
+def _open_end(entry: dict[str, Any], record: dict[str, Any], last: bytes,
+              fmt: str) -> str | None:
     """How the file's end cut off the last record a pass read (`InputReader.open_end`)."""
     if "open_end" in record:
         kind = record["open_end"]
         return kind if kind in ("line", "quote") else None
     # Recorded by an older shardrun: a pass that read its input to the end and whose last byte
-    # is not a line break read a last line without one.
+    # is not a line break read a last line without one (in a CSV a lone CR is one, as the
+    # csv module and the reader read it).
     summary = entry.get("summary")
     read_all = isinstance(summary, dict) and summary.get("input_read") is True
-    return "line" if read_all and last != b"\n" else None
+    ends = (b"\n", b"\r") if fmt == "csv" else (b"\n",)
+    return "line" if read_all and last not in ends else None
 
 
 def pass_reads(manifest: dict[str, Any]) -> list[tuple[int, str, int, str]]:

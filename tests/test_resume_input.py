@@ -391,6 +391,45 @@ def test_run_on_of_a_pass_recorded_by_an_older_shardrun(tmp_path: Path) -> None:
     assert run_on(older, file, "jsonl") is None  # a line break (CRLF) completed the line
 
 
+def test_run_on_of_an_older_pass_over_a_csv_with_lone_cr_rows(tmp_path: Path) -> None:
+    """A pass recorded without `open_end` that read a CSV whose rows end with a lone CR (an old
+    Mac export) to its end: its last byte, a CR, ended the last row, as the reader reads it, so
+    rows appended after it run on into nothing. A last row without a line break still has text
+    added after it run on, and in a JSONL file a CR is no line break."""
+    file = tmp_path / "in.csv"
+    file.write_bytes(b"id,prompt\ra,p\rb,q\r")
+    record = {**_ended(file, file.stat().st_size), "lines_read": 3}
+    older = {"input": record, "summary": {"input_read": True}, "resumes": []}
+    file.write_bytes(file.read_bytes() + b"c,r\rd,s\r")
+    assert run_on(older, file, "csv") is None
+    assert run_on(older, file, "jsonl") == RunOn("the first pass", 3, quote=False)
+    file.write_bytes(b"id,prompt\ra,p\rb,q")
+    cut = {**older, "input": {**_ended(file, file.stat().st_size), "lines_read": 3}}
+    file.write_bytes(file.read_bytes() + b"c,r\r")
+    assert run_on(cut, file, "csv") == RunOn("the first pass", 3, quote=False)
+
+
+def test_an_older_manifest_of_a_lone_cr_csv_resumes_rows_appended(tmp_path: Path) -> None:
+    """A run whose manifest an older shardrun wrote (no `open_end` recorded) over a CSV with
+    lone-CR rows, read to its end: rows appended after it are run by --resume, each once, where
+    the resume was refused as if they ran on into the last row read."""
+    ids = [f"item-{i:02d}" for i in range(6)]
+    file = tmp_path / "input.csv"
+    file.write_bytes(b"".join(f"{row}\r".encode() for row in ["id,prompt", *(
+        f"{i},say {i}" for i in ids)]))
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": "input.csv"})
+    first = run_cli("job.yaml", "--run-id", "qq", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = tmp_path / "runs" / "qq"
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    del manifest["input"]["open_end"]
+    (path / "manifest.json").write_bytes(orjson.dumps(manifest))
+    more = [f"added-{i}" for i in range(3)]
+    with open(file, "ab") as f:
+        f.write(b"".join(f"{i},say {i}\r".encode() for i in more))
+    resumes_every_item_once(path, [*ids, *more], tmp_path)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
         tmp_path: Path, fmt: str) -> None:
