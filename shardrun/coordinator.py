@@ -230,6 +230,10 @@ class Coordinator:
         # reading up to the next ones held the event loop for seconds.
         ahead = min(len(self.states) * n, LOOKAHEAD_MAX)
         await self.source.fill(max(n, ahead), lambda: self.handing_out)
+        if state.done is not None or state.died is not None:
+            # It finished (or died) while the input was read: items handed to it now would
+            # be held as its outstanding ones and never run. They stay in the source.
+            return
         batch = self.source.take(self._share(state, n, ahead)) if self.handing_out else []
         if batch:
             for item in batch:

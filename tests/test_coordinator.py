@@ -1,0 +1,122 @@
+"""`Coordinator._hand_out`: what a shard's request for items is answered with."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardrun import protocol
+from shardrun.coordinator import Coordinator, ShardState
+from shardrun.inputs import InputPlan, InputReader
+from shardrun.manifest import RunDir
+from shardrun.placement import Lines
+from shardrun.progress import ProgressView
+from shardrun.shard_config import ShardConfig
+from shardrun.worksource import SKIP_SLICE_LINES, WorkSource
+from tests.conftest import write_input
+
+IDS = [f"item-{i:05d}" for i in range(10)]  # `write_input`'s ids of 10 items
+
+
+class Handle:
+    """A shard seen from the coordinator that only records what it is sent."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.sent: list[protocol.Message] = []
+
+    def send(self, message: protocol.Message) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> protocol.Message | None:
+        return None
+
+    async def wait(self) -> str | None:
+        return None
+
+    def kill(self) -> None:
+        return None
+
+    def finished_among(self, ids: set[str]) -> tuple[Lines, Lines]:
+        return {}, {}
+
+    def reaped(self) -> bool:
+        return True
+
+
+class HeldSource(WorkSource):
+    """A work source whose `fill` waits, once it has begun, until the test lets it read."""
+
+    def __init__(self, reader: InputReader, rejects_path: Path) -> None:
+        super().__init__(reader, rejects_path)
+        self.reading, self.go_on = asyncio.Event(), asyncio.Event()
+
+    async def fill(self, n: int, keep_going: Callable[[], bool] = lambda: True,
+                   lines: int = SKIP_SLICE_LINES) -> None:
+        self.reading.set()
+        await self.go_on.wait()
+        await super().fill(n, keep_going, lines)
+
+
+def _finish(state: ShardState) -> None:
+    state.done = {"t": protocol.DONE}
+
+
+def _die(state: ShardState) -> None:
+    state.died = "killed by signal 9"
+
+
+def _nothing(state: ShardState) -> None:
+    return None
+
+
+async def _hand_out_while(tmp_path: Path, meanwhile: Callable[[ShardState], None]) -> tuple[
+        Handle, ShardState, list[str]]:
+    """One shard asks for 4 of 10 items; `meanwhile` happens to it while the input is read.
+    What the shard was sent, its state, and the ids the source has left to hand out."""
+    write_input(tmp_path / "input.jsonl", 10)
+    run_dir = RunDir.create(tmp_path / "runs", "r1")
+    source = HeldSource(InputReader(tmp_path / "input.jsonl", InputPlan()),
+                        run_dir.path / "rejects.jsonl")
+    config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
+                         base_url="http://127.0.0.1:9", api="chat", model="m")
+    coordinator = Coordinator(config, 1, source, run_dir, ProgressView(quiet=True), (None, None),
+                              silence_s=60.0, fork=False)
+    handle = Handle(0)
+    state = ShardState(handle=handle)
+    coordinator.states.append(state)
+    try:
+        asking = asyncio.create_task(coordinator._hand_out(state, 4))
+        await source.reading.wait()
+        meanwhile(state)
+        source.go_on.set()
+        await asking
+        left = [item["id"] for item in source.take(10)]
+    finally:
+        coordinator.log.close()
+        source.reader.close()
+    return handle, state, left
+
+
+@pytest.mark.parametrize("meanwhile", [_finish, _die])
+def test_a_shard_that_ended_while_the_input_was_read_is_handed_nothing(
+        tmp_path: Path, meanwhile: Callable[[ShardState], None]) -> None:
+    """A hand-out reads the input before it takes items (`WorkSource.fill`, a task of its own,
+    so the shard is heard meanwhile). A shard that reported done, or died, during that read is
+    sent nothing and holds nothing: items given it then would be its outstanding ones, and a
+    finished shard never runs them. They stay in the source for the others."""
+    handle, state, left = asyncio.run(_hand_out_while(tmp_path, meanwhile))
+    assert handle.sent == [] and state.outstanding == {}
+    assert left == IDS
+
+
+def test_a_shard_still_running_after_the_read_gets_its_items(tmp_path: Path) -> None:
+    """The same hand-out to a shard that neither finished nor died sends the items asked for
+    (the case above is told apart by the shard's state, not by the read)."""
+    handle, state, left = asyncio.run(_hand_out_while(tmp_path, _nothing))
+    [sent] = handle.sent
+    assert sent["t"] == protocol.ITEMS and [i["id"] for i in sent["items"]] == IDS[:4]
+    assert list(state.outstanding) == IDS[:4] and left == IDS[4:]
