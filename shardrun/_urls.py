@@ -1,9 +1,14 @@
-"""URLs as they may be shown: in messages, the manifest, a report. Pure, and light to import
-(the shard uses it)."""
+"""URLs and headers as they may be shown: in messages, the manifest, a report. Pure, and light
+to import (the shard uses it)."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
+
+SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
+"""A header name that may carry credentials: its value is masked where the job is shown, and
+a job with one sends credentials."""
 
 
 def masked_url(url: str) -> str:

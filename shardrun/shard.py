@@ -13,7 +13,6 @@ import contextlib
 import functools
 import math
 import os
-import re
 import socket
 import sys
 import traceback
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip
+from shardrun._urls import SECRET_HEADER
 from shardrun.client import (
     AttemptCancelled,
     AttemptOutcome,
@@ -1088,7 +1088,12 @@ class Shard:
                            f"({outcome.error or outcome.error_code}): add credit or raise the "
                            f"account's limit, then {self.cfg.way_on}", ABANDON)
             return
-        if http == 401 or (http == 403 and not self.ok_once and not outcome.flagged):
+        if outcome.flagged:
+            # A moderation check flagged this item's content (OpenRouter's 403): the item's
+            # refusal alone, however many flagged items come in a row (a red-team dataset).
+            self.ever_connected = True
+            return
+        if http == 401 or (http == 403 and not self.ok_once):
             # The error already reads "HTTP 401: <the server's message>".
             self._go_fatal("the endpoint refused the credentials "
                            f"({outcome.error or f'HTTP {http}'}): {credentials_fix(self.cfg)}, "
@@ -1305,9 +1310,6 @@ class Shard:
         self.out.close()
 
 
-_CREDENTIAL_HEADER = re.compile(r"auth|key|token", re.IGNORECASE)
-
-
 def credentials_fix(cfg: ShardConfig) -> str:
     """What to set when the endpoint refuses the credentials: the key's variable, by name; or,
     when the job sends no credentials at all (no key, no password in the URL, no header that
@@ -1316,7 +1318,7 @@ def credentials_fix(cfg: ShardConfig) -> str:
     if cfg.api_key is not None and name is not None:
         return f"set the right key in {name} (the variable endpoint.api_key_env names)"
     if urlsplit(cfg.base_url).password is None and not any(
-            map(_CREDENTIAL_HEADER.search, cfg.headers)):
+            map(SECRET_HEADER.search, cfg.headers)):
         return "the job sends no key: name the variable that holds one in endpoint.api_key_env"
     return ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
             "the password in endpoint.base_url or the header in endpoint.headers that carry one")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,15 +48,11 @@ from shardrun._models import (
     TimeoutsSpec,
     kind_of,
 )
-from shardrun._urls import masked_url
+from shardrun._urls import SECRET_HEADER, masked_url
 from shardrun.errors import SpecError
 
 if TYPE_CHECKING:
     from shardrun.sim.config import SimConfig
-
-# Job headers whose values the manifest masks: the README says secrets belong in api_key_env,
-# but a pasted `Authorization: Bearer ...` must not end up in a published manifest.
-_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
 
 __all__ = [
     "ENV_VARS",
@@ -106,8 +101,9 @@ class LoadedJob:
             value = copy.deepcopy(_leaf(self.spec, key))
             if key == "endpoint.base_url":
                 value = masked_url(str(value))
-            elif key == "endpoint.headers":
-                value = {name: "***" if _SECRET_HEADER.search(name) else text
+            elif key == "endpoint.headers":  # secrets belong in api_key_env, but a pasted
+                # `Authorization: Bearer ...` must not end up in a published manifest
+                value = {name: "***" if SECRET_HEADER.search(name) else text
                          for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
             out[key] = {"value": value, "source": self.sources[key]}
         return out

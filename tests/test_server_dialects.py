@@ -17,7 +17,7 @@ from aiohttp import web
 from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome
 from shardrun.retry import Retrier, RetryPolicy
-from shardrun.shard import ABANDON, Shard, ShardConfig, credentials_fix
+from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig, credentials_fix
 from tests.test_client import chat, one, open_stream, run, sse, streaming, whole_answer
 
 pytestmark = pytest.mark.timeout(30)
@@ -136,12 +136,13 @@ def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
     return out
 
 
-def _shard_after(tmp_path: Path, out: AttemptOutcome) -> Shard:
-    """A shard that has not yet seen a success, told of the failed attempt `out`."""
+def _shard_after(tmp_path: Path, out: AttemptOutcome, times: int = 1) -> Shard:
+    """A shard that has not yet seen a success, told `times` of the failed attempt `out`."""
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", api_key="k", api_key_env="OPENROUTER_API_KEY")
     shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
-    shard._note_failure(out, "http://x/v1/chat/completions")
+    for _ in range(times):
+        shard._note_failure(out, "http://x/v1/chat/completions")
     shard.close()
     return shard
 
@@ -162,7 +163,8 @@ def test_a_402_for_credits_stops_the_run_as_a_used_up_quota(tmp_path: Path) -> N
 def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) -> None:
     """OpenRouter answers 403 when a moderation check flags an item's input (its error's
     `metadata` names the reasons and the flagged input): that item is refused, and the run goes
-    on; it was read as refused credentials, which stopped the whole run if it came first. A 403
+    on; it was read as refused credentials, which stopped the whole run if it came first. Nor
+    do many flagged items in a row (a red-team dataset) stop it as requests refused alike. A 403
     without that metadata before any success still stops the run naming the key's variable."""
     flagged = {"error": {"code": 403, "message": "Your input was flagged for harassment",
                          "metadata": {"reasons": ["harassment"], "flagged_input": "you...",
@@ -170,7 +172,7 @@ def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) 
     out = _refused(403, flagged)
     assert (out.status, out.flagged, out.error) == (
         "http_4xx", True, "HTTP 403: Your input was flagged for harassment")
-    assert _shard_after(tmp_path, out).fatal_reason is None
+    assert _shard_after(tmp_path, out, times=REFUSED_ALIKE_AFTER).fatal_reason is None
     out = _refused(403, {"error": {"code": 403, "message": "Key disabled"}})
     assert not out.flagged
     shard = _shard_after(tmp_path, out)
@@ -333,4 +335,5 @@ def test_the_credentials_sentence_names_what_the_job_sends(tmp_path: Path) -> No
     other = ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
              "the password in endpoint.base_url or the header in endpoint.headers that carry one")
     assert credentials_fix(cfg(base_url="http://u:p@h/v1")) == other
-    assert credentials_fix(cfg(headers={"X-Api-Key": "k"})) == other
+    for header in ("X-Api-Key", "Cookie", "X-Client-Secret"):  # an SSO proxy's cookie too
+        assert credentials_fix(cfg(headers={header: "k"})) == other
