@@ -154,6 +154,10 @@ class AttemptOutcome:
         return 0 if self.status == "ok" else self.content_chunks
 
 
+FAILED_FINISH = frozenset({"error", "abort"})
+"""finish_reasons that say the server gave up on the answer: "error" (Together's API,
+tt-inference-server), "abort" (vLLM and SGLang, for a request their engine aborted)."""
+
 SWEEP_S = 0.1
 """How often a client's watchdog looks at its attempts' deadlines: a limit ends an attempt up
 to this much after it has passed."""
@@ -404,13 +408,13 @@ class Attempt:
         if r.refusal:
             out.refusal = "".join(r.refusal)
         out.finish_reason, out.prompt_tokens = r.finish_reason, r.prompt_tokens
-        if out.status == "ok" and r.finish_reason == "error":
-            # Some servers (Together's API, tt-inference-server) end an answer that failed on
-            # their side with finish_reason "error", keeping the text so far: no answer, but an
-            # in-stream error, retried as one (it was a success with a cut-off output).
+        if out.status == "ok" and r.finish_reason in FAILED_FINISH:
+            # The server ended the answer without finishing it, keeping the text so far: no
+            # answer, but an in-stream error, retried as one (it was a success with a cut-off
+            # output). vLLM ends so every request its engine aborts (a shutdown, a scale-down).
             out.status = "protocol_error"
-            out.error = (f"the server ended the answer with finish_reason 'error' after "
-                         f"{out.content_chunks} tokens")
+            out.error = (f"the server ended the answer with finish_reason "
+                         f"'{r.finish_reason}' after {out.content_chunks} tokens")
         out.cached_tokens, out.reasoning_tokens = r.cached_tokens, r.reasoning_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
         if tokens is None:

@@ -16,7 +16,7 @@ event and decides about retries from `status`. Only cancellation propagates.
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
-                         an answer whose finish_reason is "error" (the server's failure)
+                         an answer whose finish_reason is "error" or "abort" (the server gave up)
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.

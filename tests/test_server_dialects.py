@@ -259,20 +259,22 @@ def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> N
 
 
 @pytest.mark.parametrize("way", ["stream", "no_done", "whole"])
-def test_an_answer_ending_with_finish_reason_error_is_no_success(way: str) -> None:
-    """Some servers (Together's API, tt-inference-server) end an answer that failed on their
-    side with finish_reason "error", the text so far kept: a protocol_error, retried (it was a
-    success whose output was cut off), streamed, streamed with no [DONE], or whole. Another
-    finish_reason of the server's own ("abort", "eos") stays a success as sent."""
+@pytest.mark.parametrize("reason", ["error", "abort"])
+def test_an_answer_the_server_gave_up_on_is_no_success(reason: str, way: str) -> None:
+    """Some servers end an answer they gave up on with its finish_reason saying so, the text so
+    far kept: "error" (Together's API, tt-inference-server), "abort" (vLLM, SGLang: a request
+    its engine aborted, at a shutdown or a scale-down, every one in flight). A protocol_error,
+    retried (it was a success whose output was cut off), streamed, streamed with no [DONE], or
+    whole. Another finish_reason of the server's own ("eos") stays a success as sent."""
     end = [b"[DONE]"] if way == "stream" else []
-    answer = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "error",
+    answer = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": reason,
               "message": {"role": "assistant", "content": "ab"}}]}  # fmt: skip
     handler = (whole_answer(orjson.dumps(answer)) if way == "whole"
-               else streaming(chat("a"), chat("b"), chat(None, "error"), *end))
+               else streaming(chat("a"), chat("b"), chat(None, reason), *end))
     out = run(one(handler))
     tokens = 1 if way == "whole" else 2
-    assert (out.status, out.text, out.finish_reason) == ("protocol_error", "ab", "error")
-    assert out.error == (f"the server ended the answer with finish_reason 'error' after "
+    assert (out.status, out.text, out.finish_reason) == ("protocol_error", "ab", reason)
+    assert out.error == (f"the server ended the answer with finish_reason '{reason}' after "
                          f"{tokens} tokens")
     assert out.wasted_tokens == tokens
     decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
