@@ -559,16 +559,19 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> bool:
     A stream sends each call in pieces: its first delta has the `id`, `type` and function
     `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
     of the function are appended (a server may split a name too; arguments sent as an object
-    are appended as its JSON text); `id` and `type` are set. A custom tool's call (type
+    are appended as its JSON text); `type` is set, and `id` by the call's first delta that has
+    one. A custom tool's call (type
     "custom") has `custom` with `name` and `input` in their place. A delta not shaped so raises
     one of `PARSE_ERRORS` (the stream is then malformed), and so does an `index` that is not an
     integer (`"index": null` beside `"index": 0` broke the sort at the stream's end).
 
-    A delta whose `id` is not that of the call at its index starts another call, after all the
-    others: Ollama sends every call of an answer with index 0, and some gateways send none (0
-    is taken then), each call whole in one delta. Merged by index, two calls became one with
-    both names and `{...}{...}` as its arguments. Later deltas without an `id` at that index
-    go to the latest call started there (`latest_call`).
+    A delta that names a function with an `id` not that of the call at its index starts another
+    call, after all the others: Ollama sends every call of an answer with index 0, and some
+    gateways send none (0 is taken then), each call whole in one delta. Merged by index, two
+    calls became one with both names and `{...}{...}` as its arguments. Later deltas with no
+    name at that index go to the latest call started there (`latest_call`), whatever their
+    `id`: Poolside's API sends a new one with each piece of the arguments, and some servers one
+    with every delta.
     """
     moved = False
     for delta in deltas:  # type: ignore[attr-defined]  # not iterable: TypeError, as documented
@@ -577,19 +580,21 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> bool:
             raise TypeError(f"tool call index {index!r}")
         call = calls.get(index)
         ident = delta.get("id")
+        function = delta.get("function") or delta.get("custom")
+        name = function.get("name") if function else None
         if call is None:
             call = calls[index] = ToolCallParts()
         else:
             call = latest_call(call)
-            if ident and call.id is not None and str(ident) != call.id:
+            if name and ident and call.id is not None and str(ident) != call.id:
                 call.later = call = calls[max(calls) + 1] = ToolCallParts()
                 moved = True
-        if ident:
+        if ident and call.id is None:
             call.id = str(ident)
         if kind := delta.get("type"):
             call.type = str(kind)
-        if function := delta.get("function") or delta.get("custom"):
-            if name := function.get("name"):
+        if function:
+            if name:
                 call.name.append(_text(name))
             if text := function.get("arguments") or function.get("input"):
                 call.arguments.append(_text(text))

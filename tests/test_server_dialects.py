@@ -246,6 +246,22 @@ def test_tool_call_pieces_after_a_shared_index_go_to_the_latest_call() -> None:
     assert many.tool_call_list() == reader.tool_call_list()
 
 
+def test_argument_pieces_with_an_id_of_their_own_stay_in_their_call() -> None:
+    """Poolside's API sends a call's name with one id and each piece of its arguments with
+    another (some servers a new id with every delta): a new id with no name is more of the same
+    call, whose id is its first, not a call of its own with no name."""
+    piece = {"index": 0, "id": "call_B", "type": "function", "function": {"arguments": '{"q"'}}
+    rest = {**piece, "id": "call_C", "function": {"arguments": ':"hi"}'}}
+    chunks = [_call_delta("", 0, "call_A", "search"), _with_calls(piece), _with_calls(rest),
+              chat(None, "tool_calls")]
+    out = run(one(streaming(*chunks, b"[DONE]")))
+    assert out.tool_calls == _calls(("call_A", "search", '{"q":"hi"}'))
+
+
+def _with_calls(*calls: dict[str, object]) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"tool_calls": list(calls)}, "finish_reason": None}]}
+
+
 def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> None:
     """Some servers (ik_llama.cpp's, before June 2025) end the body after the chunk with the
     finish_reason and send no `data: [DONE]`: the answer is whole, so the attempt is ok (it was
