@@ -251,10 +251,11 @@ class StreamingClient:
                 if out.first_token_at is not None and on_first_token is not None:
                     call_caller(on_first_token, out.first_token_at)
                 return
-            if self._api != "responses" and st.reader.finish_reason is not None:
+            if (self._api != "responses" and st.reader.finish_reason is not None
+                    and not st.failed):
                 # The body ended cleanly after the answer's finish_reason, with no [DONE]: some
-                # servers send none (ik_llama.cpp's, before June 2025). The answer is whole; only
-                # a usage chunk may be missing, and then its tokens are estimated.
+                # servers send none (ik_llama.cpp's unless started with --send-done). The answer
+                # is whole; only a usage chunk may be missing, and then its tokens are estimated.
                 st.done = True
                 return
             ctype = resp.headers.get("Content-Type", "")

@@ -263,10 +263,10 @@ def _with_calls(*calls: dict[str, object]) -> dict[str, object]:
 
 
 def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> None:
-    """Some servers (ik_llama.cpp's, before June 2025) end the body after the chunk with the
-    finish_reason and send no `data: [DONE]`: the answer is whole, so the attempt is ok (it was
-    a protocol_error, retried and in the end dead-lettered, for every item). Without a
-    finish_reason the end of the body still cuts the answer short (test_client's
+    """Some servers (ik_llama.cpp's, unless started with --send-done) end the body after the
+    chunk with the finish_reason and send no `data: [DONE]`: the answer is whole, so the attempt
+    is ok (it was a protocol_error, retried and in the end dead-lettered, for every item).
+    Without a finish_reason the end of the body still cuts the answer short (test_client's
     test_stream_cut_without_done)."""
     usage = {"prompt_tokens": 3, "completion_tokens": 2}
     out = run(one(streaming(chat("a"), chat("b"), {**chat(None, "stop"), "usage": usage})))
