@@ -560,10 +560,10 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> bool:
     `name`, later ones more of the `arguments` text, each naming the call by `index`. Strings
     of the function are appended (a server may split a name too; arguments sent as an object
     are appended as its JSON text); `type` is set, and `id` by the call's first delta that has
-    one. A custom tool's call (type
-    "custom") has `custom` with `name` and `input` in their place. A delta not shaped so raises
-    one of `PARSE_ERRORS` (the stream is then malformed), and so does an `index` that is not an
-    integer (`"index": null` beside `"index": 0` broke the sort at the stream's end).
+    one. A custom tool's call (type "custom") has `custom` with `name` and `input` in their
+    place. A delta not shaped so raises one of `PARSE_ERRORS` (the stream is then malformed),
+    and so does an `index` that is not an integer (`"index": null` beside `"index": 0` broke
+    the sort at the stream's end).
 
     A delta that names a function with an `id` not that of the call at its index starts another
     call, after all the others: Ollama sends every call of an answer with index 0, and some
