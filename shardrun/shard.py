@@ -545,17 +545,7 @@ class Shard:
             span.list_only_now = True
             return False
         last = span.down_failure_at
-        proven = last is not None and self.answered_start > last
-        if span.list_released and proven and outcome.conn_ready_at is not None:
-            # Held while only the model list answered, and let go by an answer to a request
-            # sent after its failure: the server is up, and this second failure is the item's
-            # (a prompt the server resets), charged whatever other requests meet meanwhile
-            # (at random, a flaky server's resets kept an outage on, and it went free each
-            # time). A connection refused is the server gone again: held, as below.
-            span.list_released = False
-            self.outage.failed(now)
-            return False
-        own = proven and self.outage.since is None
+        own = last is not None and self.outage.since is None and self.answered_start > last
         self.outage.failed(now)  # the item's own failure too: others failing after it are held
         if own and span.held_again:
             # The endpoint answered a request sent after this item last failed so, and no
@@ -607,8 +597,8 @@ class Shard:
         answers, spending neither its attempts nor the budget, until another item tells: one
         in flight, or a fresh one (not failed in this state) sent beside the cap as the probe
         (`_send_list_probe`). A request of ours answered ends the state, and this item goes
-        again (True), its next such failure its own once the server answered a request sent
-        after it (`list_released`, `_endpoint_down`). The probe failing too is the backend
+        again (True): its next such failure is held once more, as any is, and the one after is
+        its own (`held_again`, `_endpoint_down`). The probe failing too is the backend
         down behind the list: an outage (`_list_probe_ended`), held on, probed with the next
         fresh item (BESIDE_CAP_MAX at most beside the cap, then the held items in turn, oldest
         first), and stopped at retry.outage_s. With nothing left to tell (the input's tail: no
@@ -630,7 +620,6 @@ class Shard:
                         self._abandon(span)
                     return None
                 if self.list_only_since is None:  # answered (or gone: an outage as before)
-                    span.list_released = self.outage.since is None
                     return self._list_release(span)
                 if not self._list_may_probe():
                     span.outage_tries -= 1  # the tail: this failure is the item's, as before

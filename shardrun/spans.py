@@ -44,9 +44,6 @@ class Span:
     # and whether it has had the one free retry of such a failure (`Shard._first_list_only`).
     list_only_now: bool = False
     list_free_used: bool = False
-    # It was held so and let go by an answer (`Shard._hold_for_a_fresh_item`): its next such
-    # failure, the server having answered a request sent after the held one, is its own.
-    list_released: bool = False
     # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
     retry_line: dict[str, Any] | None = None
 

@@ -2065,6 +2065,45 @@ def test_a_server_down_behind_a_gateway_answering_its_list_stops_the_run_at_outa
     resume_on_a_live_server(tmp_path, path, ids)
 
 
+
+def _results_in(run_parent: Path) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in run_parent.glob("*/results/*.jsonl"))
+
+
+def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_nothing(
+        tmp_path: Path) -> None:
+    """The server behind a gateway that answers the model list itself is killed, started
+    again, and killed again as soon as it has answered one request (the held items it let go
+    are out), then started for good: a crash loop. Charging each released item's next failure
+    with no answer whatever other requests met meanwhile (Span.list_released) dead-lettered 7
+    to 9 of the 60 at one attempt; held once more (Span.held_again), none is."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 1000})
+    servers = [start_sim(config, port=port)]
+    proc = None
+    try:
+        with _models_gateway(port, "reset") as (front, heard):
+            write_job(tmp_path / "job.yaml", shards=1, concurrency=4,
+                      retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
+                      endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat",
+                                "model": "m"})
+            proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+            _kill_behind_the_gateway(tmp_path, proc, servers, heard)
+            before = _results_in(tmp_path / "runs")
+            servers.append(start_sim(config, port=port))
+            _wait_for_results(tmp_path / "runs", before + 1)  # a request answered: let go
+            os.kill(servers[-1].pid, signal.SIGKILL)  # and down again while they are out
+            time.sleep(2)
+            servers.append(start_sim(config, port=port))
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        _stop_all(servers, proc)
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead, (len(run.dead), [d["reason"] for d in run.dead][:3])
+    assert proc.returncode == 0, out + err
+
 def _input_with_bad(path: Path, n: int, bad: set[int]) -> list[str]:
     """An input of `n` prompts whose requests the simulator answers, but for those at the
     positions `bad`, which hold the text its reset_when (below) resets the request of."""
