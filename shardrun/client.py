@@ -85,7 +85,8 @@ _NEEDS_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.versi
 
 
 def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
-    """The shard's one session: a pool of `cap` keep-alive connections that stamp attempts.
+    """The shard's one session: a pool of `cap` keep-alive connections that stamp attempts
+    (a shard's `cap` is `shard.pool_size`: its concurrency and the spans beside it).
 
     Call it inside the running event loop. There is no session-level total/read timeout: the
     client enforces its own deadlines; `sock_connect` is only a per-socket backstop.

@@ -81,6 +81,15 @@ UNPROVEN_STORM_S = 60.0
 BESIDE_CAP_MAX = 8
 
 
+def pool_size(cap: int) -> int:
+    """The connections of a shard's session pool (`make_session`): one for each span that may
+    be in flight at once, the cap's and the fresh probes' beside it. Sized to the cap alone,
+    the spans beside it waited in the pool for a connection once the list-only state ended,
+    the wait counted in connect_s, and they ended timeout_connect: a false outage, whose probe's
+    GET of the model list waited in the full pool too, stopped the run at retry.outage_s."""
+    return cap + BESIDE_CAP_MAX
+
+
 class Shard:
     """The state of one running shard."""
 
@@ -1326,7 +1335,7 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
                    version=__version__, host=socket.gethostname())
     headers = request_headers(cfg.api_key, cfg.api_key_header, cfg.headers)
     timeouts = Timeouts(**cfg.timeouts)
-    async with make_session(cfg.concurrency, timeouts) as session:
+    async with make_session(pool_size(cfg.concurrency), timeouts) as session:
         shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,
                                               shard.clock, proxy=cfg.proxy,
                                               proxy_authorization=cfg.proxy_authorization)

@@ -1973,6 +1973,14 @@ def _models_gateway(port: int, mode: str) -> Iterator[tuple[int, list[str]]]:
         gateway.wait(timeout=WAIT_GUARD_S)
 
 
+def _start_behind(tmp_path: Path, front: int, cap: int, **job: Any) -> subprocess.Popen[str]:
+    """Start a run of one shard at `cap` through the relay listening on `front` (`job`: more of
+    the job file's sections)."""
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=cap,
+              endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat", "model": "m"},
+              **job)
+    return _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+
 def _refused_after_the_list(lines: list[str]) -> bool:
     return "models\n" in lines and "refused\n" in lines[lines.index("models\n"):]
 
@@ -2004,10 +2012,7 @@ def _behind_the_gateway(tmp_path: Path, mode: str, cap: int, retry: dict[str, An
     proc = None
     try:
         with _models_gateway(port, mode) as (front, heard):
-            write_job(tmp_path / "job.yaml", shards=1, concurrency=cap, retry=retry,
-                      endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat",
-                                "model": "m"})
-            proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+            proc = _start_behind(tmp_path, front, cap, retry=retry)
             _kill_behind_the_gateway(tmp_path, proc, servers, heard)
             if back:
                 servers.append(start_sim(config, port=port))
@@ -2084,11 +2089,8 @@ def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_n
     proc = None
     try:
         with _models_gateway(port, "reset") as (front, heard):
-            write_job(tmp_path / "job.yaml", shards=1, concurrency=4,
-                      retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
-                      endpoint={"base_url": f"http://127.0.0.1:{front}/v1", "api": "chat",
-                                "model": "m"})
-            proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+            proc = _start_behind(tmp_path, front, 4, retry={"max_attempts": 1,
+                                                            "budget_ratio": 0, "budget_floor": 0})
             _kill_behind_the_gateway(tmp_path, proc, servers, heard)
             before = _results_in(tmp_path / "runs")
             servers.append(start_sim(config, port=port))
@@ -2103,6 +2105,43 @@ def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_n
     assert_exactly_once(run, ids)
     assert not run.dead, (len(run.dead), [d["reason"] for d in run.dead][:3])
     assert proc.returncode == 0, out + err
+
+
+def test_the_spans_beside_the_cap_have_connections_of_their_own(tmp_path: Path) -> None:
+    """Fresh probes fail and are held beside the cap while the server behind a gateway that
+    answers the model list itself is down; it comes back, and the held items and the probes
+    all go at once, more than the cap, while answers take 2.5 s to start. The session's pool
+    had a connection per slot of the cap only: the spans beside it waited for one, the wait
+    counted in connect_s (1 s here), and they ended timeout_connect (14 of 42 attempts after
+    the restart in the reviewer's run), a false outage. Now the pool holds the cap and
+    BESIDE_CAP_MAX, and no attempt after the restart waits for a connection."""
+    ids = write_input(tmp_path / "input.jsonl", 12)
+    port = free_port()
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2500})
+    servers = [start_sim(config, port=port)]
+    proc = None
+    try:
+        with _models_gateway(port, "reset") as (front, heard):
+            proc = _start_behind(tmp_path, front, 2, timeouts={
+                "connect_s": 1.0, "first_token_s": 60, "idle_s": 30, "total_s": 600})
+            _wait_for_results(tmp_path / "runs", 2)
+            os.kill(servers[-1].pid, signal.SIGKILL)
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while not _refused_after_the_list(heard[:]):  # a copy: the reading thread appends
+                assert time.monotonic() < deadline, "the gateway never refused a request"
+                time.sleep(0.05)
+            time.sleep(3)  # fresh probes fail and are held beside the cap
+            back_at = time.time()
+            servers.append(start_sim(config, port=port))
+            out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        _stop_all(servers, proc)
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert proc.returncode == 0, out + err
+    assert_exactly_once(run, ids)
+    after = [e for e in run.events if e["ev"] == "attempt_end" and e["t"] > back_at]
+    assert after and all(e["status"] != "timeout_connect" for e in after), \
+        Counter(e["status"] for e in after)
 
 def _input_with_bad(path: Path, n: int, bad: set[int]) -> list[str]:
     """An input of `n` prompts whose requests the simulator answers, but for those at the
