@@ -16,10 +16,14 @@ the outage too, but says nothing of our requests (a gateway may answer it while 
 behind restarts), so until one of them is answered a failure with no answer may be the item's
 own or the backend's: the item is held, spending nothing, while another item tells, a fresh
 one sent as the probe if need be (`Shard._hold_for_a_fresh_item`). A request answered says it
-was the item's (it goes again once, then is charged); the fresh probe failing too says the
-backend is down, an outage that the list no longer ends; at the input's tail, with no fresh
-item left, the held items are charged, so the run ends. An outage that lasts `retry.outage_s`
-stops the run, leaving the items for `--resume`.
+was the item's (it goes again, its next such failure held once more, the one after charged);
+the fresh probe failing too says the backend is down, an outage that the list no longer ends,
+probed with the next fresh item every `LIST_PROBE_S`, each held beside the cap. Once
+`BESIDE_CAP_MAX` of them have failed with nothing answered, or at the input's tail with no
+fresh item left, the list's word is spent: the held items are charged (`Shard._list_spent`),
+so the run goes on and ends, a run of prompts the server resets dead-lettered; so is the
+backlog of a backend gone for good, unless `retry.outage_s` came first. An outage that lasts
+`retry.outage_s` stops the run, leaving the items for `--resume`.
 
 An endpoint can also answer and still fail everything: a storm of 503s from an overloaded
 server, or of 500s from a broken one. The retry budget

@@ -77,8 +77,13 @@ STREAK_WAIT_S = 5.0
 # How long a storm may last before any request of the run succeeded (`_storm_too_long`).
 UNPROVEN_STORM_S = 60.0
 # The most spans a shard runs beside its cap as fresh probes while only the model list answers
-# (`Shard._send_list_probe`); past it, the items held then probe in turn, oldest first.
+# (`Shard._send_list_probe`); with as many failed and nothing answered, the list's word is spent
+# (`Shard._list_spent`). The interval between such probes once one has failed: the list's word
+# holds about BESIDE_CAP_MAX of them, 6 s, against failing fresh items (a restart behind it
+# took 2-3 s in the tests; at the intervals of an outage's probe, growing to 5 s, it held about
+# 16 s, and a run of prompts the server resets stopped a run at retry.outage_s 8 every pass).
 BESIDE_CAP_MAX = 8
+LIST_PROBE_S = 0.75
 
 
 def pool_size(cap: int) -> int:
@@ -116,10 +121,11 @@ class Shard:
         self.list_probe: Span | None = None
         self.beside_cap = 0
         # That probe failed too: the backend is down behind a list that answers (an outage the
-        # list does not end), how many probes failed, and when the next may go.
+        # list does not end), and when the next may go.
         self.list_down = False
-        self.list_probes = 0
         self.list_next_probe_at = 0.0
+        # BESIDE_CAP_MAX fresh probes failed too: such failures are charged (`_list_spent`).
+        self.list_spent = False
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
         self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
@@ -596,7 +602,10 @@ class Shard:
     def _list_may_probe(self) -> bool:
         """Whether something may yet tell an item that failed while only the model list
         answers whether the server behind it is up: a request out, a fresh item queued or to
-        come, or the fresh probe out. Else it is the input's tail, and the item is charged."""
+        come, or the fresh probe out. Else it is the input's tail, or the list's word is spent
+        (`_list_spent`), and the item is charged."""
+        if self.list_spent:
+            return False
         return bool(self.queue or not self.input_ended or self.list_probe is not None
                     or self.sending)
 
@@ -609,10 +618,10 @@ class Shard:
         again (True): its next such failure is held once more, as any is, and the one after is
         its own (`held_again`, `_endpoint_down`). The probe failing too is the backend
         down behind the list: an outage (`_list_probe_ended`), held on, probed with the next
-        fresh item (BESIDE_CAP_MAX at most beside the cap, then the held items in turn, oldest
-        first), and stopped at retry.outage_s. With nothing left to tell (the input's tail: no
-        fresh item, nothing out), the item is charged (False): its prompt may be what the
-        server resets, and the run must end; a dead letter can go again with retry-failed.
+        fresh item, at most BESIDE_CAP_MAX beside the cap; with as many failed, the list's word
+        is spent (`_list_spent`). With nothing left to tell (the input's tail: no fresh item,
+        nothing out) or the word spent, the item is charged (False): its prompt may be what the
+        server resets, and the run must go on; a dead letter can go again with retry-failed.
         None: a stop or a fatal error ended the span."""
         span.outage_tries += 1
         span.history[-1]["wait"] = None
@@ -643,9 +652,9 @@ class Shard:
                         if self.queue:
                             self._send_list_probe()
                             continue
-                    elif held[0] is span:  # no more beside the cap: the held ones in turn
-                        self.list_probe = span
-                        return self._list_release(span)
+                    else:  # as many fresh probes failed as may be held, nothing answered
+                        self._list_spent()
+                        continue
                 if not self.queue:
                     self._request_more()
                 with contextlib.suppress(TimeoutError):
@@ -698,9 +707,9 @@ class Shard:
     def _list_probe_ended(self, outcome: AttemptOutcome | None) -> None:
         """The fresh probe's attempt ended: a failure with no answer, while only the list
         still answers, is the backend down behind it: an outage, which its list does not end
-        (`_wait_out_outage` asks it no more) and which stops the run at retry.outage_s. The
-        next fresh item probes after an interval growing with the failed probes, at most
-        PROBE_MAX_S. A success or an answer ends the state on its own (`_endpoint_answered`)."""
+        (`_wait_out_outage` asks it no more) and which stops the run at retry.outage_s, unless
+        the list's word is spent first (`_list_spent`). The next fresh item probes LIST_PROBE_S
+        later. A success or an answer ends the state on its own (`_endpoint_answered`)."""
         self.list_probe = None
         if (outcome is not None and self.list_only_since is not None
                 and (outcome.conn_ready_at is not None or outcome.http_status is not None)
@@ -708,21 +717,38 @@ class Shard:
                                        outcome.content_chunks)):
             now = self.clock.now()
             self.list_down = True
-            self.list_probes += 1
             self.outage.failed(now)
             self.endpoint_back.clear()
             self.outage_cause = outcome.error or outcome.status
-            self.list_next_probe_at = now + min(self.retrier.backoff(self.list_probes),
-                                                PROBE_MAX_S)
+            self.list_next_probe_at = now + LIST_PROBE_S
+        self._wake_held()
+
+    def _list_spent(self) -> None:
+        """BESIDE_CAP_MAX fresh probes failed too, held beside the cap, and nothing was
+        answered: a backend down behind the list, or a run of prompts the server resets (it
+        answers the rest), as long as the cap and the spans beside it. Holding on, only the held
+        items probed, none was ever answered, and retry.outage_s stopped the run, every pass
+        meeting the same prompts first. The list's word is spent: the outage it no longer ended
+        is over (the list may end the next), and the items held are charged as at the input's
+        tail (`_list_may_probe`), as are such failures until one of our requests is answered
+        or finds no connection (`_list_only_ends`). The run goes on: the prompts the server
+        resets are dead-lettered (retry-failed runs them again), but so is the backlog of a
+        backend gone for good, as before the list-only state."""
+        self.list_spent = True
+        self.list_down = False
+        self.list_next_probe_at = 0.0
+        self.outage.answered()
+        self.prober = None
+        self.endpoint_back.set()
         self._wake_held()
 
     def _list_only_ends(self) -> None:
         """The list's say is over (one of our requests was answered, or found no connection
         at all): the items held for a fresh probe go again."""
         self.list_only_since = None
+        self.list_spent = False
         if self.list_down or self.list_held:
             self.list_down = False
-            self.list_probes = 0
             self.list_next_probe_at = 0.0
             self._wake_held()
 

@@ -2154,6 +2154,22 @@ def _input_with_bad(path: Path, n: int, bad: set[int]) -> list[str]:
     return ids
 
 
+def _bad_prompts_dead_lettered(tmp_path: Path, bad: set[int], *, outage_s: float) -> Run:
+    """Run 40 items at 1 x 2 against a simulator that resets the requests of the prompts at
+    the positions `bad` (`_input_with_bad`), 3 attempts each: the run ends with exit 1, not at
+    retry.outage_s, every id once, exactly the bad ones dead-lettered. The run."""
+    ids = _input_with_bad(tmp_path / "input.jsonl", 40, bad)
+    with sim(reset_when="CRASH") as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=2,
+                retry={"max_attempts": 3, "outage_s": outage_s})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "outage_s" not in proc.stderr, proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert sorted(d["id"] for d in run.dead) == sorted(ids[i] for i in bad), run.dead
+    return run
+
 @pytest.mark.parametrize("bad", [{38, 39}, {17, 18}], ids=["last_two", "two_in_the_middle"])
 def test_two_bad_prompts_in_a_row_at_a_cap_of_2_are_dead_lettered_and_the_run_ends(
         tmp_path: Path, bad: set[int]) -> None:
@@ -2164,18 +2180,29 @@ def test_two_bad_prompts_in_a_row_at_a_cap_of_2_are_dead_lettered_and_the_run_en
     Now a fresh item probes while there is one (and is answered: they are the items' own), and
     at the input's tail, with none left, they are charged: the two are dead-lettered, every
     other item is answered, and the run ends with exit 1, not at outage_s."""
-    ids = _input_with_bad(tmp_path / "input.jsonl", 40, bad)
-    with sim(reset_when="CRASH") as server:
-        job_for(tmp_path, server.base_url, shards=1, concurrency=2,
-                retry={"max_attempts": 3, "outage_s": 30})
-        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "outage_s" not in proc.stderr, proc.stderr
-    run = Run.load(only_run(tmp_path / "runs"))
-    assert_exactly_once(run, ids)
-    assert sorted(d["id"] for d in run.dead) == sorted(ids[i] for i in bad), run.dead
+    run = _bad_prompts_dead_lettered(tmp_path, bad, outage_s=30)
     assert all(d["reason"].startswith("max_attempts: ") for d in run.dead), run.dead
 
+
+@pytest.mark.parametrize("nbad", [2 + BESIDE_CAP_MAX, 4 + BESIDE_CAP_MAX])
+def test_a_run_of_bad_prompts_longer_than_the_cap_and_the_probes_beside_it_is_dead_lettered(
+        tmp_path: Path, nbad: int) -> None:
+    """Prompts in a row whose requests the server resets, as many as the cap (2) and the
+    fresh probes beside it (BESIDE_CAP_MAX) or more: every fresh probe failed too, so the
+    backend looked down behind its list; once the probes beside the cap were held, only the
+    held items probed, none was ever answered, and the run stopped at retry.outage_s with 10
+    of 40 done, every --resume meeting the same prompts first (before the list-only state it
+    ended in 4.5 s). Now the list's word is spent then: the held items are charged, the bad
+    prompts are dead-lettered, everything else is answered, and the run ends (exit 1), not at
+    outage_s. The spans in flight stay within the cap and BESIDE_CAP_MAX."""
+    run = _bad_prompts_dead_lettered(tmp_path, set(range(10, 10 + nbad)), outage_s=20)
+    # Charged as any failure is: some spend the retry budget up before their attempts.
+    assert all(d["reason"].startswith(("max_attempts: ", "retry_budget_exhausted: "))
+               for d in run.dead), run.dead
+    steps = sorted((e["t"], e["ev"] == "admitted") for e in run.events
+                   if e["ev"] in ("admitted", "released"))
+    out = list(itertools.accumulate(1 if admitted else -1 for _, admitted in steps))
+    assert max(out) <= 2 + BESIDE_CAP_MAX, max(out)
 
 def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
     """The server is killed with four requests out before their first token (answers take 2 s
