@@ -124,7 +124,9 @@ class Shard:
         # list does not end), and when the next may go.
         self.list_down = False
         self.list_next_probe_at = 0.0
-        # BESIDE_CAP_MAX fresh probes failed too: such failures are charged (`_list_spent`).
+        # How many probes failed so in this state (fresh ones, or held ones in turn); at
+        # BESIDE_CAP_MAX such failures are charged (`_list_spent`).
+        self.list_failed_probes = 0
         self.list_spent = False
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
         self.storm = StormWatch(STORM_AFTER)
@@ -648,13 +650,20 @@ class Shard:
                     due = self.list_next_probe_at - self.clock.now()
                     if due > 0:
                         wait = min(due, RECHECK_S)
+                    elif self.list_failed_probes >= BESIDE_CAP_MAX:  # nothing answered
+                        self._list_spent()
+                        continue
                     elif self.beside_cap < BESIDE_CAP_MAX:
                         if self.queue:
                             self._send_list_probe()
                             continue
-                    else:  # as many fresh probes failed as may be held, nothing answered
-                        self._list_spent()
-                        continue
+                    elif held[0] is span:
+                        # The spans beside the cap are items held since an earlier time the
+                        # list answered alone (its probes, let go and failed again): counted
+                        # as failed probes they spent this time's word at once (43 of 60
+                        # dead-lettered through a double restart). The held probe in turn.
+                        self.list_probe = span
+                        return self._list_release(span)
                 if not self.queue:
                     self._request_more()
                 with contextlib.suppress(TimeoutError):
@@ -717,6 +726,7 @@ class Shard:
                                        outcome.content_chunks)):
             now = self.clock.now()
             self.list_down = True
+            self.list_failed_probes += 1
             self.outage.failed(now)
             self.endpoint_back.clear()
             self.outage_cause = outcome.error or outcome.status
@@ -724,11 +734,12 @@ class Shard:
         self._wake_held()
 
     def _list_spent(self) -> None:
-        """BESIDE_CAP_MAX fresh probes failed too, held beside the cap, and nothing was
-        answered: a backend down behind the list, or a run of prompts the server resets (it
-        answers the rest), as long as the cap and the spans beside it. Holding on, only the held
-        items probed, none was ever answered, and retry.outage_s stopped the run, every pass
-        meeting the same prompts first. The list's word is spent: the outage it no longer ended
+        """BESIDE_CAP_MAX probes failed too since the list began to answer alone (fresh items,
+        held beside the cap, or held items in turn), and nothing was answered: a backend down
+        behind the list, or a run of prompts the server resets (it answers the rest), as long
+        as the cap and the spans beside it. Holding on, only the held items probed, none was
+        ever answered, and retry.outage_s stopped the run, every pass meeting the same prompts
+        first. The list's word is spent: the outage it no longer ended
         is over (the list may end the next), and the items held are charged as at the input's
         tail (`_list_may_probe`), as are such failures until one of our requests is answered
         or finds no connection (`_list_only_ends`). The run goes on: the prompts the server
@@ -747,6 +758,7 @@ class Shard:
         at all): the items held for a fresh probe go again."""
         self.list_only_since = None
         self.list_spent = False
+        self.list_failed_probes = 0
         if self.list_down or self.list_held:
             self.list_down = False
             self.list_next_probe_at = 0.0

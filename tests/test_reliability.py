@@ -2075,13 +2075,16 @@ def _results_in(run_parent: Path) -> int:
     return sum(p.read_bytes().count(b"\n") for p in run_parent.glob("*/results/*.jsonl"))
 
 
+@pytest.mark.parametrize(("first_s", "second_s"), [(0, 2), (2, 4.5)], ids=["short", "longer"])
 def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, first_s: float, second_s: float) -> None:
     """The server behind a gateway that answers the model list itself is killed, started
     again, and killed again as soon as it has answered one request (the held items it let go
     are out), then started for good: a crash loop. Charging each released item's next failure
     with no answer whatever other requests met meanwhile (Span.list_released) dead-lettered 7
-    to 9 of the 60 at one attempt; held once more (Span.held_again), none is."""
+    to 9 of the 60 at one attempt; held once more (Span.held_again), none is. Down longer, the
+    first time's probes beside the cap, let go and failed again, are held items of the second:
+    counted as its failed probes, they spent its word at once (43 of 60 dead-lettered)."""
     ids = write_input(tmp_path / "input.jsonl", 60)
     port = free_port()
     config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 1000})
@@ -2092,11 +2095,12 @@ def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_n
             proc = _start_behind(tmp_path, front, 4, retry={"max_attempts": 1,
                                                             "budget_ratio": 0, "budget_floor": 0})
             _kill_behind_the_gateway(tmp_path, proc, servers, heard)
+            time.sleep(first_s)  # fresh probes fail meanwhile, held beside the cap
             before = _results_in(tmp_path / "runs")
             servers.append(start_sim(config, port=port))
             _wait_for_results(tmp_path / "runs", before + 1)  # a request answered: let go
             os.kill(servers[-1].pid, signal.SIGKILL)  # and down again while they are out
-            time.sleep(2)
+            time.sleep(second_s)
             servers.append(start_sim(config, port=port))
             out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
