@@ -153,8 +153,9 @@ class Shard:
         self.ok_once = False
         self.run_answered = False  # another shard has had a success (`protocol.ANSWERED`)
         self.ever_connected = cfg.answered_before
-        # Raised to what the cap needs where the hard limit allows (`fdlimit`).
-        self.open_files = ensure_open_files(cfg.concurrency)
+        # Raised to what the pool needs where the hard limit allows (`fdlimit`): the cap's
+        # connections and those of the spans beside it (`pool_size`).
+        self.open_files = ensure_open_files(pool_size(cfg.concurrency))
         self.connect_failures = 0
         self.refusal: str | None = None  # the last HTTP 4xx answer, before any success
         self.refusals = 0  # how many attempts in a row got exactly that answer
