@@ -303,6 +303,23 @@ class Shard:
         again at once when woken short of a stop."""
         await self._nap(seconds, self.halted)
 
+    async def _probe_pause(self, seconds: float) -> None:
+        """An outage probe's wait before it tries again (`_pause`), over too once the endpoint
+        is back by another word: a request of ours answered (`_endpoint_up`) or the list's
+        word spent (`_list_spent`). The items waiting on the probe go then; the probe itself
+        slept out its interval (up to PROBE_MAX_S), its slot idle, and then went on its own,
+        no longer the probe, beside whichever item had taken its place."""
+        back = self.endpoint_back
+        if back.is_set():  # no outage to wait out (a plain pause, never a hot loop)
+            await self._pause(seconds)
+            return
+        waits = [asyncio.ensure_future(event.wait()) for event in (self.halted, back)]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     async def _back_off(self, seconds: float) -> None:
         """A retry's backoff (`_pause`), cut short when a storm begins: the item then joins the
         held ones at once, in the order they failed. The streak's items before the one that
@@ -983,7 +1000,7 @@ class Shard:
                 if not self.list_down and await client.answers(PROBE_MAX_S):
                     self._list_answered(span, asked)
                 else:
-                    await self._pause(wait or 0.0)
+                    await self._probe_pause(wait or 0.0)
             else:
                 await self._wait_for_endpoint()
         finally:

@@ -342,6 +342,38 @@ def test_an_items_first_failure_while_only_the_list_answers_is_retried_free(
     assert not spans[0].list_only_now
 
 
+@pytest.mark.parametrize("back", ["answered", "list_spent"])
+def test_an_outage_probe_waiting_to_try_again_goes_when_the_endpoint_is_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, back: str) -> None:
+    """The probe waits its interval (up to PROBE_MAX_S) before it tries again. A request of
+    ours answered meanwhile, or the list's word spent, ends the outage: the items waiting on
+    the probe go at once, and so does the probe, whose slot sat idle to its interval's end."""
+    clock, shard, spans = _four_spans(tmp_path, held=False)
+    monkeypatch.setattr(shard.retrier, "backoff", lambda attempt: 60.0)
+
+    async def no_list(_timeout: float) -> bool:
+        return False
+
+    async def main() -> bool:
+        probe = spans[0]
+        probe.history.append({})
+        assert shard._endpoint_down(probe, _reset(clock.t))
+        client = SimpleNamespace(answers=no_list)
+        task = asyncio.create_task(
+            shard._wait_out_outage(client, probe, 1))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert not task.done() and shard.prober is probe
+        clock.t += 1
+        if back == "answered":
+            _answered(shard, clock, "in flight before")
+        else:
+            shard._list_spent()
+        assert shard.endpoint_back.is_set() and shard.prober is None
+        return await asyncio.wait_for(task, PROBE_MAX_S / 2)  # its interval not slept out
+
+    assert asyncio.run(main()) is True
+
+
 def test_a_list_answer_after_one_of_our_requests_was_answered_starts_no_list_only_state(
         tmp_path: Path) -> None:
     """The probe's GET of the model list is out (up to 5 s) when a request sent earlier is
