@@ -405,7 +405,10 @@ class Coordinator:
                 loop.add_signal_handler(sig, self.interrupt)
         # Known now: once the terminal has hung up, isatty() no longer says it was one.
         self.terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
-        self.log.emit(events.RUN_START, t=self.clock.now(), shards=self.shard_count,
+        # The summary's wall time is the log's window (run_start to run_end), so its run-average
+        # TPM is the one `report` computes from the log.
+        self.started = self.clock.now()
+        self.log.emit(events.RUN_START, t=self.started, shards=self.shard_count,
                       cap=self.config.concurrency)
         # On disk at once: a coordinator killed in its first second still leaves the run's start.
         self._write_log(self.log.flush)
@@ -437,11 +440,12 @@ class Coordinator:
                 # summary and the manifest are written next, and must be written whole.
                 signal.signal(sig, _finishing)
             self.source.reader.close()
-            summary = self.summary()
+            ended = self.clock.now()
+            summary = self.summary(ended)
             # The client's CPU goes into the log too, so that `report` reads it from the
             # evidence rather than from the manifest's summary; so does why it is unknown.
             cpu, why = summary.client_cpu_s, summary.client_cpu_unknown
-            self.log.emit(events.RUN_END, t=self.clock.now(), status=summary.status,
+            self.log.emit(events.RUN_END, t=ended, status=summary.status,
                           client_cpu_s=None if cpu is None else round(cpu, 3),
                           **({"client_cpu_unknown": why} if cpu is None and why else {}),
                           **({"stopped_by": self.fatal_cause} if self.fatal_cause else {}))
@@ -543,7 +547,7 @@ class Coordinator:
             if still:
                 await asyncio.wait(still, timeout=5.0)
 
-    def summary(self) -> RunSummary:
+    def summary(self, ended_at: float) -> RunSummary:
         cpu_unknown = self._cpu_unknown()
         return RunSummary.from_shard_reports(
             run_dir=self.run_dir.path,
@@ -555,7 +559,7 @@ class Coordinator:
             left_out=self.source.left_out,
             rejects=self.source.rejects,
             started_at=self.started,
-            ended_at=time.time(),
+            ended_at=ended_at,
             interrupted=self.interrupts > 0,
             fatal_reason=self.fatal_reason,
             shard_deaths=len(self.deaths),

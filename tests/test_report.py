@@ -352,6 +352,18 @@ def test_real_run_matches_its_result_files(real_run: Path) -> None:
     assert doc["attempts"]["retries"] > 0 and "http_5xx" in doc["attempts"]["retry_causes"]
 
 
+def test_real_run_summary_and_report_give_one_run_average(real_run: Path) -> None:
+    """The run's summary (printed, and in the manifest) and `report` both call it the run
+    average: completion tokens over the same window, run_start to run_end. The summary timed
+    from the coordinator's construction, before the launcher's fork (0.4 % apart on a 2 s
+    run)."""
+    summary = orjson.loads((real_run / "manifest.json").read_bytes())["summary"]
+    doc, _ = load_report(real_run)
+    start, end = doc["run"]["passes"][0]["start_t"], doc["run"]["passes"][0]["end_t"]
+    assert summary["wall_s"] == round(end - start, 3)
+    assert summary["completion_tpm_run"] == doc["tpm"]["run_average_tpm"]
+
+
 def test_real_run_reports_the_client_cpu_from_its_log(real_run: Path) -> None:
     """`run_end` carries the client CPU the summary printed; the report reads it from the log
     and divides it by the log's attempts."""
