@@ -419,7 +419,8 @@ def _csv_values(row: dict[str, Any], input_columns: list[str]) -> list[Any]:
     usage = row["usage"] if isinstance(row["usage"], dict) else {}
     values = [row["line"], row["id"], row["status"], row["output"], row["finish_reason"],
               usage.get("prompt_tokens"), usage.get("completion_tokens"),
-              usage.get("estimated"), usage.get("cached_tokens"), usage.get("reasoning_tokens"),
+              _cell(usage.get("estimated")), usage.get("cached_tokens"),
+              usage.get("reasoning_tokens"),
               row["attempts"], row["error"], row["reasoning"],
               _cell(row["tool_calls"]), row["refusal"], _cell(row["function_call"])]  # fmt: skip
     if "input" in row:

@@ -146,8 +146,11 @@ def test_csv_holds_the_same_rows(base: Path, tmp_path: Path) -> None:
     rows = read_jsonl(as_json)
     assert len(table) == len(rows) + 1
 
-    def text(value: object) -> str:
-        return "" if value is None else str(value)
+    def text(value: object) -> str:  # true and false as JSON has them, as input.NAME cells
+        return "" if value is None else orjson.dumps(value).decode() if isinstance(
+            value, bool) else str(value)
+
+    assert {c[7] for c in table[1:]} >= {"false"}  # usage_estimated: not Python's False
 
     for cells, row in zip(table[1:], rows, strict=True):
         usage = row["usage"] or {}
