@@ -51,6 +51,7 @@ from shardrun.errors import NO_ROOM, RunError, SpecError
 from shardrun.fdlimit import ensure_open_files
 from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
 from shardrun.manifest import (
+    changed_results,
     file_digest,
     newest_job_path,
     pass_reads,
@@ -135,6 +136,13 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     reader = make_reader(job, with_input)  # a missing or unreadable input fails here
     try:
         _check_input(run_path, manifest, job.input_path, job.spec.input.format, summary)
+        # Answers removed by hand would come out as pending, the way on a --resume that pays
+        # for them again: say so, as `report` and a resume do.
+        summary.warnings += [
+            f"{path} {'is missing' if size is None else f'holds {size:,} bytes'} where the "
+            f"run's manifest recorded {listed:,}: answers were removed or changed by hand, and "
+            "their records are exported as what is there now (pending where gone)"
+            for path, listed, size in changed_results(manifest, run_path)]
         columns = reader.columns
         if fmt == "csv" and with_input and columns is None:
             columns = _json_keys(job.input_path)

@@ -230,6 +230,22 @@ def test_pending_items_of_a_run_at_work_are_not_sent_to_resume(base: Path,
     assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in after.stderr
 
 
+def test_a_result_file_removed_by_hand_is_a_warning(base: Path, tmp_path: Path) -> None:
+    """Its records come out pending, the way on a --resume that pays for them again: export
+    says that the file the manifest lists is gone, as `report` and a resume do."""
+    run_dir, _ = copy_of(base, tmp_path)
+    results = sorted((run_dir / "results").glob("shard-*.jsonl"))[0]
+    count = len(results.read_bytes().splitlines())
+    results.unlink()
+    done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f", {count:,} pending\n" in done.stderr
+    name = f"results/{results.name}"
+    assert (f"warning: {name} is missing where the run's manifest recorded "
+            in done.stderr), done.stderr
+    assert "answers were removed or changed by hand" in done.stderr
+
+
 def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> None:
     """Lines the invariant rules out (a second line for one id, a line for an id the input does
     not have) are reported, not exported: the first line of an id is the one exported."""
