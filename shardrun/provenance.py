@@ -330,6 +330,10 @@ def _check_files(sample: dict[str, Any], loaded: LoadedRun) -> None:
         if scan.sha256 != rec["sha256"] or scan.bytes != rec["bytes"]:
             raise VerifyError(f"{scan.path} does not match the sample: {_diff(scan, rec)}; "
                               f"{_why_changed(scan, rec, sample['files'], recorded)}")
+        if scan.checkpoint_error:  # before its counts, which a failed chain leaves short
+            raise VerifyError(f"{scan.path} fails its own checkpoints ({scan.checkpoint_error}): "
+                              "it was edited, and the sample's SHA-256 and size written to "
+                              "match")
         found = _file_record(scan)
         for key in FILE_FIELDS:
             if key in rec and not _same(rec[key], found[key]):

@@ -211,6 +211,19 @@ def _forge(run: Path, sample: Path) -> Path:
     return forged
 
 
+def _hashes_written_anew(run: Path, sample: Path) -> None:
+    """A byte flipped, and the sample's SHA-256, size and lines written for the file as it is
+    now (not its checkpoint counts): the file's own chain names the change, not a count."""
+    _flip(run, sample)
+    log = run / "events" / "shard-00.jsonl"
+    doc = orjson.loads(sample.read_bytes())
+    rec = next(f for f in doc["files"] if f["path"] == "events/shard-00.jsonl")
+    data = log.read_bytes()
+    rec.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data),
+               lines=data.count(b"\n"))
+    sample.write_bytes(orjson.dumps(doc))
+
+
 def _lines(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
@@ -336,6 +349,8 @@ TAMPERS = [
      "a line was added between line"),
     ("flipped byte in the last line", _last_line, "events/shard-00.jsonl does not match",
      "checkpoint SHA-256"),
+    ("hashes written anew", _hashes_written_anew, "events/shard-00.jsonl fails its own "
+     "checkpoints (line ", "a byte changed between line"),
     ("edited figure", _edit_sample(completion_tokens=46), "completion_tokens: the sample says 46",
      "the events give 45"),
     ("edited split", _edit_sample(spans_of_01=4), "per_shard events/shard-01.jsonl spans",
