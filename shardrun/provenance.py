@@ -143,8 +143,9 @@ def _check_publishable(loaded: LoadedRun) -> None:
 
 def _altered(loaded: LoadedRun) -> str | None:
     """Why the run's event files are not as it wrote them, if they are not: a file that fails
-    its own checkpoints, differs from the SHA-256 the manifest recorded when the run ended, or
-    is listed there and gone. `publish` refuses such a run; `verify` fails it."""
+    its own checkpoints, differs from the SHA-256 the manifest recorded when the run ended, is
+    listed there and gone, or is not listed though its pass had ended (added: a copied log).
+    `publish` refuses such a run; `verify` fails it."""
     for scan in loaded.scans:
         if scan.checkpoint_error:
             return f"{scan.path} fails its own checkpoints ({scan.checkpoint_error})"
@@ -155,6 +156,10 @@ def _altered(loaded: LoadedRun) -> str | None:
     missing = loaded.missing_files()
     if missing:
         return f"{missing[0]} is listed in the manifest but missing from the run directory"
+    added = loaded.unlisted_files()
+    if added:
+        return (f"{added[0]} is not in the manifest's list of the run's files, though the pass "
+                "that wrote it had ended: added since, or renamed")
     return None
 
 

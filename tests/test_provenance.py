@@ -167,16 +167,21 @@ def test_publish_refuses_running_or_altered_runs(tmp_path: Path) -> None:
         publish(altered)
 
 
+def _list_event_files(run: Path) -> None:
+    """The manifest's list of the run's files, as a pass writes it when it ends."""
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    manifest["files"] = [{"path": f"events/{p.name}", "sha256": hashlib.sha256(
+        p.read_bytes()).hexdigest(), "bytes": p.stat().st_size} for p in run.glob("events/*")]
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+
+
 def test_a_listed_event_file_gone_is_refused_by_publish_and_failed_by_verify(
     tmp_path: Path,
 ) -> None:
     """The manifest lists every event file: with one deleted, publishing would count half the
     run, so publish refuses; a sample written for what is left (by hand) fails verify."""
     run = _run(tmp_path / "run")
-    manifest = orjson.loads((run / "manifest.json").read_bytes())
-    manifest["files"] = [{"path": f"events/{p.name}", "sha256": hashlib.sha256(
-        p.read_bytes()).hexdigest(), "bytes": p.stat().st_size} for p in run.glob("events/*")]
-    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    _list_event_files(run)
     _, sample = publish(run)
     (run / "events" / "shard-01.jsonl").unlink()
     with pytest.raises(PublishError, match=r"events/shard-01\.jsonl is listed in the manifest "
@@ -185,6 +190,26 @@ def test_a_listed_event_file_gone_is_refused_by_publish_and_failed_by_verify(
     forged = _forge(run, sample)
     with pytest.raises(VerifyError, match=r"^events/shard-01\.jsonl is listed in the manifest "
                                           "but missing from the run directory$"):
+        verify(forged)
+
+
+def test_an_event_file_added_to_an_ended_run_is_refused_by_publish_and_failed_by_verify(
+    tmp_path: Path,
+) -> None:
+    """A copy of a shard log under a new name has checkpoints of its own that verify, and
+    would count its spans twice (the figure 45 -> 60): the manifest's list, written when the
+    run ended, does not name it, so publish refuses and verify fails a sample that counts it."""
+    run = _run(tmp_path / "run")
+    _list_event_files(run)
+    _, sample = publish(run)
+    shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-02.jsonl")
+    reason = (r"events/shard-02\.jsonl is not in the manifest's list of the run's files, though "
+              "the pass that wrote it had ended: added since, or renamed")
+    with pytest.raises(PublishError, match=reason + "; refusing"):
+        publish(run)
+    forged = _forge(run, sample)
+    assert orjson.loads(forged.read_bytes())["completion_tokens"] == 60
+    with pytest.raises(VerifyError, match=f"^{reason}$"):
         verify(forged)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ from test_aggregate_fixtures import T0, hand_coordinator, hand_shard, steady_sha
 
 from shardrun.aggregate._segments import BUCKETS
 from shardrun.cli_analysis import main, register
-from shardrun.report import format_report, load_report
+from shardrun.report import format_report, integrity_problem, load_report
 
 
 def _hand_run(tmp_path: Path, **manifest: Any) -> Path:
@@ -173,6 +174,8 @@ def test_result_files_changed_by_hand_are_noted_but_do_not_fail_the_check(
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     files = [{"path": "results/shard-00.jsonl", "sha256": "0" * 64, "bytes": 22},
              {"path": "results/shard-01.jsonl", "sha256": "0" * 64, "bytes": 5}]
+    files += [{"path": f"events/{p.name}", "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+               "bytes": p.stat().st_size} for p in run.glob("events/*")]  # as a run lists them
     (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "files": files}))
     assert main(["report", str(run)]) == 0
     out = capsys.readouterr().out
@@ -437,16 +440,24 @@ def _undocumented(doc: Any, sections: dict[str, str], path: tuple[str, ...] = ()
 
 def test_every_key_of_the_json_document_is_in_metrics(real_run: Path, tmp_path: Path) -> None:
     """docs/METRICS.md lists every key `report --json` writes, also those written only when
-    they apply: a retry pass's `by_item`, `missing_files` and `results_changed`."""
+    they apply: a retry pass's `by_item`, `missing_files`, `added_files` and
+    `results_changed`."""
     run = tmp_path / "r1"
     shutil.copytree(real_run, run)
     (run / "dead" / "superseded-r1").mkdir(parents=True)  # as a retry pass leaves it
+    shutil.copy(run / "events" / "shard-00.jsonl", run / "events" / "shard-07.jsonl")
     (run / "events" / "shard-01.jsonl").unlink()
     with open(run / "results" / "shard-00.jsonl", "ab") as f:
         f.write(b'{"id": "by hand"}\n')
     doc, _ = load_report(run)
     assert {"by_item"} <= set(doc["items"])
-    assert {"missing_files", "results_changed"} <= set(doc["integrity"])
+    assert {"missing_files", "added_files", "results_changed"} <= set(doc["integrity"])
+    assert doc["integrity"]["added_files"] == ["events/shard-07.jsonl"]
+    assert not doc["integrity"]["ok"]
+    del doc["integrity"]["missing_files"]  # named first; the copy is the next reason
+    assert integrity_problem(doc) == ("events/shard-07.jsonl is not in the manifest's list of "
+                                      "the run's files, though the pass that wrote it had "
+                                      "ended: added since, or renamed")
     assert _undocumented(doc, _schema_sections()) == set()
 
 

@@ -62,6 +62,13 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["integrity"]["ok"] = False
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
                          "its figures are not in this report" for p in missing]
+    # One it does not list, though its pass had ended, adds figures no pass wrote (a copy).
+    if added := loaded.unlisted_files():
+        doc["integrity"]["added_files"] = added
+        doc["integrity"]["ok"] = False
+        doc["notes"] += [f"{p}: not in the manifest's list of the run's files, though the pass "
+                         "that wrote it had ended (added since, or renamed): its figures are in "
+                         "this report" for p in added]
     # Spans are not items once a retry pass has run dead letters again: say how the items ended.
     if (standing := standing_dead_letters(run_dir)) is not None:
         ok, dead = doc["items"]["succeeded"], standing.dead
@@ -102,6 +109,10 @@ def integrity_problem(doc: dict[str, Any]) -> str | None:
             return f"{f['path']}: {f['bad_lines']:,} unreadable lines, first {f['first_bad'][0]}"
         if f.get("matches_manifest") is False:
             return f"{f['path']} differs from the SHA-256 the manifest recorded for it"
+    if added := doc["integrity"].get("added_files"):
+        more = f" (and {len(added) - 1:,} more)" if len(added) > 1 else ""
+        return (f"{added[0]}{more} is not in the manifest's list of the run's files, though the "
+                "pass that wrote it had ended: added since, or renamed")
     return None
 
 

@@ -32,6 +32,7 @@ from shardrun.manifest import (
     newest_pass,
     newest_read_before,
     newest_summary,
+    pass_reads,
     read_manifest,
     restate_way_on,
     retry_failed_command,
@@ -91,6 +92,23 @@ class LoadedRun:
                                                                              scan.bytes):
                 out.append(scan.path)
         return out
+
+    def unlisted_files(self) -> list[str]:
+        """Event files the manifest's list does not name though the pass that wrote them had
+        ended: the list names every file of the run as the last pass to end left it, so such
+        a file was added since (a copied log counts its spans twice), or renamed. A pass that
+        has not ended (running, or crashed) wrote files of its own that no list names yet."""
+        files = self.manifest.get("files")
+        if not isinstance(files, list):
+            return []
+        resumes = self.manifest.get("resumes")
+        if self.manifest.get("status") != "running" and self.manifest.get("ended_at"):
+            last = len(resumes) if isinstance(resumes, list) else 0
+        else:
+            last = max((at for at, *_ in pass_reads(self.manifest)), default=-1)
+        listed = {f.get("path") for f in files if isinstance(f, dict)}
+        return [s.path for s in self.scans
+                if s.path not in listed and segment_of(Path(s.path)) <= last]
 
     def missing_files(self) -> list[str]:
         """Event files the manifest lists that are not in the run directory: their figures
