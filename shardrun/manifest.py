@@ -349,6 +349,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
                           "damaged") from None  # fmt: skip
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is not a JSON object; the run directory is damaged")
+    # What every reader walks: the wrong type there was a traceback in report and publish.
+    for key, kind, what in (("files", list, "a list"), ("resumes", list, "a list"),
+                            ("effective", dict, "an object")):
+        if key in data and not isinstance(data[key], kind):
+            raise RunDirError(f"{path}: {key} is not {what}; the manifest was edited or "
+                              "damaged")
     return data
 
 

@@ -163,6 +163,41 @@ def test_report_exit_code_says_whether_the_log_can_be_trusted(
             "directory") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("key", "value", "what"), [
+    ("files", "x", "files is not a list"), ("effective", "x", "effective is not an object"),
+    ("resumes", {}, "resumes is not a list")])
+def test_a_manifest_of_the_wrong_shape_is_one_sentence_for_every_reader(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: object,
+        what: str) -> None:
+    """A hand-edited manifest: report, publish and verify each say which key is wrong, never a
+    traceback ('str' object has no attribute 'get' before)."""
+    run = _hand_run(tmp_path)
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    (run / "manifest.json").write_bytes(orjson.dumps({**manifest, key: value}))
+    for command in (["report", str(run)], ["publish", str(run)], ["verify", str(run)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err == f"error: {run / 'manifest.json'}: {what}; the manifest was edited or " \
+                      "damaged\n", (command, err)
+
+
+def test_an_event_path_that_is_no_file_is_one_sentence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory, or a link to nothing, named like a shard log: report and publish name it
+    (IsADirectoryError and FileNotFoundError tracebacks before)."""
+    run = _hand_run(tmp_path)
+    (run / "events" / "shard-09.jsonl").mkdir()
+    (run / "events" / "shard-08.jsonl").symlink_to(tmp_path / "nowhere")
+    for command in (["report", str(run)], ["publish", str(run)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err == (f"error: {run}/events/shard-08.jsonl is not a file (a link to nothing); "
+                       "the run directory was edited or damaged\n"), (command, err)
+    (run / "events" / "shard-08.jsonl").unlink()
+    assert main(["report", str(run)]) == 2
+    assert "shard-09.jsonl is not a file (a directory)" in capsys.readouterr().err
+
+
 def test_result_files_changed_by_hand_are_noted_but_do_not_fail_the_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -46,7 +46,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
     loaded = load_run(run_dir, FoldOptions(trace=trace), workers)
     state, why = run_state(loaded)
     manifest = loaded.manifest
-    recorded = {f.get("path") for f in manifest.get("files") or []}
+    recorded = {f.get("path") for f in manifest.get("files") or [] if isinstance(f, dict)}
     changed = set(loaded.manifest_mismatches())
     files = [_file_entry(scan, loaded, recorded, changed) for scan in loaded.scans]
     facts = RunFacts(

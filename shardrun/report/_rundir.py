@@ -84,7 +84,8 @@ class LoadedRun:
 
     def manifest_mismatches(self) -> list[str]:
         """Event files whose bytes differ from what the manifest recorded when the run ended."""
-        recorded = {f.get("path"): f for f in self.manifest.get("files") or []}
+        recorded = {f.get("path"): f for f in self.manifest.get("files") or []
+                    if isinstance(f, dict)}
         out = []
         for scan in self.scans:
             rec = recorded.get(scan.path)
@@ -188,7 +189,8 @@ def _line_count(path: Path) -> int:
 
 
 def default_cap(manifest: dict[str, Any]) -> int:
-    entry = (manifest.get("effective") or {}).get("concurrency")
+    effective = manifest.get("effective")
+    entry = effective.get("concurrency") if isinstance(effective, dict) else None
     value = entry.get("value") if isinstance(entry, dict) else entry
     return value if isinstance(value, int) and value > 0 else 0
 
@@ -249,6 +251,12 @@ def load_run(run_dir: Path, opts: FoldOptions | None = None,
     if problem := fast.setting_problem():
         raise RunDirError(problem)
     manifest = read_manifest(run_dir)
+    for path in event_files(run_dir):  # a name the globs match is not yet a file to read
+        if not path.is_file():
+            what = ("a directory" if path.is_dir() else "a link to nothing" if path.is_symlink()
+                    else "not a regular file")
+            raise RunDirError(f"{path} is not a file ({what}); the run directory was edited or "
+                              "damaged")
     coords = [fold_coordinator_file(p) for p in coordinator_files(run_dir)]
     paths = shard_files(run_dir)
     if not paths and not coords:
