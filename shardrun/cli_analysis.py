@@ -130,8 +130,11 @@ def run_report(args: argparse.Namespace) -> int:
 def run_publish(args: argparse.Namespace) -> int:
     from shardrun.provenance import format_sample, publish
 
-    sample, path = publish(args.run_dir, minute=args.minute, out=args.output)
+    warnings: list[str] = []
+    sample, path = publish(args.run_dir, minute=args.minute, out=args.output, warnings=warnings)
     print(format_sample(sample))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if sample["partial"]:  # the run covered no whole minute (or --minute named one it did not)
         print(f"warning: minute {sample['minute']} is partial: the run did not cover all of it, "
               "so its tokens are not a full minute's throughput", file=sys.stderr)

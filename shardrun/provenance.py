@@ -84,6 +84,50 @@ class Figure:
         }  # fmt: skip
 
 
+def unproven(loaded: LoadedRun, minute: int) -> str | None:
+    """What of the minute's figure no checkpoint proves, in one sentence, or None: spans whose
+    `released` line lies past their log's last good checkpoint (a crashed run's last second).
+    The files' hashes cover those lines, but the run never vouched for them, so an edit there
+    verifies; the sample can only say how much of its figure they are."""
+    spans = tokens = 0
+    files = []
+    for scan in loaded.shard_scans:
+        if scan.covered_bytes >= scan.bytes or scan.checkpoint_error:
+            continue
+        ends: dict[Any, Any] = {}
+        found = 0
+        with open(loaded.path / scan.path, "rb") as f:
+            f.seek(scan.covered_bytes)
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # a torn tail is no line
+                try:
+                    rec = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(rec, dict):
+                    continue
+                if rec.get("ev") == "attempt_end" and rec.get("status") == "ok":
+                    ends[rec.get("span")] = rec
+                elif rec.get("ev") == "released" and rec.get("outcome") == "ok":
+                    end = ends.get(rec.get("span"))
+                    at = None if end is None else end.get("last_token_t") or end.get("t")
+                    # Its attempt_end before the checkpoint: the minute is not read here, and
+                    # the span is counted as possibly in it.
+                    if not isinstance(at, int | float) or int(at // 60) == minute:
+                        found += 1
+                        got = None if end is None else end.get("completion_tokens")
+                        tokens += got if type(got) is int else 0
+        if found:
+            spans += found
+            files.append(scan.path)
+    if not spans:
+        return None
+    return (f"{spans:,} of its spans ({tokens:,} tokens or more) were released after the last "
+            f"checkpoint of {', '.join(files)} (a run that crashed): no checkpoint proves "
+            "those lines, so an edit there would verify")
+
+
 def _load(run_dir: Path, workers: int | None) -> LoadedRun:
     return load_run(run_dir, FoldOptions(minutes_only=True, keep_lines=True), workers)
 
@@ -108,11 +152,15 @@ def figure(loaded: LoadedRun, minute: int) -> Figure:
 
 
 def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None,
-            workers: int | None = None) -> tuple[dict[str, Any], Path]:
-    """Build a sample for `minute` (default: the peak full minute) and write it."""
+            workers: int | None = None,
+            warnings: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """Build a sample for `minute` (default: the peak full minute) and write it; what the
+    sample cannot prove goes to `warnings`."""
     loaded = _load(run_dir, workers)
     _check_publishable(loaded)
     m = _pick_minute(loaded, minute)
+    if warnings is not None and (tail := unproven(loaded, m)) is not None:
+        warnings.append(f"minute {minute_label(m)}: {tail}")
     sample = {
         "schema": SAMPLE_SCHEMA, "run_id": loaded.manifest.get("run_id"),
         **figure(loaded, m).as_dict(),
@@ -283,10 +331,12 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     _check_figure(sample, figure(loaded, _sample_minute(sample)).as_dict())
     size = sum(f["bytes"] for f in sample["files"])
     part = " (a partial minute: the run did not cover all of it)" if sample["partial"] else ""
+    tail = unproven(loaded, _sample_minute(sample))
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
             f"on {_count(len(sample['per_shard']), 'shard')}; {len(sample['files'])} event files "
-            f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute")
+            f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute"
+            + ("" if tail is None else f"; but {tail}"))
 
 
 def _count(n: int, noun: str) -> str:

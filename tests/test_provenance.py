@@ -7,7 +7,9 @@ the older one (a `last_token` line per attempt), whose samples must stay verifia
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -211,6 +213,38 @@ def test_an_event_file_added_to_an_ended_run_is_refused_by_publish_and_failed_by
     assert orjson.loads(forged.read_bytes())["completion_tokens"] == 60
     with pytest.raises(VerifyError, match=f"^{reason}$"):
         verify(forged)
+
+
+def test_spans_released_past_the_last_checkpoint_of_a_crashed_log_are_named(
+        tmp_path: Path) -> None:
+    """A crashed log's lines after its last checkpoint are hashed in the sample but proven by
+    nothing the run wrote: an edit there (tokens 5 -> 5,000) verifies. publish warns and
+    verify's confirmation says how many of the minute's spans and tokens lie there."""
+    run = _run(tmp_path / "run", status="running")
+    log = run / "events" / "shard-00.jsonl"
+    lines = _lines(log)
+    marks = [i for i, line in enumerate(lines) if b'"ev":"checkpoint"' in line]
+    # A checkpoint falls between a span's attempt_end and its released line. Two of them
+    # gone, the log cut after the next released line, as a kill leaves a log: three spans'
+    # released lines lie past the last checkpoint, the first one's attempt_end before it.
+    gone, cut = next((a, b) for last, a, b in zip(marks, marks[1:], marks[2:], strict=False)
+                     if len({int(orjson.loads(line)["t"] // 60)
+                             for line in lines[last:b + 2]}) == 1)
+    lines = lines[:gone] + lines[gone + 1:cut] + [lines[cut + 1]]
+    end = next(orjson.loads(line) for line in lines[gone:] if b'"ev":"attempt_end"' in line)
+    at = lines.index(orjson.dumps(end) + b"\n")
+    lines[at] = orjson.dumps({**end, "completion_tokens": 5000}) + b"\n"
+    log.write_bytes(b"".join(lines))
+    for path in run.glob("events/*"):
+        os.utime(path, (time.time() - 3600,) * 2)  # crashed an hour ago
+    minute = minute_label(int((end["last_token_t"] or end["t"]) // 60))
+    warnings: list[str] = []
+    _, sample = publish(run, minute=minute, warnings=warnings)
+    said = ("3 of its spans (5,005 tokens or more) were released after the last checkpoint of "
+            "events/shard-00.jsonl (a run that crashed): no checkpoint proves those lines, so an "
+            "edit there would verify")
+    assert warnings == [f"minute {minute}: {said}"]
+    assert verify(sample).endswith(f"the figure and its counted lines recompute; but {said}")
 
 
 def test_a_sample_forged_over_an_edited_log_fails_verify(tmp_path: Path) -> None:
