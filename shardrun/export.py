@@ -560,7 +560,10 @@ def _write_in_place(index: _Index, reader: InputReader, fmt: Format, out: Path,
         except OSError as exc:  # opening it, or the flush of the close
             raise _WriteError from exc
     except _WriteError as exc:
-        raise RunError(f"could not write {out}: {_why(exc.__cause__)}") from None
+        cause = exc.__cause__
+        if isinstance(cause, BrokenPipeError):  # `-o /dev/stdout | head`: as standard output
+            raise cause from None
+        raise RunError(f"could not write {out}: {_why(cause)}") from None
 
 
 def _why(exc: BaseException | None) -> str:

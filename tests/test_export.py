@@ -447,6 +447,15 @@ def test_dev_stdout_is_standard_output_into_a_pipe_or_an_appended_file(
                         "/dev/stdout"], cwd=base, stdout=sink, stderr=subprocess.DEVNULL,
                        stdin=subprocess.DEVNULL, timeout=CLI_TIMEOUT_S, check=True)
     assert appended.read_text() == "PRIOR\n" + plain
+    # A reader that left early is no error, as for standard output (`export RUN | head`).
+    for output in ([], ["-o", "/dev/stdout"]):
+        gone = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir),
+                                 *output], cwd=base, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert gone.stdout is not None
+        gone.stdout.close()  # before the first row
+        _, err = gone.communicate(timeout=CLI_TIMEOUT_S)
+        assert (gone.returncode, err) == (0, b""), output
 
 
 def files_up_to(size: int) -> Callable[[], None]:
