@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardrun.errors import RunDirError, ShardrunError, SpecError
-from shardrun.outpath import check_output_file
+from shardrun.outpath import check_not_a_run_file, check_output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -112,6 +112,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     if args.html is not None:
         check_output_file("--html", args.html)
+        check_not_a_run_file("--html", args.html)
     doc, loaded = load_report(args.run_dir, trace=args.html is not None)
     if args.html is not None:
         write_html(doc, loaded, args.html)

@@ -32,3 +32,25 @@ def check_output_file(flag: str, path: Path) -> None:
     if not path.parent.is_dir():
         raise SpecError(f"{flag} {path}: there is no directory {path.parent}; create it, or "
                         "name a file in one that exists")
+
+
+RUN_FOLDERS = ("results", "events", "dead", "logs")
+"""A run's own folders: a file there is one of the run's to `verify` (or read back)."""
+RUN_FILES = ("manifest.json", "rejects.jsonl", ".lock", ".pass.lock")
+
+
+def check_not_a_run_file(flag: str, path: Path) -> None:
+    """Refuse an output path among a run directory's own files (its results/, events/, dead/,
+    logs/, manifest, rejects): `verify` would find a file the manifest does not list there, and
+    one written over the manifest would lose the run's record. Elsewhere in a run directory (its
+    samples/, beside its manifest) a report or a sample is welcome."""
+    target = path.resolve()
+    for folder in target.parents:
+        if (folder / "manifest.json").is_file():
+            rel = target.relative_to(folder)
+            if rel.parts[0] in RUN_FOLDERS or str(rel) in RUN_FILES:
+                raise SpecError(f"{flag} {path} is among the files of run directory {folder}, "
+                                "which verify checks against its manifest; name a file outside "
+                                "its results/, events/, dead/ and logs/ (its samples/ will do)")
+            return
+

@@ -25,8 +25,9 @@ import orjson
 from shardrun import __version__
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
 from shardrun.aggregate._metrics import windows
-from shardrun.errors import RunDirError, ShardrunError
+from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.manifest import read_manifest
+from shardrun.outpath import check_not_a_run_file
 from shardrun.report._rundir import (
     FoldOptions,
     LoadedRun,
@@ -156,6 +157,11 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
             warnings: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     """Build a sample for `minute` (default: the peak full minute) and write it; what the
     sample cannot prove goes to `warnings`."""
+    if out is not None:
+        try:
+            check_not_a_run_file("-o", out)
+        except SpecError as exc:
+            raise PublishError(str(exc)) from None
     loaded = _load(run_dir, workers)
     _check_publishable(loaded)
     m = _pick_minute(loaded, minute)

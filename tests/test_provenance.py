@@ -545,6 +545,20 @@ def test_publish_writes_where_asked_and_prints_it(tmp_path: Path,
     assert main(["verify", str(out), "--run-dir", str(run)]) == 0
 
 
+def test_publish_writes_no_file_among_the_runs_own(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` into the run's events/ (or over its manifest) would leave a file verify RUN_DIR
+    fails the run for, or lose its record: exit 2, nothing written. Its samples/ is fine."""
+    run = _run(tmp_path / "run")
+    manifest = (run / "manifest.json").read_bytes()
+    for out in (run / "events" / "x.json", run / "manifest.json"):
+        assert main(["publish", str(run), "-o", str(out)]) == 2, out
+        assert "is among the files of run directory" in capsys.readouterr().err
+    assert not (run / "events" / "x.json").exists()
+    assert (run / "manifest.json").read_bytes() == manifest
+    assert main(["publish", str(run), "-o", str(run / "samples" / "mine.json")]) == 0
+
+
 def test_report_and_sample_agree_on_every_minute(published: tuple[Path, Path]) -> None:
     """The report's TPM table and the sample of each minute give the same figure and flag."""
     from shardrun.report import load_report

@@ -337,6 +337,11 @@ def test_html_into_a_missing_directory_or_onto_one_is_a_usage_error(
     assert main(["report", str(run), "--html", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: --html {tmp_path} is a directory; name the "
                                        "file to write\n")
+    among = run / "events" / "r.html"  # verify would find a file its manifest does not list
+    assert main(["report", str(run), "--html", str(among)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --html {among} is among the files of "
+                                              f"run directory {run}")
+    assert not among.exists()
 
 
 @pytest.fixture(scope="module")
