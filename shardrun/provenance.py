@@ -16,6 +16,7 @@ sample written anew over edited files would verify.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,11 +177,17 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     }  # fmt: skip
     name = "minute-" + str(sample["minute"]).replace(":", "") + ".json"
     path = out or run_dir / "samples" / name
+    # Through a temporary file: a write that fails (a full disk) leaves no half sample, and an
+    # earlier sample of the minute as it was.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(format_sample(sample).encode() + b"\n")
+        with open(tmp, "wb") as f:
+            f.write(format_sample(sample).encode() + b"\n")
+        os.replace(tmp, path)
     except OSError as exc:
-        raise PublishError(f"cannot write {path}: {exc.strerror}") from None
+        tmp.unlink(missing_ok=True)
+        raise PublishError(f"cannot write {path}: {exc.strerror}; nothing was written") from None
     return sample, path
 
 

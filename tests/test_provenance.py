@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -557,6 +561,28 @@ def test_publish_writes_no_file_among_the_runs_own(tmp_path: Path,
     assert not (run / "events" / "x.json").exists()
     assert (run / "manifest.json").read_bytes() == manifest
     assert main(["publish", str(run), "-o", str(run / "samples" / "mine.json")]) == 0
+
+
+def test_a_sample_cut_short_by_a_full_disk_is_not_left_behind(tmp_path: Path) -> None:
+    """A write that fails part way (here a file-size limit, as a full disk) leaves the earlier
+    sample of the minute whole and no half one: a half sample read as no sample at all."""
+    run = _run(tmp_path / "run")
+    _, sample = publish(run)
+    before = sample.read_bytes()
+    sample.write_bytes(before.replace(b'"generator"', b'"generator_was"'))  # an earlier one
+    earlier = sample.read_bytes()
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2,) * 2)
+
+    done = subprocess.run([sys.executable, "-m", "shardrun", "publish", str(run)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=60, preexec_fn=limit)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith("; nothing was written"), done.stderr
+    assert sample.read_bytes() == earlier
+    assert sorted(p.name for p in sample.parent.iterdir()) == [sample.name]
 
 
 def test_report_and_sample_agree_on_every_minute(published: tuple[Path, Path]) -> None:
