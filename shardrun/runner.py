@@ -358,7 +358,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # What earlier passes finished, all of it: the work source counts only what it read
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
-            summary, skipped=len(this.done), prior_dead=this.prior_dead + unretried - put_back,
+            summary, segment=this.segment, skipped=len(this.done),
+            prior_dead=this.prior_dead + unretried - put_back,
             unretried=unretried, input_read_before=this.read_before,
             unfinished_put_back=put_back, retried=len(this.retried or ()),
             dead_letters_only=bool(this.info.get("retry_failed")) and (

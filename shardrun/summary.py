@@ -77,6 +77,7 @@ class RunSummary:
     # What this pass could not record at its end (its manifest, the coordinator's event log),
     # one sentence each: the run still ended, and the CLI prints them as errors.
     unrecorded: tuple[str, ...] = ()
+    segment: int = 0  # the pass: 0 the first, K the run's Kth resume or retry pass
 
     @classmethod
     def from_shard_reports(
@@ -353,7 +354,9 @@ def format_summary(s: RunSummary) -> str:
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
         f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",
-        f"  completion TPM     {s.tpm:,.0f} (run average, all shards)",
+        f"  completion TPM     {s.tpm:,.0f} ("
+        + ("run average" if s.segment == 0 else "this pass's average; report's run average "
+           "covers every pass") + ", all shards)",
     ]
     peak = s.peak_full_minute
     if peak is not None:

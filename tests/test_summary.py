@@ -200,6 +200,20 @@ def test_an_empty_input_is_pointed_out() -> None:
     assert note not in format_summary(replace(empty, skipped=5)).splitlines()
 
 
+def test_a_later_pass_calls_its_tpm_its_own_average() -> None:
+    """A resume's or retry pass's summary counts that pass (its items, tokens, wall time):
+    its TPM is not the run average `report` prints over every pass, and says so."""
+    s = summary_of([{"completion_tokens": 5, "attempts": 4}], dead=0)
+
+    def tpm(segment: int) -> str:
+        text = format_summary(replace(s, segment=segment))
+        return next(x for x in text.splitlines() if x.startswith("  completion TPM"))
+
+    assert tpm(0) == "  completion TPM     150 (run average, all shards)"
+    assert tpm(2) == ("  completion TPM     150 (this pass's average; report's run average "
+                      "covers every pass, all shards)")
+
+
 def test_a_long_wall_time_is_also_shown_as_a_clock_reads() -> None:
     """A run of a million items lasts hours: its wall time also reads as H:MM:SS (M:SS from
     CLOCK_FROM_S on), a short one in seconds alone."""
