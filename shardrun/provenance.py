@@ -88,7 +88,9 @@ class Figure:
 
 def unproven(loaded: LoadedRun, minute: int) -> str | None:
     """What of the minute's figure no checkpoint proves, in one sentence, or None: spans whose
-    `released` line lies past their log's last good checkpoint (a crashed run's last second).
+    `released` line lies past their log's last good checkpoint (a crashed run's last second;
+    all of a log an older shardrun wrote without checkpoints). Per-span state lives from a
+    span's ok attempt_end to its released line, as in the fold.
     The files' hashes cover those lines, but the run never vouched for them, so an edit there
     verifies; the sample can only say how much of its figure they are."""
     spans = tokens = 0
@@ -111,8 +113,10 @@ def unproven(loaded: LoadedRun, minute: int) -> str | None:
                     continue
                 if rec.get("ev") == "attempt_end" and rec.get("status") == "ok":
                     ends[rec.get("span")] = rec
-                elif rec.get("ev") == "released" and rec.get("outcome") == "ok":
-                    end = ends.get(rec.get("span"))
+                elif rec.get("ev") == "released":  # the span's state ends here
+                    end = ends.pop(rec.get("span"), None)
+                    if rec.get("outcome") != "ok":
+                        continue
                     at = None if end is None else end.get("last_token_t") or end.get("t")
                     # Its attempt_end before the checkpoint: the minute is not read here, and
                     # the span is counted as possibly in it.
@@ -125,9 +129,10 @@ def unproven(loaded: LoadedRun, minute: int) -> str | None:
             files.append(scan.path)
     if not spans:
         return None
-    return (f"{spans:,} of its spans ({tokens:,} tokens or more) were released after the last "
-            f"checkpoint of {', '.join(files)} (a run that crashed): no checkpoint proves "
-            "those lines, so an edit there would verify")
+    return (f"{spans:,} of its spans ({tokens:,} tokens or more) were released past the last "
+            f"good checkpoint of {', '.join(files)} (a run that crashed, or a log written "
+            "without checkpoints): no checkpoint proves those lines, so an edit there would "
+            "verify")
 
 
 def _load(run_dir: Path, workers: int | None) -> LoadedRun:
