@@ -6,7 +6,11 @@ import argparse
 import hashlib
 import os
 import re
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -438,6 +442,27 @@ def test_real_run_json_and_html(real_run: Path, tmp_path: Path,
                   "Time-bucket percentiles", "TTFT distribution by prompt length",
                   "Retries by cause per minute"):
         assert title in html, title
+
+
+def test_an_html_page_cut_short_by_a_full_disk_is_not_left_behind(real_run: Path,
+                                                                   tmp_path: Path) -> None:
+    """A write that fails part way (a file-size limit, as a full disk) leaves the earlier page
+    as it was and no half page, which a browser would show as a whole one."""
+    pytest.importorskip("plotly")
+    page = tmp_path / "report.html"
+    page.write_text("an earlier page\n")
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20,) * 2)  # plotly.js alone is more
+
+    done = subprocess.run([sys.executable, "-m", "shardrun", "report", str(real_run), "--html",
+                           str(page)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120, preexec_fn=limit)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().endswith("; nothing was written"), done.stderr
+    assert page.read_text() == "an earlier page\n"
+    assert [p.name for p in tmp_path.iterdir()] == [page.name]
 
 
 METRICS = Path(__file__).parent.parent / "docs" / "METRICS.md"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,21 @@ def write_html(doc: dict[str, Any], loaded: LoadedRun, path: Path) -> None:
             f"<body style='font-family:sans-serif'><h1>{title}</h1>\n"
             + "\n".join(divs)
             + f"\n<h2>Summary</h2><pre>{text}</pre></body></html>\n")
+    # Through a temporary file, as export's: a page a full disk cut short renders as a whole
+    # one, its last plots and the summary missing. A device or a pipe is written in place.
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        tmp = target
+    else:
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        path.write_text(page, encoding="utf-8")
+        tmp.write_text(page, encoding="utf-8")
+        if tmp != target:
+            os.replace(tmp, target)
     except OSError as exc:
-        raise ShardrunError(f"cannot write {path}: {exc.strerror}") from None
+        if tmp != target:
+            tmp.unlink(missing_ok=True)
+        raise ShardrunError(f"cannot write {path}: {exc.strerror}; nothing was written") from None
 
 
 def tpm_figure(go: Any, doc: dict[str, Any]) -> Any:
