@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shardrun.manifest import listed_file, prefix_digests, read_manifest
+from shardrun.manifest import listed_file, pass_reads, prefix_digests, read_manifest
 from shardrun.provenance import VerifyError
 from shardrun.report._rundir import LoadedRun, event_files, map_files, run_state
 from shardrun.report._scan import FileScan, scan_file
@@ -156,6 +156,7 @@ def _check(run_dir: Path, manifest: dict[str, Any], crashed: bool,
     size = sum(rec["bytes"] for rec in listed.values()) + sum(present[r] for r in unlisted)
     found = {c.rel: c for c in map_files(check_file, jobs, workers, size)}
     newest = len(manifest.get("resumes") or [])
+    listed_by = _listed_by(manifest)
     aside = {newest + 1, newest} if crashed else {newest + 1}
     moved = _moved_aside(listed, found, unlisted, aside)
     for rel, rec in listed.items():
@@ -169,7 +170,7 @@ def _check(run_dir: Path, manifest: dict[str, Any], crashed: bool,
         if rel in moved.values():
             continue
         by = _written_by(rel)
-        if crashed and by == newest:
+        if crashed and by > listed_by:  # each pass since the list crashed, not the newest only
             _crashed_file(out, found[rel])
         else:
             twin = next((r for r, rec in listed.items() if found[r].missing
@@ -178,6 +179,15 @@ def _check(run_dir: Path, manifest: dict[str, Any], crashed: bool,
                    "or moved" if twin else "added, or renamed")
             out.problems.append(f"{rel} is in the run directory but not in the manifest ({how})")
     return out
+
+
+def _listed_by(manifest: dict[str, Any]) -> int:
+    """The pass that wrote the manifest's list of files: the last to end (each that ends lists
+    every file), -1 when none did. Each pass after it crashed, and no list names its files."""
+    ended = [at for at, *_ in pass_reads(manifest)]
+    if ended:
+        return max(ended)
+    return len(manifest.get("resumes") or []) - 1 if "files" in manifest else -1
 
 
 def _listed(run_dir: Path, manifest: dict[str, Any],
@@ -342,13 +352,16 @@ def _verdict(run_dir: Path, out: Outcome, crashed: bool, manifest: dict[str, Any
 def _crashed_head(out: Outcome, manifest: dict[str, Any]) -> str:
     """What could be checked of a run whose newest pass crashed, and what could not."""
     newest = len(manifest.get("resumes") or [])
-    who = "its first pass" if newest == 0 else f"resume {newest}"
+    since = range(max(_listed_by(manifest) + 1, 0), newest + 1)
+    names = ["its first pass" if k == 0 else f"resume {k}" for k in since]
+    who = names[-1] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    one = len(names) == 1
     if "files" in manifest:
         listed = (f"so the list is the pass before's: the {_n(out.files, 'file')} it names "
                   f"match it ({out.bytes:,} bytes, {out.lines:,} lines, the checkpoints of "
                   f"{_n(out.event_files, 'event file')} verify); of the")
     else:
-        listed = "and no pass before it did; of the"
+        listed = f"and no pass before {'it' if one else 'them'} did; of the"
     events = out.crashed_events
     lines = sum(c.scan.lines for c in events)
     covered = sum(c.scan.covered_lines for c in events)
@@ -360,8 +373,9 @@ def _crashed_head(out: Outcome, manifest: dict[str, Any]) -> str:
             f" and {len(unchecked) - MAX_LISTED:,} more" if len(unchecked) > MAX_LISTED else "")
         wrote.append(f"the {_n(len(unchecked), 'results or dead-letter file')} cannot be "
                      f"checked at all, having no checkpoints ({shown})")
-    return (f"ok, as far as a crashed run can be checked: {who} crashed before it listed the "
-            f"run's files, {listed} {_n(len(events) + len(out.crashed_unchecked), 'file')} "
+    files = _n(len(events) + len(out.crashed_unchecked), "file")
+    return (f"ok, as far as a crashed run can be checked: {who} crashed before "
+            f"{'it' if one else 'any of them'} listed the run's files, {listed} {files} "
             f"{who} wrote" + (" since, " if "files" in manifest else ", ")
             + ("; ".join(wrote) if wrote else "none is left"))
 

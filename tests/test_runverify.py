@@ -268,6 +268,28 @@ def test_a_crashed_retry_pass_is_checked_as_far_as_it_can_be(
     assert code == 1 and "results/shard-00.jsonl differs from the manifest" in err, err
 
 
+def test_passes_that_all_crashed_are_checked_as_far_as_they_can_be(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first pass and a resume both killed: no list was ever written, and the first pass's
+    files are no more 'added' than the resume's (verify named each of them a problem, 'in the
+    run directory but not in the manifest', and exited 1)."""
+    run = _copy(finished, tmp_path)
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    for key in ("files", "summary"):
+        manifest.pop(key, None)
+    manifest.update(status="running", ended_at=None, resumes=[{"started_at": "x"}])
+    manifest["input"] = {"path": manifest["input"]["path"]}  # as a pass records it at start
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    for name in ("shard-00", "coordinator"):  # what the killed resume wrote
+        shutil.copy(run / "events" / f"{name}.jsonl", run / "events" / f"{name}.r1.jsonl")
+    for path in run.rglob("*"):
+        os.utime(path, (time.time() - 3600,) * 2)
+    code, out, err = _verify(run, capsys)
+    assert code == 0, err
+    assert out.startswith("ok, as far as a crashed run can be checked: its first pass and "
+                          "resume 1 crashed before any of them listed the run's files"), out
+
+
 def test_dead_letters_set_aside_by_a_pass_that_never_began_are_found(
         finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A retry pass killed after it set the dead letters aside and before its manifest entry
