@@ -170,7 +170,7 @@ def _check(run_dir: Path, manifest: dict[str, Any], crashed: bool,
         if rel in moved.values():
             continue
         by = _written_by(rel)
-        if crashed and by > listed_by:  # each pass since the list crashed, not the newest only
+        if crashed and listed_by < by <= newest:  # each pass since the list crashed
             _crashed_file(out, found[rel])
         else:
             twin = next((r for r, rec in listed.items() if found[r].missing

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -208,15 +209,18 @@ def test_an_event_file_added_to_an_ended_run_is_refused_by_publish_and_failed_by
     run = _run(tmp_path / "run")
     _list_event_files(run)
     _, sample = publish(run)
-    shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / "shard-02.jsonl")
-    reason = (r"events/shard-02\.jsonl is not in the manifest's list of the run's files, though "
-              "the pass that wrote it had ended: added since, or renamed")
-    with pytest.raises(PublishError, match=reason + "; refusing"):
-        publish(run)
-    forged = _forge(run, sample)
-    assert orjson.loads(forged.read_bytes())["completion_tokens"] == 60
-    with pytest.raises(VerifyError, match=f"^{reason}$"):
-        verify(forged)
+    # Under a shard's name, or as a resume's log (a pass the manifest has no record of).
+    for name in ("shard-02.jsonl", "shard-01.r1.jsonl"):
+        shutil.copy(run / "events" / "shard-01.jsonl", run / "events" / name)
+        reason = (f"events/{re.escape(name)} is not in the manifest's list of the run's files, "
+                  "though the pass that wrote it had ended: added since, or renamed")
+        with pytest.raises(PublishError, match=reason + "; refusing"):
+            publish(run)
+        forged = _forge(run, sample)
+        assert orjson.loads(forged.read_bytes())["completion_tokens"] == 60
+        with pytest.raises(VerifyError, match=f"^{reason}$"):
+            verify(forged)
+        (run / "events" / name).unlink()
 
 
 def test_spans_released_past_the_last_checkpoint_of_a_crashed_log_are_named(

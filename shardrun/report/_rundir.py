@@ -103,13 +103,15 @@ class LoadedRun:
         if not isinstance(files, list):
             return []
         resumes = self.manifest.get("resumes")
+        newest = len(resumes) if isinstance(resumes, list) else 0
         if self.manifest.get("status") != "running" and self.manifest.get("ended_at"):
-            last = len(resumes) if isinstance(resumes, list) else 0
+            last = newest
         else:
             last = max((at for at, *_ in pass_reads(self.manifest)), default=-1)
         listed = {f.get("path") for f in files if isinstance(f, dict)}
-        return [s.path for s in self.scans
-                if s.path not in listed and segment_of(Path(s.path)) <= last]
+        # A pass the manifest has no record of (`.r9` of a run of two passes) wrote nothing.
+        return [s.path for s in self.scans if s.path not in listed
+                and not last < segment_of(Path(s.path)) <= newest]
 
     def missing_files(self) -> list[str]:
         """Event files the manifest lists that are not in the run directory: their figures
