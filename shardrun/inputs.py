@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import io
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,21 @@ if TYPE_CHECKING:
 
 BOM = b"\xef\xbb\xbf"
 """The UTF-8 byte order mark, which editors on Windows like to put at the start of a file."""
+
+_UNPACK = "and name the file that gives in input.path"
+NOT_TEXT = (
+    (rb"\x1f\x8b", "gzip-compressed", f"decompress it (gunzip) {_UNPACK}"),
+    (rb"\x28\xb5\x2f\xfd", "zstd-compressed", f"decompress it (unzstd) {_UNPACK}"),
+    (rb"BZh[1-9]1AY&SY", "bzip2-compressed", f"decompress it (bunzip2) {_UNPACK}"),
+    (rb"\xfd7zXZ\x00", "xz-compressed", f"decompress it (unxz) {_UNPACK}"),
+    (rb"PK\x03\x04", "a zip archive", f"extract the input from it {_UNPACK}"),
+    (rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-32 text", "save it as UTF-8"),
+    (rb"\xff\xfe|\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+)
+"""How a JSON lines or CSV input may start that is not UTF-8 text (a regular expression of its
+first bytes, what the file is, what to do): read as it is, each of its lines would be a reject
+saying "not valid UTF-8" or "not valid JSON" (a million of them for a million records), where
+the file is one thing to fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +143,7 @@ class InputReader:
             self.columns = self._tabular.names
             return
         self._file = _open(path)
+        _refuse_not_text(path, self._file)
         if fields.format == "csv":
             self._tabular = CsvRows(path, self._file, self._count)
             check_columns(path, self._tabular.header, fields.header_needs, "CSV header")
@@ -304,6 +322,16 @@ def _open(path: Path) -> IO[bytes]:
         ) from None
     except OSError as exc:
         raise InputError(f"cannot open input file {path}: {exc.strerror}") from None
+
+
+def _refuse_not_text(path: Path, file: IO[bytes]) -> None:
+    """InputError when the file starts as a compressed file or UTF-16/32 text does (`NOT_TEXT`),
+    reading nothing past its first bytes (`peek`: the reader starts at the file's start)."""
+    start = file.peek(10) if isinstance(file, io.BufferedReader) else b""
+    for magic, what, todo in NOT_TEXT:
+        if re.match(magic, start):
+            file.close()
+            raise InputError(f"input file {path} is {what}, not UTF-8 text; {todo}")
 
 
 def _row_item(row: Row, plan: InputPlan) -> dict[str, Any] | Reject:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import itertools
+import lzma
 import sys
 from pathlib import Path
 from typing import Any
@@ -209,6 +212,37 @@ def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
         with pytest.raises(InputError, match=r"is a directory; input\.path in the job file must "
                                              "name a file"):
             InputReader(tmp_path, InputPlan(format=fmt))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("fmt", "data", "what"), [
+    ("jsonl", gzip.compress(b'{"prompt": "a"}\n'), "gzip-compressed"),
+    ("csv", gzip.compress(b"id,prompt\n1,a\n"), "gzip-compressed"),
+    ("jsonl", bz2.compress(b'{"prompt": "a"}\n'), "bzip2-compressed"),
+    ("jsonl", lzma.compress(b'{"prompt": "a"}\n'), "xz-compressed"),
+    ("jsonl", b"\x28\xb5\x2f\xfd\x00\x58", "zstd-compressed"),
+    ("jsonl", '{"prompt": "a"}\n'.encode("utf-16"), "UTF-16 text"),
+    ("csv", "id,prompt\n1,a\n".encode("utf-16"), "UTF-16 text"),
+    ("openai-batch", b"\xfe\xff" + '{"prompt": "a"}\n'.encode("utf-16-be"), "UTF-16 text"),
+    ("jsonl", '{"prompt": "a"}\n'.encode("utf-32"), "UTF-32 text"),
+], ids=["gzip", "gzip-csv", "bzip2", "xz", "zstd", "utf16", "utf16-csv", "utf16be-batch",
+        "utf32"])
+def test_a_compressed_or_utf16_input_is_one_input_error(
+    tmp_path: Path, fmt: str, data: bytes, what: str
+) -> None:
+    """A gzip file or a UTF-16 export (Excel's "Unicode text", PowerShell's `>`) is one error
+    naming what the file is and what to do, not a reject per line, each "not valid UTF-8"."""
+    path = tmp_path / "in.data"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match=f"^input file {path} is {what}, not UTF-8 text; "):
+        InputReader(path, InputPlan(format=fmt))  # type: ignore[arg-type]
+
+
+def test_a_file_starting_with_what_a_compressed_file_could_does_not_fail(tmp_path: Path) -> None:
+    """Only a whole magic number is refused: a CSV header naming a column "BZh" is read."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"BZh,prompt\n1,a\n")
+    got = read_all(path, InputPlan(format="csv"))
+    assert [entry["prompt"] for entry in got if isinstance(entry, dict)] == ["a"]
 
 
 def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
