@@ -19,6 +19,7 @@ import contextlib
 import difflib
 import hashlib
 import io
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -380,7 +381,21 @@ def line_item(record: dict[str, Any], raw: bytes, line_no: int,
     """A JSON line's record to an item (`raw`, the line, keys a record without an id)."""
     if fields.format == "openai-batch":
         return batch_item(record, line_no)
+    if isinstance(record.get(fields.id_field), float) and (
+            exact := _whole_number(raw, fields.id_field)) is not None:
+        record = {**record, fields.id_field: exact}
     return record_item(record, raw.strip(), line_no, fields)
+
+
+def _whole_number(raw: bytes, field: str) -> str | None:
+    """The decimal text of a record's whole-number `field` orjson read as a float, one outside
+    64 bits (18446744073709551616 and ...617 are both 1.8446744073709552e+19 to it: the second
+    line would be a duplicate of the first), or None for a number written as a float."""
+    try:
+        value = json.loads(raw).get(field)
+    except ValueError:  # more digits than Python turns into an int: the float it is, then
+        return None
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def record_item(

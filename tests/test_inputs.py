@@ -119,6 +119,18 @@ def test_a_number_id_is_its_value_not_its_spelling(tmp_path: Path) -> None:
     assert isinstance(read[2], Reject)  # a leading zero is no JSON number
 
 
+def test_a_whole_number_id_past_64_bits_keeps_its_value(tmp_path: Path) -> None:
+    """orjson reads a whole number outside 64 bits as a float: two such ids were one id, the
+    second line a "duplicate", and the id was not the input's. Each is its own decimal text."""
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"id": 18446744073709551616, "prompt": "a"}\n'
+                    '{"id": 18446744073709551617, "prompt": "b"}\n'
+                    '{"id": -99999999999999999999, "prompt": "c"}\n'
+                    '{"id": 1e20, "prompt": "d"}\n')
+    assert [item["id"] for item in read_all(path, InputPlan()) if isinstance(item, dict)] == [
+        "18446744073709551616", "18446744073709551617", "-99999999999999999999", "1e+20"]
+
+
 def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:
     """sha, bytes_read and lines_read cover the whole file (a leading BOM included, and
     ignored by the parser) after iteration."""
