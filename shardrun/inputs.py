@@ -410,6 +410,11 @@ def record_item(
             text = plan.template.fill(record)
         except MissingField as exc:
             return Reject(line_no, f"template field '{exc.field}' is missing", item_id)
+        # An empty one is what a CSV's empty cell is (a reject), and a blank prompt is not sent.
+        empty = next((f for f in plan.template.fields if record.get(f) == ""), None)
+        if empty is not None or not text.strip():
+            what = f"field '{empty}' is empty" if empty is not None else "filled is blank"
+            return Reject(line_no, f"template {what}", item_id)
     else:
         assert plan.prompt_field is not None
         prompt = record.get(plan.prompt_field)

@@ -374,6 +374,18 @@ def test_template_fills_fields_and_rejects_missing_ones() -> None:
         assert parse_line(line, 9, plan) == Reject(9, "template field 'name' is missing", "1")
 
 
+def test_a_template_field_that_is_empty_is_a_reject_as_in_csv() -> None:
+    """An empty string in a JSON line is what an empty CSV cell is, a reject naming the field;
+    a template filled to nothing but blanks is not sent either (it would be paid for and ask
+    nothing), as a blank prompt field is not."""
+    plan = InputPlan(prompt_field=None, template=parse_template("{a}{b}"))
+    assert parse_line(b'{"id": 1, "a": "x", "b": ""}', 2, plan) == Reject(
+        2, "template field 'b' is empty", "1")
+    assert parse_line(b'{"id": 1, "a": " ", "b": "\\n"}', 3, plan) == Reject(
+        3, "template filled is blank", "1")
+    assert parse_line(b'{"id": 1, "a": " ", "b": "y"}', 4, plan) == {"id": "1", "prompt": " y"}
+
+
 @pytest.mark.parametrize(
     ("text", "why"),
     [
