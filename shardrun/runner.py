@@ -539,7 +539,7 @@ def check_strictly(reader: InputReader) -> None:
         if isinstance(entry, Reject):
             line, reason = entry.line, entry.reason
         elif not seen.add(id_digest(entry["id"])):
-            line, reason = reader.lines_read, duplicate_reason(entry["id"])
+            line, reason = reader.line, duplicate_reason(entry["id"])
         else:
             continue
         reader.close()

@@ -26,6 +26,7 @@ from shardrun.inputs import (
     parse_line,
 )
 from shardrun.items import build_request, estimate_prompt_tokens, prompt_chars
+from shardrun.runner import check_strictly
 from shardrun.spec import load_job
 
 Entry = dict[str, Any] | Reject
@@ -462,6 +463,15 @@ def test_a_stray_quote_in_csv_is_a_reject_not_a_merged_prompt(tmp_path: Path) ->
     items = {item["id"]: item["prompt"] for item in got if isinstance(item, dict)}
     assert sorted(items, key=int) == [str(i) for i in [*range(1, 10), *range(16, 21)]]
     assert items["18"] == 'she said "yes"'
+
+
+def test_strict_names_where_a_duplicate_csv_row_starts(tmp_path: Path) -> None:
+    """`--strict` names the line a duplicate row starts on, as its reject would (a row whose
+    quoted cell holds line breaks ends lines later): it said line 7 for the row of lines 5-7."""
+    path = tmp_path / "in.csv"
+    path.write_text('id,prompt\n1,"a\nb\nc"\n1,"x\ny\nz"\n')
+    with pytest.raises(InputError, match=r"in\.csv line 5: duplicate id '1'"):
+        check_strictly(InputReader(path, InputPlan(format="csv")))
 
 
 def test_csv_template_and_hash(tmp_path: Path) -> None:
