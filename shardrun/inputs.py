@@ -474,6 +474,8 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
     need = {"chat": "messages", "completions": "prompt", "responses": "input"}[api]
     if body.get(need) is None:
         return Reject(line_no, f"body has no '{need}' (required for {url})", custom_id)
+    if problem := _body_problem(need, body[need]):
+        return Reject(line_no, problem, custom_id)
     if api == "responses" and (chat_limit := next(
             (k for k in ("max_tokens", "max_completion_tokens") if k in body), None)):
         # The Responses API refuses the chat names (HTTP 400): no request could succeed.
@@ -483,6 +485,25 @@ def batch_item(record: Mapping[str, Any], line_no: int) -> dict[str, Any] | Reje
         return Reject(line_no, f"body asks for n = {_short(body['n'])} answers; a result holds "
                                "one, so give one line per answer", custom_id)  # fmt: skip
     return {"id": custom_id, "body": body, "url": url}
+
+
+def _body_problem(need: str, given: object) -> str | None:
+    """What keeps a Batch body's prompt, input or messages from being asked, as a reject's
+    reason, or None: an empty or blank text and an empty list would be paid for and ask nothing
+    (a rejected line in every format), and a chat message list gets the shape check a
+    messages_field gets (a list no server takes would fail there, a request per item). A
+    Responses `input` list holds items of other types too, and a completions prompt a list of
+    texts or token ids: only their emptiness is checked."""
+    where = f"body.{need}"
+    if isinstance(given, str):
+        if need == "messages":
+            return f"{where} is text, not a list of messages"
+        return None if given.strip() else f"{where} is empty"
+    if not isinstance(given, list):
+        return f"{where} is {json_kind(given)}, not a text or a list"
+    if not given:
+        return f"{where} is an empty list"
+    return messages_problem(given, where) if need == "messages" else None
 
 
 def _short(value: object) -> str:

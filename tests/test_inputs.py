@@ -613,6 +613,12 @@ def test_batch_lines_become_body_items() -> None:
     assert completion == {"id": "r1", "body": {"prompt": "x"}, "url": "/v1/completions"}
     response = parse_line(batch_line(url="/v1/responses", body={"input": "x"}), 3, BATCH)
     assert response == {"id": "r1", "body": {"input": "x"}, "url": "/v1/responses"}
+    # A Responses input list may hold items with no role; a prompt, token ids: both are sent.
+    given = [{"type": "function_call_output", "call_id": "c", "output": "4"}]
+    response = parse_line(batch_line(url="/v1/responses", body={"input": given}), 4, BATCH)
+    assert isinstance(response, dict) and response["body"] == {"input": given}
+    tokens = parse_line(batch_line(url="/v1/completions", body={"prompt": [[1, 2]]}), 5, BATCH)
+    assert isinstance(tokens, dict) and tokens["body"] == {"prompt": [[1, 2]]}
 
 
 @pytest.mark.parametrize(
@@ -632,6 +638,16 @@ def test_batch_lines_become_body_items() -> None:
         ({"body": {"model": "x"}}, "body has no 'messages'"),
         ({"body": {"messages": [{"role": "user", "content": "q"}], "n": 3}},
          "body asks for n = 3 answers; a result holds one, so give one line per answer"),
+        # What no request could ask, or no server takes, as in the other formats.
+        ({"body": {"messages": []}}, "body.messages is an empty list"),
+        ({"body": {"messages": "hi"}}, "body.messages is text, not a list of messages"),
+        ({"body": {"messages": [{"role": "user"}]}}, "body.messages[0] has no content"),
+        ({"body": {"messages": [{"content": "q"}]}}, "body.messages[0] has no role"),
+        ({"url": "/v1/completions", "body": {"prompt": " "}}, "body.prompt is empty"),
+        ({"url": "/v1/completions", "body": {"prompt": []}}, "body.prompt is an empty list"),
+        ({"url": "/v1/completions", "body": {"prompt": 7}},
+         "body.prompt is a number, not a text or a list"),
+        ({"url": "/v1/responses", "body": {"input": ""}}, "body.input is empty"),
     ],
 )
 def test_batch_line_rejects(fields: dict[str, object], reason: str) -> None:
