@@ -33,6 +33,11 @@ BATCH_URLS: Mapping[str, Api] = {
 }
 CHARS_PER_TOKEN = 4
 """The prompt-token estimate used before a server has counted: characters / 4."""
+PART_TOKENS = 1_000
+"""The prompt tokens a message part that is not text (an image, audio, a file) is estimated at:
+its size as text is no measure of them (a 300 KB image as a base64 data URL is 100,000 tokens by
+characters / 4, where OpenAI charges a 1024x1024 image 765 at high detail and vLLM's vision
+models several hundred to a few thousand), and `rate_limits.tpm` paced every such request by it."""
 
 _CHAT_LIMITS = ("max_tokens", "max_completion_tokens")
 # Every name a request body gives its token limit by: chat and completions, then Responses.
@@ -106,7 +111,8 @@ def build_request(
 
 def prompt_chars(item: Mapping[str, Any]) -> int:
     """Characters of prompt text an item sends (message contents, or the prompt; a Responses
-    body's `input` is either)."""
+    body's `input` is either): of a content list, its text parts' texts, and `PART_TOKENS` for
+    each other part (an image)."""
     source: Any = item.get("body", item)
     prompt, messages = source.get("prompt"), source.get("messages")
     if isinstance(given := source.get("input"), list):
@@ -118,8 +124,17 @@ def prompt_chars(item: Mapping[str, Any]) -> int:
     total = 0
     for message in messages or ():
         content = message.get("content", "") if isinstance(message, dict) else ""
-        total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
+        if isinstance(content, list):
+            total += sum(_part_chars(part) for part in content)
+        else:
+            total += len(content) if isinstance(content, str) else len(orjson.dumps(content))
     return total
+
+
+def _part_chars(part: Any) -> int:
+    """A content part's characters: a text part's text, any other part `PART_TOKENS`' worth."""
+    text = part.get("text") if isinstance(part, dict) else None
+    return len(text) if isinstance(text, str) else PART_TOKENS * CHARS_PER_TOKEN
 
 
 def estimate_prompt_tokens(item: Mapping[str, Any]) -> int:

@@ -25,7 +25,7 @@ from shardrun.inputs import (
     make_reader,
     parse_line,
 )
-from shardrun.items import build_request, estimate_prompt_tokens, prompt_chars
+from shardrun.items import PART_TOKENS, build_request, estimate_prompt_tokens, prompt_chars
 from shardrun.runner import check_strictly
 from shardrun.spec import load_job
 
@@ -740,3 +740,8 @@ def test_prompt_size_estimates() -> None:
     assert estimate_prompt_tokens({"prompt": "abcdefghi"}) == 3
     two = {"messages": [{"role": "system", "content": "abc"}, {"role": "user", "content": "de"}]}
     assert prompt_chars(two) == 5 and prompt_chars({"body": two}) == 5
+    # An image counts as PART_TOKENS, not as its data URL's length; a text part, its text.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 400_000}}
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "abc"}, image]}]}
+    assert estimate_prompt_tokens(parts) == 1 + PART_TOKENS
+    assert prompt_chars({"body": {"input": parts["messages"]}}) == 3 + PART_TOKENS * 4
