@@ -441,6 +441,9 @@ def _near(field: str, record: Mapping[str, Any]) -> str:
 def _messages_item(
     record: Mapping[str, Any], item_id: str, line_no: int, field: str
 ) -> dict[str, Any] | Reject:
+    if field not in record:  # as a prompt field's: a typo in the job rejects every line
+        return Reject(line_no, f"messages field '{field}' is missing{_near(field, record)}",
+                      item_id)
     messages = record.get(field)
     if isinstance(messages, str):  # a CSV cell (or Parquet string) holding the list as JSON
         try:

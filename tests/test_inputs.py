@@ -266,6 +266,11 @@ def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
     empty = parse_line(b'{"m": []}', 2, plan)
     assert isinstance(empty, Reject) and empty.id is not None and empty.id.startswith("h")
     assert empty == Reject(2, "messages field 'm' must be a non-empty list", empty.id)
+    # A typo in messages_field is named as a prompt_field's is, with the key it likely meant.
+    typo = parse_line(b'{"id": 3, "messages": [{"role": "user", "content": "hi"}]}', 3,
+                      InputPlan(prompt_field=None, messages_field="mesages"))
+    assert typo == Reject(3, "messages field 'mesages' is missing (the line has 'messages': is "
+                             "that the field?)", "3")
     with_system = InputPlan(system_prompt="Be brief.")
     assert parse_line(b'{"id": "a", "prompt": "Q"}', 1, with_system) == {
         "id": "a",
