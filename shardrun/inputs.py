@@ -409,7 +409,8 @@ def record_item(
         try:
             text = plan.template.fill(record)
         except MissingField as exc:
-            return Reject(line_no, f"template field '{exc.field}' is missing", item_id)
+            near = "" if exc.field in record else _near(exc.field, record)  # null: it is there
+            return Reject(line_no, f"template field '{exc.field}' is missing{near}", item_id)
         # An empty one is what a CSV's empty cell is (a reject), and a blank prompt is not sent.
         empty = next((f for f in plan.template.fields if record.get(f) == ""), None)
         if empty is not None or not text.strip():

@@ -378,6 +378,9 @@ def test_template_fills_fields_and_rejects_missing_ones() -> None:
     assert item == {"id": "1", "prompt": "Rate Bo (4/5): {x}"}
     for line in (b'{"id": 1, "n": 4}', b'{"id": 1, "name": null, "n": 4}'):
         assert parse_line(line, 9, plan) == Reject(9, "template field 'name' is missing", "1")
+    # A typo in the template is named as one in prompt_field is, with the key it likely meant.
+    assert parse_line(b'{"id": 1, "nam": "Bo", "n": 4}', 9, plan) == Reject(
+        9, "template field 'name' is missing (the line has 'nam': is that the field?)", "1")
 
 
 def test_a_template_field_that_is_empty_is_a_reject_as_in_csv() -> None:
