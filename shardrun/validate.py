@@ -24,7 +24,7 @@ from shardrun.proxy import Proxy, proxy_for
 from shardrun.ratelimit import estimate_request_tokens
 from shardrun.spec import LoadedJob
 from shardrun.ticker import Ticker
-from shardrun.worksource import duplicate_reason, id_digest
+from shardrun.worksource import derived, duplicate_reason, id_digest
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
 
@@ -47,6 +47,7 @@ class InputCheck:
     # The item whose request the rate limiter charges most (prompt / 4 + its token limit):
     # (tokens, line), or None for an input without items.
     largest_request: tuple[int, int] | None = None
+    named_ids: int = 0  # items whose id the record gives (not derived from its content)
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -93,6 +94,7 @@ def check_input(job: LoadedJob, show: int = 10, ticker: Ticker | None = None) ->
     first_item: Mapping[str, Any] | None = None
     seen = DigestSet()
     largest: tuple[int, int] | None = None
+    named = 0
     params = job.spec.params
     try:
         for entry in reader:
@@ -106,6 +108,7 @@ def check_input(job: LoadedJob, show: int = 10, ticker: Ticker | None = None) ->
                     first_rejects.append(entry)
                 continue
             items += 1
+            named += not derived(entry["id"])
             chars += prompt_chars(entry)
             if first_item is None:
                 first_item = entry
@@ -115,7 +118,20 @@ def check_input(job: LoadedJob, show: int = 10, ticker: Ticker | None = None) ->
     finally:
         reader.close()
     return InputCheck(items, rejects, tuple(first_rejects), chars, reader.lines_read,
-                      reader.bytes_read, first_item, largest)  # fmt: skip
+                      reader.bytes_read, first_item, largest, named)  # fmt: skip
+
+
+def id_warning(job: LoadedJob, check: InputCheck) -> str | None:
+    """A warning when the job names an id field that no item's record has: every id was then
+    derived from its record's content, which is a typo's doing far more often than the job's
+    intent (a CSV header or Parquet schema without the column is an error already)."""
+    spec = job.spec.input
+    if spec.id_field == "id" or spec.format == "openai-batch" or check.named_ids or (
+            not check.items):
+        return None
+    return (f"no record has input.id_field '{spec.id_field}': every item's id is derived from "
+            "its content, and results will not carry the input's own ids; check the field's "
+            "name")
 
 
 def tpm_warning(job: LoadedJob, check: InputCheck) -> str | None:

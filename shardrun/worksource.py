@@ -37,8 +37,13 @@ def id_digest(item_id: str) -> int:
 _DERIVED_ID = re.compile(r"h[0-9a-f]{20}")  # `inputs._item_id` of a record without an id
 
 
+def derived(item_id: str) -> bool:
+    """Whether an id is one `inputs._item_id` derived from a record's content (it has no id)."""
+    return _DERIVED_ID.fullmatch(item_id) is not None
+
+
 def duplicate_reason(item_id: str) -> str:
-    if _DERIVED_ID.fullmatch(item_id):
+    if derived(item_id):
         # The user never wrote this id: say what it is and how to run such records each.
         return ("the same content as an earlier line, and no id: a record without one is "
                 "named by its content, so give each record an id (input.id_field) to have "

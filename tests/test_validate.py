@@ -100,6 +100,21 @@ def test_a_request_larger_than_a_minute_of_the_tpm_share_is_warned(tmp_path: Pat
     assert "rate_limits.tpm for a whole minute" not in validate(str(roomy))[1]
 
 
+def test_an_id_field_no_record_has_is_warned(tmp_path: Path) -> None:
+    """A JSON lines job naming an id field its records lack (a typo: `uid` for `id`) gets ids
+    derived from content, silently in a run: validate says so. The default field, absent, is
+    the documented content-hash mode, and one record with the field is enough."""
+    path = make_job(tmp_path, GOOD, input={"path": "input.jsonl", "id_field": "uid"})
+    code, text = validate(str(path))
+    assert code == 0 and ("warning: no record has input.id_field 'uid': every item's id is "
+                          "derived from its content") in text
+    named = make_job(tmp_path, [*GOOD, b'{"uid": 1, "prompt": "x"}'],
+                     input={"path": "input.jsonl", "id_field": "uid"})
+    assert "warning: no record" not in validate(str(named))[1]
+    no_ids = make_job(tmp_path, [b'{"prompt": "a"}', b'{"prompt": "b"}'])
+    assert "warning: no record" not in validate(str(no_ids))[1]
+
+
 def test_a_repeated_record_without_an_id_says_to_give_ids(tmp_path: Path) -> None:
     """Records without an id are named by their content: a repeat is a duplicate whose id the
     user never wrote, so the reject says what happened and how to have repeats answered."""
