@@ -381,21 +381,25 @@ def line_item(record: dict[str, Any], raw: bytes, line_no: int,
     """A JSON line's record to an item (`raw`, the line, keys a record without an id)."""
     if fields.format == "openai-batch":
         return batch_item(record, line_no)
-    if isinstance(record.get(fields.id_field), float) and (
-            exact := _whole_number(raw, fields.id_field)) is not None:
-        record = {**record, fields.id_field: exact}
+    named = (fields.id_field, *(() if fields.template is None else fields.template.fields))
+    if floats := [name for name in named if isinstance(record.get(name), float)]:
+        record = _whole_numbers(record, raw, floats)
     return record_item(record, raw.strip(), line_no, fields)
 
 
-def _whole_number(raw: bytes, field: str) -> str | None:
-    """The decimal text of a record's whole-number `field` orjson read as a float, one outside
-    64 bits (18446744073709551616 and ...617 are both 1.8446744073709552e+19 to it: the second
-    line would be a duplicate of the first), or None for a number written as a float."""
+def _whole_numbers(record: dict[str, Any], raw: bytes, names: list[str]) -> dict[str, Any]:
+    """The record with each whole number among `names` (the id, template fields) that orjson
+    read as a float, one outside 64 bits, as its decimal text: 18446744073709551616 and ...617
+    are both 1.8446744073709552e+19 to orjson, so the second line's id was a duplicate of the
+    first's, and a template's "Factor {n}" asked about another number. A number written as a
+    float (1e20) stays the float it is."""
     try:
-        value = json.loads(raw).get(field)
-    except ValueError:  # more digits than Python turns into an int: the float it is, then
-        return None
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        exact = json.loads(raw)
+    except ValueError:  # more digits than Python turns into an int: the floats they are, then
+        return record
+    whole = {name: str(exact[name]) for name in names
+             if isinstance(exact.get(name), int) and not isinstance(exact[name], bool)}
+    return {**record, **whole} if whole else record
 
 
 def record_item(
