@@ -194,7 +194,7 @@ class InputReader:
                 if isinstance(record, str):
                     yield Reject(line, record, self._csv_id(rows))
                 elif bad := not_utf8(record, checked):
-                    yield Reject(line, f"column '{bad}' is not valid UTF-8", self._csv_id(rows))
+                    yield Reject(line, _not_utf8_reason(bad, record[bad]), self._csv_id(rows))
                 else:
                     item = record_item(record, key, line, self.fields)
                     if isinstance(item, Reject) and " is missing" in item.reason:
@@ -333,6 +333,14 @@ def _refuse_not_text(path: Path, file: IO[bytes]) -> None:
         if re.match(magic, start):
             file.close()
             raise InputError(f"input file {path} is {what}, not UTF-8 text; {todo}")
+
+
+def _not_utf8_reason(column: str, value: str) -> str:
+    """A CSV cell's bytes that are not UTF-8 (each read as a lone surrogate), named as a JSON
+    line's are, with what to do: Excel's plain "CSV" is Windows-1252, its "CSV UTF-8" is not."""
+    byte = next(ord(c) - 0xDC00 for c in value if "\udc80" <= c <= "\udcff")
+    return (f"column '{column}' is not valid UTF-8 (byte 0x{byte:02x}); save the file as UTF-8 "
+            "(in Excel: CSV UTF-8)")
 
 
 def _row_item(row: Row, plan: InputPlan) -> dict[str, Any] | Reject:

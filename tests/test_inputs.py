@@ -533,10 +533,12 @@ def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_bytes(b"id,prompt\n1,caf\xe9\n2,ok\n")
     got = read_all(path, InputPlan(format="csv"))
-    assert got == [Reject(2, "column 'prompt' is not valid UTF-8", "1"),
-                   {"id": "2", "prompt": "ok"}]
+    assert got == [Reject(2, "column 'prompt' is not valid UTF-8 (byte 0xe9); save the file as "
+                             "UTF-8 (in Excel: CSV UTF-8)", "1"), {"id": "2", "prompt": "ok"}]
     path.write_bytes(b"id,prompt\ncaf\xe9,a\n")  # the id itself is not text: no id to give
-    assert read_all(path, InputPlan(format="csv")) == [Reject(2, "column 'id' is not valid UTF-8")]
+    assert read_all(path, InputPlan(format="csv")) == [Reject(
+        2, "column 'id' is not valid UTF-8 (byte 0xe9); save the file as UTF-8 (in Excel: CSV "
+           "UTF-8)")]
 
 
 def test_csv_is_streamed(tmp_path: Path) -> None:
