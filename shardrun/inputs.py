@@ -380,7 +380,7 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
                                    f"{bad.start + 1}); save the file as UTF-8")
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
-        return Reject(line_no, f"expected a JSON object, got {type(record).__name__}")
+        return Reject(line_no, f"expected a JSON object, got {json_kind(record)}")
     return record
 
 

@@ -66,17 +66,21 @@ def test_jsonl_prompt_items_ids_and_rejects(tmp_path: Path) -> None:
     are rejects with their line number; blank lines are skipped."""
     path = jsonl(tmp_path / "in.jsonl", {"id": 7, "prompt": "a"}, {"prompt": "b"}, b"",
                  b"{not json", [1], {"id": "x", "prompt": 3}, {"id": "y", "prompt": None},
-                 {"id": "z", "prompt": ["a"]}, {"id": "w", "prompt": True})  # fmt: skip
+                 {"id": "z", "prompt": ["a"]}, {"id": "w", "prompt": True}, b"null",
+                 b'"text"')  # fmt: skip
     got = read_all(path, InputPlan())
     assert got[0] == {"id": "7", "prompt": "a"}
     assert isinstance(got[1], dict) and got[1]["id"].startswith("h") and len(got[1]["id"]) == 21
     assert [(r.line, r.reason.split(" (")[0]) for r in got[2:] if isinstance(r, Reject)] == [
         (4, "not valid JSON"),
-        (5, "expected a JSON object, got list"),
+        (5, "expected a JSON object, got a list"),
         (6, "prompt field 'prompt' is a number, not a string"),
         (7, "prompt field 'prompt' is null, not a string"),
         (8, "prompt field 'prompt' is a list, not a string"),
         (9, "prompt field 'prompt' is true, not a string"),
+        # In JSON's words, not Python's ("got NoneType", "got str").
+        (10, "expected a JSON object, got null"),
+        (11, "expected a JSON object, got a string"),
     ]
 
 
