@@ -113,6 +113,8 @@ class Pass:
     way_on: str = CONTINUE
     way_on_retrying: str = CONTINUE_RETRYING
     retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
+    # Lines past those whose rejects a pass killed before it ended wrote (`_killed_rejects`).
+    killed_rejects: DigestSet | None = None
 
 
 def run(
@@ -262,10 +264,12 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             "already_done": len(prior.done), "answer_settings_changed": changed,
             "input_unchecked": unchecked, "results_changed": results_changed}
     # Lines an earlier pass read were judged then: their rejects are on record already.
+    judged = _lines_read_before(manifest)
     return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
-                prior.retried_ids if only_failed else None, _lines_read_before(manifest),
+                prior.retried_ids if only_failed else None, judged,
                 read_before, way_on=way_on, way_on_retrying=retrying,
-                retried=prior.retried_ids if options.retry_failed else None)
+                retried=prior.retried_ids if options.retry_failed else None,
+                killed_rejects=_killed_rejects(run_dir, manifest, judged))
 
 
 def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,
@@ -302,6 +306,30 @@ def _lines_read_before(manifest: dict[str, Any]) -> int:
     return max((n for n in counts if isinstance(n, int)), default=0)
 
 
+def _killed_rejects(run_dir: RunDir, manifest: dict[str, Any], judged: int) -> DigestSet:
+    """The input lines past `judged` that a pass killed before it ended (kill -9, a crash: it
+    recorded no lines read) set aside in its rejects file already. Its lines are judged again,
+    and each such reject, written again, was on record twice (22 of 55 after a kill -9 at 4 s).
+    A torn last line is no record: that reject is written again."""
+    lines = DigestSet()
+    for segment, entry in enumerate([manifest, *(manifest.get("resumes") or [])]):
+        read = entry.get("input") if isinstance(entry, dict) else None
+        if isinstance(read, dict) and isinstance(read.get("lines_read"), int):
+            continue  # it ended: its rejects are lines up to `judged`
+        try:
+            with open(run_dir.rejects_path(segment), "rb") as f:
+                for raw in f:
+                    try:
+                        line = orjson.loads(raw).get("line")
+                    except (orjson.JSONDecodeError, AttributeError):
+                        continue
+                    if isinstance(line, int) and line > judged:
+                        lines.add(line)
+        except FileNotFoundError:
+            continue
+    return lines
+
+
 def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> list[str]:
     """Refuse a resume that names items otherwise than the run did; warn of settings that make
     this pass's answers differ from earlier ones, and return their keys (for the manifest)."""
@@ -336,7 +364,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
-                        record_rejects=this.only is None, retrying=this.retried)
+                        record_rejects=this.only is None, retrying=this.retried,
+                        on_record=this.killed_rejects)
     view = ProgressView(_left(None, this, options.limit), quiet=options.quiet,
                         interval=options.progress_interval,
                         count=_total_count(job, this, options.limit))

@@ -86,7 +86,8 @@ class WorkSource:
     def __init__(self, reader: InputReader, rejects_path: Path,
                  done: DigestSet | None = None, limit: int | None = None,
                  only: DigestSet | None = None, *, judged_lines: int = 0,
-                 record_rejects: bool = True, retrying: DigestSet | None = None) -> None:
+                 record_rejects: bool = True, retrying: DigestSet | None = None,
+                 on_record: DigestSet | None = None) -> None:
         self.reader = reader
         self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
         self._requeued: deque[dict[str, Any]] = deque()
@@ -103,6 +104,8 @@ class WorkSource:
         # Rejects of lines up to here are an earlier pass's record already: counted apart
         # (`prior_rejects`), not written again. A pass of dead letters only judges no line.
         self._judged_lines = judged_lines
+        # Lines past those whose rejects a killed pass wrote: on record too, as earlier rejects.
+        self._on_record = on_record
         self._record_rejects = record_rejects
         self.prior_rejects = 0
         self.on_input_end: Callable[[], None] | None = None  # called once, when input runs out
@@ -237,7 +240,8 @@ class WorkSource:
         self._requeued.extend(items)
 
     def reject(self, reject: Reject) -> None:
-        if reject.line <= self._judged_lines:
+        if reject.line <= self._judged_lines or (
+                self._on_record is not None and reject.line in self._on_record):
             self.prior_rejects += 1
             return
         if not self._record_rejects:  # a line for the pass that runs new work to judge

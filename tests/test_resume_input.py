@@ -4,6 +4,7 @@ read without a line break), and export checks every pass."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 from shardrun.errors import SpecError
-from shardrun.manifest import RunOn, file_digest, prefix_digests, run_on
+from shardrun.manifest import RunOn, file_digest, input_at_start, prefix_digests, run_on
 from shardrun.resume import check_input
 from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
 
@@ -545,3 +546,37 @@ def test_a_csv_whose_rows_end_with_a_lone_cr_resumes_to_its_end(
             # lone CR only complete it.
             with open(file, "ab") as f:
                 f.write(b"".join(b"\r" + f"{i},say {i}".encode() for i in more))
+
+
+def test_rejects_a_killed_pass_wrote_are_not_written_again(tmp_path: Path) -> None:
+    """A pass killed before it ended (kill -9: it recorded no lines read) had set aside some bad
+    lines already; the resume judges every line again, and wrote those rejects again (22 of 55
+    bad lines were on record twice after a kill -9 at 4 s). Each is on record once now, counted
+    as an earlier reject; one whose line the kill tore is written again."""
+    lines = [orjson.dumps({"id": f"i{n}", "prompt": "p"}) if n % 3 else b"{bad"
+             for n in range(24)]
+    (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--run-id", "kk", *RUNS, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    # As a kill -9 leaves it: the manifest as the pass started, three rejects written, the third
+    # torn mid-line.
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    manifest.update(status="running", ended_at=None,
+                    input=input_at_start(tmp_path / "input.jsonl"))
+    del manifest["summary"]
+    (path / "manifest.json").write_bytes(orjson.dumps(manifest))
+    written = (path / "rejects.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(written) == 8
+    (path / "rejects.jsonl").write_bytes(b"".join(written[:2]) + written[2][:20])
+    resumed = run_cli("job.yaml", "--resume", "kk", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    records = []
+    for name in ("rejects.jsonl", "rejects.r1.jsonl"):
+        for raw in (path / name).read_bytes().splitlines():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                records.append(orjson.loads(raw)["line"])
+    assert sorted(records) == [n + 1 for n in range(24) if n % 3 == 0]
+    summary = orjson.loads((path / "manifest.json").read_bytes())["resumes"][0]["summary"]
+    assert (summary["rejects"], summary["prior_rejects"]) == (6, 2)
