@@ -82,10 +82,11 @@ def line_records(path: Path, *, whole_only: bool = False,
 def repair_run_files(run_path: Path) -> list[str]:
     """Repair every JSONL file of a run; returns one note per file that was cut."""
     notes = []
-    for sub in ("results", "dead", "events"):
-        for path in sorted((run_path / sub).glob("*.jsonl")):
-            cut = repair_torn_tail(path)
-            if cut:
-                rel = path.relative_to(run_path)
-                notes.append(f"{rel}: removed a torn last line ({cut} bytes)")
+    # The rejects files too: a pass killed mid-write leaves a line no reader of them can parse.
+    files = [*sorted(run_path.glob("rejects*.jsonl")),
+             *(p for sub in ("results", "dead", "events")
+               for p in sorted((run_path / sub).glob("*.jsonl")))]
+    for path in files:
+        if cut := repair_torn_tail(path):
+            notes.append(f"{path.relative_to(run_path)}: removed a torn last line ({cut} bytes)")
     return notes
