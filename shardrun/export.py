@@ -159,8 +159,7 @@ def _json_keys(path: Path) -> list[str]:
     keys: dict[str, None] = {}
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            if number == 1:
-                raw = raw.removeprefix(BOM)
+            raw = raw.removeprefix(BOM)  # any line's, as the reader passes over it
             if raw.strip() and isinstance(record := decode_line(raw, number), dict):
                 keys.update(dict.fromkeys(record))
     return list(keys)

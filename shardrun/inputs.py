@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from shardrun.spec import LoadedJob
 
 BOM = b"\xef\xbb\xbf"
-"""The UTF-8 byte order mark, which editors on Windows like to put at the start of a file."""
+"""The UTF-8 byte order mark, which editors on Windows like to put at the start of a file. A JSON
+line may start with one anywhere: files saved so and joined (`cat a.jsonl b.jsonl`) bring one
+each, and JSON allows a reader to pass over it (RFC 8259, 8.1), as the reader does."""
 
 _UNPACK = "and name the file that gives in input.path"
 NOT_TEXT = (
@@ -172,8 +174,7 @@ class InputReader:
             for raw in self._file:
                 self._count(raw)
                 self.lines_read += 1
-                if self.lines_read == 1:
-                    raw = raw.removeprefix(BOM)
+                raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
                     continue
                 record = decode_line(raw, self.lines_read)

@@ -18,6 +18,7 @@ from shardrun._tabular import CHUNK
 from shardrun._template import TemplateError, parse_template
 from shardrun.errors import InputError
 from shardrun.inputs import (
+    BOM,
     FieldMap,
     InputPlan,
     InputReader,
@@ -92,6 +93,19 @@ def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     assert got[0] == Reject(1, "not valid UTF-8 (byte 0xe9 at column 27); save the file as "
                                "UTF-8")
     assert isinstance(got[1], dict)
+
+
+def test_a_bom_at_any_lines_start_is_passed_over(tmp_path: Path) -> None:
+    """Two files saved with a BOM and joined by `cat`: the second file's first line was a reject
+    ("UTF-8 byte order mark (BOM) is not supported"), its record lost to the run (an edited
+    input cannot be resumed). The BOM is passed over wherever a line starts with one."""
+    path = jsonl(tmp_path / "in.jsonl", BOM + b'{"id": "a", "prompt": "x"}',
+                 BOM + b'{"id": "b", "prompt": "y"}', BOM + b'{"prompt": "z"}')
+    got = read_all(path, InputPlan())
+    assert got[:2] == [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}]
+    # A record without an id is named by its content, the BOM left out.
+    assert got[2] == {"id": "h" + hashlib.blake2b(b'{"prompt": "z"}', digest_size=10).hexdigest(),
+                      "prompt": "z"}
 
 
 def test_an_empty_or_blank_prompt_is_a_reject_in_json_lines_as_in_csv(tmp_path: Path) -> None:
