@@ -415,6 +415,10 @@ def _items_note(s: RunSummary) -> str:
         return "  (read so far: the run stopped before the end of the input)"
     if s.items == 0 and s.skipped == 0:
         return "  (the input holds no records: is it the right file?)"
+    if s.rejects and s.items == s.rejects and s.skipped == 0 and not s.prior_rejects:
+        # A TSV read as JSON lines, a wrong prompt_field: as validate says it, so does the run.
+        return ("  (every line was rejected, nothing was sent: is it the right file, in the "
+                "input.format and fields the job names?)")
     return ""
 
 

@@ -198,6 +198,12 @@ def test_an_empty_input_is_pointed_out() -> None:
     assert note in format_summary(empty).splitlines()
     # A resume with nothing left to do read records: it says how many were already done.
     assert note not in format_summary(replace(empty, skipped=5)).splitlines()
+    # Every line rejected (a TSV read as JSON lines) is pointed out too, as validate does.
+    rejected = replace(empty, items=3, rejects=3)
+    assert ("  items              3  (every line was rejected, nothing was sent: is it the right "
+            "file, in the input.format and fields the job names?)") in format_summary(
+                rejected).splitlines()
+    assert "every line was rejected" not in format_summary(replace(rejected, items=4))
 
 
 def test_a_later_pass_calls_its_tpm_its_own_average() -> None:
