@@ -118,7 +118,7 @@ class CsvRows:
                 continue
             self._cells = cells
             if len(cells) != width:
-                yield start, f"row has {len(cells)} values but the header has {width}", b""
+                yield start, _width_reason(len(cells), width), b""
                 continue
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
             yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key
@@ -131,6 +131,14 @@ class CsvRows:
 
     def close(self) -> None:
         self._text.close()
+
+
+def _width_reason(values: int, width: int) -> str:
+    """Why a row of the wrong width is rejected, and what likely went wrong in it."""
+    fix = ("a value holding a comma must be in double quotes" if values > width else
+           "give every column a value, empty ones too, as in 'a,,c'")
+    return (f"row has {values} value{'s' * (values != 1)} but the header has {width} "
+            f"columns; {fix}")
 
 
 def not_utf8(record: dict[str, Any], names: Sequence[str]) -> str | None:

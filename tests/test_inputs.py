@@ -455,7 +455,16 @@ def test_csv_rows_become_items(tmp_path: Path) -> None:
     assert got[0] == {"id": "1", "prompt": "Hello, world"}
     assert got[1] == Reject(3, "prompt field 'prompt' is empty", "2")
     assert got[2] == {"id": "3", "prompt": "two\nlines"}
-    assert got[3] == Reject(6, "row has 2 values but the header has 3", "4")
+    assert got[3] == Reject(6, "row has 2 values but the header has 3 columns; give every column "
+                               "a value, empty ones too, as in 'a,,c'", "4")
+    # More values than columns: a comma in an unquoted value, most likely; one value, singular.
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_bytes(b"id,prompt\n1,Hello, world\n2\n")
+    assert read_all(wrong, InputPlan(format="csv")) == [
+        Reject(2, "row has 3 values but the header has 2 columns; a value holding a comma must "
+                  "be in double quotes", "1"),
+        Reject(3, "row has 1 value but the header has 2 columns; give every column a value, "
+                  "empty ones too, as in 'a,,c'", "2")]
     assert isinstance(got[4], dict) and got[4]["id"].startswith("h") and got[4]["prompt"] == "no id"
     assert len(got) == 5
     # Where each entry starts: the row over two lines (4 and 5) is at line 4, not 5.
