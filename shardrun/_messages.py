@@ -20,16 +20,21 @@ CONTENT_OPTIONAL = ("assistant", "tool", "function")
 carries only its reasoning (`reasoning_content`), a tool or function result with no text."""
 
 
-def messages_problem(messages: list[Any], field: str) -> str | None:
+def messages_problem(messages: list[Any], field: str, other_items: bool = False) -> str | None:
     """What is wrong with a non-empty message list, as a reject's reason, or None.
 
     Each entry must be an object with a non-empty string `role` and a `content` that is a string
     or a non-empty list of parts, each an object with a string `type` (a `text` part's `text` a
-    string); an assistant, tool or function message may leave its content out or null."""
+    string); an assistant, tool or function message may leave its content out or null. With
+    `other_items` (the Responses API's input list) an entry whose `type` is another than
+    "message" is an item of that type (`function_call`, `function_call_output`, `reasoning`...),
+    with no role: only its being an object is checked."""
     for index, message in enumerate(messages):
         where = f"{field}[{index}]"
         if not isinstance(message, dict):
             return f"{where} is {json_kind(message)}, not an object with a role and a content"
+        if other_items and isinstance(message.get("type"), str) and message["type"] != "message":
+            continue
         role = message.get("role")
         if role is None:
             return f"{where} has no role"

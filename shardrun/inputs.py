@@ -80,6 +80,9 @@ class InputPlan:
     format: InputFormat = "jsonl"
     template: Template | None = None
     system_prompt: str | None = None
+    # The Responses API's input list holds items of other types beside messages (a function
+    # call, its output), which have no role: `messages_problem` passes over them.
+    responses: bool = False
 
     @classmethod
     def from_job(cls, job: LoadedJob) -> InputPlan:
@@ -87,7 +90,7 @@ class InputPlan:
         spec = job.spec.input
         template = None if spec.template is None else parse_template(spec.template)
         return cls(spec.id_field, spec.prompt_field, spec.messages_field, spec.format,
-                   template, spec.system_prompt)  # fmt: skip
+                   template, spec.system_prompt, job.spec.endpoint.api == "responses")  # fmt: skip
 
     @property
     def needed(self) -> tuple[str, ...]:
@@ -417,7 +420,7 @@ def record_item(
     """A decoded record to an item; `key` stands in for a missing id (content hash)."""
     item_id = _item_id(record, key, plan.id_field)
     if plan.messages_field is not None:
-        return _messages_item(record, item_id, line_no, plan.messages_field)
+        return _messages_item(record, item_id, line_no, plan)
     if plan.template is not None:
         try:
             text = plan.template.fill(record)
@@ -453,8 +456,10 @@ def _near(field: str, record: Mapping[str, Any]) -> str:
 
 
 def _messages_item(
-    record: Mapping[str, Any], item_id: str, line_no: int, field: str
+    record: Mapping[str, Any], item_id: str, line_no: int, plan: InputPlan
 ) -> dict[str, Any] | Reject:
+    field = plan.messages_field
+    assert field is not None
     if field not in record:  # as a prompt field's: a typo in the job rejects every line
         return Reject(line_no, f"messages field '{field}' is missing{_near(field, record)}",
                       item_id)
@@ -467,7 +472,7 @@ def _messages_item(
                           item_id)
     if not isinstance(messages, list) or not messages:
         return Reject(line_no, f"messages field '{field}' must be a non-empty list", item_id)
-    if problem := messages_problem(messages, field):
+    if problem := messages_problem(messages, field, other_items=plan.responses):
         return Reject(line_no, problem, item_id)
     return {"id": item_id, "messages": messages}
 

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import lzma
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -391,6 +392,27 @@ def test_a_message_shape_servers_take_is_an_item(message: dict[str, Any]) -> Non
     assert parse_line(orjson.dumps({"id": "ok", "m": messages}), 1, plan) == item
     cell = orjson.dumps(messages).decode()
     assert parse_line(orjson.dumps({"id": "ok", "m": cell}), 1, plan) == item
+
+
+def test_a_responses_input_list_may_hold_items_that_are_not_messages(tmp_path: Path) -> None:
+    """The Responses API's input list holds function calls and their outputs beside messages,
+    with no role: a job with api responses takes such a list (it was rejected, "m[1] has no
+    role"); a chat job still rejects it, as a chat server would."""
+    listed = [{"role": "user", "content": "2+2? use the tool"},
+              {"type": "function_call", "call_id": "c", "name": "add", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c", "output": "4"}]
+    line = orjson.dumps({"id": 1, "m": listed})
+    (tmp_path / "in.jsonl").write_bytes(line + b"\n")
+    job = job_for(tmp_path, "{path: in.jsonl, messages_field: m}", api="responses")
+    reader = make_reader(job)
+    assert list(reader) == [{"id": "1", "messages": listed}]
+    reader.close()
+    chat = InputPlan(prompt_field=None, messages_field="m")
+    assert parse_line(line, 1, chat) == Reject(1, "m[1] has no role", "1")
+    # A message item by its type is still checked as a message.
+    typed = orjson.dumps({"id": 2, "m": [{"type": "message", "content": "hi"}]})
+    assert parse_line(typed, 2, replace(chat, responses=True)) == Reject(
+        2, "m[0] has no role", "2")
 
 
 def test_template_fills_fields_and_rejects_missing_ones() -> None:
