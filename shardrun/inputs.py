@@ -153,7 +153,7 @@ class InputReader:
         if fields.format == "csv":
             self._tabular = CsvRows(path, self._file, self._count)
             check_columns(path, self._tabular.header, fields.header_needs, "CSV header")
-            self.columns = self._tabular.header
+            self.columns = [_encodable(name) for name in self._tabular.header]
 
     def _count(self, data: bytes) -> None:
         self.sha.update(data)
@@ -356,14 +356,16 @@ def _row_item(row: Row, plan: InputPlan) -> dict[str, Any] | Reject:
 
 def _whole_row(record: Mapping[str, str], rows: CsvRows) -> dict[str, str]:
     """A CSV record with every column of the header (CsvRows leaves empty cells out) and text
-    that encodes: a byte that is not UTF-8 is shown as U+FFFD."""
-    row = {}
-    for name in rows.header:
-        value = record.get(name, "")
-        if not value.isascii():
-            value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        row[name] = value
-    return row
+    that encodes, its column names' too: a byte that is not UTF-8 is shown as U+FFFD."""
+    return {_encodable(name): _encodable(record.get(name, "")) for name in rows.header}
+
+
+def _encodable(text: str) -> str:
+    """CSV text as it can be written out: a byte that is not UTF-8 (read as a lone surrogate)
+    as U+FFFD."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def parse_line(raw: bytes, line_no: int, fields: InputPlan) -> dict[str, Any] | Reject:

@@ -590,6 +590,20 @@ def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
            "UTF-8)")]
 
 
+def test_a_csv_header_name_that_is_not_utf8_is_shown_as_text(tmp_path: Path) -> None:
+    """A column the run does not read, named with a Latin-1 byte: the run is fine, but `export
+    --with-input` failed with a traceback (a surrogate in the record's key and the CSV header
+    row no encoder takes). Its name is shown with U+FFFD, as a cell's bad byte is."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"id,prompt,caf\xe9\n1,a,b\n")
+    reader = InputReader(path, InputPlan(format="csv"), keep_records=True)
+    assert list(reader) == [{"id": "1", "prompt": "a"}]
+    assert reader.columns == ["id", "prompt", "caf\ufffd"]
+    assert orjson.loads(orjson.dumps(reader.record)) == {"id": "1", "prompt": "a",
+                                                         "caf\ufffd": "b"}
+    reader.close()
+
+
 def test_csv_is_streamed(tmp_path: Path) -> None:
     """After the first item of a large CSV only a small prefix has been read."""
     path = tmp_path / "big.csv"
