@@ -409,8 +409,8 @@ def _whole_numbers(record: dict[str, Any], raw: bytes, names: list[str]) -> dict
     float (1e20) stays the float it is."""
     try:
         exact = json.loads(raw)
-    except ValueError:  # more digits than Python turns into an int: the floats they are, then
-        return record
+    except (ValueError, RecursionError):  # an int of more digits than Python takes, or nesting
+        return record  # deeper than its parser's: the floats they are, then
     whole = {name: str(exact[name]) for name in names
              if isinstance(exact.get(name), int) and not isinstance(exact[name], bool)}
     return {**record, **whole} if whole else record

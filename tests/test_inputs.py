@@ -149,6 +149,9 @@ def test_a_whole_number_id_past_64_bits_keeps_its_value(tmp_path: Path) -> None:
                     '{"id": 1e20, "prompt": "d"}\n')
     assert [item["id"] for item in read_all(path, InputPlan()) if isinstance(item, dict)] == [
         "18446744073709551616", "18446744073709551617", "-99999999999999999999", "1e+20"]
+    # Nesting deeper than the json module parses (orjson's limit is higher): the float, no crash.
+    deep = b'{"id": 18446744073709551616, "prompt": "x", "d": %s}' % (b"[" * 999 + b"]" * 999)
+    assert parse_line(deep, 1, InputPlan()) == {"id": "1.8446744073709552e+19", "prompt": "x"}
     # A template field holding one is asked about as written, not as the float orjson reads.
     plan = InputPlan(prompt_field=None, template=parse_template("Factor {n} ({m})"))
     line = b'{"id": 1, "n": 123456789012345678901234567890, "m": 1e2}'
