@@ -20,7 +20,9 @@ import difflib
 import hashlib
 import io
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +317,14 @@ def _must_exist(path: Path) -> None:
 
 
 def _open(path: Path) -> IO[bytes]:
+    with contextlib.suppress(OSError):  # open says what is wrong
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            # A pipe (`<(zcat in.gz)`, mkfifo) is read once: the reader could not read it again
+            # to resume, nor after --limit to see what is left, and blocked opening it then.
+            raise InputError(f"input file {path} is not a regular file (a pipe or a device); "
+                             "a run reads its input again (a resume, --limit, export), so save "
+                             "it to a file and name that in input.path")
     try:
         return open(path, "rb")  # the caller closes it (close() or exhaustion)
     except FileNotFoundError:

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import itertools
 import lzma
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -283,6 +284,26 @@ def test_a_file_starting_with_what_a_compressed_file_could_does_not_fail(tmp_pat
     path.write_bytes(b"BZh,prompt\n1,a\n")
     got = read_all(path, InputPlan(format="csv"))
     assert [entry["prompt"] for entry in got if isinstance(entry, dict)] == ["a"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "openai-batch", "parquet"])
+def test_a_pipe_as_input_is_one_input_error(tmp_path: Path, fmt: str) -> None:
+    """A named pipe (or `<(zcat in.gz)`) is read once: a run with --limit then blocked for ever
+    opening it again to see what was left (SIGTERM did not end it), and no resume could read it.
+    It is refused when opened, with what to do. (A writer is held open here, so that an open
+    without the check returns rather than blocks.)"""
+    pipe = tmp_path / "in.jsonl"
+    os.mkfifo(pipe)
+    reading = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    writing = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(writing, b'{"id": 1, "prompt": "a"}\n')
+        with pytest.raises(InputError, match=f"^input file {pipe} is not a regular file \\(a "
+                                             "pipe or a device\\); a run reads its input again"):
+            InputReader(pipe, InputPlan(format=fmt))  # type: ignore[arg-type]
+    finally:
+        os.close(writing)
+        os.close(reading)
 
 
 def test_messages_field_and_system_prompt(tmp_path: Path) -> None:
