@@ -53,6 +53,8 @@ NOT_TEXT = (
     (rb"BZh[1-9]1AY&SY", "bzip2-compressed", f"decompress it (bunzip2) {_UNPACK}"),
     (rb"\xfd7zXZ\x00", "xz-compressed", f"decompress it (unxz) {_UNPACK}"),
     (rb"PK\x03\x04", "a zip archive", f"extract the input from it {_UNPACK}"),
+    # A Parquet file named otherwise than .parquet (its data starts with a binary page header).
+    (rb"PAR1[^\t\n\r\x20-\x7e]", "a Parquet file", "set input.format: parquet in the job file"),
     (rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-32 text", "save it as UTF-8"),
     (rb"\xff\xfe|\xfe\xff", "UTF-16 text", "save it as UTF-8"),
 )
