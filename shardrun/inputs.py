@@ -57,6 +57,8 @@ NOT_TEXT = (
     (rb"PAR1[^\t\n\r\x20-\x7e]", "a Parquet file", "set input.format: parquet in the job file"),
     (rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-32 text", "save it as UTF-8"),
     (rb"\xff\xfe|\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+    # Without a byte order mark: ASCII characters each with a zero byte after or before it.
+    (rb"([\x01-\x7f]\x00){2}|(\x00[\x01-\x7f]){2}", "UTF-16 text", "save it as UTF-8"),
 )
 """How a JSON lines or CSV input may start that is not UTF-8 text (a regular expression of its
 first bytes, what the file is, what to do): read as it is, each of its lines would be a reject

@@ -266,8 +266,10 @@ def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
     ("openai-batch", b"\xfe\xff" + '{"prompt": "a"}\n'.encode("utf-16-be"), "UTF-16 text"),
     ("jsonl", '{"prompt": "a"}\n'.encode("utf-32"), "UTF-32 text"),
     ("jsonl", b"PAR1\x15\x04\x15P\x15@L\x15", "a Parquet file"),
+    ("jsonl", '{"prompt": "a"}\n'.encode("utf-16-le"), "UTF-16 text"),
+    ("csv", "id,prompt\n1,a\n".encode("utf-16-be"), "UTF-16 text"),
 ], ids=["gzip", "gzip-csv", "bzip2", "xz", "zstd", "utf16", "utf16-csv", "utf16be-batch",
-        "utf32", "parquet-as-jsonl"])
+        "utf32", "parquet-as-jsonl", "utf16le-no-bom", "utf16be-no-bom-csv"])
 def test_a_compressed_or_utf16_input_is_one_input_error(
     tmp_path: Path, fmt: str, data: bytes, what: str
 ) -> None:
