@@ -18,4 +18,6 @@ def json_kind(value: object) -> str:
         return "a string"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, bytes):  # a Parquet BINARY column (no STRING annotation)
+        return "binary data"
     return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"

@@ -671,6 +671,17 @@ def test_parquet_rows_become_items(tmp_path: Path) -> None:
         InputReader(path, InputPlan(id_field="key", format="parquet"))
 
 
+def test_a_parquet_binary_prompt_is_named_as_such(tmp_path: Path) -> None:
+    """A BINARY column (written without the STRING annotation) as the prompt: the reject said
+    "is a bytes, not a string", Python's word for it."""
+    pa = pytest.importorskip("pyarrow")
+    path = tmp_path / "in.parquet"
+    pytest.importorskip("pyarrow.parquet").write_table(
+        pa.table({"id": ["a"], "prompt": pa.array([b"hi"], type=pa.binary())}), path)
+    assert read_all(path, InputPlan(format="parquet")) == [
+        Reject(1, "prompt field 'prompt' is binary data, not a string", "a")]
+
+
 def test_parquet_without_pyarrow_says_which_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
