@@ -823,14 +823,18 @@ def error_name(err: object) -> str | None:
     if not isinstance(err, dict):
         return None
     if (code := err.get("code")) is not None:
-        return str(code)
+        return clip(code)  # a sentence's word: a server's code may be a page long
     kind = err.get("type")
-    return kind if isinstance(kind, str) else None
+    return clip(kind) if isinstance(kind, str) else None
 
 
 def _error_number(value: object) -> int:
-    """The HTTP status an error's code or type stands for; 0 for none."""
-    if isinstance(value, int | str) and str(value).isdigit():
+    """The HTTP status an error's code or type stands for; 0 for none. A digit string counts
+    only as ASCII digits, at most 9: `int` refuses "²" (which `isdigit` accepts) and
+    a string of over 4,300 digits, and either raised out of the attempt and stopped the run."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and len(value) < 10 and value.isascii() and value.isdigit():
         return int(value)
     return ERROR_NAMES.get(value, 0) if isinstance(value, str) else 0
 

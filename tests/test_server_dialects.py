@@ -81,6 +81,25 @@ def test_tgi_error_kind_decides_as_an_error_type(kind: str, status: str) -> None
     assert out.error == f"HTTP 422: {err['error']}"
 
 
+@pytest.mark.parametrize(("code", "status"), [
+    ("\u00b2", "protocol_error"),  # a digit to str.isdigit, not to int(): it raised
+    ("9" * 5000, "protocol_error"),  # more digits than int() converts: it raised
+    ("503", "http_5xx"),  # a status as a digit string still decides
+])  # fmt: skip
+def test_an_error_code_that_is_no_number_ends_the_attempt_not_the_run(code: str,
+                                                                      status: str) -> None:
+    """A hostile or broken server's error code inside a 2xx body: a ValueError raised out of
+    the attempt stopped the shard, and the run with it. It is a failure with one short
+    sentence, and so is the same error as the whole body."""
+    err = {"error": {"code": code, "message": "boom"}}
+    for handler, tokens in ((streaming(chat("a"), err, b"[DONE]"), 1),
+                            (whole_answer(orjson.dumps(err)), 0)):
+        out = run(one(handler))
+        assert out.status == status and out.error is not None and len(out.error) < 300
+        assert out.error.endswith(f"in stream after {tokens} tokens: boom")
+        assert out.error_code is not None and len(out.error_code) <= 200
+
+
 @pytest.mark.parametrize(("headers", "asked"), [
     ({"retry-after-ms": "2500"}, "2.5"),  # OpenAI's
     ({"Retry-After": "1", "retry-after-ms": "1500"}, "1.5"),  # the longer ask wins
