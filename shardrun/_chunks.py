@@ -880,8 +880,9 @@ def usage_details(usage: dict[str, Any], prompt: str,
 
 
 def as_int(value: object) -> int | None:
-    """`value` if it is an int proper (not a bool, not a float), else None."""
-    return value if type(value) is int else None
+    """`value` if it is a count: an int proper (not a bool, not a float) and not negative, else
+    None (a server's negative usage made a run's tokens and TPM negative)."""
+    return value if type(value) is int and value >= 0 else None
 
 
 def is_rate_header(name: str) -> bool:

@@ -170,6 +170,28 @@ def test_no_usage_counts_chunks() -> None:
     assert out.completion_tokens == out.content_chunks == 3
 
 
+def test_negative_usage_counts_chunks_as_no_usage_does() -> None:
+    """A server's negative token counts are no counts: the tokens are the content chunks,
+    estimated, in a stream and in a whole answer (they made a run's tokens and TPM negative)."""
+    usage = {"prompt_tokens": -5, "completion_tokens": -7, "total_tokens": -12,
+             "prompt_tokens_details": {"cached_tokens": -1},
+             "completion_tokens_details": {"reasoning_tokens": -2}}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(sse(chat("x")) + sse(chat("y", "stop")) + sse({"choices": [],
+                         "usage": usage}) + sse(b"[DONE]"))  # fmt: skip
+        return resp
+
+    answer = {"choices": [{"index": 0, "message": {"content": "x" * 40}, "finish_reason": "stop"}],
+              "usage": usage}
+    for handler_, tokens in ((handler, 2), (whole_answer(orjson.dumps(answer)), 10)):
+        out = run(one(handler_))
+        assert out.status == "ok" and out.usage_estimated is True
+        assert out.completion_tokens == tokens and out.prompt_tokens is None
+        assert out.cached_tokens is None and out.reasoning_tokens is None
+
+
 def test_second_request_reuses_connection() -> None:
     """The first attempt opens a connection; the second on the same session reuses it."""
 
