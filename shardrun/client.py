@@ -16,7 +16,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
-                         an answer whose finish_reason is "error" or "abort" (the server gave up)
+                         an answer whose finish_reason is "error" or "abort" (the server gave up),
+                         a body with no event in 16 MiB or of over 64 MiB (bounded memory)
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.
@@ -78,6 +79,13 @@ __all__ = [
 
 _ERROR_BODY_MAX = 64 * 1024
 _WHOLE_MAX = 16 * 1024 * 1024  # the largest non-streamed answer taken (see _read_stream)
+# The most a 2xx body may bring with no event (a line or an event without end), and in all (an
+# answer without end: a server that ignores max_tokens). Past either the attempt fails: the
+# decoder held such a line, the answer its text, until a deadline (920 MB in 2 s of a line
+# without end over loopback; 1.6 GB in 5 s of tokens). 64 MiB is twice a 128k-token answer
+# at about 250 bytes of stream per chunk (OpenAI's, with its padding).
+_UNENDED_MAX = _WHOLE_MAX
+_BODY_MAX = 64 * 1024 * 1024
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -216,30 +224,41 @@ class StreamingClient:
 
         Until the first event the body is kept: a server that ignores `stream` sends one JSON
         answer instead, which is taken whole at the end of the body (`Attempt.take_whole`).
+        A body that brings no event in `_UNENDED_MAX` bytes, or passes `_BODY_MAX`, fails at
+        once: the decoder and the answer hold what it sent, so memory stays bounded.
         """
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
         feed, out, idle = decoder.feed, st.out, self._timeouts.idle_s
         waiting_first = True
         before_events: list[bytes] | None = []
-        kept = 0
+        received = last_event = 0  # bytes of body read, in all and when the last event came
+        body_max = _BODY_MAX
         while True:
             chunk = await read()
             payloads = feed(chunk) if chunk else decoder.close()
+            received += len(chunk)
             if before_events is not None:
-                kept += len(chunk)
-                if payloads or kept > _WHOLE_MAX:
+                if payloads or received > _WHOLE_MAX:
                     before_events = None
                 else:
                     before_events.append(chunk)
             stop = False
             if payloads:
+                last_event = received
                 self.heard_at = heard = now_of()  # one store per read with events
                 stop = st.take(payloads, heard)
+            elif received - last_event > _UNENDED_MAX:
+                _fail_stream(st, resp, f"a line or an event without end: no complete event in "
+                                       f"{_UNENDED_MAX >> 20} MiB of stream")
+                break
             if waiting_first and out.first_token_at is not None:
                 waiting_first = False
                 if on_first_token is not None:
                     call_caller(on_first_token, out.first_token_at)
             if stop or not chunk:
+                break
+            if received > body_max:
+                _fail_stream(st, resp, f"a stream without end: past {body_max >> 20} MiB")
                 break
             if not waiting_first:
                 st.arm(idle, "timeout_idle")
@@ -259,13 +278,8 @@ class StreamingClient:
                 # is whole; only a usage chunk may be missing, and then its tokens are estimated.
                 st.done = True
                 return
-            ctype = resp.headers.get("Content-Type", "")
-            stream = "event-stream" in ctype
-            note = "" if stream else f" (content-type {ctype or 'missing'})"
-            n = st.out.content_chunks
             last = "response.completed" if self._api == "responses" else "[DONE]"
-            st.fail("protocol_error", f"stream ended before {last} after {n} tokens{note}")
-            st.out.not_an_answer = not stream and not n
+            _fail_stream(st, resp, f"stream ended before {last}")
 
     async def _read_error(self, st: Attempt, resp: aiohttp.ClientResponse) -> None:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""
@@ -314,6 +328,17 @@ def _status_of(code: int) -> str:
         "http_429" if code == 429 else "http_5xx" if code >= 500
         else "http_4xx" if code >= 400 else "protocol_error"
     )  # fmt: skip
+
+
+def _fail_stream(st: Attempt, resp: aiohttp.ClientResponse, what: str) -> None:
+    """The 2xx body is no whole answer: a protocol_error saying `what` and how far the stream
+    came; a body that is no event stream and brought no token is `not_an_answer`."""
+    ctype = resp.headers.get("Content-Type", "")
+    stream = "event-stream" in ctype
+    note = "" if stream else f" (content-type {ctype or 'missing'})"
+    n = st.out.content_chunks
+    st.fail("protocol_error", f"{what} after {n} tokens{note}")
+    st.out.not_an_answer = not stream and not n
 
 
 def _settle(st: Attempt) -> None:

@@ -481,6 +481,49 @@ def test_a_whole_answer_over_the_size_cap_is_not_kept(monkeypatch: pytest.Monkey
     assert run(one(whole_answer(body, pieces=4), api="completions")).status == "ok"
 
 
+def test_a_line_without_end_fails_at_its_cap_not_at_a_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes with no line end (a `data:` line, a page with no newline) were all held by the
+    decoder until a deadline: 920 MB in 2 s over loopback. Past `_UNENDED_MAX` with no event,
+    after a token or before any, the attempt fails at once, and names why."""
+    monkeypatch.setattr(client_module, "_UNENDED_MAX", 1 << 20)
+
+    def endless(head: bytes, content_type: str = "text/event-stream") -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": content_type})
+            await resp.prepare(request)
+            await resp.write(head)
+            for _ in range(20_000):  # 80 MiB, unless the client lets go first
+                await resp.write(b"x" * 4096)
+            return resp
+
+        return handler
+
+    cases = [(endless(sse(chat("a")) + b"data: "), 1, ""),
+             (endless(b"<html>", "text/html"), 0, " (content-type text/html)")]
+    for handler, tokens, note in cases:
+        out = run(one(handler))
+        assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
+        assert out.error == ("a line or an event without end: no complete event in 1 MiB of "
+                             f"stream after {tokens} tokens{note}")
+
+
+def test_an_answer_without_end_fails_at_the_body_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that ignores max_tokens and streams on: its text was all kept until total_s
+    (1.6 GB in 5 s over loopback). Past `_BODY_MAX` the attempt fails, its tokens wasted."""
+    monkeypatch.setattr(client_module, "_BODY_MAX", 1 << 20)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for _ in range(20_000):  # 40 MiB, unless the client lets go first
+            await resp.write(sse(chat("word " * 400)))
+        return resp
+
+    out = run(one(handler))
+    assert out.status == "protocol_error" and 0 < out.wasted_tokens < 1000
+    assert out.error == f"a stream without end: past 1 MiB after {out.content_chunks} tokens"
+
+
 def test_a_whole_error_object_with_status_200_is_classified() -> None:
     body = b'{"error": {"message": "overloaded", "code": 503}}'
     out = run(one(whole_answer(body)))
