@@ -285,6 +285,12 @@ class StreamingClient:
         """Non-2xx: classify by status at once, then read up to 64 KiB of body for the message."""
         code = resp.status
         prefix = f"HTTP {code}" if code >= 400 else f"unexpected HTTP {code}"
+        if 300 <= code < 400:
+            # Never followed (`allow_redirects`): the same for every request, an http:// URL
+            # the server moves to https:// or a login page, so no answer, and it says where.
+            st.out.not_an_answer = True
+            if where := resp.headers.get("Location"):
+                prefix += f", a redirect to {_shown_location(where)} that is not followed"
         st.fail(_status_of(code), prefix)  # stands if reading the body fails or times out
         st.arm(self._timeouts.idle_s, "timeout_idle")
         parts: list[bytes] = []
@@ -320,6 +326,16 @@ def refused_stream_options(http_status: int | None, error: str | None) -> bool:
     for usage in a stream: servers and API versions that predate it answer 400 naming it (422
     from a strict request schema)."""
     return http_status in (400, 422) and "stream_options" in (error or "")
+
+
+def _shown_location(location: str) -> str:
+    """A redirect's target as a message shows it: without its query and fragment (a login
+    page's return address, a session's token) and with any password masked."""
+    try:
+        parts = urlsplit(location)
+        return clip(masked_url(urlunsplit(parts._replace(query="", fragment=""))))
+    except ValueError:  # not a URL (a bad port, an unclosed IPv6 bracket)
+        return "an invalid URL"
 
 
 def _status_of(code: int) -> str:

@@ -545,6 +545,28 @@ def test_a_json_body_that_is_no_answer_is_a_protocol_error() -> None:
     assert not run(one(normal_chat)).not_an_answer
 
 
+@pytest.mark.parametrize(("status", "location", "shown"), [
+    (301, "https://api.example/v1/chat/completions", "https://api.example/v1/chat/completions"),
+    (302, "http://u:pw@portal.example/login?next=/v1&sid=s3cr3t#f",
+     "http://u:***@portal.example/login"),
+    (307, "/v2/chat/completions", "/v2/chat/completions"),
+    (308, "http://[::1", "an invalid URL"),
+])  # fmt: skip
+def test_a_redirect_says_where_and_is_no_answer(status: int, location: str, shown: str) -> None:
+    """A redirect is not followed, and every request would meet it (http:// moved to https://,
+    a login page): it is no answer (the run stops after enough alike, `Shard._note_failure`,
+    instead of dead-lettering every item), and its sentence names where it leads, without the
+    query (a login page's return address, a session) and with any password masked."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, headers={"Location": location}, text="moved")
+
+    out = run(one(handler))
+    assert (out.status, out.http_status, out.not_an_answer) == ("protocol_error", status, True)
+    assert out.error == (f"unexpected HTTP {status}, a redirect to {shown} that is not "
+                         "followed: moved")
+
+
 def test_connection_dropped_mid_stream() -> None:
     """A connection aborted in the middle of the body is conn_reset, not a hang."""
 
