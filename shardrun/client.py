@@ -17,7 +17,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
                          an answer whose finish_reason is "error" or "abort" (the server gave up),
-                         a body with no event in 16 MiB or of over 64 MiB (bounded memory)
+                         a body with no event in 16 MiB or of over 64 MiB (bounded memory),
+                         a body that does not decode as its Content-Encoding says
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import ContentEncodingError
 
 from shardrun._attempt import (
     CURRENT,
@@ -190,6 +192,8 @@ class StreamingClient:
             st.fail(*_describe(exc, st.out.content_chunks))
             if out_of_files(exc):  # this machine's limit, not the endpoint's fault
                 st.out.error_code = OUT_OF_FILES
+            elif _undecodable(exc):  # a body that is no answer, as every request may meet it
+                st.out.not_an_answer = not st.out.content_chunks
         finally:
             CURRENT.reset(token)
             _settle(st)
@@ -391,6 +395,9 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
         return "conn_reset", f"cannot connect to {where}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "conn_reset", f"server closed the connection after {tokens} tokens"
+    if _undecodable(exc):
+        said = clip(getattr(exc.__cause__, "message", exc))
+        return "protocol_error", f"undecodable body after {tokens} tokens: {said}"
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "conn_reset", f"response body cut after {tokens} tokens: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientResponseError):
@@ -398,6 +405,13 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
+
+
+def _undecodable(exc: BaseException) -> bool:
+    """The body's Content-Encoding (gzip, deflate) does not decode: a body that is not what
+    its headers say, not one that was cut (aiohttp raises both as ClientPayloadError)."""
+    return isinstance(exc, aiohttp.ClientPayloadError) and isinstance(exc.__cause__,
+                                                                      ContentEncodingError)
 
 
 def _is_dns_failure(exc: aiohttp.ClientConnectorError) -> bool:

@@ -7,18 +7,31 @@ retry and the error sentence. Cases the other test files already hold are not re
 
 import asyncio
 import gzip
+import zlib
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 
 from shardrun._chunks import MORE, ChunkReader
-from shardrun.client import AttemptOutcome
+from shardrun.client import AttemptOutcome, StreamingClient
+from shardrun.clock import Clock
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig, credentials_fix
-from tests.test_client import chat, one, open_stream, run, sse, streaming, whole_answer
+from tests.test_client import (
+    BODY,
+    FAST,
+    chat,
+    one,
+    open_stream,
+    run,
+    sse,
+    streaming,
+    whole_answer,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,6 +158,44 @@ def test_a_gzip_compressed_answer_is_read(stream: bool) -> None:
     out = run(one(handler))
     assert (out.status, out.text, out.finish_reason) == ("ok", "compressed hi", "stop")
     assert (out.prompt_tokens, out.completion_tokens) == (2, 2)
+
+
+def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
+    """A body that says Content-Encoding: gzip and is not gzip (a gateway that labels what it
+    did not compress): aiohttp raises it as it raises a cut body, and it was conn_reset,
+    "response body cut", which a cut connection is (an outage's sign). It is a protocol_error
+    that names the encoding, no answer when no token came."""
+    # gzip's stream in pieces: a header, then deflate blocks; a sync flush ends one whole.
+    packer = zlib.compressobj(wbits=31)
+    good = packer.compress(sse(chat("a"))) + packer.flush(zlib.Z_SYNC_FLUSH)
+
+    async def attempt(pieces: list[bytes]) -> AttemptOutcome:
+        async def serve_raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while (await reader.readline()).strip():  # the request's head; its body unread
+                pass
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Content-Encoding: gzip\r\nConnection: close\r\n\r\n")
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.close()
+
+        server = await asyncio.start_server(serve_raw, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = StreamingClient(session, f"http://127.0.0.1:{port}/v1", "chat", {},
+                                         FAST, Clock())
+                return await client.attempt(BODY)
+        finally:
+            server.close()
+
+    for pieces, tokens in (([b"not gzip at all"], 0), ([good, b"\xff" * 64], 1)):
+        out = run(attempt(pieces))
+        assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
+        assert out.error == (f"undecodable body after {tokens} tokens: Can not decode "
+                             "content-encoding: gzip")
 
 
 def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
