@@ -58,6 +58,10 @@ MAX_PAUSE_S = 60.0
 """Longest single pause taken on the server's word; the next response refreshes it. A job's
 `retry.max_server_wait_s` below it lowers it for that job (`RateLimiter(max_pause_s=...)`)."""
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+DURATION_MAX = 64
+"""The longest reset header read as a duration ("1h2m3.5s" is 8): `_DURATION`'s scan takes
+time quadratic in a run of digits with no unit, and a header of 8 KB of them (aiohttp's limit)
+held the shard's event loop 0.9 s per response that carried it."""
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -257,6 +261,8 @@ def parse_duration(text: str | None) -> float | None:
     plain = _number(text)
     if plain is not None:
         return plain if math.isfinite(plain) and plain >= 0 else None
+    if len(text) > DURATION_MAX:
+        return None
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardrun import ratelimit
 from shardrun.ratelimit import (
     DEFAULT_COMPLETION_TOKENS,
     DEFAULT_PAUSE_S,
@@ -291,6 +292,25 @@ def test_parse_duration(text: str | None, seconds: float | None) -> None:
     """Reset headers in Go duration or plain-seconds form; anything else is None."""
     got = parse_duration(text)
     assert got == (None if seconds is None else pytest.approx(seconds))
+
+
+def test_a_reset_header_too_long_for_a_duration_is_not_scanned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile reset header, 8 KB of digits with no unit: the duration scan takes time
+    quadratic in it (0.9 s of the shard's event loop per response that carried it). A value
+    longer than any duration is no duration, and is not scanned; one as long is read."""
+    scanned: list[str] = []
+    pattern = ratelimit._DURATION
+
+    class Scan:
+        def findall(self, text: str) -> list[tuple[str, str]]:
+            scanned.append(text)
+            return pattern.findall(text)
+
+    monkeypatch.setattr(ratelimit, "_DURATION", Scan())
+    assert parse_duration("1" * 8000 + "x") is None and scanned == []
+    longest = "1s" * (ratelimit.DURATION_MAX // 2)
+    assert parse_duration(longest) == ratelimit.DURATION_MAX // 2 and scanned == [longest]
 
 
 def test_estimate_request_tokens() -> None:
