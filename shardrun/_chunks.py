@@ -880,9 +880,15 @@ def usage_details(usage: dict[str, Any], prompt: str,
 
 
 def as_int(value: object) -> int | None:
-    """`value` if it is a count: an int proper (not a bool, not a float) and not negative, else
-    None (a server's negative usage made a run's tokens and TPM negative)."""
-    return value if type(value) is int and value >= 0 else None
+    """`value` if it is a count: an int proper (not a bool, not a float) from 0 to `USAGE_MAX`,
+    else None (a server's negative usage made a run's tokens and TPM negative)."""
+    return value if type(value) is int and 0 <= value <= USAGE_MAX else None
+
+
+USAGE_MAX = 10_000_000
+"""The most tokens one request's usage may count (no model's context holds more): a server's
+10**18 went into the summary as such, and with `rate_limits.tpm` set into the token pacer's
+debt (`RateLimiter.correct`), which held every later request of the shard for good."""
 
 
 def is_rate_header(name: str) -> bool:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from shardrun import client as client_module
 from shardrun._attempt import CURRENT, SWEEP_S, Attempt, Watchdog
+from shardrun._chunks import USAGE_MAX
 from shardrun.client import (
     AttemptOutcome,
     StreamingClient,
@@ -170,12 +171,14 @@ def test_no_usage_counts_chunks() -> None:
     assert out.completion_tokens == out.content_chunks == 3
 
 
-def test_negative_usage_counts_chunks_as_no_usage_does() -> None:
-    """A server's negative token counts are no counts: the tokens are the content chunks,
-    estimated, in a stream and in a whole answer (they made a run's tokens and TPM negative)."""
-    usage = {"prompt_tokens": -5, "completion_tokens": -7, "total_tokens": -12,
-             "prompt_tokens_details": {"cached_tokens": -1},
-             "completion_tokens_details": {"reasoning_tokens": -2}}
+@pytest.mark.parametrize("count", [-7, USAGE_MAX + 1, 10**18])
+def test_impossible_usage_counts_chunks_as_no_usage_does(count: int) -> None:
+    """A server's negative or absurd token counts are no counts: the tokens are the content
+    chunks, estimated, in a stream and in a whole answer (they made a run's tokens and TPM
+    negative, or 10**18 that, with rate_limits.tpm, held the shard's requests for good)."""
+    usage = {"prompt_tokens": count, "completion_tokens": count, "total_tokens": count,
+             "prompt_tokens_details": {"cached_tokens": count},
+             "completion_tokens_details": {"reasoning_tokens": count}}
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
