@@ -340,7 +340,7 @@ class Attempt:
                 self.fail("protocol_error", "the stream reached [DONE] with nothing in it: no "
                           "content, reasoning or tool call, and no finish_reason")
         elif end == BAD:
-            bad = clip(self.reader.bad.decode("utf-8", "replace"))
+            bad = clip(self.reader.bad.decode("utf-8", "replace")) or "(an empty data line)"
             self.fail("protocol_error",
                       f"unparseable stream data after {out.content_chunks} tokens: {bad}")
         else:

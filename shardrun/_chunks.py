@@ -810,7 +810,8 @@ def stream_error(err: object, tokens: int) -> tuple[str, str]:
               else "protocol_error")  # fmt: skip
     name = error_name(err)
     label = "" if name is None else f" {name}"
-    return status, f"error{label} in stream after {tokens} tokens: {clip(msg)}"
+    said = "(no message)" if msg is None else clip(msg) or "(an empty message)"
+    return status, f"error{label} in stream after {tokens} tokens: {said}"
 
 
 QUOTA_NAMES = frozenset({"insufficient_quota", "credit_balance_exhausted"})

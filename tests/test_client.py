@@ -608,6 +608,18 @@ def test_unparseable_json_is_protocol_error() -> None:
     assert out.error.endswith("after 1 tokens: {not json")
 
 
+@pytest.mark.parametrize(("payload", "status", "said"), [
+    (b"", "protocol_error", "unparseable stream data after 1 tokens: (an empty data line)"),
+    (b'{"error": {"code": 503}}', "http_5xx", "error 503 in stream after 1 tokens: (no message)"),
+    (b'{"error": {"message": ""}}', "protocol_error",
+     "error in stream after 1 tokens: (an empty message)"),
+])  # fmt: skip
+def test_a_failure_with_nothing_to_quote_says_so(payload: bytes, status: str, said: str) -> None:
+    """An empty data line, an error with no message: the sentence ended in ": " or ": None"."""
+    out = run(one(streaming(chat("a"), payload, b"[DONE]")))
+    assert (out.status, out.error) == (status, said)
+
+
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
     """A stall mid-stream is timeout_idle after ~idle_s; the next attempt opens a new connection."""
     timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)
