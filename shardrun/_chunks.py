@@ -864,9 +864,15 @@ def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
     return clip(msg) or "(empty body)", error_name(err), flagged
 
 
-def clip(value: object) -> str:
-    """One line, at most MSG_MAX characters: error sentences go into one-line JSON events."""
-    return " ".join(str(value).split())[:MSG_MAX]
+def clip(value: object, limit: int = MSG_MAX) -> str:
+    """One line, at most `limit` characters, control characters shown as `\\xNN`: error
+    sentences go into one-line JSON events, and from there to a terminal, where an escape
+    sequence in a server's message would act (set the title, the colours, the clipboard)."""
+    return " ".join(str(value).split()).translate(_CONTROLS)[:limit]
+
+
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+"""C0, DEL and C1 (0x9b is a CSI of its own): those `split` leaves (it takes the whitespace)."""
 
 
 def usage_details(usage: dict[str, Any], prompt: str,

@@ -156,7 +156,8 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
 
 
 def _ping_lines(result: PingResult) -> list[str]:
-    from shardrun.client import refused_stream_options  # imported by the ping already
+    from shardrun._chunks import clip  # imported by the ping already
+    from shardrun.client import refused_stream_options
 
     ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
     http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
@@ -178,9 +179,9 @@ def _ping_lines(result: PingResult) -> list[str]:
             lines.append("  hint: this server does not take stream_options, which asks for usage "
                          "in the stream; set endpoint.stream_usage: false")
     elif result.reply:
-        lines.append(f"  reply: {' '.join(result.reply.split())[:80]}")
+        lines.append(f"  reply: {clip(result.reply, 80)}")
     if result.refusal:
-        lines.append(f"  refusal (the model declined): {' '.join(result.refusal.split())[:80]}")
+        lines.append(f"  refusal (the model declined): {clip(result.refusal, 80)}")
     if result.rate_headers:
         lines.extend(f"  {k}: {v}" for k, v in sorted(result.rate_headers.items()))
     else:

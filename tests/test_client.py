@@ -620,6 +620,25 @@ def test_a_failure_with_nothing_to_quote_says_so(payload: bytes, status: str, sa
     assert (out.status, out.error) == (status, said)
 
 
+HOSTILE = "bad \x1b[31mred\x1b]0;title\x07 \x9b2J\x7f end"
+"""Terminal escapes: a colour, a window title ended by BEL, an 8-bit CSI, DEL."""
+HOSTILE_SHOWN = "bad \\x1b[31mred\\x1b]0;title\\x07 \\x9b2J\\x7f end"
+
+
+def test_a_servers_escape_sequences_do_not_reach_the_terminal() -> None:
+    """A server's message goes into the error sentence, and from the events to the summary on
+    a terminal, where its escape sequences acted (colours, the title; the clipboard for some
+    terminals): its control characters are shown as \\xNN, in an error body and in a stream."""
+
+    async def refused(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": HOSTILE}}, status=400)
+
+    out = run(one(refused))
+    assert out.error == f"HTTP 400: {HOSTILE_SHOWN}"
+    out = run(one(streaming(chat("a"), {"error": {"message": HOSTILE}})))
+    assert out.error == f"error in stream after 1 tokens: {HOSTILE_SHOWN}"
+
+
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
     """A stall mid-stream is timeout_idle after ~idle_s; the next attempt opens a new connection."""
     timeouts = Timeouts(connect_s=1.0, first_token_s=1.0, idle_s=0.2, total_s=5.0)

@@ -323,6 +323,20 @@ def test_terminal_report_uses_tables(tmp_path: Path) -> None:
     assert "x-ratelimit-remaining-requests: 99" in text
 
 
+def test_a_ping_reply_shows_no_escape_sequence(tmp_path: Path) -> None:
+    """The model's reply and refusal come from the server: an escape sequence in them reached
+    the terminal as it was; it is shown as \\xNN."""
+    job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
+    out = StringIO()
+    console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    result = PingResult("http://h/v1/chat/completions", "ok", 200, 0.25, 0.5, 7,
+                        "hi \x1b]0;t\x07", None, {}, refusal="no \x9b2J")
+    cli_validate.print_report(console, job, check_input(job), result)
+    text = out.getvalue()
+    assert "reply: hi \\x1b]0;t\\x07" in text and "declined): no \\x9b2J" in text
+    assert "\x1b]" not in text and "\x9b" not in text
+
+
 def test_failed_ping_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--ping that gets an error reports it and exits 1."""
     failed = PingResult("http://h/v1/chat/completions", "http_4xx", 401, None, 0.1, 0, "",
