@@ -355,7 +355,7 @@ def _fail_stream(st: Attempt, resp: aiohttp.ClientResponse, what: str) -> None:
     came; a body that is no event stream and brought no token is `not_an_answer`."""
     ctype = resp.headers.get("Content-Type", "")
     stream = "event-stream" in ctype
-    note = "" if stream else f" (content-type {ctype or 'missing'})"
+    note = "" if stream else f" (content-type {clip(ctype) or 'missing'})"
     n = st.out.content_chunks
     st.fail("protocol_error", f"{what} after {n} tokens{note}")
     st.out.not_an_answer = not stream and not n

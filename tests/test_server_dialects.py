@@ -160,6 +160,39 @@ def test_a_gzip_compressed_answer_is_read(stream: bool) -> None:
     assert (out.prompt_tokens, out.completion_tokens) == (2, 2)
 
 
+async def _raw_attempt(pieces: list[bytes]) -> AttemptOutcome:
+    """One attempt against a loopback server that answers with `pieces` as they are (a status
+    line and headers aiohttp's server would not send), 50 ms apart, then closes."""
+
+    async def serve_raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()).strip():  # the request's head; its body unread
+            pass
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.close()
+
+    server = await asyncio.start_server(serve_raw, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = StreamingClient(session, f"http://127.0.0.1:{port}/v1", "chat", {}, FAST,
+                                     Clock())
+            return await client.attempt(BODY)
+    finally:
+        server.close()
+
+
+def test_a_content_type_with_escapes_is_shown_without_them() -> None:
+    """A 2xx that is no stream names its content type, the server's header: an escape in it
+    reached the terminal as the message did (`clip`)."""
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/html\xc2\x9b2J\x1b[31m\r\n"
+                            b"Content-Length: 2\r\n\r\nhi"]))
+    assert out.error == ("stream ended before [DONE] after 0 tokens (content-type "
+                         "text/html\\x9b2J\\x1b[31m)")
+
+
 def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
     """A body that says Content-Encoding: gzip and is not gzip (a gateway that labels what it
     did not compress): aiohttp raises it as it raises a cut body, and it was conn_reset,
@@ -169,30 +202,10 @@ def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
     packer = zlib.compressobj(wbits=31)
     good = packer.compress(sse(chat("a"))) + packer.flush(zlib.Z_SYNC_FLUSH)
 
-    async def attempt(pieces: list[bytes]) -> AttemptOutcome:
-        async def serve_raw(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while (await reader.readline()).strip():  # the request's head; its body unread
-                pass
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         b"Content-Encoding: gzip\r\nConnection: close\r\n\r\n")
-            for piece in pieces:
-                writer.write(piece)
-                await writer.drain()
-                await asyncio.sleep(0.05)
-            writer.close()
-
-        server = await asyncio.start_server(serve_raw, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            async with aiohttp.ClientSession() as session:
-                client = StreamingClient(session, f"http://127.0.0.1:{port}/v1", "chat", {},
-                                         FAST, Clock())
-                return await client.attempt(BODY)
-        finally:
-            server.close()
-
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Content-Encoding: gzip\r\nConnection: close\r\n\r\n")
     for pieces, tokens in (([b"not gzip at all"], 0), ([good, b"\xff" * 64], 1)):
-        out = run(attempt(pieces))
+        out = run(_raw_attempt([head, *pieces]))
         assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
         assert out.error == (f"undecodable body after {tokens} tokens: Can not decode "
                              "content-encoding: gzip")
