@@ -192,7 +192,9 @@ class StreamingClient:
             st.fail(*_describe(exc, st.out.content_chunks))
             if out_of_files(exc):  # this machine's limit, not the endpoint's fault
                 st.out.error_code = OUT_OF_FILES
-            elif _undecodable(exc):  # a body that is no answer, as every request may meet it
+            elif _undecodable(exc) and st.resp is not None and 200 <= st.resp.status < 300:
+                # a body that is no answer, as every request may meet it (an error's body that
+                # does not decode leaves its status to speak: a 429 is still waited out)
                 st.out.not_an_answer = not st.out.content_chunks
         finally:
             CURRENT.reset(token)

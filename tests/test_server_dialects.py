@@ -209,6 +209,10 @@ def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
         assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
         assert out.error == (f"undecodable body after {tokens} tokens: Can not decode "
                              "content-encoding: gzip")
+    # An error's body that does not decode: its status speaks (a 429 is waited out, not
+    # counted as a page that is no answer, which stops a run).
+    out = run(_raw_attempt([head.replace(b"200 OK", b"429 Too Many Requests"), b"not gzip"]))
+    assert (out.status, out.error, out.not_an_answer) == ("http_429", "HTTP 429", False)
 
 
 def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
