@@ -17,6 +17,7 @@ from shardrun._chunks import (
     MSG_MAX,
     PADDING_KEY,
     PARSE_ERRORS,
+    USAGE_MAX,
     ChunkReader,
     ToolCallParts,
     as_int,
@@ -273,6 +274,7 @@ def test_as_int() -> None:
     """as_int keeps ints only: bools, floats, digit strings and None become None."""
     assert as_int(0) == 0 and as_int(12) == 12
     assert [as_int(v) for v in (True, 1.0, "1", None)] == [None, None, None, None]
+    assert as_int(USAGE_MAX) == USAGE_MAX and as_int(USAGE_MAX + 1) is None and as_int(-1) is None
 
 
 def test_is_rate_header() -> None:
