@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
@@ -188,4 +189,6 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # "-0000" or no zone: an HTTP-date is UTC, never this machine's time
+        when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))

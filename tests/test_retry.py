@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,6 +39,23 @@ def test_retry_after_seconds_and_http_date() -> None:
     later = format_datetime(now + timedelta(seconds=90), usegmt=True)
     assert parse_retry_after(later, now=now.timestamp()) == 90.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Tokyo"])
+def test_an_http_date_without_its_zone_is_utc(zone: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Retry-After date with "-0000" or no zone was read in this machine's time zone: 30 s
+    asked became 5 h at New York (past max_server_wait_s: every item dead-lettered at once) and
+    none at Tokyo. An HTTP-date is UTC."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        later = format_datetime(now + timedelta(seconds=30), usegmt=True)
+        for asked in (later, later.replace("GMT", "-0000"), later.removesuffix(" GMT")):
+            assert parse_retry_after(asked, now=now.timestamp()) == 30.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_a_wait_asked_in_milliseconds_counts() -> None:
