@@ -192,6 +192,10 @@ class StreamingClient:
             st.fail(*_describe(exc, st.out.content_chunks))
             if out_of_files(exc):  # this machine's limit, not the endpoint's fault
                 st.out.error_code = OUT_OF_FILES
+            elif type(exc) is aiohttp.ClientResponseError and st.resp is None:
+                # no HTTP answer at all (a TLS port spoken to in plain http, another protocol):
+                # every request meets it, so it is no answer (`Shard._note_failure`)
+                st.out.not_an_answer = True
             elif _undecodable(exc) and st.resp is not None and 200 <= st.resp.status < 300:
                 # a body that is no answer, as every request may meet it (an error's body that
                 # does not decode leaves its status to speak: a 429 is still waited out)
@@ -403,10 +407,18 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "conn_reset", f"response body cut after {tokens} tokens: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientResponseError):
-        return "protocol_error", f"invalid HTTP response: {clip(exc.message)}"
+        said = clip(exc.message)
+        if any(record in said for record in _TLS_RECORDS):
+            said += " (a TLS server: endpoint.base_url wants https://)"
+        return "protocol_error", f"invalid HTTP response: {said}"
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
+
+
+_TLS_RECORDS = ("b'\\x15\\x03", "b'\\x16\\x03")
+"""How aiohttp's bad status line shows a TLS record's start (an alert, a handshake): what a TLS
+server answers a plain-http request with, if anything."""
 
 
 def _undecodable(exc: BaseException) -> bool:

@@ -193,6 +193,23 @@ def test_a_content_type_with_escapes_is_shown_without_them() -> None:
                          "text/html\\x9b2J\\x1b[31m)")
 
 
+def test_a_server_that_speaks_no_http_is_no_answer() -> None:
+    """A base_url at a port that answers in another protocol: an SSH banner, a TLS alert (a
+    TLS port spoken to in plain http). Every request meets it, and it was a protocol_error
+    retried for each item, all dead-lettered; it is no answer (the run stops after enough
+    alike), and a TLS record is named. A body broken after good headers is one answer's."""
+    ssh = run(_raw_attempt([b"SSH-2.0-OpenSSH_9.6\r\n"]))
+    assert (ssh.status, ssh.not_an_answer) == ("protocol_error", True)
+    assert ssh.error is not None and ssh.error.startswith("invalid HTTP response: Bad status")
+    tls = run(_raw_attempt([b"\x15\x03\x01\x00\x02\x02\x46"]))
+    assert (tls.status, tls.not_an_answer) == ("protocol_error", True)
+    assert tls.error is not None
+    assert tls.error.endswith(" (a TLS server: endpoint.base_url wants https://)")
+    cut = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                            b"Content-Length: 1000\r\n\r\n", sse(chat("a"))]))
+    assert (cut.status, cut.not_an_answer) == ("conn_reset", False)
+
+
 def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
     """A body that says Content-Encoding: gzip and is not gzip (a gateway that labels what it
     did not compress): aiohttp raises it as it raises a cut body, and it was conn_reset,
