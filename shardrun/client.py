@@ -44,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from shardrun._attempt import (
     CURRENT,
@@ -183,12 +183,17 @@ class StreamingClient:
             st.cancelled()
             cancelled = True
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
+            if (broken := _broken_framing(st.resp)) is not None:
+                st.fail("protocol_error", f"invalid HTTP body after {st.out.content_chunks} "
+                                          f"tokens: {clip(broken.message)}")
             st.timed_out()
         except aiohttp.ClientHttpProxyError as exc:  # the proxy refused the tunnel (CONNECT)
             st.out.http_status = exc.status
             st.fail(_status_of(exc.status), f"the proxy answered HTTP {exc.status}: "
                                             f"{clip(exc.message)}")
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, HttpProcessingError) as exc:
+            # HttpProcessingError: a body's broken framing, as aiohttp's pure-Python parser
+            # (no C extension for this Python) raises it, where the C one keeps it aside
             st.fail(*_describe(exc, st.out.content_chunks))
             if out_of_files(exc):  # this machine's limit, not the endpoint's fault
                 st.out.error_code = OUT_OF_FILES
@@ -401,6 +406,8 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
         return "conn_reset", f"cannot connect to {where}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "conn_reset", f"server closed the connection after {tokens} tokens"
+    if isinstance(exc, HttpProcessingError):
+        return "protocol_error", f"invalid HTTP body after {tokens} tokens: {clip(exc.message)}"
     if _undecodable(exc):
         said = clip(getattr(exc.__cause__, "message", exc))
         return "protocol_error", f"undecodable body after {tokens} tokens: {said}"
@@ -419,6 +426,16 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
 _TLS_RECORDS = ("b'\\x15\\x03", "b'\\x16\\x03")
 """How aiohttp's bad status line shows a TLS record's start (an alert, a handshake): what a TLS
 server answers a plain-http request with, if anything."""
+
+
+def _broken_framing(resp: aiohttp.ClientResponse | None) -> HttpProcessingError | None:
+    """The error that broke the body's framing (a bad chunk size), which aiohttp keeps on the
+    connection's protocol, not on the body: a read of the body then waits for its deadline.
+    Read when that deadline passed, so the failure names it."""
+    conn = None if resp is None else resp.connection
+    protocol = None if conn is None else conn.protocol
+    broken = None if protocol is None else protocol.exception()
+    return broken if isinstance(broken, HttpProcessingError) else None
 
 
 def _undecodable(exc: BaseException) -> bool:

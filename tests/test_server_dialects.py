@@ -7,6 +7,9 @@ retry and the error sentence. Cases the other test files already hold are not re
 
 import asyncio
 import gzip
+import os
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
+from aiohttp import http_parser, web
 
 from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome, StreamingClient
@@ -193,6 +196,8 @@ def test_a_content_type_with_escapes_is_shown_without_them() -> None:
                          "text/html\\x9b2J\\x1b[31m)")
 
 
+@pytest.mark.skipif(http_parser.HttpResponseParser is http_parser.HttpResponseParserPy,
+                    reason="aiohttp's Python parser waits for a blank line: a disconnection")
 def test_a_server_that_speaks_no_http_is_no_answer() -> None:
     """A base_url at a port that answers in another protocol: an SSH banner, a TLS alert (a
     TLS port spoken to in plain http). Every request meets it, and it was a protocol_error
@@ -208,6 +213,30 @@ def test_a_server_that_speaks_no_http_is_no_answer() -> None:
     cut = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                             b"Content-Length: 1000\r\n\r\n", sse(chat("a"))]))
     assert (cut.status, cut.not_an_answer) == ("conn_reset", False)
+
+
+def test_a_body_whose_chunks_break_is_named_not_a_silence() -> None:
+    """Chunked framing broken after good headers (a chunk size that is no number): aiohttp
+    keeps the error on the connection, not on the body, whose read waits for a deadline. The
+    failure was that deadline's ("no data for 2.0 s"); it names the broken framing."""
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n",
+                            b"%x\r\n%s\r\n" % (len(sse(chat("a"))), sse(chat("a"))),
+                            b"zz\r\nxx\r\n"]))
+    assert out.status == "protocol_error" and out.text == "a"
+    assert out.error is not None and out.error.startswith("invalid HTTP body after 1 tokens: ")
+
+
+@pytest.mark.skipif(os.environ.get("AIOHTTP_NO_EXTENSIONS") == "1", reason="this is the run")
+def test_a_body_whose_chunks_break_is_named_by_the_python_parser_too() -> None:
+    """aiohttp's pure-Python parser (no C extension for this Python) raises the broken framing
+    out of the body's read as an HttpProcessingError, no ClientError: it left the attempt, and
+    stopped the shard and the run. The test above, with that parser."""
+    test = f"{__file__}::test_a_body_whose_chunks_break_is_named_not_a_silence"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          env={**os.environ, "AIOHTTP_NO_EXTENSIONS": "1"}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout[-2000:]
 
 
 def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
