@@ -63,7 +63,7 @@ from shardrun._chunks import clip, read_error_body
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
-from shardrun.items import API_PATHS, Api
+from shardrun.items import API_PATHS, TOKEN_LIMITS, Api
 from shardrun.sse import SSEDecoder
 
 __all__ = [
@@ -85,9 +85,14 @@ _WHOLE_MAX = 16 * 1024 * 1024  # the largest non-streamed answer taken (see _rea
 # answer without end: a server that ignores max_tokens). Past either the attempt fails: the
 # decoder held such a line, the answer its text, until a deadline (920 MB in 2 s of a line
 # without end over loopback; 1.6 GB in 5 s of tokens). 64 MiB is twice a 128k-token answer
-# at about 250 bytes of stream per chunk (OpenAI's, with its padding).
+# at about 250 bytes of stream per chunk (OpenAI's, with its padding); a request whose token
+# limit allows a longer stream gets more (`body_cap`).
 _UNENDED_MAX = _WHOLE_MAX
 _BODY_MAX = 64 * 1024 * 1024
+# Stream bytes allowed per token a request may be answered with: a chunk carrying a token's 20
+# top logprobs (their text, bytes and values) is about 1.5 KB, so a 32k-token answer with them
+# is some 50 MB, and with n choices n times as much.
+_BYTES_PER_TOKEN = 8 * 1024
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -110,6 +115,17 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
     )
+
+
+def body_cap(body: Mapping[str, object]) -> int:
+    """The most stream a 2xx answer to `body` may bring (`_read_stream`): `_BODY_MAX`, or
+    `_BYTES_PER_TOKEN` per token its limit and its `n` allow where that is more. A fixed 64 MiB
+    failed long answers with logprobs (a 32k-token answer with 20 top logprobs a token, n=2),
+    retried and paid for up to max_attempts; a request with no limit keeps `_BODY_MAX`."""
+    limit = next((v for k in TOKEN_LIMITS if type(v := body.get(k)) is int), 0)
+    n = body.get("n")
+    choices = n if type(n) is int and n > 1 else 1
+    return max(_BODY_MAX, limit * choices * _BYTES_PER_TOKEN)
 
 
 class StreamingClient:
@@ -174,7 +190,7 @@ class StreamingClient:
                 )
                 st.headers(resp)
                 if 200 <= resp.status < 300:
-                    await self._read_stream(st, resp, on_first_token)
+                    await self._read_stream(st, resp, on_first_token, body_cap(body))
                 else:
                     await self._read_error(st, resp)
         except CallerError as exc:
@@ -233,13 +249,14 @@ class StreamingClient:
             return False
 
     async def _read_stream(
-        self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None
+        self, st: Attempt, resp: aiohttp.ClientResponse, on_first_token: OnFirstToken | None,
+        body_max: int,
     ) -> None:
         """The hot loop: per read one decoder call; per read with events one clock sample.
 
         Until the first event the body is kept: a server that ignores `stream` sends one JSON
         answer instead, which is taken whole at the end of the body (`Attempt.take_whole`).
-        A body that brings no event in `_UNENDED_MAX` bytes, or passes `_BODY_MAX`, fails at
+        A body that brings no event in `_UNENDED_MAX` bytes, or passes `body_max`, fails at
         once: the decoder and the answer hold what it sent, so memory stays bounded.
         """
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
@@ -247,7 +264,6 @@ class StreamingClient:
         waiting_first = True
         before_events: list[bytes] | None = []
         received = last_event = 0  # bytes of body read, in all and when the last event came
-        body_max = _BODY_MAX
         while True:
             chunk = await read()
             payloads = feed(chunk) if chunk else decoder.close()

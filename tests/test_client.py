@@ -527,6 +527,43 @@ def test_an_answer_without_end_fails_at_the_body_cap(monkeypatch: pytest.MonkeyP
     assert out.error == f"a stream without end: past 1 MiB after {out.content_chunks} tokens"
 
 
+def test_the_body_cap_grows_with_the_answer_the_request_allows() -> None:
+    """A request's token limit and n allow a stream of 8 KiB a token where that passes 64 MiB:
+    a 32k-token answer with 20 top logprobs a token is some 50 MB, two choices twice that."""
+    base = client_module._BODY_MAX
+    assert client_module.body_cap(BODY) == base
+    assert client_module.body_cap({**BODY, "max_tokens": 256, "n": 4}) == base
+    assert client_module.body_cap({**BODY, "max_tokens": 32_768}) == 32_768 * 8192
+    assert client_module.body_cap({**BODY, "max_completion_tokens": 32_768, "n": 2}) == (
+        2 * 32_768 * 8192)
+    assert client_module.body_cap({"input": "x", "max_output_tokens": 65_536}) == 65_536 * 8192
+    assert client_module.body_cap({**BODY, "max_tokens": "lots", "n": "2"}) == base
+
+
+def test_a_long_answer_its_limit_allows_passes_the_body_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer within its max_tokens whose chunks are large (logprobs) is whole past
+    `_BODY_MAX`: a fixed cap failed it, and it was retried and paid for up to max_attempts."""
+    monkeypatch.setattr(client_module, "_BODY_MAX", 1 << 20)
+    logprobs = [{"token": "w", "logprob": -0.5, "bytes": [119]}] * 40  # about 1.5 KB
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for _ in range(1_000):  # 1.6 MiB
+            piece = chat("w ")
+            piece["choices"][0]["logprobs"] = {"content": logprobs}  # type: ignore[index]
+            await resp.write(sse(piece))
+        await resp.write(sse(chat(None, "length")) + sse(b"[DONE]"))
+        return resp
+
+    async def main() -> AttemptOutcome:
+        async with serve(handler, FAST) as client:
+            return await client.attempt({**BODY, "max_tokens": 1_000})
+
+    out = run(main())
+    assert out.status == "ok" and out.content_chunks == 1_000 and out.finish_reason == "length"
+
+
 def test_a_whole_error_object_with_status_200_is_classified() -> None:
     body = b'{"error": {"message": "overloaded", "code": 503}}'
     out = run(one(whole_answer(body)))
