@@ -90,6 +90,7 @@ _CROSS_FIELD: Mapping[str, str] = {
 _VALUE_RULES: Mapping[str, str] = {
     "template_syntax": "{subject} is not a valid template: {why}",
     "header_rule": "{subject} {why}",
+    "json_value": "{subject}{path} {why}",
 }
 """Single-field rules whose reason is more useful than 'must be <type>'."""
 

@@ -8,6 +8,8 @@ from.
 
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections.abc import Mapping
 from pathlib import PurePath
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from shardrun._ellipsis import ellipsize
 from shardrun._env import NONE_WORDS, Kind
 from shardrun._template import TemplateError, parse_template
 
@@ -334,7 +337,7 @@ class JobSpec(_Frozen):
             raise PydanticCustomError(
                 "params_n", "params.n must be 1", {"field": "", "got": repr(params["n"])}
             )
-        return params
+        return {name: _json_value(value, f".{name}") for name, value in params.items()}
 
     @model_validator(mode="after")
     def _messages_need_chat(self) -> JobSpec:
@@ -371,6 +374,32 @@ class JobSpec(_Frozen):
                      "other_value": self.endpoint.api},
                 )  # fmt: skip
         return self
+
+
+def _json_value(value: Any, path: str) -> Any:
+    """`value` as the JSON every request body carries it as; YAML's other types are an error
+    naming where they are (`params.when` a date, a set, binary, nan), as the body's encoder
+    would fail on them at the first request (or send nan as null). An integer key becomes its
+    text, the only form JSON has for it: `logit_bias: {50256: -100}`."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        why = f"is {value}, which JSON cannot carry"
+    elif isinstance(value, list):
+        return [_json_value(item, f"{path}[{n}]") for n, item in enumerate(value)]
+    elif isinstance(value, dict):
+        bad = next((k for k in value if isinstance(k, bool) or not isinstance(k, str | int)), None)
+        if bad is None:
+            return {str(k): _json_value(item, f"{path}.{k}") for k, item in value.items()}
+        why = f"has the key {bad!r}, which JSON cannot carry (keys are text; quote it)"
+    elif isinstance(value, datetime.date):
+        why = (f"is the date {value.isoformat()} (YAML reads an unquoted date as one), which "
+               "JSON has no form of; quote it to send it as text")
+    else:
+        why = f"is {type(value).__name__} {ellipsize(repr(value), 40)}, which JSON cannot carry"
+    raise PydanticCustomError("json_value", "not JSON: {why}", {"path": path, "why": why})
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:

@@ -356,11 +356,14 @@ def _settle_sources(
     spec: JobSpec, raw: Mapping[str, Any], sources: dict[str, str]
 ) -> dict[str, str]:
     """A file value the model replaced (`prompt_field: null` -> "prompt") is a default; a
-    word for no limit (`rpm: none`) is the file's own value."""
+    word for no limit (`rpm: none`) is the file's own value, and so are params whose integer
+    keys became text (`logit_bias: {50256: -100}`)."""
     for key, source in sources.items():
         given, value = _get(raw, key), _leaf(spec, key)
         said_none = isinstance(given, str) and given.strip().lower() in NONE_WORDS
-        if source == "job file" and given != value and not (said_none and value is None):
+        if key == "params" or (said_none and value is None):
+            continue
+        if source == "job file" and given != value:
             sources[key] = "default"
     return sources
 

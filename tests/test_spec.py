@@ -471,6 +471,31 @@ def test_params_n_other_than_one_is_refused(jobs: Path, n: str) -> None:
     assert load(write(jobs, MINIMAL + "params: {n: 1}\n")) is not None
 
 
+@pytest.mark.parametrize(("value", "why"), [
+    ("{when: 2024-01-01}", "params.when is the date 2024-01-01 (YAML reads an unquoted date as "
+                           "one), which JSON has no form of; quote it to send it as text"),
+    ("{s: !!set {a: null}}", "params.s is set {'a'}, which JSON cannot carry"),
+    ("{b: !!binary aGk=}", "params.b is bytes b'hi', which JSON cannot carry"),
+    ("{stop: [x, .nan]}", "params.stop[1] is nan, which JSON cannot carry"),
+    ("{x: {true: 1}}", "params.x has the key True, which JSON cannot carry (keys are text; "
+                       "quote it)"),
+])
+def test_params_that_json_cannot_carry_are_named(jobs: Path, value: str, why: str) -> None:
+    """Every request body is JSON: a value YAML reads as something else is one sentence naming
+    it, not a traceback from the manifest's or the request's encoder."""
+    path = write(jobs, MINIMAL + f"params: {value}\n")
+    assert error_of(path) == f"{path}: {why}"
+
+
+def test_integer_keys_in_params_are_sent_as_text(jobs: Path) -> None:
+    """logit_bias's token ids are integers to YAML; JSON's keys are text, and the job file
+    still supplies the value."""
+    job = load(write(jobs, MINIMAL + "params: {logit_bias: {50256: -100}}\n"))
+    assert job.spec.params == {"logit_bias": {"50256": -100}}
+    assert job.effective()["params"] == {"value": {"logit_bias": {"50256": -100}},
+                                         "source": "job file"}
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
