@@ -166,6 +166,9 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
         env, also_known={key_var} if isinstance(key_var, str) else set())]
     sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
+    homeless = _homeless_paths(spec, blame)
+    if homeless:
+        raise SpecError(render(homeless))
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))
     overridden = _overridden_vars(set_env, given_flags)
     if overridden:
@@ -226,6 +229,22 @@ def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> 
     if problems:
         raise SpecError(render(problems))
     return spec
+
+
+def _homeless_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
+    """Paths that start with a `~user` naming no home directory here (no such user, or `~`
+    with no HOME): Path.expanduser raises for them, where the path is first used."""
+    problems: list[Problem] = []
+    for key in ("input.path", "runs_dir"):
+        text = str(_leaf(spec, key))
+        try:
+            Path(text).expanduser()
+        except RuntimeError:
+            origin, subject = blame.subject(key)
+            home = text.split("/", 1)[0]
+            problems.append((origin, f"{subject} starts with {home}, which names no home "
+                                     f"directory here, got {text!r}"))
+    return problems
 
 
 def _loaded(spec: JobSpec, path: Path, origin: str, sources: dict[str, str]) -> LoadedJob:

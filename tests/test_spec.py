@@ -496,6 +496,18 @@ def test_integer_keys_in_params_are_sent_as_text(jobs: Path) -> None:
                                          "source": "job file"}
 
 
+def test_a_path_under_the_home_of_no_user_is_named(jobs: Path) -> None:
+    """`~nouser/...` expands to nothing (Path.expanduser raises RuntimeError): one sentence
+    naming the key, variable or flag, not a traceback from where the path is first used."""
+    user = "~no-such-user-of-shardrun"
+    path = write(jobs, MINIMAL.replace("data.jsonl", f"{user}/data.jsonl"))
+    assert error_of(path) == (f"{path}: input.path starts with {user}, which names no home "
+                              f"directory here, got '{user}/data.jsonl'")
+    assert error_of(write(jobs, MINIMAL), env={"SHARDRUN_RUNS_DIR": user}) == (
+        f"environment variable SHARDRUN_RUNS_DIR starts with {user}, which names no home "
+        f"directory here, got '{user}'")
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
