@@ -161,7 +161,7 @@ def _ping_lines(result: PingResult) -> list[str]:
 
     ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
     http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
-    lines = [f"ping: {result.status} ({http}) {result.url}: TTFT {ttft}, "
+    lines = [f"ping: {result.label} ({http}) {result.url}: TTFT {ttft}, "
              f"total {result.total_s:.3f} s, {result.completion_tokens} tokens"]  # fmt: skip
     if result.proxy is not None:
         lines.append(f"  through the proxy {result.proxy['url']} (from {result.proxy['from']})")

@@ -55,6 +55,13 @@ class InputCheck:
         return tokens_of_chars(self.prompt_chars)
 
 
+NO_CONNECTION_LABELS = (("connection refused", "conn_refused"),
+                        ("cannot resolve", "dns_failure"),
+                        ("cannot connect", "conn_failed"))  # fmt: skip
+"""The starts of `client._describe`'s sentences for a connection never made, and the ping's
+status for each."""
+
+
 @dataclass(frozen=True)
 class PingResult:
     """The outcome of the one request `ping` sends."""
@@ -75,6 +82,16 @@ class PingResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def label(self) -> str:
+        """`status` as the ping shows it: a run counts a connection refused or a name not
+        resolved as conn_reset (both are retried alike), but the ping names which it was."""
+        if self.status == "conn_reset" and self.error is not None:
+            for start, label in NO_CONNECTION_LABELS:
+                if self.error.startswith(start):
+                    return label
+        return self.status
 
 
 def check_input(job: LoadedJob, show: int = 10, ticker: Ticker | None = None) -> InputCheck:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import re
+import socket
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -345,6 +346,21 @@ def test_failed_ping_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     code, text = validate(str(make_job(tmp_path, GOOD)), "--ping")
     assert code == 1
     assert "ping: http_4xx (HTTP 401)" in text and "  error: HTTP 401: bad key" in text
+
+
+def test_a_refused_ping_is_labelled_refused(tmp_path: Path) -> None:
+    """A port nothing listens on: the label says what the error line says (a run counts it as
+    conn_reset, retried as a reset is). The socket is bound but not listening, so the port is
+    ours and the kernel refuses the connection."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v1"
+        job = make_job(tmp_path, GOOD, endpoint={"base_url": url, "model": "m"})
+        code, text = validate(str(job), "--ping")
+    assert code == 1
+    assert f"ping: conn_refused (no response) {url}/chat/completions" in text
+    assert f"  error: connection refused by 127.0.0.1:{port}" in text
 
 
 def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> None:
