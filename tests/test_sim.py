@@ -7,6 +7,9 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -390,6 +393,21 @@ def test_main_bad_flag_returns_2(argv: list[str], capsys: pytest.CaptureFixture[
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_port_in_use_is_a_usage_error_naming_it() -> None:
+    """`shardrun sim --port P` with P taken: one `error:` line naming the port and what to do,
+    exit 2 as for any flag the command cannot use (it was 1, with asyncio's bind text)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "shardrun", "sim", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
+                           "(another server, or another simulator, listens on it); give another "
+                           "--port, or --port 0 for any free one.\n")
 
 
 def test_start_sim_runs_a_real_process() -> None:

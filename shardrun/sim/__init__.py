@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import sys
 from typing import NoReturn
 
@@ -157,7 +158,8 @@ def config_from_argv(argv: list[str]) -> SimConfig:
 
 
 def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
-    """Parse flags and serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on bad flags."""
+    """Parse flags and serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on bad flags or an
+    address that cannot be bound (port in use, --host not local), 1 on another OS error."""
     try:
         args = _parser(prog).parse_args(argv)
         cfg = _config(args)
@@ -179,6 +181,16 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
         return 130
     except OSError as e:
         where = f"{args.host}:{args.port}"
-        print(f"error: cannot listen on {where}: {e.strerror or e}.", file=sys.stderr)
-        return 1
+        why = _BIND_ERRORS.get(e.errno or 0)
+        print(f"error: cannot listen on {where}: {why or e.strerror or e}.", file=sys.stderr)
+        return 1 if why is None else 2  # a bind refused for a flag's value: a usage error
     return 0
+
+
+_BIND_ERRORS = {
+    errno.EADDRINUSE: "the port is in use (another server, or another simulator, listens on "
+                      "it); give another --port, or --port 0 for any free one",
+    errno.EACCES: "permission denied (a port below 1024 needs privileges); give another --port",
+    errno.EADDRNOTAVAIL: "the address is not one of this machine's; check --host",
+}
+"""What a refused bind means, by errno, for the flag that chose the address."""
