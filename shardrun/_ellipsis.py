@@ -1,4 +1,5 @@
-"""A value in a one-line message: cut down to a length, or named by its JSON kind."""
+"""A value in a one-line message: cut down to a length, named by its JSON kind, or counted with
+its noun in the number that fits."""
 
 from __future__ import annotations
 
@@ -21,3 +22,9 @@ def json_kind(value: object) -> str:
     if isinstance(value, bytes):  # a Parquet BINARY column (no STRING annotation)
         return "binary data"
     return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 retry', '2 retries', '1,024 items': `n` with `noun`, or with `plural` (default: the
+    noun and an s) unless `n` is 1."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from shardrun._ellipsis import ellipsize
+from shardrun._ellipsis import counted, ellipsize
 from shardrun.argtypes import positive_seconds
 from shardrun.errors import InputError, ShardrunError
 
@@ -138,8 +138,8 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
     spec = job.spec.input
     per_item = check.prompt_tokens_estimate / check.items if check.items else 0.0
     lines = [
-        f"input: {job.input_path} ({spec.format}): {_count(check.items, 'item')}, "
-        f"{_count(check.rejects, 'rejected line')}",
+        f"input: {job.input_path} ({spec.format}): {counted(check.items, 'item')}, "
+        f"{counted(check.rejects, 'rejected line')}",
         f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
         "estimated as characters / 4, not by a tokenizer",
     ]
@@ -228,7 +228,3 @@ def print_report(
     if result is not None:
         for line in _ping_lines(result):
             console.print(line, markup=False)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")

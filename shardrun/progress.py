@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from shardrun._ellipsis import counted
+
 if TYPE_CHECKING:
     # rich is imported where it draws, only on a terminal: a run logging to a file or a pipe
     # prints plain lines and never loads it (about 0.1 CPU-s of imports).
@@ -405,15 +407,15 @@ def _silent_text(silent_s: float | None, sending: int) -> str:
     """Requests out and nothing back: a hung or very slow endpoint, until timeouts fire."""
     if silent_s is None:
         return ""
-    return (f"; nothing heard for {clock_text(silent_s)} with {sending:,} requests out, "
+    return (f"; nothing heard for {clock_text(silent_s)} with {counted(sending, 'request')} out, "
             "waiting for the endpoint")
 
 
 def format_final_line(s: Snapshot) -> str:
     """Totals and run-average completion TPM."""
     tpm = s.completion_tokens / s.elapsed * 60 if s.elapsed > 0 else 0.0
-    return (f"{s.done:,} items in {s.elapsed:.1f} s: {s.ok:,} succeeded, {s.dead:,} failed; "
-            f"{tpm:,.0f} completion TPM (run average)")  # fmt: skip
+    return (f"{counted(s.done, 'item')} in {s.elapsed:.1f} s: {s.ok:,} succeeded, "
+            f"{s.dead:,} failed; {tpm:,.0f} completion TPM (run average)")  # fmt: skip
 
 
 def shard_table(s: Snapshot, max_rows: int = 16) -> Table:

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from shardrun import __version__
+from shardrun._ellipsis import counted
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
 from shardrun.aggregate._metrics import windows
 from shardrun.errors import RunDirError, ShardrunError, SpecError
@@ -352,13 +353,10 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     tail = unproven(loaded, _sample_minute(sample))
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
-            f"on {_count(len(sample['per_shard']), 'shard')}; {len(sample['files'])} event files "
-            f"({size:,} bytes) match their SHA-256; the figure and its counted lines recompute"
+            f"on {counted(len(sample['per_shard']), 'shard')}; "
+            f"{counted(len(sample['files']), 'event file')} ({size:,} bytes) match their "
+            "SHA-256; the figure and its counted lines recompute"
             + ("" if tail is None else f"; but {tail}"))
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _sample_minute(sample: dict[str, Any]) -> int:

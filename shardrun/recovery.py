@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from shardrun._ellipsis import counted
 from shardrun.errors import RunError
 
 
@@ -88,5 +89,6 @@ def repair_run_files(run_path: Path) -> list[str]:
                for p in sorted((run_path / sub).glob("*.jsonl")))]
     for path in files:
         if cut := repair_torn_tail(path):
-            notes.append(f"{path.relative_to(run_path)}: removed a torn last line ({cut} bytes)")
+            rel = path.relative_to(run_path)
+            notes.append(f"{rel}: removed a torn last line ({counted(cut, 'byte')})")
     return notes

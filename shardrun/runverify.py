@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from shardrun._ellipsis import counted
 from shardrun.manifest import listed_file, pass_reads, prefix_digests, read_manifest
 from shardrun.provenance import VerifyError
 from shardrun.report._rundir import LoadedRun, event_files, map_files, run_state
@@ -338,11 +339,11 @@ def _verdict(run_dir: Path, out: Outcome, crashed: bool, manifest: dict[str, Any
         shown = out.problems[:MAX_SHOWN]
         more = len(out.problems) - len(shown)
         raise VerifyError(
-            f"{run_dir} does not match its manifest ({_n(len(out.problems), 'problem')}):\n  "
+            f"{run_dir} does not match its manifest ({counted(len(out.problems), 'problem')}):\n  "
             + "\n  ".join(shown) + (f"\n  and {more:,} more" if more else ""))
-    head = (f"ok: run {out.run_id}: {_n(out.files, 'file')} ({out.bytes:,} bytes, "
+    head = (f"ok: run {out.run_id}: {counted(out.files, 'file')} ({out.bytes:,} bytes, "
             f"{out.lines:,} lines) match the SHA-256 and size its manifest records; the "
-            f"checkpoints of its {_n(out.event_files, 'event file')} verify; results/, "
+            f"checkpoints of its {counted(out.event_files, 'event file')} verify; results/, "
             "events/ and dead/ hold no other file")
     if crashed:
         head = _crashed_head(out, manifest)
@@ -357,29 +358,24 @@ def _crashed_head(out: Outcome, manifest: dict[str, Any]) -> str:
     who = names[-1] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     one = len(names) == 1
     if "files" in manifest:
-        listed = (f"so the list is the pass before's: the {_n(out.files, 'file')} it names "
+        listed = (f"so the list is the pass before's: the {counted(out.files, 'file')} it names "
                   f"match it ({out.bytes:,} bytes, {out.lines:,} lines, the checkpoints of "
-                  f"{_n(out.event_files, 'event file')} verify); of the")
+                  f"{counted(out.event_files, 'event file')} verify); of the")
     else:
         listed = f"and no pass before {'it' if one else 'them'} did; of the"
     events = out.crashed_events
     lines = sum(c.scan.lines for c in events)
     covered = sum(c.scan.covered_lines for c in events)
-    wrote = [f"the {_n(len(events), 'event file')} verify up to their checkpoints "
+    wrote = [f"the {counted(len(events), 'event file')} verify up to their checkpoints "
              f"(lines {covered:,} of {lines:,} covered; the lines after a file's last "
              "checkpoint are unchecked)"] if events else []
     if unchecked := out.crashed_unchecked:
         shown = ", ".join(unchecked[:MAX_LISTED]) + (
             f" and {len(unchecked) - MAX_LISTED:,} more" if len(unchecked) > MAX_LISTED else "")
-        wrote.append(f"the {_n(len(unchecked), 'results or dead-letter file')} cannot be "
+        wrote.append(f"the {counted(len(unchecked), 'results or dead-letter file')} cannot be "
                      f"checked at all, having no checkpoints ({shown})")
-    files = _n(len(events) + len(out.crashed_unchecked), "file")
+    files = counted(len(events) + len(out.crashed_unchecked), "file")
     return (f"ok, as far as a crashed run can be checked: {who} crashed before "
             f"{'it' if one else 'any of them'} listed the run's files, {listed} {files} "
             f"{who} wrote" + (" since, " if "files" in manifest else ", ")
             + ("; ".join(wrote) if wrote else "none is left"))
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count:,} {noun}" + ("" if count == 1 else "s")
-

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shardrun._ellipsis import ellipsize
+from shardrun._ellipsis import counted, ellipsize
 from shardrun.progress import clock_text
 
 
@@ -321,7 +321,8 @@ def format_summary(s: RunSummary) -> str:
         + (f"  ({s.refusals:,} of them refusals: the model declined; see `refusal` in the "
            "results)" if s.refusals else ""),
         f"  failed             {s.failed:,}"
-        + (f"  ({s.dead:,} dead-lettered, {s.rejects:,} rejected input lines)" if s.failed else ""),
+        + (f"  ({s.dead:,} dead-lettered, {counted(s.rejects, 'rejected input line')})"
+           if s.failed else ""),
     ]
     lines += _failure_lines(s)
     work = s.work_left
@@ -339,8 +340,8 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier "
                      f"passes{again}")
     if s.prior_rejects:
-        lines.append(f"  earlier rejects    {s.prior_rejects:,} input "
-                     f"line{'s' if s.prior_rejects != 1 else ''} rejected by earlier passes "
+        lines.append(f"  earlier rejects    {counted(s.prior_rejects, 'input line')} "
+                     "rejected by earlier passes "
                      "(rejects*.jsonl)")
     spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
     lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
@@ -348,8 +349,9 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  cached prompt      {s.cached_tokens:,} of {s.prompt_tokens:,} "
                      "prompt tokens (the server's count)")
     lines += [
-        f"  attempts           {s.attempts:,} ({s.retries:,} retries"
-        + (f", retry budget spent for {s.budget_exhausted:,} items" if s.budget_exhausted else "")
+        f"  attempts           {s.attempts:,} ({counted(s.retries, 'retry', 'retries')}"
+        + (f", retry budget spent for {counted(s.budget_exhausted, 'item')}"
+           if s.budget_exhausted else "")
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
@@ -373,8 +375,8 @@ def format_summary(s: RunSummary) -> str:
     if s.per_shard:
         lines.append(_per_shard_line(s.per_shard))
     if s.shard_deaths:
-        lines.append(f"  shard deaths       {s.shard_deaths} ({s.reassigned:,} items handed "
-                     "to other shards)")
+        lines.append(f"  shard deaths       {s.shard_deaths} ({counted(s.reassigned, 'item')} "
+                     "handed to other shards)")
     if s.fatal_reason:
         lines.append(f"  stopped early      {s.fatal_reason}")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from shardrun.progress import (
     Snapshot,
     count_lines_cheaply,
     estimate_total,
+    format_final_line,
     shard_table,
 )
 
@@ -69,6 +70,15 @@ def test_plain_mode_prints_a_line_every_interval_without_escapes() -> None:
     assert view.final_line() == (
         "400 items in 25.0 s: 400 succeeded, 0 failed; 19,200 completion TPM (run average)"
     )
+
+
+def test_the_final_line_of_one_item_says_item() -> None:
+    """A run of one item (a smoke test) ends on '1 item in', not '1 items in'."""
+    one = Snapshot(elapsed=2.0, total=1, ok=1, dead=0, retrying=0, attempts=1,
+                   completion_tokens=10, tpm=None, requests_per_s=None, items_per_s=None,
+                   shards=())  # fmt: skip
+    assert format_final_line(one) == (
+        "1 item in 2.0 s: 1 succeeded, 0 failed; 300 completion TPM (run average)")
 
 
 def test_quiet_prints_nothing() -> None:

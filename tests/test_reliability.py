@@ -290,7 +290,7 @@ def test_a_run_stopped_in_a_storm_counts_only_the_retries_it_sent(tmp_path: Path
     # The stop left retries undone: failed attempts that no retry line (nor dead letter) follows.
     failed = sum(1 for e in run.events if e["ev"] == "attempt_end" and e["status"] != "ok")
     assert failed - len(run.dead) > retries
-    said = re.search(r"attempts +(\d+) \((\d+) retries\)", proc.stdout)
+    said = re.search(r"attempts +(\d+) \((\d+) retr(?:y|ies)\)", proc.stdout)
     assert said and (int(said[1]), int(said[2])) == (len(starts), retries), proc.stdout
     doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
     att = doc["attempts"]
@@ -1652,8 +1652,7 @@ def test_a_rejected_line_is_recorded_by_the_pass_that_first_reads_it(tmp_path: P
     again = run_cli("retry-failed", str(path), cwd=tmp_path)
     assert again.returncode in (0, 1), again.stderr
     assert "earlier rejects    3 input lines rejected by earlier passes" in again.stdout
-    assert "rejected input lines)" not in again.stdout or ", 0 rejected input lines)" in (
-        again.stdout)
+    assert not re.search(r"[1-9][0-9,]* rejected input lines?\)", again.stdout), again.stdout
     recorded = [orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
                 for line in f.read_bytes().splitlines()]
     assert sorted(recorded) == [1, 7, len(ids) + 3]
@@ -1680,7 +1679,7 @@ def test_a_resume_after_a_retry_of_dead_letters_only_records_the_lines_no_pass_j
     resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stderr
     assert "earlier rejects    1 input line rejected by earlier passes" in resumed.stdout
-    assert "(30 dead-lettered, 1 rejected input lines)" in resumed.stdout, resumed.stdout
+    assert "(30 dead-lettered, 1 rejected input line)" in resumed.stdout, resumed.stdout
     recorded = [orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
                 for line in f.read_bytes().splitlines()]
     assert sorted(recorded) == [1, len(ids) + 2]

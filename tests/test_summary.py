@@ -249,6 +249,18 @@ def test_cores_on_average_only_for_runs_long_enough_to_mean_it() -> None:
     assert line == "  client CPU         0.4 s"
 
 
+def test_counts_of_one_take_the_singular() -> None:
+    """One retry, one rejected line, one item: '1 retries' read as a typo in the line most runs
+    end on (a run with a single retry is common)."""
+    s = summary_of([{"attempts": 11, "retries": 1, "budget_exhausted": 1}], dead=1, rejects=1)
+    lines = format_summary(replace(s, shard_deaths=1, reassigned=1)).splitlines()
+    assert "  attempts           11 (1 retry, retry budget spent for 1 item)" in lines
+    assert "  failed             2  (1 dead-lettered, 1 rejected input line)" in lines
+    assert "  shard deaths       1 (1 item handed to other shards)" in lines
+    lines = format_summary(replace(s, retries=2, budget_exhausted=2, rejects=2)).splitlines()
+    assert "  attempts           11 (2 retries, retry budget spent for 2 items)" in lines
+
+
 def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report() -> None:
     """Their items, tokens, refusals and spent retry budgets; of their attempts, those the
     report did not count (`tried`: the failed ones of spans then still open)."""

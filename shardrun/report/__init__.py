@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from shardrun._ellipsis import counted
 from shardrun.aggregate import RunFacts, build_report, pricing_from_effective, ratio
 from shardrun.errors import RunDirError
 from shardrun.manifest import changed_results
@@ -142,14 +143,14 @@ def _file_entry(scan: FileScan, loaded: LoadedRun, recorded: set[Any],
 def _file_notes(f: dict[str, Any], state: str) -> list[str]:
     path, notes = f["path"], []
     if f["torn_tail_bytes"]:
-        notes.append(f"{path}: torn last line ({f['torn_tail_bytes']} bytes) ignored"
+        notes.append(f"{path}: torn last line ({counted(f['torn_tail_bytes'], 'byte')}) ignored"
                      + (" (the run is still writing)" if state == "running" else ""))
     if f["bad_lines"]:
-        notes.append(f"{path}: {f['bad_lines']:,} unreadable lines ignored, first "
+        notes.append(f"{path}: {counted(f['bad_lines'], 'unreadable line')} ignored, first "
                      f"{f['first_bad'][0]}")
     if f["unknown_events"]:
-        notes.append(f"{path}: {f['unknown_events']:,} lines with an event name this version "
-                     "does not know, ignored")
+        notes.append(f"{path}: {counted(f['unknown_events'], 'line')} with an event name this "
+                     "version does not know, ignored")
     if f["checkpoint_error"]:
         notes.append(f"{path}: checkpoint check failed at {f['checkpoint_error']}")
     if f["matches_manifest"] is False:
