@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 MANIFEST_SCHEMA = 1
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LATEST = "latest"  # `--resume latest`: the job's newest run, so no run may be named so
 VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
 
 
@@ -54,6 +55,9 @@ class RunDir:
                 f"--run-id {run_id!r} is not a valid run id: use letters, digits, '.', '_' "
                 "and '-' (at most 128, starting with a letter or digit)"
             )
+        if run_id == LATEST:  # the run's printed resume command would resume another run
+            raise SpecError(f"--run-id {LATEST} is the word --resume reads as the job's newest "
+                            "run, so this run could not be resumed by its name; choose another")
         path = runs_dir / run_id
         if path.exists():
             raise SpecError(f"run directory {path} already exists; choose another --run-id")

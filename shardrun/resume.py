@@ -25,6 +25,7 @@ import orjson
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, RunError, SpecError
 from shardrun.manifest import (
+    LATEST,
     changed_results,
     newest_job_path,
     pass_inputs,
@@ -276,7 +277,7 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
         runs_dir.is_dir()) else []
     elsewhere = ("; a run made in another runs directory is resumed with the --runs-dir (or "
                  "SHARDRUN_RUNS_DIR) that made it")
-    if ref == "latest":
+    if ref == LATEST:
         if not runs:
             raise SpecError(f"--resume latest: there is no run in {runs_dir}{elsewhere}")
         own = [p for p in runs if job_path is not None and _ran(p, job_path)]

@@ -10,6 +10,7 @@ import pytest
 
 from shardrun import protocol
 from shardrun.coordinator import Coordinator, ShardState
+from shardrun.errors import SpecError
 from shardrun.inputs import InputPlan, InputReader
 from shardrun.manifest import RunDir
 from shardrun.placement import Lines
@@ -120,3 +121,12 @@ def test_a_shard_still_running_after_the_read_gets_its_items(tmp_path: Path) -> 
     [sent] = handle.sent
     assert sent["t"] == protocol.ITEMS and [i["id"] for i in sent["items"]] == IDS[:4]
     assert list(state.outstanding) == IDS[:4] and left == IDS[4:]
+
+
+def test_no_run_is_named_latest(tmp_path: Path) -> None:
+    """`--resume latest` means the job's newest run: a run named latest would print a resume
+    command that resumes whichever run is newest, so the name is refused, and nothing made."""
+    with pytest.raises(SpecError, match=r"^--run-id latest is the word --resume reads as the "):
+        RunDir.create(tmp_path / "runs", "latest")
+    assert not (tmp_path / "runs").exists()
+    assert RunDir.create(tmp_path / "runs", "latest-2").path.is_dir()
