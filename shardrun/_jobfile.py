@@ -1,9 +1,12 @@
 """Reading a job file into a plain mapping, with YAML's sharp edges filed off.
 
-Two PyYAML behaviours would otherwise surprise operators and are handled here:
+PyYAML behaviours that would otherwise surprise operators are handled here:
 - a repeated key silently keeps the last value (`shards: 8` ... `shards: 2`): it is an error;
 - YAML 1.1 reads `1e-3` (no dot) as a *string*, which the strict model would then reject with
-  a baffling message: it is read as the number the user meant, as YAML 1.2 does.
+  a baffling message: it is read as the number the user meant, as YAML 1.2 does;
+- YAML 1.1 reads `010` as octal (8), `1:30` as base 60 (90) and `2024-01-01` as a date, which
+  no field and no JSON request body takes: as in YAML 1.2, `010` is ten (`0o10` is octal),
+  and `1:30` and `2024-01-01` are text.
 """
 
 from __future__ import annotations
@@ -41,11 +44,32 @@ def _construct_mapping(loader: _JobLoader, node: yaml.MappingNode) -> dict[Any, 
     return loader.construct_mapping(node, deep=True)
 
 
+def _construct_int(loader: _JobLoader, node: yaml.ScalarNode) -> int:
+    """A decimal integer, leading zeros and all, or one with a 0x, 0o or 0b prefix."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    prefixed = text.lstrip("+-")[:2].lower() in ("0x", "0o", "0b")
+    return int(text, 0 if prefixed else 10)
+
+
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _JobLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_JobLoader.add_constructor(_INT_TAG, _construct_int)
+_JobLoader.yaml_implicit_resolvers = {  # SafeLoader's, without YAML 1.1's numbers and dates
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (
+        _INT_TAG, _FLOAT_TAG, "tag:yaml.org,2002:timestamp")]
+    for first, resolvers in _JobLoader.yaml_implicit_resolvers.items()
+}
 _JobLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    _INT_TAG,
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
     list("-+0123456789"),
+)
+_JobLoader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                   |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+.0123456789"),
 )
 
 

@@ -378,7 +378,7 @@ class JobSpec(_Frozen):
 
 def _json_value(value: Any, path: str) -> Any:
     """`value` as the JSON every request body carries it as; YAML's other types are an error
-    naming where they are (`params.when` a date, a set, binary, nan), as the body's encoder
+    naming where they are (`params.s` a set, binary, nan, a !!timestamp), as the body's encoder
     would fail on them at the first request (or send nan as null). An integer key becomes its
     text, the only form JSON has for it: `logit_bias: {50256: -100}`."""
     if value is None or isinstance(value, str | bool | int):
@@ -395,8 +395,8 @@ def _json_value(value: Any, path: str) -> Any:
             return {str(k): _json_value(item, f"{path}.{k}") for k, item in value.items()}
         why = f"has the key {bad!r}, which JSON cannot carry (keys are text; quote it)"
     elif isinstance(value, datetime.date):
-        why = (f"is the date {value.isoformat()} (YAML reads an unquoted date as one), which "
-               "JSON has no form of; quote it to send it as text")
+        why = (f"is the date {value.isoformat()} (tagged !!timestamp), which JSON has no form "
+               "of; leave the tag out to send it as text")
     else:
         why = f"is {type(value).__name__} {ellipsize(repr(value), 40)}, which JSON cannot carry"
     raise PydanticCustomError("json_value", "not JSON: {why}", {"path": path, "why": why})

@@ -472,8 +472,9 @@ def test_params_n_other_than_one_is_refused(jobs: Path, n: str) -> None:
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    ("{when: 2024-01-01}", "params.when is the date 2024-01-01 (YAML reads an unquoted date as "
-                           "one), which JSON has no form of; quote it to send it as text"),
+    ("{when: !!timestamp 2024-01-01}", "params.when is the date 2024-01-01 (tagged !!timestamp), "
+                                       "which JSON has no form of; leave the tag out to send it "
+                                       "as text"),
     ("{s: !!set {a: null}}", "params.s is set {'a'}, which JSON cannot carry"),
     ("{b: !!binary aGk=}", "params.b is bytes b'hi', which JSON cannot carry"),
     ("{stop: [x, .nan]}", "params.stop[1] is nan, which JSON cannot carry"),
@@ -506,6 +507,28 @@ def test_a_path_under_the_home_of_no_user_is_named(jobs: Path) -> None:
     assert error_of(write(jobs, MINIMAL), env={"SHARDRUN_RUNS_DIR": user}) == (
         f"environment variable SHARDRUN_RUNS_DIR starts with {user}, which names no home "
         f"directory here, got '{user}'")
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("shards: 010", 10), ("shards: 08", 8), ("shards: 0o10", 8), ("shards: 1_0", 10),
+    ("params: {stop: '1:30'}", "1:30"), ("params: {stop: 1:30}", "1:30"),
+    ("params: {since: 2024-01-01}", "2024-01-01"),
+])
+def test_numbers_and_dates_are_read_as_yaml_1_2_reads_them(
+    jobs: Path, text: str, read: object
+) -> None:
+    """YAML 1.1 reads 010 as octal 8, 08 as text (then blamed on quotes never typed), 1:30 as
+    base-60 90 and 2024-01-01 as a date: a job file is read as YAML 1.2 reads it."""
+    job = load(write(jobs, MINIMAL + text + "\n"))
+    key, _, _ = text.partition(":")
+    value = job.spec.shards if key == "shards" else next(iter(job.spec.params.values()))
+    assert value == read and type(value) is type(read)
+
+
+def test_time_of_day_for_a_number_is_text_not_base_60(jobs: Path) -> None:
+    """`shards: 1:30` is no number: an error showing it as typed, not a run of 90 shards."""
+    path = write(jobs, MINIMAL + "shards: 1:30\n")
+    assert error_of(path) == f"{path}: shards must be an integer from 1 to 1024, got '1:30'"
 
 
 def test_api_key_handling(jobs: Path) -> None:
