@@ -27,7 +27,17 @@ class UsageParser(argparse.ArgumentParser):
     a pointer to --help, not the whole usage block; exit 2. Subcommands inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)\n")
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
+                     f"{_shadowed(self.prog)}\n")
+
+
+def _shadowed(prog: str) -> str:
+    """A job file named as the command that just failed (`shardrun report`, with ./report a
+    job): the command word wins, so say how to run the file."""
+    command = prog.rpartition(" ")[2]
+    if command == "run" or command not in SUBCOMMANDS or not os.path.isfile(command):
+        return ""
+    return f"; to run the job file ./{command}, give `shardrun run {command}`"
 
 
 def whole_number(text: str) -> int:

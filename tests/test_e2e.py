@@ -334,6 +334,20 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
         assert line.startswith("error: argument --show: must be 0 or more, got -1 "), line
 
 
+def test_a_job_file_named_as_a_command_is_pointed_at_when_the_command_fails(
+    tmp_path: Path,
+) -> None:
+    """`shardrun report` with a job file ./report: the command word wins, and its usage error
+    says how to run the file instead."""
+    (tmp_path / "report").write_text("endpoint: {base_url: sim://, model: m}\n")
+    proc = run_cli("report", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, (
+        "error: the following arguments are required: RUN_DIR (`shardrun report --help` lists "
+        "the arguments); to run the job file ./report, give `shardrun run report`\n"))
+    proc = run_cli("verify", cwd=tmp_path)  # no file ./verify: no such note
+    assert proc.stderr.endswith("(`shardrun verify --help` lists the arguments)\n")
+
+
 def test_help_says_what_flags_take(tmp_path: Path) -> None:
     """--rpm and --tpm of run and retry-failed take `none`; export's -o refuses the table
     formats it does not write, each of which its help names."""
