@@ -111,6 +111,8 @@ def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
     mark = exc.problem_mark or exc.context_mark
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = exc.problem or exc.context or "invalid YAML"
+    if "'\\t'" in problem:  # PyYAML's words for a tab where YAML allows none
+        problem += " (YAML indents with spaces, never tabs)"
     return f"YAML error{where}: {problem}"
 
 

@@ -320,6 +320,13 @@ def test_yaml_syntax_error_has_line_number(jobs: Path) -> None:
     assert message.startswith("jobs/x.yaml: YAML error at line 3")
 
 
+def test_a_tab_in_the_indentation_is_named_as_such(jobs: Path) -> None:
+    """PyYAML says only that a tab 'cannot start any token': the sentence says what to do."""
+    message = error_of(write(jobs, "endpoint:\n  base_url: sim://\n\tmodel: x\n"))
+    assert message == ("jobs/x.yaml: YAML error at line 3, column 1: found character '\\t' "
+                       "that cannot start any token (YAML indents with spaces, never tabs)")
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
