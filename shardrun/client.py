@@ -419,6 +419,10 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
         where = f"{via}{exc.host}:{exc.port}"
         if isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower():
             return "conn_reset", f"connection refused by {where}"
+        if getattr(exc.os_error, "reason", None) == "WRONG_VERSION_NUMBER":  # no TLS answered
+            return "conn_reset", (f"cannot connect to {where}: it does not answer TLS (an "
+                                  "https:// URL for a server that speaks plain HTTP? try "
+                                  "http://)")
         return "conn_reset", f"cannot connect to {where}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "conn_reset", f"server closed the connection after {tokens} tokens"

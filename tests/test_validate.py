@@ -363,6 +363,19 @@ def test_a_refused_ping_is_labelled_refused(tmp_path: Path) -> None:
     assert f"  error: connection refused by 127.0.0.1:{port}" in text
 
 
+def test_https_to_a_plain_http_server_says_so(tmp_path: Path) -> None:
+    """An https:// URL for the simulator (plain HTTP): not OpenSSL's 'wrong version number' alone
+    but what it means and what to try."""
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as server:
+        url = server.base_url.replace("http://", "https://")
+        job = make_job(tmp_path, GOOD, endpoint={"base_url": url, "model": "m"})
+        code, text = validate(str(job), "--ping")
+    where = url.removeprefix("https://").removesuffix("/v1")
+    assert code == 1
+    assert (f"  error: cannot connect to {where}: it does not answer TLS (an https:// URL for a "
+            "server that speaks plain HTTP? try http://)\n") in text, text
+
+
 def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> None:
     """A real 404 (the simulator serves under /v1 only): exit 1, the error and what to check."""
     with start_sim(SimConfig.from_mapping(FAST_SIM)) as server:
