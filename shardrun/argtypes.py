@@ -4,6 +4,7 @@ import `cli` at their top)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def positive_seconds(text: str) -> float:
@@ -15,3 +16,11 @@ def positive_seconds(text: str) -> float:
     if not 0 < value < float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
     return value
+
+
+def path(text: str) -> Path:
+    """A path argument, not empty: `Path("")` is the working directory, so `--runs-dir "$DIR"`
+    with DIR unset would make the run there, and an empty RUN_DIR would name it '.'."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path")
+    return Path(text)

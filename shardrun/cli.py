@@ -12,10 +12,10 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
+from shardrun.argtypes import path
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
 SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify",
@@ -105,10 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_env_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
+    run.add_argument("job", type=path, metavar="JOB.yaml", help="the job file")
     run.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
     run.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
-    run.add_argument("--runs-dir", type=Path, metavar="DIR", help=RUNS_DIR_HELP)
+    run.add_argument("--runs-dir", type=path, metavar="DIR", help=RUNS_DIR_HELP)
     run.add_argument("--run-id", metavar="ID",
                      help="name of the run directory (default: the UTC time and a random "
                           "suffix, as 20261127T000407Z-bdb3d8)")
@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "file. Only those: items no pass has run yet are left for `--resume` "
                     "(`shardrun JOB.yaml --resume RUN_ID --retry-failed` does both).",
     )
-    retry.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
-    retry.add_argument("--job", type=Path, metavar="JOB.yaml",
+    retry.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
+    retry.add_argument("--job", type=path, metavar="JOB.yaml",
                        help="the run's job file, if it has moved since the run")
     retry.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
     retry.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)

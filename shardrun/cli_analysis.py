@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from shardrun.argtypes import path
 from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.outpath import check_not_a_run_file, check_output_file
 
@@ -31,10 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "or one the manifest lists that is gone); "
                     "the report is printed either way.",
     )  # fmt: skip
-    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    report.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     report.add_argument("--json", action="store_true",
                         help="print the report as JSON (schema shardrun.report/1)")
-    report.add_argument("--html", type=Path, metavar="FILE",
+    report.add_argument("--html", type=path, metavar="FILE",
                         help="also write a self-contained HTML file with plots")
     report.set_defaults(handler=run_report)
 
@@ -43,13 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Write a minute sample (completion tokens of one UTC minute, with the "
                     "SHA-256 of every event file and of the counted lines) and print it.",
     )  # fmt: skip
-    publish.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    publish.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     which = publish.add_mutually_exclusive_group()
     which.add_argument("--minute", metavar="YYYY-MM-DDTHH:MMZ", help="the UTC minute to publish")
     which.add_argument("--peak", action="store_true",
                        help="the peak full minute (the default; the best partial minute, "
                             "flagged partial, when no minute is full)")
-    publish.add_argument("-o", "--output", type=Path, metavar="FILE",
+    publish.add_argument("-o", "--output", type=path, metavar="FILE",
                          help="where to write it (default: RUN_DIR/samples/minute-….json)")
     publish.set_defaults(handler=run_publish)
 
@@ -63,9 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "what differs otherwise, 2 for a path that is neither or a run still "
                     "running.",
     )  # fmt: skip
-    verify.add_argument("path", type=Path, metavar="RUN_DIR|SAMPLE.json",
+    verify.add_argument("path", type=path, metavar="RUN_DIR|SAMPLE.json",
                         help="a run directory, or a sample file `publish` wrote")
-    verify.add_argument("--run-dir", type=Path, metavar="DIR",
+    verify.add_argument("--run-dir", type=path, metavar="DIR",
                         help="for a sample: its run directory (default: the one it sits in)")
     verify.set_defaults(handler=run_verify)
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from shardrun.argtypes import positive_seconds
+from shardrun.argtypes import path, positive_seconds
 from shardrun.cli_analysis import guarded
 
 __all__ = ["handle", "register"]
@@ -31,15 +30,15 @@ def register(subparsers: Any) -> None:
                     "nothing yet (pending: resume the run). The input is read again and must "
                     "be the one the run read.",
     )  # fmt: skip
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+    p.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
+    p.add_argument("-o", "--output", type=path, metavar="FILE",
                    help="the file to write (default: standard output); replaced only once "
                         "the export is whole. A name ending in .tsv, .xlsx, .xls, .parquet, "
                         ".pq, .feather or .arrow is refused (export writes JSON lines or CSV "
                         "only) unless --format says which to write")  # fmt: skip
     p.add_argument("--format", choices=("jsonl", "csv"),
                    help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
-    p.add_argument("--job", type=Path, metavar="JOB.yaml",
+    p.add_argument("--job", type=path, metavar="JOB.yaml",
                    help="the run's job file, if it has moved since the run")
     p.add_argument("--with-input", action="store_true",
                    help="add each row's input record: as 'input' in JSON lines; in CSV as one "

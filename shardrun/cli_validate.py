@@ -15,11 +15,10 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.argtypes import positive_seconds
+from shardrun.argtypes import path, positive_seconds
 from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ def register(subparsers: Any) -> None:
         description="Check a job file, environment overrides and the input; send no request "
         "unless --ping is given.",
     )
-    p.add_argument("job", type=Path, metavar="JOB.yaml", help="the job file")
+    p.add_argument("job", type=path, metavar="JOB.yaml", help="the job file")
     p.add_argument("--ping", action="store_true",
                    help="send ONE real request to the endpoint and report status and TTFT")
     p.add_argument("--show", type=_whole_number, default=10, metavar="N",
@@ -52,7 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 if any input line is rejected")
     p.add_argument("--shards", type=int, metavar="N", help="as for run")
     p.add_argument("--concurrency", type=int, metavar="C", help="as for run")
-    p.add_argument("--runs-dir", type=Path, metavar="DIR",
+    p.add_argument("--runs-dir", type=path, metavar="DIR",
                    help="as for run: checked to be a place run directories can be made in")
     p.add_argument("--rpm", metavar="X", help="as for run (none: no limit)")
     p.add_argument("--tpm", metavar="X", help="as for run (none: no limit)")

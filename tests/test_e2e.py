@@ -348,6 +348,20 @@ def test_a_job_file_named_as_a_command_is_pointed_at_when_the_command_fails(
     assert proc.stderr.endswith("(`shardrun verify --help` lists the arguments)\n")
 
 
+@pytest.mark.parametrize("argv", [["job.yaml", "--runs-dir", ""], [""], ["report", " "],
+                                  ["validate", "job.yaml", "--runs-dir", ""]])
+def test_an_empty_path_argument_is_a_usage_error(tmp_path: Path, argv: list[str]) -> None:
+    """`--runs-dir "$DIR"` with DIR unset: Path("") is the working directory, where the run was
+    made; an empty path is refused as argparse refuses a bad number, before anything is made."""
+    write_job(tmp_path / "job.yaml")
+    proc = run_cli(*argv, cwd=tmp_path)
+    [line] = proc.stderr.splitlines()
+    name = "JOB.yaml" if argv == [""] else "RUN_DIR" if argv[0] == "report" else "--runs-dir"
+    assert proc.returncode == 2 and line.startswith(f"error: argument {name}: is empty: give a "
+                                                    "path (`shardrun "), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
 def test_help_says_what_flags_take(tmp_path: Path) -> None:
     """--rpm and --tpm of run and retry-failed take `none`; export's -o refuses the table
     formats it does not write, each of which its help names."""
