@@ -888,6 +888,17 @@ def test_masked_url_keeps_everything_but_the_password() -> None:
     assert masked_url("https://h/v1") == "https://h/v1"
 
 
+def test_masked_url_hides_query_parameters_named_like_credentials(jobs: Path) -> None:
+    """`?key=...` (some gateways take the key so) reached the manifest's endpoint_url and
+    effective values as typed; parameters of other names are kept as they are."""
+    assert masked_url("https://h/v1?api-version=2024-06-01&api_key=sk-1&x") == (
+        "https://h/v1?api-version=2024-06-01&api_key=***&x")
+    assert masked_url("http://u:p@h/v1?sig=abc&sv=2") == "http://u:***@h/v1?sig=***&sv=2"
+    url = "http://127.0.0.1:9/v1?key=sk-secret"
+    job = load(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": url})
+    assert job.effective()["endpoint.base_url"]["value"] == "http://127.0.0.1:9/v1?key=***"
+
+
 def test_a_price_for_one_side_only_warns(jobs: Path) -> None:
     """An input price without an output price (or the reverse) would count the other side's
     tokens as free: the job loads, with a warning naming the missing key; both prices, an
