@@ -189,9 +189,12 @@ def _bounds(metadata: Iterable[object]) -> str:
 
 
 def show(key: str, value: object, blame: Blame) -> str:
-    """The rejected value as the user wrote it: their text for env/flags, else a short repr."""
+    """The rejected value as the user wrote it: their text for env/flags, else a short repr,
+    with YAML's words for null, true and false (a file never says None)."""
     if key in blame.shown:
         value = blame.shown[key]
+    elif value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
     return ellipsize(repr(value), 60)
 
 

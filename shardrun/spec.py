@@ -397,6 +397,8 @@ def _drop_unknown_keys(raw: dict[Any, Any], origin: str, problems: list[Problem]
             problems.append(unknown_key_problem(origin, str(name), list(FIELDS)))
         elif isinstance(value, dict) and name in SECTION_KEYS:
             cleaned[name] = _drop_unknown_in_section(name, value, origin, problems)
+        elif value is None and name in SECTION_KEYS:  # `retry:` with every key commented out
+            cleaned[name] = {}
         else:
             cleaned[name] = value
     return cleaned

@@ -277,7 +277,7 @@ def test_wrong_type_names_key_and_file(jobs: Path) -> None:
     )
     # A model named like a YAML boolean or a number: the value YAML made of it, and the cure.
     assert error_of(write(jobs, MINIMAL.replace("sim-small", "no"))) == (
-        "jobs/x.yaml: endpoint.model must be a non-empty string, got False (YAML reads an "
+        "jobs/x.yaml: endpoint.model must be a non-empty string, got false (YAML reads an "
         "unquoted yes, no, on or off as true or false; quote the value)"
     )
     assert error_of(write(jobs, MINIMAL.replace("sim-small", "3.5"))) == (
@@ -536,6 +536,25 @@ def test_time_of_day_for_a_number_is_text_not_base_60(jobs: Path) -> None:
     """`shards: 1:30` is no number: an error showing it as typed, not a run of 90 shards."""
     path = write(jobs, MINIMAL + "shards: 1:30\n")
     assert error_of(path) == f"{path}: shards must be an integer from 1 to 1024, got '1:30'"
+
+
+def test_a_section_left_empty_takes_its_defaults(jobs: Path) -> None:
+    """`retry:` with every key under it commented out is YAML's null: the section's defaults,
+    not 'retry must be a mapping, got None'; and `endpoint:` so says which key it needs."""
+    job = load(write(jobs, MINIMAL + "retry:\n  # max_attempts: 9\ntimeouts: ~\n"))
+    assert job.spec.retry.max_attempts == 4 and job.sources["retry.max_attempts"] == "default"
+    path = write(jobs, "endpoint:\ninput: {path: data.jsonl}\n")
+    assert error_of(path, env={"SHARDRUN_MODEL": "m"}) == (
+        f"{path}: endpoint.base_url is required (set it in the job file or with "
+        "SHARDRUN_BASE_URL)")
+
+
+def test_null_and_booleans_are_shown_in_yaml_words(jobs: Path) -> None:
+    """`shards:` with no value is null to YAML; the message says null, not Python's None."""
+    path = write(jobs, MINIMAL + "shards:\n")
+    assert error_of(path) == f"{path}: shards must be an integer from 1 to 1024, got null"
+    path = write(jobs, MINIMAL + "shards: true\n")
+    assert error_of(path) == f"{path}: shards must be an integer from 1 to 1024, got true"
 
 
 def test_api_key_handling(jobs: Path) -> None:
