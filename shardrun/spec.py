@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -399,7 +400,7 @@ def _drop_unknown_keys(raw: dict[Any, Any], origin: str, problems: list[Problem]
             cleaned[name] = _drop_unknown_in_section(name, value, origin, problems)
         elif value is None and name in SECTION_KEYS:  # `retry:` with every key commented out
             cleaned[name] = {}
-        else:
+        elif not _empty_mapping(name, value):  # `params:` so is left out: the default
             cleaned[name] = value
     return cleaned
 
@@ -411,11 +412,17 @@ def _drop_unknown_in_section(
     cleaned: dict[str, Any] = {}
     for name, item in value.items():
         key = f"{section}.{name}"
-        if isinstance(name, str) and key in FIELDS:
-            cleaned[name] = item
-        else:
+        if not isinstance(name, str) or key not in FIELDS:
             problems.append(unknown_key_problem(origin, key, list(FIELDS)))
+        elif not _empty_mapping(key, item):
+            cleaned[name] = item
     return cleaned
+
+
+def _empty_mapping(key: str, value: object) -> bool:
+    """A mapping-valued key given no value (`params:` or `headers:` with every entry commented
+    out, YAML's null), where null is no value the key takes: it is read as not given."""
+    return value is None and typing.get_origin(FIELDS[key].annotation) is dict
 
 
 def _get(tree: Mapping[str, Any], key: str) -> Any:

@@ -539,10 +539,14 @@ def test_time_of_day_for_a_number_is_text_not_base_60(jobs: Path) -> None:
 
 
 def test_a_section_left_empty_takes_its_defaults(jobs: Path) -> None:
-    """`retry:` with every key under it commented out is YAML's null: the section's defaults,
-    not 'retry must be a mapping, got None'; and `endpoint:` so says which key it needs."""
-    job = load(write(jobs, MINIMAL + "retry:\n  # max_attempts: 9\ntimeouts: ~\n"))
+    """`retry:` (or `params:`, `headers:`) with every key under it commented out is YAML's null:
+    the defaults, not 'retry must be a mapping, got None'; and `endpoint:` so says which key it
+    needs."""
+    job = load(write(jobs, MINIMAL + "retry:\n  # max_attempts: 9\ntimeouts: ~\nparams:\n"))
     assert job.spec.retry.max_attempts == 4 and job.sources["retry.max_attempts"] == "default"
+    assert (job.spec.params, job.sources["params"]) == ({}, "default")
+    job = load(write(jobs, MINIMAL.replace("model:", "headers:\n  model:")))
+    assert (job.spec.endpoint.headers, job.sources["endpoint.headers"]) == ({}, "default")
     path = write(jobs, "endpoint:\ninput: {path: data.jsonl}\n")
     assert error_of(path, env={"SHARDRUN_MODEL": "m"}) == (
         f"{path}: endpoint.base_url is required (set it in the job file or with "
