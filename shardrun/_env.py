@@ -169,7 +169,9 @@ def parse_text(text: str, kind: Kind) -> object:
     """Convert an env/flag string to the field's kind; ValueError says only that it failed.
 
     Integers must be written as integers ("8", not "8.0"), because a silently truncated
-    "2.5 shards" would be worse than an error.
+    "2.5 shards" would be worse than an error. Text loses the spaces around it, as a plain
+    YAML value does: `SHARDRUN_MODEL=gpt-4o ` from an env file would name no model the server
+    knows, and `SHARDRUN_API_KEY_ENV=OPENAI_API_KEY ` is no variable name.
     """
     if kind == "int":
         stripped = text.strip()
@@ -181,7 +183,7 @@ def parse_text(text: str, kind: Kind) -> object:
     if kind == "optional_float":
         stripped = text.strip()
         return None if stripped.lower() in NONE_WORDS else float(stripped)
-    return text
+    return text.strip() if kind == "str" else text
 
 
 def coerce_flag(value: object, kind: Kind) -> object:

@@ -164,6 +164,18 @@ def test_precedence_flag_env_file_default(
         assert load(write(jobs, base)).sources[key] == "default"
 
 
+def test_text_from_the_environment_loses_the_spaces_around_it(jobs: Path) -> None:
+    """An env file's `SHARDRUN_MODEL=gpt-4o ` sent 'gpt-4o ' (no such model), and
+    `SHARDRUN_API_KEY_ENV=OPENAI_API_KEY ` was refused as 'not the key itself'."""
+    env = {"SHARDRUN_MODEL": "gpt-4o ", "SHARDRUN_API_KEY_ENV": " OPENAI_API_KEY\t",
+           "SHARDRUN_SHARD_START": "spawn "}
+    job = load(write(jobs, MINIMAL), env)
+    endpoint = job.spec.endpoint
+    assert (endpoint.model, endpoint.api_key_env, job.spec.shard_start) == (
+        "gpt-4o", "OPENAI_API_KEY", "spawn")
+    assert job.sources["endpoint.model"] == "env SHARDRUN_MODEL"
+
+
 def test_env_conversion_errors_name_the_variable(jobs: Path) -> None:
     """A bad environment value is blamed on the variable, quoted as the user typed it."""
     path = write(jobs, MINIMAL)
