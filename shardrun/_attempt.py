@@ -40,6 +40,7 @@ from shardrun._chunks import (
     error_name,
     stream_error,
 )
+from shardrun._ellipsis import counted
 from shardrun._responses import ResponsesReader
 from shardrun.clock import Clock
 from shardrun.items import Api, tokens_of_chars
@@ -341,8 +342,8 @@ class Attempt:
                           "content, reasoning or tool call, and no finish_reason")
         elif end == BAD:
             bad = clip(self.reader.bad.decode("utf-8", "replace")) or "(an empty data line)"
-            self.fail("protocol_error",
-                      f"unparseable stream data after {out.content_chunks} tokens: {bad}")
+            after = counted(out.content_chunks, "token")
+            self.fail("protocol_error", f"unparseable stream data after {after}: {bad}")
         else:
             self.fail_in_stream(self.reader.error, out.content_chunks)
         return True
@@ -380,7 +381,7 @@ class Attempt:
         self.failed = True
         out, n = self.out, self.out.content_chunks
         out.status = "cancelled"
-        out.error = f"cancelled by a stop after {n} tokens"
+        out.error = f"cancelled by a stop after {counted(n, 'token')}"
         self.done = False
 
     def timed_out(self) -> None:
@@ -392,9 +393,9 @@ class Attempt:
             "timeout_connect": f"no connection within {t.connect_s} s",
             "timeout_first_token": f"no token for {t.first_token_s} s after the connection "
                                    "was ready",
-            "timeout_idle": f"no data for {t.idle_s} s after {n} tokens",
-            "timeout_total": f"attempt exceeded {t.total_s} s after {n} tokens",
-        }.get(kind, f"timed out after {n} tokens"))  # fmt: skip
+            "timeout_idle": f"no data for {t.idle_s} s after {counted(n, 'token')}",
+            "timeout_total": f"attempt exceeded {t.total_s} s after {counted(n, 'token')}",
+        }.get(kind, f"timed out after {counted(n, 'token')}"))  # fmt: skip
 
     def finish(self) -> AttemptOutcome:
         out = self.out
@@ -414,7 +415,7 @@ class Attempt:
             # output). vLLM ends so every request its engine aborts (a shutdown, a scale-down).
             out.status = "protocol_error"
             out.error = (f"the server ended the answer with finish_reason "
-                         f"'{r.finish_reason}' after {out.content_chunks} tokens")
+                         f"'{r.finish_reason}' after {counted(out.content_chunks, 'token')}")
         out.cached_tokens, out.reasoning_tokens = r.cached_tokens, r.reasoning_tokens
         out.usage_estimated = (tokens := r.completion_tokens) is None
         if tokens is None:

@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from shardrun._ellipsis import counted
 from shardrun.retry import RETRYABLE_4XX
 
 MSG_MAX = 200
@@ -811,7 +812,7 @@ def stream_error(err: object, tokens: int) -> tuple[str, str]:
     name = error_name(err)
     label = "" if name is None else f" {name}"
     said = "(no message)" if msg is None else clip(msg) or "(an empty message)"
-    return status, f"error{label} in stream after {tokens} tokens: {said}"
+    return status, f"error{label} in stream after {counted(tokens, 'token')}: {said}"
 
 
 QUOTA_NAMES = frozenset({"insufficient_quota", "credit_balance_exhausted"})

@@ -14,6 +14,7 @@ import argparse
 import sys
 from typing import Any
 
+from shardrun._ellipsis import counted
 from shardrun.argtypes import path, positive_seconds
 from shardrun.cli_analysis import guarded
 
@@ -75,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
     for warning in summary.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     where = "standard output" if args.output is None else str(args.output)
-    print(f"exported {summary.rows:,} rows to {where} ({fmt}, in input order): "
+    print(f"exported {counted(summary.rows, 'row')} to {where} ({fmt}, in input order): "
           f"{summary.ok:,} ok, {summary.failed:,} failed, {summary.rejected:,} rejected, "
           f"{summary.pending:,} pending", file=sys.stderr)  # fmt: skip
     run = args.run_dir

@@ -160,8 +160,9 @@ def _ping_lines(result: PingResult) -> list[str]:
 
     ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
     http = "no response" if result.http_status is None else f"HTTP {result.http_status}"
+    tokens = counted(result.completion_tokens, "token")
     lines = [f"ping: {result.label} ({http}) {result.url}: TTFT {ttft}, "
-             f"total {result.total_s:.3f} s, {result.completion_tokens} tokens"]  # fmt: skip
+             f"total {result.total_s:.3f} s, {tokens}"]  # fmt: skip
     if result.proxy is not None:
         lines.append(f"  through the proxy {result.proxy['url']} (from {result.proxy['from']})")
     if result.error:

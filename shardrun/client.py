@@ -60,6 +60,7 @@ from shardrun._attempt import (
     call_caller,
 )
 from shardrun._chunks import clip, read_error_body
+from shardrun._ellipsis import counted
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
@@ -200,8 +201,9 @@ class StreamingClient:
             cancelled = True
         except TimeoutError:  # ours, or aiohttp's ServerTimeoutError (a subclass)
             if (broken := _broken_framing(st.resp)) is not None:
-                st.fail("protocol_error", f"invalid HTTP body after {st.out.content_chunks} "
-                                          f"tokens: {clip(broken.message)}")
+                after = counted(st.out.content_chunks, "token")
+                st.fail("protocol_error",
+                        f"invalid HTTP body after {after}: {clip(broken.message)}")
             st.timed_out()
         except aiohttp.ClientHttpProxyError as exc:  # the proxy refused the tunnel (CONNECT)
             st.out.http_status = exc.status
@@ -384,7 +386,7 @@ def _fail_stream(st: Attempt, resp: aiohttp.ClientResponse, what: str) -> None:
     stream = "event-stream" in ctype
     note = "" if stream else f" (content-type {clip(ctype) or 'missing'})"
     n = st.out.content_chunks
-    st.fail("protocol_error", f"{what} after {n} tokens{note}")
+    st.fail("protocol_error", f"{what} after {counted(n, 'token')}{note}")
     st.out.not_an_answer = not stream and not n
 
 
@@ -425,21 +427,22 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
                                   "http://)")
         return "conn_reset", f"cannot connect to {where}: {exc.os_error.strerror or exc.os_error}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "conn_reset", f"server closed the connection after {tokens} tokens"
+        return "conn_reset", f"server closed the connection after {counted(tokens, 'token')}"
     if isinstance(exc, HttpProcessingError):
-        return "protocol_error", f"invalid HTTP body after {tokens} tokens: {clip(exc.message)}"
+        after = counted(tokens, "token")
+        return "protocol_error", f"invalid HTTP body after {after}: {clip(exc.message)}"
     if _undecodable(exc):
         said = clip(getattr(exc.__cause__, "message", exc))
-        return "protocol_error", f"undecodable body after {tokens} tokens: {said}"
+        return "protocol_error", f"undecodable body after {counted(tokens, 'token')}: {said}"
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return "conn_reset", f"response body cut after {tokens} tokens: {clip(exc)}"
+        return "conn_reset", f"response body cut after {counted(tokens, 'token')}: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientResponseError):
         said = clip(exc.message)
         if any(record in said for record in _TLS_RECORDS):
             said += " (a TLS server: endpoint.base_url wants https://)"
         return "protocol_error", f"invalid HTTP response: {said}"
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
-        return "conn_reset", f"connection lost after {tokens} tokens: {clip(exc)}"
+        return "conn_reset", f"connection lost after {counted(tokens, 'token')}: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
 
 

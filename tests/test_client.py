@@ -259,7 +259,7 @@ def test_error_object_inside_stream(code: object, status: str) -> None:
 
     out = run(one(handler))
     assert out.status == status and out.http_status == 200
-    assert out.error == f"error {code} in stream after 1 tokens: boom"
+    assert out.error == f"error {code} in stream after 1 token: boom"
     assert out.text == "a" and out.wasted_tokens == 1
 
 
@@ -369,7 +369,7 @@ def test_a_whole_response_object_is_taken_as_one_piece() -> None:
 
     out = run(one(cut, api="responses"))
     assert (out.status, out.text) == ("protocol_error", "a")
-    assert out.error == "stream ended before response.completed after 1 tokens"
+    assert out.error == "stream ended before response.completed after 1 token"
 
 
 def streaming(*payloads: object, events: bool = False) -> Handler:
@@ -453,7 +453,7 @@ def test_a_responses_error_event_is_classed_by_its_code(error: dict[str, str],
     delta = {"type": "response.output_text.delta", "output_index": 0, "delta": "a"}
     out = run(one(streaming(delta, {"type": "error", "error": error}), api="responses"))
     assert (out.status, out.text) == (status, "a")
-    assert out.error == f"error {error['code']} in stream after 1 tokens: {error['message']}"
+    assert out.error == f"error {error['code']} in stream after 1 token: {error['message']}"
 
 
 def test_the_servers_name_for_an_error_is_kept() -> None:
@@ -642,7 +642,7 @@ def test_unparseable_json_is_protocol_error() -> None:
 
     out = run(one(handler))
     assert out.status == "protocol_error" and out.error is not None
-    assert out.error.endswith("after 1 tokens: {not json")
+    assert out.error.endswith("after 1 token: {not json")
 
 
 @pytest.mark.parametrize(("payload", "status", "said"), [
@@ -728,7 +728,7 @@ def test_deadlines_hold_after_the_client_sat_idle() -> None:
 
     first, stalled, ok = run(go())
     assert (first.status, ok.status) == ("ok", "ok")
-    assert stalled.status == "timeout_idle" and stalled.error == "no data for 0.2 s after 1 tokens"
+    assert stalled.status == "timeout_idle" and stalled.error == "no data for 0.2 s after 1 token"
     assert stalled.last_token_at is not None
     assert 0.2 <= stalled.ended_at - stalled.last_token_at < 1.0
 

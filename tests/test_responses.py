@@ -322,32 +322,32 @@ def test_an_incomplete_response_says_why(reason: str | None, finish: str, last: 
 
 @pytest.mark.parametrize(("event", "status", "words"), [
     ({"type": "error", "code": "invalid_prompt", "message": "no"}, "http_4xx",
-     "error invalid_prompt in stream after 1 tokens: no"),
+     "error invalid_prompt in stream after 1 token: no"),
     ({"type": "error", "message": "no code"}, "protocol_error",
-     "error in stream after 1 tokens: no code"),
+     "error in stream after 1 token: no code"),
     ({"type": "error", "error": {"code": "rate_limit_exceeded", "message": "slow down"}},
-     "http_429", "error rate_limit_exceeded in stream after 1 tokens: slow down"),
+     "http_429", "error rate_limit_exceeded in stream after 1 token: slow down"),
     ({"type": "error", "sequence_number": 2, "error": {
         "type": "too_many_requests", "code": "too_many_requests", "message": "busy"}},
-     "http_429", "error too_many_requests in stream after 1 tokens: busy"),
+     "http_429", "error too_many_requests in stream after 1 token: busy"),
     ({"type": "error", "error": {"type": "insufficient_quota", "code": "credit_balance_exhausted",
                                  "message": "top up"}}, "http_4xx",
-     "error credit_balance_exhausted in stream after 1 tokens: top up"),
+     "error credit_balance_exhausted in stream after 1 token: top up"),
     ({"type": "response.failed", "response": response("failed", [], error={
         "code": "server_error", "message": "oops"})}, "http_5xx",
-     "error server_error in stream after 1 tokens: oops"),
+     "error server_error in stream after 1 token: oops"),
     ({"type": "response.failed", "response": response("failed", [], error={
         "code": "context_length_exceeded", "message": "too long"})}, "http_4xx",
-     "error context_length_exceeded in stream after 1 tokens: too long"),
+     "error context_length_exceeded in stream after 1 token: too long"),
     ({"type": "response.failed", "response": response("failed", [], error={
         "code": "something_new", "message": "hm"})}, "protocol_error",
-     "error something_new in stream after 1 tokens: hm"),
+     "error something_new in stream after 1 token: hm"),
     ({"type": "response.failed", "response": {"status": "failed"}}, "protocol_error",
-     "error in stream after 1 tokens: the response failed"),
+     "error in stream after 1 token: the response failed"),
     ({"error": {"object": "error", "message": "late", "type": "BadRequestError", "code": 400}},
-     "http_4xx", "error 400 in stream after 1 tokens: late"),
+     "http_4xx", "error 400 in stream after 1 token: late"),
     ({"error": {"message": "down", "type": "server_error"}}, "http_5xx",
-     "error server_error in stream after 1 tokens: down"),
+     "error server_error in stream after 1 token: down"),
 ])  # fmt: skip
 def test_errors_end_the_stream_as_retryable_or_not(event: dict[str, Any], status: str,
                                                    words: str) -> None:  # fmt: skip

@@ -91,7 +91,7 @@ def test_tgi_error_kind_decides_as_an_error_type(kind: str, status: str) -> None
 
     out = run(one(handler))
     assert (out.status, out.http_status, out.error_code) == (status, 200, kind)
-    assert out.error == f"error {kind} in stream after 1 tokens: {err['error']}"
+    assert out.error == f"error {kind} in stream after 1 token: {err['error']}"
     out = _refused(422, err)
     assert (out.status, out.error_code) == ("http_4xx", kind)
     assert out.error == f"HTTP 422: {err['error']}"
@@ -424,7 +424,7 @@ def test_an_answer_the_server_gave_up_on_is_no_success(reason: str, way: str) ->
     tokens = 1 if way == "whole" else 2
     assert (out.status, out.text, out.finish_reason) == ("protocol_error", "ab", reason)
     assert out.error == (f"the server ended the answer with finish_reason '{reason}' after "
-                         f"{tokens} tokens")
+                         f"{tokens} token{'s' if tokens > 1 else ''}")
     assert out.wasted_tokens == tokens
     decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
         out.status, out.http_status, 1, out.retry_after, out.rate_headers)
