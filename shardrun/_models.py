@@ -391,9 +391,12 @@ def _json_value(value: Any, path: str) -> Any:
         return [_json_value(item, f"{path}[{n}]") for n, item in enumerate(value)]
     elif isinstance(value, dict):
         bad = next((k for k in value if isinstance(k, bool) or not isinstance(k, str | int)), None)
-        if bad is None:
+        texts = [str(k) for k in value]
+        twice = next((k for k in texts if texts.count(k) > 1), None)
+        if bad is None and twice is None:
             return {str(k): _json_value(item, f"{path}.{k}") for k, item in value.items()}
-        why = f"has the key {bad!r}, which JSON cannot carry (keys are text; quote it)"
+        why = (f"has the key {bad!r}, which JSON cannot carry (keys are text; quote it)"
+               if bad is not None else f"has the key {twice} twice, as a number and as text")
     elif isinstance(value, datetime.date):
         why = (f"is the date {value.isoformat()} (tagged !!timestamp), which JSON has no form "
                "of; leave the tag out to send it as text")

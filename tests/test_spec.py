@@ -499,6 +499,7 @@ def test_params_n_other_than_one_is_refused(jobs: Path, n: str) -> None:
     ("{stop: [x, .nan]}", "params.stop[1] is nan, which JSON cannot carry"),
     ("{x: {true: 1}}", "params.x has the key True, which JSON cannot carry (keys are text; "
                        "quote it)"),
+    ("{x: {1: a, '1': b}}", "params.x has the key 1 twice, as a number and as text"),
 ])
 def test_params_that_json_cannot_carry_are_named(jobs: Path, value: str, why: str) -> None:
     """Every request body is JSON: a value YAML reads as something else is one sentence naming
