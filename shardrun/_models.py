@@ -225,7 +225,8 @@ class RetrySpec(_Frozen):
     backoff_s: float = Field(default=0.5, ge=0)
     backoff_max_s: float = Field(default=30.0, ge=0)
     budget_ratio: float = Field(default=0.2, ge=0)
-    budget_floor: int = Field(default=10, ge=0)
+    # At most 1e9, which JSON and the manifest hold: a floor above the items is unlimited anyway.
+    budget_floor: int = Field(default=10, ge=0, le=1_000_000_000)
     # A server asking for a longer wait dead-letters the item rather than parking it for hours.
     max_server_wait_s: float = Field(default=300.0, gt=0)
     # An endpoint down (requests getting no answer at all, or a gateway's 502/504) waited for

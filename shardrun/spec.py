@@ -167,9 +167,9 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
         env, also_known={key_var} if isinstance(key_var, str) else set())]
     sim_ignored = _drop_shadowed_sim(merged, sources, origin, problems)
     spec = _validate(merged, blame, problems)
-    homeless = _homeless_paths(spec, blame)
-    if homeless:
-        raise SpecError(render(homeless))
+    unusable = _unusable_paths(spec, blame)
+    if unusable:
+        raise SpecError(render(unusable))
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))
     overridden = _overridden_vars(set_env, given_flags)
     if overridden:
@@ -232,16 +232,21 @@ def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> 
     return spec
 
 
-def _homeless_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
-    """Paths that start with a `~user` naming no home directory here (no such user, or `~`
-    with no HOME): Path.expanduser raises for them, where the path is first used."""
+def _unusable_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
+    """Paths no file can have: a NUL character (a quoted "\\0" in YAML), or a start `~user`
+    naming no home directory here (no such user, or `~` with no HOME). The OS calls, or
+    Path.expanduser, raise for them where the path is first used."""
     problems: list[Problem] = []
     for key in ("input.path", "runs_dir"):
         text = str(_leaf(spec, key))
+        origin, subject = blame.subject(key)
+        if "\0" in text:
+            problems.append((origin, f"{subject} holds a NUL character, which no path can, "
+                                     f"got {text!r}"))
+            continue
         try:
             Path(text).expanduser()
         except RuntimeError:
-            origin, subject = blame.subject(key)
             home = text.split("/", 1)[0]
             problems.append((origin, f"{subject} starts with {home}, which names no home "
                                      f"directory here, got {text!r}"))

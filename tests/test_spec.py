@@ -574,6 +574,24 @@ def test_null_and_booleans_are_shown_in_yaml_words(jobs: Path) -> None:
     assert error_of(path) == f"{path}: shards must be an integer from 1 to 1024, got true"
 
 
+def test_a_path_with_a_nul_character_is_named(jobs: Path) -> None:
+    """A quoted "\\0" in a path: one sentence, not 'ValueError: embedded null byte' from the
+    first OS call that meets it (validate even passed such a runs_dir)."""
+    path = write(jobs, MINIMAL + 'runs_dir: "a\\0b"\n')
+    assert error_of(path) == (
+        f"{path}: runs_dir holds a NUL character, which no path can, got 'a\\x00b'")
+    path = write(jobs, MINIMAL.replace("data.jsonl", '"a\\0b"'))
+    assert "input.path holds a NUL character" in error_of(path)
+
+
+def test_a_retry_budget_floor_past_what_json_holds_is_refused(jobs: Path) -> None:
+    """budget_floor had no upper bound: 2**70 passed validation and crashed writing the
+    manifest (orjson: Integer exceeds 64-bit range)."""
+    path = write(jobs, MINIMAL + f"retry: {{budget_floor: {2**70}}}\n")
+    assert error_of(path) == (f"{path}: retry.budget_floor must be an integer from 0 to "
+                              f"1000000000, got {2**70}")
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
