@@ -137,6 +137,11 @@ class LoadedJob:
                 f"password, and api_key_env names a key ({name}): a request sends one "
                 "Authorization header, so keep only one of the two"
             )
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):  # never echoed: it is the key
+            raise SpecError(
+                f"{self.origin or self.job_path}: environment variable {name} (api_key_env) "
+                "holds a control character inside the key, such as a line break, which no HTTP "
+                "header can carry; set it to the key alone")
         if value:
             return value
         source = self.sources.get("endpoint.api_key_env", "job file")

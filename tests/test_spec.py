@@ -592,6 +592,20 @@ def test_a_retry_budget_floor_past_what_json_holds_is_refused(jobs: Path) -> Non
                               f"1000000000, got {2**70}")
 
 
+def test_an_api_key_with_a_control_character_is_refused_up_front(jobs: Path) -> None:
+    """A key read with its line break inside (`KEY="$(cat a b)"`): aiohttp refuses the header
+    at the first request, a traceback from validate --ping and a shard stopped 'on an
+    unexpected ValueError' in a run. The sentence names the variable, never the value."""
+    job = load(write(jobs, MINIMAL.replace("model:", "api_key_env: MY_KEY\n  model:")))
+    with pytest.raises(SpecError) as info:
+        job.api_key({"MY_KEY": "sk-one\nsk-two"})
+    assert str(info.value) == (
+        "jobs/x.yaml: environment variable MY_KEY (api_key_env) holds a control character "
+        "inside the key, such as a line break, which no HTTP header can carry; set it to the "
+        "key alone")
+    assert job.api_key({"MY_KEY": " sk-one\n"}) == "sk-one"  # around it: stripped, as before
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
