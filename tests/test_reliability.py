@@ -1474,7 +1474,8 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
                                "success_rate": round(statuses["ok"] / len(ids), 6)}
     text = run_cli("report", str(path), cwd=tmp_path).stdout
     assert (f"by item, after the retry passes: {statuses['ok']} succeeded, "
-            f"{statuses['failed']} dead letters standing") in text
+            f"{statuses['failed']} dead letter{'s' if statuses['failed'] != 1 else ''} "
+            "standing") in text
 
 
 def test_report_of_a_retried_run_with_a_line_that_is_no_record_still_reports(

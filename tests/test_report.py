@@ -643,3 +643,21 @@ def test_a_recorded_way_on_is_named_from_the_run_directory_given(recorded: str,
     sentence = f"the endpoint is down: {recorded}"
     assert restate_way_on(sentence, Path("../p/runs/R1"), manifest) == (
         f"the endpoint is down: {rebuilt}")
+
+
+def test_one_dead_letter_standing_and_one_more_minute_take_the_singular() -> None:
+    """'1 dead letters standing' and '… 1 more minutes in --json' read as typos."""
+    from shardrun.report._text import MAX_MINUTE_ROWS, format_items, format_tpm
+
+    items = {"queued": 2, "succeeded": 1, "success_rate": 0.5, "dead": 1, "open": 0,
+             "rejected_input_lines": 0, "abandoned": 0, "abandoned_at_restart": 0,
+             "completion_tokens": 3, "prompt_tokens": 4,
+             "by_item": {"succeeded": 1, "dead": 1, "success_rate": 0.5}}  # fmt: skip
+    text = format_items({"items": items, "attempts": {"wasted_tokens": 0}})
+    assert "1 succeeded, 1 dead letter standing, success rate" in text
+    minutes = [{"minute": f"2026-01-01T00:{m:02d}Z", "completion_tokens": 1, "spans": 1,
+                "per_shard": [1], "partial": False} for m in range(MAX_MINUTE_ROWS + 1)]
+    text = format_tpm({"tpm": {"shards": [0], "per_shard_peak": [], "minutes": minutes,
+                               "peak_full_minute": None, "best_minute_any": None,
+                               "run_average_tpm": 1}})  # fmt: skip
+    assert "… 1 more minute in --json" in text

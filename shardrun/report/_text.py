@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardrun._ellipsis import counted
 from shardrun.aggregate import BUCKETS
 from shardrun.report._table import ms, num, pct, secs, short, size, table, when
 
@@ -55,7 +56,7 @@ def format_items(doc: dict[str, Any]) -> str:
              "again)", *table(["", "", "", "", "", ""], rows)[1:]]
     if by_item := it.get("by_item"):
         lines.append(f"  by item, after the retry passes: {num(by_item['succeeded'])} succeeded, "
-                     f"{num(by_item['dead'])} dead letters standing, success rate "
+                     f"{counted(by_item['dead'], 'dead letter')} standing, success rate "
                      f"{pct(by_item['success_rate'], 2)}")
     return "\n".join(lines)
 
@@ -67,7 +68,7 @@ def format_tpm(doc: dict[str, Any]) -> str:
     lines = ["Completion TPM (tokens of successful spans, by UTC minute of the last token; "
              "* = the shard's own peak full minute)", *table(headers, shown)]
     if len(rows) > len(shown):
-        lines.append(f"  … {len(rows) - len(shown)} more minutes in --json")
+        lines.append(f"  … {counted(len(rows) - len(shown), 'more minute')} in --json")
     lines += _peak_lines(tpm)
     lines.append(f"  run average: {num(tpm['run_average_tpm'])} tokens/min")
     return "\n".join(lines)
