@@ -410,6 +410,41 @@ def test_a_port_in_use_is_a_usage_error_naming_it() -> None:
                            "--port, or --port 0 for any free one.\n")
 
 
+def test_main_names_the_flags_it_was_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad value is blamed on its flag (--ttft-ms), not on the SimConfig field (ttft_ms) the
+    command line never shows; an empty --host would listen on every interface (a stand-in for
+    serve makes sure none is listened on here)."""
+    from shardrun.sim import server
+
+    def served(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an empty --host was served")
+
+    monkeypatch.setattr(server, "serve", served)
+    assert main(["--ttft-ms", "nan"]) == 2
+    assert capsys.readouterr().err == "error: --ttft-ms must be a finite number >= 0, not nan.\n"
+    assert main(["--host", "", "--port", "0"]) == 2
+    assert capsys.readouterr().err == ("error: --host is empty: give the address to listen on "
+                                       "(default 127.0.0.1).\n")
+
+
+def test_a_host_with_no_address_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--host naming no address (a typo): exit 2 naming the flag, as for a port in use; the
+    lookup's failure is raised by a stand-in for serve, so no name is looked up."""
+    from shardrun.sim import server
+
+    def unresolved(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(server, "serve", unresolved)
+    assert main(["--host", "localhots", "--port", "0"]) == 2
+    assert capsys.readouterr().err == ("error: cannot listen on localhots:0: no address is known "
+                                       "for localhots; give one of this machine's in --host.\n")
+
+
 def test_start_sim_runs_a_real_process() -> None:
     """start_sim launches a separate process that streams over loopback and stops on SIGTERM."""
     cfg = SimConfig(ttft_ms=10, itl_ms=1, tokens="12", seed=7)

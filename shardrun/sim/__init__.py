@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import re
+import socket
 import sys
 from typing import NoReturn
 
@@ -165,11 +167,14 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
         cfg = _config(args)
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be between 0 and 65535, not {args.port}.")
+        if not args.host.strip():  # '' would listen on every interface, at http://:PORT/v1
+            raise ValueError("--host is empty: give the address to listen on (default "
+                             "127.0.0.1).")
     except _UsageError as e:  # worded as the other commands' usage errors (cli.UsageParser)
         print(f"error: {e} (`{prog} --help` lists the arguments)", file=sys.stderr)
         return 2
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # SimConfig names its fields: say the flags that set them
+        print(f"error: {_FIELD_AT_START.sub(_as_flag, str(e))}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
@@ -182,6 +187,8 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
     except OSError as e:
         where = f"{args.host}:{args.port}"
         why = _BIND_ERRORS.get(e.errno or 0)
+        if isinstance(e, socket.gaierror):
+            why = f"no address is known for {args.host}; give one of this machine's in --host"
         print(f"error: cannot listen on {where}: {why or e.strerror or e}.", file=sys.stderr)
         return 1 if why is None else 2  # a bind refused for a flag's value: a usage error
     return 0
@@ -194,3 +201,12 @@ _BIND_ERRORS = {
     errno.EADDRNOTAVAIL: "the address is not one of this machine's; check --host",
 }
 """What a refused bind means, by errno, for the flag that chose the address."""
+
+_FIELD_AT_START = re.compile(r"^[a-z][a-z0-9_]*\b")
+
+
+def _as_flag(match: re.Match[str]) -> str:
+    """A SimConfig field name as the flag that sets it (`ttft_ms` -> `--ttft-ms`)."""
+    name = match[0]
+    known = name in {f.name for f in dataclasses.fields(SimConfig)}
+    return "--" + name.replace("_", "-") if known else name
