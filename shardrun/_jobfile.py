@@ -113,6 +113,8 @@ def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
     problem = exc.problem or exc.context or "invalid YAML"
     if "'\\t'" in problem:  # PyYAML's words for a tab where YAML allows none
         problem += " (YAML indents with spaces, never tabs)"
+    elif problem == "but found another document":  # its context says what was expected
+        problem = "a second YAML document starts here (after a '---'): a job file is one"
     return f"YAML error{where}: {problem}"
 
 

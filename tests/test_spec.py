@@ -339,6 +339,14 @@ def test_a_tab_in_the_indentation_is_named_as_such(jobs: Path) -> None:
                        "that cannot start any token (YAML indents with spaces, never tabs)")
 
 
+def test_a_second_document_is_named_as_such(jobs: Path) -> None:
+    """Two job files run together (`cat a.yaml b.yaml`): PyYAML's problem alone read 'but found
+    another document'."""
+    assert error_of(write(jobs, MINIMAL + "---\n" + MINIMAL)) == (
+        "jobs/x.yaml: YAML error at line 6, column 1: a second YAML document starts here (after "
+        "a '---'): a job file is one")
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
