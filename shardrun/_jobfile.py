@@ -107,15 +107,23 @@ def _read_text(path: Path, origin: str) -> str:
 
 
 def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
-    """'YAML error at line L, column C: problem', 1-based like every editor."""
-    mark = exc.problem_mark or exc.context_mark
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    """'YAML error at line L, column C: problem', 1-based like every editor, and where what
+    it happened in began when that is elsewhere: a quote or a brace left open is found out
+    lines later, at the end of the file or at the next key."""
+    mark, begun = exc.problem_mark or exc.context_mark, exc.context_mark
     problem = exc.problem or exc.context or "invalid YAML"
     if "'\\t'" in problem:  # PyYAML's words for a tab where YAML allows none
         problem += " (YAML indents with spaces, never tabs)"
     elif problem == "but found another document":  # its context says what was expected
         problem = "a second YAML document starts here (after a '---'): a job file is one"
-    return f"YAML error{where}: {problem}"
+    elif exc.problem and exc.context and begun is not None and mark is not None and (
+            (begun.line, begun.column) != (mark.line, mark.column)):
+        problem += f" ({exc.context} begun at {_at(begun)})"
+    return f"YAML error{'' if mark is None else ' at ' + _at(mark)}: {problem}"
+
+
+def _at(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
 def _kind_of(value: object) -> str:

@@ -347,6 +347,14 @@ def test_a_second_document_is_named_as_such(jobs: Path) -> None:
         "a '---'): a job file is one")
 
 
+def test_a_quote_left_open_says_where_it_began(jobs: Path) -> None:
+    """An unclosed quote is found out at the end of the file: the line where it was opened is
+    the one to fix, so the sentence gives it too."""
+    message = error_of(write(jobs, 'endpoint:\n  model: "m\n  base_url: sim://\n'))
+    assert message == ("jobs/x.yaml: YAML error at line 4, column 1: found unexpected end of "
+                       "stream (while scanning a quoted scalar begun at line 2, column 10)")
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
