@@ -85,7 +85,7 @@ def _split_port(entry: str) -> tuple[str, int | None]:
         name, _, port_text = entry.partition(":")
     else:
         return entry, None
-    return name, int(port_text) if port_text.isdigit() else None
+    return name, int(port_text) if port_text.isdecimal() else None  # not isdigit: "²"
 
 
 def _in_network(host: str, name: str) -> bool:

@@ -1160,3 +1160,10 @@ def test_read_whole_refuses_what_is_no_answer(body: bytes) -> None:
     reader = ChunkReader(chat=False)
     assert read_whole(body, reader) is None
     assert reader.error is None and reader.finish_reason is None
+
+
+def test_an_error_code_of_a_digit_that_is_no_number_is_no_status() -> None:
+    """A server's in-stream error with code '²' (a digit, to str.isdigit, but not to int())
+    raised ValueError inside the shard; it is a protocol error like any unknown code."""
+    assert stream_error({"code": "²", "message": "m"}, 1) == (
+        "protocol_error", "error ² in stream after 1 token: m")

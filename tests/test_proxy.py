@@ -316,3 +316,9 @@ def test_a_query_in_the_base_url_reaches_every_request(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == ids
     assert {s["target"] for s in read_jsonl(log)} == {
         f"http://{CLOSED}/v1/chat/completions?api-version=2024-10-21"}
+
+
+def test_a_no_proxy_port_of_a_digit_that_is_no_number_is_read_as_no_port() -> None:
+    """'²' is a digit to str.isdigit but no number to int(): NO_PROXY=h:² raised ValueError (a
+    traceback from every command that reaches the endpoint); it reads as h:x does."""
+    assert bypassed("h", 80, "h:²") == bypassed("h", 80, "h:x")

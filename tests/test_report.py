@@ -661,3 +661,15 @@ def test_one_dead_letter_standing_and_one_more_minute_take_the_singular() -> Non
                                "peak_full_minute": None, "best_minute_any": None,
                                "run_average_tpm": 1}})  # fmt: skip
     assert "… 1 more minute in --json" in text
+
+
+def test_aggregate_workers_of_a_digit_that_is_no_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SHARDRUN_AGGREGATE_WORKERS=² passed str.isdigit and raised ValueError from int()."""
+    from shardrun.errors import RunDirError
+    from shardrun.report import _rundir
+
+    monkeypatch.setenv("SHARDRUN_AGGREGATE_WORKERS", "²")
+    with pytest.raises(RunDirError, match="is not a positive whole number"):
+        _rundir._workers()

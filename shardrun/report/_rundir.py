@@ -135,7 +135,7 @@ def coordinator_files(run_dir: Path) -> list[Path]:
 def segment_of(path: Path) -> int:
     """The pass that wrote an event file: 0, or K for `*.rK.jsonl`."""
     suffix = Path(path.stem).suffix
-    return int(suffix[2:]) if suffix[:2] == ".r" and suffix[2:].isdigit() else 0
+    return int(suffix[2:]) if suffix[:2] == ".r" and suffix[2:].isdecimal() else 0
 
 
 def event_files(run_dir: Path) -> list[Path]:
@@ -284,7 +284,7 @@ def _workers() -> int | None:
     raw = os.environ.get(WORKERS_VAR, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not raw.isdecimal() or int(raw) < 1:  # not isdigit: int("²") fails
         raise RunDirError(f"{WORKERS_VAR}={raw!r} is not a positive whole number")
     return int(raw)
 
