@@ -107,7 +107,10 @@ def _first_set(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
 
 def _parse(variable: str, value: str) -> Proxy:
     # A bare host:port means an HTTP proxy, as it does for curl.
-    parts = urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        parts = urlsplit(value if "://" in value else f"http://{value}")
+    except ValueError:  # an IPv6 bracket left open: `http://[::1`
+        parts = urlsplit("http://")
     if parts.scheme != "http":
         raise SpecError(f"environment variable {variable} names a {parts.scheme} proxy "
                         f"({parts.scheme}://{parts.hostname or ''}...); shardrun connects "

@@ -87,6 +87,8 @@ def test_credentials_become_a_header_never_part_of_the_url() -> None:
                            "http://host:port (its host or port is missing or not valid)"),
     ("http://:3128", "environment variable ALL_PROXY does not name a proxy as http://host:port "
                      "(its host or port is missing or not valid)"),
+    ("http://[::1:3128", "environment variable ALL_PROXY does not name a proxy as "
+                         "http://host:port (its host or port is missing or not valid)"),
 ])  # fmt: skip
 def test_a_proxy_variable_that_cannot_be_used_is_an_error_naming_it(value: str,
                                                                    message: str) -> None:
