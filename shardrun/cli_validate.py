@@ -142,9 +142,10 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
         f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
         "estimated as characters / 4, not by a tokenizer",
     ]
-    from shardrun.validate import id_warning, tpm_warning
+    from shardrun.validate import id_warning, open_files_warning, tpm_warning
 
-    for warning in (id_warning(job, check), tpm_warning(job, check)):
+    for warning in (id_warning(job, check), tpm_warning(job, check),
+                    open_files_warning(job, check)):
         if warning is not None:
             lines.append(f"warning: {warning}")
     if check.rejects:

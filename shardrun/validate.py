@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import orjson
 
 from shardrun.clock import Clock
 from shardrun.digestset import DigestSet
+from shardrun.fdlimit import FILES_BESIDES_CONNECTIONS
 from shardrun.inputs import Reject, make_reader
 from shardrun.items import TOKEN_LIMITS, Api, build_request, prompt_chars, tokens_of_chars
 from shardrun.proxy import Proxy, proxy_for
@@ -164,6 +166,23 @@ def tpm_warning(job: LoadedJob, check: InputCheck) -> str | None:
     return (f"line {line} is charged about {tokens:,} tokens (prompt / 4 + its token limit), "
             f"more than a shard's share of rate_limits.tpm for a whole minute ({share:,.0f}): "
             f"such a request waits about {tokens / share:.1f} min for its turn")
+
+
+def open_files_warning(job: LoadedJob, check: InputCheck, hard: int | None = None) -> str | None:
+    """A warning when a shard's connections would pass the hard open-file limit, which a shard
+    cannot raise: the run would stop part-way, out of descriptors. `hard`: the limit, else
+    this process's (the shards inherit it)."""
+    if hard is None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    per_shard = -(-check.items // job.spec.shards)  # the most a shard has in flight at once
+    connections = min(job.spec.concurrency, per_shard)
+    need = connections + FILES_BESIDES_CONNECTIONS
+    if hard == resource.RLIM_INFINITY or need <= hard:
+        return None
+    return (f"a shard would keep up to {connections:,} connections open (concurrency "
+            f"{job.spec.concurrency:,}), about {need:,} open files, above the hard limit of "
+            f"{hard:,} (ulimit -Hn): a run would stop once its connections reach it; lower "
+            "concurrency, run more shards or raise the limit")
 
 
 # Settings an OpenAI Batch input makes moot, and what stands in for each.

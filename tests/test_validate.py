@@ -376,6 +376,22 @@ def test_https_to_a_plain_http_server_says_so(tmp_path: Path) -> None:
             "server that speaks plain HTTP? try http://)\n") in text, text
 
 
+def test_connections_past_the_hard_open_file_limit_are_warned_of(tmp_path: Path) -> None:
+    """A shard raises its soft limit, never the hard one: concurrency past it stops a run part
+    way, out of descriptors, so validate says so up front; the items a shard gets bound it."""
+    from shardrun.validate import open_files_warning
+
+    job = load_job(make_job(tmp_path, GOOD * 1, shards=1, concurrency=100_000), env={},
+                   flags={})  # fmt: skip
+    check = check_input(job)
+    assert open_files_warning(job, check, hard=1_000_000) is None
+    assert open_files_warning(job, check, hard=60) == (
+        "a shard would keep up to 2 connections open (concurrency 100,000), about 66 open "
+        "files, above the hard limit of 60 (ulimit -Hn): a run would stop once its connections "
+        "reach it; lower concurrency, run more shards or raise the limit")
+    assert open_files_warning(job, check, hard=66) is None
+
+
 def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> None:
     """A real 404 (the simulator serves under /v1 only): exit 1, the error and what to check."""
     with start_sim(SimConfig.from_mapping(FAST_SIM)) as server:
