@@ -82,6 +82,9 @@ def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
         raise SpecError(f"{origin}: {_describe_yaml_error(exc)}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin}: invalid YAML: {exc}") from None
+    except RecursionError:  # PyYAML reads nesting by recursion: some 200 levels are its end
+        raise SpecError(f"{origin}: its values nest too deeply for YAML to be read (lists or "
+                        "mappings hundreds of levels deep)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

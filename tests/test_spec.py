@@ -355,6 +355,14 @@ def test_a_quote_left_open_says_where_it_began(jobs: Path) -> None:
                        "stream (while scanning a quoted scalar begun at line 2, column 10)")
 
 
+def test_nesting_too_deep_to_read_is_an_error_not_a_recursion(jobs: Path) -> None:
+    """PyYAML reads nesting by recursion: a job file hundreds of levels deep raised
+    RecursionError, a traceback."""
+    path = write(jobs, MINIMAL + "params: {x: " + "[" * 2000 + "]" * 2000 + "}\n")
+    assert error_of(path) == (f"{path}: its values nest too deeply for YAML to be read (lists "
+                              "or mappings hundreds of levels deep)")
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
