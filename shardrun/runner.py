@@ -558,6 +558,8 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         answered_before=len(this.done) > this.prior_dead,  # an earlier pass has results
         way_on=this.way_on,
         way_on_retrying=this.way_on_retrying,
+        set_outside={key: job.sources[key] for key in ("endpoint.base_url", "endpoint.model")
+                     if job.sources[key].startswith(("env ", "flag "))},
     )
 
 

@@ -904,8 +904,9 @@ class Shard:
             return None
         if lasted < limit and now < self.storm_asked_until + PROBE_MAX_S:
             return None  # the server said when to come back: ask it then (a probe's time)
+        base_url, model = map(self.cfg.key_named, ("endpoint.base_url", "endpoint.model"))
         return (f"the endpoint failed every request for {lasted:.0f} s ({self.storm_cause}) and "
-                "none of this run has succeeded: check endpoint.base_url, endpoint.model and "
+                f"none of this run has succeeded: check {base_url}, {model} and "
                 "the job's params against the server (its log says why it fails), then "
                 f"{self.cfg.way_on}")
 
@@ -1163,10 +1164,13 @@ class Shard:
             # No item makes a completions URL "not found": the path, the API or the model is
             # wrong, and every other request would end the same way. Stop with the items
             # unfinished, so a --resume with the right settings runs them.
+            source = self.cfg.set_outside.get("endpoint.base_url")
+            note = "" if source is None else f"from {source}; "
             self._go_fatal(f"POST {url} answered {outcome.error or 'HTTP 404'} before any "
-                           "request succeeded: check endpoint.base_url (OpenAI-compatible "
-                           "servers serve under /v1), endpoint.api and endpoint.model, then "
-                           f"{self.cfg.way_on}", ABANDON)
+                           f"request succeeded: check endpoint.base_url ({note}OpenAI-compatible "
+                           "servers serve under /v1), endpoint.api and "
+                           f"{self.cfg.key_named('endpoint.model')}, then {self.cfg.way_on}",
+                           ABANDON)
             return
         if (self.cfg.stream_usage and not self.ok_once
                 and refused_stream_options(http, outcome.error)):

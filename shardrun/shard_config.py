@@ -58,6 +58,14 @@ class ShardConfig:
     # when the stop also dead-lettered items (`runner.choose_way_on`).
     way_on: str = CONTINUE
     way_on_retrying: str = CONTINUE_RETRYING
+    # Where the endpoint settings a stop tells the user to check came from, for those a
+    # variable or a flag set ('env SHARDRUN_BASE_URL'): the job file is not where to look.
+    set_outside: dict[str, str] = field(default_factory=dict)
+
+    def key_named(self, key: str) -> str:
+        """`key` as a stop names it: 'endpoint.base_url (from env SHARDRUN_BASE_URL)'."""
+        source = self.set_outside.get(key)
+        return key if source is None else f"{key} (from {source})"
 
     @property
     def file_name(self) -> str:

@@ -362,6 +362,22 @@ def test_an_empty_path_argument_is_a_usage_error(tmp_path: Path, argv: list[str]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 
 
+def test_a_stop_for_a_wrong_base_url_names_the_variable_that_set_it(tmp_path: Path) -> None:
+    """SHARDRUN_BASE_URL without /v1 over a job file whose URL is right: the 404 stop said
+    'check endpoint.base_url', and the file the user then reads holds a good one."""
+    write_input(tmp_path / "input.jsonl", 20)
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
+        wrong = sim.base_url.removesuffix("/v1")
+        write_job(tmp_path / "job.yaml", shards=1,
+                  endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path,
+                       env={"SHARDRUN_BASE_URL": wrong})
+    assert proc.returncode == 1, proc.stderr
+    assert ("before any request succeeded: check endpoint.base_url (from env "
+            "SHARDRUN_BASE_URL; OpenAI-compatible servers serve under /v1), endpoint.api and "
+            "endpoint.model, then continue with ") in proc.stderr, proc.stderr
+
+
 def test_help_says_what_flags_take(tmp_path: Path) -> None:
     """--rpm and --tpm of run and retry-failed take `none`; export's -o refuses the table
     formats it does not write, each of which its help names."""
