@@ -25,6 +25,21 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 class _JobLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys and reads exponent floats without a dot."""
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A value its tag cannot make (`!!int abc`, `!!bool maybe`) is a ConstructorError at
+        the value's line: PyYAML's constructors raise ValueError, KeyError and the like."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            shown = f" {node.value!r}" if isinstance(node, yaml.ScalarNode) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read{shown} as {_short_tag(node.tag)}", node.start_mark
+            ) from None
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml") else tag
+
 
 def _construct_mapping(loader: _JobLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     """Build a mapping, failing on the second occurrence of a key (merge keys excepted)."""
@@ -61,7 +76,8 @@ _JobLoader.yaml_implicit_resolvers = {  # SafeLoader's, without YAML 1.1's numbe
 }
 _JobLoader.add_implicit_resolver(
     _INT_TAG,
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x_*[0-9a-fA-F][0-9a-fA-F_]*|0o_*[0-7][0-7_]*"
+               r"|0b_*[01][01_]*)$"),
     list("-+0123456789"),
 )
 _JobLoader.add_implicit_resolver(
@@ -82,6 +98,9 @@ def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
         raise SpecError(f"{origin}: {_describe_yaml_error(exc)}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin}: invalid YAML: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError):  # a constructor beyond the above
+        raise SpecError(f"{origin}: a value cannot be read as the type its tag names (such as "
+                        "!!map on a list)") from None
     except RecursionError:  # PyYAML reads nesting by recursion: some 200 levels are its end
         raise SpecError(f"{origin}: its values nest too deeply for YAML to be read (lists or "
                         "mappings hundreds of levels deep)") from None

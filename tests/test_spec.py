@@ -363,6 +363,25 @@ def test_nesting_too_deep_to_read_is_an_error_not_a_recursion(jobs: Path) -> Non
                               "or mappings hundreds of levels deep)")
 
 
+@pytest.mark.parametrize(("value", "why"), [
+    ("!!int abc", "cannot read 'abc' as !!int"),
+    ("!!bool maybe", "cannot read 'maybe' as !!bool"),
+    ("!!timestamp soon", "cannot read 'soon' as !!timestamp"),
+    ("!!map [1]", "cannot read as !!map"),
+    ("0x_", None), ("!!int 0x_", "cannot read '0x_' as !!int"),
+])
+def test_a_value_its_tag_cannot_make_is_an_error_at_its_line(
+    jobs: Path, value: str, why: str | None
+) -> None:
+    """PyYAML's constructors raise ValueError, KeyError, AttributeError or TypeError for a tagged
+    value they cannot make (and for 0x_, once a hex number to YAML 1.1): tracebacks, before."""
+    path = write(jobs, MINIMAL + f"params: {{x: {value}}}\n")
+    if why is None:  # no number to YAML 1.2: text, sent as such
+        assert load(path).spec.params == {"x": value}
+        return
+    assert error_of(path) == f"{path}: YAML error at line 6, column 13: {why}"
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
