@@ -30,7 +30,7 @@ class _JobLoader(yaml.SafeLoader):
         the value's line: PyYAML's constructors raise ValueError, KeyError and the like."""
         try:
             return super().construct_object(node, deep)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             shown = f" {node.value!r}" if isinstance(node, yaml.ScalarNode) else ""
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot read{shown} as {_short_tag(node.tag)}", node.start_mark
@@ -98,7 +98,7 @@ def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
         raise SpecError(f"{origin}: {_describe_yaml_error(exc)}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{origin}: invalid YAML: {exc}") from None
-    except (ValueError, TypeError, KeyError, AttributeError):  # a constructor beyond the above
+    except (ValueError, TypeError, LookupError, AttributeError):  # a constructor beyond that
         raise SpecError(f"{origin}: a value cannot be read as the type its tag names (such as "
                         "!!map on a list)") from None
     except RecursionError:  # PyYAML reads nesting by recursion: some 200 levels are its end

@@ -367,7 +367,7 @@ def test_nesting_too_deep_to_read_is_an_error_not_a_recursion(jobs: Path) -> Non
     ("!!int abc", "cannot read 'abc' as !!int"),
     ("!!bool maybe", "cannot read 'maybe' as !!bool"),
     ("!!timestamp soon", "cannot read 'soon' as !!timestamp"),
-    ("!!map [1]", "cannot read as !!map"),
+    ("!!map [1]", "cannot read as !!map"), ("!!float ''", "cannot read '' as !!float"),
     ("0x_", None), ("!!int 0x_", "cannot read '0x_' as !!int"),
 ])
 def test_a_value_its_tag_cannot_make_is_an_error_at_its_line(
