@@ -301,9 +301,11 @@ def _ran(run_path: Path, job_path: Path) -> bool:
 
 def _started(path: Path) -> str:
     try:
-        return str(orjson.loads((path / "manifest.json").read_bytes()).get("started_at", ""))
+        manifest = orjson.loads((path / "manifest.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return ""
+    # A damaged manifest (a list, say) sorts first; resuming it says what is wrong with it.
+    return str(manifest.get("started_at", "")) if isinstance(manifest, dict) else ""
 
 
 @dataclass(frozen=True)

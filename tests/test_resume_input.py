@@ -578,3 +578,16 @@ def test_rejects_a_killed_pass_wrote_are_not_written_again(tmp_path: Path) -> No
     assert sorted(records) == [n + 1 for n in range(24) if n % 3 == 0]
     summary = orjson.loads((path / "manifest.json").read_bytes())["resumes"][0]["summary"]
     assert (summary["rejects"], summary["prior_rejects"]) == (6, 2)
+
+
+def test_resume_latest_passes_over_a_manifest_that_is_no_object(tmp_path: Path) -> None:
+    """A runs directory holding a damaged run whose manifest.json is a JSON list: --resume
+    latest raised AttributeError ('list' object has no attribute 'get') while it ordered the
+    runs; it takes the newest sound one."""
+    from shardrun.resume import find_run
+
+    runs = tmp_path / "runs"
+    for name, manifest in (("good", b'{"started_at": "2026-01-01T00:00:00Z"}'), ("list", b"[1]")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "manifest.json").write_bytes(manifest)
+    assert find_run(runs, "latest") == runs / "good"
