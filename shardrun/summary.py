@@ -318,8 +318,8 @@ def format_summary(s: RunSummary) -> str:
     lines += [
         f"  items              {s.items:,}" + _items_note(s),
         f"  succeeded          {s.succeeded:,}"
-        + (f"  ({s.refusals:,} of them refusals: the model declined; see `refusal` in the "
-           "results)" if s.refusals else ""),
+        + (f"  ({s.refusals:,} of them {'a refusal' if s.refusals == 1 else 'refusals'}: the "
+           "model declined; see `refusal` in the results)" if s.refusals else ""),
         f"  failed             {s.failed:,}"
         + (f"  ({s.dead:,} dead-lettered, {counted(s.rejects, 'rejected input line')})"
            if s.failed else ""),

@@ -354,7 +354,8 @@ def test_refusals_are_answers_kept_apart_and_counted(tmp_path: Path) -> None:
     assert 0 < len(refused) < 60 and all(refused.values())
     assert all(r["output"] == "" for r in run.results if r["id"] in refused)
     assert run.manifest["summary"]["refusals"] == len(refused)
-    assert (f"  succeeded          60  ({len(refused)} of them refusals: the model declined; "
+    them = "a refusal" if len(refused) == 1 else "refusals"
+    assert (f"  succeeded          60  ({len(refused)} of them {them}: the model declined; "
             "see `refusal` in the results)") in proc.stdout
     batch = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]
              for line in read_jsonl(run.path / "batch_output.jsonl")}  # fmt: skip

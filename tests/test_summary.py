@@ -257,6 +257,9 @@ def test_counts_of_one_take_the_singular() -> None:
     assert "  attempts           11 (1 retry, retry budget spent for 1 item)" in lines
     assert "  failed             2  (1 dead-lettered, 1 rejected input line)" in lines
     assert "  shard deaths       1 (1 item handed to other shards)" in lines
+    refused = format_summary(replace(s, refusals=1)).splitlines()
+    assert "  succeeded          10  (1 of them a refusal: the model declined; see `refusal` in " \
+           "the results)" in refused
     lines = format_summary(replace(s, retries=2, budget_exhausted=2, rejects=2)).splitlines()
     assert "  attempts           11 (2 retries, retry budget spent for 2 items)" in lines
 
