@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import signal
 import sys
@@ -29,6 +30,21 @@ class UsageParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
+
+
+def _mistyped_command(word: str) -> str | None:
+    """What to say of a first word that is no command and no file but reads like a command
+    (`shardrun reprot RUN`, `shardrun help`): taken for a job file, it made a run's usage
+    error ('unrecognized arguments: RUN') or 'help: job file not found'."""
+    if word.startswith("-") or os.path.lexists(word) or word.endswith((".yaml", ".yml")):
+        return None
+    if word in ("help", "version"):
+        return f"no command or job file named {word}: `shardrun --{word}` gives it"
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.75)
+    if not close:
+        return None
+    return (f"no command or job file named {word} (did you mean `shardrun {close[0]}`?); "
+            "`shardrun --help` lists the commands")
 
 
 def _shadowed(prog: str) -> str:
@@ -160,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list and args_list[0] not in SUBCOMMANDS and args_list[0] not in (
         "-h", "--help", "--version"
     ):
+        if (mistyped := _mistyped_command(args_list[0])) is not None:
+            print(f"error: {mistyped}", file=sys.stderr)
+            return 2
         args_list.insert(0, "run")
     parser = build_parser()
     args, extra = parser.parse_known_args(args_list)

@@ -378,6 +378,20 @@ def test_a_stop_for_a_wrong_base_url_names_the_variable_that_set_it(tmp_path: Pa
             "endpoint.model, then continue with ") in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["reprot", "runs/x"], "error: no command or job file named reprot (did you mean `shardrun "
+                           "report`?); `shardrun --help` lists the commands"),
+    (["help"], "error: no command or job file named help: `shardrun --help` gives it"),
+    (["nothing"], "error: nothing: job file not found"),
+])  # fmt: skip
+def test_a_mistyped_command_is_named_as_one(tmp_path: Path, argv: list[str], said: str) -> None:
+    """A first word that is no command is taken for a job file: `shardrun reprot RUN` said
+    'unrecognized arguments: RUN (`shardrun run --help` ...)', `shardrun help` 'help: job file
+    not found'. A word near no command still reads as a job file that is not there."""
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, said + "\n")
+
+
 def test_help_says_what_flags_take(tmp_path: Path) -> None:
     """--rpm and --tpm of run and retry-failed take `none`; export's -o refuses the table
     formats it does not write, each of which its help names."""
