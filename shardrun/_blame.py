@@ -91,6 +91,7 @@ _VALUE_RULES: Mapping[str, str] = {
     "template_syntax": "{subject} is not a valid template: {why}",
     "header_rule": "{subject} {why}",
     "json_value": "{subject}{path} {why}",
+    "url_rule": "{subject} {why}",
 }
 """Single-field rules whose reason is more useful than 'must be <type>'."""
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from types import MappingProxyType
 from typing import Any, Literal, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -24,10 +24,12 @@ from pydantic_core import PydanticCustomError
 from shardrun._ellipsis import ellipsize
 from shardrun._env import NONE_WORDS, Kind
 from shardrun._template import TemplateError, parse_template
+from shardrun._urls import masked_url
 
 _NON_BLANK = r"\S"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _RESERVED_PARAMS = ("model", "prompt", "messages", "input", "stream")
+_API_PATHS = ("/chat/completions", "/completions", "/responses")  # what the client appends
 _HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"  # an HTTP token (RFC 9110)
 # Headers the client sets itself or that HTTP's framing owns: a job may not replace them.
 _RESERVED_HEADERS = frozenset({"accept", "connection", "content-length", "content-type", "host",
@@ -88,6 +90,13 @@ class EndpointSpec(_Frozen):
             port = 0
         if port == 0 and parts.netloc.rpartition("]")[2].count(":"):  # "host:" or "host:0"
             raise ValueError("base_url has no valid port")
+        path = parts.path.rstrip("/")
+        pasted = next((tail for tail in _API_PATHS if path.endswith(tail)), None)
+        if pasted is not None:  # the whole endpoint pasted: every request would be a 404
+            base = masked_url(urlunsplit(parts._replace(path=path.removesuffix(pasted))))
+            raise PydanticCustomError("url_rule", "base_url ends in an API path", {"why": (
+                f"ends in {pasted}, which shardrun adds itself (the path of endpoint.api): give "
+                f"the URL before it, {base}")})
         return url
 
     @model_validator(mode="after")

@@ -649,6 +649,16 @@ def test_an_api_key_with_a_control_character_is_refused_up_front(jobs: Path) -> 
     assert job.api_key({"MY_KEY": " sk-one\n"}) == "sk-one"  # around it: stripped, as before
 
 
+def test_a_base_url_with_the_api_path_pasted_in_is_refused(jobs: Path) -> None:
+    """The endpoint's whole URL pasted as base_url: every request went to
+    .../chat/completions/chat/completions and the run stopped at its first 404."""
+    path = write(jobs, MINIMAL.replace("sim://", "http://u:pw@h:8000/v1/chat/completions/"))
+    assert error_of(path) == (
+        f"{path}: endpoint.base_url ends in /chat/completions, which shardrun adds itself (the "
+        "path of endpoint.api): give the URL before it, http://u:***@h:8000/v1")
+    assert load(write(jobs, MINIMAL.replace("sim://", "http://h/v1"))) is not None
+
+
 def test_api_key_handling(jobs: Path) -> None:
     """api_key reads the named variable; named-but-unset is an error; none named is None."""
     assert load(write(jobs, MINIMAL)).api_key({"OPENAI_API_KEY": "sk-x"}) is None
