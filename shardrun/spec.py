@@ -142,6 +142,12 @@ class LoadedJob:
                 f"{self.origin or self.job_path}: environment variable {name} (api_key_env) "
                 "holds a control character inside the key, such as a line break, which no HTTP "
                 "header can carry; set it to the key alone")
+        if value.lower().startswith("bearer ") and endpoint.api_key_header.lower() == (
+                "authorization"):  # it would go as `Bearer Bearer KEY`: a 401 per item
+            raise SpecError(
+                f"{self.origin or self.job_path}: environment variable {name} (api_key_env) "
+                "starts with 'Bearer ', which shardrun puts before the key itself; set it to "
+                "the key alone")
         if value:
             return value
         source = self.sources.get("endpoint.api_key_env", "job file")

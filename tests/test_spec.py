@@ -649,6 +649,19 @@ def test_an_api_key_with_a_control_character_is_refused_up_front(jobs: Path) -> 
     assert job.api_key({"MY_KEY": " sk-one\n"}) == "sk-one"  # around it: stripped, as before
 
 
+def test_an_api_key_given_with_its_bearer_word_is_refused(jobs: Path) -> None:
+    """MY_KEY='Bearer sk-...' went as 'Authorization: Bearer Bearer sk-...', a 401 stop; in
+    another header the value goes as it is, so there it stays."""
+    job = load(write(jobs, MINIMAL.replace("model:", "api_key_env: MY_KEY\n  model:")))
+    with pytest.raises(SpecError) as info:
+        job.api_key({"MY_KEY": "Bearer sk-one"})
+    assert str(info.value) == (
+        "jobs/x.yaml: environment variable MY_KEY (api_key_env) starts with 'Bearer ', which "
+        "shardrun puts before the key itself; set it to the key alone")
+    other = MINIMAL.replace("model:", "api_key_env: MY_KEY\n  api_key_header: api-key\n  model:")
+    assert load(write(jobs, other)).api_key({"MY_KEY": "Bearer x"}) == "Bearer x"
+
+
 def test_a_base_url_with_the_api_path_pasted_in_is_refused(jobs: Path) -> None:
     """The endpoint's whole URL pasted as base_url: every request went to
     .../chat/completions/chat/completions and the run stopped at its first 404."""
