@@ -154,9 +154,18 @@ class LoadedJob:
         where = "" if source == "job file" else f" (api_key_env comes from {source})"
         state = "is empty" if name in env else "is not set"
         raise SpecError(
-            f"{self.origin or self.job_path}: the job names api_key_env {name} but that"
-            f" environment variable {state}; export it or remove api_key_env{where}"
+            f"{self.origin or self.job_path}: the job names api_key_env {_key_shaped(name)} but"
+            f" that environment variable {state}; export it or remove api_key_env{where}"
         )
+
+
+def _key_shaped(name: str) -> str:
+    """An api_key_env name as a message shows it: one that looks like a pasted key (long, not
+    in capitals, with digits: `api_key_env: gsk8f...`) is not printed into a terminal or a CI
+    log; the name a variable usually has is."""
+    if len(name) < 20 or name.isupper() or not any(c.isdigit() for c in name):
+        return name
+    return f"of {len(name)} characters (not shown: it looks like a key, not a variable's name)"
 
 
 def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object]) -> LoadedJob:

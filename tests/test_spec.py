@@ -649,6 +649,19 @@ def test_an_api_key_with_a_control_character_is_refused_up_front(jobs: Path) -> 
     assert job.api_key({"MY_KEY": " sk-one\n"}) == "sk-one"  # around it: stripped, as before
 
 
+def test_a_key_pasted_as_api_key_env_is_not_echoed(jobs: Path) -> None:
+    """api_key_env takes a variable's NAME; a key made only of letters, digits and underscores
+    passes that rule, and the 'not set' error printed it into the terminal or the CI log."""
+    key = "gsk8fQ2x7Lm0aPz3Wq9Ty4"
+    job = load(write(jobs, MINIMAL.replace("model:", f"api_key_env: {key}\n  model:")))
+    with pytest.raises(SpecError) as info:
+        job.api_key({})
+    assert key not in str(info.value)
+    assert str(info.value).startswith(
+        "jobs/x.yaml: the job names api_key_env of 22 characters (not shown: it looks like a "
+        "key, not a variable's name) but that environment variable is not set")
+
+
 def test_an_api_key_given_with_its_bearer_word_is_refused(jobs: Path) -> None:
     """MY_KEY='Bearer sk-...' went as 'Authorization: Bearer Bearer sk-...', a 401 stop; in
     another header the value goes as it is, so there it stays."""
