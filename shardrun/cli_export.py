@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted
@@ -33,7 +34,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     p.add_argument("-o", "--output", type=path, metavar="FILE",
-                   help="the file to write (default: standard output); replaced only once "
+                   help="the file to write (default, or -: standard output); replaced only once "
                         "the export is whole. A name ending in .tsv, .xlsx, .xls, .parquet, "
                         ".pq, .feather or .arrow is refused (export writes JSON lines or CSV "
                         "only) unless --format says which to write")  # fmt: skip
@@ -65,6 +66,8 @@ def handle(args: argparse.Namespace) -> int:
     from shardrun.resume import in_use
     from shardrun.ticker import Ticker
 
+    if args.output == Path("-"):  # the usual word for standard output, not a file named -
+        args.output = None
     fmt = format_of(args.output, args.format)
     # Rows written to a terminal would be torn by a live line redrawn on the same screen.
     rows_on_screen = args.output is None and sys.stdout.isatty()

@@ -171,6 +171,10 @@ def test_standard_output_is_the_default(base: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.encode() == out.read_bytes()
     assert "rows to standard output (jsonl" in done.stderr
+    # -o - is standard output too, as for most tools, not a file named '-'.
+    dashed = export(str(run_dir), "-o", "-", cwd=tmp_path)
+    assert dashed.returncode == 0, dashed.stderr
+    assert dashed.stdout.encode() == out.read_bytes() and not (tmp_path / "-").exists()
 
 
 def test_items_without_a_line_are_pending(base: Path, tmp_path: Path) -> None:
