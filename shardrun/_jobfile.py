@@ -95,9 +95,16 @@ def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
     try:
         data = yaml.load(text, Loader=_JobLoader)  # a SafeLoader subclass: no object tags
     except yaml.MarkedYAMLError as exc:
-        raise SpecError(f"{origin}: {_describe_yaml_error(exc)}") from None
+        raise SpecError(f"{origin}: {_describe_yaml_error(exc, text)}") from None
+    except yaml.reader.ReaderError as exc:  # its own text runs over two lines
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)
+        char = exc.character  # a code point (str input) or a byte
+        code = char if isinstance(char, int) else ord(char[:1] or "\0")
+        raise SpecError(f"{origin}: YAML error at line {line}, column {column}: the character "
+                        f"U+{code:04X} is not allowed in YAML (is this a job file?)") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{origin}: invalid YAML: {exc}") from None
+        raise SpecError(f"{origin}: invalid YAML: {' '.join(str(exc).split())}") from None
     except (ValueError, TypeError, LookupError, AttributeError):  # a constructor beyond that
         raise SpecError(f"{origin}: a value cannot be read as the type its tag names (such as "
                         "!!map on a list)") from None
@@ -128,7 +135,7 @@ def _read_text(path: Path, origin: str) -> str:
         raise SpecError(f"{origin}: cannot read the job file ({exc.strerror})") from None
 
 
-def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
+def _describe_yaml_error(exc: yaml.MarkedYAMLError, text: str = "") -> str:
     """'YAML error at line L, column C: problem', 1-based like every editor, and where what
     it happened in began when that is elsewhere: a quote or a brace left open is found out
     lines later, at the end of the file or at the next key."""
@@ -141,6 +148,12 @@ def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
     elif exc.problem and exc.context and begun is not None and mark is not None and (
             (begun.line, begun.column) != (mark.line, mark.column)):
         problem += f" ({exc.context} begun at {_at(begun)})"
+    lines = text.splitlines()
+    spaced = [m.line + 1 for m in (begun, mark) if m is not None and m.line < len(lines)
+              and "\xa0" in lines[m.line]]  # fmt: skip
+    if spaced:  # pasted from a web page: it looks like a space and is none to YAML
+        problem += (f"; line {spaced[0]} holds a non-breaking space (U+00A0), which YAML does "
+                    "not read as a space")
     return f"YAML error{'' if mark is None else ' at ' + _at(mark)}: {problem}"
 
 

@@ -382,6 +382,22 @@ def test_a_value_its_tag_cannot_make_is_an_error_at_its_line(
     assert error_of(path) == f"{path}: YAML error at line 6, column 13: {why}"
 
 
+def test_a_character_yaml_refuses_is_one_line_at_its_place(jobs: Path) -> None:
+    """A NUL (or an escape) in the file: PyYAML's message ran over two lines ('in "<unicode
+    string>", position 62'), which broke the one-line error."""
+    assert error_of(write(jobs, MINIMAL + "shards: 2\x00\n")) == (
+        "jobs/x.yaml: YAML error at line 6, column 10: the character U+0000 is not allowed in "
+        "YAML (is this a job file?)")
+
+
+def test_a_non_breaking_space_is_named(jobs: Path) -> None:
+    """`shards:\u00a02` pasted from a web page: the colon is followed by no space YAML knows,
+    and 'could not find expected :' alone sends the user looking for a colon that is there."""
+    message = error_of(write(jobs, MINIMAL + "shards:\u00a02\n"))
+    assert message.endswith("; line 6 holds a non-breaking space (U+00A0), which YAML does not "
+                            "read as a space"), message
+
+
 def test_duplicate_key_is_an_error(jobs: Path) -> None:
     """PyYAML would silently keep the last of two equal keys; we refuse."""
     message = error_of(write(jobs, MINIMAL + "shards: 2\nshards: 3\n"))
