@@ -84,7 +84,9 @@ def repair_run_files(run_path: Path) -> list[str]:
     """Repair every JSONL file of a run; returns one note per file that was cut."""
     notes = []
     # The rejects files too: a pass killed mid-write leaves a line no reader of them can parse.
-    files = [*sorted(run_path.glob("rejects*.jsonl")),
+    # Only files: something else in a rejects file's place is the pass's to meet when it writes
+    # there (`WorkSource.reject`), as before these were repaired.
+    files = [*sorted(p for p in run_path.glob("rejects*.jsonl") if p.is_file()),
              *(p for sub in ("results", "dead", "events")
                for p in sorted((run_path / sub).glob("*.jsonl")))]
     for path in files:

@@ -508,7 +508,7 @@ def test_a_line_without_end_fails_at_its_cap_not_at_a_deadline(
         out = run(one(handler))
         assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
         assert out.error == ("a line or an event without end: no complete event in 1 MiB of "
-                             f"stream after {tokens} tokens{note}")
+                             f"stream after {tokens} token{'s' * (tokens != 1)}{note}")
 
 
 def test_an_answer_without_end_fails_at_the_body_cap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -646,10 +646,10 @@ def test_unparseable_json_is_protocol_error() -> None:
 
 
 @pytest.mark.parametrize(("payload", "status", "said"), [
-    (b"", "protocol_error", "unparseable stream data after 1 tokens: (an empty data line)"),
-    (b'{"error": {"code": 503}}', "http_5xx", "error 503 in stream after 1 tokens: (no message)"),
+    (b"", "protocol_error", "unparseable stream data after 1 token: (an empty data line)"),
+    (b'{"error": {"code": 503}}', "http_5xx", "error 503 in stream after 1 token: (no message)"),
     (b'{"error": {"message": ""}}', "protocol_error",
-     "error in stream after 1 tokens: (an empty message)"),
+     "error in stream after 1 token: (an empty message)"),
 ])  # fmt: skip
 def test_a_failure_with_nothing_to_quote_says_so(payload: bytes, status: str, said: str) -> None:
     """An empty data line, an error with no message: the sentence ended in ": " or ": None"."""
@@ -673,7 +673,7 @@ def test_a_servers_escape_sequences_do_not_reach_the_terminal() -> None:
     out = run(one(refused))
     assert out.error == f"HTTP 400: {HOSTILE_SHOWN}"
     out = run(one(streaming(chat("a"), {"error": {"message": HOSTILE}})))
-    assert out.error == f"error in stream after 1 tokens: {HOSTILE_SHOWN}"
+    assert out.error == f"error in stream after 1 token: {HOSTILE_SHOWN}"
 
 
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:

@@ -112,7 +112,7 @@ def test_an_error_code_that_is_no_number_ends_the_attempt_not_the_run(code: str,
                             (whole_answer(orjson.dumps(err)), 0)):
         out = run(one(handler))
         assert out.status == status and out.error is not None and len(out.error) < 300
-        assert out.error.endswith(f"in stream after {tokens} tokens: boom")
+        assert out.error.endswith(f"in stream after {tokens} token{'s' * (tokens != 1)}: boom")
         assert out.error_code is not None and len(out.error_code) <= 200
 
 
@@ -224,7 +224,7 @@ def test_a_body_whose_chunks_break_is_named_not_a_silence() -> None:
                             b"%x\r\n%s\r\n" % (len(sse(chat("a"))), sse(chat("a"))),
                             b"zz\r\nxx\r\n"]))
     assert out.status == "protocol_error" and out.text == "a"
-    assert out.error is not None and out.error.startswith("invalid HTTP body after 1 tokens: ")
+    assert out.error is not None and out.error.startswith("invalid HTTP body after 1 token: ")
 
 
 @pytest.mark.skipif(os.environ.get("AIOHTTP_NO_EXTENSIONS") == "1", reason="this is the run")
@@ -253,8 +253,8 @@ def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
     for pieces, tokens in (([b"not gzip at all"], 0), ([good, b"\xff" * 64], 1)):
         out = run(_raw_attempt([head, *pieces]))
         assert out.status == "protocol_error" and out.not_an_answer == (tokens == 0)
-        assert out.error == (f"undecodable body after {tokens} tokens: Can not decode "
-                             "content-encoding: gzip")
+        after = "1 token" if tokens == 1 else f"{tokens} tokens"
+        assert out.error == f"undecodable body after {after}: Can not decode content-encoding: gzip"
     # An error's body that does not decode: its status speaks (a 429 is waited out, not
     # counted as a page that is no answer, which stops a run).
     out = run(_raw_attempt([head.replace(b"200 OK", b"429 Too Many Requests"), b"not gzip"]))
