@@ -833,9 +833,10 @@ def error_name(err: object) -> str | None:
 def _error_number(value: object) -> int:
     """The HTTP status an error's code or type stands for; 0 for none. A digit string counts
     only as ASCII digits, at most 9: `int` refuses "²" (which `isdigit` accepts) and
-    a string of over 4,300 digits, and either raised out of the attempt and stopped the run."""
+    a string of over 4,300 digits, and either raised out of the attempt and stopped the run.
+    A negative code (JSON-RPC's -32603) is none, as "-1" is no digit string: the type decides."""
     if type(value) is int:
-        return value
+        return max(value, 0)
     if isinstance(value, str) and len(value) < 10 and value.isascii() and value.isdigit():
         return int(value)
     return ERROR_NAMES.get(value, 0) if isinstance(value, str) else 0

@@ -258,14 +258,18 @@ class StreamingClient:
 
         Until the first event the body is kept: a server that ignores `stream` sends one JSON
         answer instead, which is taken whole at the end of the body (`Attempt.take_whole`).
-        A body that brings no event in `_UNENDED_MAX` bytes, or passes `body_max`, fails at
-        once: the decoder and the answer hold what it sent, so memory stays bounded.
+        A body that brings no event in `_UNENDED_MAX` bytes (half of `body_max` where that is
+        more), or passes `body_max`, fails at once: the decoder and the answer hold what it
+        sent, so memory stays bounded.
         """
         decoder, read, now_of = SSEDecoder(), resp.content.readany, self._clock.now
         feed, out, idle = decoder.feed, st.out, self._timeouts.idle_s
         waiting_first = True
         before_events: list[bytes] | None = []
         received = last_event = 0  # bytes of body read, in all and when the last event came
+        # One event may be a good part of a long answer: the Responses API's closing events
+        # each repeat the whole text, logprobs and all (21.6 MiB at 20k tokens with 20 each).
+        unended_max = _UNENDED_MAX if body_max <= _BODY_MAX else body_max // 2
         while True:
             chunk = await read()
             payloads = feed(chunk) if chunk else decoder.close()
@@ -280,9 +284,9 @@ class StreamingClient:
                 last_event = received
                 self.heard_at = heard = now_of()  # one store per read with events
                 stop = st.take(payloads, heard)
-            elif received - last_event > _UNENDED_MAX:
+            elif received - last_event > unended_max:
                 _fail_stream(st, resp, f"a line or an event without end: no complete event in "
-                                       f"{_UNENDED_MAX >> 20} MiB of stream")
+                                       f"{unended_max >> 20} MiB of stream")
                 break
             if waiting_first and out.first_token_at is not None:
                 waiting_first = False
@@ -321,7 +325,9 @@ class StreamingClient:
         if 300 <= code < 400:
             # Never followed (`allow_redirects`): the same for every request, an http:// URL
             # the server moves to https:// or a login page, so no answer, and it says where.
-            st.out.not_an_answer = True
+            # Not a 307, the temporary redirect a load balancer sends while it drains a
+            # replica: retried as any failure (ten at once stopped a run the rest served).
+            st.out.not_an_answer = code != 307
             if where := resp.headers.get("Location"):
                 prefix += f", a redirect to {_shown_location(where)} that is not followed"
         st.fail(_status_of(code), prefix)  # stands if reading the body fails or times out

@@ -1167,3 +1167,15 @@ def test_an_error_code_of_a_digit_that_is_no_number_is_no_status() -> None:
     raised ValueError inside the shard; it is a protocol error like any unknown code."""
     assert stream_error({"code": "²", "message": "m"}, 1) == (
         "protocol_error", "error ² in stream after 1 token: m")
+
+
+@pytest.mark.parametrize(("kind", "status"), [("server_error", "http_5xx"),
+                                              ("rate_limit_exceeded", "http_429"),
+                                              ("invalid_request_error", "http_4xx")])
+def test_a_negative_error_code_leaves_the_type_to_decide(kind: str, status: str) -> None:
+    """A JSON-RPC style code (-32603, -1) is no HTTP status: the error's type says what it is.
+    Taken as a number, it made every such error a protocol_error: a rate limit retried at once,
+    a request that cannot succeed retried and paid for."""
+    for code in (-1, -32603):
+        err = {"code": code, "type": kind, "message": "x"}
+        assert stream_error(err, 3)[0] == status
