@@ -48,22 +48,24 @@ each, and JSON allows a reader to pass over it (RFC 8259, 8.1), as the reader do
 
 _UNPACK = "and name the file that gives in input.path"
 NOT_TEXT = (
-    (rb"\x1f\x8b", "gzip-compressed", f"decompress it (gunzip) {_UNPACK}"),
-    (rb"\x28\xb5\x2f\xfd", "zstd-compressed", f"decompress it (unzstd) {_UNPACK}"),
-    (rb"BZh[1-9]1AY&SY", "bzip2-compressed", f"decompress it (bunzip2) {_UNPACK}"),
-    (rb"\xfd7zXZ\x00", "xz-compressed", f"decompress it (unxz) {_UNPACK}"),
-    (rb"PK\x03\x04", "a zip archive", f"extract the input from it {_UNPACK}"),
-    # A Parquet file named otherwise than .parquet (its data starts with a binary page header).
-    (rb"PAR1[^\t\n\r\x20-\x7e]", "a Parquet file", "set input.format: parquet in the job file"),
-    (rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-32 text", "save it as UTF-8"),
-    (rb"\xff\xfe|\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+    (rb"\x1f\x8b", b"", "gzip-compressed", f"decompress it (gunzip) {_UNPACK}"),
+    (rb"\x28\xb5\x2f\xfd", b"", "zstd-compressed", f"decompress it (unzstd) {_UNPACK}"),
+    (rb"BZh[1-9]1AY&SY", b"", "bzip2-compressed", f"decompress it (bunzip2) {_UNPACK}"),
+    (rb"\xfd7zXZ\x00", b"", "xz-compressed", f"decompress it (unxz) {_UNPACK}"),
+    (rb"PK\x03\x04", b"", "a zip archive", f"extract the input from it {_UNPACK}"),
+    # A Parquet file named otherwise than .parquet: its data starts with a binary page header,
+    # and the file ends with "PAR1" too (a CSV header "PAR1\xc3\xa9,..." starts as one does).
+    (rb"PAR1[^\t\n\r\x20-\x7e]", b"PAR1", "a Parquet file",
+     "set input.format: parquet in the job file"),
+    (rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", b"", "UTF-32 text", "save it as UTF-8"),
+    (rb"\xff\xfe|\xfe\xff", b"", "UTF-16 text", "save it as UTF-8"),
     # Without a byte order mark: ASCII characters each with a zero byte after or before it.
-    (rb"([\x01-\x7f]\x00){2}|(\x00[\x01-\x7f]){2}", "UTF-16 text", "save it as UTF-8"),
+    (rb"([\x01-\x7f]\x00){2}|(\x00[\x01-\x7f]){2}", b"", "UTF-16 text", "save it as UTF-8"),
 )
 """How a JSON lines or CSV input may start that is not UTF-8 text (a regular expression of its
-first bytes, what the file is, what to do): read as it is, each of its lines would be a reject
-saying "not valid UTF-8" or "not valid JSON" (a million of them for a million records), where
-the file is one thing to fix."""
+first bytes, the bytes it must end with too, what the file is, what to do): read as it is, each
+of its lines would be a reject saying "not valid UTF-8" or "not valid JSON" (a million of them
+for a million records), where the file is one thing to fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,10 +349,21 @@ def _refuse_not_text(path: Path, file: IO[bytes]) -> None:
     """InputError when the file starts as a compressed file or UTF-16/32 text does (`NOT_TEXT`),
     reading nothing past its first bytes (`peek`: the reader starts at the file's start)."""
     start = file.peek(10) if isinstance(file, io.BufferedReader) else b""
-    for magic, what, todo in NOT_TEXT:
-        if re.match(magic, start):
+    for magic, end, what, todo in NOT_TEXT:
+        if re.match(magic, start) and (not end or _ends_with(file, end)):
             file.close()
             raise InputError(f"input file {path} is {what}, not UTF-8 text; {todo}")
+
+
+def _ends_with(file: IO[bytes], end: bytes) -> bool:
+    """Whether the file's last bytes are `end`, read leaving it at its start again."""
+    try:
+        file.seek(-len(end), os.SEEK_END)
+        return file.read(len(end)) == end
+    except OSError:  # shorter than `end`
+        return False
+    finally:
+        file.seek(0)
 
 
 def _not_utf8_reason(column: str, value: str) -> str:

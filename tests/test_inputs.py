@@ -265,7 +265,7 @@ def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
     ("csv", "id,prompt\n1,a\n".encode("utf-16"), "UTF-16 text"),
     ("openai-batch", b"\xfe\xff" + '{"prompt": "a"}\n'.encode("utf-16-be"), "UTF-16 text"),
     ("jsonl", '{"prompt": "a"}\n'.encode("utf-32"), "UTF-32 text"),
-    ("jsonl", b"PAR1\x15\x04\x15P\x15@L\x15", "a Parquet file"),
+    ("jsonl", b"PAR1\x15\x04\x15P\x15@L\x15\x00\x1c\x00\x00\x00PAR1", "a Parquet file"),
     ("jsonl", '{"prompt": "a"}\n'.encode("utf-16-le"), "UTF-16 text"),
     ("csv", "id,prompt\n1,a\n".encode("utf-16-be"), "UTF-16 text"),
 ], ids=["gzip", "gzip-csv", "bzip2", "xz", "zstd", "utf16", "utf16-csv", "utf16be-batch",
@@ -282,9 +282,11 @@ def test_a_compressed_or_utf16_input_is_one_input_error(
 
 
 def test_a_file_starting_with_what_a_compressed_file_could_does_not_fail(tmp_path: Path) -> None:
-    """Only a whole magic number is refused: a CSV header naming a column "BZh" is read."""
+    """Only a whole magic number is refused: a CSV header naming a column "BZh" is read, and
+    one "PAR1\u00e9" (a byte no ASCII text has after "PAR1", in a file not ending as Parquet's
+    does, with "PAR1")."""
     path = tmp_path / "in.csv"
-    for header in (b"BZh,prompt", b"PAR1,prompt", b"PAR1 x,prompt"):
+    for header in (b"BZh,prompt", b"PAR1,prompt", b"PAR1 x,prompt", "PAR1\u00e9,prompt".encode()):
         path.write_bytes(header + b"\n1,a\n")
         got = read_all(path, InputPlan(format="csv"))
         assert [entry["prompt"] for entry in got if isinstance(entry, dict)] == ["a"]
