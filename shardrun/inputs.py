@@ -23,7 +23,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -131,8 +131,9 @@ class InputReader:
     or Parquet schema without a needed column is an InputError here, before any item is read.
 
     With `keep_records`, `record` is the whole input record behind the entry last yielded
-    (None for a line that is not a record) and `columns` the names a CSV header or Parquet
-    schema gives (None for JSON lines); an export that shows the input reads them.
+    (None for a line that is not a record; a JSON line's whole numbers past 64 bits as written,
+    `kept_record`) and `columns` the names a CSV header or Parquet schema gives (None for JSON
+    lines); an export that shows the input reads them.
     """
 
     def __init__(self, path: Path, fields: InputPlan, keep_records: bool = False) -> None:
@@ -190,7 +191,7 @@ class InputReader:
                     continue
                 record = decode_line(raw, self.lines_read)
                 if self.keep_records:
-                    self.record = None if isinstance(record, Reject) else record
+                    self.record = None if isinstance(record, Reject) else kept_record(record, raw)
                 if isinstance(record, Reject):
                     yield record
                 else:
@@ -422,25 +423,81 @@ def line_item(record: dict[str, Any], raw: bytes, line_no: int,
     """A JSON line's record to an item (`raw`, the line, keys a record without an id)."""
     if fields.format == "openai-batch":
         return batch_item(record, line_no)
-    named = (fields.id_field, *(() if fields.template is None else fields.template.fields))
-    if floats := [name for name in named if isinstance(record.get(name), float)]:
-        record = _whole_numbers(record, raw, floats)
+    value, template = record.get(fields.id_field), fields.template
+    # Nothing built per line unless a value may be a whole number orjson took for a float.
+    if (type(value) is float and abs(value) >= _BIG) or (
+            template is not None and _any_big(record, template.fields)):
+        named = (fields.id_field, *(() if template is None else template.fields))
+        record = _whole_numbers(record, raw, named)
     return record_item(record, raw.strip(), line_no, fields)
 
 
-def _whole_numbers(record: dict[str, Any], raw: bytes, names: list[str]) -> dict[str, Any]:
+_BIG = 2.0**63
+"""orjson reads a whole number outside 64 bits (past 2**64 - 1, below -2**63) as a float, and
+each float at least this far from 0 is whole: only those may be such a number, so only a line
+holding one in a field that counts is read again (`_whole_numbers`); a price of 9.99 is not."""
+
+
+def _any_big(record: Mapping[str, Any], names: Iterable[str] | None) -> bool:
+    """Whether a value of `record` among `names` (all its keys: None) may be a whole number
+    orjson read as a float (`_BIG`)."""
+    for value in record.values() if names is None else map(record.get, names):
+        if type(value) is float and abs(value) >= _BIG:
+            return True
+    return False
+
+
+def _whole_numbers(record: dict[str, Any], raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
     """The record with each whole number among `names` (the id, template fields) that orjson
     read as a float, one outside 64 bits, as its decimal text: 18446744073709551616 and ...617
     are both 1.8446744073709552e+19 to orjson, so the second line's id was a duplicate of the
     first's, and a template's "Factor {n}" asked about another number. A number written as a
     float (1e20) stays the float it is."""
-    try:
-        exact = json.loads(raw)
-    except (ValueError, RecursionError):  # an int of more digits than Python takes, or nesting
-        return record  # deeper than its parser's: the floats they are, then
+    exact = _exact(raw)
+    if exact is None:
+        return record
     whole = {name: str(exact[name]) for name in names
              if isinstance(exact.get(name), int) and not isinstance(exact[name], bool)}
     return {**record, **whole} if whole else record
+
+
+def _exact(raw: bytes) -> dict[str, Any] | None:
+    """A JSON line orjson read as an object, read again with the json module, which reads a
+    whole number of any size as the int it is; None where it cannot (an int of more digits than
+    Python takes, or nesting deeper than its parser's: the floats orjson read stay, then)."""
+    try:
+        exact = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return exact if isinstance(exact, dict) else None
+
+
+def kept_record(record: dict[str, Any], raw: bytes) -> dict[str, Any]:
+    """The record as an export shows it (`InputReader.record`): a whole number outside 64 bits
+    among its values, which orjson read as a float, is the number written (an `orjson.Fragment`
+    of its digits, which orjson writes as they are; nested ones too, in a line holding such a
+    value at its top): otherwise an export's `input.id` would not join its `id`, and two lines'
+    input.id would be one number."""
+    if not _any_big(record, None):
+        return record
+    exact = _exact(raw)
+    if exact is None:
+        return record
+    try:
+        return {key: _json_ready(value) for key, value in exact.items()}
+    except RecursionError:
+        return record
+
+
+def _json_ready(value: Any) -> Any:
+    """`value` (read by the json module) with each int outside 64 bits an orjson.Fragment."""
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        return orjson.Fragment(str(value))
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(item) for item in value]
+    return value
 
 
 def record_item(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime
 import decimal
+import json
 import os
 import pty
 import re
@@ -650,6 +651,35 @@ def test_with_input_in_csv_has_a_column_per_key_of_a_json_lines_input(tmp_path: 
                       ["c", "three", "de", "", '["x","y"]', "2.5"]]  # fmt: skip
     statuses = [row[COLUMNS.index("status")] for row in table[1:]]
     assert statuses == ["ok", "rejected", "ok", "ok"]
+
+
+def test_with_input_shows_a_whole_number_past_64_bits_as_written(tmp_path: Path) -> None:
+    """orjson reads 18446744073709551616 and ...617 as one float: the ids were exact, but each
+    row's input held the float (1.8446744073709552e+19), so two rows had one input.id and it
+    did not join its id. The input shows each whole number as written, nested ones in such a
+    line too; a float stays what it is."""
+    (tmp_path / "input.jsonl").write_bytes(
+        b'{"id": 18446744073709551616, "prompt": "a", "price": 9.99}\n'
+        b'{"id": 18446744073709551617, "prompt": "b", "n": {"m": [-99999999999999999999]}}\n'
+        b'{"id": 3, "prompt": "c", "price": 1e20}\n')
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path).returncode == 0
+    run_dir = str(only_run(tmp_path / "runs"))
+    as_json, as_csv = tmp_path / "wide.jsonl", tmp_path / "wide.csv"
+    for out in (as_json, as_csv):
+        done = export(run_dir, "-o", str(out), "--with-input", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in as_json.read_bytes().splitlines()]
+    assert [row["input"] for row in rows] == [
+        {"id": 18446744073709551616, "prompt": "a", "price": 9.99},
+        {"id": 18446744073709551617, "prompt": "b", "n": {"m": [-99999999999999999999]}},
+        {"id": 3, "prompt": "c", "price": 1e20}]
+    assert [str(row["input"]["id"]) for row in rows] == [row["id"] for row in rows]
+    with open(as_csv, newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert [(row["id"], row["input.id"]) for row in table] == [
+        ("18446744073709551616", "18446744073709551616"),
+        ("18446744073709551617", "18446744073709551617"), ("3", "3")]
 
 
 def test_with_input_keeps_every_csv_column(tmp_path: Path) -> None:
