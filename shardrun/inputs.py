@@ -300,22 +300,36 @@ def holds_more(path: Path, offset: int, fmt: str) -> bool:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
+            line_start = True  # `offset` is where a line starts (after a whole read's last)
             while chunk := f.read(1 << 16):
-                if not blank(chunk, fmt):
+                if cut := next((n for n in (1, 2) if chunk.endswith(BOM[:n])), 0):
+                    chunk += f.read(3 - cut)  # a BOM the block's end cut: judged whole
+                if not blank(chunk, fmt, line_start):
                     return True
+                line_start = chunk.endswith(b"\n")
     except OSError:
         return False
     return False
 
 
-def blank(data: bytes, fmt: str) -> bool:
+_JSON_SPACE = b" \t\n\r\x0b\x0c"
+# Lines of JSON whitespace, each after its line break starting with a BOM or not (`BOM`).
+_JSON_BLANK = re.compile(rb"[ \t\r\x0b\x0c]*(?:\n(?:\xef\xbb\xbf)?[ \t\r\x0b\x0c]*)*")
+
+
+def blank(data: bytes, fmt: str, line_start: bool = True) -> bool:
     """Whether `data`, a part of an input file, is nothing but blank lines as the reader of the
-    format `fmt` passes over them: a JSON line of whitespace is blank; a CSV row is blank only
-    when the line is empty (a row of spaces is a row of the wrong width, a reject); any byte
-    past a Parquet file's end changed the file. The one rule for what follows the input read:
-    text appended after a whole read (`holds_more`) and the rest after a `--limit`'s last item
-    (`InputReader.at_end`)."""
-    return not data.strip({"csv": b"\r\n", "parquet": b""}.get(fmt, b" \t\n\r\x0b\x0c"))
+    format `fmt` passes over them: a JSON line of whitespace is blank, after a BOM at its start
+    (which the reader passes over on any line); a CSV row is blank only when the line is empty
+    (a row of spaces or a BOM is a row of the wrong width, a reject); any byte past a Parquet
+    file's end changed the file. `line_start`: whether `data` starts a line. The one rule for
+    what follows the input read: text appended after a whole read (`holds_more`) and the rest
+    after a `--limit`'s last item (`InputReader.at_end`)."""
+    if fmt == "csv" or fmt == "parquet":
+        return not data.strip(b"\r\n" if fmt == "csv" else b"")
+    if BOM not in data:
+        return not data.strip(_JSON_SPACE)
+    return _JSON_BLANK.fullmatch(data.removeprefix(BOM) if line_start else data) is not None
 
 
 def _must_exist(path: Path) -> None:

@@ -26,6 +26,7 @@ from shardrun.inputs import (
     InputPlan,
     InputReader,
     Reject,
+    holds_more,
     make_reader,
     parse_line,
 )
@@ -183,6 +184,18 @@ def test_only_a_float_that_may_be_a_whole_number_past_64_bits_is_read_again(
     line = b'{"id": 1, "price": -9223372036854775809}'
     assert parse_line(line, 3, plan)["prompt"] == "Price -9223372036854775809"
     assert reads == [line]
+
+
+def test_a_bom_cut_by_the_end_of_a_block_is_judged_whole(tmp_path: Path) -> None:
+    """holds_more reads the tail in blocks of 64 KiB: a line holding only a BOM whose bytes
+    the block's end cuts is blank still (the reader passes over it), and one after a space on
+    its line, which the reader rejects, is more (the next block starting with it too)."""
+    path = tmp_path / "in.jsonl"
+    for cut in (0, 1, 2):
+        path.write_bytes(b"\n" * ((1 << 16) - cut) + BOM + b"\n" + BOM)
+        assert not holds_more(path, 0, "jsonl")
+        path.write_bytes(b"\n" * ((1 << 16) - cut - 1) + b" " + BOM + b"\n")
+        assert holds_more(path, 0, "jsonl")
 
 
 def test_reader_hashes_and_counts_every_byte(tmp_path: Path) -> None:

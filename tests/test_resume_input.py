@@ -468,14 +468,14 @@ def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_a_limit_that_ends_on_the_last_record_before_blank_lines_reads_the_whole_input(
         tmp_path: Path, fmt: str) -> None:
-    """--limit 6 on six items whose file ends with blank lines (an editor's "\\n\\n"): nothing
-    but blank lines follows the sixth item, so the pass read the whole input, with no limit in
-    its summary and no --resume to print (one would run nothing). A row after the blank lines
-    is still more input."""
+    """--limit 6 on six items whose file ends with blank lines (an editor's "\\n\\n", a JSON
+    line holding only a BOM): nothing but blank lines follows the sixth item, so the pass read
+    the whole input, with no limit in its summary and no --resume to print (one would run
+    nothing). A row after the blank lines is still more input."""
     unterminated(tmp_path, fmt, 6)
     file = tmp_path / f"input.{fmt}"
-    with open(file, "ab") as f:
-        f.write(b"\n\n\r\n\n" if fmt == "csv" else b"\n\n  \n\t\n")
+    with open(file, "ab") as f:  # a JSON line holding only a BOM is blank too
+        f.write(b"\n\n\r\n\n" if fmt == "csv" else b"\n\n  \n\t\n\xef\xbb\xbf\n")
     whole = run_cli("job.yaml", "--limit", "6", "--run-id", "ww", *RUNS, cwd=tmp_path)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "to finish the run" not in whole.stdout and "--limit" not in whole.stdout, whole.stdout

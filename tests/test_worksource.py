@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardrun.digestset import DigestSet
-from shardrun.inputs import InputPlan, InputReader
+from shardrun.inputs import BOM, InputPlan, InputReader
 from shardrun.worksource import WorkSource, fair_share, id_digest
 
 FIELDS = InputPlan(id_field="id", prompt_field="prompt")
@@ -141,14 +141,17 @@ def test_a_limit_above_the_input_reads_it_to_the_end(tmp_path: Path) -> None:
     ("jsonl", _item("c") + b"\n", True), ("jsonl", b"\n\n" + _item("c") + b"\n", True),
     ("csv", b"", False), ("csv", b"\n\r\n\n", False), ("csv", b"\n \n", True),
     ("csv", b"\nc,p\n", True), ("parquet", b"", False), ("parquet", _item("c"), True),
+    ("jsonl", BOM, False), ("jsonl", b"\n" + BOM + b" \n" + BOM, False),
+    ("jsonl", b" " + BOM + b"\n", True), ("csv", BOM + b"\n", True),
 ])  # fmt: skip
 def test_a_limit_at_the_inputs_last_item_reads_it_to_the_end(
     tmp_path: Path, fmt: str, tail: bytes, more: bool
 ) -> None:
     """--limit 2 with two items: a file with nothing after them but blank lines, as its reader
     passes over them (whitespace after a JSON line, empty lines after a CSV row), or a Parquet
-    file whose last row was read, is read to the end (nothing for a resume to do). A record
-    after them, or a CSV line of spaces (a row of the wrong width), is more."""
+    file whose last row was read, is read to the end (nothing for a resume to do), and so is a
+    JSON line holding only a BOM, which the reader passes over. A record after them, a CSV line
+    of spaces or a BOM (a row of the wrong width), or a BOM after a space (no JSON), is more."""
     path = tmp_path / f"in.{fmt}"
     if fmt == "jsonl":
         path.write_bytes(_item("a") + b"\n" + _item("b") + b"\n" + tail)
