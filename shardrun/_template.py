@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -27,11 +27,13 @@ class Template:
     """A parsed template: alternating literal text and field names (None after the last)."""
 
     pieces: tuple[tuple[str, str | None], ...]
+    # The distinct field names, in order of first use: made once, as each input line reads them
+    # (made per line, they cost a reader as much as the template's filling).
+    fields: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """The distinct field names, in order of first use."""
-        return tuple(dict.fromkeys(name for _, name in self.pieces if name is not None))
+    def __post_init__(self) -> None:
+        names = tuple(dict.fromkeys(name for _, name in self.pieces if name is not None))
+        object.__setattr__(self, "fields", names)
 
     def fill(self, record: Mapping[str, object]) -> str:
         """The filled text; raises MissingField for the first field the record lacks."""

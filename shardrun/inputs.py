@@ -528,7 +528,9 @@ def record_item(
             near = "" if exc.field in record else _near(exc.field, record)  # null: it is there
             return Reject(line_no, f"template field '{exc.field}' is missing{near}", item_id)
         # An empty one is what a CSV's empty cell is (a reject), and a blank prompt is not sent.
-        empty = next((f for f in plan.template.fields if record.get(f) == ""), None)
+        fields = plan.template.fields
+        empty = (next(f for f in fields if record.get(f) == "")
+                 if "" in map(record.get, fields) else None)  # no generator per line: hot
         if empty is not None or not text.strip():
             what = f"field '{empty}' is empty" if empty is not None else "filled is blank"
             return Reject(line_no, f"template {what}", item_id)
