@@ -131,9 +131,9 @@ def unproven(loaded: LoadedRun, minute: int) -> str | None:
     if not spans:
         return None
     return (f"{spans:,} of its spans ({tokens:,} tokens or more) were released past the last "
-            f"good checkpoint of {', '.join(files)} (a run that crashed, or a log written "
-            "without checkpoints): no checkpoint proves those lines, so an edit there would "
-            "verify")
+            f"good checkpoint of {', '.join(files)} (a shard or a run that crashed, or a log "
+            "written without checkpoints): no checkpoint proves those lines, so an edit there "
+            "would verify")
 
 
 def _load(run_dir: Path, workers: int | None) -> LoadedRun:

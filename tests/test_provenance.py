@@ -249,8 +249,8 @@ def test_spans_released_past_the_last_checkpoint_of_a_crashed_log_are_named(
     warnings: list[str] = []
     _, sample = publish(run, minute=minute, warnings=warnings)
     said = ("3 of its spans (5,005 tokens or more) were released past the last good checkpoint "
-            "of events/shard-00.jsonl (a run that crashed, or a log written without "
-            "checkpoints): no checkpoint proves those lines, so an edit there would verify")
+            "of events/shard-00.jsonl (a shard or a run that crashed, or a log written "
+            "without checkpoints): no checkpoint proves those lines, so an edit there would verify")
     assert warnings == [f"minute {minute}: {said}"]
     assert verify(sample).endswith(f"the figure and its counted lines recompute; but {said}")
 
