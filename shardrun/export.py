@@ -59,7 +59,7 @@ from shardrun.manifest import (
     read_manifest,
     run_on,
 )
-from shardrun.outpath import check_not_read_back, check_output_file
+from shardrun.outpath import check_not_read_back, check_output_file, replace_target
 from shardrun.resume import set_aside_lines
 from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
@@ -513,8 +513,8 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
     """Write next to `out`, then rename: a failed export leaves no half file (nor a half-new
     version of an earlier export). Through a symbolic link, the file it names is replaced and
     the link kept; a device or a pipe (/dev/null, a FIFO) is written in place, as `>` would."""
-    target = Path(os.path.realpath(out))
-    if str(out).startswith(("/dev/", "/proc/")) or (target.exists() and not target.is_file()):
+    target = replace_target(out)
+    if target is None:
         _write_in_place(index, reader, fmt, out, summary, columns)
         return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from shardrun.errors import SpecError
@@ -54,3 +56,41 @@ def check_not_a_run_file(flag: str, path: Path) -> None:
                                 "its results/, events/, dead/ and logs/ (its samples/ will do)")
             return
 
+
+def replace_target(path: Path) -> Path | None:
+    """Where a file written for `path` through a temporary file is renamed to, or None when
+    `path` is written in place. In place: a path under /dev/ or /proc/ (as given,
+    before resolving: /dev/stdout on a pipe resolves to /proc/PID/fd/pipe:[N], which does not
+    exist), one that resolves there, and an existing file that is no regular one (a FIFO, a
+    device), whose reader or driver a renamed file would replace. Otherwise the path resolved:
+    through a symbolic link the file it names is replaced and the link kept."""
+    if str(path).startswith(("/dev/", "/proc/")):
+        return None
+    target = Path(os.path.realpath(path))
+    if str(target).startswith(("/dev/", "/proc/")):
+        return None
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return target  # none yet (or unreachable: the write says why)
+    return target if stat.S_ISREG(mode) else None
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` (`replace_target`): through a temporary file beside the target,
+    renamed over it, so a write that fails part way (a full disk) leaves the earlier file whole
+    and no temporary one; or in place, appended as `>>` does (what a descriptor path leads to
+    is kept). OSError when it failed."""
+    target = replace_target(path)
+    if target is None:
+        with open(path, "ab") as f:
+            f.write(data)
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -16,7 +16,6 @@ sample written anew over edited files would verify.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minu
 from shardrun.aggregate._metrics import windows
 from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.manifest import read_manifest
-from shardrun.outpath import check_not_a_run_file
+from shardrun.outpath import check_not_a_run_file, replace_target, write_bytes_atomically
 from shardrun.report._rundir import (
     FoldOptions,
     LoadedRun,
@@ -184,16 +183,13 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     name = "minute-" + str(sample["minute"]).replace(":", "") + ".json"
     path = out or run_dir / "samples" / name
     # Through a temporary file: a write that fails (a full disk) leaves no half sample, and an
-    # earlier sample of the minute as it was.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # earlier sample of the minute as it was; a device or a FIFO in place, a link's target.
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(format_sample(sample).encode() + b"\n")
-        os.replace(tmp, path)
+        write_bytes_atomically(path, format_sample(sample).encode() + b"\n")
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise PublishError(f"cannot write {path}: {exc.strerror}; nothing was written") from None
+        kept = "; nothing was written" if replace_target(path) is not None else ""
+        raise PublishError(f"cannot write {path}: {exc.strerror}{kept}") from None
     return sample, path
 
 

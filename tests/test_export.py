@@ -412,8 +412,8 @@ def test_the_runs_own_files_and_inputs_are_never_written(base: Path, tmp_path: P
 
 def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> None:
     """Through a symbolic link the file it names gets the rows and the link stays; a FIFO is
-    written in place (its reader gets the rows). A device such as /dev/null takes the FIFO's
-    path (not tried here: run as root, a regression would replace the machine's /dev/null)."""
+    written in place (its reader gets the rows), and so is a device (here a node with
+    /dev/null's numbers, never the machine's own) and a link to standard output."""
     run_dir = only_run(base / "runs")
     plain = tmp_path / "plain.jsonl"
     assert export(str(run_dir), "-o", str(plain), cwd=base).returncode == 0
@@ -435,6 +435,18 @@ def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> Non
             reader.communicate()
     assert done.returncode == 0, done.stderr
     assert got == rows and stat.S_ISFIFO(fifo.stat().st_mode)
+    # A link to standard output (as /dev/stdout is), standard output a pipe: the link
+    # resolves to /proc/PID/fd/pipe:[N], no file to write beside, so it is written in place.
+    (tmp_path / "fakedev").mkdir()
+    out = tmp_path / "fakedev" / "stdout"
+    out.symlink_to("/proc/self/fd/1")
+    piped = export(str(run_dir), "-o", str(out), cwd=base)
+    assert piped.returncode == 0 and piped.stdout == rows.decode(), piped.stderr
+    assert out.is_symlink()
+    null = tmp_path / "fakedev" / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert export(str(run_dir), "-o", str(null), cwd=base).returncode == 0
+    assert stat.S_ISCHR(null.stat().st_mode)
 
 
 def test_dev_stdout_is_standard_output_into_a_pipe_or_an_appended_file(

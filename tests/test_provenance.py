@@ -12,8 +12,10 @@ import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,7 @@ from shardrun.provenance import (
 )
 
 M = B // 60
+WAIT_S = 60.0  # a hang guard, not a timing assertion
 
 
 def _coordinator() -> list[dict[str, Any]]:
@@ -616,3 +619,64 @@ def test_sample_published_before_the_layout_change_still_verifies(tmp_path: Path
     for key in ("minute", "completion_tokens", "spans", "lines_counted", "lines_sha256",
                 "per_shard", "method", "files"):
         assert fresh[key] == old[key], key
+
+
+def _read_fifo(fifo: Path, got: list[bytes]) -> threading.Thread:
+    """A reader of `fifo` in a thread (its open waits for a writer, as `cat fifo` does)."""
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_a_sample_to_a_device_a_fifo_or_a_link_is_written_where_the_path_leads(
+        tmp_path: Path) -> None:
+    """-o through a temporary file renamed over the path replaced a device with a file (as
+    root, -o /dev/null: here a node of its numbers, never the machine's), left a FIFO's reader
+    with nothing, and replaced a symbolic link, never writing the file it names. A device and
+    a FIFO are written in place; through a link, the file it names is replaced, the link kept."""
+    run = _run(tmp_path / "run")
+    (tmp_path / "fakedev").mkdir()
+    null = tmp_path / "fakedev" / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    publish(run, out=null)
+    assert stat.S_ISCHR(null.stat().st_mode)
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = _read_fifo(fifo, got)
+    sample, _ = publish(run, out=fifo)
+    reader.join(WAIT_S)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert orjson.loads(got[0])["files"] == sample["files"]
+
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "sample.json"
+    real.write_text("an earlier sample\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    publish(run, out=link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert orjson.loads(real.read_bytes())["files"] == sample["files"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["sample.json"]
+
+
+def test_a_sample_through_a_link_to_standard_output_reaches_the_pipe(tmp_path: Path) -> None:
+    """-o a link to /proc/self/fd/1 (as /dev/stdout is), standard output a pipe: the sample
+    goes down the pipe (after the copy publish prints there) and the link stays. (It
+    resolves to /proc/PID/fd/pipe:[N], which no temporary file can be put beside nor renamed
+    over.)"""
+    run = _run(tmp_path / "run")
+    (tmp_path / "fakedev").mkdir()
+    out = tmp_path / "fakedev" / "stdout"
+    out.symlink_to("/proc/self/fd/1")
+    done = subprocess.run([sys.executable, "-m", "shardrun", "publish", str(run), "-o",
+                           str(out)], capture_output=True, stdin=subprocess.DEVNULL,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.decode().split("\n{")  # printed, as ever, then written
+    assert orjson.loads(first) == orjson.loads("{" + second)
+    assert out.is_symlink() and os.readlink(out) == "/proc/self/fd/1"

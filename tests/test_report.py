@@ -673,3 +673,23 @@ def test_aggregate_workers_of_a_digit_that_is_no_number_is_refused(
     monkeypatch.setenv("SHARDRUN_AGGREGATE_WORKERS", "²")
     with pytest.raises(RunDirError, match="is not a positive whole number"):
         _rundir._workers()
+
+
+def test_an_html_page_to_dev_stdout_into_a_pipe_is_written(real_run: Path,
+                                                          tmp_path: Path) -> None:
+    """--html /dev/stdout, standard output a pipe: the page goes down the pipe, exit 0. The
+    path resolves to /proc/PID/fd/pipe:[N], which does not exist, so it was taken for a file
+    to write beside and rename over ('No such file or directory; nothing was written'). A link
+    to a page is kept, the page it names written."""
+    pytest.importorskip("plotly")
+    done = subprocess.run([sys.executable, "-m", "shardrun", "report", str(real_run), "--html",
+                           "/dev/stdout"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<!DOCTYPE html>") and "</html>\n" in done.stdout
+    page = tmp_path / "page.html"
+    page.write_text("an earlier page\n")
+    link = tmp_path / "link.html"
+    link.symlink_to(page)
+    assert main(["report", str(real_run), "--html", str(link)]) == 0
+    assert link.is_symlink() and page.read_text().startswith("<!DOCTYPE html>")

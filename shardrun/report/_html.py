@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from shardrun.aggregate import BUCKETS, SEGMENT_LABELS, ShardSummary, minute_lab
 from shardrun.aggregate._segments import merge_segments
 from shardrun.errors import ShardrunError
 from shardrun.itl import bucket_mid
+from shardrun.outpath import replace_target, write_bytes_atomically
 from shardrun.report._rundir import LoadedRun
 from shardrun.report._text import format_report
 
@@ -56,19 +56,11 @@ def write_html(doc: dict[str, Any], loaded: LoadedRun, path: Path) -> None:
             + f"\n<h2>Summary</h2><pre>{text}</pre></body></html>\n")
     # Through a temporary file, as export's: a page a full disk cut short renders as a whole
     # one, its last plots and the summary missing. A device or a pipe is written in place.
-    target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file():
-        tmp = target
-    else:
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        if tmp != target:
-            os.replace(tmp, target)
+        write_bytes_atomically(path, page.encode())
     except OSError as exc:
-        if tmp != target:
-            tmp.unlink(missing_ok=True)
-        raise ShardrunError(f"cannot write {path}: {exc.strerror}; nothing was written") from None
+        kept = "; nothing was written" if replace_target(path) is not None else ""
+        raise ShardrunError(f"cannot write {path}: {exc.strerror}{kept}") from None
 
 
 def tpm_figure(go: Any, doc: dict[str, Any]) -> Any:
