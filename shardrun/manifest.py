@@ -29,6 +29,7 @@ import orjson
 from shardrun import __version__
 from shardrun._urls import masked_url
 from shardrun.errors import InputError, RunDirError, SpecError
+from shardrun.outpath import is_run_file
 
 if TYPE_CHECKING:
     from shardrun.inputs import InputReader
@@ -545,9 +546,12 @@ def listed_file(path: Path) -> bool:
 
 
 def list_files(root: Path) -> list[dict[str, Any]]:
+    """Every file of the run's own (`outpath.is_run_file`) with its SHA-256 and size: not a
+    report or a sample written into the run directory, which a later report or publish
+    rewrites and verify RUN_DIR would then take for tampering."""
     files = []
     for path in sorted(root.rglob("*")):
-        if listed_file(path):
+        if listed_file(path) and is_run_file(path.relative_to(root).as_posix()):
             sha, size = file_digest(path)
             files.append({"path": str(path.relative_to(root)), "sha256": sha, "bytes": size})
     return files

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from shardrun.errors import SpecError
 
@@ -39,6 +40,18 @@ def check_output_file(flag: str, path: Path) -> None:
 RUN_FOLDERS = ("results", "events", "dead", "logs")
 """A run's own folders: a file there is one of the run's to `verify` (or read back)."""
 RUN_FILES = ("manifest.json", "rejects.jsonl", ".lock", ".pass.lock")
+_REJECTS = re.compile(r"rejects(\.r[0-9]+)?\.jsonl")
+
+
+def is_run_file(rel: str) -> bool:
+    """Whether `rel` (a path inside a run directory) names a file the run itself writes: one
+    in its results/, events/, dead/ or logs/, or its rejects (`rejects.jsonl`, one a pass K
+    wrote as `rejects.rK.jsonl`). The manifest lists these, and verify RUN_DIR checks them;
+    a report or a sample written beside them (samples/, the top level) is not the run's."""
+    parts = PurePosixPath(rel).parts
+    if len(parts) > 1:
+        return parts[0] in RUN_FOLDERS
+    return bool(parts) and _REJECTS.fullmatch(parts[0]) is not None
 
 
 def check_not_a_run_file(flag: str, path: Path) -> None:
@@ -50,7 +63,7 @@ def check_not_a_run_file(flag: str, path: Path) -> None:
     for folder in target.parents:
         if (folder / "manifest.json").is_file():
             rel = target.relative_to(folder)
-            if rel.parts[0] in RUN_FOLDERS or str(rel) in RUN_FILES:
+            if is_run_file(rel.as_posix()) or str(rel) in RUN_FILES:
                 raise SpecError(f"{flag} {path} is among the files of run directory {folder}, "
                                 "which verify checks against its manifest; name a file outside "
                                 "its results/, events/, dead/ and logs/ (its samples/ will do)")

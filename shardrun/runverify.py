@@ -1,7 +1,8 @@
 """`shardrun verify RUN_DIR`: check a whole run directory against its manifest (DESIGN §5).
 
-At each pass's end the manifest lists every file of the run with its SHA-256 and size
-(`manifest.list_files`), as the files are then: the list of the run's last pass to end names
+At each pass's end the manifest lists every file of the run's own (not a sample or report
+written into its directory) with its SHA-256 and size (`manifest.list_files`), as the files are
+then: the list of the run's last pass to end names
 each file at its last path and with its last bytes (a retry pass's dead letters set aside
 under `dead/superseded-rK/`, a shared log appended to by every pass). Each listed file is read
 once, streaming, in worker processes where that helps (as `report` folds); event files also
@@ -25,6 +26,7 @@ from typing import Any
 
 from shardrun._ellipsis import counted
 from shardrun.manifest import listed_file, pass_reads, prefix_digests, read_manifest
+from shardrun.outpath import is_run_file
 from shardrun.provenance import VerifyError
 from shardrun.report._rundir import LoadedRun, event_files, map_files, run_state
 from shardrun.report._scan import FileScan, scan_file
@@ -206,7 +208,8 @@ def _listed(run_dir: Path, manifest: dict[str, Any],
         path = rec.get("path") if isinstance(rec, dict) else None
         if (isinstance(path, str) and isinstance(rec.get("sha256"), str)
                 and type(rec.get("bytes")) is int and _inside(path) and path not in listed):
-            listed[path] = rec
+            if is_run_file(path):  # an older shardrun listed reports and samples too
+                listed[path] = rec
         else:
             out.problems.append(f"the manifest's files[{i}] is not a file of the run (a path "
                                 "inside it, its SHA-256 and size, each listed once): the "

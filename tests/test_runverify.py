@@ -183,6 +183,55 @@ def test_a_manifest_listing_a_path_outside_the_run_is_damaged(
             in err), err
 
 
+def _publish_into(run: Path, capsys: pytest.CaptureFixture[str]) -> list[Path]:
+    """A sample where publish puts it (samples/) and one at the run's top level, as README
+    says a sample or a report may go: files of the user's, not of the run."""
+    written = []
+    for out in ([], ["-o", str(run / "samples" / "mine.json")], ["-o", str(run / "top.json")]):
+        assert main(["publish", str(run), *out]) == 0
+        written.append(Path(capsys.readouterr().err.splitlines()[-1].removeprefix("wrote ")))
+    return written
+
+
+def test_samples_written_into_a_run_and_rewritten_after_a_pass_are_not_its_files(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Samples published into the run directory, a retry pass (whose end lists the run's
+    files), the samples published again over them: the manifest lists none of them and verify
+    passes. The list named every file under the run, so verify failed an untouched run with
+    '... differs from the manifest ... rewritten'."""
+    run = _copy(finished, tmp_path)
+    before = [p.read_bytes() for p in _publish_into(run, capsys)]
+    _job(tmp_path, GOOD, "good.yaml", input={"path": str(finished.parent.parent / "input.jsonl")})
+    again = run_cli("retry-failed", str(run), "--job", "good.yaml", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    listed = {f["path"] for f in orjson.loads((run / "manifest.json").read_bytes())["files"]}
+    assert not {p for p in listed if p.startswith("samples/") or p == "top.json"}, listed
+    written = _publish_into(run, capsys)
+    assert [p.read_bytes() for p in written] != before  # rewritten: the r1 files are in them
+    code, out, err = _verify(run, capsys)
+    assert code == 0 and out.startswith(f"ok: run r1: {len(listed)} files ("), err
+    (run / "events" / "stray.jsonl").write_text("{}\n")  # the run's own folders: still checked
+    code, _, err = _verify(run, capsys)
+    assert code == 1 and "events/stray.jsonl is in the run directory but not" in err, err
+
+
+def test_samples_an_older_manifest_lists_are_passed_over(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A manifest an older shardrun wrote lists a sample and a report written into the run
+    before a pass ended: rewritten since (or gone), they are no problem of the run's."""
+    run = _copy(finished, tmp_path)
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    written = _publish_into(run, capsys)
+    for path in written:
+        manifest["files"].append({"path": path.relative_to(run).as_posix(), "sha256": "0" * 64,
+                                  "bytes": 1})
+    manifest["files"].append({"path": "report.html", "sha256": "0" * 64, "bytes": 1})
+    (run / "manifest.json").write_bytes(orjson.dumps(manifest))
+    code, out, err = _verify(run, capsys)
+    assert code == 0, err
+    assert out.startswith(f"ok: run r1: {len(manifest['files']) - 4} files ("), out
+
+
 def test_a_run_after_retry_failed_verifies_clean(finished: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A retry pass moves the dead letters aside (dead/superseded-r1/) and writes files of its
