@@ -63,7 +63,7 @@ def check_not_a_run_file(flag: str, path: Path) -> None:
     for folder in target.parents:
         if (folder / "manifest.json").is_file():
             rel = target.relative_to(folder)
-            if is_run_file(rel.as_posix()) or str(rel) in RUN_FILES:
+            if rel.parts[0] in RUN_FOLDERS or is_run_file(rel.as_posix()) or str(rel) in RUN_FILES:
                 raise SpecError(f"{flag} {path} is among the files of run directory {folder}, "
                                 "which verify checks against its manifest; name a file outside "
                                 "its results/, events/, dead/ and logs/ (its samples/ will do)")
