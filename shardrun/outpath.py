@@ -41,17 +41,25 @@ RUN_FOLDERS = ("results", "events", "dead", "logs")
 """A run's own folders: a file there is one of the run's to `verify` (or read back)."""
 RUN_FILES = ("manifest.json", "rejects.jsonl", ".lock", ".pass.lock")
 _REJECTS = re.compile(r"rejects(\.r[0-9]+)?\.jsonl")
+# The Batch API's files a run with output.format openai-batch writes at its end
+# (`batch_format.OUTPUT_NAME`, `ERRORS_NAME`): the run's own, listed and verified.
+_BATCH_FILES = ("batch_output.jsonl", "batch_errors.jsonl")
+# Paths that name a descriptor: what they lead to (a pipe, a terminal, a file opened with >>)
+# is written in place, never replaced.
+_DESCRIPTOR = re.compile(r"/dev/(stdout|stderr|fd/[0-9]+)|/proc/(self|[0-9]+)/fd/[0-9]+")
 
 
 def is_run_file(rel: str) -> bool:
     """Whether `rel` (a path inside a run directory) names a file the run itself writes: one
     in its results/, events/, dead/ or logs/, or its rejects (`rejects.jsonl`, one a pass K
-    wrote as `rejects.rK.jsonl`). The manifest lists these, and verify RUN_DIR checks them;
-    a report or a sample written beside them (samples/, the top level) is not the run's."""
+    wrote as `rejects.rK.jsonl`), its Batch API files. The manifest lists these, and verify
+    RUN_DIR checks them; a report or a sample written beside them (samples/, the top level) is
+    not the run's."""
     parts = PurePosixPath(rel).parts
     if len(parts) > 1:
         return parts[0] in RUN_FOLDERS
-    return bool(parts) and _REJECTS.fullmatch(parts[0]) is not None
+    return bool(parts) and (_REJECTS.fullmatch(parts[0]) is not None
+                            or parts[0] in _BATCH_FILES)
 
 
 def check_not_a_run_file(flag: str, path: Path) -> None:
@@ -72,15 +80,17 @@ def check_not_a_run_file(flag: str, path: Path) -> None:
 
 def replace_target(path: Path) -> Path | None:
     """Where a file written for `path` through a temporary file is renamed to, or None when
-    `path` is written in place. In place: a path under /dev/ or /proc/ (as given,
-    before resolving: /dev/stdout on a pipe resolves to /proc/PID/fd/pipe:[N], which does not
-    exist), one that resolves there, and an existing file that is no regular one (a FIFO, a
-    device), whose reader or driver a renamed file would replace. Otherwise the path resolved:
-    through a symbolic link the file it names is replaced and the link kept."""
-    if str(path).startswith(("/dev/", "/proc/")):
+    `path` is written in place. In place: a path that names a descriptor (/dev/stdout, as
+    given: on a pipe it resolves to /proc/PID/fd/pipe:[N], which does not exist), one that
+    resolves under /proc/, and an existing file that is no regular one (a FIFO, a device),
+    whose reader or driver a renamed file would replace. Otherwise the path resolved: through a
+    symbolic link the file it names is replaced and the link kept. A regular file under /dev/
+    (/dev/shm) is replaced as any is: written in place it was appended to, two samples in one."""
+    given = str(path)
+    if _DESCRIPTOR.fullmatch(given) or given.startswith("/proc/"):
         return None
     target = Path(os.path.realpath(path))
-    if str(target).startswith(("/dev/", "/proc/")):
+    if str(target).startswith("/proc/"):
         return None
     try:
         mode = os.stat(target).st_mode

@@ -32,6 +32,7 @@ import yaml
 
 from shardrun.errors import SpecError
 from shardrun.export import COLUMNS, format_of
+from shardrun.outpath import is_run_file, replace_target
 from shardrun.worksource import duplicate_reason
 from tests.conftest import (
     CLI_TIMEOUT_S,
@@ -447,6 +448,28 @@ def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> Non
     os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     assert export(str(run_dir), "-o", str(null), cwd=base).returncode == 0
     assert stat.S_ISCHR(null.stat().st_mode)
+
+
+def test_where_a_write_goes_in_place_and_which_files_are_the_runs(tmp_path: Path) -> None:
+    """Descriptor paths and files that are no regular ones are written in place; a regular
+    file is replaced through a temporary one, under /dev/ too (/dev/shm: in place, a second
+    sample was appended to the first, a file verify could not read), and through a link the
+    file it names. The Batch API files are the run's own: listed and verified (they were
+    neither, so an edited batch_output.jsonl verified ok)."""
+    for descriptor in ("/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/fd/1"):
+        assert replace_target(Path(descriptor)) is None, descriptor
+    assert replace_target(Path("/dev/null")) is None  # a device (only looked at)
+    shm = Path("/dev/shm/shardrun-never-written.json")  # only its place is looked at
+    assert replace_target(shm) == Path(os.path.realpath(shm))
+    regular, link = tmp_path / "a.json", tmp_path / "link.json"
+    regular.write_text("x")
+    link.symlink_to(regular)
+    assert replace_target(link) == regular
+    for own in ("batch_output.jsonl", "batch_errors.jsonl", "rejects.r2.jsonl",
+                "events/shard-00.jsonl", "logs/launcher.log"):
+        assert is_run_file(own), own
+    for other in ("samples/minute.json", "report.html", "batch_output.json"):
+        assert not is_run_file(other), other
 
 
 def test_dev_stdout_is_standard_output_into_a_pipe_or_an_appended_file(
