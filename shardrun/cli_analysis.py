@@ -111,6 +111,7 @@ def run_report(args: argparse.Namespace) -> int:
         write_html,
     )
 
+    _not_a_dash("--html", args.html, "the text report goes to standard output")
     if args.html is not None:
         check_output_file("--html", args.html)
         check_not_a_run_file("--html", args.html)
@@ -132,6 +133,7 @@ def run_report(args: argparse.Namespace) -> int:
 def run_publish(args: argparse.Namespace) -> int:
     from shardrun.provenance import format_sample, publish
 
+    _not_a_dash("-o", args.output, "the sample is printed on standard output as well")
     warnings: list[str] = []
     sample, path = publish(args.run_dir, minute=args.minute, out=args.output, warnings=warnings)
     print(format_sample(sample))
@@ -142,6 +144,13 @@ def run_publish(args: argparse.Namespace) -> int:
               "so its tokens are not a full minute's throughput", file=sys.stderr)
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _not_a_dash(flag: str, value: Path | None, why: str) -> None:
+    """Refuse '-' for a file the command writes beside what it prints: it made a file named
+    '-' in the working directory, where `export -o -` writes to standard output."""
+    if value == Path("-"):
+        raise SpecError(f"{flag} -: {why}, so '-' is no place for this file; give a file name")
 
 
 @guarded

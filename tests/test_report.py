@@ -348,6 +348,24 @@ def test_html_into_a_missing_directory_or_onto_one_is_a_usage_error(
     assert not among.exists()
 
 
+def test_a_dash_for_a_written_file_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """report --html - and publish -o - made a file named '-' in the working directory, where
+    export -o - writes to standard output; both print on standard output already."""
+    run = _hand_run(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(run), "--html", "-"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --html -: the text report goes to standard output, so '-' is no place for "
+        "this file; give a file name\n")
+    assert main(["publish", str(run), "-o", "-"]) == 2
+    assert capsys.readouterr().err == (
+        "error: -o -: the sample is printed on standard output as well, so '-' is no place "
+        "for this file; give a file name\n")
+    assert not (tmp_path / "-").exists()
+
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 300-item run on the simulator, with some 5xx faults so that retries happen."""
