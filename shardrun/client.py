@@ -17,7 +17,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
                          an answer whose finish_reason is "error" or "abort" (the server gave up),
-                         a body with no event in 16 MiB or of over 64 MiB (bounded memory),
+                         a body with no event in 16 MiB or of over 64 MiB (bounded memory;
+                         more where the request's token limit allows, `body_cap`),
                          a body that does not decode as its Content-Encoding says
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
