@@ -38,7 +38,7 @@ from shardrun.progress import ProgressView
 from shardrun.ratelimit import shares
 from shardrun.shard_config import ABANDON, ShardConfig, shard_file_name
 from shardrun.summary import RunSummary, add_unreported
-from shardrun.worksource import WorkSource, fair_share
+from shardrun.worksource import SETTLE_LINES, WorkSource, fair_share
 
 # Before the event log imports structlog: rich is for the terminal display only, and a run
 # whose output is not a terminal never loads it (see the function and progress.py).
@@ -229,7 +229,7 @@ class Coordinator:
         # Read first, yielding as it goes: where most input lines hold no item to hand out,
         # reading up to the next ones held the event loop for seconds.
         ahead = min(len(self.states) * n, LOOKAHEAD_MAX)
-        await self.source.fill(max(n, ahead), lambda: self.handing_out)
+        await self.source.fill(max(n, ahead), lambda: self.handing_out, settle=SETTLE_LINES)
         if state.done is not None or state.died is not None:
             # It finished (or died) while the input was read: items handed to it now would
             # be held as its outstanding ones and never run. They stay in the source.
@@ -250,6 +250,10 @@ class Coordinator:
 
         Until the input's end is in sight this costs no pass over the shards: a run of a
         thousand shards asks a thousand times a second."""
+        if not self.source.read_ahead(ahead):
+            # A sparse stretch (the read settled for what it found, `SETTLE_LINES`), its end
+            # not in sight: what was found is split over the live shards, as they ask.
+            return max(1, min(n, -(-self.source.ready // max(1, len(self._live())))))
         left = self.source.remaining(ahead)
         if left is None:
             return n

@@ -13,8 +13,9 @@ collide that way with probability 2^-63, beside the 2^-64 of any two digests bei
 The table doubles incrementally: the old array stays alive, untouched (its probe chains intact,
 so lookups may search it), while each `add` moves the next few of its slots into the new one.
 Rehashing all at once took the coordinator's loop away for 0.3 s at 3 million ids (1.2 s on a
-busy machine; twice as long at each doubling after), during which no shard was handed work. While the two arrays coexist, for 1/64 of the
-old one's size in adds, a digest costs up to 32 bytes.
+busy machine; twice as long at each doubling after), during which no shard was handed work.
+While the two arrays coexist, for 1/64 of the old one's size in adds, a digest costs up to 32
+bytes.
 """
 
 from __future__ import annotations

@@ -71,6 +71,12 @@ def fair_share(asked: int, left: int, holds: int, held: int, shards: int) -> int
 SKIP_SLICE_LINES = 5_000
 """Input lines `WorkSource.fill` reads between yields to its event loop: about 20 ms."""
 
+SETTLE_LINES = 50_000
+"""Input lines a hand-out's read ahead goes on for, once it holds an item, before it settles for
+what it found: about 0.2 s. Reading ahead until the look-ahead was full (up to 4,096 items) kept a
+sparse pass's shards idle while it read: a retry of a few dead letters among ten million lines
+sent nothing until it had read them all."""
+
 
 class WorkSource:
     """Hands out items in input order, re-queued items first.
@@ -136,6 +142,16 @@ class WorkSource:
         """Every item of the input has been handed out, none left unread."""
         return self.exhausted and not self.limit_reached
 
+    @property
+    def ready(self) -> int:
+        """Items read and waiting to be handed out, re-queued ones included."""
+        return len(self._requeued) + len(self._ahead)
+
+    def read_ahead(self, limit: int) -> bool:
+        """Whether `limit` items wait to be handed out or the input has been read to its end:
+        then `remaining(limit)` reads nothing."""
+        return self._read_all or len(self._ahead) >= limit
+
     def remaining(self, limit: int) -> int | None:
         """How many items are left to hand out, if that is at most `limit`; else None.
 
@@ -169,9 +185,11 @@ class WorkSource:
         return batch
 
     async def fill(self, n: int, keep_going: Callable[[], bool] = lambda: True,
-                   lines: int = SKIP_SLICE_LINES) -> None:
+                   lines: int = SKIP_SLICE_LINES, settle: int | None = None) -> None:
         """Read ahead until `n` items wait to be handed out or the input has ended, while
         `keep_going()` (a stop ends the read: the items not reached are left for --resume).
+        With `settle`, stop too once this call has read that many entries and an item waits
+        (`SETTLE_LINES`): a sparse stretch is handed out as it is found.
 
         It reads at most `lines` input entries between yields to the event loop, counted over
         calls: where most lines hold no item to hand out (finished by an earlier pass, left
@@ -186,15 +204,19 @@ class WorkSource:
         # One fill reads at a time, the others waiting their turn: two that each read a slice
         # in one turn of the loop would hold it for both.
         async with self._filling:
+            read_here = 0
             while not self._read_all and len(self._ahead) < n:
+                if settle is not None and read_here >= settle and self.ready:
+                    return
                 if self._unyielded >= lines:
                     await asyncio.sleep(0)
                     self._unyielded = 0
                     continue  # asked again: an earlier fill may have read the items
                 if not keep_going():
                     return
-                self._unyielded += self._read(n - len(self._ahead),
-                                              budget=lines - self._unyielded)
+                read = self._read(n - len(self._ahead), budget=lines - self._unyielded)
+                self._unyielded += read
+                read_here += read
 
     def _read(self, n: int, budget: int | None = None) -> int:
         """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates

@@ -6,17 +6,19 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from shardrun import protocol
 from shardrun.coordinator import Coordinator, ShardState
+from shardrun.digestset import DigestSet
 from shardrun.errors import SpecError
 from shardrun.inputs import InputPlan, InputReader
 from shardrun.manifest import RunDir
 from shardrun.placement import Lines
 from shardrun.progress import ProgressView
 from shardrun.shard_config import ShardConfig
-from shardrun.worksource import SKIP_SLICE_LINES, WorkSource
+from shardrun.worksource import SETTLE_LINES, SKIP_SLICE_LINES, WorkSource, id_digest
 from tests.conftest import write_input
 
 IDS = [f"item-{i:05d}" for i in range(10)]  # `write_input`'s ids of 10 items
@@ -56,10 +58,10 @@ class HeldSource(WorkSource):
         self.reading, self.go_on = asyncio.Event(), asyncio.Event()
 
     async def fill(self, n: int, keep_going: Callable[[], bool] = lambda: True,
-                   lines: int = SKIP_SLICE_LINES) -> None:
+                   lines: int = SKIP_SLICE_LINES, settle: int | None = None) -> None:
         self.reading.set()
         await self.go_on.wait()
-        await super().fill(n, keep_going, lines)
+        await super().fill(n, keep_going, lines, settle)
 
 
 def _finish(state: ShardState) -> None:
@@ -121,6 +123,41 @@ def test_a_shard_still_running_after_the_read_gets_its_items(tmp_path: Path) -> 
     [sent] = handle.sent
     assert sent["t"] == protocol.ITEMS and [i["id"] for i in sent["items"]] == IDS[:4]
     assert list(state.outstanding) == IDS[:4] and left == IDS[4:]
+
+
+def test_a_sparse_pass_hands_out_what_it_found_before_reading_to_the_end(
+        tmp_path: Path) -> None:
+    """A pass that runs a few of the input's items (dead letters among a long input, or what a
+    resume has left) read until the look-ahead was full, here the input's end, before it sent
+    the first shard anything. Now it settles once `SETTLE_LINES` lines are read: the first shard
+    to ask gets its part of what was found (3 items, 2 shards: 2), the rest of the input
+    unread yet."""
+    lines = SETTLE_LINES + 20_000
+    wanted = {1, 2, 3, lines - 1}
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": f"i{i}", "prompt": "p"}) + b"\n"
+                              for i in range(lines)))
+    only = DigestSet(id_digest(f"i{i}") for i in wanted)
+    run_dir = RunDir.create(tmp_path / "runs", "r1")
+    source = WorkSource(InputReader(path, InputPlan(id_field="id", prompt_field="prompt")),
+                        run_dir.path / "rejects.jsonl", only=only)
+    config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
+                         base_url="http://127.0.0.1:9", api="chat", model="m")
+    coordinator = Coordinator(config, 2, source, run_dir, ProgressView(quiet=True), (None, None),
+                              silence_s=60.0, fork=False)
+    first, second = Handle(0), Handle(1)
+    coordinator.states.extend([ShardState(handle=first), ShardState(handle=second)])
+    try:
+        asyncio.run(coordinator._hand_out(coordinator.states[0], 4))
+        assert source.reader.lines_read < lines and not source.exhausted
+        [sent] = first.sent
+        assert sent["t"] == protocol.ITEMS and [i["id"] for i in sent["items"]] == ["i1", "i2"]
+        asyncio.run(coordinator._hand_out(coordinator.states[1], 4))
+        got = [i["id"] for m in second.sent if m["t"] == protocol.ITEMS for i in m["items"]]
+        assert got[0] == "i3" and set(got) <= {"i3", f"i{lines - 1}"}
+    finally:
+        coordinator.log.close()
+        source.reader.close()
 
 
 def test_no_run_is_named_latest(tmp_path: Path) -> None:

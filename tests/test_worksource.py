@@ -341,3 +341,40 @@ def test_a_sparse_input_is_read_in_slices_between_yields_and_hands_out_the_same(
     handed, steps, ended = asyncio.run(hand_out())
     assert handed == run and ended == [len(run)]
     assert max(steps) <= SLICE, max(steps)
+
+
+def test_a_settling_read_hands_out_a_sparse_stretch_as_it_is_found(tmp_path: Path) -> None:
+    """`fill(..., settle=N)` stops once it has read N entries and holds an item, instead of
+    reading on until the look-ahead is full: a retry of a few dead letters among millions of
+    lines left every shard idle until the whole input was read. Items still come out in input
+    order, every one once, and a fill without `settle` reads on as before."""
+    run, done, only = _sparse_input(tmp_path / "in.jsonl", "left_out")
+
+    def source() -> WorkSource:
+        return WorkSource(InputReader(tmp_path / "in.jsonl", FIELDS), tmp_path / "rej.jsonl",
+                          done, only=only)
+
+    async def hand_out() -> tuple[int, int, list[str]]:
+        sparse = source()
+        await sparse.fill(4096, lines=SLICE, settle=1_000)
+        first = (sparse.reader.lines_read, sparse.ready)
+        assert not sparse.read_ahead(4096)
+        handed = [i["id"] for i in sparse.take(sparse.ready)]
+        while not sparse.empty:
+            await sparse.fill(4096, lines=SLICE, settle=1_000)
+            handed.extend(i["id"] for i in sparse.take(sparse.ready))
+        return *first, handed
+
+    lines_read, ready, handed = asyncio.run(hand_out())
+    assert 1_000 <= lines_read <= 1_000 + SLICE
+    assert ready == len([i for i in run if int(i[1:]) < lines_read])
+    assert ready >= 1 and handed == run
+
+    async def unsettled() -> WorkSource:
+        whole = source()
+        await whole.fill(4096, lines=SLICE)
+        return whole
+
+    whole = asyncio.run(unsettled())
+    assert whole.read_ahead(4096) and whole.reader.lines_read == SPARSE_LINES
+    assert whole.ready == len(run)
