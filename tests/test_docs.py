@@ -1,0 +1,177 @@
+"""The README against the code: every `SHARDRUN_*` variable, job key and flag it names exists,
+and every one the code takes is named where a user looks (the README, `--help`).
+
+These read the texts as a user does (code blocks, backticked names, the variable table) and
+ask the real parsers, so a name removed or renamed on either side fails here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shardrun._env import ANALYSIS_VARS, ENV_VARS, IGNORE_VAR, unknown_env_errors
+from shardrun._models import FIELDS, SECTION_KEYS
+from shardrun.cli import SUBCOMMANDS, build_parser
+from shardrun.sim import _parser as sim_parser
+from shardrun.sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+VAR = re.compile(r"SHARDRUN_[A-Z0-9_]*[A-Z0-9]")
+
+# Names the README shows as what is NOT shardrun's: the typo it refuses, a wrapper's variable.
+NOT_OURS = {"SHARDRUN_CONCURENCY", "SHARDRUN_JOB_NAME"}
+# Free-form mappings: what is under them is the server's or the simulator's, not a job key.
+FREE = ("params", "endpoint.headers", "endpoint.sim")
+# Flags in prose that belong to other programs (a benchmark script, another server).
+FOREIGN_FLAGS = {"--a", "--send-done"}
+
+
+def our_vars() -> set[str]:
+    return {v.name for v in ENV_VARS} | set(ANALYSIS_VARS) | {IGNORE_VAR}
+
+
+def test_every_variable_named_is_ours_and_every_one_of_ours_is_named() -> None:
+    """README and `--help` name exactly the variables the code reads; the README's examples of
+    foreign names are ones a run refuses."""
+    named = set(VAR.findall(README))
+    assert named - NOT_OURS == our_vars()
+    assert unknown_env_errors(dict.fromkeys(NOT_OURS, "1"))  # refused, as the README says
+    help_text = build_parser().format_help()
+    assert set(VAR.findall(help_text)) == our_vars()
+
+
+def test_the_code_reads_no_variable_its_tables_leave_out() -> None:
+    """A `SHARDRUN_*` name written as a string anywhere in the package is in the tables above
+    (which the README and `--help` are checked against), not read on the side."""
+    literals = {
+        name
+        for source in (ROOT / "shardrun").rglob("*.py")
+        for name in re.findall(r"[\"'](SHARDRUN_[A-Z0-9_]*[A-Z0-9])[\"']", source.read_text())
+    }
+    assert literals and literals <= our_vars()
+
+
+def test_the_variable_table_maps_each_variable_to_its_job_key() -> None:
+    """The table of "Environment variables" ("`shardrun --help` prints the same list"): each
+    row's key is the one the loader sets from that variable, in the order `--help` lists."""
+    start = README.index("\n## Environment variables")
+    section = README[start:README.index("\n## ", start + 1)]
+    rows = re.findall(r"^\| `(SHARDRUN_\w+)` \| `([\w.]+)`", section, re.MULTILINE)
+    assert rows == [(v.name, v.key) for v in ENV_VARS]
+
+
+def yaml_blocks(text: str) -> Iterator[Any]:
+    """Each ```yaml block, and each commented-out top-level line in one (`# pricing: {...}`),
+    which shows a key as an alternative."""
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL):
+        yield yaml.safe_load(block)
+        for line in re.findall(r"^# ?([a-z_]+: .*)$", block, re.MULTILINE):
+            yield yaml.safe_load(line)
+
+
+def dotted(tree: Any, prefix: str = "") -> Iterator[str]:
+    for key, value in tree.items():
+        name = prefix + str(key)
+        yield name
+        if isinstance(value, dict) and name not in FREE:
+            yield from dotted(value, name + ".")
+
+
+def documented_job_keys() -> tuple[set[str], set[str]]:
+    """(keys the README's job-file examples use, keys it names in backticks as `a.b`)."""
+    in_yaml = {key for tree in yaml_blocks(README) for key in dotted(tree)}
+    sections = {key.partition(".")[0] for key in FIELDS}
+    named = {
+        name for name in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)", README)
+        if name.partition(".")[0] in sections
+    }
+    table = {v.key for v in ENV_VARS}
+    return in_yaml, named | table
+
+
+def test_every_job_key_shown_exists_and_every_one_is_shown() -> None:
+    in_yaml, named = documented_job_keys()
+    free = tuple(prefix + "." for prefix in FREE)
+    assert {key for key in in_yaml | named if not key.startswith(free)} - set(FIELDS) == set()
+    assert set(FIELDS) - SECTION_KEYS - in_yaml - named == set()
+
+
+def test_the_example_job_file_uses_only_real_keys() -> None:
+    tree = yaml.safe_load((ROOT / "jobs" / "example.yaml").read_text())
+    assert set(dotted(tree)) - set(FIELDS) == set()
+    assert set(tree["endpoint"]["sim"]) <= set(SimConfig.__dataclass_fields__)
+
+
+def test_every_simulator_setting_the_readme_names_exists() -> None:
+    """The `endpoint.sim` paragraph names settings in backticks; each is a SimConfig field."""
+    start = README.index("simulator settings go under `endpoint.sim`")
+    paragraph = README[start:README.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z_]+)(?:: \w+)?`", paragraph)) - {"sim"}  # `sim://`
+    assert {"ttft_ms", "flush_ms", "ignore_stream"} <= named
+    assert named <= set(SimConfig.__dataclass_fields__)
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    found = {name: parser for name, parser in sub.choices.items() if name != "sim"}
+    return {"": top, **found, "sim": sim_parser("shardrun sim")}
+
+
+def readme_commands() -> list[str]:
+    """Every `shardrun ...` line of the README's bash blocks, without its comment."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
+        for line in block.splitlines():
+            line = line.split(" #")[0].strip()
+            line = line.split("&& ")[-1].removeprefix(".venv/bin/")
+            if line.startswith("shardrun "):
+                lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_every_command_shown_parses(command: str) -> None:
+    """Each command in the README is one its command's parser takes, flag by flag."""
+    words = shlex.split(command.replace("<", "").replace(">", ""))[1:]
+    if words[0] == "sim":
+        sim_parser("shardrun sim").parse_args(words[1:])
+        return
+    if words[0] not in SUBCOMMANDS:
+        words.insert(0, "run")
+    args = build_parser().parse_args(words)
+    assert args.command == words[0]
+
+
+def test_readme_commands_are_found() -> None:
+    """The parametrized test above would pass on no commands at all."""
+    shown = readme_commands()
+    assert len(shown) >= 15
+    assert {line.split()[1] for line in shown} >= {"sim", "validate", "report", "export"}
+
+
+def test_every_flag_in_the_docs_exists_and_every_flag_has_help() -> None:
+    """A `--flag` in the user's docs is one some command takes; every flag any command takes
+    is described in that command's `--help`."""
+    taken = {
+        option: action
+        for parser in parsers().values()
+        for action in parser._actions
+        for option in action.option_strings
+    }
+    for doc in ("README.md", "docs/ARCHITECTURE.md", "docs/METRICS.md", "runs/README.md",
+                "jobs/example.yaml"):
+        text = (ROOT / doc).read_text()
+        named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text)) - FOREIGN_FLAGS
+        assert named - set(taken) == set(), doc
+    undescribed = {o for o, a in taken.items() if not a.help or a.help == argparse.SUPPRESS}
+    assert undescribed == set()
