@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Summarize a run (finished, crashed or still running) from its event log. "
                     "Exit 0, or 1 when an event file fails its integrity check (a checkpoint "
                     "that does not match, unreadable lines, a file changed since the run ended, "
-                    "or one the manifest lists that is gone); "
+                    "one the manifest lists that is gone, or one it does not list though its "
+                    "pass had ended); "
                     "the report is printed either way.",
     )  # fmt: skip
     report.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
