@@ -8,6 +8,8 @@ ask the real parsers, so a name removed or renamed on either side fails here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -20,8 +22,11 @@ import yaml
 from shardrun._env import ANALYSIS_VARS, ENV_VARS, IGNORE_VAR, unknown_env_errors
 from shardrun._models import FIELDS, SECTION_KEYS
 from shardrun.cli import SUBCOMMANDS, build_parser
+from shardrun.event_names import ALL_EVENTS, LEGACY_ATTEMPT_EVENTS
+from shardrun.shard_config import Counters
 from shardrun.sim import _parser as sim_parser
 from shardrun.sim.config import SimConfig
+from tests.conftest import FAST_SIM, only_run, run_cli, write_input, write_job
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -175,3 +180,54 @@ def test_every_flag_in_the_docs_exists_and_every_flag_has_help() -> None:
         assert named - set(taken) == set(), doc
     undescribed = {o for o, a in taken.items() if not a.help or a.help == argparse.SUPPRESS}
     assert undescribed == set()
+
+
+ARCHITECTURE = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+LINE_HEAD = ["run_id", "shard", "ev", "t"]
+
+
+def documented_events() -> dict[str, list[str]]:
+    """docs/ARCHITECTURE.md's tables of events (a shard's and the coordinator's): each `ev`
+    and the fields it lists in order, words in parentheses (values, notes) left out; a
+    shard_end's `counters` are those of `shard_config.Counters`."""
+    start = ARCHITECTURE.index("\n## Event log")
+    section = ARCHITECTURE[start:ARCHITECTURE.index("\nAttempt statuses:", start)]
+    tables = [part.split("\n\n")[0] for part in section.split("| `ev` | extra fields | when |")[1:]]
+    assert len(tables) == 2  # a shard's events, the coordinator's
+    events: dict[str, list[str]] = {}
+    for name, cells in re.findall(r"^\| `(\w+)` \| ([^|]*) \|", "\n".join(tables), re.M):
+        while re.search(r"\([^()]*\)", cells):
+            cells = re.sub(r"\([^()]*\)", "", cells)
+        fields = re.findall(r"`(\w+)`", cells)
+        events[name] = [f.name for f in dataclasses.fields(Counters)] if cells == "counters" \
+            else fields
+    return events
+
+
+def test_the_event_tables_name_every_event_the_code_has() -> None:
+    assert set(documented_events()) == ALL_EVENTS - LEGACY_ATTEMPT_EVENTS
+
+
+def test_every_event_line_has_the_fields_the_docs_list_in_their_order(tmp_path: Path) -> None:
+    """A real run with retries and a rate limit: each line of its event logs is `run_id`,
+    `shard`, `ev`, `t`, then fields its event's row lists, in that order (one that applies
+    only sometimes may be left out), and nothing else."""
+    write_input(tmp_path / "input.jsonl", 60)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "model": "m",
+                        "sim": {**FAST_SIM, "fail_500": 0.3}},
+              retry={"max_attempts": 5, "backoff_s": 0.01, "backoff_max_s": 0.02},
+              rate_limits={"rpm": 3000})
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    documented = documented_events()
+    seen: set[str] = set()
+    for log in sorted((only_run(tmp_path / "runs") / "events").glob("*.jsonl")):
+        for line in log.read_bytes().splitlines():
+            keys = list(json.loads(line))
+            ev = json.loads(line)["ev"]
+            seen.add(ev)
+            assert keys[:4] == LINE_HEAD, (log.name, line)
+            rest = keys[4:]
+            assert rest == [name for name in documented[ev] if name in rest], (log.name, line)
+    assert {"retry", "rate_wait", "attempt_end", "shard_end", "run_end", "shard_exit"} <= seen
