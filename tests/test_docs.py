@@ -208,21 +208,92 @@ def test_the_event_tables_name_every_event_the_code_has() -> None:
     assert set(documented_events()) == ALL_EVENTS - LEGACY_ATTEMPT_EVENTS
 
 
-def test_every_event_line_has_the_fields_the_docs_list_in_their_order(tmp_path: Path) -> None:
-    """A real run with retries and a rate limit: each line of its event logs is `run_id`,
-    `shard`, `ev`, `t`, then fields its event's row lists, in that order (one that applies
-    only sometimes may be left out), and nothing else."""
+Outline = dict[str, "Outline | None"]
+
+
+def outline(text: str) -> Outline:
+    """`{"a", "b": {"c"}, "d": [{"e"}]}`, as the docs write a line's shape: each key, and the
+    keys of the object (or of each object in the list) under it."""
+    tokens = re.findall(r'"\w+"|[{}\[\]:]', text)
+    pos = 0
+
+    def obj() -> Outline:
+        nonlocal pos
+        assert tokens[pos] == "{"
+        pos += 1
+        keys: Outline = {}
+        while tokens[pos] != "}":
+            name = tokens[pos].strip('"')
+            pos += 1
+            keys[name] = None
+            if tokens[pos] == ":":
+                pos += 1
+                wrapped = tokens[pos] == "["
+                pos += wrapped
+                keys[name] = obj()
+                pos += wrapped
+        pos += 1
+        return keys
+
+    return obj()
+
+
+def documented_lines() -> tuple[Outline, Outline]:
+    """The shapes ARCHITECTURE gives a result line and a dead-letter line."""
+    def block(after: str) -> str:
+        start = ARCHITECTURE.index(after) + len(after)
+        return ARCHITECTURE[start:ARCHITECTURE.index("\n\n", ARCHITECTURE.index("{", start))]
+
+    return (outline(block("`results/shard-NN.jsonl`, one line per successful item:")),
+            outline(block("`dead/shard-NN.jsonl`, one line per item that ended without a "
+                          "result:")))
+
+
+def in_order(record: dict[str, Any], shape: Outline) -> bool:
+    """`record`'s keys are keys of `shape` in its order (some left out), and so down."""
+    keys = list(record)
+    if keys != [name for name in shape if name in record]:
+        return False
+    for name, inner in shape.items():
+        values = record.get(name)
+        values = values if isinstance(values, list) else [values]
+        if inner is not None and not all(in_order(v, inner) for v in values if v is not None):
+            return False
+    return True
+
+
+def test_the_line_shapes_are_read_from_the_docs() -> None:
+    result, dead = documented_lines()
+    assert result["usage"] is not None and "t_post" in (result["buckets"] or {})
+    assert dead["attempts"] is not None and "wait" in dead["attempts"]
+    assert not in_order({"output": "", "id": "x"}, result)  # a swap is seen
+
+
+def test_every_line_a_run_writes_has_the_fields_the_docs_list_in_their_order(
+    tmp_path: Path,
+) -> None:
+    """A real run with retries, dead letters and a rate limit. Each line of its event logs is
+    `run_id`, `shard`, `ev`, `t`, then fields its event's row lists, in that order (one that
+    applies only sometimes may be left out), and nothing else; its result and dead-letter
+    lines have the shapes ARCHITECTURE gives them."""
     write_input(tmp_path / "input.jsonl", 60)
     write_job(tmp_path / "job.yaml",
               endpoint={"base_url": "sim://", "model": "m",
-                        "sim": {**FAST_SIM, "fail_500": 0.3}},
-              retry={"max_attempts": 5, "backoff_s": 0.01, "backoff_max_s": 0.02},
+                        "sim": {**FAST_SIM, "fail_500": 0.5, "cached_tokens": 2,
+                                "reasoning_tokens": 2, "refusal": 0.2}},
+              retry={"max_attempts": 2, "backoff_s": 0.01, "backoff_max_s": 0.02},
               rate_limits={"rpm": 3000})
     proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    run = only_run(tmp_path / "runs")
+    result, dead = documented_lines()
+    for shape, folder in ((result, "results"), (dead, "dead")):
+        lines = [json.loads(line) for f in (run / folder).glob("*.jsonl")
+                 for line in f.read_bytes().splitlines()]
+        assert lines and all(in_order(line, shape) for line in lines), folder
     documented = documented_events()
     seen: set[str] = set()
-    for log in sorted((only_run(tmp_path / "runs") / "events").glob("*.jsonl")):
+    for log in sorted((run / "events").glob("*.jsonl")):
         for line in log.read_bytes().splitlines():
             keys = list(json.loads(line))
             ev = json.loads(line)["ev"]
