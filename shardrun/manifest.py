@@ -341,8 +341,9 @@ def resume_manifest(
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """A run's manifest, or a RunDirError saying in one sentence why there is none to read."""
     path = run_dir / "manifest.json"
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is not a directory")
+    if not run_dir.is_dir():  # said as `verify` says it: a typo'd run id is the usual cause
+        there = "it is a file" if run_dir.exists() else "nothing is there"
+        raise RunDirError(f"{run_dir} is not a run directory: {there}")
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:

@@ -21,6 +21,7 @@ from conftest import FAST_SIM, read_jsonl, run_cli, write_input, write_job
 from test_aggregate_fixtures import T0, hand_coordinator, hand_shard, steady_shard, write_run
 
 from shardrun.aggregate._segments import BUCKETS
+from shardrun.cli import main as cli_main
 from shardrun.cli_analysis import main, register
 from shardrun.report import format_report, integrity_problem, load_report
 
@@ -305,6 +306,15 @@ def test_missing_run_dir_is_one_error_line(tmp_path: Path, capsys: pytest.Captur
     assert main(["report", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path} is not a run directory: it has no manifest.json")
+    (tmp_path / "a-file").write_text("")
+    for name, why in (("20261127T000407Z-bdb3d9", "nothing is there"), ("a-file", "it is a file")):
+        for command in ("report", "publish", "export"):
+            assert cli_main([command, str(tmp_path / name)]) == 2
+            assert capsys.readouterr().err.strip() == (
+                f"error: {tmp_path / name} is not a run directory: {why}"), command
+        retry = run_cli("retry-failed", name, cwd=tmp_path)  # in its own process: its signals
+        assert (retry.returncode, retry.stderr) == (
+            2, f"error: {name} is not a run directory: {why}\n")
 
 
 def test_html_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
