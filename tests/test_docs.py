@@ -302,3 +302,19 @@ def test_every_line_a_run_writes_has_the_fields_the_docs_list_in_their_order(
             rest = keys[4:]
             assert rest == [name for name in documented[ev] if name in rest], (log.name, line)
     assert {"retry", "rate_wait", "attempt_end", "shard_end", "run_end", "shard_exit"} <= seen
+
+
+def test_the_module_table_names_every_module_and_only_real_ones() -> None:
+    """ARCHITECTURE's "Modules" table: each module of the package (a subpackage by its
+    folder) has a row, and each file or folder a row names exists."""
+    start = ARCHITECTURE.index("\n## Modules")
+    table = ARCHITECTURE[start:ARCHITECTURE.index("\n## ", start + 1)]
+    named = set(re.findall(r"^\| `([^`]+)`", table, re.MULTILINE))
+    named |= {name for row in re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE)
+              for name in re.findall(r"`([\w/.]+)`", row)}
+    package = ROOT / "shardrun"
+    real = {p.name for p in package.glob("*.py")} - {"__init__.py", "__main__.py"}
+    real |= {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert real - named == set()
+    sim = {p.name for p in (package / "sim").glob("*.py")}
+    assert all((package / name).exists() or name in sim for name in named), named
