@@ -26,6 +26,7 @@ from shardrun.event_names import ALL_EVENTS, LEGACY_ATTEMPT_EVENTS
 from shardrun.shard_config import Counters
 from shardrun.sim import _parser as sim_parser
 from shardrun.sim.config import SimConfig
+from shardrun.spec import load_job
 from tests.conftest import FAST_SIM, only_run, run_cli, write_input, write_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,3 +319,20 @@ def test_the_module_table_names_every_module_and_only_real_ones() -> None:
     assert real - named == set()
     sim = {p.name for p in (package / "sim").glob("*.py")}
     assert all((package / name).exists() or name in sim for name in named), named
+
+
+def test_the_job_files_the_readme_shows_load(tmp_path: Path) -> None:
+    """The README's job file, and each of its other job-file pieces put in it in place of the
+    sections they give, loads as a job (strict: an unknown key or a bad value is an error)."""
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", README,
+                                                            re.DOTALL)]
+    job = blocks[0]
+    assert {"endpoint", "input", "params", "retry"} <= set(job)
+    for n, piece in enumerate(blocks):
+        whole = {**job, **piece}
+        (tmp_path / whole["input"]["path"]).touch()
+        path = tmp_path / f"job{n}.yaml"
+        path.write_text(yaml.safe_dump(whole))
+        loaded = load_job(path, env={"OPENAI_API_KEY": "k"}, flags={})
+        assert loaded.spec.endpoint.model == job["endpoint"]["model"]
+    assert n >= 5
