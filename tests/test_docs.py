@@ -134,7 +134,9 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def readme_commands() -> list[str]:
-    """Every `shardrun ...` line of the README's bash blocks, without its comment."""
+    """Every `shardrun ...` line of the README's bash blocks, without its comment; the ones the
+    example job's comments give; and each `shardrun COMMAND ARG...` written in the docs' text
+    (`RUN_ID|latest` as its first choice)."""
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
         for line in block.splitlines():
@@ -142,6 +144,12 @@ def readme_commands() -> list[str]:
             line = line.split("&& ")[-1].removeprefix(".venv/bin/")
             if line.startswith("shardrun "):
                 lines.append(line)
+    example = (ROOT / "jobs" / "example.yaml").read_text()
+    lines += re.findall(r"\bshardrun [^\n]+", example)
+    for doc in ("README.md", "docs/ARCHITECTURE.md", "docs/METRICS.md", "runs/README.md"):
+        for text in re.findall(r"`(shardrun [^`]+)`", (ROOT / doc).read_text()):
+            if len(text.split()) > 2 and "--help" not in text:
+                lines.append(text.replace("|latest", ""))
     return lines
 
 
@@ -161,7 +169,8 @@ def test_every_command_shown_parses(command: str) -> None:
 def test_readme_commands_are_found() -> None:
     """The parametrized test above would pass on no commands at all."""
     shown = readme_commands()
-    assert len(shown) >= 15
+    assert len(shown) >= 25
+    assert "shardrun --shards 8 jobs/example.yaml" in shown
     assert {line.split()[1] for line in shown} >= {"sim", "validate", "report", "export"}
 
 
