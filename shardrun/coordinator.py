@@ -443,7 +443,7 @@ class Coordinator:
                 # Not the default action (a KeyboardInterrupt, or the end of the process): the
                 # summary and the manifest are written next, and must be written whole.
                 signal.signal(sig, _finishing)
-            self.source.reader.close()
+            self.source.close()
             ended = self.clock.now()
             summary = self.summary(ended)
             # The client's CPU goes into the log too, so that `report` reads it from the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +380,37 @@ def test_a_settling_read_hands_out_a_sparse_stretch_as_it_is_found(tmp_path: Pat
     whole = asyncio.run(unsettled())
     assert whole.read_ahead(4096) and whole.reader.lines_read == SPARSE_LINES
     assert whole.ready == len(run)
+
+
+_COUNT_OPENS = """
+import sys
+from pathlib import Path
+from shardrun.inputs import InputPlan, InputReader
+from shardrun.worksource import WorkSource
+
+tmp = Path(sys.argv[1])
+rejects = tmp / "rejects.jsonl"
+opens = []
+sys.addaudithook(lambda event, args: opens.append(args[0])
+                 if event == "open" and str(args[0]) == str(rejects) and args[1] != "r"
+                 else None)
+source = WorkSource(InputReader(tmp / "in.jsonl", InputPlan()), rejects)
+source.take(1)
+print(len(rejects.read_bytes().splitlines()))  # on disk before the pass ends
+source.take(10_000)
+source.close()
+print(len(opens), len(rejects.read_bytes().splitlines()))
+"""
+
+
+def test_the_rejects_file_is_opened_once_and_each_reject_is_on_disk_at_once(
+        tmp_path: Path) -> None:
+    """A thousand bad lines: the rejects file is opened once for them all (it was opened once
+    per reject: a million bad lines cost a million opens), yet each reject is on disk as soon
+    as it is judged, before the pass ends, as it was (not held in a buffer a kill would lose).
+    Counted by an audit hook in a process of its own."""
+    bad = [b"{not json"] * 1_000 + [_item("a")]
+    (tmp_path / "in.jsonl").write_bytes(b"".join(line + b"\n" for line in bad))
+    out = subprocess.run([sys.executable, "-c", _COUNT_OPENS, str(tmp_path)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == ["1000", "1", "1000"]
