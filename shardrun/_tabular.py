@@ -13,7 +13,7 @@ import hashlib
 import io
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 
@@ -95,6 +95,11 @@ class CsvRows:
         return self._reader.line_num
 
     def __iter__(self) -> Iterator[Row]:
+        return cast("Iterator[Row]", self.rows(blanks=False))
+
+    def rows(self, blanks: bool) -> Iterator[Row | tuple[int, None, bytes]]:
+        """The rows, as iterating gives them; with `blanks`, a row without a record for each
+        blank line passed over (`InputReader.entries`)."""
         width = len(self.header)
         while True:
             start = self._reader.line_num + 1
@@ -115,6 +120,8 @@ class CsvRows:
                     yield start, f"not valid CSV ({exc})", b""
                 continue
             if not cells or cells == [""]:
+                if blanks:
+                    yield start, None, b""
                 continue
             self._cells = cells
             if len(cells) != width:

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -175,19 +175,28 @@ class InputReader:
         self._last = data[-1:] or self._last
 
     def __iter__(self) -> Iterator[dict[str, Any] | Reject]:
+        return cast("Iterator[dict[str, Any] | Reject]", self.entries(blanks=False))
+
+    def entries(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
+        """The items and rejects, as iterating the reader gives them; with `blanks`, a None too
+        for each blank line (or CSV row) passed over, so that a reader that counts what it reads
+        between yields to its event loop (`WorkSource.fill`) counts those lines too: a million
+        blank lines were read in one piece, the coordinator's loop held all the while."""
         if isinstance(self._tabular, CsvRows):
-            return self._csv_items(self._tabular)
+            return self._csv_items(self._tabular, blanks)
         if isinstance(self._tabular, ParquetRows):
             return self._parquet_items(self._tabular)
-        return self._line_items()
+        return self._line_items(blanks)
 
-    def _line_items(self) -> Iterator[dict[str, Any] | Reject]:
+    def _line_items(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         with self._file:
             for raw in self._file:
                 self._count(raw)
                 self.lines_read += 1
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
+                    if blanks:
+                        yield None
                     continue
                 record = decode_line(raw, self.lines_read)
                 if self.keep_records:
@@ -197,11 +206,14 @@ class InputReader:
                 else:
                     yield line_item(record, raw, self.lines_read, self.fields)
 
-    def _csv_items(self, rows: CsvRows) -> Iterator[dict[str, Any] | Reject]:
+    def _csv_items(self, rows: CsvRows, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         checked = (*self.fields.needed, self.fields.id_field)
         with self._file:
-            for line, record, key in rows:
+            for line, record, key in rows.rows(blanks):
                 self.lines_read, self._row_start = rows.line_num, line
+                if record is None:  # a blank row, asked for
+                    yield None
+                    continue
                 if self.keep_records:
                     self.record = None if isinstance(record, str) else _whole_row(record, rows)
                 if isinstance(record, str):

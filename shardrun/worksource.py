@@ -95,7 +95,8 @@ class WorkSource:
                  record_rejects: bool = True, retrying: DigestSet | None = None,
                  on_record: DigestSet | None = None) -> None:
         self.reader = reader
-        self._items: Iterator[dict[str, Any] | Reject] = iter(reader)
+        # A None for each blank line: `fill`'s budget counts the lines it passes over too.
+        self._items: Iterator[dict[str, Any] | Reject | None] = reader.entries(blanks=True)
         self._requeued: deque[dict[str, Any]] = deque()
         # Read and accepted, not handed out yet; each with whether it is a dead letter being
         # retried (`retrying`), known where its digest is computed, so nothing hashes it again.
@@ -222,7 +223,7 @@ class WorkSource:
     def _read(self, n: int, budget: int | None = None) -> int:
         """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates
         and items an earlier pass finished; with a `budget`, reading at most that many entries
-        (input lines but blank ones). Returns how many it read."""
+        (input lines, blank ones too). Returns how many it read."""
         from shardrun.inputs import Reject
 
         into = self._ahead
@@ -231,6 +232,8 @@ class WorkSource:
         read = 0
         for entry in entries:
             read += 1
+            if entry is None:  # a blank line
+                continue
             if isinstance(entry, Reject):
                 self.reject(entry)
                 continue

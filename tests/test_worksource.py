@@ -292,13 +292,17 @@ def _sparse_input(path: Path, kind: str) -> tuple[list[str], DigestSet, DigestSe
         elif kind == "rejects":
             lines.append(orjson.dumps({"id": "i7", "prompt": "p"}) if i % 2 else b"{not json")
             continue
-        lines.append(_item(item_id))
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
+        elif kind in ("blanks", "csv blanks"):
+            lines.append(BOM if i % 3 == 0 and kind == "blanks" else b"")
+            continue
+        lines.append(f"{item_id},p".encode() if kind == "csv blanks" else _item(item_id))
+    header = [b"id,prompt"] if kind == "csv blanks" else []
+    path.write_bytes(b"".join(line + b"\n" for line in [*header, *lines]))
     return run, done, only if kind == "left_out" else None
 
 
 @pytest.mark.parametrize("shards", [1, 2])
-@pytest.mark.parametrize("kind", ["done", "left_out", "rejects"])
+@pytest.mark.parametrize("kind", ["done", "left_out", "rejects", "blanks", "csv blanks"])
 def test_a_sparse_input_is_read_in_slices_between_yields_and_hands_out_the_same(
         tmp_path: Path, kind: str, shards: int) -> None:
     """One or two shards' hand-outs at once, each reading ahead (`fill`) then taking, over an
@@ -307,11 +311,14 @@ def test_a_sparse_input_is_read_in_slices_between_yields_and_hands_out_the_same(
     though a shard's fills follow each other with no yield between them; the items come out
     as from `take` alone, in input order, with the same counts, and the input's end is said
     once. In one piece, a fill read up to 500 lines at a time; with the slice's count started
-    afresh by each fill (one shard) or kept by each fill for itself (two), up to two slices."""
+    afresh by each fill (one shard) or kept by each fill for itself (two), up to two slices.
+    Blank lines (a JSON line of a BOM is one too), and a CSV's blank rows, count as lines
+    read: passed over without counting, they were read in one piece, however many."""
     run, done, only = _sparse_input(tmp_path / "in.jsonl", kind)
+    plan = InputPlan(format="csv") if kind == "csv blanks" else FIELDS
 
     def source(name: str) -> WorkSource:
-        return WorkSource(InputReader(tmp_path / "in.jsonl", FIELDS), tmp_path / name,
+        return WorkSource(InputReader(tmp_path / "in.jsonl", plan), tmp_path / name,
                           done, only=only)
 
     plain = source("plain.jsonl")
@@ -342,7 +349,7 @@ def test_a_sparse_input_is_read_in_slices_between_yields_and_hands_out_the_same(
 
     handed, steps, ended = asyncio.run(hand_out())
     assert handed == run and ended == [len(run)]
-    assert max(steps) <= SLICE, max(steps)
+    assert max(steps) <= SLICE + (kind == "csv blanks"), max(steps)  # and its header line
 
 
 def test_a_settling_read_hands_out_a_sparse_stretch_as_it_is_found(tmp_path: Path) -> None:
