@@ -9,6 +9,7 @@ before the run starts, not a reject per row.
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import io
 from collections.abc import Callable, Iterator, Sequence
@@ -56,7 +57,11 @@ def check_columns(path: Path, have: Sequence[str], need: Sequence[str], what: st
     for name in need:
         if name not in have:
             shown = ", ".join(have[:20]) + (", ..." if len(have) > 20 else "")
-            raise InputError(f"{path}: the {what} has no column '{name}'; it has: {shown}")
+            # As a JSON line's missing field is (`inputs._near`): the closest name, when one
+            # is close, is named even past the first 20 shown.
+            close = difflib.get_close_matches(name, list(have), n=1, cutoff=0.6)
+            near = f" (is '{close[0]}' the column meant?)" if close else ""
+            raise InputError(f"{path}: the {what} has no column '{name}'{near}; it has: {shown}")
         if list(have).count(name) > 1:
             raise InputError(f"{path}: the {what} names column '{name}' more than once")
 

@@ -624,7 +624,7 @@ def test_csv_header_without_needed_column_fails_at_open(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_text("id,text\n1,a\n")
     with pytest.raises(InputError, match="the CSV header has no column 'prompt'; it has: id, text"):
-        InputReader(path, InputPlan(format="csv"))
+        InputReader(path, InputPlan(format="csv"))  # no name close to it: no hint
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(InputError, match="empty"):
         InputReader(tmp_path / "empty.csv", InputPlan(format="csv"))
@@ -636,13 +636,29 @@ def test_an_id_column_the_job_names_must_be_in_the_header(tmp_path: Path) -> Non
     and a named id column that is there may be empty in a row (that row's id is hashed)."""
     path = tmp_path / "in.csv"
     path.write_text("qid,prompt\nq1,a\n,b\n")
-    with pytest.raises(InputError, match="the CSV header has no column 'qdi'; it has: qid, "):
+    with pytest.raises(InputError, match="the CSV header has no column 'qdi' "
+                                         r"\(is 'qid' the column meant\?\); it has: qid, "):
         InputReader(path, InputPlan(id_field="qdi", format="csv"))
     rows = list(InputReader(path, InputPlan(id_field="qid", format="csv")))
     ids = [str(r["id"]) for r in rows if isinstance(r, dict)]
     assert ids[0] == "q1" and ids[1].startswith("h") and len(ids) == 2
     (tmp_path / "plain.csv").write_text("prompt\na\n")
     assert len(list(InputReader(tmp_path / "plain.csv", InputPlan(format="csv")))) == 1
+
+
+def test_a_csv_header_typo_gets_the_hint_a_json_field_gets(tmp_path: Path) -> None:
+    """A header naming a column close to the one the job needs says which, as a JSON line's
+    reject does for its fields: a prompt column written 'Prompt', and a template's field
+    whose close column is past the 20 the message lists."""
+    path = tmp_path / "in.csv"
+    path.write_text("id,Prompt\n1,a\n")
+    with pytest.raises(InputError, match=r"no column 'prompt' \(is 'Prompt' the column meant"):
+        InputReader(path, InputPlan(format="csv"))
+    path.write_text(",".join([*(f"c{i}" for i in range(24)), "question"]) + "\n")
+    plan = InputPlan(format="csv", template=parse_template("Q: {questoin}"))
+    with pytest.raises(InputError, match=r"no column 'questoin' \(is 'question' the column "
+                                         r"meant\?\); it has: c0, c1, .*, c19, \.\.\.$"):
+        InputReader(path, plan)
 
 
 def test_csv_bad_utf8_is_a_reject_of_its_row(tmp_path: Path) -> None:
