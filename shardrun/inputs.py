@@ -464,13 +464,10 @@ each float at least this far from 0 is whole: only those may be such a number, s
 holding one in a field that counts is read again (`_whole_numbers`); a price of 9.99 is not."""
 
 
-def _any_big(record: Mapping[str, Any], names: Iterable[str] | None) -> bool:
-    """Whether a value of `record` among `names` (all its keys: None) may be a whole number
-    orjson read as a float (`_BIG`)."""
-    for value in record.values() if names is None else map(record.get, names):
-        if type(value) is float and abs(value) >= _BIG:
-            return True
-    return False
+def _any_big(record: Mapping[str, Any], names: Iterable[str]) -> bool:
+    """Whether a value of `record` among `names` may be a whole number orjson read as a float
+    (`_BIG`)."""
+    return any(type(value) is float and abs(value) >= _BIG for value in map(record.get, names))
 
 
 def _whole_numbers(record: dict[str, Any], raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
@@ -498,13 +495,18 @@ def _exact(raw: bytes) -> dict[str, Any] | None:
     return exact if isinstance(exact, dict) else None
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+"""19 digits in a row: a whole number outside 64 bits (below -2**63, from 2**64) has them, so a
+line without such a run holds none, at its top or nested."""
+
+
 def kept_record(record: dict[str, Any], raw: bytes) -> dict[str, Any]:
     """The record as an export shows it (`InputReader.record`): a whole number outside 64 bits
     among its values, which orjson read as a float, is the number written (an `orjson.Fragment`
-    of its digits, which orjson writes as they are; nested ones too, in a line holding such a
-    value at its top): otherwise an export's `input.id` would not join its `id`, and two lines'
-    input.id would be one number."""
-    if not _any_big(record, None):
+    of its digits, which orjson writes as they are; nested ones too, at any depth): otherwise
+    an export's `input.id` would not join its `id`, two lines' input.id would be one number,
+    and a number in an object the line holds would be shown as another."""
+    if _LONG_DIGITS.search(raw) is None:  # no such number anywhere in the line
         return record
     exact = _exact(raw)
     if exact is None:

@@ -162,6 +162,25 @@ def test_a_whole_number_id_past_64_bits_keeps_its_value(tmp_path: Path) -> None:
         "id": "1", "prompt": "Factor 123456789012345678901234567890 (100.0)"}
 
 
+def test_a_kept_record_shows_whole_numbers_past_64_bits_as_written_at_any_depth(
+        tmp_path: Path) -> None:
+    """An export's input (`keep_records`) shows each whole number outside 64 bits as written,
+    nested ones in a line whose top holds none too (they were shown as orjson's float,
+    1.8446744073709552e+19, another number); floats, and digits in a text, stay as they are."""
+    path = tmp_path / "in.jsonl"
+    lines = [b'{"id": 1, "prompt": "a", "meta": {"n": [18446744073709551617, 2.5]}}',
+             b'{"id": 2, "prompt": "b", "m": {"k": -9223372036854775809, "f": 1e20}}',
+             b'{"id": 3, "prompt": "c", "t": "12345678901234567890", "n": 7}']
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    reader = InputReader(path, InputPlan(), keep_records=True)
+    shown = []
+    for _ in reader:
+        shown.append(orjson.dumps(reader.record))
+    assert shown == [b'{"id":1,"prompt":"a","meta":{"n":[18446744073709551617,2.5]}}',
+                     b'{"id":2,"prompt":"b","m":{"k":-9223372036854775809,"f":1e+20}}',
+                     b'{"id":3,"prompt":"c","t":"12345678901234567890","n":7}']
+
+
 def test_only_a_float_that_may_be_a_whole_number_past_64_bits_is_read_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A second read of the line (json module) is for a float orjson may have made of a whole
