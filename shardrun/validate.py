@@ -26,7 +26,7 @@ from shardrun.proxy import Proxy, proxy_for
 from shardrun.ratelimit import estimate_request_tokens
 from shardrun.spec import LoadedJob
 from shardrun.ticker import Ticker
-from shardrun.worksource import derived, duplicate_reason, id_digest
+from shardrun.worksource import derived, duplicate_reason, id_digest, id_field_warning
 
 __all__ = ["InputCheck", "PingResult", "check_input", "config_rows", "ping", "run_ping"]
 
@@ -148,9 +148,7 @@ def id_warning(job: LoadedJob, check: InputCheck) -> str | None:
     if spec.id_field == "id" or spec.format == "openai-batch" or check.named_ids or (
             not check.items):
         return None
-    return (f"no record has input.id_field '{spec.id_field}': every item's id is derived from "
-            "its content, and results will not carry the input's own ids; check the field's "
-            "name")
+    return id_field_warning(spec.id_field)
 
 
 def tpm_warning(job: LoadedJob, check: InputCheck) -> str | None:

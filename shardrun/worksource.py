@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -40,6 +41,20 @@ _DERIVED_ID = re.compile(r"h[0-9a-f]{20}")  # `inputs._item_id` of a record with
 def derived(item_id: str) -> bool:
     """Whether an id is one `inputs._item_id` derived from a record's content (it has no id)."""
     return _DERIVED_ID.fullmatch(item_id) is not None
+
+
+ID_CHECK_ITEMS = 100
+"""Items a pass reads, none with the job's named id field, before it warns of that field."""
+
+
+def id_field_warning(id_field: str, first: int | None = None) -> str:
+    """The warning for a named id field (input.id_field) no record read has: all the input's
+    (`validate`), or the `first` a run read (it warns as it starts, not at its end)."""
+    field = f"input.id_field '{id_field}'"
+    said = (f"no record has {field}: every item's id is derived from its content" if first is None
+            else f"none of the first {first:,} records has {field}: their ids are derived from "
+                 "their content")  # fmt: skip
+    return f"{said}, and results will not carry the input's own ids; check the field's name"
 
 
 def duplicate_reason(item_id: str) -> str:
@@ -129,6 +144,13 @@ class WorkSource:
         self.skipped = 0
         self.left_out = 0  # items neither done nor in `only`: left for a later pass
         self.rejects = 0
+        # A named id field (not the default `id`, which a record may lack: its id is then
+        # derived, as documented) that no item read so far has had: a typo gives every item a
+        # derived id without a word (validate warns; a run did not). Warned of once, on stderr.
+        plan = reader.fields
+        self._id_field = (plan.id_field if plan.id_field != "id" and plan.format != "openai-batch"
+                          else None)  # fmt: skip
+        self._unnamed = 0  # items read, none with the named id field
 
     @property
     def rejects_path(self) -> Path:
@@ -237,6 +259,8 @@ class WorkSource:
             if isinstance(entry, Reject):
                 self.reject(entry)
                 continue
+            if self._id_field is not None:
+                self._check_id(entry["id"])
             digest = id_digest(entry["id"])
             if not self._seen.add(digest):
                 self.reject(Reject(self.reader.line, duplicate_reason(entry["id"]),
@@ -252,6 +276,7 @@ class WorkSource:
             self._accepted += 1
             if self._accepted == self.limit:  # no line past the last item is read
                 self._read_all = True
+                self._ids_read_to(None)
                 self.limit_reached = not self.reader.at_end()
                 return read
             if len(into) >= wanted:
@@ -259,7 +284,24 @@ class WorkSource:
         if budget is not None and read == budget:
             return read  # the budget ran out, not the input (islice takes no entry past it)
         self._read_all = True
+        self._ids_read_to(None)
         return read
+
+    def _check_id(self, item_id: str) -> None:
+        """Note whether an item read has the named id field; warn at ID_CHECK_ITEMS without."""
+        if not derived(item_id):
+            self._id_field = None  # one record has it: no typo
+            return
+        self._unnamed += 1
+        if self._unnamed == ID_CHECK_ITEMS:
+            self._ids_read_to(ID_CHECK_ITEMS)
+
+    def _ids_read_to(self, first: int | None) -> None:
+        """Warn, once, that the items read so far (the `first` ones; None: all there are for
+        this pass) lack the named id field, if they do."""
+        if self._id_field is not None and self._unnamed:
+            print(f"warning: {id_field_warning(self._id_field, first)}", file=sys.stderr)
+        self._id_field = None
 
     def requeue(self, items: Iterable[dict[str, Any]]) -> None:
         """Give items back (their shard died before finishing them); served before new ones."""

@@ -557,3 +557,18 @@ def test_report_is_the_same_in_the_old_layout(tmp_path: Path) -> None:
     assert docs[0]["integrity"]["ok"] and docs[1]["integrity"]["ok"]
     assert docs[0]["connections"]["reused"] > 0 and docs[0]["attempts"]["wasted_tokens"] > 0
     assert _comparable(docs[1]) == _comparable(docs[0])
+
+
+def test_a_run_warns_once_of_an_id_field_its_records_lack(tmp_path: Path) -> None:
+    """A real run of a job whose input.id_field ('qid') its records lack ('id'): every item
+    runs under an id derived from its content, as before, and stderr says why, once."""
+    write_input(tmp_path / "input.jsonl", 150)
+    write_job(tmp_path / "job.yaml", input={"path": "input.jsonl", "id_field": "qid"})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "input.id_field 'qid'" in line]
+    assert warned == ["warning: none of the first 100 records has input.id_field 'qid': their "
+                      "ids are derived from their content, and results will not carry the "
+                      "input's own ids; check the field's name"]
+    results = Run.load(only_run(tmp_path / "runs")).results
+    assert len(results) == 150 and all(r["id"].startswith("h") for r in results)

@@ -421,3 +421,34 @@ def test_the_rejects_file_is_opened_once_and_each_reject_is_on_disk_at_once(
     out = subprocess.run([sys.executable, "-c", _COUNT_OPENS, str(tmp_path)], check=True,
                          capture_output=True, text=True).stdout.split()
     assert out == ["1000", "1", "1000"]
+
+
+def test_a_named_id_field_no_record_has_is_warned_once_as_a_pass_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """input.id_field 'uidd' on records that have 'uid' (a typo): each item's id is derived from
+    its content, which only validate said; a pass says it once, on stderr, when the first
+    ID_CHECK_ITEMS items are read without it (or all of a shorter input). One record with the
+    field, early enough, or the default field: no warning."""
+    def warnings(lines: list[bytes], plan: InputPlan, limit: int | None = None) -> list[str]:
+        path = tmp_path / "in.jsonl"
+        path.write_bytes(b"".join(line + b"\n" for line in lines))
+        source = WorkSource(InputReader(path, plan), tmp_path / "rejects.jsonl", limit=limit)
+        while not source.exhausted:
+            source.take(7)
+        source.close()
+        return [line for line in capsys.readouterr().err.splitlines() if line]
+
+    records = [orjson.dumps({"uid": f"u{i}", "prompt": "p"}) for i in range(150)]
+    typo = InputPlan(id_field="uidd")
+    assert warnings(records, typo) == [
+        "warning: none of the first 100 records has input.id_field 'uidd': their ids are "
+        "derived from their content, and results will not carry the input's own ids; check "
+        "the field's name"]
+    assert warnings(records[:5], typo) == [
+        "warning: no record has input.id_field 'uidd': every item's id is derived from its "
+        "content, and results will not carry the input's own ids; check the field's name"]
+    assert len(warnings(records, typo, limit=3)) == 1  # a limit's last item ends its input
+    named = [*records[:99], orjson.dumps({"uidd": "x", "prompt": "p"}), *records[99:]]
+    assert warnings(named, typo) == []
+    assert warnings(records, InputPlan(id_field="uid")) == []
+    assert warnings(records, InputPlan()) == []  # the default, absent: ids derived, documented
