@@ -49,7 +49,14 @@ import orjson
 from shardrun.digestset import DigestSet
 from shardrun.errors import NO_ROOM, RunError, SpecError
 from shardrun.fdlimit import ensure_open_files
-from shardrun.inputs import BOM, InputReader, Reject, decode_line, make_reader
+from shardrun.inputs import (
+    BOM,
+    InputReader,
+    Reject,
+    bounded_lines,
+    decode_line,
+    make_reader,
+)
 from shardrun.manifest import (
     changed_results,
     file_digest,
@@ -158,8 +165,10 @@ def _json_keys(path: Path) -> list[str]:
     decoded as the run's reader decodes them; one that is no record adds none)."""
     keys: dict[str, None] = {}
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            raw = raw.removeprefix(BOM)  # any line's, as the reader passes over it
+        for number, line in enumerate(bounded_lines(f), 1):
+            if line is None:  # too long: a reject, no record
+                continue
+            raw = line.removeprefix(BOM)  # any line's, as the reader passes over it
             if raw.strip() and isinstance(record := decode_line(raw, number), dict):
                 keys.update(dict.fromkeys(record))
     return list(keys)

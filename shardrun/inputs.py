@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import io
 import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -32,7 +33,7 @@ import orjson
 
 from shardrun._ellipsis import ellipsize, json_kind
 from shardrun._messages import messages_problem
-from shardrun._tabular import CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
+from shardrun._tabular import CHUNK, CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
 from shardrun._template import MissingField, Template, parse_template
 from shardrun.errors import InputError
 from shardrun.items import BATCH_URLS
@@ -190,9 +191,12 @@ class InputReader:
 
     def _line_items(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         with self._file:
-            for raw in self._file:
+            for raw in iter(functools.partial(self._file.readline, MAX_LINE_BYTES + 1), b""):
                 self._count(raw)
                 self.lines_read += 1
+                if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
+                    yield Reject(self.lines_read, _pass_long_line(self._file, raw, self._count))
+                    continue
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
                     if blanks:
@@ -297,6 +301,38 @@ class InputReader:
         elif self.lines_read:
             with contextlib.suppress(OSError):  # gone since: the manifest then says 0 bytes
                 self._hash_parquet()
+
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest JSON line read as a record (as a CSV cell may be, `_tabular`): 16 million tokens
+by characters / 4, past any model's context and any API's request size. A longer one is a
+reject, read past in blocks: a line of gigabytes (a file of no line breaks, a stray binary
+dump) was read whole into memory, and the coordinator could run out of it."""
+
+
+def bounded_lines(file: IO[bytes]) -> Iterator[bytes | None]:
+    """The file's lines, as iterating it gives them, but a line longer than MAX_LINE_BYTES as
+    None, read past in blocks (`_pass_long_line`)."""
+    for raw in iter(functools.partial(file.readline, MAX_LINE_BYTES + 1), b""):
+        if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
+            _pass_long_line(file, raw, lambda _: None)
+            yield None
+        else:
+            yield raw
+
+
+def _pass_long_line(file: IO[bytes], start: bytes, on_bytes: Callable[[bytes], None]) -> str:
+    """Read past the rest of a line longer than MAX_LINE_BYTES, whose first bytes (`start`,
+    counted already) were read, in blocks passed to `on_bytes`; the reason it is a reject."""
+    size = len(start)
+    del start  # not held while the rest is read
+    while block := file.readline(CHUNK):
+        on_bytes(block)
+        size += len(block)
+        if block[-1:] == b"\n":
+            break
+    return (f"line is {size:,} bytes, longer than the {MAX_LINE_BYTES >> 20} MiB a line may "
+            "hold; a record that long would ask more than any model reads")
 
 
 def make_reader(job: LoadedJob, keep_records: bool = False) -> InputReader:

@@ -9,6 +9,7 @@ import itertools
 import json
 import lzma
 import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -347,6 +348,38 @@ def test_a_file_starting_with_what_a_compressed_file_could_does_not_fail(tmp_pat
         path.write_bytes(header + b"\n1,a\n")
         got = read_all(path, InputPlan(format="csv"))
         assert [entry["prompt"] for entry in got if isinstance(entry, dict)] == ["a"]
+
+
+_READ_ALL = """
+import resource, sys
+from pathlib import Path
+from shardrun.inputs import InputPlan, InputReader, Reject
+reader = InputReader(Path(sys.argv[1]), InputPlan())
+for entry in reader:
+    print(entry.reason if isinstance(entry, Reject) else entry["id"])
+print(reader.lines_read, reader.bytes_read)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_a_line_of_200_mb_is_one_reject_read_in_bounded_memory(tmp_path: Path) -> None:
+    """A line of 200 MB (a file that lost its line breaks, a stray dump) was read whole, and
+    parsed: the reader's process peaked at 620 MiB. It is one reject saying what it is, read
+    past in blocks (peak 148 MiB: the 64 MiB a line may hold, read once), the lines around it
+    read as ever, and every byte counted. In a process of its own, whose peak is its own."""
+    path = tmp_path / "in.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"id": "a", "prompt": "p"}\n{"id": "big", "prompt": "')
+        for _ in range(200):
+            f.write(b"x" * (1 << 20))
+        f.write(b'"}\n{"id": "c", "prompt": "p"}\n')
+    out = subprocess.run([sys.executable, "-c", _READ_ALL, str(path)], check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    size = 200 * (1 << 20) + len(b'{"id": "big", "prompt": ""}\n')
+    assert out[:4] == ["a", f"line is {size:,} bytes, longer than the 64 MiB a line may hold; a "
+                            "record that long would ask more than any model reads", "c",
+                       f"3 {path.stat().st_size}"]
+    assert int(out[4]) < 300, f"peak {out[4]} MiB"
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "openai-batch", "parquet"])
