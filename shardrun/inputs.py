@@ -160,6 +160,8 @@ class InputReader:
             return
         self._file = _open(path)
         _refuse_not_text(path, self._file)
+        if fields.format != "csv":  # a CSV line may end with a lone CR (the csv module's rule)
+            _refuse_lone_crs(path, self._file)
         if fields.format == "csv":
             self._tabular = CsvRows(path, self._file, self._count)
             check_columns(path, self._tabular.header, fields.header_needs, "CSV header")
@@ -418,6 +420,25 @@ def _refuse_not_text(path: Path, file: IO[bytes]) -> None:
             raise InputError(f"input file {path} is {what}, not UTF-8 text; {todo}")
 
 
+LONE_CR_FIX = "convert lone CRs to LF (tr '\\r' '\\n' < old.jsonl > new.jsonl)"
+
+
+def _refuse_lone_crs(path: Path, file: IO[bytes]) -> None:
+    """InputError when a JSON lines file's first 64 KiB hold line breaks that are lone CRs (old
+    Mac line endings) and no LF: its records would read as one line, one reject (or, a single
+    record, one item) for the whole file. Refused, not split on CR: a JSON line may hold a CR
+    as whitespace, so a reader that split there would cut such a line in two rejects, and the
+    file's line numbers (rejects, a resume's count of lines read) would be no tool's but this
+    reader's; converted once, the file is read as any other. Reads it from its start, and
+    leaves it there."""
+    head = file.read(1 << 16)
+    file.seek(0)
+    if b"\n" not in head and b"\r" in head[:-1]:  # a CR at the block's end may start a CRLF
+        raise InputError(f"input file {path} ends its lines with a lone CR (old Mac line "
+                         f"endings), which would read as one line; {LONE_CR_FIX} and name the "
+                         "new file in input.path")
+
+
 def _ends_with(file: IO[bytes], end: bytes) -> bool:
     """Whether the file's last bytes are `end`, read leaving it at its start again."""
     try:
@@ -474,6 +495,9 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
         except UnicodeDecodeError as bad:  # orjson would say "surrogates not allowed"
             return Reject(line_no, f"not valid UTF-8 (byte 0x{raw[bad.start]:02x} at column "
                                    f"{bad.start + 1}); save the file as UTF-8")
+        if b"\r" in raw.rstrip(b"\r\n"):  # mid-file, after lines that end with LF
+            return Reject(line_no, f"not valid JSON ({exc.msg}); the line holds a lone CR (an "
+                                   f"old Mac line ending?) that may join records: {LONE_CR_FIX}")
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
         return Reject(line_no, f"expected a JSON object, got {json_kind(record)}")

@@ -382,6 +382,35 @@ def test_a_line_of_200_mb_is_one_reject_read_in_bounded_memory(tmp_path: Path) -
     assert int(out[4]) < 300, f"peak {out[4]} MiB"
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "openai-batch"])
+def test_json_lines_ending_with_lone_crs_are_one_input_error(tmp_path: Path, fmt: str) -> None:
+    """A JSON lines file saved with old Mac line endings (a lone CR each) read as one line:
+    every record in one reject, or a one-record file's single item, the run "successful". It
+    is one error saying what to do. A CRLF file, a lone CR at the end of a one-line file, and a
+    CSV's lone CRs (the csv module's line ends) are read; lone CRs after lines that end with
+    LF make a reject that names them."""
+    path = tmp_path / "in.jsonl"
+    record = (b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+              b'"body": {"prompt": "p"}}' if fmt == "openai-batch"
+              else b'{"id": "a", "prompt": "p"}')  # fmt: skip
+    plan = InputPlan(format=fmt)  # type: ignore[arg-type]
+    path.write_bytes(record + b"\r" + record.replace(b'"a"', b'"b"') + b"\r")
+    with pytest.raises(InputError, match=f"^input file {path} ends its lines with a lone CR .*; "
+                                         r"convert lone CRs to LF \(tr '\\r' '\\n' < "):
+        InputReader(path, plan)
+    path.write_bytes(record + b"\r\n" + record.replace(b'"a"', b'"b"') + b"\r\n")
+    assert [e["id"] for e in read_all(path, plan) if isinstance(e, dict)] == ["a", "b"]
+    path.write_bytes(record + b"\r")
+    assert [e["id"] for e in read_all(path, plan) if isinstance(e, dict)] == ["a"]
+    path.write_bytes(record + b"\n" + record.replace(b'"a"', b'"b"') + b"\r" + record + b"\r")
+    got = read_all(path, plan)
+    assert isinstance(got[1], Reject) and "the line holds a lone CR" in got[1].reason
+    assert len(got) == 2
+    csv = tmp_path / "in.csv"
+    csv.write_bytes(b"id,prompt\ra,p\rb,q\r")
+    assert len(read_all(csv, InputPlan(format="csv"))) == 2
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "openai-batch", "parquet"])
 def test_a_pipe_as_input_is_one_input_error(tmp_path: Path, fmt: str) -> None:
     """A named pipe (or `<(zcat in.gz)`) is read once: a run with --limit then blocked for ever
