@@ -197,7 +197,9 @@ class InputReader:
                 self._count(raw)
                 self.lines_read += 1
                 if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
-                    yield Reject(self.lines_read, _pass_long_line(self._file, raw, self._count))
+                    size = len(raw)
+                    raw = b""  # not held while the rest is read
+                    yield Reject(self.lines_read, _pass_long_line(self._file, size, self._count))
                     continue
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
@@ -317,17 +319,17 @@ def bounded_lines(file: IO[bytes]) -> Iterator[bytes | None]:
     None, read past in blocks (`_pass_long_line`)."""
     for raw in iter(functools.partial(file.readline, MAX_LINE_BYTES + 1), b""):
         if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
-            _pass_long_line(file, raw, lambda _: None)
+            size = len(raw)
+            raw = b""  # not held while the rest is read
+            _pass_long_line(file, size, lambda _: None)
             yield None
         else:
             yield raw
 
 
-def _pass_long_line(file: IO[bytes], start: bytes, on_bytes: Callable[[bytes], None]) -> str:
-    """Read past the rest of a line longer than MAX_LINE_BYTES, whose first bytes (`start`,
-    counted already) were read, in blocks passed to `on_bytes`; the reason it is a reject."""
-    size = len(start)
-    del start  # not held while the rest is read
+def _pass_long_line(file: IO[bytes], size: int, on_bytes: Callable[[bytes], None]) -> str:
+    """Read past the rest of a line longer than MAX_LINE_BYTES, whose first `size` bytes were
+    read (and counted), in blocks passed to `on_bytes`; the reason it is a reject."""
     while block := file.readline(CHUNK):
         on_bytes(block)
         size += len(block)
