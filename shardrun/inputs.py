@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import functools
 import hashlib
 import io
@@ -409,7 +410,15 @@ def _open(path: Path) -> IO[bytes]:
             f"input file {path} is a directory; input.path in the job file must name a file"
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(symlink_loop(path)) from None
         raise InputError(f"cannot open input file {path}: {exc.strerror}") from None
+
+
+def symlink_loop(path: Path) -> str:
+    """Why an input path that is a loop of symbolic links cannot be read, and what to do."""
+    return (f"input file {path} is a loop of symbolic links (each names the next); input.path "
+            "in the job file must name a file")
 
 
 def _refuse_not_text(path: Path, file: IO[bytes]) -> None:

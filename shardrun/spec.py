@@ -50,7 +50,7 @@ from shardrun._models import (
     kind_of,
 )
 from shardrun._urls import SECRET_HEADER, masked_url
-from shardrun.errors import SpecError
+from shardrun.errors import InputError, SpecError
 
 if TYPE_CHECKING:
     from shardrun.sim.config import SimConfig
@@ -278,7 +278,13 @@ def _loaded(spec: JobSpec, path: Path, origin: str, sources: dict[str, str]) -> 
     gave it, in which case relative to where the user typed the command."""
     job_dir = Path(os.path.abspath(path)).parent
     base = Path.cwd() if sources["input.path"].startswith("flag ") else job_dir
-    input_path = (base / Path(spec.input.path).expanduser()).resolve()
+    named = base / Path(spec.input.path).expanduser()
+    try:
+        input_path = named.resolve()
+    except (RuntimeError, OSError):  # a loop of links: RuntimeError before Python 3.13
+        from shardrun.inputs import symlink_loop  # here: a shard loads no input reader
+
+        raise InputError(symlink_loop(named)) from None
     return LoadedJob(
         spec=spec,
         job_path=path.resolve(),

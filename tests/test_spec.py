@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun._urls import masked_url
-from shardrun.errors import SpecError
+from shardrun.errors import InputError, SpecError
+from shardrun.inputs import InputPlan, InputReader
 from shardrun.runner import carried_flags
 from shardrun.spec import ENV_VARS, LEAF_KEYS, LoadedJob, flag_for, load_job
 
@@ -1076,3 +1077,23 @@ def test_a_price_for_one_side_only_warns(jobs: Path) -> None:
         "jobs/x.yaml: pricing has only cached_input_per_1m"]
     for pricing in ("{input_per_1m: 0.15, output_per_1m: 0.6}", "{hourly: 2.5}", "{}"):
         assert load(write(jobs, MINIMAL + f"pricing: {pricing}\n")).warnings == ()
+
+
+def test_an_input_path_that_is_a_loop_of_symbolic_links_is_one_input_error(
+        tmp_path: Path) -> None:
+    """input.path naming a link in a loop of links (a -> b -> a) stopped the run with a
+    traceback (pathlib's RuntimeError, resolving it); it is one sentence, from the job's load
+    as from the reader's open (where a Python that resolves such a path leaves it)."""
+    (tmp_path / "a.jsonl").symlink_to("b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to("a.jsonl")
+    said = (f"input file {tmp_path / 'a.jsonl'} is a loop of symbolic links (each names the "
+            "next); input.path in the job file must name a file")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"endpoint": {"base_url": "sim://", "model": "m"},
+                                   "input": {"path": "a.jsonl"}}))
+    with pytest.raises(InputError) as caught:
+        load(job)
+    assert str(caught.value) == said
+    with pytest.raises(InputError) as caught:
+        InputReader(tmp_path / "a.jsonl", InputPlan())
+    assert str(caught.value) == said
