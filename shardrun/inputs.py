@@ -193,11 +193,12 @@ class InputReader:
         return self._line_items(blanks)
 
     def _line_items(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
+        limit = MAX_LINE_BYTES  # a local: looked up per line
         with self._file:
-            for raw in iter(functools.partial(self._file.readline, MAX_LINE_BYTES + 1), b""):
+            for raw in iter(functools.partial(self._file.readline, limit + 1), b""):
                 self._count(raw)
                 self.lines_read += 1
-                if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
+                if len(raw) > limit and raw[-1:] != b"\n":
                     size = len(raw)
                     raw = b""  # not held while the rest is read
                     yield Reject(self.lines_read, _pass_long_line(self._file, size, self._count))
