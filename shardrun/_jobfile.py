@@ -6,7 +6,10 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
   a baffling message: it is read as the number the user meant, as YAML 1.2 does;
 - YAML 1.1 reads `010` as octal (8), `1:30` as base 60 (90) and `2024-01-01` as a date, which
   no field and no JSON request body takes: as in YAML 1.2, `010` is ten (`0o10` is octal),
-  and `1:30` and `2024-01-01` are text.
+  and `1:30` and `2024-01-01` are text;
+- aliases (`*name`) share one value however often it is repeated, and a file of nested ones
+  (a "billion laughs") grows to billions of values once copied, validated and sent with every
+  request: a file whose aliases add more than EXPANSION_LIMIT values is an error.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ import yaml
 from shardrun.errors import SpecError
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+EXPANSION_LIMIT = 100_000
+"""Values aliases may add to a job file: far more than sharing a few blocks ever adds, far
+fewer than take a noticeable time to copy and check (a million take about two seconds)."""
+
+
+class _AliasesExpandTooFar(Exception):
+    """A job file whose aliases would add more than EXPANSION_LIMIT values."""
 
 
 class _JobLoader(yaml.SafeLoader):
@@ -35,6 +45,43 @@ class _JobLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot read{shown} as {_short_tag(node.tag)}", node.start_mark
             ) from None
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document its aliases would blow up before building anything of it."""
+        if _expanded_size(node, {}) - _distinct_size(node, set()) > EXPANSION_LIMIT:
+            raise _AliasesExpandTooFar
+        return super().construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values `node` stands for with every alias written out (memoised by node: an
+    alias is the same node object as its anchor). A node that holds itself (`&a [*a]`) is
+    counted once, as the constructor refuses it with its own message."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = 1  # a cycle back here counts as one value
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, sizes) for item in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(key, sizes) + _expanded_size(value, sizes)
+                    for key, value in node.value)
+    sizes[id(node)] = size
+    return size
+
+
+def _distinct_size(node: yaml.Node, seen: set[int]) -> int:
+    """How many values `node` holds, each alias counted once, where its anchor is."""
+    if id(node) in seen:
+        return 0
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        return 1 + sum(_distinct_size(item, seen) for item in node.value)
+    if isinstance(node, yaml.MappingNode):
+        return 1 + sum(_distinct_size(key, seen) + _distinct_size(value, seen)
+                       for key, value in node.value)
+    return 1
 
 
 def _short_tag(tag: str) -> str:
@@ -108,6 +155,11 @@ def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
     except (ValueError, TypeError, LookupError, AttributeError):  # a constructor beyond that
         raise SpecError(f"{origin}: a value cannot be read as the type its tag names (such as "
                         "!!map on a list)") from None
+    except _AliasesExpandTooFar:
+        raise SpecError(f"{origin}: its aliases (*name) would add more than "
+                        f"{EXPANSION_LIMIT:,} values to those written in it, which no job "
+                        "needs (aliases inside aliases multiply): write out what they share, "
+                        "or share less") from None
     except RecursionError:  # PyYAML reads nesting by recursion: some 200 levels are its end
         raise SpecError(f"{origin}: its values nest too deeply for YAML to be read (lists or "
                         "mappings hundreds of levels deep)") from None

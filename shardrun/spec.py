@@ -419,10 +419,22 @@ def _settle_sources(
     return sources
 
 
+EXTENSION_PREFIX = "x-"
+"""Keys shardrun leaves alone at the top level and in a section, as docker compose does: a
+place for an anchor (`x-defaults: &d {...}`, then `<<: *d`) or a note."""
+
+
+def _extension(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(EXTENSION_PREFIX)
+
+
 def _drop_unknown_keys(raw: dict[Any, Any], origin: str, problems: list[Problem]) -> dict[str, Any]:
-    """Report keys the model does not know, with a suggestion, and leave them out."""
+    """Report keys the model does not know, with a suggestion, and leave them out (and leave
+    out `x-` keys without a word)."""
     cleaned: dict[str, Any] = {}
     for name, value in raw.items():
+        if _extension(name):
+            continue
         if isinstance(name, bool):
             problems.append((origin, f"unknown key {name} ({_BOOL_KEY_HINT})"))
         elif not isinstance(name, str) or name not in JobSpec.model_fields:
@@ -443,6 +455,8 @@ def _drop_unknown_in_section(
     cleaned: dict[str, Any] = {}
     for name, item in value.items():
         key = f"{section}.{name}"
+        if _extension(name):
+            continue
         if not isinstance(name, str) or key not in FIELDS:
             problems.append(unknown_key_problem(origin, key, list(FIELDS)))
         elif not _empty_mapping(key, item):

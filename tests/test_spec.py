@@ -1097,3 +1097,44 @@ def test_an_input_path_that_is_a_loop_of_symbolic_links_is_one_input_error(
     with pytest.raises(InputError) as caught:
         InputReader(tmp_path / "a.jsonl", InputPlan())
     assert str(caught.value) == said
+
+
+def test_extension_keys_hold_anchors_and_are_left_alone(jobs: Path) -> None:
+    """`x-` keys (docker compose's extension fields) at the top level and in a section are
+    read and left out, so an anchor has a place; any other unknown key is still an error."""
+    text = ("x-endpoint: &endpoint {base_url: sim://, model: shared}\n"
+            "x-note: any value at all\n"
+            "endpoint: {<<: *endpoint, api: completions}\n"
+            "input: {path: data.jsonl}\n"
+            "retry: {x-why: tuned in the incident of May, max_attempts: 2}\n")
+    job = load(write(jobs, text))
+    assert (job.spec.endpoint.model, job.spec.endpoint.api) == ("shared", "completions")
+    assert job.spec.retry.max_attempts == 2
+    assert "x-endpoint" not in json.dumps(job.effective())
+    assert error_of(write(jobs, text + "y-note: 1\n")) == (
+        "jobs/x.yaml: unknown key 'y-note'")
+    assert error_of(write(jobs, text.replace("x-why", "why"))).startswith(
+        "jobs/x.yaml: unknown key 'retry.why'")
+
+
+def _laughs(levels: int) -> str:
+    """params holding aliases nested `levels` deep, ten to a level: 10**levels values."""
+    lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, levels)]
+    return MINIMAL + "params:\n" + "\n".join(lines) + "\n"
+
+
+def test_aliases_that_multiply_past_the_limit_are_refused(jobs: Path) -> None:
+    """A 'billion laughs' job file (nine levels: a billion values, every one copied, checked
+    and sent with every request) is one sentence, at once; one that shares a little loads."""
+    said = error_of(write(jobs, _laughs(9)))
+    assert said == ("jobs/x.yaml: its aliases (*name) would add more than 100,000 values to "
+                    "those written in it, which no job needs (aliases inside aliases "
+                    "multiply): write out what they share, or share less")
+    assert error_of(write(jobs, _laughs(5))) == said  # 111,110 values
+    job = load(write(jobs, _laughs(4)))  # 11,110 values: a big share, under the limit
+    assert json.dumps(job.spec.params["l3"]).count("lol") == 10_000
+    # The limit counts what aliases add, not what is written out: 120,000 plain values load.
+    many = ", ".join(["1"] * 120_000)
+    assert len(load(write(jobs, MINIMAL + f"params: {{logit_bias_ids: [{many}]}}\n"))
+               .spec.params["logit_bias_ids"]) == 120_000
