@@ -92,6 +92,7 @@ _VALUE_RULES: Mapping[str, str] = {
     "header_rule": "{subject} {why}",
     "json_value": "{subject}{path} {why}",
     "url_rule": "{subject} {why}",
+    "model_rule": "{subject} {why}",
 }
 """Single-field rules whose reason is more useful than 'must be <type>'."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import PurePath
 from types import MappingProxyType
@@ -57,6 +58,23 @@ class EndpointSpec(_Frozen):
     # predate the option answer 400; without it, completion tokens are counted from the stream.
     stream_usage: bool = True
     sim: dict[str, Any] | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_as_written(cls, name: str) -> str:
+        """A name with an invisible character (a zero-width space pasted with it) or spaces
+        around it (a quoted YAML value) is sent as it is, and the server knows no such model:
+        every item would be a paid 404."""
+        odd = next((c for c in name if invisible(c)), None)
+        if odd is not None:
+            why = (f"holds the invisible character {char_name(odd)}: "
+                   f"'{ellipsize(visible(name), 60)}'")
+        elif name != name.strip():
+            why = f"has spaces around it: {ellipsize(repr(name), 60)}"
+        else:
+            return name
+        raise PydanticCustomError("model_rule", "bad model name: {why}", {"why": (
+            f"{why}, and no server knows a model by that name; give the name alone")})
 
     @field_validator("headers")
     @classmethod
@@ -129,6 +147,24 @@ class EndpointSpec(_Frozen):
                 {"field": "sim", "other": "base_url", "other_value": self.base_url},
             )
         return self
+
+
+def invisible(char: str) -> bool:
+    """A character no one sees in a terminal: a control or format character (U+200B, U+FEFF,
+    U+00AD), a line or paragraph separator, or a space other than the plain one (U+00A0)."""
+    category = unicodedata.category(char)
+    return category in ("Cc", "Cf", "Zl", "Zp", "Co", "Cn") or (category == "Zs" and char != " ")
+
+
+def char_name(char: str) -> str:
+    """'U+200B (ZERO WIDTH SPACE)', or the code alone for a character with no name."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X}" + (f" ({name})" if name else "")
+
+
+def visible(text: str) -> str:
+    """`text` with each invisible character written as <U+XXXX>."""
+    return "".join(f"<U+{ord(c):04X}>" if invisible(c) else c for c in text)
 
 
 InputFormat = Literal["jsonl", "csv", "parquet", "openai-batch"]

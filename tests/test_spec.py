@@ -1138,3 +1138,31 @@ def test_aliases_that_multiply_past_the_limit_are_refused(jobs: Path) -> None:
     many = ", ".join(["1"] * 120_000)
     assert len(load(write(jobs, MINIMAL + f"params: {{logit_bias_ids: [{many}]}}\n"))
                .spec.params["logit_bias_ids"]) == 120_000
+
+
+@pytest.mark.parametrize(("written", "via", "said"), [
+    ('"gpt-4o\\u200b"', "file", "endpoint.model holds the invisible character U+200B (ZERO "
+                                "WIDTH SPACE): 'gpt-4o<U+200B>'"),
+    ('" gpt-4o"', "file", "endpoint.model has spaces around it: ' gpt-4o'"),
+    ('"gpt-4o\\t"', "file", "endpoint.model holds the invisible character U+0009: "
+                             "'gpt-4o<U+0009>'"),
+    ("\ufeffgpt-4o", "env", "environment variable SHARDRUN_MODEL holds the invisible character "
+                            "U+FEFF (ZERO WIDTH NO-BREAK SPACE): '<U+FEFF>gpt-4o'"),
+    ("gpt\xa04o", "env", "environment variable SHARDRUN_MODEL holds the invisible character "
+                         "U+00A0 (NO-BREAK SPACE): 'gpt<U+00A0>4o'"),
+])  # fmt: skip
+def test_a_model_name_with_an_invisible_character_is_refused(
+    jobs: Path, written: str, via: str, said: str
+) -> None:
+    """The name goes to the server as written: 'gpt-4o' plus a zero-width space is a 404 per
+    item, each one paid for. The sentence names where it came from and shows the character."""
+    if via == "file":
+        path, env = write(jobs, MINIMAL.replace("sim-small", written)), {}
+    else:
+        path, env = write(jobs, MINIMAL), {"SHARDRUN_MODEL": written}
+    origin = "jobs/x.yaml: " if via == "file" else ""
+    assert error_of(path, env=env) == (f"{origin}{said}, and no server knows a model by that "
+                                       "name; give the name alone")
+    # Spaces around a variable's text go, as for every text; a plain one inside stays.
+    spaced = load(write(jobs, MINIMAL), env={"SHARDRUN_MODEL": " org/my model-7b "})
+    assert spaced.spec.endpoint.model == "org/my model-7b"
