@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 import typing
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -255,7 +256,9 @@ def _validate(merged: dict[str, Any], blame: Blame, problems: list[Problem]) -> 
 def _unusable_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
     """Paths no file can have: a NUL character (a quoted "\\0" in YAML), or a start `~user`
     naming no home directory here (no such user, or `~` with no HOME). The OS calls, or
-    Path.expanduser, raise for them where the path is first used."""
+    Path.expanduser, raise for them where the path is first used. And a runs_dir with a control
+    character (a line break, an escape), which a file may have but no one means to make: it
+    would be made, and break every command the run prints to continue it."""
     problems: list[Problem] = []
     for key in ("input.path", "runs_dir"):
         text = str(_leaf(spec, key))
@@ -263,6 +266,12 @@ def _unusable_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
         if "\0" in text:
             problems.append((origin, f"{subject} holds a NUL character, which no path can, "
                                      f"got {text!r}"))
+            continue
+        control = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+        if key == "runs_dir" and control is not None:  # `--runs-dir "$(cmd)"` with a line break
+            problems.append((origin, f"{subject} holds the control character "
+                                     f"U+{ord(control):04X}, which a directory shardrun makes "
+                                     f"should not have, got {text!r}; remove it"))
             continue
         try:
             Path(text).expanduser()

@@ -1166,3 +1166,19 @@ def test_a_model_name_with_an_invisible_character_is_refused(
     # Spaces around a variable's text go, as for every text; a plain one inside stays.
     spaced = load(write(jobs, MINIMAL), env={"SHARDRUN_MODEL": " org/my model-7b "})
     assert spaced.spec.endpoint.model == "org/my model-7b"
+
+
+@pytest.mark.parametrize("via", ["file", "env", "flag"])
+def test_a_runs_dir_with_a_control_character_is_refused(jobs: Path, via: str) -> None:
+    """`--runs-dir "$(...)"` that caught a line break, or an escape pasted with it: the run
+    would make that directory and print commands to continue it that break at the character."""
+    bad = "runs\n2"
+    path = write(jobs, MINIMAL + (f"runs_dir: {json.dumps(bad)}\n" if via == "file" else ""))
+    env = {"SHARDRUN_RUNS_DIR": bad} if via == "env" else {}
+    flags = {"runs_dir": bad} if via == "flag" else {}
+    subject = {"file": "jobs/x.yaml: runs_dir", "env": "environment variable SHARDRUN_RUNS_DIR",
+               "flag": "--runs-dir"}[via]
+    assert error_of(path, env=env, flags=flags) == (
+        f"{subject} holds the control character U+000A, which a directory shardrun makes should "
+        "not have, got 'runs\\n2'; remove it")
+    assert load(path, flags={"runs_dir": "runs/ünïcode 2"}).runs_path == Path("runs/ünïcode 2")
