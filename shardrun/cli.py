@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from shardrun import __version__, cli_analysis, cli_export, cli_validate
 from shardrun.argtypes import path
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
+_NUMBER = re.compile(r"-[0-9.][0-9.e+-]*")  # a negative number argparse takes for a value
 SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "verify",
                "export")
 
@@ -27,9 +29,38 @@ class UsageParser(argparse.ArgumentParser):
     """argparse, but a usage error is one `error:` line (as every other error is, README) with
     a pointer to --help, not the whole usage block; exit 2. Subcommands inherit the class."""
 
+    _given: list[str] | None = None
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = self._unknown_options()
+            if unknown:  # `shardrun --bogus`: the flag is the mistake, not a missing JOB.yaml
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
+
+    def _unknown_options(self) -> list[str]:
+        """The words given to this parser that look like options it does not take (as argparse
+        reads them: `--flag=value`, and a long option shortened to a unique prefix)."""
+        known = [name for action in self._actions for name in action.option_strings]
+        unknown = []
+        for word in self._given or []:
+            if word == "--":
+                break
+            name = word.partition("=")[0]
+            if not word.startswith("-") or word == "-" or _NUMBER.fullmatch(word):
+                continue
+            if name in known or (name.startswith("--") and sum(
+                    option.startswith(name) for option in known) == 1):
+                continue
+            unknown.append(word)
+        return unknown
 
 
 def _mistyped_command(word: str) -> str | None:
@@ -170,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "sim":
         _command_signals(run=False)  # the simulator stops on SIGTERM in its own way
+        if os.path.isfile("sim"):  # the command word wins, as for every command (`_shadowed`)
+            print("note: `shardrun sim` starts the simulator; to run the job file ./sim, give "
+                  "`shardrun run sim`", file=sys.stderr)
         from shardrun.sim import main as sim_main
 
         return sim_main(args_list[1:])

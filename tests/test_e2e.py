@@ -348,6 +348,37 @@ def test_a_job_file_named_as_a_command_is_pointed_at_when_the_command_fails(
     assert proc.stderr.endswith("(`shardrun verify --help` lists the arguments)\n")
 
 
+@pytest.mark.parametrize(("argv", "bad", "command"), [
+    (["--bogus"], "--bogus", "run"), (["--shards", "2", "--bogus=1"], "--bogus=1", "run"),
+    (["run", "-x"], "-x", "run"), (["report", "--nope"], "--nope", "report"),
+])  # fmt: skip
+def test_an_unknown_option_alone_is_named_not_the_missing_argument(
+    tmp_path: Path, argv: list[str], bad: str, command: str
+) -> None:
+    """`shardrun --bogus` said 'the following arguments are required: JOB.yaml': the flag is
+    the mistake. Known flags (`--shards 2`, or `--shard 2` as argparse shortens) are not named."""
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"error: unrecognized arguments: {bad} (`shardrun {command} --help` lists the "
+        "arguments)\n"))
+    proc = run_cli("--shard", "2", "--concurrency", "-1", cwd=tmp_path)  # no unknown option
+    assert proc.stderr == ("error: the following arguments are required: JOB.yaml (`shardrun "
+                           "run --help` lists the arguments)\n")
+
+
+def test_sim_with_a_job_file_named_sim_says_which_one_runs(tmp_path: Path) -> None:
+    """`shardrun sim` starts the simulator even when ./sim is a job file (the command word wins,
+    as for every command); a note on standard error says how to run the file."""
+    proc = run_cli("sim", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: shardrun sim")
+    assert proc.stderr == ""
+    write_job(tmp_path / "sim")
+    proc = run_cli("sim", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: shardrun sim")
+    assert proc.stderr == ("note: `shardrun sim` starts the simulator; to run the job file "
+                           "./sim, give `shardrun run sim`\n")
+
+
 @pytest.mark.parametrize("argv", [["job.yaml", "--runs-dir", ""], [""], ["report", " "],
                                   ["validate", "job.yaml", "--runs-dir", ""]])
 def test_an_empty_path_argument_is_a_usage_error(tmp_path: Path, argv: list[str]) -> None:
