@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip
-from shardrun._urls import SECRET_HEADER
+from shardrun._urls import SECRET_HEADER, masked_url
 from shardrun.client import (
     AttemptCancelled,
     AttemptOutcome,
@@ -1192,7 +1192,16 @@ class Shard:
         if outcome.status in UNREACHABLE_STATUSES:
             self.connect_failures += 1
             if self.connect_failures >= UNREACHABLE_AFTER:
-                self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}")
+                self._go_fatal(f"endpoint unreachable: {outcome.error or outcome.status}"
+                               f"{self._url_set_outside()}")
+
+    def _url_set_outside(self) -> str:
+        """' (endpoint.base_url URL from env SHARDRUN_BASE_URL)' when a variable or a flag set
+        the URL: in an incident, the job file is not where the wrong one is."""
+        source = self.cfg.set_outside.get("endpoint.base_url")
+        if source is None:
+            return ""
+        return f" (endpoint.base_url {masked_url(self.cfg.base_url)} from {source})"
 
     def _note_refusal(self, error: str | None) -> None:
         """Count refusals in a row with the same answer; enough of them stop the run (abandon,

@@ -517,6 +517,25 @@ def test_unreachable_endpoint_fails_every_item_with_cause(tmp_path: Path) -> Non
             for e, _ in ends} == {(None, None, None, None, 0)}
 
 
+def test_an_unreachable_url_from_the_environment_is_named_with_its_variable(
+    tmp_path: Path,
+) -> None:
+    """SHARDRUN_BASE_URL set in an incident to a port nothing listens on: the stop named
+    '127.0.0.1:PORT' only, and the job file the user then reads holds a good URL."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", shards=1,
+              endpoint={"base_url": "http://127.0.0.1:8000/v1", "api": "chat", "model": "m"})
+    wrong = f"http://user:secret@127.0.0.1:{_closed_port()}/v1"
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path, timeout=60,
+                   env={"SHARDRUN_BASE_URL": wrong})
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: endpoint unreachable: "), line
+    assert line.endswith(f" (endpoint.base_url {wrong.replace('secret', '***')} from env "
+                         "SHARDRUN_BASE_URL)"), line
+    assert "secret" not in proc.stdout + proc.stderr
+
+
 def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:
     """Malformed lines go to rejects.jsonl with their line numbers; the rest still runs."""
     lines = [b'{"id": "a", "prompt": "hi"}', b"{not json", b'{"id": "b"}',
