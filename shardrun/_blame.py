@@ -36,8 +36,9 @@ _MUST_BE_OVERRIDES: Mapping[str, str] = {
     ),
     "endpoint.api_key_header": "an HTTP header name, such as Authorization or api-key",
     "endpoint.headers": "a mapping of header names to text (quote a number: X-Version: '2')",
-    "rate_limits.rpm": "a number greater than 0 (requests per minute), or none for no limit",
-    "rate_limits.tpm": "a number greater than 0 (tokens per minute), or none for no limit",
+    "rate_limits.rpm": ("a number of at least 0.01 (requests per minute: one request in 100 "
+                        "minutes), or none for no limit"),
+    "rate_limits.tpm": "a number of at least 1 (tokens per minute), or none for no limit",
 }
 
 _CROSS_FIELD: Mapping[str, str] = {

@@ -295,11 +295,16 @@ class RetrySpec(_Frozen):
         return self
 
 
+RPM_FLOOR, TPM_FLOOR = 0.01, 1.0
+
+
 class RateLimitsSpec(_Frozen):
     """Job-wide limits shared by all shards (each gets 1/N); None means no limit."""
 
-    rpm: float | None = Field(default=None, gt=0)
-    tpm: float | None = Field(default=None, gt=0)
+    # Floors that no real limit is under: below them (`--rpm 1e-9`, a typo for 1e9) a run
+    # sends one request and then sits idle for years, looking hung.
+    rpm: float | None = Field(default=None, ge=RPM_FLOOR)  # one request in 100 minutes
+    tpm: float | None = Field(default=None, ge=TPM_FLOOR)  # a token, the smallest cost
 
     @field_validator("rpm", "tpm", mode="before")
     @classmethod

@@ -881,13 +881,22 @@ def test_rate_limits_layering(jobs: Path) -> None:
     assert job.sources["rate_limits.tpm"] == "env SHARDRUN_TPM"
     job = load(path, {"SHARDRUN_RPM": "1e3"}, {"rate_limits.rpm": "30"})
     assert (job.spec.rate_limits.rpm, job.sources["rate_limits.rpm"]) == (30.0, "flag --rpm")
+    rpm_must = ("must be a number of at least 0.01 (requests per minute: one request in 100 "
+                "minutes), or none for no limit, got")
     assert error_of(path, env={"SHARDRUN_RPM": "fast"}) == (
-        "environment variable SHARDRUN_RPM must be a number greater than 0 (requests per"
-        " minute), or none for no limit, got 'fast'"
-    )
+        f"environment variable SHARDRUN_RPM {rpm_must} 'fast'")
     assert error_of(write(jobs, MINIMAL + "rate_limits: {tpm: 0}\n")).startswith(
-        "jobs/x.yaml: rate_limits.tpm must be a number greater than 0"
-    )
+        "jobs/x.yaml: rate_limits.tpm must be a number of at least 1 (tokens per minute), or "
+        "none for no limit, got 0")
+    # A limit no one means (a typo for 1e9) made a run that sat idle for years, looking hung.
+    path = write(jobs, MINIMAL)
+    assert error_of(path, flags={"rate_limits.rpm": "1e-9"}) == f"--rpm {rpm_must} '1e-9'"
+    assert error_of(path, env={"SHARDRUN_TPM": "0.5"}).startswith(
+        "environment variable SHARDRUN_TPM must be a number of at least 1 ")
+    assert error_of(write(jobs, MINIMAL + "rate_limits: {rpm: 0.009}\n")) == (
+        f"jobs/x.yaml: rate_limits.rpm {rpm_must} 0.009")
+    floors = load(path, flags={"rate_limits.rpm": "0.01", "rate_limits.tpm": "1"})
+    assert (floors.spec.rate_limits.rpm, floors.spec.rate_limits.tpm) == (0.01, 1.0)
     # The word the message offers works in the file too, as null does.
     unlimited = load(write(jobs, MINIMAL + "rate_limits: {rpm: none, tpm: Unlimited}\n"))
     assert (unlimited.spec.rate_limits.rpm, unlimited.spec.rate_limits.tpm) == (None, None)

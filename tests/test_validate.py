@@ -214,7 +214,7 @@ def test_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     """A bad job, flag or missing input is `error: ...` on stderr and exit 2."""
     path = make_job(tmp_path, GOOD)
     assert validate(str(path), "--rpm", "lots")[0] == 2
-    assert "error: --rpm must be a number greater than 0" in capsys.readouterr().err
+    assert "error: --rpm must be a number of at least 0.01" in capsys.readouterr().err
     (tmp_path / "input.jsonl").unlink()
     assert validate(str(path))[0] == 2
     assert "does not exist; check input.path" in capsys.readouterr().err
