@@ -97,6 +97,11 @@ class EndpointSpec(_Frozen):
         """Only HTTP(S) endpoints with a host, or exactly sim:// for the embedded simulator."""
         if url == "sim://":
             return url
+        odd = next((c for c in url if invisible(c) and not c.isspace()), None)
+        if odd is not None:  # a zero-width space pasted with it: the URL looks right in a stop
+            raise PydanticCustomError("url_rule", "base_url holds an invisible character", {
+                "why": (f"holds the invisible character {char_name(odd)}: "
+                        f"'{ellipsize(visible(masked_url(url)), 80)}'; give the URL without it")})
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError("base_url must start with http:// or https://, or be sim://")

@@ -1191,3 +1191,15 @@ def test_a_runs_dir_with_a_control_character_is_refused(jobs: Path, via: str) ->
         f"{subject} holds the control character U+000A, which a directory shardrun makes should "
         "not have, got 'runs\\n2'; remove it")
     assert load(path, flags={"runs_dir": "runs/ünïcode 2"}).runs_path == Path("runs/ünïcode 2")
+
+
+def test_a_base_url_with_an_invisible_character_is_refused(jobs: Path) -> None:
+    """A zero-width character pasted with the URL went into every request's path or host, and
+    the stop that followed printed a URL that looked right. The password stays masked."""
+    said = error_of(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": "http://h:8/v1\u200b"})
+    assert said == ("environment variable SHARDRUN_BASE_URL holds the invisible character "
+                    "U+200B (ZERO WIDTH SPACE): 'http://h:8/v1<U+200B>'; give the URL "
+                    "without it")
+    said = error_of(write(jobs, MINIMAL.replace("sim://", '"http://u:pw@h\\u2060:8/v1"')))
+    assert said == ("jobs/x.yaml: endpoint.base_url holds the invisible character U+2060 "
+                    "(WORD JOINER): 'http://u:***@h<U+2060>:8/v1'; give the URL without it")
