@@ -144,7 +144,8 @@ def unknown_env_errors(env: Mapping[str, str],
     ignored = {name.strip() for name in env.get(IGNORE_VAR, "").split(",")}
     errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable and cannot be "
               f"ignored; remove it from {IGNORE_VAR}" for name in sorted(ignored & known)]
-    unknown = [name for name in sorted(env) if name.startswith(PREFIX)
+    # Case counts too: `export shardrun_concurrency=4` is no variable shardrun reads either.
+    unknown = [name for name in sorted(env) if name.upper().startswith(PREFIX)
                and name not in known | ignored | also_known and env[name] != ""]  # fmt: skip
     if unknown:
         errors.append(_unknown_sentence(unknown, sorted(known)))
@@ -156,7 +157,8 @@ def _unknown_sentence(unknown: list[str], known: list[str]) -> str:
     suffixes = [name.removeprefix(PREFIX) for name in known]
     named = []
     for name in unknown:
-        close = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name.upper().removeprefix(PREFIX), suffixes, n=1,
+                                          cutoff=0.6)
         named.append(f"{name} (did you mean {PREFIX}{close[0]}?)" if close else name)
     them = "them" if len(named) > 1 else "it"
     listed = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]

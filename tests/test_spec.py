@@ -782,6 +782,14 @@ def test_unknown_shardrun_variables_are_an_error_with_suggestion(jobs: Path) -> 
     wrapped = {**env, "SHARDRUN_IGNORE_VARS": "SHARDRUN_ZZZZZZ, SHARDRUN_CONCURENCY"}
     job = load(path, wrapped)
     assert job.spec.concurrency == 16 and job.spec.shards == 2 and job.warnings == ()
+    # Names are case-sensitive: a lower-case one set in an incident was silently not read.
+    assert error_of(path, env={"shardrun_concurrency": "4", "Shardrun_Shards": "2"}) == (
+        "environment variables Shardrun_Shards (did you mean SHARDRUN_SHARDS?) and "
+        "shardrun_concurrency (did you mean SHARDRUN_CONCURRENCY?) are not shardrun variables; "
+        "rename or unset them, or add them to SHARDRUN_IGNORE_VARS if something else reads "
+        "them (`shardrun --help` lists shardrun's)")
+    assert load(path, {"shardrun_concurrency": "4", "SHARDRUN_IGNORE_VARS":
+                       "shardrun_concurrency"}).spec.concurrency == 16
     assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "SHARDRUN_SHARDS"}) == (
         "SHARDRUN_IGNORE_VARS names SHARDRUN_SHARDS, which is shardrun's own variable and "
         "cannot be ignored; remove it from SHARDRUN_IGNORE_VARS")
