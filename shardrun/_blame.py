@@ -94,6 +94,8 @@ _VALUE_RULES: Mapping[str, str] = {
     "json_value": "{subject}{path} {why}",
     "url_rule": "{subject} {why}",
     "model_rule": "{subject} {why}",
+    "string_unicode": ("{subject} has bytes that are not UTF-8 (a name made under another "
+                       "encoding), which the run's files cannot record; give it in UTF-8"),
 }
 """Single-field rules whose reason is more useful than 'must be <type>'."""
 

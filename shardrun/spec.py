@@ -192,6 +192,9 @@ def load_job(path: Path, *, env: Mapping[str, str], flags: Mapping[str, object])
     if unusable:
         raise SpecError(render(unusable))
     loaded = _loaded(spec, path, origin, _settle_sources(spec, raw, sources))
+    unrecordable = _not_utf8_paths(loaded)
+    if unrecordable:
+        raise SpecError("; ".join(unrecordable))
     overridden = _overridden_vars(set_env, given_flags)
     if overridden:
         loaded = replace(loaded, warnings=(*overridden, *loaded.warnings))
@@ -279,6 +282,21 @@ def _unusable_paths(spec: JobSpec, blame: Blame) -> list[Problem]:
             home = text.split("/", 1)[0]
             problems.append((origin, f"{subject} starts with {home}, which names no home "
                                      f"directory here, got {text!r}"))
+    return problems
+
+
+def _not_utf8_paths(loaded: LoadedJob) -> list[str]:
+    """The job file's or the input's full path with bytes that are not UTF-8 (a name made under
+    another encoding): the run's manifest, JSON, cannot record it, and the run stopped with a
+    traceback once its directory was made."""
+    problems = []
+    for what, path in (("the job file", loaded.job_path), ("the input file", loaded.input_path)):
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+            problems.append(f"{what} {shown} has bytes that are not UTF-8 in its path, which "
+                            "the run's manifest cannot record; rename it (or its folder)")
     return problems
 
 

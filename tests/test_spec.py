@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -1211,3 +1212,25 @@ def test_a_base_url_with_an_invisible_character_is_refused(jobs: Path) -> None:
     said = error_of(write(jobs, MINIMAL.replace("sim://", '"http://u:pw@h\\u2060:8/v1"')))
     assert said == ("jobs/x.yaml: endpoint.base_url holds the invisible character U+2060 "
                     "(WORD JOINER): 'http://u:***@h<U+2060>:8/v1'; give the URL without it")
+
+
+def test_a_path_that_is_not_utf8_is_refused_at_load(jobs: Path, tmp_path: Path) -> None:
+    """A job file (or its folder) named under another encoding: JSON cannot hold the name, and
+    the run stopped with a traceback writing its manifest, its directory already made. Names
+    in UTF-8, accents and all, load."""
+    odd = tmp_path / os.fsdecode(b"caf\xe9")  # Latin-1
+    odd.mkdir()
+    (odd / "x.yaml").write_text(MINIMAL)
+    said = error_of(odd / "x.yaml")
+    shown = f"{tmp_path}/caf\\xe9"
+    assert said == (f"the job file {shown}/x.yaml has bytes that are not UTF-8 in its path, "
+                    "which the run's manifest cannot record; rename it (or its folder); the "
+                    f"input file {shown}/data.jsonl has bytes that are not UTF-8 in its path, "
+                    "which the run's manifest cannot record; rename it (or its folder)")
+    assert error_of(write(jobs, MINIMAL), flags={"runs_dir": os.fsdecode(b"r\xff")}) == (
+        "--runs-dir has bytes that are not UTF-8 (a name made under another encoding), which "
+        "the run's files cannot record; give it in UTF-8")
+    fine = tmp_path / "café ü"
+    fine.mkdir()
+    (fine / "x.yaml").write_text(MINIMAL)
+    assert load(fine / "x.yaml").input_path == fine / "data.jsonl"
