@@ -36,6 +36,7 @@ from shardrun._chunks import (
     MORE,
     RATE_PREFIX,
     ChunkReader,
+    Unreadable,
     clip,
     error_name,
     stream_error,
@@ -350,7 +351,8 @@ class Attempt:
 
     def take_whole(self, body: bytes, now: float) -> bool:
         """A 2xx body with no stream in it, read to its end at `now`: apply it if it is one
-        complete JSON answer (a server that does not stream). False when it is not one.
+        complete JSON answer (a server that does not stream). False when it is no JSON object;
+        `Unreadable` when it is one but no answer, or an answer with nothing in it.
 
         The text arrives as one piece (one content chunk), so first and last token are both
         `now` and there are no gaps. Without usage, its token count is estimated as characters
@@ -364,6 +366,10 @@ class Attempt:
             self.fail_in_stream(reader.error, 0)
             return True
         legacy = reader.function_call
+        if not (text or reader.reasoning or reader.tool_calls or reader.refusal or legacy
+                or reader.finish_reason is not None):  # as a stream's [DONE] with nothing
+            raise Unreadable("nothing in it: no content, reasoning or tool call, and no "
+                             "finish_reason")
         if text or reader.reasoning or reader.tool_calls or reader.refusal or legacy:
             self.pieces.append(text)
             out = self.out

@@ -142,9 +142,9 @@ class ChunkReader:
         chunk (BAD, the payload in `bad`). Payloads after it are not read.
 
         A piece is choices[0]'s content when that is a non-empty string. A finish_reason may sit
-        on any choice; the last truthy one wins (as a string). Usage counts that are not ints
-        become None. A chunk that turns out malformed halfway keeps what it set before (a
-        finish_reason), but its piece is not appended.
+        on any choice; the last truthy one wins (one that is no string as its JSON text).
+        Usage counts that are not ints become None. A chunk that turns out malformed halfway
+        keeps what it set before (a finish_reason), but its piece is not appended.
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
@@ -316,11 +316,11 @@ class ChunkReader:
                     else:
                         piece = first.get("text")
                     if reason := first.get("finish_reason"):
-                        self.finish_reason = str(reason)
+                        self.finish_reason = as_text(reason)
                     if len(choices) > 1:
                         for choice in choices[1:]:
                             if reason := choice.get("finish_reason"):
-                                self.finish_reason = str(reason)
+                                self.finish_reason = as_text(reason)
                     if piece and isinstance(piece, str):
                         append(piece)
                         # A plain content chunk (nothing but its piece to apply): its bytes
@@ -596,9 +596,9 @@ def merge_tool_calls(calls: dict[int, ToolCallParts], deltas: object) -> bool:
             call.type = str(kind)
         if function:
             if name:
-                call.name.append(_text(name))
+                call.name.append(as_text(name))
             if text := function.get("arguments") or function.get("input"):
-                call.arguments.append(_text(text))
+                call.arguments.append(as_text(text))
     return moved
 
 
@@ -615,24 +615,42 @@ def merge_function_call(call: ToolCallParts | None, delta: object) -> ToolCallPa
     raises one of `PARSE_ERRORS` (the stream is then malformed)."""
     call = call or ToolCallParts()
     if name := delta.get("name"):  # type: ignore[attr-defined]  # AttributeError, as documented
-        call.name.append(_text(name))
+        call.name.append(as_text(name))
     if text := delta.get("arguments"):  # type: ignore[attr-defined]
-        call.arguments.append(_text(text))
+        call.arguments.append(as_text(text))
     return call
 
 
-def _text(value: object) -> str:
-    """A tool call's string as it was sent, or the JSON text of a value that is not one."""
+def as_text(value: object) -> str:
+    """A string as it was sent (a tool call's, a finish_reason), or the JSON text of a value
+    that is not one: what a server sent, in a form a result can hold and a user can read."""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+class Unreadable(ValueError):
+    """A whole (non-streamed) answer that is a JSON object but no answer one can read (no
+    choices, a choice without its message or text, a field of the wrong kind): the attempt's
+    protocol_error, never an empty success. Its text says what is wrong, as a clause."""
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, as a sentence names it ("a number", "an object", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return {str: "a string", int: "a number", float: "a number", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
 
 
 def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     """A complete (non-streamed) answer's text, with its finish_reason and usage set on `reader`.
 
     For servers that answer a streaming request with one `chat.completion` or `text_completion`
-    object. None when `body` is not such an object (then it is no answer at all); an `{"error":
-    ...}` object sets `reader.error` and gives "". The text is choices[0]'s message content
-    (chat) or text (completions).
+    object. None when `body` is no JSON object (then it is no answer at all); `Unreadable` when
+    it is one not shaped as an answer; an `{"error": ...}` object sets `reader.error` and gives
+    "". The text is choices[0]'s message content (chat) or text (completions); a null one is
+    none (a tool call's). A finish_reason that is no string is kept as its JSON text.
     """
     obj = json_object(body)
     if obj is None:
@@ -641,32 +659,43 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         reader.error = error_of(obj, err)
         return ""
     choices = obj.get("choices")
-    if type(choices) is not list or not choices or not all(isinstance(c, dict) for c in choices):
-        return None
-    for choice in choices:
-        if reason := choice.get("finish_reason"):
-            reader.finish_reason = str(reason)
-    first = choices[0]
+    if type(choices) is not list or not choices:
+        raise Unreadable("no choices" if not choices else f"its choices are {json_kind(choices)}")
+    if not all(isinstance(c, dict) for c in choices):
+        raise Unreadable("a choice that is no object")
+    field = "message" if reader.chat else "text"
+    if field not in (first := choices[0]):
+        raise Unreadable(f"its first choice has no {field}")
+    message: dict[str, Any] = first
     if reader.chat:
-        message = first.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-        if isinstance(message, dict):
-            thought = message.get("reasoning_content") or message.get("reasoning")
-            if type(text) is list:  # Mistral's parts (`content_parts`)
-                text, thought = content_parts(text)
-            if thought and isinstance(thought, str):
-                reader.reasoning.append(thought)
-            refusal = message.get("refusal")
-            if refusal and isinstance(refusal, str):
-                reader.refusal.append(refusal)
-            calls = message.get("tool_calls")
+        if not isinstance(message := first["message"], dict):
+            raise Unreadable(f"its first choice's message is {json_kind(message)}")
+        text, where = message.get("content"), "its message's content"
+    else:
+        text, where = first["text"], "its first choice's text"
+    if text is not None and type(text) is not str and not (reader.chat and type(text) is list):
+        raise Unreadable(f"{where} is {json_kind(text)}")
+    if reader.chat:
+        thought = message.get("reasoning_content") or message.get("reasoning")
+        if type(text) is list:  # Mistral's parts (`content_parts`)
+            text, thought = content_parts(text)
+        if thought and isinstance(thought, str):
+            reader.reasoning.append(thought)
+        refusal = message.get("refusal")
+        if refusal and isinstance(refusal, str):
+            reader.refusal.append(refusal)
+        calls = message.get("tool_calls")
+        try:
             if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
                 merge_tool_calls(reader.tool_calls,
                                  [{**call, "index": i} for i, call in enumerate(calls)])
-            if isinstance(call := message.get("function_call"), dict):
-                reader.function_call = merge_function_call(None, call)
-    else:
-        text = first.get("text")
+        except PARSE_ERRORS:  # a call's function that is no object: raised out of the client
+            raise Unreadable("a tool call that is not shaped as one") from None
+        if isinstance(call := message.get("function_call"), dict):
+            reader.function_call = merge_function_call(None, call)
+    for choice in choices:
+        if reason := choice.get("finish_reason"):
+            reader.finish_reason = as_text(reason)
     if isinstance(usage := obj.get("usage"), dict):
         reader.prompt_tokens = as_int(usage.get("prompt_tokens"))
         reader.completion_tokens = as_int(usage.get("completion_tokens"))

@@ -44,8 +44,12 @@ from shardrun._chunks import (
     MORE,
     PARSE_ERRORS,
     ToolCallParts,
+    Unreadable,
     as_int,
+    as_text,
     call_list,
+    clip,
+    json_kind,
     json_object,
     usage_details,
 )
@@ -199,7 +203,7 @@ class ResponsesReader:
         if ident := item.get("call_id") or item.get("id"):
             call.id = str(ident)
         if (name := item.get("name")) and not call.name:
-            call.name.append(str(name))
+            call.name.append(as_text(name))
         text = item.get(_CALL_ITEMS[kind])
         if text and isinstance(text, str) and not call.arguments:
             call.arguments.append(text)
@@ -238,7 +242,8 @@ class ResponsesReader:
         if response.get("status") == "incomplete":
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None
-            self.finish_reason = _FINISH.get(str(reason), str(reason or "incomplete"))
+            said = as_text(reason) if reason else "incomplete"  # no string: its JSON text
+            self.finish_reason = _FINISH.get(said, said)
         else:
             self.finish_reason = "tool_calls" if self.tool_calls else "stop"
 
@@ -272,22 +277,27 @@ def _error(err: object) -> object:
 
 def read_whole_response(body: bytes, reader: ResponsesReader) -> str | None:
     """A whole (non-streamed) response object's answer, with the rest set on `reader` as
-    `read` sets it; None when `body` is no response at all. An `{"error": ...}` body, or a
-    response whose status is "failed", sets `reader.error` and gives ""."""
+    `read` sets it; None when `body` is no JSON object, `Unreadable` when it is one but no
+    response (or one without its output list). An `{"error": ...}` body, or a response whose
+    status is "failed", sets `reader.error` and gives ""."""
     obj = json_object(body)
     if obj is None:
         return None
-    if obj.get("object") != "response":
+    if (kind := obj.get("object")) != "response":
         if obj.get("error") is None:
-            return None
+            said = "no object" if kind is None else f"object {clip(as_text(kind), 40)}"
+            raise Unreadable(f"it is no response object ({said})")
         reader.error = _error(obj["error"])
         return ""
     if obj.get("status") == "failed":
         reader.error = _error(obj.get("error"))
         return ""
+    if type(output := obj.get("output")) is not list:
+        raise Unreadable("it has no output" if output is None else f"its output is "
+                         f"{json_kind(output)}")
     try:
         text = reader.take_output(obj)
     except PARSE_ERRORS:
-        return None
+        raise Unreadable("an output item that is not shaped as one") from None
     reader.end(obj)
     return text

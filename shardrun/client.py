@@ -19,7 +19,9 @@ event and decides about retries from `status`. Only cancellation propagates.
                          an answer whose finish_reason is "error" or "abort" (the server gave up),
                          a body with no event in 16 MiB or of over 64 MiB (bounded memory;
                          more where the request's token limit allows, `body_cap`),
-                         a body that does not decode as its Content-Encoding says
+                         a body that does not decode as its Content-Encoding says,
+                         a whole JSON body that is no answer one can read (no choices, a
+                         choice without its message or text) or has nothing in it
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.
@@ -60,7 +62,7 @@ from shardrun._attempt import (
     Watchdog,
     call_caller,
 )
-from shardrun._chunks import clip, read_error_body
+from shardrun._chunks import Unreadable, clip, read_error_body
 from shardrun._ellipsis import counted
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
@@ -305,7 +307,14 @@ class StreamingClient:
             while await read():
                 pass
         elif not chunk:
-            if before_events and st.take_whole(b"".join(before_events), now_of()):
+            whole = False
+            try:
+                if before_events:
+                    whole = st.take_whole(b"".join(before_events), now_of())
+            except Unreadable as exc:  # JSON, but no answer: never an empty success
+                _fail_stream(st, resp, f"an unreadable answer: {exc}", tokens=False)
+                return
+            if whole:
                 if out.first_token_at is not None and on_first_token is not None:
                     call_caller(on_first_token, out.first_token_at)
                 return
@@ -386,14 +395,17 @@ def _status_of(code: int) -> str:
     )  # fmt: skip
 
 
-def _fail_stream(st: Attempt, resp: aiohttp.ClientResponse, what: str) -> None:
+def _fail_stream(st: Attempt, resp: aiohttp.ClientResponse, what: str,
+                 tokens: bool = True) -> None:
     """The 2xx body is no whole answer: a protocol_error saying `what` and how far the stream
-    came; a body that is no event stream and brought no token is `not_an_answer`."""
+    came (unless not `tokens`: a whole answer has none); a body that is no event stream and
+    brought no token is `not_an_answer`."""
     ctype = resp.headers.get("Content-Type", "")
     stream = "event-stream" in ctype
     note = "" if stream else f" (content-type {clip(ctype) or 'missing'})"
     n = st.out.content_chunks
-    st.fail("protocol_error", f"{what} after {counted(n, 'token')}{note}")
+    after = f" after {counted(n, 'token')}" if tokens else ""
+    st.fail("protocol_error", f"{what}{after}{note}")
     st.out.not_an_answer = not stream and not n
 
 

@@ -20,6 +20,7 @@ from shardrun._chunks import (
     USAGE_MAX,
     ChunkReader,
     ToolCallParts,
+    Unreadable,
     as_int,
     clip,
     error_message,
@@ -350,8 +351,9 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                     else:
                         piece = first.get("text")
                     for choice in choices:
-                        if reason := choice.get("finish_reason"):
-                            finish = str(reason)
+                        if reason := choice.get("finish_reason"):  # no string: its JSON
+                            finish = (reason if isinstance(reason, str)
+                                      else orjson.dumps(reason).decode())
                     if piece and isinstance(piece, str):
                         pieces.append(piece)
                 if usage:
@@ -1153,13 +1155,20 @@ def test_read_whole_error_object_and_empty_content() -> None:
     assert reader.finish_reason == "tool_calls" and reader.error is None
 
 
-@pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b'{"id": "x"}',
-                                  b'{"choices": []}', b'{"choices": ["a"]}',
-                                  b'{"choices": [{"text": "a"}]'])
+@pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b'{"choices": [{"text": "a"}]'])
 def test_read_whole_refuses_what_is_no_answer(body: bytes) -> None:
     reader = ChunkReader(chat=False)
     assert read_whole(body, reader) is None
     assert reader.error is None and reader.finish_reason is None
+
+
+@pytest.mark.parametrize("body", [b'{"id": "x"}', b'{"choices": []}', b'{"choices": ["a"]}',
+                                  b'{"choices": [{"message": {"content": "a"}}]}'])
+def test_read_whole_says_why_a_json_object_is_no_answer(body: bytes) -> None:
+    """A JSON object not shaped as an answer raises `Unreadable` (the attempt's
+    protocol_error), never reads as an empty one."""
+    with pytest.raises(Unreadable):
+        read_whole(body, ChunkReader(chat=False))
 
 
 def test_an_error_code_of_a_digit_that_is_no_number_is_no_status() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardrun._chunks import BAD, DONE, ERROR, MORE, stream_error
+from shardrun._chunks import BAD, DONE, ERROR, MORE, Unreadable, stream_error
 from shardrun._responses import ResponsesReader, read_whole_response
 from shardrun.batch_format import batch_output_line
 from shardrun.errors import SpecError
@@ -393,8 +393,11 @@ def test_read_whole_response() -> None:
     error = ResponsesReader()
     assert read_whole_response(b'{"error": {"message": "bad", "code": 400}}', error) == ""
     assert error.error == {"code": 400, "message": "bad"}
-    for body in (b"nope", b"[]", b'{"id": 1}', b'{"object": "response", "output": [1]}'):
+    for body in (b"nope", b"[]"):
         assert read_whole_response(body, ResponsesReader()) is None, body
+    for body in (b'{"id": 1}', b'{"object": "response", "output": [1]}'):
+        with pytest.raises(Unreadable):
+            read_whole_response(body, ResponsesReader())
 
 
 def test_the_request_body_takes_the_prompt_or_messages_as_input() -> None:

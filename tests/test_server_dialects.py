@@ -22,6 +22,7 @@ from aiohttp import http_parser, web
 from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome, StreamingClient
 from shardrun.clock import Clock
+from shardrun.items import Api
 from shardrun.retry import Retrier, RetryPolicy
 from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig, credentials_fix
 from tests.test_client import (
@@ -329,6 +330,79 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
                              "reasoning or tool call, and no finish_reason")
     out = run(one(streaming(role, chat(None, "length"), usage, b"[DONE]")))
     assert (out.status, out.text, out.finish_reason) == ("ok", "", "length")
+
+
+@pytest.mark.parametrize(("api", "body", "said"), [
+    ("chat", {"object": "chat.completion"}, "no choices"),
+    ("chat", {"choices": []}, "no choices"),
+    ("chat", {"choices": {"0": {}}}, "its choices are an object"),
+    ("chat", {"choices": ["hi"]}, "a choice that is no object"),
+    ("chat", {"choices": [{"finish_reason": "stop"}]}, "its first choice has no message"),
+    ("chat", {"choices": [{"message": "hi", "finish_reason": "stop"}]},
+     "its first choice's message is a string"),
+    ("chat", {"choices": [{"message": {"content": 7}, "finish_reason": "stop"}]},
+     "its message's content is a number"),
+    ("chat", {"choices": [{"message": {"content": None, "tool_calls": [{"function": "f"}]},
+                           "finish_reason": "tool_calls"}]},
+     "a tool call that is not shaped as one"),
+    ("chat", {"choices": [{"message": {"role": "assistant", "content": None}}]},
+     "nothing in it: no content, reasoning or tool call, and no finish_reason"),
+    ("completions", {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]},
+     "its first choice has no text"),
+    ("completions", {"choices": [{"text": ["hi"], "finish_reason": "stop"}]},
+     "its first choice's text is a list"),
+    ("responses", {"object": "chat.completion", "choices": []},
+     "it is no response object (object chat.completion)"),
+    ("responses", {"object": "response", "status": "completed"}, "it has no output"),
+    ("responses", {"object": "response", "status": "completed", "output": {}},
+     "its output is an object"),
+    ("responses", {"object": "response", "status": "completed", "output": ["hi"]},
+     "an output item that is not shaped as one"),
+])  # fmt: skip
+def test_a_whole_answer_that_cannot_be_read_is_no_success(api: Api, body: dict[str, object],
+                                                          said: str) -> None:
+    """A server that ignores `stream` and sends one JSON answer that is not shaped as one (no
+    choices, a choice without its message or text, a field of the wrong kind): a protocol
+    error that says what is wrong, retried, as a stream that cannot be read is. It was an
+    empty success (an item lost to an empty output), or an uncaught error out of the attempt
+    (a tool call whose function is no object)."""
+    out = run(one(whole_answer(orjson.dumps(body)), api=api))
+    assert (out.status, out.text) == ("protocol_error", "")
+    assert out.error == f"an unreadable answer: {said} (content-type application/json)"
+    assert Retrier(RetryPolicy()).decide(out.status, out.http_status, 1).retry
+
+
+def test_a_whole_answer_that_is_empty_but_says_why_it_ended_is_a_success() -> None:
+    """An empty answer with its finish_reason is one (a null content beside a refusal, too):
+    the checks above refuse shapes, not empty answers."""
+    for api, body in [
+        ("chat", {"choices": [{"message": {"content": ""}, "finish_reason": "length"}]}),
+        ("chat", {"choices": [{"message": {"content": None}, "finish_reason": "stop"}]}),
+        ("completions", {"choices": [{"text": None, "finish_reason": "length"}]}),
+        ("responses", {"object": "response", "status": "completed", "output": []}),
+    ]:  # fmt: skip
+        out = run(one(whole_answer(orjson.dumps(body)), api=api))
+        assert (out.status, out.text, out.error) == ("ok", "", None), body
+
+
+@pytest.mark.parametrize(("sent", "kept"), [
+    ("length", "length"), (7, "7"), (True, "true"), ({"type": "stop"}, '{"type":"stop"}'),
+    (["stop"], '["stop"]'),
+])  # fmt: skip
+def test_a_finish_reason_that_is_no_string_is_kept_as_its_json_text(sent: object,
+                                                                    kept: str) -> None:
+    """A finish_reason that is no string (a number, an object) is kept as the JSON text the
+    server sent, as a tool call's name or arguments that is no string is: it was Python's
+    repr of the value (`{'type': 'stop'}`, `True`), which no JSON tool reads back. A string
+    stands as it is. The same in a stream, in a whole answer and in an incomplete response."""
+    stream = run(one(streaming(chat("a"), chat(None, sent), b"[DONE]")))  # type: ignore[arg-type]
+    whole = run(one(whole_answer(orjson.dumps(
+        {"choices": [{"message": {"content": "a"}, "finish_reason": sent}]}))))
+    incomplete = {"object": "response", "status": "incomplete", "output": [],
+                  "incomplete_details": {"reason": sent}}
+    response = run(one(whole_answer(orjson.dumps(incomplete)), api="responses"))
+    assert [(o.status, o.finish_reason) for o in (stream, whole)] == [("ok", kept)] * 2
+    assert response.finish_reason == kept
 
 
 def _call_delta(arguments: str, index: int | None = 0, ident: str | None = None,
