@@ -308,8 +308,10 @@ class Attempt:
         if out.conn_ready_at is None:  # a session without our StampingConnector
             self.conn_ready(None)
         out.http_status = resp.status
-        # On a failure, a wait asked in milliseconds counts too (`retry_after_of`).
-        out.retry_after = hdrs.get("Retry-After") if resp.status < 400 else retry_after_of(hdrs)
+        # On a failure, a wait asked in milliseconds counts too, and a date is read against
+        # the response's Date (`retry_after_of`); a 2xx is read so only when it has one.
+        out.retry_after = (retry_after_of(hdrs) if resp.status >= 400 or "Retry-After" in hdrs
+                           else None)
         # The `is_rate_header` test inline: no function call per header.
         out.rate_headers = {k.lower(): v for k, v in hdrs.items() if k[:12].lower() == RATE_PREFIX}
         self.notify_conn()

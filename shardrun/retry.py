@@ -163,8 +163,14 @@ beside (or instead of) Retry-After, and OpenAI's own clients read them first."""
 def retry_after_of(headers: Mapping[str, str]) -> str | None:
     """The wait a response asks for, as a Retry-After value: its Retry-After header, or the
     seconds its millisecond header asks (`MS_HEADERS`) when that is the longer or the only
-    ask. None when it asks for none."""
-    value = headers.get("Retry-After")
+    ask. None when it asks for none.
+
+    A Retry-After that is an HTTP-date, in a response whose Date header is a valid one too,
+    becomes the seconds from that Date to it (RFC 9110, 10.2.3): both are the server's clock,
+    so a server whose clock is ahead of this machine's is waited out as long as it asked, not
+    that much longer (past `max_server_wait_s`, an item dead-lettered), and one behind not
+    retried at once. Without a valid Date the date is read against this machine's clock."""
+    value = _on_server_clock(headers.get("Retry-After"), headers.get("Date"))
     asked = parse_retry_after(value)
     for name in MS_HEADERS:
         try:
@@ -185,10 +191,33 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return max(0.0, float(value))
     except ValueError:
         pass
+    if (when := _http_date(value)) is None:
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def _http_date(value: str) -> float | None:
+    """An HTTP-date as a POSIX timestamp; None when it is none."""
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:  # "-0000" or no zone: an HTTP-date is UTC, never this machine's time
         when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return when.timestamp()
+
+
+def _on_server_clock(value: str | None, date: str | None) -> str | None:
+    """A Retry-After HTTP-date as the seconds from the response's `date` (its Date header) to
+    it, when both are HTTP-dates; else `value` as it is (`retry_after_of`)."""
+    if not value or not date:
+        return value
+    try:
+        float(value)
+        return value  # delta-seconds
+    except ValueError:
+        pass
+    when, sent = _http_date(value.strip()), _http_date(date.strip())
+    if when is None or sent is None:
+        return value
+    return f"{max(0.0, when - sent):g}"

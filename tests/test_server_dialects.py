@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import zlib
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,41 @@ def test_a_429_asking_in_milliseconds_is_waited_out(headers: dict[str, str], ask
         out.status, out.http_status, 1, out.retry_after, out.rate_headers)
     assert (decision.retry, decision.why, decision.wait) == (True, "server", float(asked))
 
+
+
+@pytest.mark.parametrize("skew_s", [3600.0, -3600.0, 0.0])
+def test_a_retry_after_date_is_read_on_the_servers_clock(skew_s: float) -> None:
+    """A 429 whose Retry-After is an HTTP-date, 30 s after its own Date header, from a server
+    whose clock is an hour ahead of this machine's, an hour behind, or right: the retry waits
+    the 30 s it asked for (RFC 9110 lets a client read the date against the response's Date).
+    Read against this machine's clock, the server ahead asked 3630 s (past
+    `max_server_wait_s`: the item was dead-lettered) and the one behind none at all."""
+    server_now = datetime.now(UTC) + timedelta(seconds=skew_s)
+    headers = {"Date": format_datetime(server_now, usegmt=True),
+               "Retry-After": format_datetime(server_now + timedelta(seconds=30), usegmt=True)}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "slow down"}}, status=429,
+                                 headers=headers)
+
+    out = run(one(handler))
+    assert (out.status, out.retry_after) == ("http_429", "30")
+    decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
+        out.status, out.http_status, 1, out.retry_after, out.rate_headers)
+    assert (decision.retry, decision.why, decision.wait) == (True, "server", 30.0)
+
+
+def test_a_retry_after_date_without_a_valid_date_header_is_read_on_this_clock() -> None:
+    """Without a Date header to read it against (or with one that is no date), a Retry-After
+    date stands as sent, and the wait is counted from this machine's clock, as before."""
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True)
+    for date in (b"", b"Date: yesterday\r\n"):
+        out = run(_raw_attempt([b"HTTP/1.1 429 Too Many Requests\r\n" + date
+                                + b"Retry-After: " + later.encode() + b"\r\n"
+                                b"Content-Length: 0\r\n\r\n"]))
+        assert (out.status, out.retry_after) == ("http_429", later)
+        assert Retrier(RetryPolicy()).decide(out.status, out.http_status, 1, out.retry_after,
+                                             out.rate_headers).why == "server"
 
 
 @pytest.mark.parametrize("stream", [False, True])
