@@ -19,6 +19,9 @@ ignored. llama.cpp's server reports a failure inside a stream as an event whose 
 ignored, it would turn a failed request into an empty success. Such an event's payload is the
 chat shape of an error, `{"error": VALUE}` (VALUE as sent when it is JSON, else as a JSON string),
 which the chunk readers end the stream with; it takes the place of any data lines of its event.
+Likewise an event named `error` (`event: error`) whose data is not such an object already (a
+gateway's `{"message": ..., "code": ...}`, a line of text) has its data as VALUE: read as a
+chunk, it was skipped (no choices), and the answer cut by it went on to `[DONE]` as a success.
 And `close()` dispatches a final event that lacks its terminating blank line (the spec discards
 it). Some servers end the stream with `data: [DONE]\\n` only; being lenient there costs nothing
 and avoids reporting a good response as broken.
@@ -37,17 +40,18 @@ class SSEDecoder:
 
     Payloads are bytes, exactly as received (`orjson.loads` takes bytes, so nothing is decoded
     twice). Multiple `data:` lines of one event are joined with b"\\n". Comments (lines starting
-    with ':'), keep-alives and the fields `event:`, `id:`, `retry:` are ignored: the OpenAI
-    streaming format carries everything in `data`. An `error:` field makes its event an error
-    payload (module docstring).
+    with ':'), keep-alives and the fields `event:` (but for the name `error`), `id:`, `retry:`
+    are ignored: the OpenAI streaming format carries everything in `data`. An `error:` field,
+    or the name `error`, makes its event an error payload (module docstring).
     """
 
-    __slots__ = ("_data", "_error", "_parts", "_skip_lf", "_started")
+    __slots__ = ("_data", "_error", "_error_event", "_parts", "_skip_lf", "_started")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []  # the unterminated last line, as received
         self._data: list[bytes] = []  # data lines of the event being assembled
         self._error: list[bytes] = []  # its error lines' values (llama.cpp), if any
+        self._error_event = False  # its name is "error" (`event: error`)
         self._skip_lf = False  # the previous read ended with CR: drop one LF at the next start
         self._started = False  # the first line (which may carry a BOM) has been seen
 
@@ -75,7 +79,8 @@ class SSEDecoder:
             if data.startswith(_BOM):
                 data = data[3:]
         out: list[bytes] = []
-        if not self._data and not self._error and data.startswith(b"data: "):
+        if (not self._data and not self._error and not self._error_event
+                and data.startswith(b"data: ")):  # fmt: skip
             # The shape of nearly every read: whole events of one "data: " line each. One split
             # yields their payloads; the newline count proves no event has any other line.
             end = data.rfind(b"\n\n")
@@ -121,8 +126,10 @@ class SSEDecoder:
                     self._error.clear()
                     data.clear()
                 elif data:
-                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    out.append(_error_event(payload) if self._error_event else payload)
                     data.clear()
+                self._error_event = False
             elif line.startswith(b"data"):
                 if len(line) == 4:  # "data" with no colon: a data line with an empty value
                     data.append(b"")
@@ -131,6 +138,8 @@ class SSEDecoder:
                 # else: a field such as "dataset:" that merely starts with "data": ignored
             elif line.startswith(b"error:"):
                 self._error.append(line[7:] if line[6:7] == b" " else line[6:])
+            elif line.startswith(b"event:"):
+                self._error_event = (line[7:] if line[6:7] == b" " else line[6:]) == b"error"
             # comments (":..."), event/id/retry and unknown fields: ignored
 
 
@@ -142,3 +151,16 @@ def _error_payload(value: bytes) -> bytes:
     except orjson.JSONDecodeError:
         return orjson.dumps({"error": value.decode("utf-8", "replace")})
     return b'{"error":' + value + b"}"
+
+
+def _error_event(payload: bytes) -> bytes:
+    """The payload of an event named `error`: as sent when it is an object with an `error`
+    already (`{"error": {...}}`, Anthropic's `{"type": "error", "error": {...}}`), else the
+    chat shape of an error with the data as its value (`_error_payload`)."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict) and obj.get("error") is not None:
+        return payload
+    return _error_payload(payload)

@@ -60,12 +60,22 @@ def test_llama_cpp_error_event_is_a_failure_not_an_empty_success() -> None:
                          "context size, try increasing it")
     assert out.error_code == "400"
 
+
+@pytest.mark.parametrize("event", [
+    b'error: {"code":500,"message":"decode failed","type":"server_error"}\n\n',  # llama.cpp
+    # A gateway's: an event named error, its data the error itself (no `error` member). Read as
+    # a chunk with no choices, it was skipped: the cut answer reached [DONE] as a success.
+    b'event: error\r\ndata: {"message":"decode failed","code":500}\r\n\r\n',
+])  # fmt: skip
+def test_an_error_event_midway_fails_the_answer(event: bytes) -> None:
+    """An error event after some tokens, then the stream's usual end: the attempt fails with
+    the error's words, classed by its code, and the text so far is wasted."""
+
     async def midway(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
         await resp.write(sse(chat("a")) + sse(chat("b")))
         await asyncio.sleep(0.01)
-        await resp.write(b'error: {"code":500,"message":"decode failed","type":"server_error"}'
-                         b"\n\n" + sse(b"[DONE]"))
+        await resp.write(event + sse(b"[DONE]"))
         return resp
 
     out = run(one(midway))

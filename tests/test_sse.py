@@ -142,18 +142,23 @@ def _reference(raw: bytes) -> list[bytes]:
     out: list[bytes] = []
     data: list[bytes] = []
     errors: list[bytes] = []
+    name = b""
     for line in [*re.split(rb"\r\n|\r|\n", raw), b""]:
         if not line:
             if errors:
-                value = b"\n".join(errors)
-                try:
-                    orjson.loads(value)
-                except orjson.JSONDecodeError:
-                    value = orjson.dumps(value.decode("utf-8", "replace"))
-                out.append(b'{"error":' + value + b"}")
+                out.append(_as_error(b"\n".join(errors)))
             elif data:
-                out.append(b"\n".join(data))
-            data, errors = [], []
+                payload = b"\n".join(data)
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    obj = None
+                wrapped = not (isinstance(obj, dict) and obj.get("error") is not None)
+                out.append(_as_error(payload) if name == b"error" and wrapped else payload)
+            data, errors, name = [], [], b""
+        elif line.startswith(b"event:"):
+            value = line[6:]
+            name = value[1:] if value.startswith(b" ") else value
         elif line.startswith(b"error:"):
             value = line[6:]
             errors.append(value[1:] if value.startswith(b" ") else value)
@@ -165,12 +170,22 @@ def _reference(raw: bytes) -> list[bytes]:
     return out
 
 
+def _as_error(value: bytes) -> bytes:
+    """`{"error": value}`, the value as sent if JSON, else as a JSON string."""
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        value = orjson.dumps(value.decode("utf-8", "replace"))
+    return b'{"error":' + value + b"}"
+
+
 _LINE = st.one_of(
     st.builds(lambda v: b"data: " + v, st.sampled_from([b"{}", b"[DONE]", b"x", b"", b" y",
                                                         "é🙂".encode(), b"data: z", b":"])),
     st.sampled_from([b"", b"", b"data", b"data:x", b"data:  two", b": ping", b":", b"event: m",
                      b"id: 1", b"dataset: no", b"retry: 5", b'error: {"code":500}', b"error:x",
-                     b"errors: no"]),
+                     b"errors: no", b"event: error", b"event:error", b"event: errors",
+                     b'data: {"error":1}', b'data: {"error":null}']),
 )  # fmt: skip
 
 
@@ -230,6 +245,26 @@ def test_an_error_field_is_an_error_payload() -> None:
     raw = b"error: {}\ndata: x\n\ndata: y\nerror: 5\n\n"
     assert _decode([raw]) == _decode([raw[:10], raw[10:]]) == [b'{"error":{}}', b'{"error":5}']
     assert _decode([b"error: {}\n", b"data: x\n\n"]) == [b'{"error":{}}']
+
+
+def test_an_event_named_error_is_an_error_payload() -> None:
+    """An event named `error` is the chat shape of an error, its data the error's value (as
+    sent if JSON, else as a JSON string), unless its data holds an `error` already (Anthropic's
+    and most gateways' shape): read as a chunk, a gateway's `{"message", "code"}` was skipped,
+    and the answer it cut went on to [DONE] as a success. The name holds for its event only,
+    and the event may come split anywhere."""
+    raw = (b'data: a\n\nevent: error\ndata: {"message":"boom","code":500}\n\n'
+           b"event:error\ndata: upstream timed out\n\n"
+           b'event: error\ndata: {"type":"error","error":{"message":"x"}}\n\n'
+           b"event: errors\ndata: b\n\ndata: [DONE]\n\n")
+    expected = [b"a", b'{"error":{"message":"boom","code":500}}',
+                b'{"error":"upstream timed out"}', b'{"type":"error","error":{"message":"x"}}',
+                b"b", b"[DONE]"]
+    assert _decode([raw]) == expected
+    assert all(_decode(_split(raw, [cut])) == expected for cut in range(len(raw)))
+    # The name in one read, the data in the next, in the shape every plain read has.
+    assert _decode([b"event: error\n", b"data: x\n\n", b"data: y\n\n"]) == [
+        b'{"error":"x"}', b"y"]
 
 
 def test_comment_only_and_empty_events_dispatch_nothing() -> None:
