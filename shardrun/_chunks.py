@@ -137,7 +137,8 @@ class ChunkReader:
     def read(self, payloads: list[bytes], pieces: list[str], unpadded: bool = False) -> int:
         """Apply SSE payloads in order, appending each content piece to `pieces`; MORE to go on.
 
-        Stops at the first payload that ends the stream: `[DONE]` (DONE), an `{"error": ...}`
+        Stops at the first payload that ends the stream: `[DONE]` (DONE; a payload that starts
+        so, `[DONE] `, too: OpenAI's own clients end there), an `{"error": ...}`
         object (ERROR, its value in `error`), or a payload that is not JSON or not shaped as a
         chunk (BAD, the payload in `bad`). Payloads after it are not read.
 
@@ -338,6 +339,8 @@ class ChunkReader:
                     self.cached_tokens, self.reasoning_tokens = usage_details(
                         usage, "prompt_tokens_details", "completion_tokens_details")
         except PARSE_ERRORS:
+            if payload.startswith(b"[DONE]"):  # "[DONE] ": the end, as OpenAI's clients read it
+                return DONE
             self.bad = payload
             return BAD
         return MORE

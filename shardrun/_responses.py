@@ -28,7 +28,8 @@ there is no envelope to learn (`_chunks`, "Envelope"): every payload is parsed. 
 - `response.failed`, `error` and a bare `{"error": ...}` (chat's shape, which some servers
   send here too): the end, with the error, classed by its code or type (`stream_error`).
 Other events (created, in_progress, the `.added` and `.done` of text) repeat what the deltas
-carry. The stream has no `[DONE]`; one is taken as the end all the same.
+carry. The stream has no `[DONE]`; one is taken as the end all the same (and a payload that
+starts so, as chat's reader takes it).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class ResponsesReader:
                         "code": event.get("code"), "message": event.get("message")})
                     return ERROR
         except PARSE_ERRORS:
+            if payload.startswith(b"[DONE]"):  # "[DONE] ": the end, as OpenAI's clients read it
+                return DONE
             self.bad = payload
             return BAD
         return MORE

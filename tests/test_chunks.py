@@ -143,9 +143,14 @@ def test_usage_with_non_int_counts() -> None:
 
 
 def test_done_stops_the_read() -> None:
-    """[DONE] ends the read: payloads after it in the same read are not applied."""
+    """[DONE] ends the read: payloads after it in the same read are not applied. So does a
+    payload that starts with it (`[DONE] `), as OpenAI's own clients take it: it failed a whole
+    answer as unparseable. A part of it is no end."""
     assert read(DELTA, "[DONE]", DELTA)[:2] == (DONE, ["héllo 🙂"])
     assert read("[DONE]", "{not json")[:2] == (DONE, [])
+    assert read(DELTA, "[DONE] ", DELTA)[:2] == (DONE, ["héllo 🙂"])
+    assert read("[DONE]\t\x00")[:2] == (DONE, [])
+    assert read("[DONE")[0] == BAD
 
 
 def test_error_object_stops_the_read() -> None:
@@ -311,7 +316,7 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
     for payloads in reads:
         code = MORE
         for payload in payloads:
-            if payload == b"[DONE]":
+            if payload.startswith(b"[DONE]"):
                 code = DONE
                 break
             try:

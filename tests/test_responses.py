@@ -374,6 +374,7 @@ def test_done_ends_a_stream_and_other_events_are_passed_over() -> None:
     stream = events({"type": "response.in_progress"}, {"type": "response.content_part.added"},
                     {"type": "some.future.event", "delta": "x"})
     assert read_all([stream, [b"[DONE]"]])[:2] == ([MORE, DONE], [])
+    assert read_all([stream, [b"[DONE] "]])[:2] == ([MORE, DONE], [])
 
 
 def test_read_whole_response() -> None:

@@ -516,6 +516,14 @@ def _with_calls(*calls: dict[str, object]) -> dict[str, object]:
     return {"choices": [{"index": 0, "delta": {"tool_calls": list(calls)}, "finish_reason": None}]}
 
 
+def test_a_done_with_bytes_after_it_ends_the_stream() -> None:
+    """`data: [DONE] ` (a space after it): the end of a whole answer, as OpenAI's own clients
+    read any payload that starts with [DONE]; it failed the answer as unparseable, retried
+    and paid for again."""
+    out = run(one(streaming(chat("hi"), chat(None, "stop"), b"[DONE] ")))
+    assert (out.status, out.text, out.finish_reason, out.error) == ("ok", "hi", "stop", None)
+
+
 def test_a_stream_that_ends_after_its_finish_reason_without_done_is_whole() -> None:
     """Some servers (ik_llama.cpp's, unless started with --send-done) end the body after the
     chunk with the finish_reason and send no `data: [DONE]`: the answer is whole, so the attempt
