@@ -281,8 +281,9 @@ def _error(err: object) -> object:
 def read_whole_response(body: bytes, reader: ResponsesReader) -> str | None:
     """A whole (non-streamed) response object's answer, with the rest set on `reader` as
     `read` sets it; None when `body` is no JSON object, `Unreadable` when it is one but no
-    response (or one without its output list). An `{"error": ...}` body, or a response whose
-    status is "failed", sets `reader.error` and gives ""."""
+    response, one without its output list, or one whose status says it has not ended (or was
+    cancelled). An `{"error": ...}` body, or a response whose status is "failed", sets
+    `reader.error` and gives ""."""
     obj = json_object(body)
     if obj is None:
         return None
@@ -292,9 +293,12 @@ def read_whole_response(body: bytes, reader: ResponsesReader) -> str | None:
             raise Unreadable(f"it is no response object ({said})")
         reader.error = _error(obj["error"])
         return ""
-    if obj.get("status") == "failed":
+    if (status := obj.get("status")) == "failed":
         reader.error = _error(obj.get("error"))
         return ""
+    if status is not None and status not in ("completed", "incomplete"):
+        # queued, in_progress (a background response), cancelled: no answer, or not yet one
+        raise Unreadable(f"its status is {clip(as_text(status), 40)}, not completed")
     if type(output := obj.get("output")) is not list:
         raise Unreadable("it has no output" if output is None else f"its output is "
                          f"{json_kind(output)}")

@@ -405,6 +405,10 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
      "its output is an object"),
     ("responses", {"object": "response", "status": "completed", "output": ["hi"]},
      "an output item that is not shaped as one"),
+    ("responses", {"object": "response", "status": "in_progress", "output": []},
+     "its status is in_progress, not completed"),
+    ("responses", {"object": "response", "status": "cancelled", "output": []},
+     "its status is cancelled, not completed"),
 ])  # fmt: skip
 def test_a_whole_answer_that_cannot_be_read_is_no_success(api: Api, body: dict[str, object],
                                                           said: str) -> None:
@@ -427,6 +431,7 @@ def test_a_whole_answer_that_is_empty_but_says_why_it_ended_is_a_success() -> No
         ("chat", {"choices": [{"message": {"content": None}, "finish_reason": "stop"}]}),
         ("completions", {"choices": [{"text": None, "finish_reason": "length"}]}),
         ("responses", {"object": "response", "status": "completed", "output": []}),
+        ("responses", {"object": "response", "output": []}),  # a server that sends no status
     ]:  # fmt: skip
         out = run(one(whole_answer(orjson.dumps(body)), api=api))
         assert (out.status, out.text, out.error) == ("ok", "", None), body
