@@ -147,6 +147,10 @@ class ChunkReader:
         Usage counts that are not ints become None. A chunk that turns out malformed halfway
         keeps what it set before (a finish_reason), but its piece is not appended.
 
+        A chunk's choice without a `delta` is read by its `message` (a server that sends its
+        whole `chat.completion` as one event, as the answer to a streaming request): ignored,
+        the answer was an empty success.
+
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
         pieces are merged by index (`merge_tool_calls`), a refusal (`refusal`, OpenAI's models
@@ -302,6 +306,8 @@ class ChunkReader:
                     first, other, piece = choices[0], False, None
                     if chat:
                         delta = first.get("delta")
+                        if delta is None:  # a whole chat.completion sent as an event
+                            delta = first.get("message")
                         if isinstance(delta, dict):
                             piece = delta.get("content")
                             # A plain content delta has one key (two with its role): only a

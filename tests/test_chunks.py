@@ -332,6 +332,8 @@ def reference(reads: list[list[bytes]], chat: bool) -> Outcome:
                     first = choices[0]
                     if chat:
                         delta = first.get("delta")
+                        if delta is None:  # a whole answer's choice: its message
+                            delta = first.get("message")
                         piece = delta.get("content") if isinstance(delta, dict) else None
                         if isinstance(delta, dict):
                             thought = delta.get("reasoning_content") or delta.get("reasoning")

@@ -521,6 +521,20 @@ def _with_calls(*calls: dict[str, object]) -> dict[str, object]:
     return {"choices": [{"index": 0, "delta": {"tool_calls": list(calls)}, "finish_reason": None}]}
 
 
+def test_a_whole_answer_sent_as_one_event_is_read_by_its_message() -> None:
+    """A server that answers a streaming request with its whole chat.completion as one event
+    (then [DONE], or not): its message is read as the stream's one delta, text and calls. Its
+    choice has no `delta`, so it was skipped: an ok result with an empty output."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    answer = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+              "message": {"role": "assistant", "content": "hello", "tool_calls": [call]}}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2}}  # fmt: skip
+    for ending in ([b"[DONE]"], []):
+        out = run(one(streaming(answer, *ending)))
+        assert (out.status, out.text, out.finish_reason) == ("ok", "hello", "stop")
+        assert (out.tool_calls, out.completion_tokens) == ([call], 2)
+
+
 def test_a_done_with_bytes_after_it_ends_the_stream() -> None:
     """`data: [DONE] ` (a space after it): the end of a whole answer, as OpenAI's own clients
     read any payload that starts with [DONE]; it failed the answer as unparseable, retried
