@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import orjson
@@ -80,6 +84,33 @@ def test_lines_reach_their_files_only_when_flushed_events_first(tmp_path: Path) 
     assert seen_with_results == [1000]  # every event was in its file before any result line
     assert results_path.read_bytes().count(b"\n") == 1000
     out.close()
+
+
+def test_a_shard_killed_while_it_fsyncs_has_handed_every_line_to_the_os(tmp_path: Path) -> None:
+    """A kill -9 during a flush's fsync finds every line already written: results and dead
+    letters as well as their events (the event log's fsync came before the results' write, so
+    a kill in it left answers whose events were on disk, run again and paid twice)."""
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from shardrun.shard_config import ShardConfig
+        from shardrun.shard_output import ShardOutput
+        cfg = ShardConfig(shard=0, run_id="r", out_dir=sys.argv[1], base_url="http://x",
+                          api="chat", model="m")
+        out = ShardOutput(cfg, lambda path, exc: None)
+        for n in range(50):
+            out.log.emit("released", t=1.0, span=f"0-{n}", id=str(n), outcome="ok", reason=None)
+            out.add_result(str(n), {"id": str(n)})
+        out.log.emit("released", t=1.0, span="0-50", id="50", outcome="dead", reason="x")
+        out.add_dead("50", {"id": "50"})
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # killed in its first fsync
+        out.flush(sync=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (tmp_path / "events" / "shard-00.jsonl").read_bytes().count(b'"released"') == 51
+    assert (tmp_path / "results" / "shard-00.jsonl").read_bytes().count(b"\n") == 50
+    assert (tmp_path / "dead" / "shard-00.jsonl").read_bytes() == b'{"id":"50"}\n'
 
 
 def test_event_log_lines_keys_and_checkpoints(tmp_path: Path) -> None:
