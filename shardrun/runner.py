@@ -556,6 +556,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
         fsync_interval_s=spec.fsync_interval_s,
         segment=this.segment,
         answered_before=len(this.done) > this.prior_dead,  # an earlier pass has results
+        endpoint_watched=endpoint.gone is not None,
         way_on=this.way_on,
         way_on_retrying=this.way_on_retrying,
         set_outside={key: job.sources[key] for key in ("endpoint.base_url", "endpoint.model")

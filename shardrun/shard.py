@@ -152,7 +152,7 @@ class Shard:
         self.fatal_mode = DEAD_LETTER
         self.ok_once = False
         self.run_answered = False  # another shard has had a success (`protocol.ANSWERED`)
-        self.ever_connected = cfg.answered_before
+        self.ever_connected = cfg.answered_before or cfg.endpoint_watched
         # Raised to what the pool needs where the hard limit allows (`fdlimit`): the cap's
         # connections and those of the spans beside it (`pool_size`).
         self.open_files = ensure_open_files(pool_size(cfg.concurrency))

@@ -54,6 +54,11 @@ class ShardConfig:
     # The endpoint answered this run before (an earlier pass, or another shard of this one): a
     # shard that cannot reach it waits for it (an outage), rather than judging it unreachable.
     answered_before: bool = False
+    # The endpoint is the simulator this pass started, which listened before any shard began,
+    # and whose end the coordinator watches (`runner._sim_ended`): a connection it refuses is
+    # that end, which stops the run for --resume; never a reason to judge it unreachable and
+    # dead-letter every item.
+    endpoint_watched: bool = False
     # How the sentence of a stop ends: what continues the run after this pass, and what does
     # when the stop also dead-lettered items (`runner.choose_way_on`).
     way_on: str = CONTINUE

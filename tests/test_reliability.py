@@ -2482,6 +2482,53 @@ def test_the_runs_own_simulator_killed_mid_run_stops_it_at_once(tmp_path: Path) 
     assert_exactly_once(Run.load(path), ids)
 
 
+def test_the_runs_own_simulator_killed_before_any_answer_dead_letters_nothing(
+        tmp_path: Path) -> None:
+    """The simulator a sim:// run started, killed once it listens and before any shard has
+    connected: the shards' refused connections are its end, which the run stops for as
+    above, not an endpoint that was never reachable (every item dead-lettered, 3,000 of
+    3,000 in the soak of scripts/soak_resume.py). The coordinator is held (SIGSTOP) while
+    the simulator starts, so no shard can reach it first."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    write_job(tmp_path / "job.yaml", retry={"outage_s": 60},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    try:
+        deadline = time.monotonic() + WAIT_GUARD_S
+        server: psutil.Process | None = None
+        while server is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "no simulator started"
+            server = next((c for c in psutil.Process(proc.pid).children()
+                           if "shardrun.sim" in c.cmdline()), None)
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGSTOP)  # in start_sim: no shard is started yet
+        try:
+            while not [c for c in server.net_connections("tcp") if c.status == "LISTEN"]:
+                assert time.monotonic() < deadline, "the simulator never listened"
+                time.sleep(0.005)
+            server.kill()
+            while server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline, "the simulator outlived its SIGKILL"
+                time.sleep(0.005)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out + err
+    assert error_lines(err, tmp_path) == [
+        "error: the simulator this run started for sim:// ended mid-run (killed by signal "
+        "SIGKILL), so nothing can answer the items left; they are unfinished, not failed: "
+        "continue with --resume, which starts a new simulator"], err
+    path = only_run(tmp_path / "runs")
+    assert not Run.load(path).dead
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
+
+
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
     """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
     the URL masks the password, and no file of the run holds it, manifest included."""
