@@ -469,6 +469,56 @@ def test_start_sim_failure_raises_run_error_with_stderr() -> None:
         start_sim(SimConfig(), host="256.0.0.1", startup_timeout=15)
 
 
+def test_a_simulator_stopped_by_a_signal_before_listening_is_one_sentence() -> None:
+    """SIGINT sent to the simulator while it imports (the soak of scripts/soak_resume.py did):
+    the error names the signal and quotes the last line of its stderr, not the traceback of
+    the KeyboardInterrupt above it, nor `exited with status -2`."""
+    import signal
+    import threading
+
+    import psutil
+
+    raised: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            start_sim(SimConfig(), startup_timeout=60).stop()
+        except RunError as exc:
+            raised.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        deadline = time.monotonic() + 60
+        child = None
+        while child is None and time.monotonic() < deadline:
+            child = next((c for c in psutil.Process().children()
+                          if "shardrun.sim" in " ".join(c.cmdline())), None)
+        assert child is not None, "no simulator started"
+        # Once it imports aiohttp (its multidict loaded): its interpreter is up, so SIGINT is
+        # a KeyboardInterrupt with a traceback, and it is far from listening.
+        while not _has_loaded(child.pid, "/multidict/"):
+            assert time.monotonic() < deadline, "the simulator never imported aiohttp"
+        child.suspend()
+        assert not [c for c in child.net_connections("tcp") if c.status == "LISTEN"]
+        child.send_signal(signal.SIGINT)
+        child.resume()
+    finally:
+        starter.join(60)
+    (exc,) = raised
+    said = str(exc)
+    assert said.startswith("the simulator was killed by signal SIGINT before listening; its "
+                           "stderr ends with: "), said
+    assert said.endswith(": KeyboardInterrupt"), said
+    assert "Traceback" not in said and "\n" not in said
+
+
+def _has_loaded(pid: int, part: str) -> bool:
+    """Whether a process has mapped a file whose path holds `part` (Linux: /proc/PID/maps)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any(part in line for line in maps)
+
+
 def test_plans_of_a_reasoning_model_and_of_a_tool_call() -> None:
     """reasoning_tokens come on top of the sampled answer (chat only) and count against the
     cap; a chat request with tools calls the first one unless tool_choice is "none"."""

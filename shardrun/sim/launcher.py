@@ -19,7 +19,9 @@ import time
 from types import TracebackType
 from typing import IO
 
+from shardrun._ellipsis import ellipsize
 from shardrun.errors import RunError
+from shardrun.placement import exit_description
 from shardrun.sim.config import SimConfig
 
 _LISTENING = re.compile(r"shardrun sim listening on (http://\S+/v1)")
@@ -132,9 +134,14 @@ def start_sim(cfg: SimConfig, host: str = "127.0.0.1", startup_timeout: float = 
         return SimProcess(proc, match.group(1), stderr)
     sim = SimProcess(proc, "", stderr)
     code = sim.stop(timeout=2.0)
-    tail = sim.stderr_tail() or "(nothing)"
+    # Its last line says why (its own `error:` sentence, or an exception's last line): the
+    # lines above it are no part of a sentence (a traceback, of a simulator stopped by Ctrl-C
+    # or a signal sent to it while it imports).
+    last = [line for line in sim.stderr_tail().splitlines() if line.strip()][-1:]
+    tail = ellipsize(last[0].strip(), 300) if last else "(nothing)"
     if eof:
-        why = f"exited with status {code} before listening"
+        ended = exit_description(code)
+        why = f"{ended if code >= 0 else 'was ' + ended} before listening"
     elif line:
         why = f"printed {line.strip()!r} instead of its listening address"
     else:
