@@ -1,0 +1,442 @@
+"""Soak "lose nothing": random signals at random moments, then --resume until the run ends.
+
+    .venv/bin/python scripts/soak_resume.py                     # 12 trials, 3,000 items each
+    .venv/bin/python scripts/soak_resume.py --trials 40 --jobs 4 --seed 7
+    .venv/bin/python scripts/soak_resume.py --seed 7 --only 13  # one trial again, as it ran
+
+Each trial runs in its own temporary directory, on the embedded simulator (`sim://`) with a few
+of its faults drawn at random (429s, 500s, 503s, resets, cut streams), and with a seeded job of
+`--items` prompts on 2 to 4 shards. Its first pass, and at random some of the resumes after it,
+get a signal (SIGKILL, SIGTERM or SIGINT, now and then a second one) at a random moment, sent
+to a random target: the coordinator, one shard, the shard launcher, the simulator, or the
+coordinator's whole process group (as a terminal or `timeout` sends it). Then `--resume latest`
+(at a random shard count) until every input item has ended, at most `MAX_PASSES` passes. At the
+end it checks the run (`check_run`):
+
+- exactly one result or dead-letter line per input id, over every results and dead file (no
+  id in both, none missing, none not in the input);
+- every line of every event, result and dead-letter file parses;
+- `shardrun verify RUN` exits 0, `shardrun report RUN` exits 0, and `report --json` counts
+  the succeeded and dead-lettered items the files hold;
+- the summary each pass recorded in the manifest counts the result and dead-letter lines of
+  its own segment (a pass killed with the coordinator recorded none);
+- the last pass exits 0 when the run has no dead letter, else 1, and the manifest agrees;
+- no pass printed a Traceback, no shard log holds one, no pass hung, and no process a pass
+  started outlived it (after a kill -9 of the coordinator, its shards and simulator get
+  `ORPHAN_WAIT_S` to exit).
+
+A trial is a pure function of `--seed` and its number (which fault, signal, target, moment,
+shard counts), so a failing one can be run again alone with `--only`; the moment is a time
+after the pass started, so on a loaded machine it falls on other work than on an idle one.
+It prints a table of trials and outcomes on stdout (progress on stderr) and exits 1 when any
+trial found a problem. Only loopback traffic; every wait is bounded; every process this script
+ends is one it started, or a descendant of one, by PID. It is no test: run it while the
+machine is busy, that is where the races are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fault_table as ft  # the fault table's helpers: snapshot, reading lines, killing
+
+PASS_TIMEOUT_S = 180.0  # a hang guard per pass, never a timing assertion
+ORPHAN_WAIT_S = 60.0  # how long what a killed pass started may take to exit by itself
+MAX_PASSES = 8
+SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+TARGETS = ("coordinator", "shard", "launcher", "simulator", "group")
+SIM = {"ttft_ms": 40, "itl_ms": 1.5, "tokens": "uniform:4:24", "flush_ms": 5}
+FAULTS: dict[str, dict[str, Any]] = {
+    "429": {"fail_429": 0.03, "retry_after_s": 0.05},
+    "500": {"fail_500": 0.03},
+    "503": {"fail_503": 0.03},
+    "reset": {"reset_before_headers": 0.03},
+    "cut": {"drop_mid_stream": 0.03},
+    "reset-after": {"reset_after_headers": 0.02},
+    "500-heavy": {"fail_500": 0.15},  # some items fail all 3 attempts: dead letters
+}
+RETRY = {"max_attempts": 3, "backoff_s": 0.01, "backoff_max_s": 0.05,
+         "budget_ratio": 1.0, "budget_floor": 50}  # fmt: skip
+
+
+# -- checking a run's files ---------------------------------------------------------------------
+
+
+def _lines(path: Path, problems: list[str], where: str) -> list[dict[str, Any]]:
+    rows, bad = ft.read_lines(path)
+    if bad:
+        problems.append(f"{bad} unparsable line(s) in {where}/{path.name}")
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        problems.append(f"{where}/{path.name} ends in a torn line")
+    return rows
+
+
+def _count_lines(paths: list[Path]) -> int:
+    return sum(len(ft.read_lines(p)[0]) for p in paths)
+
+
+def check_files(run: Path, ids: list[str]) -> tuple[list[str], int, int]:
+    """Problems with a finished run's files against its input ids; its result and dead counts.
+
+    Pure over the files: exactly one line per id over results/ and the live dead/ files, every
+    line of every event, result and dead-letter file parses, and the summary each pass
+    recorded in the manifest counts the lines of its own segment.
+    """
+    problems: list[str] = []
+    seen: Counter[str] = Counter()
+    ok_ids: set[str] = set()
+    dead_ids: set[str] = set()
+    for sub, into in (("results", ok_ids), ("dead", dead_ids)):
+        for path in sorted((run / sub).glob("*.jsonl")):
+            for row in _lines(path, problems, sub):
+                item = str(row.get("id"))
+                seen[item] += 1
+                into.add(item)
+    for path in sorted((run / "events").glob("*.jsonl")):
+        _lines(path, problems, "events")
+    inputs = set(ids)
+    twice = sorted(i for i, c in seen.items() if c > 1)
+    if twice:
+        problems.append(f"{len(twice)} id(s) with more than one line, e.g. {twice[:3]}")
+    both = sorted(ok_ids & dead_ids)
+    if both:
+        problems.append(f"{len(both)} id(s) both in results and dead letters, e.g. {both[:3]}")
+    missing = sorted(inputs - set(seen))
+    if missing:
+        problems.append(f"{len(missing)} input id(s) with no line, e.g. {missing[:3]}")
+    strangers = sorted(set(seen) - inputs)
+    if strangers:
+        problems.append(f"{len(strangers)} id(s) not in the input, e.g. {strangers[:3]}")
+    n_ok = _count_lines(sorted((run / "results").glob("*.jsonl")))
+    n_dead = _count_lines(sorted((run / "dead").glob("*.jsonl")))
+    problems += _check_pass_summaries(run)
+    return problems, n_ok, n_dead
+
+
+def _check_pass_summaries(run: Path) -> list[str]:
+    try:
+        manifest = orjson.loads((run / "manifest.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        return [f"manifest.json unreadable: {exc}"]
+    passes = [(0, manifest.get("summary"))]
+    passes += [(int(r.get("segment", k + 1)), r.get("summary"))
+               for k, r in enumerate(manifest.get("resumes") or [])]  # fmt: skip
+    problems = []
+    for segment, summary in passes:
+        if not summary:
+            continue  # a pass killed with its coordinator records none
+        suffix = "" if segment == 0 else rf"\.r{segment}"
+        pattern = re.compile(rf"shard-\d+{suffix}\.jsonl")
+        for key, sub in (("succeeded", "results"), ("dead", "dead")):
+            files = [p for p in (run / sub).glob("*.jsonl") if pattern.fullmatch(p.name)]
+            on_disk = _count_lines(files)
+            if summary.get(key) != on_disk:
+                problems.append(f"pass {segment}'s summary says {key} {summary.get(key)}, "
+                                f"its {sub} files hold {on_disk} line(s)")  # fmt: skip
+    return problems
+
+
+def check_run(run: Path, ids: list[str], last_code: int | str) -> list[str]:
+    """check_files, plus what the CLI says of the run: verify, report, the last exit status."""
+    problems, n_ok, n_dead = check_files(run, ids)
+    verify = _cli("verify", str(run), cwd=run.parent.parent)
+    if verify.returncode != 0:
+        problems.append(f"verify exited {verify.returncode}: "
+                        f"{(verify.stdout + verify.stderr).strip()[-300:]}")  # fmt: skip
+    report = _cli("report", str(run), cwd=run.parent.parent)
+    if report.returncode != 0:
+        problems.append(f"report exited {report.returncode}: {report.stderr.strip()[-300:]}")
+    as_json = _cli("report", "--json", str(run), cwd=run.parent.parent)
+    for out in (verify, report, as_json):
+        if "Traceback" in out.stdout + out.stderr:
+            problems.append(f"Traceback from {out.args[3:]}: {out.stderr[-300:]}")
+    try:
+        items = orjson.loads(as_json.stdout)["items"]
+        if (items["succeeded"], items["dead"]) != (n_ok, n_dead):
+            problems.append(f"report counts {items['succeeded']} succeeded, {items['dead']} "
+                            f"dead; the files hold {n_ok} and {n_dead}")  # fmt: skip
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        problems.append(f"report --json unreadable: {exc}")
+    want = 1 if n_dead else 0
+    if last_code != want:
+        problems.append(f"the last pass exited {last_code}, expected {want} "
+                        f"({n_dead} dead letter(s))")  # fmt: skip
+    status = orjson.loads((run / "manifest.json").read_bytes()).get("status")
+    if status != ("failed" if n_dead else "succeeded"):
+        problems.append(f"manifest status {status!r} with {n_dead} dead letter(s)")
+    for log_file in sorted((run / "logs").glob("*.log")):
+        if b"Traceback" in log_file.read_bytes():
+            problems.append(f"a Traceback in logs/{log_file.name}")
+    return problems
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ft.PY, "-m", "shardrun", *args], cwd=cwd, env=ft.ENV,
+                          capture_output=True, text=True, timeout=PASS_TIMEOUT_S)  # fmt: skip
+
+
+# -- one trial ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    number: int
+    seed: int
+    dir: Path
+    items: int
+    rng: random.Random = field(init=False)
+    ids: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)  # per pass: what was sent, and the exit
+    problems: list[str] = field(default_factory=list)
+    last_code: int | str = "?"
+    n_ok: int = 0
+    n_dead: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed * 100_003 + self.number)
+
+    def write(self) -> None:
+        self.dir.mkdir(parents=True)
+        self.ids = [f"t{self.number}-{i:06d}" for i in range(self.items)]
+        with open(self.dir / "input.jsonl", "wb") as f:
+            for i, item_id in enumerate(self.ids):
+                f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: say something."}))
+                f.write(b"\n")
+        self.faults = sorted(self.rng.sample(sorted(FAULTS), self.rng.randint(0, 3)))
+        sim: dict[str, Any] = {**SIM, "seed": self.rng.randint(1, 10_000)}
+        for name in self.faults:
+            sim.update(FAULTS[name])
+        spec = {"endpoint": {"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
+                "input": {"path": "input.jsonl"}, "params": {"max_tokens": 32},
+                "shards": self.rng.randint(2, 4), "concurrency": 16, "retry": RETRY,
+                "shutdown_grace_s": self.rng.choice([0.5, 1, 2])}  # fmt: skip
+        (self.dir / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+    def run(self) -> None:
+        self.write()
+        for k in range(MAX_PASSES):
+            # A stop before the manifest is written leaves no run (at most a directory without
+            # a manifest, after a kill -9): the job starts again, as its user would start it.
+            shards = str(self.rng.randint(1, 4))
+            args = [] if self.run_dir() is None else ["--resume", "latest", "--shards", shards]
+            signalled = k == 0 or (k < MAX_PASSES - 2 and self.rng.random() < 0.35)
+            code = self.one_pass(k, args, signalled)
+            self.last_code = code
+            if code == "hung" or self.finished():
+                break
+        else:
+            self.problems.append(f"not finished after {MAX_PASSES} passes")
+        run = self.run_dir()
+        if run is None:
+            self.problems.append("no run directory")
+            return
+        self.problems += check_run(run, self.ids, self.last_code)
+        _, self.n_ok, self.n_dead = check_files(run, self.ids)
+
+    def run_dir(self) -> Path | None:
+        """The run directory (one with a manifest: a kill -9 before it leaves one without)."""
+        dirs = [p for p in (self.dir / "runs").glob("*") if (p / "manifest.json").exists()]
+        if len(dirs) > 1:
+            self.problems.append(f"{len(dirs)} run directories")
+        return dirs[0] if dirs else None
+
+    def finished(self) -> bool:
+        """Every input id has a line, and the last pass ended the run."""
+        run = self.run_dir()
+        if run is None or self.last_code not in (0, 1):
+            return False
+        seen: set[str] = set()
+        for path in [*(run / "results").glob("*.jsonl"), *(run / "dead").glob("*.jsonl")]:
+            seen.update(str(r.get("id")) for r in ft.read_lines(path)[0])
+        return seen >= set(self.ids)
+
+    def one_pass(self, k: int, args: list[str], signalled: bool) -> int | str:
+        out = open(self.dir / f"pass{k}.out", "wb")  # noqa: SIM115 -- closed below
+        err = open(self.dir / f"pass{k}.err", "wb")  # noqa: SIM115
+        proc = subprocess.Popen([ft.PY, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                                 *args], cwd=self.dir, env=ft.ENV, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True)  # fmt: skip
+        seen: dict[int, psutil.Process] = {}
+        note = "-"
+        try:
+            if signalled:
+                note = self.send(proc, seen)
+            code = self.wait(proc, seen)
+        finally:
+            out.close()
+            err.close()
+        self.plan.append(f"{note}→{code}")
+        text = ((self.dir / f"pass{k}.out").read_text(errors="replace")
+                + (self.dir / f"pass{k}.err").read_text(errors="replace"))  # fmt: skip
+        if "Traceback" in text:
+            tail = text[text.find("Traceback"):].strip().splitlines()[-1][:200]
+            self.problems.append(f"pass {k} printed a Traceback: {tail}")
+        allowed = {0, 1, 130, -signal.SIGKILL, "hung"}
+        if code not in allowed:
+            self.problems.append(f"pass {k} exited {code}: {text.strip()[-300:]}")
+        run = self.run_dir()
+        if run is not None and code not in (0, 1, "hung"):
+            report = _cli("report", str(run), cwd=self.dir)
+            if "Traceback" in report.stdout + report.stderr or report.returncode not in (0, 1):
+                self.problems.append(f"report after pass {k} exited {report.returncode}: "
+                                     f"{report.stderr.strip()[-300:]}")  # fmt: skip
+        return code
+
+    def _watch(self, proc: subprocess.Popen[bytes], seen: dict[int, psutil.Process]) -> None:
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                seen.setdefault(p.pid, p)
+
+    def send(self, proc: subprocess.Popen[bytes], seen: dict[int, psutil.Process]) -> str:
+        sig = self.rng.choice(SIGNALS)
+        target = self.rng.choice(TARGETS)
+        at = self.rng.uniform(0.05, 8.0)
+        twice = sig != signal.SIGKILL and self.rng.random() < 0.3
+        deadline = time.monotonic() + at
+        while time.monotonic() < deadline and proc.poll() is None:
+            self._watch(proc, seen)
+            time.sleep(0.02)
+        if proc.poll() is not None:
+            return f"late {sig.name[3:]} {target}@{at:.1f}"
+        self._watch(proc, seen)
+        pid = self.target_pid(proc, target)
+        label = f"{sig.name[3:]}{'×2' if twice else ''} {target}@{at:.1f}"
+        if pid is None:
+            label = f"{sig.name[3:]}{'×2' if twice else ''} coordinator({target} absent)@{at:.1f}"
+            pid = proc.pid
+        for n in range(2 if twice else 1):
+            if n:
+                time.sleep(self.rng.uniform(0.0, 0.5))
+            with contextlib.suppress(ProcessLookupError):
+                if target == "group" and pid == proc.pid:
+                    os.killpg(proc.pid, sig)
+                else:
+                    os.kill(pid, sig)
+        return label
+
+    def target_pid(self, proc: subprocess.Popen[bytes], target: str) -> int | None:
+        if target in ("coordinator", "group"):
+            return proc.pid
+        try:
+            kids = psutil.Process(proc.pid).children()
+        except psutil.Error:
+            return None
+        for p in kids:
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(p.cmdline())
+                if target == "simulator" and "shardrun.sim" in line:
+                    return int(p.pid)
+                if target == "launcher" and "launcher" in line:
+                    return int(p.pid)
+        if target == "shard":
+            shards = ft.shard_pids(proc.pid)
+            return self.rng.choice(shards) if shards else None
+        return None
+
+    def wait(self, proc: subprocess.Popen[bytes], seen: dict[int, psutil.Process]) -> int | str:
+        deadline = time.monotonic() + PASS_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            self._watch(proc, seen)
+            time.sleep(0.05)
+        if proc.poll() is None:
+            ft.kill_tree(proc.pid)
+            proc.wait(10)
+            self.problems.append(f"a pass hung (> {PASS_TIMEOUT_S:.0f} s), killed")
+            code: int | str = "hung"
+        else:
+            code = proc.returncode
+        alive = ft.wait_exit(list(seen.values()), ORPHAN_WAIT_S)
+        if alive:
+            names = []
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    names.append(" ".join(p.cmdline())[:60])
+                    p.kill()
+            self.problems.append(f"processes outlived their pass by {ORPHAN_WAIT_S:.0f} s: "
+                                 f"{names}")  # fmt: skip
+        return code
+
+
+def run_trial(number: int, seed: int, items: int, work: Path) -> Trial:
+    trial = Trial(number, seed, work / f"t{number:03d}", items)
+    try:
+        trial.run()
+    except Exception as exc:  # a broken trial is a row with its error, not a crash of the table
+        trial.problems.append(f"soak error: {type(exc).__name__}: {exc}")
+    return trial
+
+
+def table(trials: list[Trial]) -> str:
+    out = ["| trial | faults | passes: signal target@s → exit | ok | dead | outcome |",
+           "| ---: | --- | --- | ---: | ---: | --- |"]
+    for t in trials:
+        outcome = "ok" if not t.problems else "; ".join(t.problems)[:400]
+        out.append(f"| {t.number} | {','.join(t.faults) or '-'} | {' ; '.join(t.plan)} | "
+                   f"{t.n_ok:,} | {t.n_dead:,} | {outcome} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=12, help="how many trials (default 12)")
+    ap.add_argument("--items", type=int, default=3000, help="items per trial (default 3000)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of every random choice")
+    ap.add_argument("--jobs", type=int, default=2, help="trials at once (default 2)")
+    ap.add_argument("--only", type=int, action="append", help="run this trial number alone")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+    if not 1 <= args.trials <= 1000 or not 1 <= args.items <= 1_000_000:
+        ap.error("--trials must be 1..1000 and --items 1..1,000,000")
+    if not 1 <= args.jobs <= 16:
+        ap.error("--jobs must be 1..16")
+    numbers = args.only or list(range(args.trials))
+    work = Path(tempfile.mkdtemp(prefix="shardrun-soak-"))
+    ft.log(f"# code under test: {ft.snapshot(work)}")
+    ft.log(f"# soak: {len(numbers)} trial(s) × {args.items:,} items, seed {args.seed}, "
+           f"{args.jobs} at once, load {os.getloadavg()[0]:.2f}; work dir {work}")
+    trials: list[Trial] = []
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(run_trial, n, args.seed, args.items, work) for n in numbers]
+            for fut in futures:
+                t = fut.result()
+                trials.append(t)
+                ft.log(f"  trial {t.number:3}: {' ; '.join(t.plan)}  ok {t.n_ok} dead "
+                       f"{t.n_dead}  {'ok' if not t.problems else 'PROBLEMS'}")  # fmt: skip
+                for p in t.problems:
+                    ft.log(f"      - {p}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(trials))
+    bad = [t.number for t in trials if t.problems]
+    if bad:
+        print(f"\n{len(bad)} trial(s) with problems (seed {args.seed}): {bad}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
