@@ -187,7 +187,10 @@ class RunSummary:
         left = self.unfinished > 0 or (not self.input_read and self.limit is None)
         if self.interrupted and left:
             return "interrupted"
-        clean = (self.failed == 0 and self.unfinished == 0 and self.prior_dead == 0
+        # Nor has a pass succeeded that stopped (a fatal stop) before it read its input to the
+        # end, though no item it took was left: a simulator ended before any shard took one
+        # said `run succeeded`, exit 0, with all 3,000 items of its input unrun.
+        clean = (self.failed == 0 and not left and self.prior_dead == 0
                  and self.prior_rejects == 0)
         return "succeeded" if clean else "failed"
 

@@ -171,6 +171,20 @@ def test_a_stop_that_left_nothing_undone_is_no_interruption() -> None:
     assert replace(done, input_read=False, limit=10).status == "succeeded"
 
 
+def test_a_pass_stopped_before_its_input_was_read_has_not_succeeded() -> None:
+    """A fatal stop (the run's simulator ended) before the shards took any item: nothing
+    failed and nothing they took is unfinished, but the input's items never ran, so the pass
+    failed (exit 1) and says how to finish; it said `run succeeded`, exit 0."""
+    why = "the simulator this run started for sim:// ended mid-run (exited with status 0)"
+    stopped = RunSummary.from_shard_reports(
+        run_dir=Path("runs/r1"), reports=[{}], ok=0, dead=0, taken=0, skipped=0, rejects=0,
+        started_at=0.0, ended_at=2.0, interrupted=False, fatal_reason=why, input_read=False,
+        rejects_file=Path("runs/r1/rejects.jsonl"))  # fmt: skip
+    assert (stopped.items, stopped.failed, stopped.unfinished) == (0, 0, 0)
+    assert (stopped.status, stopped.exit_code) == ("failed", 1)
+    assert format_summary(stopped).splitlines()[0].startswith("run failed: ")
+
+
 @pytest.mark.parametrize(("given", "env", "path_in_job", "words"), [
     ({}, {}, None, []),  # the default: the same job file finds the run again
     ({}, {}, "elsewhere", []),  # the job file names it
