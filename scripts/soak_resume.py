@@ -213,6 +213,7 @@ class Trial:
     last_code: int | str = "?"
     n_ok: int = 0
     n_dead: int = 0
+    spawn: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed * 100_003 + self.number)
@@ -232,6 +233,8 @@ class Trial:
                 "input": {"path": "input.jsonl"}, "params": {"max_tokens": 32},
                 "shards": self.rng.randint(2, 4), "concurrency": 16, "retry": RETRY,
                 "shutdown_grace_s": self.rng.choice([0.5, 1, 2])}  # fmt: skip
+        if self.spawn:  # shards as fresh interpreters: slower to start, other moments hit
+            spec["shard_start"] = "spawn"
         (self.dir / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
     def run(self) -> None:
@@ -244,7 +247,10 @@ class Trial:
             signalled = k == 0 or (k < MAX_PASSES - 2 and self.rng.random() < 0.35)
             code = self.one_pass(k, args, signalled)
             self.last_code = code
-            if code == "hung" or self.finished():
+            done = self.finished()
+            if code == 0 and not done:  # exit 0 says every item succeeded
+                self.problems.append(f"pass {k} exited 0 with input items left without a line")
+            if code == "hung" or done:
                 break
         else:
             self.problems.append(f"not finished after {MAX_PASSES} passes")
@@ -379,8 +385,8 @@ class Trial:
         return code
 
 
-def run_trial(number: int, seed: int, items: int, work: Path) -> Trial:
-    trial = Trial(number, seed, work / f"t{number:03d}", items)
+def run_trial(number: int, seed: int, items: int, work: Path, spawn: bool) -> Trial:
+    trial = Trial(number, seed, work / f"t{number:03d}", items, spawn=spawn)
     try:
         trial.run()
     except Exception as exc:  # a broken trial is a row with its error, not a crash of the table
@@ -405,6 +411,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     ap.add_argument("--jobs", type=int, default=2, help="trials at once (default 2)")
     ap.add_argument("--only", type=int, action="append", help="run this trial number alone")
+    ap.add_argument("--spawn", action="store_true",
+                    help="start shards as fresh interpreters (shard_start: spawn)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     if not 1 <= args.trials <= 1000 or not 1 <= args.items <= 1_000_000:
@@ -419,7 +427,8 @@ def main() -> int:
     trials: list[Trial] = []
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(run_trial, n, args.seed, args.items, work) for n in numbers]
+            futures = [pool.submit(run_trial, n, args.seed, args.items, work, args.spawn)
+                       for n in numbers]
             for fut in futures:
                 t = fut.result()
                 trials.append(t)
