@@ -149,7 +149,8 @@ def _check_pass_summaries(run: Path) -> list[str]:
         suffix = "" if segment == 0 else rf"\.r{segment}"
         pattern = re.compile(rf"shard-\d+{suffix}\.jsonl")
         for key, sub in (("succeeded", "results"), ("dead", "dead")):
-            files = [p for p in (run / sub).glob("*.jsonl") if pattern.fullmatch(p.name)]
+            # retry-failed moves the dead letters it retries to dead/superseded-rK/
+            files = [p for p in (run / sub).rglob("*.jsonl") if pattern.fullmatch(p.name)]
             on_disk = _count_lines(files)
             if summary.get(key) != on_disk:
                 problems.append(f"pass {segment}'s summary says {key} {summary.get(key)}, "
@@ -173,6 +174,7 @@ def check_run(run: Path, ids: list[str], last_code: int | str) -> list[str]:
             problems.append(f"Traceback from {out.args[3:]}: {out.stderr[-300:]}")
     try:
         items = orjson.loads(as_json.stdout)["items"]
+        items = items.get("by_item") or items  # spans are not items after retry-failed
         if (items["succeeded"], items["dead"]) != (n_ok, n_dead):
             problems.append(f"report counts {items['succeeded']} succeeded, {items['dead']} "
                             f"dead; the files hold {n_ok} and {n_dead}")  # fmt: skip
@@ -214,6 +216,7 @@ class Trial:
     n_ok: int = 0
     n_dead: int = 0
     spawn: bool = False
+    retry: bool = False  # a run that ends with dead letters then gets `retry-failed` passes
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed * 100_003 + self.number)
@@ -226,6 +229,8 @@ class Trial:
                 f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: say something."}))
                 f.write(b"\n")
         self.faults = sorted(self.rng.sample(sorted(FAULTS), self.rng.randint(0, 3)))
+        if self.retry and "500-heavy" not in self.faults:  # dead letters to retry
+            self.faults.append("500-heavy")
         sim: dict[str, Any] = {**SIM, "seed": self.rng.randint(1, 10_000)}
         for name in self.faults:
             sim.update(FAULTS[name])
@@ -245,7 +250,7 @@ class Trial:
             shards = str(self.rng.randint(1, 4))
             args = [] if self.run_dir() is None else ["--resume", "latest", "--shards", shards]
             signalled = k == 0 or (k < MAX_PASSES - 2 and self.rng.random() < 0.35)
-            code = self.one_pass(k, args, signalled)
+            code = self.one_pass(k, ["job.yaml", "--runs-dir", "runs", *args], signalled)
             self.last_code = code
             done = self.finished()
             if code == 0 and not done:  # exit 0 says every item succeeded
@@ -258,8 +263,25 @@ class Trial:
         if run is None:
             self.problems.append("no run directory")
             return
+        if self.retry and self.last_code == 1 and not self.problems:
+            self.retry_failed(run)
         self.problems += check_run(run, self.ids, self.last_code)
         _, self.n_ok, self.n_dead = check_files(run, self.ids)
+
+    def retry_failed(self, run: Path) -> None:
+        """`retry-failed` of the dead letters, its first pass stopped as a run's is, until a
+        pass ends with every item's line in the live files (a killed retry pass leaves those
+        it set aside and did not reach for the next pass to put back)."""
+        first = len(self.plan)
+        for k in range(first, first + MAX_PASSES):
+            shards = str(self.rng.randint(1, 4))
+            argv = ["retry-failed", str(run.relative_to(self.dir)), "--shards", shards]
+            code = self.one_pass(k, argv, signalled=k == first, latest=2.0)  # a short pass
+            self.last_code = code
+            self.plan[-1] = "retry " + self.plan[-1]
+            if code == "hung" or (code in (0, 1) and self.finished()):
+                return
+        self.problems.append(f"retry-failed not finished after {MAX_PASSES} passes")
 
     def run_dir(self) -> Path | None:
         """The run directory (one with a manifest: a kill -9 before it leaves one without)."""
@@ -278,17 +300,18 @@ class Trial:
             seen.update(str(r.get("id")) for r in ft.read_lines(path)[0])
         return seen >= set(self.ids)
 
-    def one_pass(self, k: int, args: list[str], signalled: bool) -> int | str:
+    def one_pass(self, k: int, argv: list[str], signalled: bool,
+                 latest: float = 8.0) -> int | str:  # fmt: skip
         out = open(self.dir / f"pass{k}.out", "wb")  # noqa: SIM115 -- closed below
         err = open(self.dir / f"pass{k}.err", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([ft.PY, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
-                                 *args], cwd=self.dir, env=ft.ENV, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen([ft.PY, "-m", "shardrun", *argv], cwd=self.dir, env=ft.ENV,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)  # fmt: skip
         seen: dict[int, psutil.Process] = {}
         note = "-"
         try:
             if signalled:
-                note = self.send(proc, seen)
+                note = self.send(proc, seen, latest)
             code = self.wait(proc, seen)
         finally:
             out.close()
@@ -315,10 +338,11 @@ class Trial:
             for p in psutil.Process(proc.pid).children(recursive=True):
                 seen.setdefault(p.pid, p)
 
-    def send(self, proc: subprocess.Popen[bytes], seen: dict[int, psutil.Process]) -> str:
+    def send(self, proc: subprocess.Popen[bytes], seen: dict[int, psutil.Process],
+             latest: float) -> str:  # fmt: skip
         sig = self.rng.choice(SIGNALS)
         target = self.rng.choice(TARGETS)
-        at = self.rng.uniform(0.05, 8.0)
+        at = self.rng.uniform(0.05, latest)
         twice = sig != signal.SIGKILL and self.rng.random() < 0.3
         deadline = time.monotonic() + at
         while time.monotonic() < deadline and proc.poll() is None:
@@ -385,8 +409,9 @@ class Trial:
         return code
 
 
-def run_trial(number: int, seed: int, items: int, work: Path, spawn: bool) -> Trial:
-    trial = Trial(number, seed, work / f"t{number:03d}", items, spawn=spawn)
+def run_trial(number: int, seed: int, items: int, work: Path, spawn: bool,
+              retry: bool) -> Trial:  # fmt: skip
+    trial = Trial(number, seed, work / f"t{number:03d}", items, spawn=spawn, retry=retry)
     try:
         trial.run()
     except Exception as exc:  # a broken trial is a row with its error, not a crash of the table
@@ -413,6 +438,9 @@ def main() -> int:
     ap.add_argument("--only", type=int, action="append", help="run this trial number alone")
     ap.add_argument("--spawn", action="store_true",
                     help="start shards as fresh interpreters (shard_start: spawn)")
+    ap.add_argument("--retry-failed", action="store_true",
+                    help="a run that ends with dead letters gets retry-failed passes, the "
+                         "first stopped too")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     if not 1 <= args.trials <= 1000 or not 1 <= args.items <= 1_000_000:
@@ -427,8 +455,8 @@ def main() -> int:
     trials: list[Trial] = []
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(run_trial, n, args.seed, args.items, work, args.spawn)
-                       for n in numbers]
+            futures = [pool.submit(run_trial, n, args.seed, args.items, work, args.spawn,
+                                   args.retry_failed) for n in numbers]  # fmt: skip
             for fut in futures:
                 t = fut.result()
                 trials.append(t)
