@@ -3,6 +3,8 @@
     .venv/bin/python scripts/soak_resume.py                     # 12 trials, 3,000 items each
     .venv/bin/python scripts/soak_resume.py --trials 40 --jobs 4 --seed 7
     .venv/bin/python scripts/soak_resume.py --seed 7 --only 13  # one trial again, as it ran
+    .venv/bin/python scripts/soak_resume.py --spawn             # shards as fresh interpreters
+    .venv/bin/python scripts/soak_resume.py --retry-failed      # then retry-failed, stopped too
 
 Each trial runs in its own temporary directory, on the embedded simulator (`sim://`) with a few
 of its faults drawn at random (429s, 500s, 503s, resets, cut streams), and with a seeded job of
