@@ -97,6 +97,11 @@ class DigestSet:
         add = self.add
         for digest in digests:
             add(digest)
+        # Slots move only as adds come, and a set built in bulk (a resume's finished ids) is
+        # then only looked up: left mid-growth, both arrays stayed alive for the whole pass
+        # and each absent id was looked for twice. A bulk call may take the rest at once.
+        while self._old is not None:
+            self._move_some()
 
     def __contains__(self, digest: object) -> bool:
         if not isinstance(digest, int):

@@ -86,3 +86,12 @@ def test_growth_moves_a_few_slots_per_add_not_all_at_once() -> None:
         assert len(s) == len(added)
     assert adds_since <= 1024 // _MOVE_PER_ADD  # the old array had 1,024 slots
     assert sorted(d for d in s._table if d) == sorted(set(added))
+
+
+def test_a_set_built_in_bulk_is_left_whole() -> None:
+    """Slots move as adds come; a set built by `update` (a resume's finished ids) is then only
+    looked up, so one that ended mid-growth kept both arrays for the whole pass. The 769th of
+    769 digests begins a growth; the bulk call finishes it."""
+    s = DigestSet(range(1, 770))
+    assert s._old is None and s.nbytes == 2048 * 8
+    assert len(s) == 769 and all(d in s for d in range(1, 770)) and 770 not in s
