@@ -248,8 +248,9 @@ class Coordinator:
         """How many of the `n` items `state`'s shard asks for it gets (see `fair_share`), the
         input read `ahead` items ahead (`WorkSource.fill`).
 
-        Until the input's end is in sight this costs no pass over the shards: a run of a
-        thousand shards asks a thousand times a second."""
+        Until the input's end is in sight this costs no pass over the shards (a run of a
+        thousand shards asks a thousand times a second), but in a sparse stretch, whose items
+        took up to `SETTLE_LINES` lines each to find."""
         if not self.source.read_ahead(ahead):
             # A sparse stretch (the read settled for what it found, `SETTLE_LINES`), its end
             # not in sight: what was found is split over the live shards, as they ask.

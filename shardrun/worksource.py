@@ -119,6 +119,7 @@ class WorkSource:
         self._read_all = False  # the input iterator has ended
         self._unyielded = 0  # entries `fill` read since it last yielded to the event loop
         self._filling: asyncio.Lock | None = None  # made by the first `fill`
+        self._settled = False  # the last read settled for the items it found (`fill`)
         self._seen = DigestSet()
         self._done = DigestSet() if done is None else done
         self._only = only
@@ -228,9 +229,15 @@ class WorkSource:
         # One fill reads at a time, the others waiting their turn: two that each read a slice
         # in one turn of the loop would hold it for both.
         async with self._filling:
+            if settle is not None and self._settled and self.ready:
+                # What an earlier read settled for goes out first: reading another stretch for
+                # each shard that asks kept the items found waiting (the last of ten dead
+                # letters found in a retry's first lines went out after 250,000 more).
+                return
             read_here = 0
             while not self._read_all and len(self._ahead) < n:
                 if settle is not None and read_here >= settle and self.ready:
+                    self._settled = True
                     return
                 if self._unyielded >= lines:
                     await asyncio.sleep(0)
@@ -241,6 +248,7 @@ class WorkSource:
                 read = self._read(n - len(self._ahead), budget=lines - self._unyielded)
                 self._unyielded += read
                 read_here += read
+            self._settled = False  # filled, or read to the end: not a sparse stretch now
 
     def _read(self, n: int, budget: int | None = None) -> int:
         """Append up to `n` new items from the input to `_ahead`, skipping rejects, duplicates

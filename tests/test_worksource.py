@@ -368,6 +368,8 @@ def test_a_settling_read_hands_out_a_sparse_stretch_as_it_is_found(tmp_path: Pat
         await sparse.fill(4096, lines=SLICE, settle=1_000)
         first = (sparse.reader.lines_read, sparse.ready)
         assert not sparse.read_ahead(4096)
+        await sparse.fill(4096, lines=SLICE, settle=1_000)  # items wait: nothing more is read
+        assert (sparse.reader.lines_read, sparse.ready) == first
         handed = [i["id"] for i in sparse.take(sparse.ready)]
         while not sparse.empty:
             await sparse.fill(4096, lines=SLICE, settle=1_000)
@@ -452,3 +454,23 @@ def test_a_named_id_field_no_record_has_is_warned_once_as_a_pass_starts(
     assert warnings(named, typo) == []
     assert warnings(records, InputPlan(id_field="uid")) == []
     assert warnings(records, InputPlan()) == []  # the default, absent: ids derived, documented
+
+
+def test_a_dense_stretch_after_a_settled_read_is_read_ahead_again(tmp_path: Path) -> None:
+    """A read that settled for a sparse stretch's items lets them go out before reading more;
+    once a later read fills up (the input dense again), reading ahead tops up as before."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_item(f"i{i}") + b"\n" for i in range(4_000)))
+    only = DigestSet(id_digest(f"i{i}") for i in [7, *range(1_000, 4_000)])
+    source = WorkSource(InputReader(path, FIELDS), tmp_path / "rej.jsonl", only=only)
+
+    async def hand_out() -> list[int]:
+        readies = []
+        for take in (1, 10, 0):
+            await source.fill(64, lines=SLICE, settle=500)
+            readies.append(source.ready)
+            source.take(take)
+        return readies
+
+    # Settled with i7 alone; then filled to 64 from the dense stretch; topped up to 64 again.
+    assert asyncio.run(hand_out()) == [1, 64, 64]
