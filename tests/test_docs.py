@@ -92,14 +92,32 @@ def dotted(tree: Any, prefix: str = "") -> Iterator[str]:
             yield from dotted(value, name + ".")
 
 
+FILE_SUFFIXES = (".jsonl", ".json", ".py", ".csv", ".tsv", ".yaml", ".yml", ".md", ".parquet",
+                 ".txt", ".html", ".log")
+
+
+def backticked_keys(text: str, sections: set[str]) -> set[str]:
+    """Dotted names in backticks whose first part is a job section: a whole backticked name,
+    or one with its value (`retry.max_attempts: 3`); a file name (`input.jsonl`, `retry.py`)
+    is no key."""
+    return {
+        name for name in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)(?:[:= ][^`\n]*)?`", text)
+        if name.partition(".")[0] in sections and not name.endswith(FILE_SUFFIXES)
+    }
+
+
+def test_file_names_in_backticks_are_no_job_keys() -> None:
+    text = ("`input.path`, `retry.max_attempts: 3`, `input.jsonl`, `retry.py`, `output.csv`, "
+            "`endpoint.model`s and `input.prompt_field` too")
+    assert backticked_keys(text, {"input", "retry", "output", "endpoint"}) == {
+        "input.path", "retry.max_attempts", "endpoint.model", "input.prompt_field"}
+
+
 def documented_job_keys() -> tuple[set[str], set[str]]:
     """(keys the README's job-file examples use, keys it names in backticks as `a.b`)."""
     in_yaml = {key for tree in yaml_blocks(README) for key in dotted(tree)}
     sections = {key.partition(".")[0] for key in FIELDS}
-    named = {
-        name for name in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)", README)
-        if name.partition(".")[0] in sections
-    }
+    named = backticked_keys(README, sections)
     table = {v.key for v in ENV_VARS}
     return in_yaml, named | table
 
