@@ -195,14 +195,19 @@ class InputReader:
     def _line_items(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         limit = MAX_LINE_BYTES  # a local: looked up per line
         with self._file:
-            for raw in iter(functools.partial(self._file.readline, limit + 1), b""):
+            for raw in iter(functools.partial(self._file.readline, limit + _SLACK), b""):
                 self._count(raw)
                 self.lines_read += 1
-                if len(raw) > limit and raw[-1:] != b"\n":
-                    size = len(raw)
-                    raw = b""  # not held while the rest is read
-                    yield Reject(self.lines_read, _pass_long_line(self._file, size, self._count))
-                    continue
+                if len(raw) > limit:  # with its BOM and line break: the record may be no longer
+                    size, rest, cr = _measure(raw)
+                    if rest:
+                        raw = b""  # not held while the rest is read
+                        size = _pass_long_line(self._file, size, cr, self._count)
+                    if size > limit:
+                        if self.keep_records:
+                            self.record = None  # not the line before's (export's input column)
+                        yield Reject(self.lines_read, _too_long(size))
+                        continue
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
                     if blanks:
@@ -316,27 +321,56 @@ reject, read past in blocks: a line of gigabytes (a file of no line breaks, a st
 dump) was read whole into memory, and the coordinator could run out of it."""
 
 
+_SLACK = len(BOM) + 3
+"""Bytes a line is read to past MAX_LINE_BYTES: a record of the limit's length with a BOM before
+it and a CRLF after is read whole (and one byte more tells a longer one)."""
+
+
 def bounded_lines(file: IO[bytes]) -> Iterator[bytes | None]:
-    """The file's lines, as iterating it gives them, but a line longer than MAX_LINE_BYTES as
-    None, read past in blocks (`_pass_long_line`)."""
-    for raw in iter(functools.partial(file.readline, MAX_LINE_BYTES + 1), b""):
-        if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
-            size = len(raw)
-            raw = b""  # not held while the rest is read
-            _pass_long_line(file, size, lambda _: None)
-            yield None
-        else:
-            yield raw
+    """The file's lines, as iterating it gives them, but one whose record is longer than
+    MAX_LINE_BYTES as None, read past in blocks (`_pass_long_line`)."""
+    limit = MAX_LINE_BYTES
+    for raw in iter(functools.partial(file.readline, limit + _SLACK), b""):
+        if len(raw) > limit:
+            size, rest, cr = _measure(raw)
+            if rest:
+                raw = b""  # not held while the rest is read
+                size = _pass_long_line(file, size, cr, lambda _: None)
+            if size > limit:
+                yield None
+                continue
+        yield raw
 
 
-def _pass_long_line(file: IO[bytes], size: int, on_bytes: Callable[[bytes], None]) -> str:
-    """Read past the rest of a line longer than MAX_LINE_BYTES, whose first `size` bytes were
-    read (and counted), in blocks passed to `on_bytes`; the reason it is a reject."""
+def _measure(raw: bytes) -> tuple[int, bool, bool]:
+    """Of a line read up to MAX_LINE_BYTES + _SLACK bytes: its record's length so far (without
+    a BOM before it or the line break after: the limit is the record's, whatever ends the
+    line), whether the line goes on past what was read, and whether that ends with a CR."""
+    size = len(raw) - (len(BOM) if raw.startswith(BOM) else 0)
+    if raw.endswith(b"\r\n"):
+        return size - 2, False, False
+    if raw.endswith(b"\n"):
+        return size - 1, False, False
+    return size, len(raw) == MAX_LINE_BYTES + _SLACK, raw.endswith(b"\r")
+
+
+def _pass_long_line(file: IO[bytes], size: int, cr: bool,
+                    on_bytes: Callable[[bytes], None]) -> int:  # fmt: skip
+    """Read past the rest of a line too long for a record, of which a record of `size` bytes
+    was read (and counted), ending with a CR (`cr`) or not, in blocks passed to `on_bytes`; the
+    whole record's length, without the line break."""
     while block := file.readline(CHUNK):
         on_bytes(block)
         size += len(block)
         if block[-1:] == b"\n":
-            break
+            # The line break: an LF, or a CRLF, the CR maybe the block before's last byte.
+            return size - (2 if block.endswith(b"\r\n") or (block == b"\n" and cr) else 1)
+        cr = block[-1:] == b"\r"
+    return size
+
+
+def _too_long(size: int) -> str:
+    """The reason a line whose record is `size` bytes, more than MAX_LINE_BYTES, is a reject."""
     return (f"line is {size:,} bytes, longer than the {MAX_LINE_BYTES >> 20} MiB a line may "
             "hold; a record that long would ask more than any model reads")
 

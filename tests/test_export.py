@@ -717,6 +717,41 @@ def test_with_input_shows_a_whole_number_past_64_bits_as_written(tmp_path: Path)
         ("18446744073709551617", "18446744073709551617"), ("3", "3")]
 
 
+_SHORT_LINES = """
+import runpy, sys
+import shardrun.inputs
+shardrun.inputs.MAX_LINE_BYTES = 64  # a record longer than 64 bytes is a reject
+sys.argv = ["shardrun", *sys.argv[1:]]
+runpy.run_module("shardrun", run_name="__main__")
+"""
+
+
+def test_with_input_shows_no_input_on_a_line_too_long_for_a_record(tmp_path: Path) -> None:
+    """A line longer than a record may be is a reject with no record: its row's input is
+    empty, where it showed the line before's record (the reader left it as it was). The limit
+    is 64 bytes here, set in the run's and the export's own processes."""
+    (tmp_path / "input.jsonl").write_bytes(
+        b'{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "%s"}\n{"id": "c", "prompt": "3"}\n'
+        % (b"y" * 100))
+    write_job(tmp_path / "job.yaml")
+
+    def shardrun(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _SHORT_LINES, *args], cwd=tmp_path,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=120)
+
+    ran = shardrun("job.yaml", "--runs-dir", "runs", "--quiet")
+    assert ran.returncode == 1, ran.stderr  # the long line is set aside
+    out = tmp_path / "wide.jsonl"
+    done = shardrun("export", str(only_run(tmp_path / "runs")), "-o", str(out), "--with-input")
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    assert [(row["status"], row["input"]) for row in rows] == [
+        ("ok", {"id": "a", "prompt": "one"}), ("rejected", None),
+        ("ok", {"id": "c", "prompt": "3"})]
+    assert rows[1]["error"].startswith("line is 125 bytes, longer than")
+
+
 def test_with_input_keeps_every_csv_column(tmp_path: Path) -> None:
     """A CSV input: one input.NAME column per header column, empty cells included, and a
     byte that is not UTF-8 in a column the run does not read shown as U+FFFD (it used to be

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shardrun import inputs
 from shardrun._tabular import CHUNK
 from shardrun._template import TemplateError, parse_template
 from shardrun.errors import InputError
@@ -377,11 +378,35 @@ def test_a_line_of_200_mb_is_one_reject_read_in_bounded_memory(tmp_path: Path) -
         f.write(b'"}\n{"id": "c", "prompt": "p"}\n')
     out = subprocess.run([sys.executable, "-c", _READ_ALL, str(path)], check=True,
                          capture_output=True, text=True).stdout.splitlines()
-    size = 200 * (1 << 20) + len(b'{"id": "big", "prompt": ""}\n')
+    size = 200 * (1 << 20) + len(b'{"id": "big", "prompt": ""}')  # not its line break
     assert out[:4] == ["a", f"line is {size:,} bytes, longer than the 64 MiB a line may hold; a "
                             "record that long would ask more than any model reads", "c",
                        f"3 {path.stat().st_size}"]
     assert int(out[4]) < 300, f"peak {out[4]} MiB"
+
+
+def test_the_line_limit_is_the_records_whatever_ends_its_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record of MAX_LINE_BYTES is read whether its line ends with LF or CRLF and with a BOM
+    before it or not (with CRLF or a BOM it was a reject), and one byte more is a reject giving
+    the record's own size, not the line break's or the BOM's too; a line read past in blocks,
+    its CR the last byte of the first read, too. export's scan of keys (`bounded_lines`) passes
+    over the same lines. The limit is 64 bytes here."""
+    monkeypatch.setattr(inputs, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "in.jsonl"
+
+    def record(n: int) -> bytes:
+        return b'{"id": "%d", "prompt": "%s"}' % (n, b"x" * (n - 24 - len(str(n))))
+
+    assert len(record(64)) == 64
+    for start, end in itertools.product((b"", BOM), (b"\n", b"\r\n")):
+        path.write_bytes(b"".join(start + record(n) + end for n in (64, 65, 66, 200)))
+        got = read_all(path, InputPlan())
+        assert [e["id"] if isinstance(e, dict) else e.reason.split(",")[0] for e in got] == [
+            "64", "line is 65 bytes", "line is 66 bytes", "line is 200 bytes"], (start, end)
+        with open(path, "rb") as f:
+            lines = list(inputs.bounded_lines(f))
+        assert [line is None for line in lines] == [False, True, True, True]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "openai-batch"])
