@@ -8,8 +8,10 @@ of the items.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import os
 import re
 import sys
 from collections import deque
@@ -125,6 +127,7 @@ class WorkSource:
         self._only = only
         self._rejects_path = rejects_path
         self._rejects_file: IO[bytes] | None = None  # opened at the first reject (`reject`)
+        self._rejects_size = 0  # its size after the last whole reject written
         # Rejects of lines up to here are an earlier pass's record already: counted apart
         # (`prior_rejects`), not written again. A pass of dead letters only judges no line.
         self._judged_lines = judged_lines
@@ -328,15 +331,35 @@ class WorkSource:
             record["id"] = reject.id
         if self._rejects_file is None:
             # Opened once, not per reject (a file of a million bad lines cost a million opens:
-            # 108k lines/s against 375k for good ones), and unbuffered: each reject is still
-            # one write of a whole line, on disk as soon as it is judged, as it was when each
-            # had its own open; a kill leaves no line half written by a buffer's flush.
+            # 108k lines/s against 375k for good ones), and unbuffered: each reject is on disk
+            # as soon as it is judged, as it was when each had its own open; a kill leaves no
+            # line half written by a buffer's flush.
             self._rejects_file = open(self._rejects_path, "ab", buffering=0)  # noqa: SIM115
-        self._rejects_file.write(orjson.dumps(record) + b"\n")
+            self._rejects_size = self._rejects_file.seek(0, os.SEEK_END)
+        self._write_reject(self._rejects_file, orjson.dumps(record) + b"\n")
+
+    def _write_reject(self, file: IO[bytes], line: bytes) -> None:
+        """Write one reject's line whole, or raise with the file as it was. An unbuffered file's
+        write may write part of the line and raise nothing (a full disk, a file size limit):
+        the rest is written on, so that a short write raises where it cannot go on, and the
+        file is cut back to its size before the line, so that it never holds a torn one."""
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[file.write(view):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # cut back if it can be; the error is the news
+                file.truncate(self._rejects_size)
+            if exc.filename is None:  # a write's error names no file: the sentence should
+                raise OSError(exc.errno, exc.strerror, str(self._rejects_path)) from exc
+            raise
+        self._rejects_size += len(line)
 
     def close(self) -> None:
-        """Close the input and the rejects file (a pass's end; reading on opens it again)."""
-        self.reader.close()
-        if self._rejects_file is not None:
-            self._rejects_file.close()
-            self._rejects_file = None
+        """Close the input and the rejects file, at a pass's end (nothing is read after)."""
+        try:
+            self.reader.close()
+        finally:
+            if self._rejects_file is not None:
+                self._rejects_file.close()
+                self._rejects_file = None

@@ -425,6 +425,47 @@ def test_the_rejects_file_is_opened_once_and_each_reject_is_on_disk_at_once(
     assert out == ["1000", "1", "1000"]
 
 
+_FILE_SIZE_LIMIT = """
+import resource, sys
+from pathlib import Path
+from shardrun.errors import stopped_writing
+from shardrun.inputs import InputPlan, InputReader
+from shardrun.worksource import WorkSource
+
+tmp = Path(sys.argv[1])
+# Writes past 250 bytes fail with EFBIG (SIGXFSZ is ignored, as Python has it), as a full disk
+# fails with ENOSPC: the write that crosses the limit writes up to it, and says nothing.
+resource.setrlimit(resource.RLIMIT_FSIZE, (250, 250))
+source = WorkSource(InputReader(tmp / "in.jsonl", InputPlan()), tmp / "rejects.jsonl")
+try:
+    source.take(100)
+except OSError as exc:
+    print(stopped_writing(exc, "way on"))
+finally:
+    source.close()
+"""
+
+
+def test_a_reject_the_disk_has_no_room_for_stops_the_pass_and_leaves_no_torn_line(
+        tmp_path: Path) -> None:
+    """The unbuffered rejects file's write may write part of a line and raise nothing (a full
+    disk, a file size limit): the reject was lost and the file held a torn line. The line is
+    written on until the disk says no, which stops the pass with the sentence a full disk
+    gives (naming the file), and the file is cut back to its whole lines. In a process of its
+    own, with a file size limit of 250 bytes."""
+    (tmp_path / "in.jsonl").write_bytes(b"{not json\n" * 20 + _item("a") + b"\n")
+    rejects = tmp_path / "rejects.jsonl"
+    done = subprocess.run([sys.executable, "-c", _FILE_SIZE_LIMIT, str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (f"{rejects}: file too large; the run stopped there: free some space, "
+                           "then way on\n")
+    held = rejects.read_bytes()
+    assert held.endswith(b"\n") and 0 < len(held) <= 250
+    assert [orjson.loads(line)["line"] for line in held.splitlines()] == list(
+        range(1, held.count(b"\n") + 1))
+
+
 def test_a_named_id_field_no_record_has_is_warned_once_as_a_pass_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """input.id_field 'uidd' on records that have 'uid' (a typo): each item's id is derived from
