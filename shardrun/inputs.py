@@ -479,10 +479,25 @@ def _refuse_lone_crs(path: Path, file: IO[bytes]) -> None:
     leaves it there."""
     head = file.read(1 << 16)
     file.seek(0)
-    if b"\n" not in head and b"\r" in head[:-1]:  # a CR at the block's end may start a CRLF
+    # Not a CR at the block's end (it may start a CRLF), nor one in a long first line's JSON
+    # (whitespace, as JSON has it): its first 64 KiB then hold a CR and no LF too.
+    if b"\n" not in head and _ends_record_at_cr(head[:-1]):
         raise InputError(f"input file {path} ends its lines with a lone CR (old Mac line "
                          f"endings), which would read as one line; {LONE_CR_FIX} and name the "
                          "new file in input.path")
+
+
+def _ends_record_at_cr(text: bytes) -> bool:
+    """Whether JSON lines text ends a record at a CR: what is before its first CR (but a BOM
+    and blank space) is one JSON object. A CR inside a record is JSON whitespace, and no line
+    break: a line holding one is read as any other."""
+    before, cr, _ = text.removeprefix(BOM).lstrip(b" \t\r").partition(b"\r")
+    if not cr:
+        return False
+    try:
+        return isinstance(orjson.loads(before), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def _ends_with(file: IO[bytes], end: bytes) -> bool:
@@ -541,7 +556,7 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
         except UnicodeDecodeError as bad:  # orjson would say "surrogates not allowed"
             return Reject(line_no, f"not valid UTF-8 (byte 0x{raw[bad.start]:02x} at column "
                                    f"{bad.start + 1}); save the file as UTF-8")
-        if b"\r" in raw.rstrip(b"\r\n"):  # mid-file, after lines that end with LF
+        if b"\r" in raw.rstrip(b"\r\n") and _ends_record_at_cr(raw):  # lone CRs after LFs
             return Reject(line_no, f"not valid JSON ({exc.msg}); the line holds a lone CR (an "
                                    f"old Mac line ending?) that may join records: {LONE_CR_FIX}")
         return Reject(line_no, f"not valid JSON ({exc.msg})")

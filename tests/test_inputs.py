@@ -35,6 +35,7 @@ from shardrun.inputs import (
 from shardrun.items import PART_TOKENS, build_request, estimate_prompt_tokens, prompt_chars
 from shardrun.runner import check_strictly
 from shardrun.spec import load_job
+from tests.conftest import only_run, run_cli, write_job
 
 Entry = dict[str, Any] | Reject
 
@@ -436,6 +437,34 @@ def test_json_lines_ending_with_lone_crs_are_one_input_error(tmp_path: Path, fmt
     csv = tmp_path / "in.csv"
     csv.write_bytes(b"id,prompt\ra,p\rb,q\r")
     assert len(read_all(csv, InputPlan(format="csv"))) == 2
+
+
+def test_a_cr_inside_a_json_record_is_whitespace_not_a_lone_cr_line_end(tmp_path: Path) -> None:
+    """A raw CR is JSON whitespace: a first line longer than 64 KiB holding one (its first
+    64 KiB then hold a CR and no LF) was refused as a file of lone-CR line ends, by validate, a
+    run, and the resume or export of a run an earlier version made of it. Only a CR that ends a
+    record (what is before it is one JSON object) is a lone-CR line end, and only a line that is
+    not JSON and holds one gets the hint of it; a file of such line ends is still refused."""
+    path = tmp_path / "input.jsonl"
+    long = b'{"id":"a",\r"prompt":"%s"}\n{"id":"b","prompt":"second"}\n' % (b"y" * 70_000)
+    path.write_bytes(long)
+    assert [e["id"] for e in read_all(path, InputPlan()) if isinstance(e, dict)] == ["a", "b"]
+    path.write_bytes(b'{"id": "a", "prompt": "p"}\n{"id": "b",\r"prompt": }\n')
+    (_, bad) = read_all(path, InputPlan())
+    assert isinstance(bad, Reject) and "lone CR" not in bad.reason
+    path.write_bytes(b'{"id": "a", "prompt": "p"}\r{"id": "b", "prompt": "q"}\r')
+    with pytest.raises(InputError, match="ends its lines with a lone CR"):
+        InputReader(path, InputPlan())
+    path.write_bytes(long)
+    write_job(tmp_path / "job.yaml")
+    checked = run_cli("validate", "job.yaml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    ran = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    out = tmp_path / "out.jsonl"
+    done = run_cli("export", str(only_run(tmp_path / "runs")), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["a", "b"]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "openai-batch", "parquet"])
