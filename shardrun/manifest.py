@@ -498,9 +498,12 @@ def finish_manifest(
     reader: InputReader,
     summary: RunSummary | None,
     error: str | None = None,
+    lines_judged: int | None = None,
 ) -> None:
     """Close the manifest: status, end time, input digest, summary, every file with its hash;
-    for a pass that ended by an error instead of a summary, the error (`error`)."""
+    for a pass that ended by an error instead of a summary, the error (`error`). Its lines read
+    are those whose rejects are on record (`lines_judged`, when fewer than the reader read:
+    `WorkSource.lines_judged`), the lines a resume takes as judged."""
     ended = iso(time.time())
     record = manifest["resumes"][-1] if manifest.get("resumes") else manifest
     record["ended_at"] = manifest["ended_at"] = ended
@@ -509,7 +512,7 @@ def finish_manifest(
         record["error"] = error
     record["input"] = {
         "path": str(reader.path),
-        "lines_read": reader.lines_read,
+        "lines_read": reader.lines_read if lines_judged is None else lines_judged,
         "bytes_read": reader.bytes_read,
         "sha256_of_bytes_read": reader.sha.hexdigest(),
         "open_end": reader.open_end,

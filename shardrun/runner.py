@@ -409,7 +409,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         if this.info.get("retry_failed"):
             _put_back_unreached(this)
         try:
-            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended))
+            finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended),
+                            lines_judged=source.lines_judged)
         except OSError as exc:  # a full disk: the error that ended the pass is the one raised
             print(f"error: {_unclosed(exc, this.way_on)}", file=sys.stderr)
         if ended is stopped:

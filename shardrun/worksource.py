@@ -148,6 +148,9 @@ class WorkSource:
         self.skipped = 0
         self.left_out = 0  # items neither done nor in `only`: left for a later pass
         self.rejects = 0
+        # The line of the reject the rejects file had no room for (a full disk), if one had
+        # none: the pass stopped there, and the lines it judged end before it (`lines_judged`).
+        self._unrecorded: int | None = None
         # A named id field (not the default `id`, which a record may lack: its id is then
         # derived, as documented) that no item read so far has had: a typo gives every item a
         # derived id without a word (validate warns; a run did not). Warned of once, on stderr.
@@ -336,7 +339,21 @@ class WorkSource:
             # line half written by a buffer's flush.
             self._rejects_file = open(self._rejects_path, "ab", buffering=0)  # noqa: SIM115
             self._rejects_size = self._rejects_file.seek(0, os.SEEK_END)
-        self._write_reject(self._rejects_file, orjson.dumps(record) + b"\n")
+        try:
+            self._write_reject(self._rejects_file, orjson.dumps(record) + b"\n")
+        except OSError:
+            self.rejects -= 1
+            self._unrecorded = reject.line
+            raise
+
+    @property
+    def lines_judged(self) -> int:
+        """The input lines read whose rejects are on record: all of them, unless a reject's
+        write failed (a full disk), which stopped the pass; then those before its line, so
+        that a resume judges that line again (`runner._lines_read_before`) rather than count a
+        reject no file holds as an earlier pass's."""
+        read = self.reader.lines_read
+        return read if self._unrecorded is None else min(read, self._unrecorded - 1)
 
     def _write_reject(self, file: IO[bytes], line: bytes) -> None:
         """Write one reject's line whole, or raise with the file as it was. An unbuffered file's

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -591,3 +593,37 @@ def test_resume_latest_passes_over_a_manifest_that_is_no_object(tmp_path: Path) 
         (runs / name).mkdir(parents=True)
         (runs / name / "manifest.json").write_bytes(manifest)
     assert find_run(runs, "latest") == runs / "good"
+
+
+def _rejects_file_size_limit() -> None:
+    # Room for the manifest (about 7 KB at its largest), not for the rejects of 200 lines.
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12_000, 12_000))
+
+
+def test_a_reject_the_disk_had_no_room_for_is_judged_again_by_the_resume(tmp_path: Path) -> None:
+    """A pass stopped by a full disk under rejects.jsonl recorded the line whose reject it
+    could not write as read: the resume took it as judged, so that reject was in no file and
+    the resume counted it among the earlier passes' rejects. The pass records the lines before
+    it as read: the resume writes that reject, and every bad line is on record once."""
+    lines = [b"{not json %d" % n for n in range(200)]
+    lines += [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(5)]
+    (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    stopped = subprocess.run([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                              "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=120,
+                             preexec_fn=_rejects_file_size_limit)
+    path = only_run(tmp_path / "runs")
+    assert stopped.returncode == 1 and "rejects.jsonl: file too large" in stopped.stderr, (
+        stopped.stderr)
+    first = len((path / "rejects.jsonl").read_bytes().splitlines())
+    assert 0 < first < 200
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                      cwd=tmp_path)
+    assert f"earlier rejects    {first} input lines" in resumed.stdout, resumed.stdout
+    rejected = Counter(orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
+                       for line in f.read_bytes().splitlines())
+    assert rejected == Counter(range(1, 201))
