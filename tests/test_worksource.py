@@ -515,3 +515,21 @@ def test_a_dense_stretch_after_a_settled_read_is_read_ahead_again(tmp_path: Path
 
     # Settled with i7 alone; then filled to 64 from the dense stretch; topped up to 64 again.
     assert asyncio.run(hand_out()) == [1, 64, 64]
+
+
+def test_closing_closes_the_rejects_file_even_when_closing_the_input_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rejects file is closed at a pass's end though closing the input raised (its error
+    is raised still): it was left open."""
+    source = _source(tmp_path, [b"{not json", _item("a")])
+    source.take(2)
+    opened = source._rejects_file
+    assert opened is not None and not opened.closed
+
+    def fails() -> None:
+        raise OSError("input gone")
+
+    monkeypatch.setattr(source.reader, "close", fails)
+    with pytest.raises(OSError, match="input gone"):
+        source.close()
+    assert opened.closed
