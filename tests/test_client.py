@@ -615,7 +615,7 @@ def test_a_json_body_that_is_no_answer_is_a_protocol_error() -> None:
 @pytest.mark.parametrize(("status", "location", "shown"), [
     (301, "https://api.example/v1/chat/completions", "https://api.example/v1/chat/completions"),
     (302, "http://u:pw@portal.example/login?next=/v1&sid=s3cr3t#f",
-     "http://u:***@portal.example/login"),
+     "http://***@portal.example/login"),
     (307, "http://replica-b.internal:8000/v1/chat/completions",
      "http://replica-b.internal:8000/v1/chat/completions"),
     (308, "http://[::1", "an invalid URL"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -531,9 +532,33 @@ def test_an_unreachable_url_from_the_environment_is_named_with_its_variable(
     assert proc.returncode == 1, proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith("error: endpoint unreachable: "), line
-    assert line.endswith(f" (endpoint.base_url {wrong.replace('secret', '***')} from env "
+    assert line.endswith(f" (endpoint.base_url {wrong.replace('user:secret', '***')} from env "
                          "SHARDRUN_BASE_URL)"), line
     assert "secret" not in proc.stdout + proc.stderr
+
+
+def test_a_key_in_the_url_user_name_or_path_parameters_is_in_no_output_or_file(
+    tmp_path: Path,
+) -> None:
+    """A proxy's key as the URL's user name alone, or as a path parameter (`;token=`), came
+    back unmasked in the unreachable stop: on the terminal, in dead letters, events and the
+    manifest (which held the user name even before)."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", shards=1,
+              endpoint={"base_url": "http://127.0.0.1:8000/v1", "api": "chat", "model": "m"})
+    port = _closed_port()
+    wrong = f"http://sk-live-SECRET123@127.0.0.1:{port}/v1;token=SECRET456?code=SECRET789"
+    proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path, timeout=60,
+                   env={"SHARDRUN_BASE_URL": wrong, "SHARDRUN_OUTAGE_S": "2"})
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    shown = f"http://***@127.0.0.1:{port}/v1;token=***?code=***"
+    assert f" (endpoint.base_url {shown} from env SHARDRUN_BASE_URL)" in proc.stderr
+    files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert any(p.name == "manifest.json" for p in files)
+    assert any(p.parent.name == "dead" for p in files)
+    for text in [proc.stdout, proc.stderr, *(p.read_text(errors="replace") for p in files)]:
+        assert not re.search("SECRET(123|456|789)", text), text
 
 
 def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:

@@ -463,7 +463,7 @@ def test_sim_settings_only_with_sim_url(jobs: Path) -> None:
     from_env = load(write(jobs, with_sim), env={"SHARDRUN_BASE_URL": "http://u:pw@h:1/v1"})
     assert from_env.spec.endpoint.sim is None and from_env.sim_config() is None
     assert from_env.warnings == (
-        "jobs/x.yaml: endpoint.sim is ignored: endpoint.base_url is http://u:***@h:1/v1 from"
+        "jobs/x.yaml: endpoint.sim is ignored: endpoint.base_url is http://***@h:1/v1 from"
         " env SHARDRUN_BASE_URL, not sim://",
     )
     assert from_env.effective()["endpoint.sim"] == {
@@ -699,7 +699,7 @@ def test_a_base_url_with_the_api_path_pasted_in_is_refused(jobs: Path) -> None:
     path = write(jobs, MINIMAL.replace("sim://", "http://u:pw@h:8000/v1/chat/completions/"))
     assert error_of(path) == (
         f"{path}: endpoint.base_url ends in /chat/completions, which shardrun adds itself (the "
-        "path of endpoint.api): give the URL before it, http://u:***@h:8000/v1")
+        "path of endpoint.api): give the URL before it, http://***@h:8000/v1")
     assert load(write(jobs, MINIMAL.replace("sim://", "http://h/v1"))) is not None
 
 
@@ -743,7 +743,7 @@ def test_effective_contains_no_secrets(jobs: Path) -> None:
     dumped = json.dumps(job.effective())
     assert sentinel not in dumped and "pw-secret" not in dumped
     assert job.effective()["endpoint.api_key_env"]["value"] == "OPENAI_API_KEY"
-    assert job.effective()["endpoint.base_url"]["value"] == "https://user:***@h:8443/v1"
+    assert job.effective()["endpoint.base_url"]["value"] == "https://***@h:8443/v1"
     assert set(job.effective()) == set(LEAF_KEYS)
     assert not any(sentinel in w for w in job.warnings)
 
@@ -1062,12 +1062,17 @@ def test_stream_usage_is_on_by_default_and_takes_only_true_or_false(jobs: Path) 
     assert error_of(path) == f"{path}: endpoint.stream_usage must be true or false, got 'no'"
 
 
-def test_masked_url_keeps_everything_but_the_password() -> None:
-    assert masked_url("http://u:p@[::1]:8000/v1") == "http://u:***@[::1]:8000/v1"
+def test_masked_url_keeps_everything_but_the_userinfo_and_path_parameters() -> None:
+    """A user name alone may be the key (`http://sk-...@proxy/v1`), and so may a path
+    parameter's value (`/v1;token=...`): both are masked, as a password is."""
+    assert masked_url("http://u:p@[::1]:8000/v1") == "http://***@[::1]:8000/v1"
     assert masked_url("https://User:s3cr%40t@Host.example/v1?api-version=1") == (
-        "https://User:***@Host.example/v1?api-version=1")
-    assert masked_url("https://u@h/v1") == "https://u@h/v1"  # no password: nothing to hide
+        "https://***@Host.example/v1?api-version=1")
+    assert masked_url("https://sk-live-1@h/v1") == "https://***@h/v1"
+    assert masked_url("https://h/v1;token=abc;v") == "https://h/v1;token=***;v"
+    assert masked_url("https://h/a;k=1/v1") == "https://h/a;k=***/v1"
     assert masked_url("https://h/v1") == "https://h/v1"
+    assert masked_url("https://h/v1?") == "https://h/v1?"  # as written when nothing is hidden
 
 
 def test_masked_url_hides_query_parameters_named_like_credentials(jobs: Path) -> None:
@@ -1075,7 +1080,8 @@ def test_masked_url_hides_query_parameters_named_like_credentials(jobs: Path) ->
     effective values as typed; parameters of other names are kept as they are."""
     assert masked_url("https://h/v1?api-version=2024-06-01&api_key=sk-1&x") == (
         "https://h/v1?api-version=2024-06-01&api_key=***&x")
-    assert masked_url("http://u:p@h/v1?sig=abc&sv=2") == "http://u:***@h/v1?sig=***&sv=2"
+    assert masked_url("http://u:p@h/v1?sig=abc&sv=2") == "http://***@h/v1?sig=***&sv=2"
+    assert masked_url("https://f.example/api?code=abc") == "https://f.example/api?code=***"
     url = "http://127.0.0.1:9/v1?key=sk-secret"
     job = load(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": url})
     assert job.effective()["endpoint.base_url"]["value"] == "http://127.0.0.1:9/v1?key=***"
@@ -1211,7 +1217,7 @@ def test_a_base_url_with_an_invisible_character_is_refused(jobs: Path) -> None:
                     "without it")
     said = error_of(write(jobs, MINIMAL.replace("sim://", '"http://u:pw@h\\u2060:8/v1"')))
     assert said == ("jobs/x.yaml: endpoint.base_url holds the invisible character U+2060 "
-                    "(WORD JOINER): 'http://u:***@h<U+2060>:8/v1'; give the URL without it")
+                    "(WORD JOINER): 'http://***@h<U+2060>:8/v1'; give the URL without it")
 
 
 def test_a_path_that_is_not_utf8_is_refused_at_load(jobs: Path, tmp_path: Path) -> None:
