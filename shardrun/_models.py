@@ -12,6 +12,7 @@ import datetime
 import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import PurePath
 from types import MappingProxyType
@@ -448,7 +449,8 @@ def _json_value(value: Any, path: str) -> Any:
     elif isinstance(value, dict):
         bad = next((k for k in value if isinstance(k, bool) or not isinstance(k, str | int)), None)
         texts = [str(k) for k in value]
-        twice = next((k for k in texts if texts.count(k) > 1), None)
+        counts = Counter(texts)  # texts.count per key was quadratic: 50,001 keys took 20 s
+        twice = next((k for k in texts if counts[k] > 1), None)
         if bad is None and twice is None:
             return {str(k): _json_value(item, f"{path}.{k}") for k, item in value.items()}
         why = (f"has the key {bad!r}, which JSON cannot carry (keys are text; quote it)"

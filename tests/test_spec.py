@@ -13,7 +13,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic_core import PydanticCustomError
 
+from shardrun._models import _json_value
 from shardrun._urls import masked_url
 from shardrun.errors import InputError, SpecError
 from shardrun.inputs import InputPlan, InputReader
@@ -1162,6 +1164,28 @@ def test_aliases_that_multiply_past_the_limit_are_refused(jobs: Path) -> None:
     many = ", ".join(["1"] * 120_000)
     assert len(load(write(jobs, MINIMAL + f"params: {{logit_bias_ids: [{many}]}}\n"))
                .spec.params["logit_bias_ids"]) == 120_000
+
+
+def test_duplicate_key_texts_are_found_in_linear_comparisons() -> None:
+    """`_json_value` counted each key's text over all of them (`texts.count`): a plain
+    50,001-key logit_bias took 20 s to load. Counted here by the comparisons it makes."""
+    compared = [0]
+
+    class Text(str):
+        def __eq__(self, other: object) -> bool:
+            compared[0] += 1
+            return str.__eq__(self, other)
+
+        __hash__ = str.__hash__
+
+        def __str__(self) -> str:
+            return self
+
+    value = {Text(f"k{n}"): 1 for n in range(2_000)}
+    assert _json_value(value, "params.logit_bias") == {f"k{n}": 1 for n in range(2_000)}
+    assert compared[0] < 20_000, compared[0]  # texts.count made 4 million
+    with pytest.raises(PydanticCustomError, match="has the key 1 twice"):
+        _json_value({1: 0, "1": 0, 2: 0}, "params.logit_bias")
 
 
 @pytest.mark.parametrize(("written", "via", "said"), [
