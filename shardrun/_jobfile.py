@@ -9,7 +9,8 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
   and `1:30` and `2024-01-01` are text;
 - aliases (`*name`) share one value however often it is repeated, and a file of nested ones
   (a "billion laughs") grows to billions of values once copied, validated and sent with every
-  request: a file whose aliases add more than EXPANSION_LIMIT values is an error.
+  request: a file whose aliases add more than EXPANSION_LIMIT values is an error. `x-` entries
+  are left out of the job (spec.py), so a block anchored there and used once adds nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from shardrun._models import SECTION_KEYS
 from shardrun.errors import SpecError
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -48,9 +50,33 @@ class _JobLoader(yaml.SafeLoader):
 
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document its aliases would blow up before building anything of it."""
-        if _expanded_size(node, {}) - _distinct_size(node, set()) > EXPANSION_LIMIT:
+        if _kept_size(node) - _distinct_size(node, set()) > EXPANSION_LIMIT:
             raise _AliasesExpandTooFar
         return super().construct_document(node)
+
+
+def _kept_size(document: yaml.Node) -> int:
+    """`_expanded_size` of the document without its `x-` entries (at the top level and in a
+    section), which spec.py leaves out: what the job keeps, every alias written out. An anchor
+    under `x-` used once so counts once, as it would written in place."""
+    sizes: dict[int, int] = {}
+
+    def kept(node: yaml.Node, sections: frozenset[str] | None) -> int:
+        if not isinstance(node, yaml.MappingNode):
+            return _expanded_size(node, sizes)
+        size = 1
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            if isinstance(name, str) and name.startswith("x-") and key.tag != _MERGE_TAG:
+                continue
+            size += _expanded_size(key, sizes)
+            if sections is not None and name in sections:
+                size += kept(value, None)
+            else:
+                size += _expanded_size(value, sizes)
+        return size
+
+    return kept(document, SECTION_KEYS)
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:

@@ -1166,6 +1166,25 @@ def test_aliases_that_multiply_past_the_limit_are_refused(jobs: Path) -> None:
                .spec.params["logit_bias_ids"]) == 120_000
 
 
+def test_an_alias_of_a_block_under_x_used_once_adds_nothing(jobs: Path) -> None:
+    """A big logit_bias anchored under `x-` and used once was counted as added (the `x-`
+    entry is left out of the job, so the alias is its only copy) and refused, while the same
+    mapping written in place loaded. A billion laughs under `x-`, used, is still refused."""
+    entries = ", ".join(f"{n}: -1" for n in range(50_001))
+    shared = write(jobs, f"x-bias: &bias {{{entries}}}\n" + MINIMAL
+                   + "params: {max_tokens: 32, logit_bias: *bias}\n")
+    assert len(load(shared).spec.params["logit_bias"]) == 50_001
+    inside = MINIMAL.replace("endpoint:\n", f"endpoint:\n  x-bias: &bias {{{entries}}}\n")
+    job = load(write(jobs, inside + "params: {logit_bias: *bias}\n"))
+    assert len(job.spec.params["logit_bias"]) == 50_001
+    # Used twice, the second use is a copy: 100,003 values added.
+    twice = write(jobs, f"x-bias: &bias {{{entries}}}\n" + MINIMAL
+                  + "params: {logit_bias: *bias, also: *bias}\n")
+    assert "would add more than 100,000 values" in error_of(twice)
+    laughs = _laughs(6).replace("params:\n", "x-laughs:\n") + "params: {l: *l5}\n"
+    assert "would add more than 100,000 values" in error_of(write(jobs, laughs))
+
+
 def test_duplicate_key_texts_are_found_in_linear_comparisons() -> None:
     """`_json_value` counted each key's text over all of them (`texts.count`): a plain
     50,001-key logit_bias took 20 s to load. Counted here by the comparisons it makes."""
