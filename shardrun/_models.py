@@ -155,11 +155,25 @@ class EndpointSpec(_Frozen):
         return self
 
 
+_INVISIBLE = frozenset(
+    "\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064"  # zero-width, soft hyphen
+    "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # direction
+)
+"""Format characters that show nothing and have no place in a name or URL: a zero-width space,
+word joiner, byte-order mark, soft hyphen, invisible operators, and direction marks. Not every
+format character (category Cf): U+200C and U+200D (zero-width non-joiner and joiner) spell
+Persian and Indic words and join emoji; and a character this Python's Unicode tables do not
+know yet (a newer emoji) is not refused for that."""
+
+
 def invisible(char: str) -> bool:
-    """A character no one sees in a terminal: a control or format character (U+200B, U+FEFF,
-    U+00AD), a line or paragraph separator, or a space other than the plain one (U+00A0)."""
+    """A character no one sees in a terminal: a control character, one of _INVISIBLE (U+200B,
+    U+FEFF, U+00AD, the direction marks), a line or paragraph separator, or a space other than
+    the plain one (U+00A0)."""
+    if char in _INVISIBLE:
+        return True
     category = unicodedata.category(char)
-    return category in ("Cc", "Cf", "Zl", "Zp", "Co", "Cn") or (category == "Zs" and char != " ")
+    return category in ("Cc", "Zl", "Zp") or (category == "Zs" and char != " ")
 
 
 def char_name(char: str) -> str:

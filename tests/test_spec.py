@@ -1235,6 +1235,28 @@ def test_a_model_name_with_an_invisible_character_is_refused(
     assert spaced.spec.endpoint.model == "org/my model-7b"
 
 
+@pytest.mark.parametrize("name", [
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645\u200c\u0645\u062f\u0644",  # ZWNJ
+    "model\U0001f468\u200d\U0001f469\u200d\U0001f467",  # an emoji family, joined by ZWJ
+    "model-\U0001fae8",  # SHAKING FACE: Unicode 15, unassigned in Python 3.11's tables
+    "model-\ue000",  # private use: shown as a glyph, not nothing
+])  # fmt: skip
+def test_a_model_name_with_joiners_or_newer_characters_loads(jobs: Path, name: str) -> None:
+    """Every format character (Cf) and every character unknown to this Python's Unicode tables
+    (Cn) was refused as invisible: U+200C and U+200D spell Persian and Indic words and join
+    emoji, and newer emoji are unknown to older tables. Such a name loads, from the file and
+    from the environment, and so does a URL holding one; U+200B and U+FEFF are still refused."""
+    assert load(write(jobs, MINIMAL.replace("sim-small", json.dumps(name, ensure_ascii=False))))\
+        .spec.endpoint.model == name
+    assert load(write(jobs, MINIMAL), env={"SHARDRUN_MODEL": name}).spec.endpoint.model == name
+    url = f"http://h:8/v1/{name}"
+    assert load(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": url}).spec.endpoint.base_url \
+        == url
+    for odd in ("\u200b", "\ufeff", "\u202e"):
+        assert "invisible character" in error_of(
+            write(jobs, MINIMAL), env={"SHARDRUN_MODEL": name + odd})
+
+
 @pytest.mark.parametrize("via", ["file", "env", "flag"])
 def test_a_runs_dir_with_a_control_character_is_refused(jobs: Path, via: str) -> None:
     """`--runs-dir "$(...)"` that caught a line break, or an escape pasted with it: the run
