@@ -145,8 +145,11 @@ def unknown_env_errors(env: Mapping[str, str],
     errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable and cannot be "
               f"ignored; remove it from {IGNORE_VAR}" for name in sorted(ignored & known)]
     # Case counts too: `export shardrun_concurrency=4` is no variable shardrun reads either.
+    # A wrapper's variable is ignored in whatever case it is listed or set.
+    ignored_upper = {name.upper() for name in ignored}
     unknown = [name for name in sorted(env) if name.upper().startswith(PREFIX)
-               and name not in known | ignored | also_known and env[name] != ""]  # fmt: skip
+               and name not in known | also_known and name.upper() not in ignored_upper
+               and env[name] != ""]  # fmt: skip
     if unknown:
         errors.append(_unknown_sentence(unknown, sorted(known)))
     return tuple(errors)

@@ -793,6 +793,10 @@ def test_unknown_shardrun_variables_are_an_error_with_suggestion(jobs: Path) -> 
         "them (`shardrun --help` lists shardrun's)")
     assert load(path, {"shardrun_concurrency": "4", "SHARDRUN_IGNORE_VARS":
                        "shardrun_concurrency"}).spec.concurrency == 16
+    # A wrapper's variable listed in one case passes in any other (the list matches names
+    # without case); shardrun's own, listed, is still an error.
+    assert load(path, {"shardrun_job_name": "a", "Shardrun_Zz": "b", "SHARDRUN_IGNORE_VARS":
+                       "SHARDRUN_JOB_NAME,shardrun_zz"}).warnings == ()
     assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "SHARDRUN_SHARDS"}) == (
         "SHARDRUN_IGNORE_VARS names SHARDRUN_SHARDS, which is shardrun's own variable and "
         "cannot be ignored; remove it from SHARDRUN_IGNORE_VARS")
