@@ -99,7 +99,7 @@ def _write_input(path: Path, lines: int, sparse: bool) -> None:
 
 
 def _env(src: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     return {**env, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
 
 

@@ -159,7 +159,7 @@ class Target:
 def prepare(label: str, src: Path, scratch: Path, items: int, shards: int) -> Target:
     if not (src / "shardrun" / "__init__.py").is_file():
         raise SystemExit(f"{src} holds no shardrun/ package")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     env["PYTHONPATH"] = str(src)
     work = scratch / label
     work.mkdir()

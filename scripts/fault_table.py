@@ -63,7 +63,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-ENV: dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+ENV: dict[str, str] = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
 PASS_TIMEOUT_S = 240.0  # a hang guard per CLI pass, never a timing assertion
 ORPHAN_WAIT_S = 60.0  # how long the shards of a killed coordinator may take to exit
 SIM_BASE = {"ttft_ms": 30, "itl_ms": 1.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}

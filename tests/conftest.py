@@ -63,7 +63,7 @@ def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = CLI_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m shardrun ARGS` as a real process."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "shardrun", *args],

@@ -195,7 +195,7 @@ def test_summary_client_cpu_is_the_whole_client_tree(tmp_path: Path) -> None:
     """The summary's client CPU covers the coordinator, the launcher and every shard: the kernel's
     account of the whole process tree (os.wait4) matches it, less what runs after the summary."""
     write_input(tmp_path / "input.jsonl", 3000)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
         write_job(tmp_path / "job.yaml",
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
@@ -232,7 +232,7 @@ def test_client_cpu_leaves_out_what_a_shell_ran_before_exec_ing_shardrun(tmp_pat
     write_input(tmp_path / "input.jsonl", 500)
     burn = (f"import time\nt = time.process_time()\nwhile time.process_time() - t < {BURN_S}:"
             "\n    pass")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     with start_sim(SimConfig.from_mapping(FAST_SIM)) as sim:
         write_job(tmp_path / "job.yaml",
                   endpoint={"base_url": sim.base_url, "api": "chat", "model": "m"})
@@ -559,6 +559,20 @@ def test_a_key_in_the_url_user_name_or_path_parameters_is_in_no_output_or_file(
     assert any(p.parent.name == "dead" for p in files)
     for text in [proc.stdout, proc.stderr, *(p.read_text(errors="replace") for p in files)]:
         assert not re.search("SECRET(123|456|789)", text), text
+
+
+def test_run_cli_passes_on_no_shardrun_variable_of_the_callers_in_any_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lower-case shardrun_* variable is an error now: one exported in the developer's or
+    CI's shell made every end-to-end run exit 2, as run_cli left out upper-case names only."""
+    monkeypatch.setenv("shardrun_anything", "1")
+    monkeypatch.setenv("Shardrun_Shards", "9")
+    ids = write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", shards=1)
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results) == ids
 
 
 def test_rejected_input_lines_are_counted(tmp_path: Path) -> None:

@@ -840,7 +840,7 @@ def test_a_retry_pass_that_moves_dead_letters_during_an_export_fails_nothing(
                       cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert len(read_jsonl(run_dir / "dead" / "shard-00.r1.jsonl")) == 10
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     errors = open(tmp_path / "export.err", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=errors,

@@ -38,7 +38,7 @@ def test_running_out_of_file_descriptors_stops_the_run_and_loses_nothing(tmp_pat
     exactly once."""
     n = 600
     write_input(tmp_path / "input.jsonl", n)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     # The simulator runs apart, with this process's own limit: only the client is short.
     # Answers take 300 ms to start, so the first run's connections pile up to its cap.
     with start_sim(SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 300})) as sim:
@@ -73,7 +73,7 @@ def test_too_many_shards_for_the_coordinators_file_limit_is_one_sentence(tmp_pat
     Allowed 300, the coordinator raises its own soft limit (100) and the run goes through."""
     write_input(tmp_path / "input.jsonl", 50)
     write_job(tmp_path / "job.yaml", shards=40, concurrency=2)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     argv = [sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs", "--quiet"]
 
     def run_with(soft: int, hard: int) -> subprocess.CompletedProcess[str]:

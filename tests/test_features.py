@@ -73,7 +73,7 @@ def test_output_and_status_survive_the_exit_without_teardown(tmp_path: Path, how
     assert script is not None, "the console script is installed next to this interpreter"
     argv = [sys.executable, "-m", "shardrun"] if how.startswith("python") else [script]
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
+           if not k.upper().startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*argv, *args], cwd=tmp_path, env=env, capture_output=True,
@@ -97,7 +97,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, unbuffered
     write_input(tmp_path / "input.jsonl", 30)
     write_job(tmp_path / "job.yaml")
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
+           if not k.upper().startswith("SHARDRUN_") and k != "PYTHONUNBUFFERED"}  # fmt: skip
     if unbuffered:
         env["PYTHONUNBUFFERED"] = unbuffered
 
@@ -414,7 +414,7 @@ def loaded_after(code: str, cwd: Path) -> set[str]:
     proc = subprocess.run([sys.executable, "-c", LIST_MODULES, code], cwd=cwd,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                           env={k: v for k, v in os.environ.items()
-                               if not k.startswith("SHARDRUN_")})  # fmt: skip
+                               if not k.upper().startswith("SHARDRUN_")})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return set(orjson.loads(proc.stdout))
 

@@ -477,7 +477,7 @@ def test_a_lone_server_wait_above_ceiling_at_a_cap_of_1_dead_letters_at_once(
 
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
            preexec: Any = None) -> subprocess.Popen[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "shardrun", *args], cwd=tmp_path,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -788,7 +788,7 @@ def _run_with_stand_in_launcher(tmp_path: Path, mode: str, hung: str, setup: str
         "launch.FORK_LAUNCHER = False\n"
         "coordinator.EXIT_AFTER_EOF_S = coordinator.KILL_WAIT_S = 0.5\n"
         f"coordinator.LAUNCHER_CLOSE_S = 0.5\n{setup}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     try:
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=STALL_GUARD_S,
@@ -930,7 +930,7 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     write_job(tmp_path / "job.yaml", shards=3,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     code = _cli_code("coordinator.WATCH_EVERY_S = 0.2\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     env["SHARDRUN_SHARD_SILENCE_S"] = "2"  # the lowest allowed; a shard reports every 0.2 s
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -2568,7 +2568,7 @@ def test_an_unexpected_exception_in_a_shard_stops_the_run_with_one_sentence(
              "        raise RuntimeError('planted for the test')\n"
              "    return real(item, **kw)\n"
              "shard.build_request = build_request\n")  # the shards are forked: they inherit it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     proc = subprocess.run([sys.executable, "-c", _cli_code(plant)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=STALL_GUARD_S,
                           stdin=subprocess.DEVNULL)

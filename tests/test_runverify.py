@@ -250,7 +250,7 @@ def test_a_run_after_retry_failed_verifies_clean(finished: Path, tmp_path: Path,
 def _crash_a_retry_pass(run: Path, cwd: Path) -> None:
     """Start `retry-failed` against a slow simulator and kill -9 its coordinator once it has
     written a result; wait for its shards and simulator to exit by themselves."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     proc = subprocess.Popen([sys.executable, "-m", "shardrun", "retry-failed", str(run), "--job",
                              "slow.yaml"], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

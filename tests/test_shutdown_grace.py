@@ -54,7 +54,7 @@ def _wait_until_every_slot_stalls(runs: Path, proc: subprocess.Popen[str]) -> in
 def _run_job(tmp_path: Path, *extra: str, **popen: Any) -> subprocess.Popen[str]:
     """`shardrun job.yaml --runs-dir runs EXTRA` as a process in `tmp_path`, its output piped
     as text unless `popen` says otherwise, no SHARDRUN_* variable of ours passed on."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
                                "text": True, **popen}
     return subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
@@ -236,7 +236,7 @@ def test_a_stop_while_the_modules_load_is_one_sentence(
     installed may still end the process by the signal, silently."""
     write_input(tmp_path / "input.jsonl", 10)
     write_job(tmp_path / "job.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "shardrun", "job.yaml",
                              "--runs-dir", "runs"], cwd=tmp_path, env=env, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -38,8 +38,8 @@ class Terminal:
         # A wide terminal, so rich lays the shard table out in full.
         fcntl.ioctl(slave, termios.TIOCSWINSZ, b"\x00\x32\x00\xa0\x00\x00\x00\x00")
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith("SHARDRUN_") and k not in ("TTY_COMPATIBLE", "FORCE_COLOR",
-                                                              "NO_COLOR", "TERM")}
+               if not k.upper().startswith("SHARDRUN_")
+               and k not in ("TTY_COMPATIBLE", "FORCE_COLOR", "NO_COLOR", "TERM")}
         env["TERM"] = "xterm-256color"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardrun", *args], cwd=cwd, env=env,
@@ -126,7 +126,7 @@ def test_ctrl_c_at_the_terminal_stops_gracefully_and_resume_finishes(tmp_path: P
         [sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs", "--resume",
          "latest"], cwd=tmp_path, capture_output=True, text=True, timeout=GUARD_S,
         stdin=subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")})
+        env={k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")})
     assert resumed.returncode == 0, resumed.stderr
     every = [r["id"] for p in sorted((run / "results").glob("*.jsonl")) for r in read_jsonl(p)]
     assert sorted(every) == sorted(ids)

@@ -31,7 +31,7 @@ ESCAPE = re.compile(r"\x1b")
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No SHARDRUN_* variable from the outer environment leaks into these tests."""
-    for name in [n for n in os.environ if n.startswith("SHARDRUN_")]:
+    for name in [n for n in os.environ if n.upper().startswith("SHARDRUN_")]:
         monkeypatch.delenv(name)
     yield
 
