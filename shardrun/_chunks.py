@@ -149,7 +149,9 @@ class ChunkReader:
 
         A chunk's choice without a `delta` is read by its `message` (a server that sends its
         whole `chat.completion` as one event, as the answer to a streaming request): ignored,
-        the answer was an empty success.
+        the answer was an empty success. Only while nothing has been read (no piece in
+        `pieces`, no `other_chunks`): a final chunk that repeats the whole message streamed
+        before it (some OpenAI-style streams end so) would add it all a second time.
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
@@ -306,7 +308,9 @@ class ChunkReader:
                     first, other, piece = choices[0], False, None
                     if chat:
                         delta = first.get("delta")
-                        if delta is None:  # a whole chat.completion sent as an event
+                        if delta is None and not pieces and not self.other_chunks:
+                            # A whole chat.completion sent as an event. Only as the first thing
+                            # read: a final chunk that repeats the message streamed is no more.
                             delta = first.get("message")
                         if isinstance(delta, dict):
                             piece = delta.get("content")

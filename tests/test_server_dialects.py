@@ -535,6 +535,29 @@ def test_a_whole_answer_sent_as_one_event_is_read_by_its_message() -> None:
         assert (out.tool_calls, out.completion_tokens) == ([call], 2)
 
 
+@pytest.mark.parametrize("delta", [{}, {"delta": None}], ids=["no delta", "null delta"])
+def test_a_last_chunk_that_repeats_the_whole_message_is_not_added_again(
+        delta: dict[str, object]) -> None:
+    """Some OpenAI-style streams end with a chunk holding the whole message so far instead of a
+    delta: what was streamed is the answer, once. It was read as one more delta: the text
+    'hello worldhello world', the call's arguments '{"a":1}{"a":1}', recorded ok."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    last = {"choices": [{"index": 0, "finish_reason": "stop", **delta,
+            "message": {"role": "assistant", "content": "hello world"}}]}  # fmt: skip
+    out = run(one(streaming(chat("hello"), chat(" world"), last, b"[DONE]")))
+    assert (out.status, out.text, out.finish_reason) == ("ok", "hello world", "stop")
+    calls = [_call_delta('{"a":', 0, "c1", "f"), _call_delta("1}")]
+    repeat = {"choices": [{"index": 0, "finish_reason": "tool_calls", **delta,
+              "message": {"role": "assistant", "content": None, "tool_calls": [call]}}]}
+    out = run(one(streaming(*calls, repeat, b"[DONE]")))
+    assert (out.status, out.tool_calls, out.finish_reason) == ("ok", [call], "tool_calls")
+    thought = {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}
+    again = {"choices": [{"index": 0, "finish_reason": "stop", **delta,
+             "message": {"role": "assistant", "reasoning_content": "hm"}}]}  # fmt: skip
+    out = run(one(streaming(thought, again, b"[DONE]")))  # a thought is something read, too
+    assert (out.status, out.reasoning, out.finish_reason) == ("ok", "hm", "stop")
+
+
 def test_a_done_with_bytes_after_it_ends_the_stream() -> None:
     """`data: [DONE] ` (a space after it): the end of a whole answer, as OpenAI's own clients
     read any payload that starts with [DONE]; it failed the answer as unparseable, retried
