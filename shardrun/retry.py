@@ -197,14 +197,15 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def _http_date(value: str) -> float | None:
-    """An HTTP-date as a POSIX timestamp; None when it is none."""
+    """An HTTP-date as a POSIX timestamp; None when it is none (a year past what a datetime
+    holds, "21 Oct 99999999999", raises OverflowError: no date either)."""
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:  # "-0000" or no zone: an HTTP-date is UTC, never local time
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    except (TypeError, ValueError, OverflowError):
         return None
-    if when.tzinfo is None:  # "-0000" or no zone: an HTTP-date is UTC, never this machine's time
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
 
 
 def _on_server_clock(value: str | None, date: str | None) -> str | None:

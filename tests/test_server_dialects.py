@@ -188,6 +188,26 @@ def test_a_retry_after_date_without_a_valid_date_header_is_read_on_this_clock() 
                                              out.rate_headers).why == "server"
 
 
+@pytest.mark.parametrize("header", ["Retry-After", "Date"])
+def test_a_date_past_any_calendar_is_no_date_not_a_traceback(header: str) -> None:
+    """A 429 whose Retry-After or Date says the year 99999999999: Python's date parser raises
+    OverflowError there, which escaped the attempt as a traceback. It is no date: an http_429
+    retried on backoff (a Retry-After), or its Retry-After read on this machine's clock (a
+    Date)."""
+    huge = b"Wed, 21 Oct 99999999999 07:28:00 GMT"
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True).encode()
+    lines = {b"Retry-After": huge} if header == "Retry-After" else {b"Date": huge,
+                                                                   b"Retry-After": later}
+    sent = b"".join(k + b": " + v + b"\r\n" for k, v in lines.items())
+    out = run(_raw_attempt([b"HTTP/1.1 429 Too Many Requests\r\n" + sent
+                            + b"Content-Length: 0\r\n\r\n"]))
+    assert (out.status, out.retry_after) == ("http_429", lines[b"Retry-After"].decode())
+    decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
+        out.status, out.http_status, 1, out.retry_after, out.rate_headers)
+    assert decision.retry
+    assert decision.why == ("server" if header == "Date" else "backoff")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_gzip_compressed_answer_is_read(stream: bool) -> None:
     """A gateway that compresses its answer (Content-Encoding: gzip): a whole JSON answer to a
