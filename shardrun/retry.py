@@ -169,7 +169,8 @@ def retry_after_of(headers: Mapping[str, str]) -> str | None:
     becomes the seconds from that Date to it (RFC 9110, 10.2.3): both are the server's clock,
     so a server whose clock is ahead of this machine's is waited out as long as it asked, not
     that much longer (past `max_server_wait_s`, an item dead-lettered), and one behind not
-    retried at once. Without a valid Date the date is read against this machine's clock."""
+    retried at once. Without a valid Date, or with one more than a day from this machine's
+    clock (a server clock that says 1970), the date is read against this machine's clock."""
     value = _on_server_clock(headers.get("Retry-After"), headers.get("Date"))
     asked = parse_retry_after(value)
     for name in MS_HEADERS:
@@ -208,9 +209,16 @@ def _http_date(value: str) -> float | None:
         return None
 
 
+PLAUSIBLE_DATE_S = 24 * 3600.0
+"""How far a response's Date may be from this machine's clock and still be read as the
+server's clock (`retry_after_of`): a clock skewed by hours still works; one that says 1970
+is broken, and a Retry-After date read against it would ask for decades."""
+
+
 def _on_server_clock(value: str | None, date: str | None) -> str | None:
     """A Retry-After HTTP-date as the seconds from the response's `date` (its Date header) to
-    it, when both are HTTP-dates; else `value` as it is (`retry_after_of`)."""
+    it, when both are HTTP-dates and `date` is within `PLAUSIBLE_DATE_S` of this machine's
+    clock; else `value` as it is (`retry_after_of`)."""
     if not value or not date:
         return value
     try:
@@ -219,6 +227,6 @@ def _on_server_clock(value: str | None, date: str | None) -> str | None:
     except ValueError:
         pass
     when, sent = _http_date(value.strip()), _http_date(date.strip())
-    if when is None or sent is None:
+    if when is None or sent is None or abs(sent - time.time()) > PLAUSIBLE_DATE_S:
         return value
     return f"{max(0.0, when - sent):g}"

@@ -188,6 +188,28 @@ def test_a_retry_after_date_without_a_valid_date_header_is_read_on_this_clock() 
                                              out.rate_headers).why == "server"
 
 
+@pytest.mark.parametrize("date", ["Thu, 01 Jan 1970 00:00:00 GMT",
+                                  "Fri, 01 Jan 2100 00:00:00 GMT"])
+def test_a_retry_after_date_beside_an_implausible_date_header_is_read_on_this_clock(
+        date: str) -> None:
+    """A server whose clock says 1970 (or 2100) and a Retry-After 30 s after this machine's
+    clock: the wait is about 30 s, read on this machine's clock. Read against that Date it
+    was decades (1.79e9 s from 1970: past `max_server_wait_s`, the item dead-lettered) or
+    none at all."""
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "slow down"}}, status=429,
+                                 headers={"Date": date, "Retry-After": later})
+
+    out = run(one(handler))
+    assert (out.status, out.retry_after) == ("http_429", later)
+    decision = Retrier(RetryPolicy(backoff_s=0.01, backoff_max_s=0.01)).decide(
+        out.status, out.http_status, 1, out.retry_after, out.rate_headers)
+    assert (decision.retry, decision.why) == (True, "server")
+    assert 20.0 <= decision.wait <= 30.0  # HTTP-dates are whole seconds; the test took some
+
+
 @pytest.mark.parametrize("header", ["Retry-After", "Date"])
 def test_a_date_past_any_calendar_is_no_date_not_a_traceback(header: str) -> None:
     """A 429 whose Retry-After or Date says the year 99999999999: Python's date parser raises
