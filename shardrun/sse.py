@@ -156,11 +156,18 @@ def _error_payload(value: bytes) -> bytes:
 def _error_event(payload: bytes) -> bytes:
     """The payload of an event named `error`: as sent when it is an object with an `error`
     already (`{"error": {...}}`, Anthropic's `{"type": "error", "error": {...}}`), else the
-    chat shape of an error with the data as its value (`_error_payload`)."""
+    chat shape of an error with the data as its value (`_error_payload`). A flat error event
+    (OpenAI Responses' `{"type": "error", "code": ..., "message": ...}`) loses its `type`
+    first: "error" names the event, not the error, and as the value's type it read as the
+    error's name ("error error in stream ...")."""
     try:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
         obj = None
-    if isinstance(obj, dict) and obj.get("error") is not None:
-        return payload
+    if isinstance(obj, dict):
+        if obj.get("error") is not None:
+            return payload
+        if obj.get("type") == "error":
+            del obj["type"]
+            return orjson.dumps({"error": obj})
     return _error_payload(payload)

@@ -83,6 +83,23 @@ def test_an_error_event_midway_fails_the_answer(event: bytes) -> None:
     assert out.error == "error 500 in stream after 2 tokens: decode failed"
 
 
+@pytest.mark.parametrize(("code", "status", "words"), [
+    (None, "protocol_error", "error in stream after 1 token: boom"),
+    ("rate_limit_exceeded", "http_429", "error rate_limit_exceeded in stream after 1 token: boom"),
+])  # fmt: skip
+def test_a_flat_error_event_framed_as_one_is_named_by_its_code(code: str | None, status: str,
+                                                               words: str) -> None:
+    """OpenAI Responses' error event, `{"type": "error", "code", "message", ...}`, sent after
+    `event: error` (as vLLM frames every event): its `type` names the event, not the error.
+    It was read as the error's name: error_code 'error', 'error error in stream ...: boom'."""
+    text = {"type": "response.output_text.delta", "item_id": "m", "output_index": 0,
+            "content_index": 0, "delta": "a"}
+    error = {"type": "error", "code": code, "message": "boom", "param": None,
+             "sequence_number": 2}
+    out = run(one(streaming(text, error, events=True), api="responses"))
+    assert (out.status, out.text, out.error, out.error_code) == (status, "a", words, code)
+
+
 @pytest.mark.parametrize(("kind", "status"), [
     ("validation", "http_4xx"),  # a prompt the server refuses: the same request meets the same
     ("generation", "http_5xx"),  # a fault while generating: retried
