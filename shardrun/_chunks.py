@@ -642,8 +642,9 @@ def as_text(value: object) -> str:
 
 class Unreadable(ValueError):
     """A whole (non-streamed) answer that is a JSON object but no answer one can read (no
-    choices, a choice without its message or text, a field of the wrong kind): the attempt's
-    protocol_error, never an empty success. Its text says what is wrong, as a clause."""
+    choices, a choice without its message or text nor a finish_reason, a field of the wrong
+    kind): the attempt's protocol_error, never an empty success. Its text says what is wrong,
+    as a clause."""
 
 
 def json_kind(value: object) -> str:
@@ -656,6 +657,10 @@ def json_kind(value: object) -> str:
             dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
 
 
+_ANSWER_KEYS = frozenset(("message", "text", "delta"))
+"""The keys of a choice that hold an answer, in one API's shape or another (`read_whole`)."""
+
+
 def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     """A complete (non-streamed) answer's text, with its finish_reason and usage set on `reader`.
 
@@ -663,7 +668,9 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     object. None when `body` is no JSON object (then it is no answer at all); `Unreadable` when
     it is one not shaped as an answer; an `{"error": ...}` object sets `reader.error` and gives
     "". The text is choices[0]'s message content (chat) or text (completions); a null one is
-    none (a tool call's). A finish_reason that is no string is kept as its JSON text.
+    none (a tool call's), and so is a missing one when the choice says why it ended (a string
+    finish_reason: `{"finish_reason": "content_filter"}`). A finish_reason that is no string is
+    kept as its JSON text.
     """
     obj = json_object(body)
     if obj is None:
@@ -676,16 +683,24 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         raise Unreadable("no choices" if not choices else f"its choices are {json_kind(choices)}")
     if not all(isinstance(c, dict) for c in choices):
         raise Unreadable("a choice that is no object")
-    field = "message" if reader.chat else "text"
-    if field not in (first := choices[0]):
+    field, first = "message" if reader.chat else "text", choices[0]
+    if field in first:
+        said = first[field]
+    elif ((reason := first.get("finish_reason")) and isinstance(reason, str)
+            and not first.keys() & _ANSWER_KEYS):  # fmt: skip
+        # No answer, but it says why it ended (a content filter's refusal): an empty answer,
+        # as a stream's with its finish_reason; retried, the filter would refuse it again. One
+        # with another API's answer in it (a text, a message, a delta) is no empty one.
+        said = {} if reader.chat else None
+    else:
         raise Unreadable(f"its first choice has no {field}")
     message: dict[str, Any] = first
     if reader.chat:
-        if not isinstance(message := first["message"], dict):
+        if not isinstance(message := said, dict):
             raise Unreadable(f"its first choice's message is {json_kind(message)}")
         text, where = message.get("content"), "its message's content"
     else:
-        text, where = first["text"], "its first choice's text"
+        text, where = said, "its first choice's text"
     if text is not None and type(text) is not str and not (reader.chat and type(text) is list):
         raise Unreadable(f"{where} is {json_kind(text)}")
     if reader.chat:

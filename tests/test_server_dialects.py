@@ -443,7 +443,14 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
     ("chat", {"choices": []}, "no choices"),
     ("chat", {"choices": {"0": {}}}, "its choices are an object"),
     ("chat", {"choices": ["hi"]}, "a choice that is no object"),
-    ("chat", {"choices": [{"finish_reason": "stop"}]}, "its first choice has no message"),
+    ("chat", {"choices": [{"index": 0}]}, "its first choice has no message"),
+    ("chat", {"choices": [{"finish_reason": None}]}, "its first choice has no message"),
+    ("chat", {"choices": [{"finish_reason": 7}]}, "its first choice has no message"),
+    ("chat", {"choices": [{"text": "hi", "finish_reason": "stop"}]},
+     "its first choice has no message"),  # another API's answer is no empty one
+    ("chat", {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]},
+     "its first choice has no message"),
+    ("completions", {"choices": [{"finish_reason": None}]}, "its first choice has no text"),
     ("chat", {"choices": [{"message": "hi", "finish_reason": "stop"}]},
      "its first choice's message is a string"),
     ("chat", {"choices": [{"message": {"content": 7}, "finish_reason": "stop"}]},
@@ -494,6 +501,22 @@ def test_a_whole_answer_that_is_empty_but_says_why_it_ended_is_a_success() -> No
     ]:  # fmt: skip
         out = run(one(whole_answer(orjson.dumps(body)), api=api))
         assert (out.status, out.text, out.error) == ("ok", "", None), body
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_a_whole_answer_with_no_message_that_says_why_it_ended_is_an_empty_success(
+        api: Api) -> None:
+    """A whole answer whose choice says why it ended but holds no message (or text): an
+    Azure-style `{"finish_reason": "content_filter"}` refusal. An empty answer with that
+    finish_reason, as a stream's is; it was a protocol_error ("its first choice has no
+    message"), retried against a filter that refuses again."""
+    body = {"object": "chat.completion", "choices": [{"index": 0,
+            "finish_reason": "content_filter"}], "usage": {"prompt_tokens": 9,
+            "completion_tokens": 0}}  # fmt: skip
+    out = run(one(whole_answer(orjson.dumps(body)), api=api))
+    assert (out.status, out.text, out.error) == ("ok", "", None)
+    assert (out.finish_reason, out.completion_tokens, out.tool_calls) == (
+        "content_filter", 0, None)
 
 
 @pytest.mark.parametrize(("sent", "kept"), [
