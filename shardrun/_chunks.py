@@ -657,8 +657,12 @@ def json_kind(value: object) -> str:
             dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
 
 
-_ANSWER_KEYS = frozenset(("message", "text", "delta"))
-"""The keys of a choice that hold an answer, in one API's shape or another (`read_whole`)."""
+_NO_ANSWER_KEYS = frozenset((
+    "index", "finish_reason", "logprobs", "content_filter_results", "stop_reason",
+    "native_finish_reason", "matched_stop", "finish_details"))
+"""The keys a choice may have that hold no answer in any API's shape (`read_whole`): a choice
+with no message (or text) is an empty answer only when all its keys are of these. A choice with
+any other key (`{"content": ...}`, a `delta`) may hold the answer where it is not read."""
 
 
 def read_whole(body: bytes, reader: ChunkReader) -> str | None:
@@ -669,8 +673,9 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     it is one not shaped as an answer; an `{"error": ...}` object sets `reader.error` and gives
     "". The text is choices[0]'s message content (chat) or text (completions); a null one is
     none (a tool call's), and so is a missing one when the choice says why it ended (a string
-    finish_reason: `{"finish_reason": "content_filter"}`). A finish_reason that is no string is
-    kept as its JSON text.
+    finish_reason: `{"finish_reason": "content_filter"}`), has no key that may hold an answer
+    (`_NO_ANSWER_KEYS`) and its usage counts no completion tokens. A finish_reason that is no
+    string is kept as its JSON text.
     """
     obj = json_object(body)
     if obj is None:
@@ -687,10 +692,11 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
     if field in first:
         said = first[field]
     elif ((reason := first.get("finish_reason")) and isinstance(reason, str)
-            and not first.keys() & _ANSWER_KEYS):  # fmt: skip
+            and first.keys() <= _NO_ANSWER_KEYS and not generated(obj)):  # fmt: skip
         # No answer, but it says why it ended (a content filter's refusal): an empty answer,
         # as a stream's with its finish_reason; retried, the filter would refuse it again. One
-        # with another API's answer in it (a text, a message, a delta) is no empty one.
+        # with a key that may hold an answer (`content`, another API's text, message or delta),
+        # or whose usage counts tokens it generated, is no empty one.
         said = {} if reader.chat else None
     else:
         raise Unreadable(f"its first choice has no {field}")
@@ -730,6 +736,15 @@ def read_whole(body: bytes, reader: ChunkReader) -> str | None:
         reader.cached_tokens, reader.reasoning_tokens = usage_details(
             usage, "prompt_tokens_details", "completion_tokens_details")
     return text if isinstance(text, str) else ""
+
+
+def generated(obj: dict[str, Any]) -> bool:
+    """Whether a whole answer's usage says it generated tokens: a completion_tokens that is
+    given (not null) and is anything but 0. An answer with none to show had some to show."""
+    usage = obj.get("usage")
+    if not isinstance(usage, dict) or usage.get("completion_tokens") is None:
+        return False
+    return as_int(usage["completion_tokens"]) != 0
 
 
 def content_parts(parts: list[Any]) -> tuple[str, str]:

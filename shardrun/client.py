@@ -22,7 +22,8 @@ event and decides about retries from `status`. Only cancellation propagates.
                          a body that does not decode as its Content-Encoding says,
                          a whole JSON body that is no answer one can read (no choices, a
                          choice without its message or text that does not say why it
-                         ended) or has nothing in it
+                         ended, or holds another key or counts completion tokens) or has
+                         nothing in it
 
 Deadlines (one moving deadline per attempt, enforced by the client's watchdog) and the
 per-attempt state live in `shardrun._attempt`.

@@ -451,6 +451,18 @@ def test_a_stream_with_nothing_in_it_is_no_success() -> None:
     ("chat", {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]},
      "its first choice has no message"),
     ("completions", {"choices": [{"finish_reason": None}]}, "its first choice has no text"),
+    ("chat", {"choices": [{"index": 0, "content": "THE ANSWER", "finish_reason": "stop"}],
+              "usage": {"completion_tokens": 2}},
+     "its first choice has no message"),  # the answer under a key not read is no empty one
+    ("chat", {"choices": [{"index": 0, "content": "THE ANSWER", "finish_reason": "stop"}]},
+     "its first choice has no message"),
+    ("completions", {"choices": [{"index": 0, "output": "hi", "finish_reason": "stop"}]},
+     "its first choice has no text"),
+    ("chat", {"choices": [{"index": 0, "finish_reason": "stop"}],
+              "usage": {"completion_tokens": 2}},
+     "its first choice has no message"),  # tokens generated and none shown
+    ("completions", {"choices": [{"finish_reason": "stop"}], "usage": {"completion_tokens": -1}},
+     "its first choice has no text"),
     ("chat", {"choices": [{"message": "hi", "finish_reason": "stop"}]},
      "its first choice's message is a string"),
     ("chat", {"choices": [{"message": {"content": 7}, "finish_reason": "stop"}]},
@@ -517,6 +529,17 @@ def test_a_whole_answer_with_no_message_that_says_why_it_ended_is_an_empty_succe
     assert (out.status, out.text, out.error) == ("ok", "", None)
     assert (out.finish_reason, out.completion_tokens, out.tool_calls) == (
         "content_filter", 0, None)
+    # Only keys that hold no answer beside it, and no tokens counted (or none said).
+    for choice, usage in [
+        ({"finish_reason": "content_filter"}, None),
+        ({"finish_reason": "content_filter"}, {"completion_tokens": None}),
+        ({"index": 0, "finish_reason": "content_filter", "logprobs": None,
+          "content_filter_results": {"hate": {"filtered": True}}, "stop_reason": None,
+          "native_finish_reason": "SAFETY"}, {"prompt_tokens": 9}),
+    ]:  # fmt: skip
+        sent = {"choices": [choice]} | ({"usage": usage} if usage is not None else {})
+        out = run(one(whole_answer(orjson.dumps(sent)), api=api))
+        assert (out.status, out.text, out.finish_reason) == ("ok", "", "content_filter"), sent
 
 
 @pytest.mark.parametrize(("sent", "kept"), [
