@@ -158,22 +158,28 @@ class EndpointSpec(_Frozen):
 _INVISIBLE = frozenset(
     "\u200b\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064"  # zero-width, soft hyphen
     "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # direction
+    "\u206a\u206b\u206c\u206d\u206e\u206f"  # deprecated shaping and digit controls
+    "\ufff9\ufffa\ufffb"  # interlinear annotation marks
+    + "".join(map(chr, range(0xE0000, 0xE0080)))  # tag characters (U+E0000-U+E007F)
 )
 """Format characters that show nothing and have no place in a name or URL: a zero-width space,
-word joiner, byte-order mark, soft hyphen, invisible operators, and direction marks. Not every
-format character (category Cf): U+200C and U+200D (zero-width non-joiner and joiner) spell
-Persian and Indic words and join emoji; and a character this Python's Unicode tables do not
-know yet (a newer emoji) is not refused for that."""
+word joiner, byte-order mark, soft hyphen, invisible operators, direction marks, the deprecated
+format characters U+206A-U+206F, the interlinear annotation marks U+FFF9-U+FFFB and the tag
+characters U+E0000-U+E007F (which can spell a hidden text: 'gpt<U+E0041>x' shows as 'gptx').
+Not every format character (category Cf): U+200C and U+200D (zero-width non-joiner and joiner)
+spell Persian and Indic words and join emoji; and a character this Python's Unicode tables do
+not know yet (a newer emoji) is not refused for that."""
 
 
 def invisible(char: str) -> bool:
     """A character no one sees in a terminal: a control character, one of _INVISIBLE (U+200B,
-    U+FEFF, U+00AD, the direction marks), a line or paragraph separator, or a space other than
-    the plain one (U+00A0)."""
+    U+FEFF, U+00AD, the direction marks, the tag characters), a private-use character (category
+    Co: no font shows it the same, most none at all), a line or paragraph separator, or a space
+    other than the plain one (U+00A0)."""
     if char in _INVISIBLE:
         return True
     category = unicodedata.category(char)
-    return category in ("Cc", "Zl", "Zp") or (category == "Zs" and char != " ")
+    return category in ("Cc", "Co", "Zl", "Zp") or (category == "Zs" and char != " ")
 
 
 def char_name(char: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -1243,7 +1244,6 @@ def test_a_model_name_with_an_invisible_character_is_refused(
     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645\u200c\u0645\u062f\u0644",  # ZWNJ
     "model\U0001f468\u200d\U0001f469\u200d\U0001f467",  # an emoji family, joined by ZWJ
     "model-\U0001fae8",  # SHAKING FACE: Unicode 15, unassigned in Python 3.11's tables
-    "model-\ue000",  # private use: shown as a glyph, not nothing
 ])  # fmt: skip
 def test_a_model_name_with_joiners_or_newer_characters_loads(jobs: Path, name: str) -> None:
     """Every format character (Cf) and every character unknown to this Python's Unicode tables
@@ -1259,6 +1259,39 @@ def test_a_model_name_with_joiners_or_newer_characters_loads(jobs: Path, name: s
     for odd in ("\u200b", "\ufeff", "\u202e"):
         assert "invisible character" in error_of(
             write(jobs, MINIMAL), env={"SHARDRUN_MODEL": name + odd})
+
+
+@pytest.mark.parametrize("char", [
+    "\U000e0041", "\U000e0001", "\U000e007f",  # tag characters (a hidden 'A', LANGUAGE TAG)
+    "\u206a", "\u206f",  # deprecated format characters
+    "\ufff9", "\ufffb",  # interlinear annotation marks
+    "\ue000", "\U000f0000",  # private use (category Co), refused as before a12b6d3
+])  # fmt: skip
+@pytest.mark.parametrize("via", ["file", "env"])
+def test_a_model_name_with_a_tag_annotation_or_private_use_character_is_refused(
+        jobs: Path, char: str, via: str) -> None:
+    """a12b6d3's fixed list let through characters that really show nothing (the tag
+    characters, which spell a hidden text, U+206A-U+206F, U+FFF9-U+FFFB) and private use ones
+    (refused before it): each went to the server as written and was printed raw. Each is
+    refused with its code shown, from the job file and from the environment."""
+    name = f"gpt{char}x"
+    code = f"U+{ord(char):04X}"
+    named = unicodedata.name(char, "")
+    if via == "file":
+        path, env = write(jobs, MINIMAL.replace("sim-small", json.dumps(
+            name, ensure_ascii=False))), {}
+        where = "jobs/x.yaml: endpoint.model"
+    else:
+        path, env = write(jobs, MINIMAL), {"SHARDRUN_MODEL": name}
+        where = "environment variable SHARDRUN_MODEL"
+    said = error_of(path, env=env)
+    assert said == (f"{where} holds the invisible character {code}"
+                    + (f" ({named})" if named else "") + f": 'gpt<{code}>x', and no server "
+                    "knows a model by that name; give the name alone")
+    assert char not in said
+    url = f"http://h:8/v1/{name}"
+    said = error_of(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": url})
+    assert f"holds the invisible character {code}" in said and char not in said, said
 
 
 @pytest.mark.parametrize("via", ["file", "env", "flag"])
