@@ -142,10 +142,17 @@ def unknown_env_errors(env: Mapping[str, str],
     """
     known = {v.name for v in ENV_VARS} | set(ANALYSIS_VARS) | {IGNORE_VAR}
     ignored = {name.strip() for name in env.get(IGNORE_VAR, "").split(",")}
-    errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable and cannot be "
-              f"ignored; remove it from {IGNORE_VAR}" for name in sorted(ignored & known)]
+    # The list matches names without case (below), so shardrun's own is refused in any case
+    # too: `shardrun_concurrency` listed hid `shardrun_concurrency=1`, never read, and the
+    # run went at the default concurrency. Another spelling is named with the real one.
+    errors = [f"{IGNORE_VAR} names {name}, which is shardrun's own variable"
+              + (" and cannot be ignored; remove it from " + IGNORE_VAR if name in known else
+                 f" {name.upper()} in another case and cannot be ignored; remove it from "
+                 f"{IGNORE_VAR} and spell the variable {name.upper()}")
+              for name in sorted(ignored) if name.upper() in known]  # fmt: skip
     # Case counts too: `export shardrun_concurrency=4` is no variable shardrun reads either.
-    # A wrapper's variable is ignored in whatever case it is listed or set.
+    # A wrapper's variable is ignored in whatever case it is listed or set (one listed that is
+    # shardrun's own in another case is the error above, enough to say).
     ignored_upper = {name.upper() for name in ignored}
     unknown = [name for name in sorted(env) if name.upper().startswith(PREFIX)
                and name not in known | also_known and name.upper() not in ignored_upper

@@ -792,12 +792,23 @@ def test_unknown_shardrun_variables_are_an_error_with_suggestion(jobs: Path) -> 
         "shardrun_concurrency (did you mean SHARDRUN_CONCURRENCY?) are not shardrun variables; "
         "rename or unset them, or add them to SHARDRUN_IGNORE_VARS if something else reads "
         "them (`shardrun --help` lists shardrun's)")
-    assert load(path, {"shardrun_concurrency": "4", "SHARDRUN_IGNORE_VARS":
-                       "shardrun_concurrency"}).spec.concurrency == 16
     # A wrapper's variable listed in one case passes in any other (the list matches names
-    # without case); shardrun's own, listed, is still an error.
+    # without case); shardrun's own, listed in any case, is still an error that names the
+    # real spelling: `shardrun_concurrency` listed let `shardrun_concurrency=1` run at 16.
     assert load(path, {"shardrun_job_name": "a", "Shardrun_Zz": "b", "SHARDRUN_IGNORE_VARS":
                        "SHARDRUN_JOB_NAME,shardrun_zz"}).warnings == ()
+    assert error_of(path, env={"shardrun_concurrency": "1", "SHARDRUN_IGNORE_VARS":
+                               "shardrun_concurrency"}) == (
+        "SHARDRUN_IGNORE_VARS names shardrun_concurrency, which is shardrun's own variable "
+        "SHARDRUN_CONCURRENCY in another case and cannot be ignored; remove it from "
+        "SHARDRUN_IGNORE_VARS and spell the variable SHARDRUN_CONCURRENCY")
+    assert error_of(path, env={"shardrun_model": "m", "SHARDRUN_IGNORE_VARS": "Shardrun_Model"}
+                    ).startswith("SHARDRUN_IGNORE_VARS names Shardrun_Model, which is "
+                                 "shardrun's own variable SHARDRUN_MODEL in another case")
+    assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "Shardrun_Shards"}) == (
+        "SHARDRUN_IGNORE_VARS names Shardrun_Shards, which is shardrun's own variable "
+        "SHARDRUN_SHARDS in another case and cannot be ignored; remove it from "
+        "SHARDRUN_IGNORE_VARS and spell the variable SHARDRUN_SHARDS")
     assert error_of(path, env={"SHARDRUN_IGNORE_VARS": "SHARDRUN_SHARDS"}) == (
         "SHARDRUN_IGNORE_VARS names SHARDRUN_SHARDS, which is shardrun's own variable and "
         "cannot be ignored; remove it from SHARDRUN_IGNORE_VARS")
