@@ -16,32 +16,37 @@ SECRET_QUERY = re.compile(r"auth|key|token|secret|password|sig|code", re.IGNOREC
 Azure Functions' `?code=`)."""
 
 
-def _masked_fields(text: str, sep_fields: str, only_secret: bool) -> str:
-    """`name=value` fields joined by `sep_fields` with the values masked: all of them, or
-    (`only_secret`) those whose names look like credentials."""
-    fields = [name + "=***"
-              if sep and (not only_secret or SECRET_QUERY.search(unquote_plus(name)))
-              else name + sep + value
-              for name, sep, value in (field.partition("=")
-                                       for field in text.split(sep_fields))]  # fmt: skip
-    return sep_fields.join(fields)
+def _masked_query(query: str) -> str:
+    """A query with the values of the fields named like credentials masked. Fields are split at
+    '&' and, within those, at ';' (HTML 4's other separator, which many servers take:
+    `?a=1;key=s` -> `?a=1;key=***`); a secret's value is masked to the next '&', since a ';' in
+    it may be its own (`?key=abc;def` -> `?key=***`, not `?key=***;def`)."""
+    fields = []
+    for field in query.split("&"):
+        subfields = field.split(";")
+        for at, subfield in enumerate(subfields):
+            name, sep, _ = subfield.partition("=")
+            if sep and SECRET_QUERY.search(unquote_plus(name)):
+                field = ";".join([*subfields[:at], name + "=***"])
+                break
+        fields.append(field)
+    return "&".join(fields)
 
 
 def masked_url(url: str) -> str:
     """`https://user:pw@host/v1` -> `https://***@host/v1` (any userinfo: a proxy may take the
-    key as the user name alone), the values of path parameters (`/v1;token=...` ->
-    `/v1;token=***`) and of query parameters named like credentials (`?key=...` ->
-    `?key=***`); anything else unchanged."""
+    key as the user name alone), the path from its first path parameter on (`/v1;token=...`,
+    `/v1;sk-...` -> `/v1;***`), and the values of query parameters named like credentials,
+    fields split at '&' or ';' (`?key=...` -> `?key=***`); anything else unchanged.
+
+    All the path after the first ';' is hidden, not only that segment's parameters: a value may
+    hold a '/' (`;token=abc/def`), and what follows is then no other segment but the secret's
+    rest. A path parameter may have no name (`/v1;sk-...`), so every one is masked."""
     parts = written = urlsplit(url)
     if parts.query:
-        parts = parts._replace(query=_masked_fields(parts.query, "&", only_secret=True))
+        parts = parts._replace(query=_masked_query(parts.query))
     if ";" in parts.path:
-        segments = []
-        for segment in parts.path.split("/"):
-            name, semi, params = segment.partition(";")
-            segments.append(name + semi + _masked_fields(params, ";", only_secret=False)
-                            if semi else segment)
-        parts = parts._replace(path="/".join(segments))
+        parts = parts._replace(path=parts.path.partition(";")[0] + ";***")
     if "@" in parts.netloc:
         # The host part as written: `hostname` would drop an IPv6 address's brackets.
         parts = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2])

@@ -547,18 +547,19 @@ def test_a_key_in_the_url_user_name_or_path_parameters_is_in_no_output_or_file(
     write_job(tmp_path / "job.yaml", shards=1,
               endpoint={"base_url": "http://127.0.0.1:8000/v1", "api": "chat", "model": "m"})
     port = _closed_port()
-    wrong = f"http://sk-live-SECRET123@127.0.0.1:{port}/v1;token=SECRET456?code=SECRET789"
+    wrong = (f"http://sk-live-SECRET123@127.0.0.1:{port}/v1;token=SECRET456/SECRET457;SECRET458"
+             "?code=SECRET789&a=1;key=SECRET790")
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path, timeout=60,
                    env={"SHARDRUN_BASE_URL": wrong, "SHARDRUN_OUTAGE_S": "2"})
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    shown = f"http://***@127.0.0.1:{port}/v1;token=***?code=***"
+    shown = f"http://***@127.0.0.1:{port}/v1;***?code=***&a=1;key=***"
     assert f" (endpoint.base_url {shown} from env SHARDRUN_BASE_URL)" in proc.stderr
     files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
     assert any(p.name == "manifest.json" for p in files)
     assert any(p.parent.name == "dead" for p in files)
     for text in [proc.stdout, proc.stderr, *(p.read_text(errors="replace") for p in files)]:
-        assert not re.search("SECRET(123|456|789)", text), text
+        assert not re.search("SECRET", text), text
 
 
 def test_run_cli_passes_on_no_shardrun_variable_of_the_callers_in_any_case(

@@ -20,9 +20,10 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import http_parser, web
+from aiohttp.test_utils import TestServer
 
 from shardrun._chunks import MORE, ChunkReader
-from shardrun.client import AttemptOutcome, StreamingClient
+from shardrun.client import AttemptOutcome, StreamingClient, make_session
 from shardrun.clock import Clock
 from shardrun.items import Api
 from shardrun.retry import Retrier, RetryPolicy
@@ -764,3 +765,38 @@ def test_the_credentials_sentence_names_what_the_job_sends(tmp_path: Path) -> No
     assert credentials_fix(cfg(base_url="http://u:p@h/v1")) == other
     for header in ("X-Api-Key", "Cookie", "X-Client-Secret"):  # an SSO proxy's cookie too
         assert credentials_fix(cfg(headers={header: "k"})) == other
+
+
+def test_a_url_whose_credentials_are_masked_in_messages_still_sends_them() -> None:
+    """masked_url hides a base URL's userinfo, path parameters and secret query fields where the
+    URL is shown (`client.url`, a failure's message); the request itself goes to the URL as
+    written: the server sees the user and password, the path parameters and the key."""
+    seen: list[tuple[str, str | None]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((request.raw_path, request.headers.get("Authorization")))
+        return await whole_answer(orjson.dumps({"choices": [
+            {"message": {"content": "hi"}, "finish_reason": "stop"}]}))(request)
+
+    async def go() -> tuple[str, int, AttemptOutcome]:
+        app = web.Application()
+        app.router.add_route("POST", "/{tail:.*}", handler)
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        session = make_session(2, FAST)
+        base = (f"http://user:pw@127.0.0.1:{server.port}/v1;token=abc/def;sk-xyz"
+                "?a=1;key=s3cret&api-version=2")
+        try:
+            client = StreamingClient(session, base, "chat", {}, FAST, Clock())
+            return client.url, server.port or 0, await client.attempt(BODY)
+        finally:
+            await session.close()
+            await server.close()
+
+    shown, port, out = run(go())
+    assert (out.status, out.text) == ("ok", "hi")
+    assert seen == [("/v1;token=abc/def;sk-xyz/chat/completions?a=1;key=s3cret&api-version=2",
+                     "Basic dXNlcjpwdw==")]  # user:pw
+    assert shown == f"http://***@127.0.0.1:{port}/v1;***?a=1;key=***&api-version=2"
+    for secret in ("user", "pw", "abc", "def", "sk-xyz", "s3cret"):
+        assert secret not in shown, shown

@@ -1087,8 +1087,13 @@ def test_masked_url_keeps_everything_but_the_userinfo_and_path_parameters() -> N
     assert masked_url("https://User:s3cr%40t@Host.example/v1?api-version=1") == (
         "https://***@Host.example/v1?api-version=1")
     assert masked_url("https://sk-live-1@h/v1") == "https://***@h/v1"
-    assert masked_url("https://h/v1;token=abc;v") == "https://h/v1;token=***;v"
-    assert masked_url("https://h/a;k=1/v1") == "https://h/a;k=***/v1"
+    # All the path from its first parameter on: a value may hold a '/', a parameter no name.
+    assert masked_url("https://h/v1;token=abc;v") == "https://h/v1;***"
+    assert masked_url("https://h/a;k=1/v1") == "https://h/a;***"
+    assert masked_url("https://h/v1;token=abc/def") == "https://h/v1;***"  # '/def' leaked
+    assert masked_url("https://h/v1;sk-abc") == "https://h/v1;***"  # a nameless one was kept
+    assert masked_url("http://u@h/v1;token=ab/cd/chat/completions?key=k") == (
+        "http://***@h/v1;***?key=***")
     assert masked_url("https://h/v1") == "https://h/v1"
     assert masked_url("https://h/v1?") == "https://h/v1?"  # as written when nothing is hidden
 
@@ -1100,6 +1105,12 @@ def test_masked_url_hides_query_parameters_named_like_credentials(jobs: Path) ->
         "https://h/v1?api-version=2024-06-01&api_key=***&x")
     assert masked_url("http://u:p@h/v1?sig=abc&sv=2") == "http://***@h/v1?sig=***&sv=2"
     assert masked_url("https://f.example/api?code=abc") == "https://f.example/api?code=***"
+    # Fields split at ';' too (`?a=1;key=s` leaked the key), a secret masked to the next '&'.
+    assert masked_url("https://h/v1?a=1;key=s") == "https://h/v1?a=1;key=***"
+    assert masked_url("https://h/v1?a=1&x=2;api_key=s;t&b=3") == (
+        "https://h/v1?a=1&x=2;api_key=***&b=3")
+    assert masked_url("https://h/v1?key=abc;def&b=3") == "https://h/v1?key=***&b=3"
+    assert masked_url("https://h/v1?a=1;b=2&c") == "https://h/v1?a=1;b=2&c"  # nothing hidden
     url = "http://127.0.0.1:9/v1?key=sk-secret"
     job = load(write(jobs, MINIMAL), env={"SHARDRUN_BASE_URL": url})
     assert job.effective()["endpoint.base_url"]["value"] == "http://127.0.0.1:9/v1?key=***"
