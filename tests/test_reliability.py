@@ -2531,7 +2531,8 @@ def test_the_runs_own_simulator_killed_before_any_answer_dead_letters_nothing(
 
 def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path: Path) -> None:
     """A user and password in endpoint.base_url (a gateway with Basic auth): the error that names
-    the URL masks the password, and no file of the run holds it, manifest included."""
+    the URL masks them (a key may be the user name alone), and no file of the run holds the
+    password, manifest included."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     with sim() as server:
         right = server.base_url.replace("http://", "http://alice:pw-secret@")
@@ -2539,16 +2540,16 @@ def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path
         write_job(tmp_path / "job.yaml", endpoint={"base_url": wrong, "api": "chat", "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
         assert proc.returncode == 1
-        shown = wrong.replace("pw-secret", "***")
+        shown = wrong.replace("alice:pw-secret", "***")
         assert f"error: POST {shown}/chat/completions answered HTTP 404" in proc.stderr
-        assert "pw-secret" not in proc.stdout + proc.stderr
+        assert "pw-secret" not in proc.stdout + proc.stderr and "alice" not in proc.stderr
         resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
                           env={"SHARDRUN_BASE_URL": right})
     assert resumed.returncode == 0, resumed.stderr
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert run.manifest["endpoint_url"] == shown
-    assert run.manifest["resumes"][0]["endpoint_url"] == right.replace("pw-secret", "***")
+    assert run.manifest["resumes"][0]["endpoint_url"] == right.replace("alice:pw-secret", "***")
     for path in run.path.rglob("*"):
         if path.is_file():
             assert b"pw-secret" not in path.read_bytes(), path
