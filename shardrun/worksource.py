@@ -9,6 +9,7 @@ of the items.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
@@ -363,7 +364,14 @@ class WorkSource:
         view = memoryview(line)
         try:
             while view:
-                view = view[file.write(view):]
+                wrote = file.write(view)
+                if not wrote:
+                    # A write of nothing (0, or None: a non-blocking file that would block)
+                    # would be asked again forever: the line cannot go on.
+                    code = errno.ENOSPC if wrote == 0 else errno.EAGAIN
+                    raise OSError(code, "a write wrote nothing" if wrote == 0
+                                  else os.strerror(code))
+                view = view[wrote:]
         except OSError as exc:
             with contextlib.suppress(OSError):  # cut back if it can be; the error is the news
                 file.truncate(self._rejects_size)

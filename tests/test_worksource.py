@@ -533,3 +533,36 @@ def test_closing_closes_the_rejects_file_even_when_closing_the_input_fails(
     with pytest.raises(OSError, match="input gone"):
         source.close()
     assert opened.closed
+
+
+class _WritesNothing:
+    """A raw file whose write writes nothing: None (a non-blocking file that would block) or
+    0; it counts the calls, so that a loop that asks again and again is cut short."""
+
+    def __init__(self, gives: int | None) -> None:
+        self.gives, self.calls, self.cut_to = gives, 0, -1
+
+    def write(self, data: memoryview) -> int | None:
+        self.calls += 1
+        if self.calls > 100:
+            raise AssertionError("asked to write again and again")
+        return self.gives
+
+    def truncate(self, size: int) -> int:
+        self.cut_to = size
+        return size
+
+
+@pytest.mark.parametrize("gives", [None, 0])
+def test_a_write_of_nothing_raises_rather_than_spin(tmp_path: Path, gives: int | None) -> None:
+    """`view[None:]` is the whole line and `view[0:]` too: a raw write that wrote nothing
+    was asked again forever. It raises, naming the rejects file, which is cut back."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    rejects = tmp_path / "rejects.jsonl"
+    source = WorkSource(InputReader(tmp_path / "in.jsonl", InputPlan()), rejects)
+    file = _WritesNothing(gives)
+    with pytest.raises(OSError) as raised:
+        source._write_reject(file, b'{"line":1}\n')  # type: ignore[arg-type]
+    assert raised.value.filename == str(rejects) and raised.value.errno is not None
+    assert file.calls == 1 and file.cut_to == 0
+    source.close()
