@@ -149,9 +149,13 @@ class WorkSource:
         self.skipped = 0
         self.left_out = 0  # items neither done nor in `only`: left for a later pass
         self.rejects = 0
-        # The line of the reject the rejects file had no room for (a full disk), if one had
-        # none: the pass stopped there, and the lines it judged end before it (`lines_judged`).
+        # The line of the first reject the rejects file had no room for (a full disk), if one
+        # had none: the pass stopped there, and the lines it judged end before it
+        # (`lines_judged`). The error is kept (`_failed`): from then on every read and every
+        # reject raises it again, so that no line past the gap is read or written (another
+        # shard's hand-out read on, and a shorter reject fit where the failed one did not).
         self._unrecorded: int | None = None
+        self._failed: OSError | None = None
         # A named id field (not the default `id`, which a record may lack: its id is then
         # derived, as documented) that no item read so far has had: a typo gives every item a
         # derived id without a word (validate warns; a run did not). Warned of once, on stderr.
@@ -199,6 +203,7 @@ class WorkSource:
     def take(self, n: int) -> list[dict[str, Any]]:
         """Up to `n` items; rejects go to rejects.jsonl on the way. What `fill` has not read
         ahead it reads in one piece (an event loop fills first)."""
+        self._check_failed()
         batch: list[dict[str, Any]] = []
         while self._requeued and len(batch) < n:
             batch.append(self._requeued.popleft())
@@ -235,7 +240,9 @@ class WorkSource:
             self._filling = asyncio.Lock()
         # One fill reads at a time, the others waiting their turn: two that each read a slice
         # in one turn of the loop would hold it for both.
+        self._check_failed()
         async with self._filling:
+            self._check_failed()  # a fill that held the lock may have failed meanwhile
             if settle is not None and self._settled and self.ready:
                 # What an earlier read settled for goes out first: reading another stretch for
                 # each shard that asks kept the items found waiting (the last of ten dead
@@ -263,6 +270,7 @@ class WorkSource:
         (input lines, blank ones too). Returns how many it read."""
         from shardrun.inputs import Reject
 
+        self._check_failed()
         into = self._ahead
         wanted = len(into) + n
         entries = self._items if budget is None else itertools.islice(self._items, budget)
@@ -322,30 +330,48 @@ class WorkSource:
         """Give items back (their shard died before finishing them); served before new ones."""
         self._requeued.extend(items)
 
+    def _check_failed(self) -> None:
+        """Raise the error of the reject the rejects file had no room for, if one had none."""
+        if self._failed is not None:
+            raise self._failed
+
     def reject(self, reject: Reject) -> None:
+        self._check_failed()
         if reject.line <= self._judged_lines or (
                 self._on_record is not None and reject.line in self._on_record):
             self.prior_rejects += 1
             return
         if not self._record_rejects:  # a line for the pass that runs new work to judge
             return
-        self.rejects += 1
         record = {"line": reject.line, "reason": reject.reason, "path": str(self.reader.path)}
         if reject.id is not None:  # the item the line names, though it did not become one
             record["id"] = reject.id
-        if self._rejects_file is None:
-            # Opened once, not per reject (a file of a million bad lines cost a million opens:
-            # 108k lines/s against 375k for good ones), and unbuffered: each reject is on disk
-            # as soon as it is judged, as it was when each had its own open; a kill leaves no
-            # line half written by a buffer's flush.
-            self._rejects_file = open(self._rejects_path, "ab", buffering=0)  # noqa: SIM115
-            self._rejects_size = self._rejects_file.seek(0, os.SEEK_END)
         try:
-            self._write_reject(self._rejects_file, orjson.dumps(record) + b"\n")
-        except OSError:
-            self.rejects -= 1
+            # An open that fails (a directory in its place, no permission, no room to create
+            # it) is a reject not written, as a write that fails is.
+            self._write_reject(self._opened_rejects(), orjson.dumps(record) + b"\n")
+        except OSError as exc:
             self._unrecorded = reject.line
+            self._failed = exc
             raise
+        self.rejects += 1  # counted once on disk
+
+    def _opened_rejects(self) -> IO[bytes]:
+        """The rejects file, opened at the first reject.
+
+        Opened once, not per reject (a file of a million bad lines cost a million opens:
+        108k lines/s against 375k for good ones), and unbuffered: each reject is on disk as
+        soon as it is judged, as it was when each had its own open; a kill leaves no line half
+        written by a buffer's flush."""
+        if self._rejects_file is None:
+            file = open(self._rejects_path, "ab", buffering=0)  # noqa: SIM115
+            try:
+                self._rejects_size = file.seek(0, os.SEEK_END)
+            except BaseException:
+                file.close()
+                raise
+            self._rejects_file = file
+        return self._rejects_file
 
     @property
     def lines_judged(self) -> int:

@@ -4,6 +4,7 @@ read without a line break), and export checks every pass."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -17,8 +18,10 @@ import orjson
 import pytest
 
 from shardrun.errors import SpecError
+from shardrun.inputs import InputPlan, InputReader, Reject
 from shardrun.manifest import RunOn, file_digest, input_at_start, prefix_digests, run_on
 from shardrun.resume import check_input
+from shardrun.worksource import duplicate_reason
 from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
 
 RUNS = ("--runs-dir", "runs", "--quiet")
@@ -602,6 +605,34 @@ def _rejects_file_size_limit() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (12_000, 12_000))
 
 
+def _stopped_by_the_rejects_file_size_limit(tmp_path: Path, shards: int = 2) -> Path:
+    """Run job.yaml over input.jsonl under RLIMIT_FSIZE 12,000: it stops at rejects.jsonl,
+    whose lines are then lines 1 to N of the rejects, whole and in order. Its run directory."""
+    write_job(tmp_path / "job.yaml", shards=shards)
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    stopped = subprocess.run([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                              "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=120,
+                             preexec_fn=_rejects_file_size_limit)
+    assert stopped.returncode == 1 and "rejects.jsonl: file too large" in stopped.stderr, (
+        stopped.stderr)
+    return only_run(tmp_path / "runs")
+
+
+def _resumed_rejects_once(tmp_path: Path, path: Path, bad: list[int]) -> None:
+    """Resume the stopped run with no file size limit: it counts as earlier rejects what
+    rejects.jsonl holds, and every line in `bad` is in exactly one rejects file."""
+    first = len((path / "rejects.jsonl").read_bytes().splitlines())
+    assert 0 < first < len(bad)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                      cwd=tmp_path)
+    assert "Traceback" not in resumed.stderr, resumed.stderr
+    assert f"earlier rejects    {first} input lines" in resumed.stdout, resumed.stdout
+    rejected = Counter(orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
+                       for line in f.read_bytes().splitlines())
+    assert rejected == Counter(bad)
+
+
 def test_a_reject_the_disk_had_no_room_for_is_judged_again_by_the_resume(tmp_path: Path) -> None:
     """A pass stopped by a full disk under rejects.jsonl recorded the line whose reject it
     could not write as read: the resume took it as judged, so that reject was in no file and
@@ -610,20 +641,74 @@ def test_a_reject_the_disk_had_no_room_for_is_judged_again_by_the_resume(tmp_pat
     lines = [b"{not json %d" % n for n in range(200)]
     lines += [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(5)]
     (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    write_job(tmp_path / "job.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    stopped = subprocess.run([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
-                              "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL, timeout=120,
-                             preexec_fn=_rejects_file_size_limit)
+    path = _stopped_by_the_rejects_file_size_limit(tmp_path)
+    _resumed_rejects_once(tmp_path, path, list(range(1, 201)))
+
+
+@pytest.mark.parametrize("long_duplicate", [False, True])
+def test_no_line_past_the_first_reject_the_disk_had_no_room_for_is_read(
+        tmp_path: Path, long_duplicate: bool) -> None:
+    """Four shards' hand-outs read the input: one failed at the rejects file, and only raised
+    when its shard next spoke; the others read on and wrote rejects meanwhile, each failure
+    noting its own line. Lines between the first failed reject and the last were in no file
+    (the manifest's lines_read past them), or, when the failed reject was a long one (a
+    duplicate id of 700 characters) and shorter ones after it fit, written again by the
+    resume. The first failure stops the source: no line past it is read or written."""
+    long_id = "L" * 700
+    lines = [orjson.dumps({"id": long_id if n == 0 and long_duplicate else f"a{n}",
+                           "prompt": "p"}) for n in range(20)]
+    lines += [b"{not json %d" % n for n in range(300)]
+    lines += [orjson.dumps({"id": f"z{n}", "prompt": "p"}) for n in range(20)]
+    given = tmp_path / "input.jsonl"
+    given.write_bytes(b"\n".join(lines) + b"\n")
+    if long_duplicate:
+        # The duplicate goes where a short reject would still fit, and so would the next one,
+        # but its own (naming the 700-character id twice) does not: after it fails, shorter
+        # rejects fit again (the rejects file's records, as WorkSource writes them).
+        (bad,) = itertools.islice((e for e in InputReader(given, InputPlan()).entries(False)
+                                   if isinstance(e, Reject)), 1)
+
+        def size(line: int, reason: str = bad.reason, **named: str) -> int:
+            return len(orjson.dumps({"line": line, "reason": reason, "path": str(given),
+                                     **named})) + 1
+
+        at, room = 21, 12_000
+        while size(at) + size(at + 1) <= room:
+            room -= size(at)
+            at += 1
+        assert size(at, duplicate_reason(long_id), id=long_id) > room >= size(at + 1)
+        lines[at - 1] = orjson.dumps({"id": long_id, "prompt": "p"})
+        given.write_bytes(b"\n".join(lines) + b"\n")
+    path = _stopped_by_the_rejects_file_size_limit(tmp_path, shards=4)
+    written = [orjson.loads(line)["line"]
+               for line in (path / "rejects.jsonl").read_bytes().splitlines()]
+    assert written == list(range(21, 21 + len(written)))
+    _resumed_rejects_once(tmp_path, path, list(range(21, 321)))
+
+
+def test_a_rejects_file_that_cannot_be_opened_leaves_its_reject_to_the_resume(
+        tmp_path: Path) -> None:
+    """A directory where the resume's rejects file goes: its open failed outside the
+    bookkeeping of a failed write, so the pass counted the reject, recorded the lines past it
+    as read, and the next resume took lines 4 and 5 as earlier rejects no file held. The
+    open is a write that failed: the pass records the lines before the reject (3) as read."""
+    lines = [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(3)]
+    lines += [b"{not json 4", b"{not json 5", orjson.dumps({"id": "g6", "prompt": "p"})]
+    (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--limit", "2", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
     path = only_run(tmp_path / "runs")
-    assert stopped.returncode == 1 and "rejects.jsonl: file too large" in stopped.stderr, (
-        stopped.stderr)
-    first = len((path / "rejects.jsonl").read_bytes().splitlines())
-    assert 0 < first < 200
-    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
-                      cwd=tmp_path)
-    assert f"earlier rejects    {first} input lines" in resumed.stdout, resumed.stdout
+    (path / "rejects.r1.jsonl").mkdir()
+    stopped = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert stopped.returncode == 1 and "rejects.r1.jsonl: is a directory" in stopped.stderr, (
+        stopped.stdout + stopped.stderr)
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    assert manifest["resumes"][-1]["input"]["lines_read"] == 3
+    (path / "rejects.r1.jsonl").rmdir()
+    resumed = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert "Traceback" not in resumed.stderr and "earlier rejects" not in resumed.stdout, (
+        resumed.stdout + resumed.stderr)
     rejected = Counter(orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
                        for line in f.read_bytes().splitlines())
-    assert rejected == Counter(range(1, 201))
+    assert rejected == Counter([4, 5])
