@@ -487,17 +487,28 @@ def _refuse_lone_crs(path: Path, file: IO[bytes]) -> None:
                          "new file in input.path")
 
 
+CR_PIECES = 5
+"""The CR-separated pieces of text `_ends_record_at_cr` looks at for a whole record."""
+
+
 def _ends_record_at_cr(text: bytes) -> bool:
-    """Whether JSON lines text ends a record at a CR: what is before its first CR (but a BOM
-    and blank space) is one JSON object. A CR inside a record is JSON whitespace, and no line
-    break: a line holding one is read as any other."""
-    before, cr, _ = text.removeprefix(BOM).lstrip(b" \t\r").partition(b"\r")
-    if not cr:
+    """Whether JSON lines text ends records at CRs: it holds a CR, and one of its first
+    `CR_PIECES` CR-separated pieces (but a BOM and blank space) is one JSON object. A CR inside
+    a record is JSON whitespace, and no line break: a line holding one is read as any other.
+    Not only the piece before the first CR: a file of lone-CR line ends whose first record is
+    malformed is such a file all the same (read as one line, one reject)."""
+    pieces = text.removeprefix(BOM).lstrip(b" \t\r").split(b"\r", CR_PIECES)
+    if len(pieces) < 2:
         return False
-    try:
-        return isinstance(orjson.loads(before), dict)
-    except orjson.JSONDecodeError:
-        return False
+    for piece in pieces[:CR_PIECES]:
+        if not piece.strip(b" \t").startswith(b"{"):
+            continue  # no object: not worth a parse
+        try:
+            if isinstance(orjson.loads(piece), dict):
+                return True
+        except orjson.JSONDecodeError:
+            continue
+    return False
 
 
 def _ends_with(file: IO[bytes], end: bytes) -> bool:

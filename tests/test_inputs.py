@@ -464,6 +464,28 @@ def test_json_lines_ending_with_lone_crs_are_one_input_error(tmp_path: Path, fmt
     assert len(read_all(csv, InputPlan(format="csv"))) == 2
 
 
+def test_lone_cr_line_ends_after_a_malformed_first_record_are_still_refused(
+        tmp_path: Path) -> None:
+    """Only the text before the first CR was tried as a record: a file of lone-CR line ends
+    whose first record is malformed was read as one line, the whole file one reject "not valid
+    JSON". Any of the first few CR-separated pieces that is a record marks the CRs as line
+    ends: the file is refused, and a line that holds such CRs after LF-ended lines gets the
+    hint; a CR inside a record (no piece a record) still reads as whitespace."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id":"a","prompt":"p"\r{"id":"b","prompt":"q"}\r'
+                     b'{"id":"c","prompt":"r"}\r')
+    with pytest.raises(InputError, match="ends its lines with a lone CR"):
+        InputReader(path, InputPlan())
+    path.write_bytes(b'{"id":"z","prompt":"p"}\n{"id":"a","prompt":"p"\r'
+                     b'{"id":"b","prompt":"q"}\r{"id":"c","prompt":"r"}\n')
+    got = read_all(path, InputPlan())
+    assert len(got) == 2 and isinstance(got[1], Reject), got
+    assert "the line holds a lone CR" in got[1].reason
+    path.write_bytes(b'{"id":"a",\r"meta":[1,\r2],\r"prompt":"%s"}\n{"id":"b","prompt":"q"}\n'
+                     % (b"y" * 70_000))
+    assert [e["id"] for e in read_all(path, InputPlan()) if isinstance(e, dict)] == ["a", "b"]
+
+
 def test_a_cr_inside_a_json_record_is_whitespace_not_a_lone_cr_line_end(tmp_path: Path) -> None:
     """A raw CR is JSON whitespace: a first line longer than 64 KiB holding one (its first
     64 KiB then hold a CR and no LF) was refused as a file of lone-CR line ends, by validate, a
