@@ -3,9 +3,11 @@
 An item counts as finished for the coordinator only once its line has been handed to the OS:
 ids go into `fin_*` when their line is written to the buffer, and leave in a report only after
 a successful flush. Nothing reaches the files between flushes, and a flush writes the event log
-before the results and dead letters, so a line on disk has its events on disk too (unless
-the event log's write failed: a full disk). A write or flush that fails calls `on_error` and
-keeps those ids back, so the coordinator still holds their items.
+before the results and dead letters, so a line the OS holds has its events there too (unless
+the event log's write failed: a full disk), whatever kills the process. The fsyncs come after
+all three writes, so after a power cut a results line may have reached the disk without its
+events; a resume still counts its item once (by the results line). A write or flush that fails
+calls `on_error` and keeps those ids back, so the coordinator still holds their items.
 """
 
 from __future__ import annotations
