@@ -81,10 +81,15 @@ def _mistyped_command(word: str) -> str | None:
 def _shadowed(prog: str) -> str:
     """A job file named as the command that just failed (`shardrun report`, with ./report a
     job): the command word wins, so say how to run the file."""
-    command = prog.rpartition(" ")[2]
+    hint = _run_the_file(prog.rpartition(" ")[2])
+    return f"; {hint}" if hint else ""
+
+
+def _run_the_file(command: str) -> str:
+    """How to run the job file ./COMMAND, when there is one the command word hides."""
     if command == "run" or command not in SUBCOMMANDS or not os.path.isfile(command):
         return ""
-    return f"; to run the job file ./{command}, give `shardrun run {command}`"
+    return f"to run the job file ./{command}, give `shardrun run {command}`"
 
 
 def whole_number(text: str) -> int:
@@ -201,9 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "sim":
         _command_signals(run=False)  # the simulator stops on SIGTERM in its own way
-        if os.path.isfile("sim"):  # the command word wins, as for every command (`_shadowed`)
-            print("note: `shardrun sim` starts the simulator; to run the job file ./sim, give "
-                  "`shardrun run sim`", file=sys.stderr)
+        if hint := _run_the_file("sim"):  # the command word wins, as for every command
+            print(f"note: `shardrun sim` starts the simulator; {hint}", file=sys.stderr)
         from shardrun.sim import main as sim_main
 
         return sim_main(args_list[1:])
