@@ -33,9 +33,12 @@ from shardrun.report._rundir import (
     FoldOptions,
     LoadedRun,
     event_files,
+    foreign_text,
     load_run,
     run_state,
     segment_of,
+    unlogged_text,
+    where_it_went,
 )
 from shardrun.report._scan import FileScan
 
@@ -218,7 +221,12 @@ def _altered(loaded: LoadedRun) -> str | None:
                 "the run")
     missing = loaded.missing_files()
     if missing:
-        return f"{missing[0]} is listed in the manifest but missing from the run directory"
+        return (f"{missing[0]} is listed in the manifest but missing from the run directory"
+                + where_it_went(missing[0], loaded.path))
+    if unlogged := loaded.unlogged_files():
+        return unlogged_text(unlogged[0], loaded.path)
+    if foreign := loaded.foreign_files():
+        return foreign_text(*foreign[0], loaded.manifest.get("run_id"))
     added = loaded.unlisted_files()
     if added:
         return (f"{added[0]} is not in the manifest's list of the run's files, though the pass "
@@ -369,7 +377,8 @@ def _check_file_set(sample: dict[str, Any], run_dir: Path) -> None:
         if path not in present:
             twin = next((p for p, full in present.items() if p not in named
                          and _sha(full) == rec["sha256"]), None)
-            hint = f"; {twin} has its SHA-256 (renamed?)" if twin else ""
+            hint = (f"; {twin} has its SHA-256 (renamed?)" if twin
+                    else where_it_went(path, run_dir))
             raise VerifyError(f"{path} named in the sample is missing from {run_dir}{hint}")
     extra = sorted(set(present) - set(named))
     if extra:

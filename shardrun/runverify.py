@@ -28,7 +28,15 @@ from shardrun._ellipsis import counted
 from shardrun.manifest import listed_file, pass_reads, prefix_digests, read_manifest
 from shardrun.outpath import is_run_file
 from shardrun.provenance import VerifyError
-from shardrun.report._rundir import LoadedRun, event_files, map_files, run_state
+from shardrun.report._rundir import (
+    LoadedRun,
+    event_files,
+    first_run_id,
+    foreign_text,
+    map_files,
+    run_state,
+    unlogged_text,
+)
 from shardrun.report._scan import FileScan, scan_file
 from shardrun.resume import PASS_LOCK, in_use, pass_of
 
@@ -169,19 +177,41 @@ def _check(run_dir: Path, manifest: dict[str, Any], crashed: bool,
             _count(out, found[moved[rel]])
         else:
             _compare(out, found[rel], rec, crashed)
+    ours = set(listed)  # the files that are the run's: listed, or a crashed pass's
     for rel in unlisted:
         if rel in moved.values():
             continue
         by = _written_by(rel)
         if crashed and listed_by < by <= newest:  # each pass since the list crashed
             _crashed_file(out, found[rel])
+            ours.add(rel)
         else:
             twin = next((r for r, rec in listed.items() if found[r].missing
                          and rec["sha256"] == found[rel].scan.sha256), None)
             how = (f"it has the SHA-256 the manifest records for {twin}, which is gone: renamed "
                    "or moved" if twin else "added, or renamed")
             out.problems.append(f"{rel} is in the run directory but not in the manifest ({how})")
+    out.problems += _not_this_runs(run_dir, manifest, present, ours)
     return out
+
+
+def _not_this_runs(run_dir: Path, manifest: dict[str, Any], present: dict[str, int],
+                   ours: set[str]) -> list[str]:
+    """Event logs that no list names and that are gone though their shard wrote results, or
+    that hold another run's events: what a crashed pass's files cannot be compared with.
+    `ours`: the run's files (listed, or a crashed pass's); an added one is no shard's."""
+    problems = []
+    for rel in sorted(p for p in ours if p.startswith(("results/", "dead/"))):
+        log = "events/" + PurePosixPath(rel).name
+        if (PurePosixPath(rel).parent.name in ("results", "dead") and log not in present
+                and log not in ours and unlogged_text(log, run_dir) not in problems):
+            problems.append(unlogged_text(log, run_dir))
+    mine = manifest.get("run_id")
+    for rel in sorted(p for p in present if p.startswith("events/")):
+        theirs = first_run_id(run_dir / rel)
+        if isinstance(mine, str) and theirs is not None and theirs != mine:
+            problems.append(foreign_text(rel, theirs, mine))
+    return problems
 
 
 def _listed_by(manifest: dict[str, Any]) -> int:

@@ -6,6 +6,7 @@ the older one (a `last_token` line per attempt), whose samples must stay verifia
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 from conftest import FAST_SIM, run_cli, write_input, write_job
 from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
@@ -37,6 +39,7 @@ from shardrun.provenance import (
     publish,
     verify,
 )
+from shardrun.runverify import verify_run
 
 M = B // 60
 WAIT_S = 60.0  # a hang guard, not a timing assertion
@@ -680,3 +683,78 @@ def test_a_sample_through_a_link_to_standard_output_reaches_the_pipe(tmp_path: P
     first, second = done.stdout.decode().split("\n{")  # printed, as ever, then written
     assert orjson.loads(first) == orjson.loads("{" + second)
     assert out.is_symlink() and os.readlink(out) == "/proc/self/fd/1"
+
+
+def _killed_run(tmp_path: Path) -> Path:
+    """A real run of two shards killed -9 mid-way: its manifest lists no files."""
+    write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                             "--run-id", "killed", "--rpm", "1200", "--quiet"], cwd=tmp_path,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    run = tmp_path / "runs" / "killed"
+    deadline = time.monotonic() + WAIT_S
+    # Both shards have answered something, so each has its three files.
+    while sum(p.stat().st_size > 0 for p in run.glob("results/shard-*.jsonl")) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never answered"
+        time.sleep(0.05)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=WAIT_S)
+    psutil.wait_procs(children, timeout=WAIT_S)
+    assert "files" not in orjson.loads((run / "manifest.json").read_bytes())
+    return run
+
+
+def test_a_killed_run_copied_without_a_shard_log_or_with_another_runs_is_refused(
+        tmp_path: Path) -> None:
+    """A killed run lists no files, so the manifest cannot say a log is gone or foreign. A
+    copy that left a shard's log out (or gzip'ed it) would publish, verify and report half the
+    run; one with another run's log copied in would pass that run's figure off as this one's.
+    The shard's results file says its log was written; the log's lines name their run."""
+    run = _killed_run(tmp_path)
+    _, sample = publish(run)
+    assert verify(sample).startswith("ok: run killed minute ")
+    other = tmp_path / "other"
+    other.mkdir()
+    write_input(other / "input.jsonl", 20)
+    write_job(other / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "other", "--quiet",
+                   cwd=other).returncode == 0
+
+    gone = tmp_path / "gone"
+    shutil.copytree(run, gone)
+    log = gone / "events" / "shard-01.jsonl"
+    (gone / "events" / "shard-01.jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+    log.unlink()
+    lacks = (r"events/shard-01\.jsonl is missing from the run directory, though its shard "
+             r"wrote results/shard-01\.jsonl and dead/shard-01\.jsonl: its figures would be "
+             r"left out \(a copy that left it out, or a deleted log; put it back\); "
+             r"events/shard-01\.jsonl\.gz is there: decompress it")
+    with pytest.raises(PublishError, match=f"^{lacks}"):
+        publish(gone, out=tmp_path / "gone.json")
+    with pytest.raises(VerifyError, match=r"^events/shard-01\.jsonl named in the sample is "
+                                          r"missing from .*; events/shard-01\.jsonl\.gz is there"):
+        verify(sample, gone)
+    report = run_cli("report", str(gone), cwd=tmp_path)
+    assert report.returncode == 1 and re.search(lacks, report.stdout), report.stdout
+    with pytest.raises(VerifyError, match=f"does not match its manifest.*\n  {lacks}"):
+        verify_run(gone)
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(run, foreign)
+    shutil.copy(other / "runs" / "other" / "events" / "shard-00.jsonl",
+                foreign / "events" / "shard-00.jsonl")
+    theirs = (r"events/shard-00\.jsonl holds events of run 'other', not of run 'killed' \(its "
+              r"first line says so\): a log copied in from another run; put back this run's own")
+    with pytest.raises(PublishError, match=f"^{theirs}; refusing"):
+        publish(foreign, out=tmp_path / "foreign.json")
+    with pytest.raises(VerifyError, match=f"^{theirs}$"):
+        verify(_forge(foreign, sample), foreign)
+    report = run_cli("report", str(foreign), cwd=tmp_path)
+    assert report.returncode == 1 and re.search(theirs, report.stdout), report.stdout
+    with pytest.raises(VerifyError, match=f"does not match its manifest.*\n  {theirs}$"):
+        verify_run(foreign)
+    assert verify_run(run).startswith("ok, as far as a crashed run can be checked")

@@ -21,9 +21,12 @@ from shardrun.report._html import HtmlExtraMissing, write_html
 from shardrun.report._rundir import (
     FoldOptions,
     LoadedRun,
+    foreign_text,
     load_run,
     run_state,
     standing_dead_letters,
+    unlogged_text,
+    where_it_went,
 )
 from shardrun.report._scan import FileScan
 from shardrun.report._text import format_report
@@ -62,7 +65,19 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["integrity"]["missing_files"] = missing
         doc["integrity"]["ok"] = False
         doc["notes"] += [f"{p}: listed in the manifest but missing from the run directory, so "
-                         "its figures are not in this report" for p in missing]
+                         f"its figures are not in this report{where_it_went(p, run_dir)}"
+                         for p in missing]
+    # A crashed pass lists no files: its shards' results say which logs it wrote.
+    if unlogged := loaded.unlogged_files():
+        doc["integrity"]["unlogged_files"] = unlogged
+        doc["integrity"]["ok"] = False
+        doc["notes"] += [unlogged_text(p, run_dir) for p in unlogged]
+    # A log of another run would count its spans as this run's.
+    if foreign := loaded.foreign_files():
+        doc["integrity"]["foreign_files"] = [p for p, _ in foreign]
+        doc["integrity"]["ok"] = False
+        doc["notes"] += [foreign_text(p, theirs, manifest.get("run_id"))
+                         for p, theirs in foreign]
     # One it does not list, though its pass had ended, adds figures no pass wrote (a copy).
     if added := loaded.unlisted_files():
         doc["integrity"]["added_files"] = added
@@ -103,6 +118,12 @@ def integrity_problem(doc: dict[str, Any]) -> str | None:
     if missing := doc["integrity"].get("missing_files"):
         more = f" (and {len(missing) - 1:,} more)" if len(missing) > 1 else ""
         return f"{missing[0]}{more} is listed in the manifest but missing from the run directory"
+    for key, what in (("unlogged_files", "is missing from the run directory, though its "
+                       "shard wrote results or dead letters"),
+                      ("foreign_files", "holds events of another run")):
+        if found := doc["integrity"].get(key):
+            more = f" (and {len(found) - 1:,} more)" if len(found) > 1 else ""
+            return f"{found[0]}{more} {what}"
     for f in doc["integrity"]["files"]:
         if f["checkpoint_error"]:
             return f"{f['path']}: checkpoint check failed at {f['checkpoint_error']}"

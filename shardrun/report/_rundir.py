@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from shardrun import event_names as events
 from shardrun.aggregate import (
     MINUTES_ONLY_EVENTS,
@@ -99,9 +101,13 @@ class LoadedRun:
         ended: the list names every file of the run as the last pass to end left it, so such
         a file was added since (a copied log counts its spans twice), or renamed. A pass that
         has not ended (running, or crashed) wrote files of its own that no list names yet."""
+        return [s.path for s in self.scans if self._added(s.path)]
+
+    def _added(self, rel: str) -> bool:
+        """Whether the manifest's list should name `rel` and does not."""
         files = self.manifest.get("files")
         if not isinstance(files, list):
-            return []
+            return False
         resumes = self.manifest.get("resumes")
         newest = len(resumes) if isinstance(resumes, list) else 0
         if self.manifest.get("status") != "running" and self.manifest.get("ended_at"):
@@ -110,8 +116,7 @@ class LoadedRun:
             last = max((at for at, *_ in pass_reads(self.manifest)), default=-1)
         listed = {f.get("path") for f in files if isinstance(f, dict)}
         # A pass the manifest has no record of (`.r9` of a run of two passes) wrote nothing.
-        return [s.path for s in self.scans if s.path not in listed
-                and not last < segment_of(Path(s.path)) <= newest]
+        return rel not in listed and not last < segment_of(Path(rel)) <= newest
 
     def missing_files(self) -> list[str]:
         """Event files the manifest lists that are not in the run directory: their figures
@@ -120,6 +125,63 @@ class LoadedRun:
         return sorted(p for f in self.manifest.get("files") or [] if isinstance(f, dict)
                       and isinstance(p := f.get("path"), str) and p.startswith("events/")
                       and p not in present)
+
+
+    def unlogged_files(self) -> list[str]:
+        """Shard event files missing from `events/` whose shard's results or dead-letter file
+        is there (a shard opens its log first): a crashed pass lists no files, so without this
+        a copy that left a log out, or a log deleted, would drop its figures unsaid."""
+        present = {scan.path for scan in self.scans} | set(self.missing_files())
+        out = {f"events/{p.name}" for sub in ("results", "dead")
+               for p in (self.path / sub).glob("shard-*.jsonl")
+               if not self._added(f"{sub}/{p.name}")}  # an added file is no shard's
+        return sorted(out - present)
+
+    def foreign_files(self) -> list[tuple[str, str]]:
+        """Event files whose first line names another run than the manifest, with that run:
+        a log copied in from another run, whose figures would be counted as this run's."""
+        mine = self.manifest.get("run_id")
+        out = []
+        for scan in self.scans:
+            theirs = first_run_id(self.path / scan.path)
+            if isinstance(mine, str) and theirs is not None and theirs != mine:
+                out.append((scan.path, theirs))
+        return out
+
+
+def first_run_id(path: Path) -> str | None:
+    """The `run_id` of a file's first line, or None (no whole first line, or no run id)."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(1 << 16)
+        rec = orjson.loads(line)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    got = rec.get("run_id") if isinstance(rec, dict) else None
+    return got if isinstance(got, str) else None
+
+
+def where_it_went(rel: str, run_dir: Path) -> str:
+    """A hint for an event file that is gone: a compressed copy of it beside, if any."""
+    for ext in (".gz", ".zst", ".xz", ".bz2"):
+        if (run_dir / (rel + ext)).exists():
+            return (f"; {rel}{ext} is there: decompress it (keeping its name {Path(rel).name})"
+                    " and run this again")
+    return ""
+
+
+def unlogged_text(rel: str, run_dir: Path) -> str:
+    name = rel.removeprefix("events/")
+    wrote = " and ".join(f"{sub}/{name}" for sub in ("results", "dead")
+                         if (run_dir / sub / name).exists())
+    return (f"{rel} is missing from the run directory, though its shard wrote {wrote}: its "
+            "figures would be left out (a copy that left it out, or a deleted log; put it "
+            f"back){where_it_went(rel, run_dir)}")
+
+
+def foreign_text(rel: str, theirs: str, mine: Any) -> str:
+    return (f"{rel} holds events of run {theirs!r}, not of run {mine!r} (its first line says "
+            "so): a log copied in from another run; put back this run's own")
 
 
 def shard_files(run_dir: Path) -> list[Path]:
