@@ -413,6 +413,11 @@ def _last_line(run: Path, sample: Path) -> None:
     log.write_bytes(data[:-10] + (b"0" if data[-10:-9] != b"0" else b"1") + data[-9:])
 
 
+def _crlf(run: Path, sample: Path) -> None:
+    log = run / "events" / "shard-00.jsonl"
+    log.write_bytes(log.read_bytes().replace(b"\n", b"\r\n"))
+
+
 TAMPERS = [
     ("flipped byte", _flip, "events/shard-00.jsonl does not match the sample",
      "a byte changed between line"),
@@ -460,6 +465,8 @@ TAMPERS = [
      "it was published writes files of its own"),
     ("emptied file", _emptied, "events/shard-01.jsonl does not match the sample: SHA-256 ",
      "; the file is empty now: it was truncated or replaced"),
+    ("line endings converted", _crlf, "events/shard-00.jsonl does not match the sample",
+     "whose lines end in CR LF where the log wrote LF: a copy converted its line endings"),
     ("wrong run", _other_run, f"the sample is for run '{RUN_ID}'", "holds run 'another-run'"),
 ]
 
@@ -758,3 +765,33 @@ def test_a_killed_run_copied_without_a_shard_log_or_with_another_runs_is_refused
     with pytest.raises(VerifyError, match=f"does not match its manifest.*\n  {theirs}$"):
         verify_run(foreign)
     assert verify_run(run).startswith("ok, as far as a crashed run can be checked")
+
+
+def test_a_run_copied_with_its_line_endings_converted_says_so_and_how_to_undo_it(
+        tmp_path: Path) -> None:
+    """A copy through Windows (or git's autocrlf) ends every line in CR LF: every hash differs,
+    and verify says that is why, not 'a byte changed between line 1 and line N'; stripping the
+    CRs, as it says, gives the run's bytes back and the sample verifies."""
+    write_input(tmp_path / "input.jsonl", 40)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", "--quiet",
+                   cwd=tmp_path).returncode == 0
+    run = tmp_path / "runs" / "r1"
+    _, sample = publish(run)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    logs = sorted(copy.glob("events/*.jsonl"))
+    for log in logs:
+        log.write_bytes(log.read_bytes().replace(b"\n", b"\r\n"))
+    said = ("does not match the bytes before it, whose lines end in CR LF where the log wrote "
+            "LF: a copy converted its line endings (a Windows copy, git's autocrlf); copy it "
+            "again byte for byte, or strip the CRs (sed -i 's/\\r$//' FILE)")
+    with pytest.raises(VerifyError, match=re.escape(said)):
+        verify(sample, copy)
+    with pytest.raises(PublishError, match=re.escape(said)):
+        publish(copy, out=tmp_path / "copy.json")
+    report = run_cli("report", str(copy), cwd=tmp_path)
+    assert report.returncode == 1 and said in report.stderr, report.stderr
+    for log in logs:
+        log.write_bytes(log.read_bytes().replace(b"\r\n", b"\n"))
+    assert verify(sample, copy).startswith("ok: run r1 minute ")

@@ -132,6 +132,13 @@ class _Hasher:
             self._fail(f"line {lines_before + 1}: checkpoint counts {claimed_lines} lines before "
                        f"it but the file has {lines_before}: a line was {what} between line "
                        f"{prev + 1} and line {lines_before + 1}")
+        elif claimed_sha != actual and bytes(line[-1:]) == b"\r":
+            # The log writes none: a copy turned each newline into CR LF (Windows, autocrlf).
+            self._fail(f"line {lines_before + 1}: checkpoint SHA-256 {claimed_sha[:12]}… does "
+                       "not match the bytes before it, whose lines end in CR LF where the log "
+                       "wrote LF: a copy converted its line endings (a Windows copy, git's "
+                       "autocrlf); copy it again byte for byte, or strip the CRs (sed -i "
+                       "'s/\\r$//' FILE)")
         elif claimed_sha != actual:
             self._fail(f"line {lines_before + 1}: checkpoint SHA-256 {claimed_sha[:12]}… does "
                        f"not match the bytes before it ({actual[:12]}…): a byte changed "
