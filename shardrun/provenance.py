@@ -356,8 +356,8 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     part = " (a partial minute: the run did not cover all of it)" if sample["partial"] else ""
     tail = unproven(loaded, _sample_minute(sample))
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
-            f"{sample['completion_tokens']:,} completion tokens from {sample['spans']:,} spans "
-            f"on {counted(len(sample['per_shard']), 'shard')}; "
+            f"{counted(sample['completion_tokens'], 'completion token')} from "
+            f"{counted(sample['spans'], 'span')} on {counted(len(sample['per_shard']), 'shard')}; "
             f"{counted(len(sample['files']), 'event file')} ({size:,} bytes) match their "
             "SHA-256; the figure and its counted lines recompute"
             + ("" if tail is None else f"; but {tail}"))

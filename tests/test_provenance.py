@@ -795,3 +795,20 @@ def test_a_run_copied_with_its_line_endings_converted_says_so_and_how_to_undo_it
     for log in logs:
         log.write_bytes(log.read_bytes().replace(b"\r\n", b"\n"))
     assert verify(sample, copy).startswith("ok: run r1 minute ")
+
+
+def test_a_run_of_one_item_publishes_its_one_span(tmp_path: Path) -> None:
+    """One item: the sample's figure is that span's tokens, and verify says '1 span'."""
+    write_input(tmp_path / "input.jsonl", 1)
+    write_job(tmp_path / "job.yaml")
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "one", "--quiet",
+                   cwd=tmp_path).returncode == 0
+    run = tmp_path / "runs" / "one"
+    [end] = [e for p in run.glob("events/shard-*.jsonl") for line in p.read_bytes().splitlines()
+             if (e := orjson.loads(line))["ev"] == "attempt_end"]
+    sample, path = publish(run)
+    assert (sample["spans"], sample["completion_tokens"]) == (1, end["completion_tokens"])
+    assert sample["minute"] == minute_label(int(end["last_token_t"] // 60))
+    tokens = end["completion_tokens"]
+    assert f": {tokens:,} completion token{'' if tokens == 1 else 's'} from 1 span on 2 " \
+           "shards; " in verify(path)
