@@ -357,10 +357,19 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     tail = unproven(loaded, _sample_minute(sample))
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{counted(sample['completion_tokens'], 'completion token')} from "
-            f"{counted(sample['spans'], 'span')} on {counted(len(sample['per_shard']), 'shard')}; "
+            f"{counted(sample['spans'], 'span')} on {_shards_text(sample['per_shard'])}; "
             f"{counted(len(sample['files']), 'event file')} ({size:,} bytes) match their "
             "SHA-256; the figure and its counted lines recompute"
             + ("" if tail is None else f"; but {tail}"))
+
+
+def _shards_text(per_shard: list[dict[str, Any]]) -> str:
+    """'2 shards', or for a resumed run, whose every pass has logs of its own, '2 shards
+    (6 shard logs over its passes)'."""
+    shards = {str(s.get("shard")).split(".")[0] for s in per_shard}
+    logs = "" if len(shards) == len(per_shard) else (
+        f" ({counted(len(per_shard), 'shard log')} over its passes)")
+    return counted(len(shards), "shard") + logs
 
 
 def _sample_minute(sample: dict[str, Any]) -> int:

@@ -812,3 +812,40 @@ def test_a_run_of_one_item_publishes_its_one_span(tmp_path: Path) -> None:
     tokens = end["completion_tokens"]
     assert f": {tokens:,} completion token{'' if tokens == 1 else 's'} from 1 span on 2 " \
            "shards; " in verify(path)
+
+
+def test_a_resumed_runs_sample_is_its_passes_spans_counted_once(tmp_path: Path) -> None:
+    """A run in three passes (--limit, --resume --limit, --resume) with retries: the sample's
+    figure is what an independent count of every pass's raw lines gives (ok attempt_end by
+    its last-token minute, its span released ok), and verify names 2 shards, 6 logs."""
+    write_input(tmp_path / "input.jsonl", 90)
+    sim = {**FAST_SIM, "fail_500": 0.2, "drop_mid_stream": 0.1}
+    write_job(tmp_path / "job.yaml", retry={"max_attempts": 4, "backoff_s": 0.001,
+                                            "backoff_max_s": 0.002},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    for flags in (["--run-id", "res", "--limit", "30"], ["--resume", "res", "--limit", "30"],
+                  ["--resume", "res"]):
+        done = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", *flags, cwd=tmp_path)
+        assert done.returncode in (0, 1), done.stderr
+    run = tmp_path / "runs" / "res"
+    tokens: dict[int, int] = {}
+    spans: dict[int, int] = {}
+    for log in run.glob("events/shard-*.jsonl"):
+        ends: dict[str, dict[str, Any]] = {}
+        for line in log.read_bytes().splitlines():
+            rec = orjson.loads(line)
+            if rec["ev"] == "attempt_end" and rec["status"] == "ok":
+                ends[rec["span"]] = rec
+            elif rec["ev"] == "released" and rec["outcome"] == "ok":
+                end = ends[rec["span"]]
+                m = int(end["last_token_t"] // 60)
+                tokens[m] = tokens.get(m, 0) + end["completion_tokens"]
+                spans[m] = spans.get(m, 0) + 1
+    assert sum(spans.values()) == 90 - sum(  # every item once: answered, or dead
+        len(p.read_bytes().splitlines()) for p in run.glob("dead/*.jsonl"))
+    for m in tokens:
+        sample, path = publish(run, minute=minute_label(m), out=tmp_path / f"{m}.json")
+        assert (sample["completion_tokens"], sample["spans"]) == (tokens[m], spans[m])
+        assert len(sample["per_shard"]) == 6
+        assert f" from {spans[m]:,} span{'s' if spans[m] != 1 else ''} on 2 shards (6 shard " \
+               "logs over its passes); 9 event files " in verify(path, run)
