@@ -503,8 +503,11 @@ def finish_manifest(
     """Close the manifest: status, end time, input digest, summary, every file with its hash;
     for a pass that ended by an error instead of a summary, the error (`error`). Its lines read
     are those whose rejects are on record (`lines_judged`, when fewer than the reader read:
-    `WorkSource.lines_judged`), the lines a resume takes as judged."""
+    `WorkSource.lines_judged`), the lines a resume takes as judged. Its bytes read still hold
+    the line after them, read but not judged: how the file's end cut that line off is no
+    judged record's (`run_on`), since the resume judges that line again, as it is then."""
     ended = iso(time.time())
+    judged = reader.lines_read if lines_judged is None else min(lines_judged, reader.lines_read)
     record = manifest["resumes"][-1] if manifest.get("resumes") else manifest
     record["ended_at"] = manifest["ended_at"] = ended
     record["status"] = manifest["status"] = status
@@ -512,10 +515,10 @@ def finish_manifest(
         record["error"] = error
     record["input"] = {
         "path": str(reader.path),
-        "lines_read": reader.lines_read if lines_judged is None else lines_judged,
+        "lines_read": judged,
         "bytes_read": reader.bytes_read,
         "sha256_of_bytes_read": reader.sha.hexdigest(),
-        "open_end": reader.open_end,
+        "open_end": reader.open_end if judged == reader.lines_read else None,
     }
     if summary is not None:
         record["summary"] = summary.as_dict()

@@ -712,3 +712,33 @@ def test_a_rejects_file_that_cannot_be_opened_leaves_its_reject_to_the_resume(
     rejected = Counter(orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
                        for line in f.read_bytes().splitlines())
     assert rejected == Counter([4, 5])
+
+
+def test_text_run_on_into_a_last_line_whose_reject_failed_is_judged_by_the_resume(
+        tmp_path: Path) -> None:
+    """The pass read a last line without a line break, a reject, whose write failed: it
+    recorded the lines before it (3) as read, but that line's open end too, so text added to
+    it since was refused as running on from line 3 (which had its line break) though no pass
+    had judged line 4. The resume judges line 4 as it is now and runs the item added."""
+    lines = [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(3)]
+    given = tmp_path / "input.jsonl"
+    given.write_bytes(b"\n".join([*lines, b"{not json 4"]))
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--limit", "2", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    (path / "rejects.r1.jsonl").mkdir()
+    stopped = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert stopped.returncode == 1 and "rejects.r1.jsonl: is a directory" in stopped.stderr, (
+        stopped.stdout + stopped.stderr)
+    read = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["input"]
+    assert (read["lines_read"], read["open_end"]) == (3, None)
+    (path / "rejects.r1.jsonl").rmdir()
+    given.write_bytes(given.read_bytes() + b" more\n" + orjson.dumps({"id": "g5", "prompt": "p"}))
+    resumed = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert resumed.returncode == 1 and "1 rejected input line" in resumed.stdout, (
+        resumed.stdout + resumed.stderr)  # a rejected line leaves a run failed
+    rejected = [orjson.loads(line)["line"] for f in sorted(path.glob("rejects*.jsonl"))
+                for line in f.read_bytes().splitlines()]
+    assert rejected == [4]
+    assert_exactly_once(Run.load(path), ["g0", "g1", "g2", "g5"])
