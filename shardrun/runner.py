@@ -145,7 +145,10 @@ def run(
 
             # Each pass its own draws: with the seed of the first, a new simulator process would
             # fault the same requests again, and retry-failed could never succeed on it.
-            sim = start_sim(replace(sim_config, seed=sim_config.seed + this.segment))
+            try:
+                sim = start_sim(replace(sim_config, seed=sim_config.seed + this.segment))
+            except RunError as exc:
+                raise RunError(_no_simulator(exc, this)) from None
             base_url = sim.base_url
         gone = None if sim is None else functools.partial(_sim_ended, sim, this.way_on)
         return _run_pass(job, this, reader, Endpoint(base_url, api_key, proxy, gone), argv,
@@ -166,6 +169,14 @@ def run(
             # there is nothing to keep, and a directory without a manifest is no run to
             # resume or report on, yet would refuse its --run-id.
             shutil.rmtree(this.run_dir.path, ignore_errors=True)
+
+
+def _no_simulator(exc: RunError, this: Pass) -> str:
+    """The simulator a sim:// pass starts would not start (`start_sim` says why): the pass
+    stopped before any request, so its way on is as a stop's before it began."""
+    way_on = this.way_on if _leaves_a_run(this) else "run the same command again"
+    return (f"{exc}; the pass stopped before any request: fix what stopped the simulator, "
+            f"then {way_on}")
 
 
 def _undo_unrecorded(this: Pass) -> None:

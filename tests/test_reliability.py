@@ -3259,3 +3259,51 @@ def test_a_reject_that_cannot_be_written_while_handing_out_stops_the_pass(
         f"error: {path.relative_to(tmp_path)}/rejects.r1.jsonl: is a directory; the run stopped "
         "there: make that path usable (a read-only or damaged run directory?), then continue "
         "with --resume"], done.stderr
+
+
+_NO_SIMULATOR = """\
+import os, sys
+if "shardrun.sim" in sys.orig_argv:
+    sys.stderr.write("error: port range exhausted\\n")
+    sys.stderr.flush()
+    os._exit(3)
+"""
+"""A sitecustomize that ends every simulator process before it listens, as a real failure
+would (its own `error:` sentence on stderr, exit 3), and leaves the other processes alone."""
+
+
+def test_a_resume_whose_simulator_will_not_start_says_how_to_resume(tmp_path: Path) -> None:
+    """A resume of a sim:// run whose simulator exited before listening stopped with the
+    simulator's reason and no way on; it ends with the command that resumes the run once the
+    simulator starts, changes no earned result, and that command then finishes the run. A first
+    pass, which leaves no run, says to run the same command again."""
+    ids = write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_NO_SIMULATOR)
+    broken = {"PYTHONPATH": str(tmp_path / "site")}
+    first = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path, env=broken)
+    said = ("error: the simulator exited with status 3 before listening; its stderr ends with: "
+            "error: port range exhausted; the pass stopped before any request: fix what stopped "
+            "the simulator, then ")
+    assert (first.returncode, error_lines(first.stderr, tmp_path)) == (
+        1, [said + "run the same command again"]), first.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    started = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "5", "--quiet", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    path = only_run(tmp_path / "runs")
+    before = sorted(p.name for p in path.rglob("*"))
+    results = Run.load(path).results
+    stopped = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                      cwd=tmp_path, env=broken)
+    assert (stopped.returncode, error_lines(stopped.stderr, tmp_path)) == (
+        1, [said + "continue with --resume"]), stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert sorted(p.name for p in path.rglob("*")) == before
+    assert Run.load(path).results == results
+    command = shlex.split(stopped.stderr.rpartition("continue with `")[2].partition("`")[0])
+    assert command[:2] == ["shardrun", "job.yaml"]
+    resumed = run_cli(*command[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
