@@ -149,9 +149,10 @@ class ChunkReader:
 
         A chunk's choice without a `delta` is read by its `message` (a server that sends its
         whole `chat.completion` as one event, as the answer to a streaming request): ignored,
-        the answer was an empty success. Only while nothing has been read (no piece in
-        `pieces`, no `other_chunks`): a final chunk that repeats the whole message streamed
-        before it (some OpenAI-style streams end so) would add it all a second time.
+        the answer was an empty success. Only while no piece of the answer has been read (in
+        `pieces`): a final chunk that repeats the whole message streamed before it (some
+        OpenAI-style streams end so) would add it all a second time; after other text only
+        (`other_chunks`: reasoning streamed), only its answer, which the stream never sent.
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
@@ -308,10 +309,11 @@ class ChunkReader:
                     first, other, piece = choices[0], False, None
                     if chat:
                         delta = first.get("delta")
-                        if delta is None and not pieces and not self.other_chunks:
-                            # A whole chat.completion sent as an event. Only as the first thing
-                            # read: a final chunk that repeats the message streamed is no more.
-                            delta = first.get("message")
+                        if delta is None and not pieces:
+                            # A whole chat.completion sent as an event. Only while no answer
+                            # was read: a final chunk that repeats the message streamed is no
+                            # more; after other text only (reasoning), its answer is new.
+                            delta = self._whole_message(first.get("message"))
                         if isinstance(delta, dict):
                             piece = delta.get("content")
                             # A plain content delta has one key (two with its role): only a
@@ -354,6 +356,15 @@ class ChunkReader:
             self.bad = payload
             return BAD
         return MORE
+
+    def _whole_message(self, message: object) -> object:
+        """The delta a whole message stands for, read while no piece of the answer was: all of
+        it as the first thing read; after other text only (reasoning, calls, which it repeats),
+        its answer alone (`content_parts`' text of a list), never streamed."""
+        if not self.other_chunks or not isinstance(message, dict):
+            return message
+        content = message.get("content")
+        return {"content": content_parts(content)[0] if type(content) is list else content}
 
     def _other(self, delta: dict[str, Any]) -> bool:
         """Apply a delta's reasoning and tool-call pieces; True if it had any."""

@@ -664,6 +664,22 @@ def test_a_last_chunk_that_repeats_the_whole_message_is_not_added_again(
     assert (out.status, out.reasoning, out.finish_reason) == ("ok", "hm", "stop")
 
 
+@pytest.mark.parametrize("content", [
+    "the answer", [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "the answer"}],
+], ids=["text", "parts"])
+def test_a_last_chunk_with_the_whole_message_after_streamed_reasoning_gives_its_answer(
+        content: object) -> None:
+    """A stream of reasoning deltas only, then a last chunk holding the whole message (its
+    reasoning again and the answer, never streamed): the answer was kept out, since something
+    had been read (the reasoning), and the result was ok with an empty text. The message's
+    answer is read, and its reasoning, streamed already, is not added again."""
+    thought = {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}
+    last = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "reasoning_content": "hm", "content": content}}]}
+    out = run(one(streaming(thought, last, b"[DONE]")))
+    assert (out.status, out.text, out.reasoning) == ("ok", "the answer", "hm")
+
+
 def test_a_done_with_bytes_after_it_ends_the_stream() -> None:
     """`data: [DONE] ` (a space after it): the end of a whole answer, as OpenAI's own clients
     read any payload that starts with [DONE]; it failed the answer as unparseable, retried
