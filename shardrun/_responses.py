@@ -212,17 +212,21 @@ class ResponsesReader:
             call.arguments.append(text)
 
     def take_output(self, response: dict[str, Any]) -> str:
-        """The answer's text of a response object's `output`; its reasoning (the item's own
-        text, or its summary if it shows none), its refusal and its tool calls are taken where
-        the stream has not given them. A call is matched to the stream's by its item or call
+        """The answer's text of a response object's `output` (a message's `content` given as
+        a string, chat's shape, is its text); its reasoning (the item's own text, or its
+        summary if it shows none), its refusal and its tool calls are taken where the stream
+        has not given them. A call is matched to the stream's by its item or call
         id before its place in the output (`_find_call`), which a server may number otherwise
         in the stream."""
         texts, thought, refused = [], [], []
         for index, item in enumerate(response.get("output") or []):
             kind = item.get("type")  # not an object: AttributeError, as in `read`
             if kind == "message":
-                texts += _texts(item.get("content"), "output_text")
-                refused += _texts(item.get("content"), "refusal", "refusal")
+                content = item.get("content")
+                if isinstance(content, str):  # chat's shape, as some gateways send it
+                    texts.append(content)
+                texts += _texts(content, "output_text")
+                refused += _texts(content, "refusal", "refusal")
             elif kind == "reasoning":
                 thought += _texts(item.get("content"), "reasoning_text") or _texts(
                     item.get("summary"), "summary_text")

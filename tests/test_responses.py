@@ -377,6 +377,18 @@ def test_done_ends_a_stream_and_other_events_are_passed_over() -> None:
     assert read_all([stream, [b"[DONE] "]])[:2] == ([MORE, DONE], [])
 
 
+def test_a_message_whose_content_is_a_string_is_read_as_its_text() -> None:
+    """A message item whose `content` is a string (chat's shape, as a gateway that turns chat
+    into this API may send it) where the API has a list of parts: the string is the answer. It
+    was read as no text at all, an ok result with an empty answer, streamed or whole."""
+    said = {**message("x"), "content": "Héllo"}
+    stream = events({"type": "response.completed", "response": response("completed", [said])})
+    codes, pieces, _ = read_all([stream])
+    assert (codes, pieces) == ([DONE], ["Héllo"])
+    assert read_whole_response(orjson.dumps(response("completed", [said])),
+                               ResponsesReader()) == "Héllo"
+
+
 def test_read_whole_response() -> None:
     """A whole response object: its output and usage; a failed one and an error body set the
     error; what is no response gives None."""
