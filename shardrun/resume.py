@@ -278,16 +278,47 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
     elsewhere = ("; a run made in another runs directory is resumed with the --runs-dir (or "
                  "SHARDRUN_RUNS_DIR) that made it")
     if ref == LATEST:
+        begun = _never_begun(runs_dir) if runs_dir.is_dir() else []
         if not runs:
+            if begun:
+                raise SpecError(f"--resume latest: there is no run in {runs_dir} to resume: "
+                                f"{_not_begun(begun[-1])}; run the job again without "
+                                f"--resume, and remove {begun[-1]}")
             raise SpecError(f"--resume latest: there is no run in {runs_dir}{elsewhere}")
         own = [p for p in runs if job_path is not None and _ran(p, job_path)]
-        return max(own or runs, key=lambda p: (_started(p), p.name))
+        latest = max(own or runs, key=lambda p: (_started(p), p.name))
+        if begun and _mtime(begun[-1]) > _mtime(latest / "manifest.json"):
+            print(f"warning: {_not_begun(begun[-1])}, so --resume latest resumes run "
+                  f"{latest.name}, the newest before it; remove {begun[-1]}", file=sys.stderr)
+        return latest
     path = runs_dir / ref
     if not (path / "manifest.json").is_file():
         known = ", ".join(sorted(p.name for p in runs)[-5:]) or "none"
         raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})"
                         f"{elsewhere}")
     return path
+
+
+def _never_begun(runs_dir: Path) -> list[Path]:
+    """Run directories whose first pass was stopped (a kill -9) before it wrote their
+    manifest, oldest first: `RunDir.create`'s subdirectories, no manifest.json, and no pass
+    alive in them (one may be starting there now). Nothing ran in them: a pass starts its
+    shards only once its manifest is written, so no result was earned there."""
+    found = [p for p in runs_dir.iterdir() if (p / "results").is_dir()
+             and not (p / "manifest.json").exists() and not pass_lives(p)]
+    return sorted(found, key=lambda p: (_mtime(p), p.name))
+
+
+def _not_begun(path: Path) -> str:
+    return (f"{path} was stopped before its first pass began (it has no manifest.json; nothing "
+            "ran in it)")
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _ran(run_path: Path, job_path: Path) -> bool:

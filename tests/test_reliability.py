@@ -3307,3 +3307,64 @@ def test_a_resume_whose_simulator_will_not_start_says_how_to_resume(tmp_path: Pa
     resumed = run_cli(*command[1:], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+def _killed_before_its_manifest(tmp_path: Path) -> Path:
+    """kill -9 of a first pass of job.yaml (sim://) while it starts its simulator, before it
+    writes manifest.json (it is held by SIGSTOP first, so it cannot write it meanwhile): the
+    run directory it leaves, with its subdirectories and no manifest."""
+    before = set((tmp_path / "runs").iterdir()) if (tmp_path / "runs").is_dir() else set()
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--quiet")
+    try:
+        deadline = time.monotonic() + WAIT_GUARD_S
+        while not [c for c in psutil.Process(proc.pid).children()
+                   if "shardrun.sim" in c.cmdline()]:
+            assert time.monotonic() < deadline and proc.poll() is None, "no simulator started"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGSTOP)  # in start_sim: the manifest is written after it
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    (left,) = set((tmp_path / "runs").iterdir()) - before
+    assert (left / "results").is_dir() and not (left / "manifest.json").exists()
+    return left
+
+
+def test_resume_latest_names_a_run_killed_before_its_manifest(tmp_path: Path) -> None:
+    """A first pass killed (kill -9) before its manifest was written leaves a run directory
+    in which nothing ran, and `--resume latest` did not see it: with no other run it said there
+    was none, with an older one it resumed that without a word. Either way it now names the
+    directory left, says nothing ran in it and what to do; no result is lost or doubled."""
+    ids = write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    left = _killed_before_its_manifest(tmp_path)
+    alone = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                    cwd=tmp_path)
+    where = Path("runs") / left.name
+    assert (alone.returncode, alone.stderr) == (2, (
+        f"error: --resume latest: there is no run in runs to resume: {where} was stopped "
+        "before its first pass began (it has no manifest.json; nothing ran in it); run the job "
+        f"again without --resume, and remove {where}\n"))
+    shutil.rmtree(left)
+    started = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "5", "--quiet", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    path = only_run(tmp_path / "runs")
+    left = _killed_before_its_manifest(tmp_path)
+    where = Path("runs") / left.name
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr == (
+        f"warning: {where} was stopped before its first pass began (it has no manifest.json; "
+        f"nothing ran in it), so --resume latest resumes run {path.name}, the newest before it; "
+        f"remove {where}\n")
+    assert_exactly_once(Run.load(path), ids)
+    assert list(left.rglob("*.jsonl")) == []
+    # Resumed since, the run is newer than the directory left: nothing more to say of it.
+    again = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
+                    cwd=tmp_path)
+    assert again.returncode == 0 and "warning" not in again.stderr, again.stderr

@@ -598,6 +598,31 @@ def test_resume_latest_passes_over_a_manifest_that_is_no_object(tmp_path: Path) 
     assert find_run(runs, "latest") == runs / "good"
 
 
+def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_begun(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a directory left by a first pass killed before its manifest is said to be one
+    (`test_reliability`'s kill -9): not a run with a manifest, however recent its directory's
+    change, nor one whose first pass is alive in it (holding its gate) and writing it now."""
+    import fcntl
+
+    from shardrun.resume import PASS_LOCK, find_run
+
+    runs = tmp_path / "runs"
+    for name, day in (("old", 1), ("new", 2)):
+        (runs / name / "results").mkdir(parents=True)
+        (runs / name / "manifest.json").write_bytes(b'{"started_at": "2026-01-0%dT00:00:00Z"}'
+                                                    % day)
+        os.utime(runs / name / "manifest.json", ns=(day * 10**18, day * 10**18))
+    os.utime(runs / "old", ns=(3 * 10**18, 3 * 10**18))  # changed after "new" last ended
+    (runs / "starting" / "results").mkdir(parents=True)
+    os.utime(runs / "starting", ns=(4 * 10**18, 4 * 10**18))
+    with open(runs / "starting" / PASS_LOCK, "ab") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        os.utime(runs / "starting", ns=(4 * 10**18, 4 * 10**18))
+        assert find_run(runs, "latest") == runs / "new"
+    assert capsys.readouterr().err == ""
+
+
 def _rejects_file_size_limit() -> None:
     # Room for the manifest (about 7 KB at its largest), not for the rejects of 200 lines.
     import resource
