@@ -198,16 +198,12 @@ class InputReader:
             for raw in iter(functools.partial(self._file.readline, limit + _SLACK), b""):
                 self._count(raw)
                 self.lines_read += 1
-                if len(raw) > limit:  # with its BOM and line break: the record may be no longer
-                    size, rest, cr = _measure(raw)
-                    if rest:
-                        raw = b""  # not held while the rest is read
-                        size = _pass_long_line(self._file, size, cr, self._count)
-                    if size > limit:
-                        if self.keep_records:
-                            self.record = None  # not the line before's (export's input column)
-                        yield Reject(self.lines_read, _too_long(size))
-                        continue
+                # With its BOM and line break: the record may be no longer.
+                if len(raw) > limit and (size := _record_over(self._file, raw, self._count)):
+                    if self.keep_records:
+                        self.record = None  # not the line before's (export's input column)
+                    yield Reject(self.lines_read, _too_long(size))
+                    continue
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
                     if blanks:
@@ -328,45 +324,40 @@ it and a CRLF after is read whole (and one byte more tells a longer one)."""
 
 def bounded_lines(file: IO[bytes]) -> Iterator[bytes | None]:
     """The file's lines, as iterating it gives them, but one whose record is longer than
-    MAX_LINE_BYTES as None, read past in blocks (`_pass_long_line`)."""
+    MAX_LINE_BYTES as None, read past in blocks (`_record_over`)."""
     limit = MAX_LINE_BYTES
     for raw in iter(functools.partial(file.readline, limit + _SLACK), b""):
-        if len(raw) > limit:
-            size, rest, cr = _measure(raw)
-            if rest:
-                raw = b""  # not held while the rest is read
-                size = _pass_long_line(file, size, cr, lambda _: None)
-            if size > limit:
-                yield None
-                continue
+        if len(raw) > limit and _record_over(file, raw, _unread):
+            yield None
+            continue
         yield raw
 
 
-def _measure(raw: bytes) -> tuple[int, bool, bool]:
-    """Of a line read up to MAX_LINE_BYTES + _SLACK bytes: its record's length so far (without
-    a BOM before it or the line break after: the limit is the record's, whatever ends the
-    line), whether the line goes on past what was read, and whether that ends with a CR."""
+def _record_over(file: IO[bytes], raw: bytes, on_bytes: Callable[[bytes], None]) -> int:
+    """Of a line read up to MAX_LINE_BYTES + _SLACK bytes, longer than MAX_LINE_BYTES with its
+    BOM and line break: its record's length (without a BOM before it or the line break after:
+    the limit is the record's, whatever ends the line) if that is over the limit, else 0 (the
+    line is whole in `raw`). A line that goes on past what was read is read past in blocks
+    (`file.readline(CHUNK)`: a line of gigabytes is never held whole), each passed to
+    `on_bytes` after `raw` was."""
     size = len(raw) - (len(BOM) if raw.startswith(BOM) else 0)
-    if raw.endswith(b"\r\n"):
-        return size - 2, False, False
     if raw.endswith(b"\n"):
-        return size - 1, False, False
-    return size, len(raw) == MAX_LINE_BYTES + _SLACK, raw.endswith(b"\r")
+        size -= 2 if raw.endswith(b"\r\n") else 1
+    elif len(raw) == MAX_LINE_BYTES + _SLACK:  # the line goes on
+        cr = raw.endswith(b"\r")
+        while block := file.readline(CHUNK):
+            on_bytes(block)
+            size += len(block)
+            if block[-1:] == b"\n":
+                # The line break: an LF, or a CRLF, the CR maybe the block before's last byte.
+                size -= 2 if block.endswith(b"\r\n") or (block == b"\n" and cr) else 1
+                break
+            cr = block[-1:] == b"\r"
+    return size if size > MAX_LINE_BYTES else 0
 
 
-def _pass_long_line(file: IO[bytes], size: int, cr: bool,
-                    on_bytes: Callable[[bytes], None]) -> int:  # fmt: skip
-    """Read past the rest of a line too long for a record, of which a record of `size` bytes
-    was read (and counted), ending with a CR (`cr`) or not, in blocks passed to `on_bytes`; the
-    whole record's length, without the line break."""
-    while block := file.readline(CHUNK):
-        on_bytes(block)
-        size += len(block)
-        if block[-1:] == b"\n":
-            # The line break: an LF, or a CRLF, the CR maybe the block before's last byte.
-            return size - (2 if block.endswith(b"\r\n") or (block == b"\n" and cr) else 1)
-        cr = block[-1:] == b"\r"
-    return size
+def _unread(_: bytes) -> None:
+    """`_record_over`'s `on_bytes` for a reader that counts no bytes (`bounded_lines`)."""
 
 
 def _too_long(size: int) -> str:
