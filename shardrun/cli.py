@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
 from shardrun.argtypes import path
@@ -27,9 +27,16 @@ SUBCOMMANDS = ("run", "sim", "retry-failed", "validate", "report", "publish", "v
 
 class UsageParser(argparse.ArgumentParser):
     """argparse, but a usage error is one `error:` line (as every other error is, README) with
-    a pointer to --help, not the whole usage block; exit 2. Subcommands inherit the class."""
+    a pointer to --help, not the whole usage block; exit 2. Subcommands inherit the class.
+
+    A long option is taken only in full: argparse's default reads `--con 4` as --concurrency,
+    and a script written so would change meaning the day a new flag shares the prefix."""
 
     _given: list[str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `add_parser` passes none: every subcommand
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -47,7 +54,7 @@ class UsageParser(argparse.ArgumentParser):
 
     def _unknown_options(self) -> list[str]:
         """The words given to this parser that look like options it does not take (as argparse
-        reads them: `--flag=value`, and a long option shortened to a unique prefix)."""
+        reads them: `--flag=value`; a long option is known only in full)."""
         known = [name for action in self._actions for name in action.option_strings]
         unknown = []
         for word in self._given or []:
@@ -56,8 +63,7 @@ class UsageParser(argparse.ArgumentParser):
             name = word.partition("=")[0]
             if not word.startswith("-") or word == "-" or _NUMBER.fullmatch(word):
                 continue
-            if name in known or (name.startswith("--") and sum(
-                    option.startswith(name) for option in known) == 1):
+            if name in known:
                 continue
             unknown.append(word)
         return unknown

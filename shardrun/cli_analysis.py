@@ -176,7 +176,9 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (`python -m shardrun.cli_analysis ...`) until `cli.py` wires these."""
-    parser = argparse.ArgumentParser(prog="shardrun")
+    from shardrun.cli import UsageParser  # long options only in full, as `shardrun`'s
+
+    parser = UsageParser(prog="shardrun")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
     code: int = args.handler(args)

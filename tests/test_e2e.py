@@ -357,14 +357,36 @@ def test_an_unknown_option_alone_is_named_not_the_missing_argument(
     tmp_path: Path, argv: list[str], bad: str, command: str
 ) -> None:
     """`shardrun --bogus` said 'the following arguments are required: JOB.yaml': the flag is
-    the mistake. Known flags (`--shards 2`, or `--shard 2` as argparse shortens) are not named."""
+    the mistake. Known flags (`--shards 2`) are not named."""
     proc = run_cli(*argv, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, (
         f"error: unrecognized arguments: {bad} (`shardrun {command} --help` lists the "
         "arguments)\n"))
-    proc = run_cli("--shard", "2", "--concurrency", "-1", cwd=tmp_path)  # no unknown option
+    proc = run_cli("--shards", "2", "--concurrency", "-1", cwd=tmp_path)  # no unknown option
     assert proc.stderr == ("error: the following arguments are required: JOB.yaml (`shardrun "
                            "run --help` lists the arguments)\n")
+
+
+@pytest.mark.parametrize(("argv", "bad", "command"), [
+    (["job.yaml", "--con", "4"], "--con 4", "run"), (["job.yaml", "--shard=2"], "--shard=2", "run"),
+    (["retry-failed", "runs/x", "--concurrenc", "2"], "--concurrenc 2", "retry-failed"),
+    (["report", "runs/x", "--js"], "--js", "report"),
+    (["export", "runs/x", "--with"], "--with", "export"),
+    (["validate", "job.yaml", "--sho", "1"], "--sho 1", "validate"),
+    (["sim", "--po", "0"], "--po 0", "sim"),
+])  # fmt: skip
+def test_a_long_option_is_taken_only_in_full(
+    tmp_path: Path, argv: list[str], bad: str, command: str
+) -> None:
+    """argparse read `--con 4` as --concurrency 4: a script written so would change meaning, or
+    stop, the day a new flag shares the prefix. Every command, the simulator's included, names
+    a shortened flag as unknown before it reads or starts anything."""
+    write_job(tmp_path / "job.yaml")
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"error: unrecognized arguments: {bad} (`shardrun {command} --help` lists the "
+        "arguments)\n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 
 
 def test_sim_with_a_job_file_named_sim_says_which_one_runs(tmp_path: Path) -> None:

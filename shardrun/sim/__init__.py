@@ -17,7 +17,7 @@ import errno
 import re
 import socket
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shardrun.sim.config import FAULT_KINDS, TEXTS, SimConfig, TokenSpec, parse_tokens
 from shardrun.sim.launcher import SimProcess, start_sim
@@ -31,6 +31,12 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """Long options only in full (as `shardrun`'s own, `cli.UsageParser`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
 
