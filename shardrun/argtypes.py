@@ -24,3 +24,13 @@ def path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty: give a path")
     return Path(text)
+
+
+def job_path(text: str) -> Path:
+    """A job file's path (`run`, `validate`, `--job`): `-`, the usual word for standard input,
+    is refused, since a resume and `retry-failed` read the job file again (`./-` names a file
+    called -)."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("a job cannot be read from standard input (-): give "
+                                         "the job file's path")
+    return path(text)

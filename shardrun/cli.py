@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
-from shardrun.argtypes import path
+from shardrun.argtypes import job_path, path
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
 _NUMBER = re.compile(r"-[0-9.][0-9.e+-]*")  # a negative number argparse takes for a value
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_env_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("job", type=path, metavar="JOB.yaml", help="the job file")
+    run.add_argument("job", type=job_path, metavar="JOB.yaml", help="the job file")
     run.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
     run.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
     run.add_argument("--runs-dir", type=path, metavar="DIR", help=RUNS_DIR_HELP)
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(`shardrun JOB.yaml --resume RUN_ID --retry-failed` does both).",
     )
     retry.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
-    retry.add_argument("--job", type=path, metavar="JOB.yaml",
+    retry.add_argument("--job", type=job_path, metavar="JOB.yaml",
                        help="the run's job file, if it has moved since the run")
     retry.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
     retry.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)

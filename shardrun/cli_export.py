@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted
-from shardrun.argtypes import path, positive_seconds
+from shardrun.argtypes import job_path, path, positive_seconds
 from shardrun.cli_analysis import guarded
 
 __all__ = ["handle", "register"]
@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
                         "only) unless --format says which to write")  # fmt: skip
     p.add_argument("--format", choices=("jsonl", "csv"),
                    help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
-    p.add_argument("--job", type=path, metavar="JOB.yaml",
+    p.add_argument("--job", type=job_path, metavar="JOB.yaml",
                    help="the run's job file, if it has moved since the run")
     p.add_argument("--with-input", action="store_true",
                    help="add each row's input record: as 'input' in JSON lines; in CSV as one "

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.argtypes import path, positive_seconds
+from shardrun.argtypes import job_path, path, positive_seconds
 from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
         description="Check a job file, environment overrides and the input; send no request "
         "unless --ping is given.",
     )
-    p.add_argument("job", type=path, metavar="JOB.yaml", help="the job file")
+    p.add_argument("job", type=job_path, metavar="JOB.yaml", help="the job file")
     p.add_argument("--ping", action="store_true",
                    help="send ONE real request to the endpoint and report status and TTFT")
     p.add_argument("--show", type=_whole_number, default=10, metavar="N",

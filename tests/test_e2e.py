@@ -389,6 +389,27 @@ def test_a_long_option_is_taken_only_in_full(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 
 
+@pytest.mark.parametrize(("argv", "name", "command"), [
+    (["-"], "JOB.yaml", "run"), (["run", "-", "--shards", "1"], "JOB.yaml", "run"),
+    (["validate", "-"], "JOB.yaml", "validate"),
+    (["retry-failed", "runs/x", "--job", "-"], "--job", "retry-failed"),
+    (["export", "runs/x", "--job", "-"], "--job", "export"),
+])  # fmt: skip
+def test_a_job_from_standard_input_is_refused_as_such(
+    tmp_path: Path, argv: list[str], name: str, command: str
+) -> None:
+    """`shardrun -` said '-: job file not found': - is the usual word for standard input, which
+    cannot hold a job (a resume reads the job file again). A file named - is `./-`."""
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"error: argument {name}: a job cannot be read from standard input (-): give the job "
+        f"file's path (`shardrun {command} --help` lists the arguments)\n"))
+    write_job(tmp_path / "-", shards=1)
+    write_input(tmp_path / "input.jsonl", 2)
+    proc = run_cli("validate", "./-", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_sim_with_a_job_file_named_sim_says_which_one_runs(tmp_path: Path) -> None:
     """`shardrun sim` starts the simulator even when ./sim is a job file (the command word wins,
     as for every command); a note on standard error says how to run the file."""
