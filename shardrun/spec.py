@@ -447,8 +447,10 @@ def _settle_sources(
 
 
 EXTENSION_PREFIX = "x-"
-"""Keys shardrun leaves alone at the top level and in a section, as docker compose does: a
-place for an anchor (`x-defaults: &d {...}`, then `<<: *d`) or a note."""
+"""Keys shardrun leaves alone at the top level, in a section and in `endpoint.sim` (settings
+with names, as a section's), as docker compose does: a place for an anchor (`x-defaults: &d
+{...}`, then `<<: *d`) or a note. Not in `params` or `endpoint.headers`, whose keys are sent."""
+SIM_KEY = "endpoint.sim"
 
 
 def _extension(name: object) -> bool:
@@ -486,6 +488,8 @@ def _drop_unknown_in_section(
             continue
         if not isinstance(name, str) or key not in FIELDS:
             problems.append(unknown_key_problem(origin, key, list(FIELDS)))
+        elif key == SIM_KEY and isinstance(item, dict):  # settings with names, as a section's
+            cleaned[name] = {k: v for k, v in item.items() if not _extension(k)}
         elif not _empty_mapping(key, item):
             cleaned[name] = item
     return cleaned

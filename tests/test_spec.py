@@ -1170,6 +1170,30 @@ def test_extension_keys_hold_anchors_and_are_left_alone(jobs: Path) -> None:
         "jobs/x.yaml: unknown key 'retry.why'")
 
 
+def test_extension_keys_in_the_simulators_block_are_left_alone_and_sent_keys_kept(
+    jobs: Path,
+) -> None:
+    """`endpoint.sim` names its settings as a section does: an `x-` key there (an anchor's
+    holder) was 'unknown simulator setting'. In params and endpoint.headers, whose keys go to
+    the server (`x-api-key`), an `x-` key is kept."""
+    text = MINIMAL.replace("  model: sim-small\n", (
+        "  model: sim-small\n"
+        "  headers: {x-team: ml}\n"
+        "  sim: {x-fast: &fast {ttft_ms: 0, itl_ms: 0}, <<: *fast, seed: 7}\n"
+    )) + "params: {x-trace: t1}\n"
+    job = load(write(jobs, text))
+    assert job.spec.endpoint.sim == {"ttft_ms": 0, "itl_ms": 0, "seed": 7}
+    sim = job.sim_config()
+    assert sim is not None and (sim.seed, sim.ttft_ms) == (7, 0)
+    assert job.spec.endpoint.headers == {"x-team": "ml"}
+    assert job.spec.params == {"x-trace": "t1"}
+    assert "x-fast" not in json.dumps(job.effective())
+    with pytest.raises(SpecError) as caught:  # any other unknown name is still refused
+        load(write(jobs, text.replace("x-fast", "fast"))).sim_config()
+    assert str(caught.value).startswith(
+        "jobs/x.yaml: endpoint.sim: unknown simulator setting 'fast'; known: ")
+
+
 def _laughs(levels: int) -> str:
     """params holding aliases nested `levels` deep, ten to a level: 10**levels values."""
     lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
