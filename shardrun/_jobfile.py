@@ -10,7 +10,10 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
 - aliases (`*name`) share one value however often it is repeated, and a file of nested ones
   (a "billion laughs") grows to billions of values once copied, validated and sent with every
   request: a file whose aliases add more than EXPANSION_LIMIT values is an error. `x-` entries
-  are left out of the job (spec.py), so a block anchored there and used once adds nothing.
+  are left out of the job (spec.py), so a block anchored there and used once adds nothing;
+- `"\\ud83d\\ude00"` (a UTF-16 surrogate pair, as JSON escapes an emoji) is two lone surrogates,
+  which no file or request body can carry: it is the character the pair stands for, and half
+  a pair alone is an error at its line.
 """
 
 from __future__ import annotations
@@ -47,6 +50,20 @@ class _JobLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot read{shown} as {_short_tag(node.tag)}", node.start_mark
             ) from None
+
+    def construct_scalar(self, node: yaml.Node) -> Any:
+        """A string with its `\\ud83d\\ude00` escapes joined into the character they stand for,
+        as JSON reads them (PyYAML keeps two lone surrogates, which no file or request can
+        carry); half of such a pair alone is a ConstructorError at the value's line."""
+        value = super().construct_scalar(node)  # type: ignore[arg-type]
+        if isinstance(value, str) and _SURROGATE.search(value):
+            value = _PAIR.sub(_joined, value)
+            if (alone := _SURROGATE.search(value)) is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the escape \\u{ord(alone[0]):04x} is half of a UTF-16 "
+                    "surrogate pair, without its other half: write the character itself, or "
+                    "both halves of its pair", node.start_mark)
+        return value
 
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document its aliases would blow up before building anything of it."""
@@ -108,6 +125,16 @@ def _distinct_size(node: yaml.Node, seen: set[int]) -> int:
         return 1 + sum(_distinct_size(key, seen) + _distinct_size(value, seen)
                        for key, value in node.value)
     return 1
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def _joined(pair: re.Match[str]) -> str:
+    """The character a UTF-16 surrogate pair stands for."""
+    high, low = (ord(c) for c in pair[0])
+    return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
 
 
 def _short_tag(tag: str) -> str:
@@ -207,8 +234,10 @@ def _read_text(path: Path, origin: str) -> str:
         raise SpecError(f"{origin}: job file not found") from None
     except IsADirectoryError:
         raise SpecError(f"{origin}: is a directory, not a job file") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{origin}: not UTF-8 text (byte {exc.start})") from None
+    except UnicodeDecodeError as exc:  # a file saved as Latin-1, Windows-1252 or UTF-16
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise SpecError(f"{origin}: not UTF-8 text (line {line}, byte {exc.start + 1} of the "
+                        "file): save it as UTF-8") from None
     except OSError as exc:
         raise SpecError(f"{origin}: cannot read the job file ({exc.strerror})") from None
 

@@ -1194,6 +1194,29 @@ def test_extension_keys_in_the_simulators_block_are_left_alone_and_sent_keys_kep
         "jobs/x.yaml: endpoint.sim: unknown simulator setting 'fast'; known: ")
 
 
+def test_surrogate_pair_escapes_are_the_character_and_half_a_pair_is_named(jobs: Path) -> None:
+    """`"\\ud83d\\ude00"` (as JSON writes an emoji) came out of PyYAML as two lone surrogates:
+    'endpoint.model has bytes that are not UTF-8', and a traceback for a params value. The pair
+    is the character it stands for; half a pair is one sentence at its line."""
+    job = load(write(jobs, MINIMAL.replace("sim-small", '"m-\\ud83d\\ude00"')
+                     + 'params: {stop: ["\\uD83D\\uDE00 \\u00e9"], "\\ud83d\\ude00": 1}\n'))
+    assert job.spec.endpoint.model == "m-\U0001F600"
+    assert job.spec.params == {"stop": ["\U0001F600 \u00e9"], "\U0001F600": 1}
+    json.dumps(job.effective(), ensure_ascii=False).encode()  # no surrogate is left to write
+    half = MINIMAL + 'params:\n  stop: "a\\ude00\\ud83d"\n'  # in the wrong order: two halves
+    assert error_of(write(jobs, half)) == (
+        "jobs/x.yaml: YAML error at line 7, column 9: the escape \\ude00 is half of a UTF-16 "
+        "surrogate pair, without its other half: write the character itself, or both halves of "
+        "its pair")
+
+
+def test_a_job_file_not_in_utf8_is_named_with_its_line(jobs: Path) -> None:
+    """A job file saved as Latin-1: the file, the line and the byte, and what to do."""
+    (jobs / "x.yaml").write_bytes(MINIMAL.replace("sim-small", "caf\xe9").encode("latin-1"))
+    assert error_of(Path("jobs/x.yaml")) == (
+        "jobs/x.yaml: not UTF-8 text (line 3, byte 42 of the file): save it as UTF-8")
+
+
 def _laughs(levels: int) -> str:
     """params holding aliases nested `levels` deep, ten to a level: 10**levels values."""
     lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
