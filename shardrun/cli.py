@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: give dead-lettered items another pass")
     run.add_argument("--limit", type=int, metavar="N",
                      help="run at most N items in this pass, the first N of the input not "
-                          "done yet (try a job on a few); --resume runs the rest")
+                          "done yet, on at most N shards (try a job on a few); --resume runs "
+                          "the rest")
     run.add_argument("--strict", action="store_true",
                      help="check the whole input first; the first bad line is an error")
     run.add_argument("--rpm", metavar="X", help=RATE_HELP["rpm"])

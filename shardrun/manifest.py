@@ -283,11 +283,14 @@ def versions() -> dict[str, str]:
 def start_manifest(
     job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str],
     proxy: dict[str, str] | None = None, flags: list[str] | None = None,
+    effective: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a new run, written at once. `proxy`: the proxy's URL (no credentials)
     and the variable that named it, None for direct connections; `flags`: the pass's
     `carried_flags`, which the commands `report` and `export` print carry, as a resume
-    entry's do."""
+    entry's do; `effective`: the pass's values and sources (`runner.pass_effective`), else
+    the job's."""
+    effective = job.effective() if effective is None else effective
     job_sha, job_size = file_digest(job.job_path)
     manifest: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
@@ -295,11 +298,11 @@ def start_manifest(
         "status": "running",
         "command": ["shardrun", *argv],
         "job": {"path": str(job.job_path), "sha256": job_sha, "bytes": job_size},
-        "effective": job.effective(),
+        "effective": effective,
         "input": input_at_start(job.input_path),
         "endpoint_url": masked_url(base_url),
         "proxy": proxy,
-        "shards": job.spec.shards,
+        "shards": effective["shards"]["value"],
         "carried_flags": flags or [],
         "versions": versions(),
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
@@ -314,9 +317,10 @@ def start_manifest(
 
 def resume_manifest(
     job: LoadedJob, run_dir: RunDir, base_url: str, argv: list[str], pass_info: dict[str, Any],
-    proxy: dict[str, str] | None = None,
+    proxy: dict[str, str] | None = None, effective: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Record a resume pass in an existing manifest (status back to `running`)."""
+    """Record a resume pass in an existing manifest (status back to `running`); `effective` as
+    `start_manifest`'s."""
     manifest = read_manifest(run_dir.path)
     job_sha, _ = file_digest(job.job_path)
     manifest.setdefault("resumes", []).append({
@@ -327,7 +331,7 @@ def resume_manifest(
         "job_path": str(job.job_path),
         "job_sha256": job_sha,
         "job_changed": job_sha != manifest.get("job", {}).get("sha256"),
-        "effective": job.effective(),
+        "effective": job.effective() if effective is None else effective,
         "input": input_at_start(job.input_path),
         "endpoint_url": masked_url(base_url),
         "proxy": proxy,

@@ -31,14 +31,15 @@ class Preflight:
     proxy: Proxy | None
 
 
-def preflight(job: LoadedJob, env: Mapping[str, str]) -> Preflight:
+def preflight(job: LoadedJob, env: Mapping[str, str], shards: int | None = None) -> Preflight:
     """The key, the simulator's settings and the proxy; a SpecError or RunError for the first
-    of them (or the coordinator's open-file limit) that would stop the run."""
+    of them (or the coordinator's open-file limit for `shards`, the job's unless given: a pass
+    with --limit starts fewer) that would stop the run."""
     api_key = job.api_key(env)  # a named but unset key variable fails here, not per item
     sim_config = job.sim_config()
     # The embedded simulator is a process of this run on loopback: never through a proxy.
     proxy = None if sim_config is not None else proxy_for(job.spec.endpoint.base_url, env)
-    if problem := coordinator_file_problem(job.spec.shards):
+    if problem := coordinator_file_problem(job.spec.shards if shards is None else shards):
         raise RunError(problem)
     return Preflight(api_key, sim_config, proxy)
 

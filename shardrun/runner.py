@@ -131,7 +131,8 @@ def run(
     job = load_job(job_path, env=env, flags=flags)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    checked = preflight(job, env)  # the same checks as `validate`
+    # The same checks as `validate`, for the shards this pass starts.
+    checked = preflight(job, env, shards_started(job.spec.shards, options.limit))
     api_key, sim_config, proxy = checked.api_key, checked.sim_config, checked.proxy
     reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
@@ -366,13 +367,16 @@ def _shown(value: object) -> str:
 def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoint,
               argv: list[str], options: RunOptions) -> RunSummary:
     proxy = None if endpoint.proxy is None else endpoint.proxy.describe()
+    spec = job.spec
+    shards = shards_started(spec.shards, options.limit)
+    effective = pass_effective(job, shards, options.limit)
     if this.segment == 0:
         manifest = start_manifest(job, this.run_dir, endpoint.base_url, argv, proxy,
-                                  carried_flags(job))
+                                  carried_flags(job), effective)
     else:
-        manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy)
+        manifest = resume_manifest(job, this.run_dir, endpoint.base_url, argv, this.info, proxy,
+                                   effective)
     this.recorded = True
-    spec = job.spec
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
                         record_rejects=this.only is None, retrying=this.retried,
@@ -380,7 +384,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     view = ProgressView(_left(None, this, options.limit), quiet=options.quiet,
                         interval=options.progress_interval,
                         count=_total_count(job, this, options.limit))
-    coordinator = Coordinator(shard_template(job, this, endpoint), spec.shards,
+    coordinator = Coordinator(shard_template(job, this, endpoint), shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),
                               silence_s=spec.shard_silence_s, fork=spec.shard_start == "fork",
@@ -434,6 +438,24 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         # `report` reads): say what it did, and what could not be recorded.
         return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
     return summary
+
+
+def shards_started(shards: int, limit: int | None) -> int:
+    """The shards a pass starts: the job's, but no more than `--limit` items can keep busy (a
+    shard is a process with its own files, and `--shards 1024 --limit 1` would start 1,024)."""
+    return shards if limit is None else min(shards, limit)
+
+
+def pass_effective(job: LoadedJob, shards: int, limit: int | None) -> dict[str, Any]:
+    """The job's effective values and sources as the pass's manifest records them: `shards`
+    is the number started, its source why, when `--limit` held it below the job's. The way-on
+    commands still carry the job's (`carried_flags`): the rest of the input is no such pass."""
+    effective = job.effective()
+    if shards != job.spec.shards:
+        asked = f"{job.spec.shards} from {job.sources['shards']}"
+        effective["shards"] = {"value": shards, "source": f"--limit {limit}: no more shards "
+                                                          f"than items ({asked})"}
+    return effective
 
 
 def _left(total: int | None, this: Pass, limit: int | None) -> int | None:

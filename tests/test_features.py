@@ -709,6 +709,34 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     assert summary["limit"] is None and summary["input_read"] is True
 
 
+def test_a_limit_below_the_shards_starts_no_more_shards_than_items(tmp_path: Path) -> None:
+    """`--shards 12 --limit 3` started 12 processes for three items (1,024 at most). The pass
+    starts three; the manifest records 3 with why (the limit, and the 12 asked and where from),
+    and the command printed to finish the run still carries --shards 12, whose pass starts 12
+    for the rest."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml", shards=2)
+    first = run_cli("job.yaml", "--limit", "3", "--shards", "12", "--runs-dir", "runs",
+                    "--quiet", cwd=tmp_path, env={"SHARDRUN_SHARDS": "7"})
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    shard_files = sorted(p.name for p in (path / "events").glob("shard-*.jsonl"))
+    assert shard_files == ["shard-00.jsonl", "shard-01.jsonl", "shard-02.jsonl"]
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    assert manifest["shards"] == 3
+    assert manifest["effective"]["shards"] == {"value": 3, "source": (
+        "--limit 3: no more shards than items (12 from flag --shards)")}
+    [hint] = [line for line in first.stdout.splitlines() if "to finish the run" in line]
+    command = shlex.split(hint.split("to finish the run", 1)[1])
+    assert command[-2:] == ["--shards", "12"], command
+    rest = run_cli(*command[1:], "--quiet", cwd=tmp_path)
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert sorted(r["id"] for r in Run.load(path).results) == ids
+    latest = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["effective"]
+    assert latest["shards"] == {"value": 12, "source": "flag --shards"}
+    assert len(list((path / "events").glob("shard-*.r1.jsonl"))) == 12
+
+
 def read_jsonl_text(text: str) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in text.splitlines()]
 
