@@ -290,15 +290,6 @@ def _check_progress_interval(args: argparse.Namespace) -> None:
                         f"{args.progress_interval}")
 
 
-def _say(text: str) -> None:
-    """Print to stdout; a reader that left early (`shardrun job.yaml | head -3`) changes nothing:
-    the run is over and its files are written, so the exit status stays the run's."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        cli_analysis.reader_gone()
-
-
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -372,9 +363,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
     except NothingToRetry as nothing:
-        _say(str(nothing))
+        cli_analysis.say(str(nothing))  # a reader that left early changes nothing
         return 0
-    _say(format_summary(summary))
+    # A reader that left early (`shardrun job.yaml | head -3`) changes nothing: the run is over
+    # and its files are written, so the exit status stays the run's.
+    cli_analysis.say(format_summary(summary))
     for problem in filter(None, [summary.fatal_reason, *summary.unrecorded]):
         print(f"error: {problem}", file=sys.stderr)
     return summary.exit_code

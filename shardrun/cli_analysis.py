@@ -81,6 +81,17 @@ def reader_gone() -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
 
 
+def say(text: str) -> None:
+    """Print a command's output. A reader that left early (`shardrun report RUN | head -1`)
+    changes nothing else: the command goes on to say on standard error what it would have said,
+    and exits as it would have, its verdict included (a log that fails its integrity check is
+    exit 1 still)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        reader_gone()
+
+
 def guarded(handler: Handler) -> Handler:
     """Print a `ShardrunError` as `error: <message>` and return its exit code, so a handler
     behaves the same whether or not the caller catches errors itself."""
@@ -92,8 +103,8 @@ def guarded(handler: Handler) -> Handler:
         except ShardrunError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exc.exit_code
-        except BrokenPipeError:  # `shardrun report RUN | head`: the reader left early
-            reader_gone()
+        except BrokenPipeError:  # `export RUN | head`: the reader left early, its rows cut
+            reader_gone()  # short as it chose; nothing went wrong (`say` for the other ways)
             return 0
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
@@ -119,7 +130,7 @@ def run_report(args: argparse.Namespace) -> int:
     doc, loaded = load_report(args.run_dir, trace=args.html is not None)
     if args.html is not None:
         write_html(doc, loaded, args.html)
-    print(format_json(doc) if args.json else format_report(doc))
+    say(format_json(doc) if args.json else format_report(doc))
     if args.html is not None:
         print(f"wrote {args.html}", file=sys.stderr)
     problem = integrity_problem(doc)
@@ -137,7 +148,7 @@ def run_publish(args: argparse.Namespace) -> int:
     _not_a_dash("-o", args.output, "the sample is printed on standard output as well")
     warnings: list[str] = []
     sample, path = publish(args.run_dir, minute=args.minute, out=args.output, warnings=warnings)
-    print(format_sample(sample))
+    say(format_sample(sample))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if sample["partial"]:  # the run covered no whole minute (or --minute named one it did not)
@@ -165,12 +176,12 @@ def run_verify(args: argparse.Namespace) -> int:
         if args.run_dir is not None:
             raise SpecError(f"--run-dir goes with a sample file, and {path} is a directory: "
                              f"`shardrun verify {path}` checks that run")
-        print(verify_run(path))
+        say(verify_run(path))
         return 0
     if not path.is_file():
         raise RunDirError(f"{path} is neither a run directory nor a sample file: "
                          f"{'nothing is there' if not path.exists() else 'it is no file'}")
-    print(verify(path, args.run_dir))
+    say(verify(path, args.run_dir))
     return 0
 
 

@@ -119,6 +119,12 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, unbuffered
     (tmp_path / "bad.jsonl").write_bytes((tmp_path / "input.jsonl").read_bytes() + b"{oops\n")
     write_job(tmp_path / "bad.yaml", input={"path": "bad.jsonl"})
     assert closed_reader("validate", "--strict", "bad.yaml") == (1, "")
+    # So does report's (it was exit 0, and no word, when the reader left before the report).
+    with (tmp_path / "runs" / "r" / "events" / "shard-00.jsonl").open("ab") as events:
+        events.write(b'{"ev": "x"}\n')
+    code, err = closed_reader("report", "runs/r")
+    assert code == 1 and err.startswith("error: runs/r: the event log fails its integrity "
+                                        "check (events/shard-00.jsonl: 1 unreadable lines"), err
 
 
 def test_validate_good_and_bad_inputs(tmp_path: Path) -> None:
