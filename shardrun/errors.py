@@ -41,6 +41,13 @@ class InputError(ShardrunError):
     exit_code = 2
 
 
+class InputCut(InputError):
+    """The input file became shorter than what a pass had read of it, while it read it. Its
+    message ends where the pass's way on goes (`runner._said` adds it)."""
+
+    exit_code = 1
+
+
 class RunDirError(ShardrunError):
     """A run directory (given to resume, export, report...) is missing or cannot be read."""
 

@@ -36,7 +36,7 @@ from shardrun._ellipsis import ellipsize, json_kind
 from shardrun._messages import messages_problem
 from shardrun._tabular import CHUNK, CsvRows, ParquetRows, Row, check_columns, file_sha256, not_utf8
 from shardrun._template import MissingField, Template, parse_template
-from shardrun.errors import InputError
+from shardrun.errors import InputCut, InputError
 from shardrun.items import BATCH_URLS
 
 if TYPE_CHECKING:
@@ -196,6 +196,8 @@ class InputReader:
         limit = MAX_LINE_BYTES  # a local: looked up per line
         with self._file:
             for raw in iter(functools.partial(self._file.readline, limit + _SLACK), b""):
+                if not raw.endswith(b"\n"):  # the file's end: the last line, or a cut
+                    self._check_not_cut(len(raw))
                 self._count(raw)
                 self.lines_read += 1
                 # With its BOM and line break: the record may be no longer.
@@ -216,6 +218,23 @@ class InputReader:
                     yield record
                 else:
                     yield line_item(record, raw, self.lines_read, self.fields)
+            self._check_not_cut(0)
+
+    def _check_not_cut(self, more: int) -> None:
+        """Raise InputCut if the file is now shorter than what has been read of it and `more`
+        bytes read past that: it was truncated or rewritten in place while the pass read it
+        (`cat new > input.jsonl`), and the read ended inside a line that was whole, or at
+        bytes that are gone. Its rest, read as the last line, was a reject of a line the file
+        had whole, recorded as cut off (`open_end`), which made a resume with the file put
+        back refuse it, and the pass ended as a run that had read its input."""
+        with contextlib.suppress(OSError):  # a file that cannot be looked at: read as it is
+            size = os.fstat(self._file.fileno()).st_size
+            if size < self.bytes_read + more:
+                raise InputCut(
+                    f"the input {self.path} was cut short while this pass read it: it holds "
+                    f"{size:,} bytes now, and the pass had read {self.bytes_read + more:,} "
+                    "(truncated or rewritten in place?); the run stopped at its last whole "
+                    "line: put the file back as it was (lines added at its end are fine)")
 
     def _csv_items(self, rows: CsvRows, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         checked = (*self.fields.needed, self.fields.id_field)

@@ -27,6 +27,7 @@ from shardrun.digestset import DigestSet
 from shardrun.errors import (
     CONTINUE,
     CONTINUE_RETRYING,
+    InputCut,
     InputError,
     RunError,
     ShardrunError,
@@ -498,6 +499,8 @@ def _said(exc: BaseException, way_on: str) -> BaseException:
     A broken pipe is our reader gone (the CLI's to handle)."""
     if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
         return RunError(stopped_writing(exc, way_on))
+    if isinstance(exc, InputCut):
+        return RunError(f"{exc}, then {way_on}")
     return exc
 
 

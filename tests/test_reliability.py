@@ -3368,3 +3368,47 @@ def test_resume_latest_names_a_run_killed_before_its_manifest(tmp_path: Path) ->
     again = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--quiet",
                     cwd=tmp_path)
     assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+
+
+def test_an_input_cut_short_mid_run_stops_the_pass_and_resume_finishes_once_it_is_back(
+        tmp_path: Path) -> None:
+    """The input truncated and rewritten shorter while the pass reads it (`cat part >
+    input.jsonl`): the pass stops in one sentence at its last whole line, rejects no line the
+    file had whole, and once the file is put back a resume finishes every item exactly once.
+    Before, the bytes left in the reader's buffer were read as a last line that was no JSON (a
+    reject), recorded as the file's cut-off end, and the resume with the file put back refused
+    the run, asking for a line break in the middle of a record."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    whole = (tmp_path / "input.jsonl").read_bytes()
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
+                                               "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--quiet")
+    try:
+        _wait_for_results(tmp_path / "runs", 20)
+        # In place, as a shell's `>` does: the same file, emptied, then 5 lines written.
+        with open(tmp_path / "input.jsonl", "r+b") as f:
+            f.truncate(0)
+            f.write(b"".join(whole.splitlines(keepends=True)[:5]))
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    lines = error_lines(err, tmp_path)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: the input {tmp_path / 'input.jsonl'} was cut short while this pass read it: "
+        "it holds "), err
+    assert lines[0].endswith("; the run stopped at its last whole line: put the file back as "
+                             "it was (lines added at its end are fine), then continue with "
+                             "--resume"), err
+    assert not list(path.glob("rejects*.jsonl")), "a whole line of the input was rejected"
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    assert manifest["status"] == "failed"
+    assert manifest["input"]["open_end"] is None
+    (tmp_path / "input.jsonl").write_bytes(whole)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--concurrency",
+                      "32", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from shardrun.errors import SpecError
+from shardrun.errors import InputCut, SpecError
 from shardrun.inputs import InputPlan, InputReader, Reject
 from shardrun.manifest import RunOn, file_digest, input_at_start, prefix_digests, run_on
 from shardrun.resume import check_input
@@ -767,3 +767,28 @@ def test_text_run_on_into_a_last_line_whose_reject_failed_is_judged_by_the_resum
                 for line in f.read_bytes().splitlines()]
     assert rejected == [4]
     assert_exactly_once(Run.load(path), ["g0", "g1", "g2", "g5"])
+
+
+def test_an_input_emptied_under_the_reader_at_a_line_end_is_a_cut_not_an_end(
+        tmp_path: Path) -> None:
+    """The lines the reader holds already are read, and where the file ends it is shorter than
+    what was read: the input was cut, not read whole (a pass would end as if it had been)."""
+    write_input(tmp_path / "input.jsonl", 3)
+    reader = InputReader(tmp_path / "input.jsonl", InputPlan())
+    entries = iter(reader)
+    assert isinstance(next(entries), dict)  # the file's 3 short lines are in its buffer now
+    os.truncate(tmp_path / "input.jsonl", 0)
+    assert [type(entry) for entry in itertools.islice(entries, 2)] == [dict, dict]
+    with pytest.raises(InputCut, match=r"holds 0 bytes now, and the pass had read 1\d\d\b"):
+        next(entries)
+
+
+def test_an_input_file_that_grows_under_the_reader_is_read_on(tmp_path: Path) -> None:
+    """Lines appended while the reader reads are no cut; nor is a last line without a break."""
+    write_input(tmp_path / "input.jsonl", 2)
+    reader = InputReader(tmp_path / "input.jsonl", InputPlan())
+    entries = iter(reader)
+    assert isinstance(next(entries), dict)
+    with open(tmp_path / "input.jsonl", "ab") as f:
+        f.write(b'{"id": "late", "prompt": "p"}')  # no line break
+    assert [e["id"] for e in entries if isinstance(e, dict)] == ["item-00001", "late"]
