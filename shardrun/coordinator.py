@@ -19,12 +19,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from shardrun import _import_structlog_without_rich, protocol
 from shardrun.clock import Clock
-from shardrun.errors import RunError, fix_for_write
+from shardrun.errors import RunError, fix_for_write, run_dir_gone
 from shardrun.launch import (
     Launcher,
     PreparedLaunch,
@@ -130,6 +131,9 @@ class Coordinator:
         self.fatal_mode: str | None = None
         self.fatal_cause: str | None = None  # an outage or a storm that stopped the run
         self.log_problem: str | None = None  # why the coordinator's log could not be written
+        # The run directory as the pass started (device, inode): a directory no longer there
+        # stops the run (`_check_run_dir`).
+        self.run_dir_at: tuple[int, int] | None = None
         self.deaths: list[str] = []
         self.reassigned = 0
         self.totals = Totals()
@@ -372,6 +376,7 @@ class Coordinator:
                                       "stopped process); it was killed")
                     state.handle.kill()
             self._check_endpoint()
+            self._check_run_dir()
 
     def _check_endpoint(self) -> None:
         """Stop the run at once when its endpoint can never answer again: the shards would take
@@ -380,6 +385,16 @@ class Coordinator:
         if self.endpoint_gone is not None and self.fatal_reason is None and (
                 why := self.endpoint_gone()) is not None:
             self._on_fatal(why, ABANDON, origin=-1)
+
+    def _check_run_dir(self) -> None:
+        """Stop the run at once when its directory is gone (deleted, or moved away): the shards
+        write on into files no path leads to, and every answer from then on would be paid for
+        and kept nowhere, while the summary said the run succeeded. Mode abandon: nothing is
+        dead-lettered; a directory put back is resumed."""
+        if self.fatal_reason is None and self.run_dir_at is not None and (
+                _identity(self.run_dir.path) not in (self.run_dir_at, None)):
+            self._on_fatal(run_dir_gone(self.run_dir.path, self.config.way_on), ABANDON,
+                           origin=-1)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -410,6 +425,7 @@ class Coordinator:
                 loop.add_signal_handler(sig, self.interrupt)
         # Known now: once the terminal has hung up, isatty() no longer says it was one.
         self.terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
+        self.run_dir_at = _identity(self.run_dir.path)
         # The summary's wall time is the log's window (run_start to run_end), so its run-average
         # TPM is the one `report` computes from the log.
         self.started = self.clock.now()
@@ -604,3 +620,15 @@ def client_cpu_s(reaped_before: resource.struct_rusage) -> float:
     children = (reaped.ru_utime - reaped_before.ru_utime) + (reaped.ru_stime
                                                              - reaped_before.ru_stime)
     return own.ru_utime + own.ru_stime + children
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A directory's (device, inode); (0, 0) when nothing is at its path, None when it cannot
+    be told (a stat that fails otherwise: no verdict)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (0, 0)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

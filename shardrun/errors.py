@@ -80,3 +80,10 @@ def fix_for_write(exc: OSError) -> str:
     if exc.errno in NO_ROOM:
         return "free some space"
     return "make that path usable (a read-only or damaged run directory?)"
+
+
+def run_dir_gone(path: object, way_on: str) -> str:
+    """The sentence of a pass whose run directory was deleted or moved away while it ran."""
+    return (f"the run directory {path} was deleted or moved away while the run ran, so what it "
+            "answered from then on would be in no file there; the run stopped: put the "
+            f"directory back and {way_on}, or, if it is gone, start the job again as a new run")

@@ -34,6 +34,7 @@ from shardrun.errors import (
     SpecError,
     continue_with,
     fix_for_write,
+    run_dir_gone,
     stopped_writing,
 )
 from shardrun.inputs import InputReader, Reject, holds_more, make_reader
@@ -437,7 +438,12 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     except OSError as exc:
         # The pass has ended all the same (its processes are gone and its lock free, which
         # `report` reads): say what it did, and what could not be recorded.
-        return replace(summary, unrecorded=(*summary.unrecorded, _unclosed(exc, this.way_on)))
+        why = _unclosed(exc, this.way_on)
+        if not this.run_dir.path.exists():  # no manifest is there to say anything
+            why = run_dir_gone(this.run_dir.path, this.way_on)
+            if summary.fatal_reason == why:  # said already: what stopped the run
+                return summary
+        return replace(summary, unrecorded=(*summary.unrecorded, why))
     return summary
 
 

@@ -3412,3 +3412,39 @@ def test_an_input_cut_short_mid_run_stops_the_pass_and_resume_finishes_once_it_i
                       "32", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+def test_a_run_directory_moved_away_mid_run_stops_the_run_and_resume_finishes_it_back(
+        tmp_path: Path) -> None:
+    """The run's directory moved away (or deleted) mid-run: the run stops at the next watch
+    in one sentence, nothing dead-lettered, rather than answering on into files no path leads
+    to and saying at the end that it succeeded, with a sentence about a manifest that "still
+    says the run is running". Put back, the run is resumed exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 2000)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat",
+                                               "model": "m", "sim": SLOW_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--quiet")
+    try:
+        _wait_for_results(tmp_path / "runs", 20)
+        path = only_run(tmp_path / "runs")
+        away = tmp_path / "moved"
+        path.rename(away)
+        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: the run directory runs/{path.name} was deleted or moved away while the run "
+        "ran, so what it answered from then on would be in no file there; the run stopped: "
+        f"put the directory back and continue with `shardrun job.yaml --resume {path.name} "
+        "--runs-dir runs`, or, if it is gone, start the job again as a new run"], err
+    away.rename(path)
+    run = Run.load(path)
+    assert not run.dead and len(run.results) < len(ids)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", path.name,
+                      "--concurrency", "32", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_exactly_once(Run.load(path), ids)
