@@ -33,9 +33,10 @@ CHUNK = 1 << 20
 class HashingRaw(io.RawIOBase):
     """A readable raw stream that passes every byte it reads to `on_bytes`."""
 
-    def __init__(self, file: IO[bytes], on_bytes: Callable[[bytes], None]) -> None:
+    def __init__(self, file: IO[bytes], on_bytes: Callable[[bytes], None],
+                 on_end: Callable[[], None] | None = None) -> None:
         super().__init__()
-        self._file, self._on_bytes = file, on_bytes
+        self._file, self._on_bytes, self._on_end = file, on_bytes, on_end
 
     def readable(self) -> bool:
         return True
@@ -45,6 +46,8 @@ class HashingRaw(io.RawIOBase):
         buffer[: len(data)] = data
         if data:
             self._on_bytes(data)
+        elif self._on_end is not None and len(buffer):  # the file's end (or a cut: on_end)
+            self._on_end()
         return len(data)
 
     def close(self) -> None:
@@ -69,9 +72,10 @@ def check_columns(path: Path, have: Sequence[str], need: Sequence[str], what: st
 class CsvRows:
     """Rows of a CSV file with a header row, as records of the non-empty cells."""
 
-    def __init__(self, path: Path, file: IO[bytes], on_bytes: Callable[[bytes], None]) -> None:
+    def __init__(self, path: Path, file: IO[bytes], on_bytes: Callable[[bytes], None],
+                 on_end: Callable[[], None] | None = None) -> None:
         csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
-        buffered = io.BufferedReader(HashingRaw(file, on_bytes), CHUNK)
+        buffered = io.BufferedReader(HashingRaw(file, on_bytes, on_end), CHUNK)
         # surrogateescape: a bad byte becomes a reject of its row, not a crash of the run.
         self._text = io.TextIOWrapper(buffered, "utf-8-sig", "surrogateescape", newline="")
         # strict: a quote that closes in the wrong place is an error, not a cell swallowing the

@@ -164,7 +164,8 @@ class InputReader:
         if fields.format != "csv":  # a CSV line may end with a lone CR (the csv module's rule)
             _refuse_lone_crs(path, self._file)
         if fields.format == "csv":
-            self._tabular = CsvRows(path, self._file, self._count)
+            self._tabular = CsvRows(path, self._file, self._count,
+                                    functools.partial(self._check_not_cut, 0))
             check_columns(path, self._tabular.header, fields.header_needs, "CSV header")
             self.columns = [_encodable(name) for name in self._tabular.header]
 
@@ -224,9 +225,11 @@ class InputReader:
         """Raise InputCut if the file is now shorter than what has been read of it and `more`
         bytes read past that: it was truncated or rewritten in place while the pass read it
         (`cat new > input.jsonl`), and the read ended inside a line that was whole, or at
-        bytes that are gone. Its rest, read as the last line, was a reject of a line the file
-        had whole, recorded as cut off (`open_end`), which made a resume with the file put
-        back refuse it, and the pass ended as a run that had read its input."""
+        bytes that are gone. A CSV's reader asks where a block read finds the file's end,
+        before the row it ends is read (a row cut short was an item with half its prompt).
+        A JSON line's rest, read as the last line, was a reject of a line the file had whole,
+        recorded as cut off (`open_end`), which made a resume with the file put back refuse
+        it, and the pass ended as a run that had read its input."""
         with contextlib.suppress(OSError):  # a file that cannot be looked at: read as it is
             size = os.fstat(self._file.fileno()).st_size
             if size < self.bytes_read + more:

@@ -792,3 +792,21 @@ def test_an_input_file_that_grows_under_the_reader_is_read_on(tmp_path: Path) ->
     with open(tmp_path / "input.jsonl", "ab") as f:
         f.write(b'{"id": "late", "prompt": "p"}')  # no line break
     assert [e["id"] for e in entries if isinstance(e, dict)] == ["item-00001", "late"]
+
+
+def test_a_csv_input_cut_short_under_the_reader_yields_no_row_it_cut(tmp_path: Path) -> None:
+    """A CSV truncated while it is read: the rows read before are whole, the row the cut ran
+    through is not read as an item with half its prompt, and the reader says what happened."""
+    path = tmp_path / "input.csv"
+    rows = [f"item-{i:05d},Question {i} asks for something longer than a word.\n"
+            for i in range(20_000)]
+    path.write_text("id,prompt\n" + "".join(rows))
+    reader = InputReader(path, InputPlan(format="csv"))
+    entries = iter(reader)
+    assert isinstance(next(entries), dict)
+    os.truncate(path, 100)
+    read: list[Any] = []
+    with pytest.raises(InputCut, match=r"holds 100 bytes now"):
+        read.extend(entries)
+    assert read and all(isinstance(entry, dict) for entry in read)
+    assert [f"{e['id']},{e['prompt']}\n" for e in read] == rows[1:len(read) + 1]
