@@ -164,6 +164,11 @@ SWEEP_S = 0.1
 """How often a client's watchdog looks at its attempts' deadlines: a limit ends an attempt up
 to this much after it has passed."""
 
+FROZEN_S = 1.0
+"""A watchdog's look this late means the client's loop did not run meanwhile (the process was
+stopped, as by Ctrl-Z or a scheduler's suspend, or its loop was blocked): that time is not the
+server's, so every deadline moves on by it (`Watchdog._sweep`)."""
+
 
 class Watchdog:
     """One client's timer for the deadlines of all its attempts under way.
@@ -175,25 +180,40 @@ class Watchdog:
     runs every `SWEEP_S` while any attempt is watched, and not at all when none is.
     """
 
-    __slots__ = ("_handle", "attempts", "loop")
+    __slots__ = ("_handle", "_looks_at", "attempts", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.attempts: set[Attempt] = set()
         self._handle: asyncio.TimerHandle | None = None
+        self._looks_at = 0.0  # when the next look is due
 
     def watch(self, st: Attempt) -> None:
         self.attempts.add(st)
         if self._handle is None:
-            self._handle = self.loop.call_later(SWEEP_S, self._sweep)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._looks_at = self.loop.time() + SWEEP_S
+        self._handle = self.loop.call_at(self._looks_at, self._sweep)
 
     def _sweep(self) -> None:
         now = self.loop.time()
+        if (frozen := now - self._looks_at) > FROZEN_S:
+            # Whatever the server sent while the loop did not run waits unread in the sockets:
+            # expiring now would blame the server for the client's own pause (every attempt
+            # under way a timeout after a Ctrl-Z and `fg`).
+            for st in self.attempts:
+                st.deadline += frozen
+                st.total_dl += frozen
         due = [st for st in self.attempts if st.deadline <= now]
         self.attempts.difference_update(due)
         # The next look is set first, and each expiry stands alone: nothing one of them might
         # raise can stop the watchdog or spare the attempts after it.
-        self._handle = self.loop.call_later(SWEEP_S, self._sweep) if self.attempts else None
+        if self.attempts:
+            self._schedule()
+        else:
+            self._handle = None
         for st in due:
             try:
                 st.expire(now)

@@ -924,10 +924,12 @@ def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path
 
 def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:
     """Ctrl-Z then fg (SIGSTOP, SIGCONT to the process group) for longer than the silence limit
-    (set through its environment variable): the coordinator sees that it was stopped too, and
-    no shard is taken for hung."""
+    (set through its environment variable) and than the attempts' own limits: the coordinator
+    sees that it was stopped too, and no shard is taken for hung; a shard's watchdog sees that
+    its loop was not running, and no attempt under way is taken for a server's timeout (the
+    answers the stop held up wait in the sockets)."""
     ids = write_input(tmp_path / "input.jsonl", 600)
-    write_job(tmp_path / "job.yaml", shards=3,
+    write_job(tmp_path / "job.yaml", shards=3, timeouts={"first_token_s": 1, "idle_s": 1},
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     code = _cli_code("coordinator.WATCH_EVERY_S = 0.2\n")
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
@@ -954,6 +956,8 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert {e["status"] for e in shard_exits(run)} == {"done"}
+    ends = [e for e in run.events if e["ev"] == "attempt_end"]
+    assert len(ends) == 600 and {e["status"] for e in ends} == {"ok"}
 
 
 def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
