@@ -266,7 +266,14 @@ def entry() -> NoReturn:
     once: about 0.03 CPU-s with a run's modules loaded, billed to the run's client CPU.
     """
     _stop_at_once_from_now()  # `main` hands over to the command's own handling
-    status = main()
+    try:
+        status = main()
+    except SystemExit as done:  # argparse's --help, --version and usage errors: their output
+        # is flushed below, where a reader that left early (`shardrun --help | head -c 0`)
+        # changes nothing; the interpreter's own flush said "Exception ignored", exit 120.
+        status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that went away: nothing to do
             stream.flush()

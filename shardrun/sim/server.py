@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from shardrun.cli_analysis import say
 from shardrun.fdlimit import ensure_open_files
 from shardrun.sim.config import BadRequest, Kind, Plan, SimConfig, make_plan
 from shardrun.sim.faults import (
@@ -328,7 +329,9 @@ async def _serve(cfg: SimConfig, host: str, port: int, exit_on_stdin_eof: bool) 
         await web.TCPSite(runner, host, port, backlog=4096, shutdown_timeout=1.0).start()
         real_port = runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host
-        print(f"shardrun sim listening on http://{shown}:{real_port}/v1", flush=True)
+        # A reader that left early (`shardrun sim | head -c 0`) changes nothing: it was
+        # "cannot listen on ...: Broken pipe", exit 1, from a simulator that listened.
+        say(f"shardrun sim listening on http://{shown}:{real_port}/v1")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
