@@ -19,6 +19,7 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,12 @@ class _JobLoader(yaml.SafeLoader):
 
 
 def _kept_size(document: yaml.Node) -> int:
-    """`_expanded_size` of the document without its `x-` entries (at the top level and in a
-    section), which spec.py leaves out: what the job keeps, every alias written out. An anchor
-    under `x-` used once so counts once, as it would written in place."""
+    """`_expanded_size` of the document without its `x-` entries (at the top level, in a
+    section and in `endpoint.sim`), which spec.py leaves out: what the job keeps, every alias
+    written out. An anchor under `x-` used once so counts once, as it would written in place."""
     sizes: dict[int, int] = {}
 
-    def kept(node: yaml.Node, sections: frozenset[str] | None) -> int:
+    def kept(node: yaml.Node, inner: Mapping[str, Any]) -> int:
         if not isinstance(node, yaml.MappingNode):
             return _expanded_size(node, sizes)
         size = 1
@@ -87,13 +88,19 @@ def _kept_size(document: yaml.Node) -> int:
             if isinstance(name, str) and name.startswith("x-") and key.tag != _MERGE_TAG:
                 continue
             size += _expanded_size(key, sizes)
-            if sections is not None and name in sections:
-                size += kept(value, None)
+            if isinstance(name, str) and name in inner:  # a mapping whose `x-` keys go
+                size += kept(value, inner[name])
             else:
                 size += _expanded_size(value, sizes)
         return size
 
-    return kept(document, SECTION_KEYS)
+    return kept(document, _WITH_EXTENSIONS)
+
+
+_WITH_EXTENSIONS: dict[str, Any] = {section: {} for section in SECTION_KEYS}
+_WITH_EXTENSIONS["endpoint"] = {"sim": {}}
+"""The mappings below the top level whose `x-` keys spec.py leaves out, by name, each with
+its own (`_kept_size`): the sections, and `endpoint.sim`."""
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:

@@ -1251,6 +1251,10 @@ def test_an_alias_of_a_block_under_x_used_once_adds_nothing(jobs: Path) -> None:
     inside = MINIMAL.replace("endpoint:\n", f"endpoint:\n  x-bias: &bias {{{entries}}}\n")
     job = load(write(jobs, inside + "params: {logit_bias: *bias}\n"))
     assert len(job.spec.params["logit_bias"]) == 50_001
+    # So in endpoint.sim, whose `x-` keys are left out too: it was counted as kept there.
+    in_sim = MINIMAL.replace("endpoint:\n", f"endpoint:\n  sim: {{x-bias: &bias {{{entries}}}}}\n")
+    job = load(write(jobs, in_sim + "params: {logit_bias: *bias}\n"))
+    assert len(job.spec.params["logit_bias"]) == 50_001 and job.spec.endpoint.sim == {}
     # Used twice, the second use is a copy: 100,003 values added.
     twice = write(jobs, f"x-bias: &bias {{{entries}}}\n" + MINIMAL
                   + "params: {logit_bias: *bias, also: *bias}\n")
