@@ -152,7 +152,8 @@ class ChunkReader:
         the answer was an empty success. Only while no piece of the answer has been read (in
         `pieces`): a final chunk that repeats the whole message streamed before it (some
         OpenAI-style streams end so) would add it all a second time; after other text only
-        (`other_chunks`: reasoning streamed), only its answer, which the stream never sent.
+        (`other_chunks`: reasoning streamed), its answer, which the stream never sent, and the
+        kinds of other text the stream sent none of (`_whole_message`).
 
         A chat delta may also carry text that is not the answer: reasoning (`reasoning_content`,
         as DeepSeek, llama.cpp and older vLLM send it, or `reasoning`), tool calls, whose
@@ -359,12 +360,27 @@ class ChunkReader:
 
     def _whole_message(self, message: object) -> object:
         """The delta a whole message stands for, read while no piece of the answer was: all of
-        it as the first thing read; after other text only (reasoning, calls, which it repeats),
-        its answer alone (`content_parts`' text of a list), never streamed."""
+        it as the first thing read; after other text only, its answer (never streamed) and
+        each other kind of text the stream sent none of (reasoning, calls, a refusal, a call
+        in the older form): one it sent, the message repeats. Streamed reasoning then a last
+        message holding the calls lost the calls (an ok result with no answer)."""
         if not self.other_chunks or not isinstance(message, dict):
             return message
         content = message.get("content")
-        return {"content": content_parts(content)[0] if type(content) is list else content}
+        if type(content) is list and self.reasoning:  # its thinking parts, streamed already
+            content = content_parts(content)[0]
+        delta: dict[str, Any] = {"content": content}
+        if not self.reasoning:
+            for key in ("reasoning_content", "reasoning"):
+                if key in message:
+                    delta[key] = message[key]
+        if not self.tool_calls and "tool_calls" in message:
+            delta["tool_calls"] = message["tool_calls"]
+        if not self.refusal and "refusal" in message:
+            delta["refusal"] = message["refusal"]
+        if self.function_call is None and "function_call" in message:
+            delta["function_call"] = message["function_call"]
+        return delta
 
     def _other(self, delta: dict[str, Any]) -> bool:
         """Apply a delta's reasoning and tool-call pieces; True if it had any."""

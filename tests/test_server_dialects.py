@@ -680,6 +680,26 @@ def test_a_last_chunk_with_the_whole_message_after_streamed_reasoning_gives_its_
     assert (out.status, out.text, out.reasoning) == ("ok", "the answer", "hm")
 
 
+def test_a_last_chunk_with_the_whole_message_after_streamed_reasoning_gives_its_calls() -> None:
+    """Reasoning streamed, then a last chunk holding the whole message: its tool calls (or its
+    refusal), never streamed, are the answer, and were dropped with everything but its content
+    (an ok result with no text, no calls, finish_reason tool_calls). What the stream did send
+    (the reasoning, or calls streamed before) is not added again."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    thought = {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}
+    last = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "reasoning_content": "hm", "content": None, "tool_calls": [call]}}]}
+    out = run(one(streaming(thought, last, b"[DONE]")))
+    assert (out.status, out.reasoning, out.tool_calls) == ("ok", "hm", [call])
+    refused = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "reasoning_content": "hm", "content": None, "refusal": "no"}}]}
+    out = run(one(streaming(thought, refused, b"[DONE]")))
+    assert (out.reasoning, out.refusal) == ("hm", "no")
+    streamed = [_call_delta('{"a":', 0, "c1", "f"), _call_delta("1}")]
+    out = run(one(streaming(thought, *streamed, last, b"[DONE]")))
+    assert (out.reasoning, out.tool_calls) == ("hm", [call])
+
+
 def test_a_done_with_bytes_after_it_ends_the_stream() -> None:
     """`data: [DONE] ` (a space after it): the end of a whole answer, as OpenAI's own clients
     read any payload that starts with [DONE]; it failed the answer as unparseable, retried
