@@ -51,7 +51,8 @@ async def _main() -> int:
         print("shard: expected a config message first", file=sys.stderr)
         return 2
     config = ShardConfig.from_message(first)
-    set_title(shard_title(config.shard, config.run_id))
+    # The run directory's name, as the launcher's title has it (a renamed run logs its own id).
+    set_title(shard_title(config.shard, os.path.basename(config.out_dir.rstrip('/'))))
     await run_shard(config, receive, send)
     # Let the transport drain the final `done` message before the process exits.
     while transport.get_write_buffer_size():

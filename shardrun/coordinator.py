@@ -121,7 +121,7 @@ class Coordinator:
         self.clock = Clock()
         name = "coordinator" + shard_file_name(0, config.segment).removeprefix("shard-00")
         self.log = EventLog(run_dir.path / "events" / name,
-                            run_id=run_dir.run_id, shard=None)
+                            run_id=run_dir.event_run_id, shard=None)
         source.on_input_end = self._input_ended
         self.states: list[ShardState] = []
         self.tasks: dict[asyncio.Task[None], ShardState] = {}

@@ -47,7 +47,14 @@ class RunDir:
     """Paths of one run: `<runs_dir>/<run_id>/`."""
 
     path: Path
-    run_id: str
+    run_id: str  # the directory's name: what `--resume` names the run by
+    # The run's own id, which its manifest records and every line of its event logs carries:
+    # the directory's name when the run began, kept by a run renamed since ("" for that name).
+    logged_id: str = ""
+
+    @property
+    def event_run_id(self) -> str:
+        return self.logged_id or self.run_id
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str) -> RunDir:

@@ -247,6 +247,8 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)
+    if isinstance(manifest.get("run_id"), str):  # a pass of a run renamed since logs as the run
+        run_dir = replace(run_dir, logged_id=manifest["run_id"])
     changed = _check_settings(job, manifest, run_dir.run_id)
     # Before the run is repaired or a request sent: the answers on disk belong to the lines the
     # run read, so another or an edited input would pair them with other lines.
@@ -579,7 +581,7 @@ def shard_template(job: LoadedJob, this: Pass, endpoint: Endpoint) -> ShardConfi
     proxy = endpoint.proxy
     return ShardConfig(
         shard=0,
-        run_id=this.run_dir.run_id,
+        run_id=this.run_dir.event_run_id,
         out_dir=str(this.run_dir.path),
         base_url=endpoint.base_url,
         api=spec.endpoint.api,

@@ -849,3 +849,29 @@ def test_a_resumed_runs_sample_is_its_passes_spans_counted_once(tmp_path: Path) 
         assert len(sample["per_shard"]) == 6
         assert f" from {spans[m]:,} span{'s' if spans[m] != 1 else ''} on 2 shards (6 shard " \
                "logs over its passes); 9 event files " in verify(path, run)
+
+
+def test_a_run_renamed_and_then_resumed_is_its_own_not_another_runs(tmp_path: Path) -> None:
+    """A run directory renamed (a name of the user's own) and resumed under that name: its new
+    pass's logs are the run's, so they carry the run's id, the manifest's, not the directory's
+    new name, and report, verify RUN_DIR and publish take them as the run's own."""
+    write_input(tmp_path / "input.jsonl", 30)
+    write_job(tmp_path / "job.yaml")
+    first = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "orig", "--limit", "10",
+                    "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "runs" / "orig").rename(tmp_path / "runs" / "mine")
+    again = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "mine", "--quiet",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    run = tmp_path / "runs" / "mine"
+    logs = sorted(run.glob("events/*.r1.jsonl"))
+    assert len(logs) == 3  # the resumed pass's coordinator and two shards
+    for log in logs:
+        assert orjson.loads(log.read_bytes().split(b"\n", 1)[0])["run_id"] == "orig"
+    report = run_cli("report", str(run), cwd=tmp_path)
+    assert report.returncode == 0 and "another run" not in report.stdout, report.stdout
+    verify_run(run)
+    _, sample = publish(run)
+    assert verify(sample).startswith("ok: run orig minute ")
+
