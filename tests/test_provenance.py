@@ -39,6 +39,7 @@ from shardrun.provenance import (
     publish,
     verify,
 )
+from shardrun.report._rundir import load_run
 from shardrun.runverify import verify_run
 
 M = B // 60
@@ -875,3 +876,43 @@ def test_a_run_renamed_and_then_resumed_is_its_own_not_another_runs(tmp_path: Pa
     _, sample = publish(run)
     assert verify(sample).startswith("ok: run orig minute ")
 
+
+def test_a_log_a_shard_opens_after_the_run_was_read_is_not_missing(tmp_path: Path) -> None:
+    """A report reads a live run's event files, folds them, and only then looks at its results
+    files: a shard that starts meanwhile (a resume's, a replacement's) opens its log and then
+    its results. The log is there, so it is not 'missing from the run directory'; one that
+    is truly gone still is."""
+    run = _killed_run(tmp_path)
+    loaded = load_run(run)
+    assert loaded.unlogged_files() == []
+    (run / "events" / "shard-00.r1.jsonl").write_bytes(b"")  # a new shard: its log first,
+    (run / "results" / "shard-00.r1.jsonl").write_bytes(b"")  # then its results
+    assert loaded.unlogged_files() == []
+    (run / "events" / "shard-00.r1.jsonl").unlink()
+    assert loaded.unlogged_files() == ["events/shard-00.r1.jsonl"]
+
+
+class _CountedList(list[Any]):
+    """A list that counts the times it is read through."""
+
+    reads = 0
+
+    def __iter__(self) -> Any:
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_the_manifests_list_is_read_once_not_once_per_file(tmp_path: Path) -> None:
+    """Whether each event, results and dead-letter file is one the manifest should list is
+    asked of every file of the run: a run of 1,024 shards and four passes has 12,288, and
+    its list as many entries. Read once per file, that took 8 s for the added files alone
+    (quadratic); the list is read a fixed number of times, however many files the run has."""
+    write_input(tmp_path / "input.jsonl", 40)
+    write_job(tmp_path / "job.yaml", shards=4)
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r", "--quiet",
+                   cwd=tmp_path).returncode == 0
+    loaded = load_run(tmp_path / "runs" / "r")
+    listed = loaded.manifest["files"] = _CountedList(loaded.manifest["files"])
+    assert len(loaded.scans) == 5 and loaded.unlisted_files() == []
+    assert loaded.unlogged_files() == []
+    assert listed.reads <= 2  # the list once, and once for the files it lists gone

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,18 +106,26 @@ class LoadedRun:
 
     def _added(self, rel: str) -> bool:
         """Whether the manifest's list should name `rel` and does not."""
+        if self._listing is None:
+            return False
+        listed, last, newest = self._listing
+        # A pass the manifest has no record of (`.r9` of a run of two passes) wrote nothing.
+        return rel not in listed and not last < segment_of(Path(rel)) <= newest
+
+    @cached_property
+    def _listing(self) -> tuple[set[Any], int, int] | None:
+        """The manifest's list of files, the last pass it covers and the newest pass; None
+        when it has no list. Read once: `_added` asks for each of a run's files (thousands)."""
         files = self.manifest.get("files")
         if not isinstance(files, list):
-            return False
+            return None
         resumes = self.manifest.get("resumes")
         newest = len(resumes) if isinstance(resumes, list) else 0
         if self.manifest.get("status") != "running" and self.manifest.get("ended_at"):
             last = newest
         else:
             last = max((at for at, *_ in pass_reads(self.manifest)), default=-1)
-        listed = {f.get("path") for f in files if isinstance(f, dict)}
-        # A pass the manifest has no record of (`.r9` of a run of two passes) wrote nothing.
-        return rel not in listed and not last < segment_of(Path(rel)) <= newest
+        return {f.get("path") for f in files if isinstance(f, dict)}, last, newest
 
     def missing_files(self) -> list[str]:
         """Event files the manifest lists that are not in the run directory: their figures
@@ -135,7 +144,9 @@ class LoadedRun:
         out = {f"events/{p.name}" for sub in ("results", "dead")
                for p in (self.path / sub).glob("shard-*.jsonl")
                if not self._added(f"{sub}/{p.name}")}  # an added file is no shard's
-        return sorted(out - present)
+        # On disk now, not only among the logs read: a shard that started since they were
+        # read (a live run's resume or replacement) opened its log before its results.
+        return sorted(p for p in out - present if not (self.path / p).exists())
 
     def foreign_files(self) -> list[tuple[str, str]]:
         """Event files whose first line names another run than the manifest, with that run:
