@@ -2093,7 +2093,7 @@ def test_a_server_behind_the_gateway_dying_again_as_it_comes_back_dead_letters_n
     counted as its failed probes, they spent its word at once (43 of 60 dead-lettered)."""
     ids = write_input(tmp_path / "input.jsonl", 60)
     port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 1000})
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 500})
     servers = [start_sim(config, port=port)]
     proc = None
     try:
