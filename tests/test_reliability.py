@@ -2013,7 +2013,7 @@ def _behind_the_gateway(tmp_path: Path, mode: str, cap: int, retry: dict[str, An
     the items' ids, and the run's exit status, stdout and stderr."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 200})
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 100})
     servers = [start_sim(config, port=port)]
     proc = None
     try:
