@@ -1897,7 +1897,7 @@ def test_the_two_retry_rates_of_a_run_with_an_outage_have_their_own_names(
 def _restart_twice_with_four_out(tmp_path: Path, proc: subprocess.Popen[str],
                                  servers: list[SimProcess], config: SimConfig, port: int,
                                  answered: int = 0) -> tuple[str, str]:
-    """Once four results are in (the next four out, their answers 2 s away), kill the server
+    """Once four results are in (the next four out, their answers 1-2 s away), kill the server
     and start it again on its port, twice, each time once four are out again and the new
     server has answered `answered` requests whole; then the run's end: its stdout and stderr."""
     _wait_for_results(tmp_path / "runs", 4)
@@ -2215,7 +2215,7 @@ def test_a_run_of_bad_prompts_longer_than_the_cap_and_the_probes_beside_it_is_de
     assert max(out) <= 2 + BESIDE_CAP_MAX, max(out)
 
 def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Path) -> None:
-    """The server is killed with four requests out before their first token (answers take 2 s
+    """The server is killed with four requests out before their first token (answers take 1 s
     to start) and comes back; one of the four probes it, and the other three, held, go again
     at its first token: the server is killed again while they are out before theirs, and
     they (with one item sent then for the first time) alone meet the second outage. With one
@@ -2225,7 +2225,7 @@ def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Pa
     is answered."""
     ids = write_input(tmp_path / "input.jsonl", 12)
     port = free_port()
-    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 2000})
+    config = SimConfig.from_mapping({**FAST_SIM, "ttft_ms": 1000})
     servers = [start_sim(config, port=port)]
     write_job(tmp_path / "job.yaml", shards=1, concurrency=4,
               retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
