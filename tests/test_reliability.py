@@ -352,15 +352,18 @@ def test_a_storm_of_503s_mid_run_dead_letters_nothing(tmp_path: Path) -> None:
 
 
 def test_a_storm_at_the_end_of_a_shards_input_holds_its_last_items(tmp_path: Path) -> None:
-    """A storm of 503s (6 s) that meets only a shard's last four items: fewer than eight, they
+    """A storm of 503s (3 s) that meets only a shard's last four items: fewer than eight, they
     never made the streak, retried side by side and were dead-lettered once the retry budget
-    (8 here: their third failures, within 3.5 s) ran out. With its input ended, a shard's items
+    (8 here: their third failures, within 1.75 s) ran out. With its input ended, a shard's items
     all failing in a row make the streak: the four are held, one probe at a time, and answered
-    once the storm is over. (Their failures before it spend the budget: it leaves room.)"""
+    once the storm is over. (Their failures before it spend the budget: it leaves room.) The
+    waits are half the defaults' (backoff_s 0.25, and at most 2.5 s, half the probes' cap), as
+    the storm is half the 6 s it was: the same story in half the time."""
     ids = write_input(tmp_path / "input.jsonl", 40)
-    with sim(storm_after_n=36, storm_s=6) as server:
+    with sim(storm_after_n=36, storm_s=3) as server:
         job_for(tmp_path, server.base_url, shards=1, concurrency=8,
-                retry={"max_attempts": 6, "budget_ratio": 0, "budget_floor": 8})
+                retry={"max_attempts": 6, "budget_ratio": 0, "budget_floor": 8,
+                       "backoff_s": 0.25, "backoff_max_s": 2.5})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
         storm = sim_stats(server)["faults"]["storm"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
