@@ -1869,9 +1869,9 @@ def test_the_two_retry_rates_of_a_run_with_an_outage_have_their_own_names(
     back on its port): `report` gives two retry rates that differ by the waits, under two
     names (both were "retry rate"/`retry_rate`), each the figure docs/METRICS.md defines,
     computed here from the run's event log."""
-    ids = write_input(tmp_path / "input.jsonl", 600)
+    ids = write_input(tmp_path / "input.jsonl", 300)
     run = _through_a_restart(tmp_path, {**FAST_SIM, "ttft_ms": 300, "fail_500": 0.15},
-                             results=100, down_s=3, concurrency=16, retry=RETRY_FAST)
+                             results=100, down_s=2, concurrency=16, retry=RETRY_FAST)
     assert_exactly_once(run, ids)
     first = sum(1 for e in run.events if e["ev"] == "attempt_start" and e["attempt"] == 1)
     retries = [e["why"] for e in run.events if e["ev"] == "retry"]
