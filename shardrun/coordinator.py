@@ -130,6 +130,7 @@ class Coordinator:
         self.fatal_reason: str | None = None
         self.fatal_mode: str | None = None
         self.fatal_cause: str | None = None  # an outage or a storm that stopped the run
+        self.failure: Exception | None = None  # a hand-out's, which fails the pass (`_fail`)
         self.log_problem: str | None = None  # why the coordinator's log could not be written
         # The run directory as the pass started (device, inode): a directory no longer there
         # stops the run (`_check_run_dir`).
@@ -152,7 +153,7 @@ class Coordinator:
 
     @property
     def handing_out(self) -> bool:
-        return not self.interrupts and self.fatal_mode != ABANDON
+        return not self.interrupts and self.fatal_mode != ABANDON and self.failure is None
 
     # -- one shard -----------------------------------------------------------------------------
 
@@ -165,7 +166,7 @@ class Coordinator:
         handing: set[asyncio.Task[None]] = set()
         while (message := await handle.receive()) is not None:
             state.heard_at = loop.time()
-            _reap(handing)
+            self._reap_hand_outs(handing)
             kind = message["t"]
             if kind == protocol.WANT:
                 handing.add(asyncio.create_task(self._hand_out(state, int(message["n"]))))
@@ -186,7 +187,7 @@ class Coordinator:
             task.cancel()
         if handing:
             await asyncio.wait(handing)
-            _reap(handing)
+            self._reap_hand_outs(handing)
         state.died, killed = await self._exit_status(handle)
         if state.died is not None and state.done is not None:
             # Its work is all reported, its files closed before it said so: the run goes on as
@@ -228,6 +229,24 @@ class Coordinator:
         except TimeoutError:
             why += ", and its end was never reported"
         return why, why
+
+    def _reap_hand_outs(self, handing: set[asyncio.Task[None]]) -> None:
+        try:
+            _reap(handing)
+        except Exception as exc:  # whatever it is, the pass fails by it
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """A hand-out failed (a reject the disk would not take, the input cut short): every
+        shard is stopped as on a first Ctrl-C, finishing what it has in flight, and once all
+        have ended the pass fails with `exc` (`_supervise`). Left running, they went on until
+        the launcher's close gave up on them (`LAUNCHER_CLOSE_S`) and killed them, their CPU
+        time lost with them."""
+        if self.failure is not None:
+            return
+        self.failure = exc
+        for state in self.states:
+            state.handle.send({"t": protocol.STOP})
 
     async def _hand_out(self, state: ShardState, n: int) -> None:
         # Read first, yielding as it goes: where most input lines hold no item to hand out,
@@ -533,6 +552,8 @@ class Coordinator:
                 state = self.tasks[task]
                 if state.died is not None:
                     await self._after_death(state)
+        if self.failure is not None:
+            raise self.failure
 
     async def _after_death(self, state: ShardState) -> None:
         index = state.handle.index

@@ -3268,6 +3268,11 @@ def test_a_reject_that_cannot_be_written_while_handing_out_stops_the_pass(
         f"error: {path.relative_to(tmp_path)}/rejects.r1.jsonl: is a directory; the run stopped "
         "there: make that path usable (a read-only or damaged run directory?), then continue "
         "with --resume"], done.stderr
+    # Its shards were stopped, not left to the launcher's close, which kills them after a wait
+    # and loses their CPU time with them.
+    ends = [e for file in sorted((path / "events").glob("*.jsonl")) for e in read_jsonl(file)
+            if e["ev"] == "run_end"]
+    assert len(ends) == 2 and ends[-1]["client_cpu_s"] is not None, ends[-1]
 
 
 _NO_SIMULATOR = """\

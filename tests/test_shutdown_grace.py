@@ -284,7 +284,7 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, log.read_text()
     assert ("stopping (SIGHUP: a hang-up): letting in-flight requests finish (SIGTERM to "
             "abort)") in log.read_text()
     path = only_run(tmp_path / "runs")
