@@ -42,10 +42,16 @@ class InputError(ShardrunError):
 
 
 class InputCut(InputError):
-    """The input file became shorter than what a pass had read of it, while it read it. Its
-    message ends where the pass's way on goes (`runner._said` adds it)."""
+    """The input file became shorter than what had been read of it, while it was read: `what`
+    says so; a pass's sentence goes on with its way on (`runner._said`), any other command's
+    (export, validate, a run's --strict check) with "run the command again"."""
 
     exit_code = 1
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}; put the file back as it was (lines added at its end are "
+                         "fine), then run the command again")
+        self.what = what
 
 
 class RunDirError(ShardrunError):

@@ -234,10 +234,9 @@ class InputReader:
             size = os.fstat(self._file.fileno()).st_size
             if size < self.bytes_read + more:
                 raise InputCut(
-                    f"the input {self.path} was cut short while this pass read it: it holds "
-                    f"{size:,} bytes now, and the pass had read {self.bytes_read + more:,} "
-                    "(truncated or rewritten in place?); the run stopped at its last whole "
-                    "line: put the file back as it was (lines added at its end are fine)")
+                    f"the input {self.path} was cut short while it was read: it holds "
+                    f"{size:,} bytes now, and {self.bytes_read + more:,} had been read "
+                    "(truncated or rewritten in place?)")
 
     def _csv_items(self, rows: CsvRows, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         checked = (*self.fields.needed, self.fields.id_field)

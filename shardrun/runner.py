@@ -508,7 +508,8 @@ def _said(exc: BaseException, way_on: str) -> BaseException:
     if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
         return RunError(stopped_writing(exc, way_on))
     if isinstance(exc, InputCut):
-        return RunError(f"{exc}, then {way_on}")
+        return RunError(f"{exc.what}; the run stopped at its last whole line: put the file back "
+                        f"as it was (lines added at its end are fine), then {way_on}")
     return exc
 
 

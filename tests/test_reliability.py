@@ -3412,8 +3412,8 @@ def test_an_input_cut_short_mid_run_stops_the_pass_and_resume_finishes_once_it_i
     path = only_run(tmp_path / "runs")
     lines = error_lines(err, tmp_path)
     assert len(lines) == 1 and lines[0].startswith(
-        f"error: the input {tmp_path / 'input.jsonl'} was cut short while this pass read it: "
-        "it holds "), err
+        f"error: the input {tmp_path / 'input.jsonl'} was cut short while it was read: it "
+        "holds "), err
     assert lines[0].endswith("; the run stopped at its last whole line: put the file back as "
                              "it was (lines added at its end are fine), then continue with "
                              "--resume"), err
