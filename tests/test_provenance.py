@@ -786,7 +786,8 @@ def test_a_run_copied_with_its_line_endings_converted_says_so_and_how_to_undo_it
         log.write_bytes(log.read_bytes().replace(b"\n", b"\r\n"))
     said = ("does not match the bytes before it, whose lines end in CR LF where the log wrote "
             "LF: a copy converted its line endings (a Windows copy, git's autocrlf); copy it "
-            "again byte for byte, or strip the CRs (sed -i 's/\\r$//' FILE)")
+            "again byte for byte, or strip the CRs (tr -d '\\r' < FILE > FILE.lf && mv FILE.lf "
+            "FILE)")
     with pytest.raises(VerifyError, match=re.escape(said)):
         verify(sample, copy)
     with pytest.raises(PublishError, match=re.escape(said)):

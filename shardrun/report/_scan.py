@@ -137,8 +137,8 @@ class _Hasher:
             self._fail(f"line {lines_before + 1}: checkpoint SHA-256 {claimed_sha[:12]}… does "
                        "not match the bytes before it, whose lines end in CR LF where the log "
                        "wrote LF: a copy converted its line endings (a Windows copy, git's "
-                       "autocrlf); copy it again byte for byte, or strip the CRs (sed -i "
-                       "'s/\\r$//' FILE)")
+                       "autocrlf); copy it again byte for byte, or strip the CRs (tr -d "
+                       "'\\r' < FILE > FILE.lf && mv FILE.lf FILE)")
         elif claimed_sha != actual:
             self._fail(f"line {lines_before + 1}: checkpoint SHA-256 {claimed_sha[:12]}… does "
                        f"not match the bytes before it ({actual[:12]}…): a byte changed "
