@@ -172,13 +172,17 @@ def batch_error_line(dead: Mapping[str, Any], request_id: str = "") -> dict[str,
     }
 
 
-def write_batch_files(run_dir: Path, model: str, api: str = "chat") -> tuple[Path, Path]:
+def write_batch_files(run_dir: Path, model: str, api: str = "chat", *,
+                      run_id: str | None = None) -> tuple[Path, Path]:
     """Stream results/*.jsonl and dead/*.jsonl into the two Batch files in `run_dir`.
+
+    The request ids are the run's own (`run_id`, the manifest's): a run renamed and resumed
+    keeps the ids its earlier passes gave (the directory's name when none is given).
 
     Each file is written under a temporary name and renamed into place, so a reader never
     sees half a file. Returns (batch_output.jsonl, batch_errors.jsonl).
     """
-    run_id = run_dir.name
+    run_id = run_id or run_dir.name
     output, errors = run_dir / OUTPUT_NAME, run_dir / ERRORS_NAME
     with _atomic(output) as out:
         for record in _records(run_dir / "results"):

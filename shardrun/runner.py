@@ -422,7 +422,8 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
         if spec.output.format == "openai-batch":
             from shardrun.batch_format import write_batch_files
 
-            write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api)
+            write_batch_files(this.run_dir.path, spec.endpoint.model, spec.endpoint.api,
+                              run_id=this.run_dir.event_run_id)
     except BaseException as stopped:
         ended = _said(stopped, this.way_on)
         if this.info.get("retry_failed"):

@@ -917,3 +917,26 @@ def test_the_manifests_list_is_read_once_not_once_per_file(tmp_path: Path) -> No
     assert len(loaded.scans) == 5 and loaded.unlisted_files() == []
     assert loaded.unlogged_files() == []
     assert listed.reads <= 2  # the list once, and once for the files it lists gone
+
+
+def test_a_run_renamed_and_then_resumed_keeps_its_batch_request_ids(tmp_path: Path) -> None:
+    """openai-batch output: the request ids of the answers an earlier pass earned are the run's
+    own (its manifest's id), so a run renamed and resumed does not give them new ones."""
+    def request_ids(run: Path) -> dict[str, str]:
+        lines = (run / "batch_output.jsonl").read_bytes().splitlines()
+        return {(rec := orjson.loads(line))["custom_id"]: rec["response"]["request_id"]
+                for line in lines}
+
+    write_input(tmp_path / "input.jsonl", 12)
+    write_job(tmp_path / "job.yaml", output={"format": "openai-batch"})
+    first = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "orig", "--limit", "4",
+                    "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = request_ids(tmp_path / "runs" / "orig")
+    assert len(before) == 4
+    (tmp_path / "runs" / "orig").rename(tmp_path / "runs" / "mine")
+    again = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "mine", "--quiet",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    after = request_ids(tmp_path / "runs" / "mine")
+    assert len(after) == 12 and {k: after[k] for k in before} == before
