@@ -245,6 +245,9 @@ class Coordinator:
         if self.failure is not None:
             return
         self.failure = exc
+        # The error itself is said once the pass has ended, with its way on.
+        print("\nstopping on an error: letting in-flight requests finish (Ctrl-C twice to abort)",
+              file=sys.stderr)
         for state in self.states:
             state.handle.send({"t": protocol.STOP})
 

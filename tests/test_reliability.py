@@ -3264,6 +3264,7 @@ def test_a_reject_that_cannot_be_written_while_handing_out_stops_the_pass(
     done = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
                    timeout=WAIT_GUARD_S)
     assert done.returncode == 1, done.stderr
+    assert "stopping on an error: letting in-flight requests finish" in done.stderr
     assert error_lines(done.stderr, tmp_path) == [
         f"error: {path.relative_to(tmp_path)}/rejects.r1.jsonl: is a directory; the run stopped "
         "there: make that path usable (a read-only or damaged run directory?), then continue "
