@@ -300,6 +300,11 @@ class Attempt:
             self.out.conn_reused = reused
             self.arm(self.touts.first_token_s, "timeout_first_token")
 
+    def reconnect(self) -> None:
+        """The pooled connection was dead before any answer (`client._stale`): the request
+        goes again on another, which is stamped as the attempt's own, with connect_s for it."""
+        self.out.conn_ready_at = self.out.conn_reused = None
+
     def notify_conn(self) -> None:
         """Tell the caller once, outside aiohttp's connector (a raising callback can't leak it)."""
         t = self.out.conn_ready_at

@@ -14,6 +14,8 @@ event and decides about retries from `status`. Only cancellation propagates.
     timeout_idle         no bytes for idle_s after the first token
     timeout_total        the attempt as a whole exceeded total_s (wins over the others)
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
+                         (a pooled connection dead before any answer is no failure: the
+                         request goes again on another, `_post`)
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
                          an answer whose finish_reason is "error" or "abort" (the server gave up),
@@ -190,10 +192,7 @@ class StreamingClient:
         cancelled = False
         try:
             async with tm:
-                st.arm(self._timeouts.connect_s, "timeout_connect")
-                resp = await self._session.post(
-                    self._url, data=data, headers=self._headers, **self._post_kw
-                )
+                resp = await self._post(st, data)
                 st.headers(resp)
                 if 200 <= resp.status < 300:
                     await self._read_stream(st, resp, on_first_token, body_cap(body))
@@ -238,6 +237,27 @@ class StreamingClient:
         except CallerError as exc:
             raise exc.args[0] from None
         return st.finish()
+
+    async def _post(self, st: Attempt, data: bytes) -> aiohttp.ClientResponse:
+        """POST the request; again, on another connection, where a pooled one turned out dead
+        before any answer came (`_stale`), as many times as the pool has connections (each such
+        failure closes one), so the last try is on a new connection. aiohttp retries so only
+        idempotent methods, and a POST failed the attempt: a keep-alive connection the server
+        closed as the request went out on it (nginx's keepalive_timeout, keepalive_requests), or
+        a balancer's idle reset, cost the item one of its attempts and began an outage."""
+        connector = self._session.connector
+        tries = (connector.limit if connector is not None and connector.limit else 100) + 1
+        while True:
+            st.arm(self._timeouts.connect_s, "timeout_connect")
+            try:
+                return await self._session.post(
+                    self._url, data=data, headers=self._headers, **self._post_kw
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                tries -= 1
+                if not tries or not _stale(st, exc):
+                    raise
+            st.reconnect()
 
     async def answers(self, timeout_s: float) -> bool:
         """Whether the server gives an HTTP answer of its own (any status but a gateway's 502
@@ -427,6 +447,14 @@ def _settle(st: Attempt) -> None:
         resp.release()
     else:
         resp.close()
+
+
+def _stale(st: Attempt, exc: BaseException) -> bool:
+    """Whether a failed POST met a stale pooled connection: one handed out before, which
+    failed with no answer (no status line) as the request went out or was awaited. The
+    server closed it in between, or resets it now; a new connection may well be answered."""
+    return (st.out.conn_reused is True and st.resp is None
+            and not isinstance(exc, aiohttp.ClientConnectorError) and not out_of_files(exc))
 
 
 def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:

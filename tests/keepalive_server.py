@@ -1,0 +1,78 @@
+"""A loopback HTTP/1.1 server, written by hand, that kills its kept-alive connections as real
+fronts do, run as its own process:
+
+    python tests/keepalive_server.py fin|rst PER_CONN
+
+It listens on a free loopback port and prints `listening on PORT`. Each connection answers
+PER_CONN chat requests with a whole stream (Content-Length, keep-alive, no `Connection: close`),
+then, when the next request arrives on it, reads that request and, answering nothing, closes the
+connection (`fin`: nginx's keepalive_timeout or keepalive_requests racing a request sent on an
+idle connection) or resets it (`rst`: a balancer that dropped the idle connection and resets it
+when used). A GET (the model list) is answered 200 at any time. Every request read counts, as
+`served` or as `killed`; a line `GET /counts` answers them as JSON.
+
+It exits when its standard input closes, so a test that dies leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import sys
+
+from kept_listener import listen_until_stdin_closes  # run as a script: its own directory is on
+
+ANSWER = (b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+          b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+          b"data: [DONE]\n\n")
+COUNTS = {"served": 0, "killed": 0}
+
+
+async def _request(reader: asyncio.StreamReader) -> bytes:
+    """Read one request; its request line."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return head.split(b"\r\n", 1)[0]
+
+
+def _reply(writer: asyncio.StreamWriter, ctype: bytes, body: bytes) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype
+                 + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+    served = 0
+    try:
+        while True:
+            line = await _request(reader)
+            if line.startswith(b"GET /counts"):
+                _reply(writer, b"application/json", str(COUNTS).replace("'", '"').encode())
+            elif line.startswith(b"GET "):
+                _reply(writer, b"application/json", b'{"object":"list","data":[]}')
+            elif served < per_conn:
+                served += 1
+                COUNTS["served"] += 1
+                _reply(writer, b"text/event-stream", ANSWER)
+            else:
+                COUNTS["killed"] += 1
+                if kill == "rst":
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.close()
+                return
+            await writer.drain()
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        writer.transport.abort()
+
+
+if __name__ == "__main__":
+    mode, count = sys.argv[1], int(sys.argv[2])
+    asyncio.run(listen_until_stdin_closes(lambda r, w: _serve(mode, count, r, w)))

@@ -1,0 +1,119 @@
+"""Kept-alive connections a real front kills under a request (tests/keepalive_server.py, its own
+process, over loopback): a pooled connection that dies before any answer costs the item nothing,
+the request goes again on a new one; a new connection that dies so is a failure as before."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from shardrun.client import AttemptOutcome, StreamingClient, make_session
+from shardrun.clock import Clock
+from tests.conftest import Run, only_run, run_cli, write_input, write_job
+from tests.test_client import FAST, run
+
+pytestmark = pytest.mark.timeout(60)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+@contextmanager
+def front(kill: str, per_conn: int) -> Iterator[str]:
+    """The server's base URL while it runs."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("keepalive_server.py")),
+                             kill, str(per_conn)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().removeprefix("listening on "))
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+def counts(base: str) -> dict[str, int]:
+    """The requests the server answered (`served`) and those it killed the connection under."""
+    with urllib.request.urlopen(base.removesuffix("/v1") + "/counts", timeout=10) as resp:
+        got: dict[str, int] = orjson.loads(resp.read())
+    return got
+
+
+async def _attempts(base: str, cap: int, together: int, after: int) -> list[AttemptOutcome]:
+    """`together` attempts at once, then `after` one by one, on one session of `cap`."""
+    session = make_session(cap, FAST)
+    try:
+        client = StreamingClient(session, base, "chat", {}, FAST, Clock())
+        outs = list(await asyncio.gather(*(client.attempt(CHAT) for _ in range(together))))
+        for _ in range(after):
+            outs.append(await client.attempt(CHAT))
+        return outs
+    finally:
+        await session.close()
+
+
+@pytest.mark.parametrize("kill", ["fin", "rst"])
+def test_a_pooled_connection_killed_under_the_request_is_replaced_within_the_attempt(
+        kill: str) -> None:
+    """Each connection answers one request; the next request sent on it meets a close (or a
+    reset) and no answer. Each attempt after the first takes the pooled connection, finds it
+    dead, and sends again on a new one: every attempt ends ok, on a new connection, and the
+    server saw each request it killed once. It was conn_reset (reused), an attempt charged."""
+    with front(kill, 1) as base:
+        outs = run(_attempts(base, cap=1, together=1, after=3))
+        seen = counts(base)
+    assert [(o.status, o.conn_reused, o.text) for o in outs] == [("ok", False, "a")] * 4
+    assert seen == {"served": 4, "killed": 3}
+
+
+def test_every_dead_connection_in_the_pool_is_passed_over() -> None:
+    """Three connections pooled, all dead (a balancer dropped them while idle): the next
+    attempt meets each in turn, and the fourth try, on a new connection, is answered. With one
+    try again only, it failed on the second dead one."""
+    with front("rst", 1) as base:
+        outs = run(_attempts(base, cap=3, together=3, after=2))
+        seen = counts(base)
+    assert [(o.status, o.conn_reused) for o in outs] == [("ok", False)] * 5
+    assert seen == {"served": 5, "killed": 4}
+
+
+@pytest.mark.parametrize("kill", ["fin", "rst"])
+def test_a_new_connection_killed_under_the_request_is_a_failure(kill: str) -> None:
+    """A new connection closed (or reset) with no answer is the server's doing, not a stale
+    pool's: conn_reset, and the request went once."""
+    with front(kill, 0) as base:
+        (out,) = run(_attempts(base, cap=2, together=1, after=0))
+        seen = counts(base)
+    assert (out.status, out.conn_reused, out.http_status) == ("conn_reset", False, None)
+    assert seen == {"served": 0, "killed": 1}
+
+
+def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing(
+        tmp_path: Path) -> None:
+    """A whole run, one attempt per item and no retry budget, against a front that answers one
+    request per connection and kills the connection under the next: every item succeeds at its
+    first attempt, and nothing is held as an outage or retried (a stale connection began an
+    outage: the endpoint was blamed, and the items waited for a probe of its model list)."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    with front("rst", 1) as base:
+        write_job(tmp_path / "job.yaml", shards=1, concurrency=3,
+                  retry={"max_attempts": 1, "budget_ratio": 0, "budget_floor": 0},
+                  endpoint={"base_url": base, "api": "chat", "model": "m"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        seen = counts(base)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = Run.load(only_run(tmp_path / "runs"))
+    assert sorted(r["id"] for r in result.results) == ids and not result.dead
+    ends = [e for e in result.events if e["ev"] == "attempt_end"]
+    assert [(e["status"], e["attempt"], e["reused"]) for e in ends] == [("ok", 1, False)] * 30
+    assert not [e for e in result.events if e["ev"] == "retry"]
+    assert seen["served"] == 30 and seen["killed"] > 0
