@@ -11,6 +11,7 @@ exits 1 when the log fails its integrity check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -90,6 +91,12 @@ def say(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         reader_gone()
+    except OSError as exc:  # a terminal that hung up with no SIGHUP heard yet (EIO), a full disk
+        reader_gone()
+        with contextlib.suppress(OSError):
+            print(f"warning: cannot write to standard output ({exc.strerror or exc}; a terminal "
+                  "that hung up?): what this command prints is dropped, its exit status stands",
+                  file=sys.stderr)
 
 
 def guarded(handler: Handler) -> Handler:

@@ -260,30 +260,46 @@ def test_a_stop_while_the_modules_load_is_one_sentence(
     assert not (tmp_path / "runs").exists()
 
 
+def _terminal_job(tmp_path: Path, items: int) -> list[str]:
+    """A job of `items` on 2 shards of 4 against sim:// answering in 100 ms; the input's ids."""
+    ids = write_input(tmp_path / "input.jsonl", items)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "ttft_ms": 100}})
+    return ids
+
+
+def _terminal_gone_at_20(proc: subprocess.Popen[Any], tmp_path: Path, terminal: int,
+                         sig: signal.Signals | None) -> None:
+    """Once the run has 20 results, close the terminal (writing to it fails from then on), send
+    `sig` if any, and wait for the run's end."""
+    try:
+        _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
+        os.close(terminal)
+        if sig is not None:
+            proc.send_signal(sig)
+        proc.wait(timeout=WAIT_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -> None:
     """The run's terminal goes away (a dropped SSH session: the terminal closes, SIGHUP comes):
     the run stops as on SIGTERM, its summary goes nowhere instead of failing on the dead
     terminal, the manifest is finished, and --resume does each id once. A stderr sent to a
     file says how to abort now that there is no Ctrl-C."""
-    ids = write_input(tmp_path / "input.jsonl", 100)  # the hang-up at 20 leaves most undone
-    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
-              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
-                        "sim": {**FAST_SIM, "ttft_ms": 100}})
+    # The hang-up at 20 results leaves most undone: with 100 the run could end before a loaded
+    # machine delivered the SIGHUP (then the summary met the dead terminal, see below).
+    ids = _terminal_job(tmp_path, 1000)
     terminal, side = pty.openpty()
     log = tmp_path / "stderr.log"
     with log.open("wb") as stderr:
         proc = _run_job(tmp_path, stdout=side, stderr=stderr, text=False,
                         start_new_session=True)
     os.close(side)
-    try:
-        _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 20, "20 results")
-        os.close(terminal)  # the terminal is gone: writing to it fails from now on
-        proc.send_signal(signal.SIGHUP)
-        proc.wait(timeout=WAIT_GUARD_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _terminal_gone_at_20(proc, tmp_path, terminal, signal.SIGHUP)
     assert proc.returncode == 130, log.read_text()
     assert ("stopping (SIGHUP: a hang-up): letting in-flight requests finish (SIGTERM to "
             "abort)") in log.read_text()
@@ -291,10 +307,41 @@ def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -
     first = Run.load(path)
     assert first.manifest["status"] == "interrupted" and "summary" in first.manifest
     assert sorted(e["shard"] for e in first.events if e["ev"] == "shard_end") == [0, 1]
-    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path)
+    resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--concurrency",
+                      "64", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     counts = Counter(r["id"] for r in Run.load(path).results)
     assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("on_terminal", ["stdout", "stderr"])
+def test_a_terminal_gone_with_no_hang_up_heard_fails_nothing(
+        tmp_path: Path, on_terminal: str) -> None:
+    """The terminal goes away and no SIGHUP comes (or comes after the run has ended): writing
+    to it fails (EIO). The run ends as it would have, exit 0. With the summary's stdout on it,
+    the summary is dropped with a warning; it was "error: input/output error; no request was
+    sent", exit 1. With the live display's stderr on it (which prints stdout's lines through
+    it while it runs), the summary still reaches stdout's file."""
+    _terminal_job(tmp_path, 100)
+    terminal, side = pty.openpty()
+    other = tmp_path / "other.log"
+    with other.open("wb") as file:
+        streams = {"stdout": side, "stderr": file} if on_terminal == "stdout" else {
+            "stdout": file, "stderr": side}
+        proc = _run_job(tmp_path, **streams, text=False, start_new_session=True)
+    os.close(side)
+    _terminal_gone_at_20(proc, tmp_path, terminal, None)
+    said = other.read_text()
+    assert proc.returncode == 0, said
+    assert only_run(tmp_path / "runs").joinpath("manifest.json").is_file()
+    assert orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())[
+        "status"] == "succeeded"
+    if on_terminal == "stdout":
+        assert said.splitlines()[-1] == (
+            "warning: cannot write to standard output (Input/output error; a terminal that hung "
+            "up?): what this command prints is dropped, its exit status stands"), said
+    else:
+        assert said.startswith("run succeeded: ") and "  succeeded          100\n" in said, said
 
 
 def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path) -> None:
