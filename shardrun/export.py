@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from shardrun._ellipsis import ellipsize
 from shardrun.digestset import DigestSet
 from shardrun.errors import NO_ROOM, RunError, SpecError
 from shardrun.fdlimit import ensure_open_files
@@ -67,7 +68,7 @@ from shardrun.manifest import (
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file, replace_target
-from shardrun.resume import set_aside_lines
+from shardrun.resume import ITEM_NAMING, set_aside_lines, setting_changes
 from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
 
@@ -134,6 +135,7 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
     summary = ExportSummary(job_path=job.job_path)
+    _check_item_naming(run_path, manifest, job)
     if _job_sha256(manifest) != file_digest(job.job_path)[0]:
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
@@ -233,6 +235,25 @@ def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -
     # The job is read as written: only its input settings matter here, and no environment
     # variable changes them (an override meant for a run must not fail an export).
     return load_job(job_path, env={}, flags={})
+
+
+def _check_item_naming(run_path: Path, manifest: dict[str, Any], job: LoadedJob) -> None:
+    """Refuse a job that names items otherwise than the run did (`input.id_field` edited since,
+    as a resume refuses it): each record's answer is found by its id, so a record would come
+    out beside another record's answer, or as pending, with only a warning that the job file
+    changed."""
+    now = job.effective()
+    for key, old, new in setting_changes(manifest.get("effective"), now, ITEM_NAMING):
+        raise SpecError(f"{key} is {_shown(new)} in {job.job_path} but was {_shown(old)} when "
+                        f"run {run_path.name} started: export finds each record's answer by "
+                        "its id, so records would come out beside other records' answers or as "
+                        "pending; set it back, or name the run's own job file with "
+                        "--job")  # fmt: skip
+
+
+def _shown(value: object) -> str:
+    """A setting's value in a one-line message (as a resume shows it)."""
+    return ellipsize(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode(), 80)
 
 
 def _job_sha256(manifest: dict[str, Any]) -> str | None:

@@ -350,6 +350,36 @@ def test_an_edited_job_file_is_a_warning(base: Path, tmp_path: Path) -> None:
     assert f"warning: the job file {job} changed since the run;" in done.stderr
 
 
+def test_a_job_that_names_items_by_another_field_is_refused(tmp_path: Path) -> None:
+    """input.id_field edited since the run (as a resume refuses it): the export found each
+    record's answer by the new field's values, so a record came out beside another record's
+    answer (here every id of the new field is another record's old id), with only the warning
+    that the job file changed."""
+    with open(tmp_path / "input.jsonl", "wb") as f:
+        for i in range(6):
+            f.write(orjson.dumps({"id": f"a{i}", "alt": f"a{5 - i}", "prompt": f"Q {i}"}) + b"\n")
+    write_job(tmp_path / "job.yaml", shards=1)
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path).returncode == 0
+    run_dir = only_run(tmp_path / "runs")
+    settings = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    settings["input"]["id_field"] = "alt"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(settings))
+    out = tmp_path / "a.jsonl"
+    done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f'error: input.id_field is "alt" in {tmp_path / "job.yaml"} but was '
+                           f'"id" when run {run_dir.name} started: export finds each record\'s '
+                           "answer by its id, so records would come out beside other records' "
+                           "answers or as pending; set it back, or name the run's own job file "
+                           "with --job\n")  # fmt: skip
+    assert not out.exists()
+    settings["input"].pop("id_field")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(settings))
+    done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [(r["id"], r["status"]) for r in read_jsonl(out)] == [(f"a{i}", "ok") for i in range(6)]
+
+
 def test_a_run_that_never_ended_a_pass_is_exported_unchecked(base: Path, tmp_path: Path) -> None:
     """A run killed in its first pass recorded no input digest: export says it cannot check."""
     run_dir, _ = copy_of(base, tmp_path)
