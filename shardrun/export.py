@@ -259,7 +259,7 @@ def _shown(value: object) -> str:
 def _job_sha256(manifest: dict[str, Any]) -> str | None:
     """The SHA-256 of the job file as the newest pass read it."""
     for entry in reversed(manifest.get("resumes") or []):
-        if entry.get("job_sha256"):
+        if isinstance(entry, dict) and entry.get("job_sha256"):  # no object: edited, passed over
             return str(entry["job_sha256"])
     sha = manifest.get("job", {}).get("sha256")
     return None if sha is None else str(sha)

@@ -331,6 +331,20 @@ def test_a_moved_job_file_is_named_with_job(base: Path, tmp_path: Path) -> None:
     assert f"failed: `shardrun retry-failed {run_dir} --job {job}` gives them" in done.stderr
 
 
+def test_a_pass_record_that_is_no_object_is_passed_over(base: Path, tmp_path: Path) -> None:
+    """A `resumes` entry that is no JSON object (a manifest edited or damaged) is passed over,
+    as a resume and `report` pass over it: the export looked for the job file's SHA-256 in it
+    and ended in a traceback (AttributeError)."""
+    run_dir, job = copy_of(base, tmp_path)
+    manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
+    manifest["resumes"] = [5]
+    (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = export(str(run_dir), "--job", str(job), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "warning: the job file" not in done.stderr  # the first pass's SHA-256 is the job's
+    assert len(read_jsonl(tmp_path / "a.jsonl")) == N + 2
+
+
 def test_a_missing_input_is_named(base: Path, tmp_path: Path) -> None:
     run_dir, job = copy_of(base, tmp_path)
     (job.parent / "input.jsonl").unlink()
