@@ -89,15 +89,20 @@ def handle(args: argparse.Namespace) -> int:
     job = str(summary.job_path or "JOB.yaml")
     retry = retry_failed_command(run, manifest, *([] if args.job is None else ["--job", job]))
     way_on = f"`{resume}` runs them"
-    if in_use(run):  # a pass at work: a --resume now would only wait for it
+    retry_on = f"failed: `{retry}` gives them another pass"
+    if in_use(run):  # a pass at work: a --resume or retry-failed now would only wait for it
         # One that retries dead letters only never ends an input item no pass has run.
         way_on = (f"the pass at work retries dead letters only; once it ends, {way_on}"
                   if newest_pass(manifest).get("only_failed") else
                   "the run is still at work (a process holds its lock): export again once it "
                   "ends")
+        # A retry-failed now is refused once it has waited a minute for the lock; a retry
+        # pass at work may be retrying these very dead letters.
+        retry_on = (f"failed: once the pass at work ends, `{retry}` gives those still "
+                    "failed another pass")
     notes = [
         (summary.pending, "record has", "records have", f"no answer yet: {way_on}"),
-        (summary.failed, "record", "records", f"failed: `{retry}` gives them another pass"),
+        (summary.failed, "record", "records", retry_on),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
          "writing, or one killed since): their records count as pending"),
         (summary.repeated, "id has", "ids have", "more than one line in the run: the first "

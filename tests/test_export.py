@@ -229,11 +229,18 @@ def test_pending_items_of_a_run_at_work_are_not_sent_to_resume(base: Path,
     assert ("  2 records have no answer yet: the run is still at work (a process holds its "
             "lock): export again once it ends\n") in done.stderr, done.stderr
     assert "--resume" not in done.stderr
+    # Nor are the failed ones sent to a retry-failed that would wait for the run and be refused.
+    retry = f"`shardrun retry-failed {run_dir}` gives those still failed another pass\n"
+    for during in (done, retrying):
+        assert re.search(r"\n  \d+ records failed: once the pass at work ends, " + re.escape(retry),
+                         during.stderr), during.stderr  # fmt: skip
     assert ("  2 records have no answer yet: the pass at work retries dead letters only; once "
             "it ends, `shardrun ") in retrying.stderr, retrying.stderr
     assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in retrying.stderr
     after = export(str(run_dir), "-o", str(tmp_path / "b.jsonl"), cwd=tmp_path)
     assert f"--resume {run_dir.name} --runs-dir {run_dir.parent}` runs them" in after.stderr
+    assert re.search(r"\n  \d+ records failed: `shardrun retry-failed " + re.escape(str(run_dir))
+                     + "` gives them another pass\n", after.stderr), after.stderr  # fmt: skip
 
 
 def test_a_result_file_removed_by_hand_is_a_warning(base: Path, tmp_path: Path) -> None:
