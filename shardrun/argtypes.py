@@ -4,6 +4,7 @@ import `cli` at their top)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -24,6 +25,16 @@ def path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty: give a path")
     return Path(text)
+
+
+def file_path(text: str) -> Path:
+    """A path for a file to write (`export -o`, `report --html`, `publish -o`): one ending in a
+    slash names a directory, so it is refused, as `>` refuses it; `Path` drops the slash, and
+    `-o out/` wrote a file named out."""
+    if text.endswith(("/", os.sep)) and text.strip("/" + os.sep):
+        raise argparse.ArgumentTypeError(f"{text} ends in {text[-1]}, so it names a directory; "
+                                         "name the file to write")
+    return path(text)
 
 
 def job_path(text: str) -> Path:

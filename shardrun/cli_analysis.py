@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from shardrun.argtypes import path
+from shardrun.argtypes import file_path, path
 from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.outpath import check_not_a_run_file, check_output_file
 
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     report.add_argument("--json", action="store_true",
                         help="print the report as JSON (schema shardrun.report/1)")
-    report.add_argument("--html", type=path, metavar="FILE",
+    report.add_argument("--html", type=file_path, metavar="FILE",
                         help="also write a self-contained HTML file with plots")
     report.set_defaults(handler=run_report)
 
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     which.add_argument("--peak", action="store_true",
                        help="the peak full minute (the default; the best partial minute, "
                             "flagged partial, when no minute is full)")
-    publish.add_argument("-o", "--output", type=path, metavar="FILE",
+    publish.add_argument("-o", "--output", type=file_path, metavar="FILE",
                          help="where to write it (default: RUN_DIR/samples/minute-….json)")
     publish.set_defaults(handler=run_publish)
 

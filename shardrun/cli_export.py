@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted
-from shardrun.argtypes import job_path, path, positive_seconds
+from shardrun.argtypes import file_path, job_path, path, positive_seconds
 from shardrun.cli_analysis import guarded
 
 __all__ = ["handle", "register"]
@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
                     "be the one the run read.",
     )  # fmt: skip
     p.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
-    p.add_argument("-o", "--output", type=path, metavar="FILE",
+    p.add_argument("-o", "--output", type=file_path, metavar="FILE",
                    help="the file to write (default, or -: standard output); replaced only once "
                         "the export is whole. A name ending in .tsv, .xlsx, .xls, .parquet, "
                         ".pq, .feather or .arrow is refused (export writes JSON lines or CSV "

@@ -32,6 +32,9 @@ def check_output_file(flag: str, path: Path) -> None:
     a usage error, found before a run directory is read rather than after."""
     if path.is_dir():
         raise SpecError(f"{flag} {path} is a directory; name the file to write")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise SpecError(f"{flag} {path}: {path.parent} is a file, not a directory; name a file "
+                        "in a directory")
     if not path.parent.is_dir():
         raise SpecError(f"{flag} {path}: there is no directory {path.parent}; create it, or "
                         "name a file in one that exists")

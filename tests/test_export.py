@@ -424,7 +424,19 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
     done = export(str(run_dir), "-o", str(tmp_path), cwd=base)
     assert (done.returncode, done.stderr) == (
         2, f"error: -o {tmp_path} is a directory; name the file to write\n")
+    # A name ending in a slash names a directory (one not there yet): `Path` dropped the slash,
+    # and a file named `new` was written. Nor is a file taken for the directory it is not.
+    done = export(str(run_dir), "-o", f"{tmp_path}/new/", cwd=base)
+    assert (done.returncode, done.stderr) == (
+        2, f"error: argument -o/--output: {tmp_path}/new/ ends in /, so it names a directory; "
+           "name the file to write (`shardrun export --help` lists the arguments)\n")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "a.jsonl").write_bytes(b"")
+    done = export(str(run_dir), "-o", str(tmp_path / "a.jsonl" / "b.jsonl"), cwd=base)
+    assert (done.returncode, done.stderr) == (
+        2, f"error: -o {tmp_path / 'a.jsonl' / 'b.jsonl'}: {tmp_path / 'a.jsonl'} is a file, "
+           "not a directory; name a file in a directory\n")  # fmt: skip
+    (tmp_path / "a.jsonl").unlink()
     with open("/dev/full", "wb") as full:  # a disk with no space left
         proc = subprocess.run([sys.executable, "-m", "shardrun", "export", str(run_dir)],
                               cwd=base, stdout=full, stderr=subprocess.PIPE, text=True,
