@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import platform
 import re
@@ -358,7 +359,8 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json") from None
+        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json"
+                          f"{_which_run(run_dir)}") from None
     except OSError as exc:
         raise RunDirError(f"{path} cannot be read: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
@@ -373,6 +375,25 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
             raise RunDirError(f"{path}: {key} is not {what}; the manifest was edited or "
                               "damaged")
     return data
+
+
+def _which_run(folder: Path) -> str:
+    """For a folder given where a run directory was wanted: the run it is a folder of, or one
+    of the runs it holds (the runs directory itself), as a clause; else ''."""
+    named = folder if folder.name not in ("", ".", "..") else folder.resolve()
+    if named.name in ("results", "events", "dead", "logs") and (
+            named.parent / "manifest.json").is_file():  # fmt: skip
+        return f"; it is a folder of a run: name the run directory, {named.parent}"
+    written: list[tuple[float, Path]] = []
+    try:
+        for child in itertools.islice(folder.iterdir(), 10_000):  # not a whole home directory
+            with contextlib.suppress(OSError):
+                written.append(((child / "manifest.json").stat().st_mtime, child))
+    except OSError:
+        return ""
+    if not written:
+        return ""
+    return f"; it holds runs: name one, such as {max(written)[1]}, the one written last"
 
 
 def newest_pass(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -605,10 +605,20 @@ def test_a_full_scratch_disk_is_one_sentence(base: Path, tmp_path: Path) -> None
     assert not out.exists()
 
 
-def test_not_a_run_directory(tmp_path: Path) -> None:
+def test_not_a_run_directory(base: Path, tmp_path: Path) -> None:
     done = export(str(tmp_path), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr == f"error: {tmp_path} is not a run directory: it has no manifest.json\n"
+    # The runs directory, or a folder of a run, given for the run: the sentence names the run.
+    run_dir = only_run(base / "runs")
+    for given, clause in [
+        ("runs", f"it holds runs: name one, such as runs/{run_dir.name}, the one written last"),
+        (f"runs/{run_dir.name}/results",
+         f"it is a folder of a run: name the run directory, runs/{run_dir.name}"),
+    ]:  # fmt: skip
+        done = export(given, cwd=base)
+        assert (done.returncode, done.stderr) == (
+            2, f"error: {given} is not a run directory: it has no manifest.json; {clause}\n")
 
 
 def test_after_retry_failed_the_new_segment_counts(base: Path, tmp_path: Path) -> None:
