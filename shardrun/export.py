@@ -3,8 +3,9 @@
 A run writes each answer where and when it finishes: a results file and a dead-letter file per
 shard and segment, in completion order. Putting them back next to the input is the first thing
 a user does with them, so `export` does it once and the same way every time. It reads the input
-again with the job's own reader, so ids, rejected lines and duplicate ids come out exactly as
-the run saw them, and writes for each record the row of the line that ended it:
+again with the job's own reader, set as the run's last pass was (`_run_plan`), so ids, rejected
+lines and duplicate ids come out exactly as the run saw them, and writes for each record the
+row of the line that ended it:
 
     status    where the row comes from
     ok        the item's result line: output, finish_reason, usage, attempts
@@ -40,35 +41,38 @@ import sqlite3
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, get_args
 
 import orjson
 
 from shardrun._ellipsis import ellipsize
+from shardrun._models import InputFormat
+from shardrun._template import TemplateError, parse_template
 from shardrun.digestset import DigestSet
 from shardrun.errors import NO_ROOM, RunError, SpecError
 from shardrun.fdlimit import ensure_open_files
 from shardrun.inputs import (
     BOM,
+    InputPlan,
     InputReader,
     Reject,
     bounded_lines,
     decode_line,
-    make_reader,
 )
 from shardrun.manifest import (
     changed_results,
     file_digest,
     newest_job_path,
+    newest_pass,
     pass_reads,
     prefix_digests,
     read_manifest,
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file, replace_target
-from shardrun.resume import ITEM_NAMING, set_aside_lines, setting_changes
+from shardrun.resume import set_aside_lines, setting_changes
 from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
 
@@ -135,16 +139,16 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
     manifest = read_manifest(run_path)
     job = _load_job(run_path, manifest, job_path)
     summary = ExportSummary(job_path=job.job_path)
-    _check_item_naming(run_path, manifest, job)
-    if _job_sha256(manifest) != file_digest(job.job_path)[0]:
+    plan, summary.warnings = _run_plan(manifest, job)
+    if not summary.warnings and _job_sha256(manifest) != file_digest(job.job_path)[0]:
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
     if out is not None:
         check_not_read_back("-o", out, {"the run's input file": job.input_path,
                                         "the run's job file": job.job_path})
-    reader = make_reader(job, with_input)  # a missing or unreadable input fails here
+    reader = InputReader(job.input_path, plan, with_input)  # a missing input fails here
     try:
-        _check_input(run_path, manifest, job.input_path, job.spec.input.format, summary)
+        _check_input(run_path, manifest, job.input_path, plan.format, summary)
         # Answers removed by hand would come out as pending, the way on a --resume that pays
         # for them again: say so, as `report` and a resume do.
         summary.warnings += [
@@ -237,18 +241,37 @@ def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -
     return load_job(job_path, env={}, flags={})
 
 
-def _check_item_naming(run_path: Path, manifest: dict[str, Any], job: LoadedJob) -> None:
-    """Refuse a job that names items otherwise than the run did (`input.id_field` edited since,
-    as a resume refuses it): each record's answer is found by its id, so a record would come
-    out beside another record's answer, or as pending, with only a warning that the job file
-    changed."""
-    now = job.effective()
-    for key, old, new in setting_changes(manifest.get("effective"), now, ITEM_NAMING):
-        raise SpecError(f"{key} is {_shown(new)} in {job.job_path} but was {_shown(old)} when "
-                        f"run {run_path.name} started: export finds each record's answer by "
-                        "its id, so records would come out beside other records' answers or as "
-                        "pending; set it back, or name the run's own job file with "
-                        "--job")  # fmt: skip
+READING = ("input.id_field", "input.format", "input.prompt_field", "input.messages_field",
+           "input.template")  # fmt: skip
+"""Input settings that decide a line's row: its id, and whether it is a record or a reject."""
+
+
+_NAMED = ("input.id_field", "input.format")  # settings that are never null
+
+
+def _run_plan(manifest: dict[str, Any], job: LoadedJob) -> tuple[InputPlan, list[str]]:
+    """How the run's last pass read the input (its `effective` record), with a warning for each
+    setting of the job file that differs from it. The job file's would find answers under other
+    ids (a record beside another record's answer, or pending) or reject the records that have
+    them, after an edit meant for another run. A pass that recorded none (an older shardrun's
+    resume) leaves the job file's."""
+    plan = InputPlan.from_job(job)
+    recorded = newest_pass(manifest).get("effective")
+    if not isinstance(recorded, dict):
+        return plan, []
+    warnings, read_as = [], dict[str, Any]()
+    for key, old, new in setting_changes(recorded, job.effective(), READING):
+        if ((not isinstance(old, str) and (old is not None or key in _NAMED))
+                or (key == "input.format" and old not in get_args(InputFormat))):  # edited
+            continue  # fmt: skip
+        try:
+            value = parse_template(old) if key == "input.template" and old is not None else old
+        except TemplateError:
+            continue
+        read_as[key.removeprefix("input.")] = value
+        warnings.append(f"{key} is {_shown(new)} in {job.job_path} but was {_shown(old)} when "
+                        "the run's last pass read the input; export read it as that pass did")
+    return replace(plan, **read_as), warnings
 
 
 def _shown(value: object) -> str:
