@@ -36,8 +36,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", type=file_path, metavar="FILE",
                    help="the file to write (default, or -: standard output); replaced only once "
                         "the export is whole. A name ending in .tsv, .xlsx, .xls, .parquet, "
-                        ".pq, .feather or .arrow is refused (export writes JSON lines or CSV "
-                        "only) unless --format says which to write")  # fmt: skip
+                        ".pq, .feather or .arrow, or a compressed file's, .gz, .bz2, .xz, .zst "
+                        "or .zip, is refused (export writes JSON lines or CSV only) unless "
+                        "--format says which to write")  # fmt: skip
     p.add_argument("--format", choices=("jsonl", "csv"),
                    help="JSON lines or CSV (default: csv when FILE ends in .csv, else jsonl)")
     p.add_argument("--job", type=job_path, metavar="JOB.yaml",

@@ -111,8 +111,12 @@ class ExportSummary:
 
 # Suffixes of table formats export does not write: JSON lines under such a name would be a trap
 # (a reader of `answers.parquet` fails on it, after an export that said it went well).
+# A compressed file's name too (`answers.csv.gz`): export writes no compressed file, and its
+# reader (pandas, zcat) would fail on the plain text, as a Parquet reader would.
 _OTHER_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
-                  ".feather": "Feather", ".xlsx": "Excel", ".xls": "Excel", ".tsv": "TSV"}
+                  ".feather": "Feather", ".xlsx": "Excel", ".xls": "Excel", ".tsv": "TSV",
+                  ".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "Zstandard",
+                  ".zip": "ZIP"}  # fmt: skip
 
 
 def format_of(out: Path | None, given: str | None) -> Format:

@@ -668,6 +668,10 @@ def test_format_of() -> None:
                                         r"CSV, not Parquet; name the file \.jsonl or \.csv"):
         format_of(Path("answers.parquet"), None)
     assert format_of(Path("answers.parquet"), "jsonl") == "jsonl"  # asked for by name
+    # Nor is a compressed file's name filled with plain text: `answers.csv.gz` got JSON lines.
+    with pytest.raises(SpecError, match=r"^-o answers\.csv\.gz: export writes JSON lines or "
+                                        r"CSV, not gzip; name the file \.jsonl or \.csv"):
+        format_of(Path("answers.csv.gz"), None)
 
 
 def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
