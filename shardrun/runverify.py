@@ -203,7 +203,9 @@ def _not_this_runs(run_dir: Path, manifest: dict[str, Any], present: dict[str, i
     problems = []
     for rel in sorted(p for p in ours if p.startswith(("results/", "dead/"))):
         log = "events/" + PurePosixPath(rel).name
+        # A shard's file only: a retry pass's dead/unretried-rK.jsonl is its coordinator's.
         if (PurePosixPath(rel).parent.name in ("results", "dead") and log not in present
+                and PurePosixPath(rel).name.startswith("shard-")
                 and log not in ours and unlogged_text(log, run_dir) not in problems):
             problems.append(unlogged_text(log, run_dir))
     mine = manifest.get("run_id")

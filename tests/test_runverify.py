@@ -247,6 +247,23 @@ def test_a_run_after_retry_failed_verifies_clean(finished: Path, tmp_path: Path,
     assert out.startswith(f"ok: run r1: {len(listed)} files (") and "6 event files" in out
 
 
+def test_a_retry_pass_that_left_dead_letters_unreached_verifies_clean(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A retry pass that stops before it reaches every dead letter (--limit here, or a Ctrl-C)
+    puts those back in dead/unretried-r1.jsonl, a file of the coordinator's, not a shard's:
+    verify took it for a shard's and failed the run ("events/unretried-r1.jsonl is missing
+    from the run directory, though its shard wrote dead/unretried-r1.jsonl")."""
+    run = _copy(finished, tmp_path)
+    _job(tmp_path, GOOD, "good.yaml", input={"path": str(finished.parent.parent / "input.jsonl")})
+    some = run_cli("good.yaml", "--runs-dir", str(run.parent), "--resume", "r1",
+                   "--retry-failed", "--limit", "3", cwd=tmp_path)  # fmt: skip
+    assert some.returncode == 1, some.stderr  # dead letters are left
+    assert (run / "dead" / "unretried-r1.jsonl").stat().st_size > 0
+    code, out, err = _verify(run, capsys)
+    assert code == 0, err
+    assert out.startswith("ok: run r1: "), out
+
+
 def _crash_a_retry_pass(run: Path, cwd: Path) -> None:
     """Start `retry-failed` against a slow simulator and kill -9 its coordinator once it has
     written a result; wait for its shards and simulator to exit by themselves."""
