@@ -48,7 +48,6 @@ from typing import IO, TYPE_CHECKING, Any, Literal, get_args
 import orjson
 
 from shardrun._ellipsis import ellipsize
-from shardrun._models import InputFormat
 from shardrun._template import TemplateError, parse_template
 from shardrun.digestset import DigestSet
 from shardrun.errors import NO_ROOM, RunError, SpecError
@@ -259,6 +258,8 @@ def _run_plan(manifest: dict[str, Any], job: LoadedJob) -> tuple[InputPlan, list
     ids (a record beside another record's answer, or pending) or reject the records that have
     them, after an edit meant for another run. A pass that recorded none (an older shardrun's
     resume) leaves the job file's."""
+    from shardrun._models import InputFormat  # pydantic's: loaded with the job already
+
     plan = InputPlan.from_job(job)
     recorded = newest_pass(manifest).get("effective")
     if not isinstance(recorded, dict):

@@ -350,6 +350,16 @@ def test_a_pass_record_that_is_no_object_is_passed_over(base: Path, tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert "warning: the job file" not in done.stderr  # the first pass's SHA-256 is the job's
     assert len(read_jsonl(tmp_path / "a.jsonl")) == N + 2
+    # Nor is an input setting the manifest records as no setting at all read with: the job
+    # file's is (the template was handed to the template parser: a traceback).
+    manifest["resumes"] = []
+    for key, value in [("input.template", 5), ("input.format", "xml"), ("input.id_field", None)]:
+        manifest["effective"][key] = {"source": "job file", "value": value}
+    (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = export(str(run_dir), "--job", str(job), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr  # no setting is said to have been read with
+    assert [r["status"] for r in read_jsonl(tmp_path / "a.jsonl")][-2:] == ["rejected"] * 2
 
 
 def test_a_missing_input_is_named(base: Path, tmp_path: Path) -> None:
