@@ -129,42 +129,74 @@ def test_fault_class_exactly_once_and_telemetry_matches(
         assert all(r["wait"] >= 0.05 and r["why"] == "server" for r in retries)
 
 
+def _storm_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The storms of one shard's events, as the shard held them (`outage.StormWatch`): each
+    begins at a held retry (why endpoint_failing) and ends at the first success of an attempt
+    started after the first failure of the streak that made it (a 5xx of the server's own
+    after the streak's last such success): from its first token on for the storm's probe (a
+    retry sent in it), at its end for any other. Not at the first success of an attempt
+    started after the held retry: one sent as the streak grew, before the storm was known,
+    ends it too, and the held retries then go side by side."""
+    timeline: list[tuple[float, str, Any]] = []
+    for e in events:
+        key = (e.get("span"), e.get("attempt"))
+        if e["ev"] == "retry" and e["why"] == "endpoint_failing":
+            timeline.append((e["t"], "held", None))
+        elif e["ev"] == "attempt_start":
+            timeline.append((e["t"], "start", key))
+        elif e["ev"] == "attempt_end" and e["status"] == "ok":
+            timeline.append((e["t"], "ok", key))
+            timeline.append((e.get("first_token_t") or e["t"], "first_token", key))
+        elif e["ev"] == "attempt_end" and e["status"] == "http_5xx" \
+                and e["http"] not in (502, 504):
+            timeline.append((e["t"], "failed", None))
+    storms, first, since = [], None, None
+    started: dict[Any, float] = {}
+    probes = set()  # the retries sent in a storm: its probes
+    for at, what, key in sorted(timeline, key=lambda x: x[0]):
+        if what == "start":
+            started[key] = at
+            if since is not None and key[1] > 1:
+                probes.add(key)
+        elif what == "failed" and first is None:
+            first = at
+        elif what == "held" and since is None:
+            since = at
+        elif what in ("ok", "first_token") and (what == "first_token") == (key in probes) \
+                and first is not None and started.get(key, -math.inf) >= first:
+            if since is not None:
+                storms.append((since, at))
+            first = since = None
+    if since is not None:
+        storms.append((since, math.inf))
+    return storms
+
+
 def _retries_in_storms_overlap(run: Run) -> list[str]:
-    """Shards where two retries overlapped while a storm held their items: from a shard's
-    first storm retry to the first success of an attempt started after it, only one request
-    (the probe) may be out at a time, apart from items' first attempts."""
+    """Shards where two retries overlapped while a storm held their items: in a storm
+    (`_storm_spans`), only one retry (the probe) may be out at a time, apart from items' first
+    attempts."""
     bad = []
     for shard in sorted({e["shard"] for e in run.events if "shard" in e}):
         events = [e for e in run.events if e.get("shard") == shard]
-        held = [e["t"] for e in events if e["ev"] == "retry" and e["why"] == "endpoint_failing"]
-        if not held:
-            continue
         starts = {(e["span"], e["attempt"]): e["t"] for e in events if e["ev"] == "attempt_start"}
-        ends = [(starts[(e["span"], e["attempt"])], e) for e in events
-                if e["ev"] == "attempt_end" and (e["span"], e["attempt"]) in starts]
-        over = min((e.get("first_token_t") or e["t"] for s, e in ends
-                    if e["status"] == "ok" and s > held[0]), default=math.inf)
-        tries = sorted((s, e["t"]) for s, e in ends if held[0] < s < over and e["attempt"] > 1)
-        if any(later < end for (_, end), (later, _) in itertools.pairwise(tries)):
-            bad.append(str(shard))
+        tries = sorted((starts[(e["span"], e["attempt"])], e["t"]) for e in events
+                       if e["ev"] == "attempt_end" and e["attempt"] > 1
+                       and (e["span"], e["attempt"]) in starts)
+        for since, until in _storm_spans(events):
+            held = [(s, end) for s, end in tries if since < s < until]
+            if any(later < end for (_, end), (later, _) in itertools.pairwise(held)):
+                bad.append(str(shard))
+                break
     return bad
 
 
 def _storms(run: Run) -> dict[int, int]:
-    """How many storms each shard held: one begins at a held retry and ends at the first
-    success of an attempt started after that retry."""
+    """How many storms each shard held (`_storm_spans`)."""
     storms: dict[int, int] = Counter()
     for shard in sorted({e["shard"] for e in run.events if "shard" in e}):
-        events = [e for e in run.events if e.get("shard") == shard]
-        starts = {(e["span"], e["attempt"]): e["t"] for e in events if e["ev"] == "attempt_start"}
-        since = None  # when the storm going on began
-        for e in sorted(events, key=lambda e: e["t"]):
-            if e["ev"] == "retry" and e["why"] == "endpoint_failing" and since is None:
-                since = e["t"]
-                storms[shard] += 1
-            elif (e["ev"] == "attempt_end" and e["status"] == "ok" and since is not None
-                  and starts.get((e["span"], e["attempt"]), -math.inf) > since):
-                since = None
+        if spans := _storm_spans([e for e in run.events if e.get("shard") == shard]):
+            storms[shard] = len(spans)
     return storms
 
 
@@ -387,12 +419,16 @@ def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) ->
     items failing in a row are common there, yet each shard learns the rate from its outcomes
     and needs a longer streak for a storm (38 at 80 %), so its retries go side by side with
     their backoff as before. Before, each shard held its retries one probe at a time again and
-    again, each until a probe succeeded (15 and 17 storms in two runs of this test)."""
+    again, each until a probe succeeded (15 and 17 storms in two runs of this test).
+    The storms it has hold the streak's retries napping their backoff as each sets in: they
+    wait their turn (`Shard._back_off`), none goes beside the probe; at a first backoff of
+    0.05 s those naps end together, so one that went on its own would overlap another."""
     ids = write_input(tmp_path / "input.jsonl", 200)
     with sim(fail_503=0.8) as server:
         # Waits of at most 2 s (the defaults' cap is 30 s, the probes' 5 s): the same retries
         # and storms, in less time.
-        job_for(tmp_path, server.base_url, concurrency=8, retry={"backoff_max_s": 2})
+        job_for(tmp_path, server.base_url, concurrency=8,
+                retry={"backoff_s": 0.05, "backoff_max_s": 2})
         proc = run_cli("job.yaml", "--runs-dir", "runs", "--shards", "2", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # dead letters: the budget ran out
     run = Run.load(only_run(tmp_path / "runs"))
