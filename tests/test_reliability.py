@@ -414,6 +414,47 @@ def test_a_storm_at_the_end_of_a_shards_input_holds_its_last_items(tmp_path: Pat
     assert not _retries_in_storms_overlap(run)
 
 
+def test_a_storm_holds_the_retries_waiting_for_the_rate_limit(tmp_path: Path) -> None:
+    """Under rpm 1200 (a request every 0.05 s) the streak's retries, their backoff over (the
+    0.3 s the 503s ask for), wait behind the first attempts for the rate limit as the storm
+    begins. They wait their turn to probe too (`Shard._storm_comes_first`), so in the storm one
+    retry goes at a time, each once the server's 0.3 s are up after the latest probe's 503 (or
+    the storm's first): a lower bound the shard's own waits keep, not a speed. Before, they
+    went at the limit's pace, 0.05 s apart, beside the storm's queue, spending their attempts
+    on a server that had asked for 0.3 s. Let go once it is over, they wait for the limit
+    again (the request each was paced for was never sent): no second holds more than the
+    limit allows."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    asked = 0.3
+    with sim(storm_after_n=12, storm_s=1, retry_after_503=True, retry_after_s=asked) as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=8, rate_limits={"rpm": 1200},
+                retry={"backoff_s": 0.05, "backoff_max_s": 0.5, "max_attempts": 10,
+                       "budget_ratio": 0, "budget_floor": 20})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        with urllib.request.urlopen(server.base_url.removesuffix("/v1") + "/sim/arrivals") as r:
+            arrivals = sorted(orjson.loads(r.read()))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    # The held retries, let go at the storm's end, still wait for the limit: no second of the
+    # run holds more than its 20 requests and one.
+    assert max(sum(1 for t in arrivals[i:] if t < start + 1.0)
+               for i, start in enumerate(arrivals)) <= 20 + 1
+    starts = {(e["span"], e["attempt"]): e["t"] for e in run.events if e["ev"] == "attempt_start"}
+    storms = _storm_spans(run.events)
+    assert storms and all(until < math.inf for _, until in storms), storms
+    for since, until in storms:
+        tries = sorted((starts[(e["span"], e["attempt"])], e["t"]) for e in run.events
+                       if e["ev"] == "attempt_end" and e["attempt"] > 1
+                       and since < starts[(e["span"], e["attempt"])] < until)
+        assert tries
+        latest = since  # the 503 that made the storm, then each probe's
+        for sent, ended in tries:
+            assert sent - latest >= asked * 0.9, (since, sent, latest)
+            latest = ended
+
+
 def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) -> None:
     """A server that fails 80 % of requests with a 503 at random, but answers the rest: eight
     items failing in a row are common there, yet each shard learns the rate from its outcomes
