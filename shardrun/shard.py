@@ -961,13 +961,25 @@ class Shard:
                 if self.storm_probe is None and held[0] is span:
                     held.popleft()
                     self.storm_probe = span
-                    await self._pause(max(0.0, self.storm.next_probe_at - now))
+                    await self._probe_nap(max(0.0, self.storm.next_probe_at - now))
                     return
                 with contextlib.suppress(TimeoutError):  # the event of the news after this look
                     await asyncio.wait_for(self.storm_news.wait(), RECHECK_S)
         finally:
             if held and span in held:  # a stop, a fatal error or the storm's end: out of turn
                 held.remove(span)
+
+    async def _probe_nap(self, seconds: float) -> None:
+        """The storm's probe's wait for its time (`_pause`), over too once the storm is: a
+        success of another request (a first attempt sent in the storm, one sent as the streak
+        grew) ended it, and the held retries go at once. Before, the probe slept out its
+        interval or the server's Retry-After (5 s in a test) after they had all finished."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (self.storm.on and not self.halted.is_set()
+               and (left := deadline - loop.time()) > 0):
+            with contextlib.suppress(TimeoutError):  # the storm's end, a stop: news all
+                await asyncio.wait_for(self.storm_news.wait(), left)
 
     def _endpoint_answered(self, span: Span) -> None:
         """One of our requests was answered: whatever the model list said, they are served."""

@@ -455,6 +455,29 @@ def test_a_storm_holds_the_retries_waiting_for_the_rate_limit(tmp_path: Path) ->
             latest = ended
 
 
+def test_a_storms_probe_goes_once_another_request_ends_the_storm(tmp_path: Path) -> None:
+    """At a cap of 16 under rpm 1200, the first attempts in line for the rate limit go on in a
+    storm of 503s asking for 5 s, and the first of them to succeed once the storm is over ends
+    it (`StormWatch.succeeded`). The probe, napping the 5 s, goes then too, beside the held
+    retries let go (`Shard._probe_nap`): every retry starts before the run's last item does.
+    Before, the probe slept out the 5 s after the others had finished, its slot idle."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    with sim(storm_after_n=12, storm_s=0.6, retry_after_503=True, retry_after_s=5) as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=16, rate_limits={"rpm": 1200},
+                retry={"backoff_s": 0.05, "max_attempts": 10, "budget_ratio": 0,
+                       "budget_floor": 20})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead
+    assert len(_storm_spans(run.events)) == 1
+    starts = [e for e in run.events if e["ev"] == "attempt_start"]
+    last_item = max(e["t"] for e in starts if e["attempt"] == 1)
+    late = [e["id"] for e in starts if e["attempt"] > 1 and e["t"] > last_item]
+    assert not late, late
+
+
 def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) -> None:
     """A server that fails 80 % of requests with a 503 at random, but answers the rest: eight
     items failing in a row are common there, yet each shard learns the rate from its outcomes
