@@ -478,6 +478,38 @@ def test_a_storms_probe_goes_once_another_request_ends_the_storm(tmp_path: Path)
     assert not late, late
 
 
+def test_ctrl_c_in_a_storm_leaves_its_held_items_for_resume(tmp_path: Path) -> None:
+    """Ctrl-C while a storm of 503s asking for 30 s holds the items (the probe napping the
+    ask, the others waiting their turn, under a grace period of 60 s): the run stops at
+    once, not once the probe's time comes, with exit 130, nothing dead-lettered and no
+    retry sent; `--resume` against a healthy server finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    asked = 30.0
+    with sim(storm_after_n=20, storm_s=120, retry_after_503=True, retry_after_s=asked) as server:
+        # outage_s bounds the wait below: a run that never says so ends by itself.
+        job_for(tmp_path, server.base_url, shutdown_grace_s=60, retry={"outage_s": 60})
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--progress-interval", "0.2")
+        assert proc.stderr is not None
+        seen = []  # the progress lines up to the one saying the storm holds the items
+        while not seen or "items held until it answers" not in seen[-1]:
+            seen.append(proc.stderr.readline())
+            assert seen[-1], "".join(seen)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err
+    path = only_run(tmp_path / "runs")
+    run = Run.load(path)
+    assert not run.dead and len(run.results) == 20
+    first_503 = min(e["t"] for e in run.events if e["ev"] == "attempt_end" and e["http"] == 503)
+    end = max(e["t"] for e in run.events if e["ev"] == "released")
+    assert end - first_503 < asked / 2, (first_503, end)
+    # Every retry waited out the server's 30 s when the stop came (the streak's in their
+    # backoff, the storm's in turn): none was sent, and none has a line.
+    assert not [e for e in run.events if e["ev"] == "retry" or e.get("attempt", 1) > 1]
+    resume_on_a_live_server(tmp_path, path, ids)
+
+
 def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) -> None:
     """A server that fails 80 % of requests with a 503 at random, but answers the rest: eight
     items failing in a row are common there, yet each shard learns the rate from its outcomes
