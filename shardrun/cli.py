@@ -370,11 +370,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         summary = run(job, env=os.environ, flags=flags, options=options, argv=argv)
     except NothingToRetry as nothing:
-        cli_analysis.say(str(nothing))  # a reader that left early changes nothing
+        cli_analysis.say(str(nothing), status_stands=True)  # a reader gone changes nothing
         return 0
     # A reader that left early (`shardrun job.yaml | head -3`) changes nothing: the run is over
     # and its files are written, so the exit status stays the run's.
-    cli_analysis.say(format_summary(summary))
+    cli_analysis.say(format_summary(summary), status_stands=True)
     for problem in filter(None, [summary.fatal_reason, *summary.unrecorded]):
         print(f"error: {problem}", file=sys.stderr)
     return summary.exit_code

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import os
 import sys
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shardrun.argtypes import file_path, path
-from shardrun.errors import RunDirError, ShardrunError, SpecError
+from shardrun.errors import NO_ROOM, RunDirError, RunError, ShardrunError, SpecError
 from shardrun.outpath import check_not_a_run_file, check_output_file
 
 
@@ -82,21 +83,31 @@ def reader_gone() -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
 
 
-def say(text: str) -> None:
+def say(text: str, *, status_stands: bool = False) -> None:
     """Print a command's output. A reader that left early (`shardrun report RUN | head -1`)
     changes nothing else: the command goes on to say on standard error what it would have said,
     and exits as it would have, its verdict included (a log that fails its integrity check is
-    exit 1 still)."""
+    exit 1 still); so does a terminal that hung up with no SIGHUP heard yet (EIO), with a
+    warning. Any other failure (a full disk under `> file`) is a RunError: the output is the
+    command's product, cut short, and exit 0 would pass the half file on as whole; unless
+    `status_stands` (a run's summary: the run's own files hold what it did), then a warning."""
     try:
         print(text, flush=True)
     except BrokenPipeError:
         reader_gone()
-    except OSError as exc:  # a terminal that hung up with no SIGHUP heard yet (EIO), a full disk
+    except OSError as exc:
         reader_gone()
+        why = exc.strerror or str(exc)
+        if exc.errno != errno.EIO and not status_stands:
+            full = exc.errno in NO_ROOM
+            raise RunError(f"could not write to standard output: {why.lower()}; what this "
+                           "command printed is cut short: "
+                           f"{'free some space or ' if full else ''}send it elsewhere, then run "
+                           "the command again") from None  # fmt: skip
+        guess = "; a terminal that hung up?" if exc.errno == errno.EIO else ""
         with contextlib.suppress(OSError):
-            print(f"warning: cannot write to standard output ({exc.strerror or exc}; a terminal "
-                  "that hung up?): what this command prints is dropped, its exit status stands",
-                  file=sys.stderr)
+            print(f"warning: cannot write to standard output ({why}{guess}): what this command "
+                  "prints is dropped, its exit status stands", file=sys.stderr)
 
 
 def guarded(handler: Handler) -> Handler:

@@ -493,6 +493,29 @@ def test_an_html_page_cut_short_by_a_full_disk_is_not_left_behind(real_run: Path
     assert [p.name for p in tmp_path.iterdir()] == [page.name]
 
 
+@pytest.mark.parametrize("json", [True, False])
+def test_a_report_cut_short_on_standard_output_by_a_full_disk_is_an_error(
+        real_run: Path, tmp_path: Path, json: bool) -> None:
+    """`report RUN > file` whose file meets a full disk (a file-size limit here): one sentence
+    and exit 1, not a warning that a terminal may have hung up and exit 0 beside a half report
+    (a JSON document cut short, which a script would then read)."""
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512,) * 2)
+
+    with (tmp_path / "report.out").open("wb") as out:
+        done = subprocess.run([sys.executable, "-m", "shardrun", "report", str(real_run),
+                               *(["--json"] if json else [])], stdout=out,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                              timeout=120, preexec_fn=limit)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: could not write to standard output: file too large; what this command printed "
+        "is cut short: free some space or send it elsewhere, then run the command again"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
 METRICS = Path(__file__).parent.parent / "docs" / "METRICS.md"
 # Keys under these name things the run had (statuses, causes, buckets), not fixed fields.
 OPEN_MAPS = frozenset({"by_status", "retry_causes", "causes", "dead_reasons", "pricing",
