@@ -289,7 +289,8 @@ def _job_sha256(manifest: dict[str, Any]) -> str | None:
     for entry in reversed(manifest.get("resumes") or []):
         if isinstance(entry, dict) and entry.get("job_sha256"):  # no object: edited, passed over
             return str(entry["job_sha256"])
-    sha = manifest.get("job", {}).get("sha256")
+    job = manifest.get("job")
+    sha = job.get("sha256") if isinstance(job, dict) else None  # no object: edited, as above
     return None if sha is None else str(sha)
 
 

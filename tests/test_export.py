@@ -360,6 +360,12 @@ def test_a_pass_record_that_is_no_object_is_passed_over(base: Path, tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr  # no setting is said to have been read with
     assert [r["status"] for r in read_jsonl(tmp_path / "a.jsonl")][-2:] == ["rejected"] * 2
+    # Nor is a first pass's job record that is no object (AttributeError, with --job).
+    manifest["job"] = 5
+    (run_dir / "manifest.json").write_bytes(orjson.dumps(manifest))
+    done = export(str(run_dir), "--job", str(job), "-o", str(tmp_path / "a.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(read_jsonl(tmp_path / "a.jsonl")) == N + 2
 
 
 def test_a_missing_input_is_named(base: Path, tmp_path: Path) -> None:
