@@ -69,7 +69,7 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.output == Path("-"):  # the usual word for standard output, not a file named -
         args.output = None
-    fmt = format_of(args.output, args.format)
+    fmt = format_of(args.output, args.format, args.run_dir)
     # Rows written to a terminal would be torn by a live line redrawn on the same screen.
     rows_on_screen = args.output is None and sys.stdout.isatty()
     ticker = Ticker(quiet=args.quiet or rows_on_screen, interval=args.progress_interval)

@@ -116,19 +116,28 @@ _OTHER_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
                   ".feather": "Feather", ".xlsx": "Excel", ".xls": "Excel", ".tsv": "TSV",
                   ".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "Zstandard",
                   ".zip": "ZIP"}  # fmt: skip
+_PIPED = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": ""}
+"""For a compressed file's name, the compressor standard output's export can go through (none
+for a ZIP archive, which holds files)."""
 
 
-def format_of(out: Path | None, given: str | None) -> Format:
-    """The output format: as given, else from the output's suffix (`.csv`), else JSON lines."""
+def format_of(out: Path | None, given: str | None, run: Path | None = None) -> Format:
+    """The output format: as given, else from the output's suffix (`.csv`), else JSON lines.
+    `run`: the run directory, for the command a refusal names."""
     if given is not None:
         if given not in ("jsonl", "csv"):
             raise SpecError(f"--format {given}: use jsonl or csv")
         return "csv" if given == "csv" else "jsonl"
     suffix = "" if out is None else out.suffix.lower()
-    if suffix in _OTHER_FORMATS:
+    if out is not None and suffix in _OTHER_FORMATS:
+        # A compressed name given --format would hold plain text, the very trap refused here.
+        csv = "--format csv " if out.stem.lower().endswith(".csv") else ""
+        way = ("give --format to write one of them under this name" if suffix not in _PIPED
+               else f"pipe standard output through {_PIPED[suffix]}: `shardrun export "
+                    f"{run or 'RUN'} {csv}| {_PIPED[suffix]} > {out.name}`" if _PIPED[suffix]
+               else "zip that file once it is written")
         raise SpecError(f"-o {out}: export writes JSON lines or CSV, not "
-                        f"{_OTHER_FORMATS[suffix]}; name the file .jsonl or .csv (or give "
-                        "--format to write one of them under this name)")
+                        f"{_OTHER_FORMATS[suffix]}; name the file .jsonl or .csv (or {way})")
     return "csv" if suffix == ".csv" else "jsonl"
 
 

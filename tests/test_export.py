@@ -688,6 +688,14 @@ def test_format_of() -> None:
     with pytest.raises(SpecError, match=r"^-o answers\.csv\.gz: export writes JSON lines or "
                                         r"CSV, not gzip; name the file \.jsonl or \.csv"):
         format_of(Path("answers.csv.gz"), None)
+    # Whose way on is no --format: that would write plain text under the compressed name.
+    with pytest.raises(SpecError, match=r"\(or pipe standard output through gzip: `shardrun "
+                                        r"export runs/r --format csv \| gzip > "
+                                        r"answers\.csv\.gz`\)$"):
+        format_of(Path("out/answers.csv.gz"), None, Path("runs/r"))
+    with pytest.raises(SpecError, match=r"not ZIP; name the file \.jsonl or \.csv \(or zip that "
+                                        r"file once it is written\)$"):
+        format_of(Path("answers.zip"), None)
 
 
 def test_a_csv_input_exports_by_row(tmp_path: Path) -> None:
