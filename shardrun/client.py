@@ -136,6 +136,12 @@ def body_cap(body: Mapping[str, object]) -> int:
     return max(_BODY_MAX, limit * choices * _BYTES_PER_TOKEN)
 
 
+RESEND_WITHIN_S = 0.5
+"""How soon after a POST went out on a pooled connection its death counts as the pool's: the
+close or reset of a connection the server had already given up comes back within a round trip
+(`StreamingClient._post`); later, the server had the request and was working on it."""
+
+
 class StreamingClient:
     """Runs attempts against one endpoint over the shard's session. Stateless between attempts,
     but for `heard_at`: when a stream last brought events (the live view's "nothing heard for")."""
@@ -244,18 +250,24 @@ class StreamingClient:
         failure closes one), so the last try is on a new connection. aiohttp retries so only
         idempotent methods, and a POST failed the attempt: a keep-alive connection the server
         closed as the request went out on it (nginx's keepalive_timeout, keepalive_requests), or
-        a balancer's idle reset, cost the item one of its attempts and began an outage."""
+        a balancer's idle reset, cost the item one of its attempts and began an outage.
+        Only a connection that dies within `RESEND_WITHIN_S` of the send is taken for stale: one
+        that dies later died under a server that had the request and worked on it (a crash, a
+        worker killed), whose failure is the attempt's, not to be sent again unseen."""
         connector = self._session.connector
         tries = (connector.limit if connector is not None and connector.limit else 100) + 1
+        loop = st.loop
         while True:
             st.arm(self._timeouts.connect_s, "timeout_connect")
+            sent = loop.time()
             try:
                 return await self._session.post(
                     self._url, data=data, headers=self._headers, **self._post_kw
                 )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 tries -= 1
-                if not tries or not _stale(st, exc):
+                if (not tries or not _stale(st, exc)
+                        or loop.time() - sent > RESEND_WITHIN_S):
                     raise
             st.reconnect()
 

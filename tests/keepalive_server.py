@@ -1,15 +1,16 @@
 """A loopback HTTP/1.1 server, written by hand, that kills its kept-alive connections as real
 fronts do, run as its own process:
 
-    python tests/keepalive_server.py fin|rst PER_CONN
+    python tests/keepalive_server.py fin|rst|late PER_CONN
 
 It listens on a free loopback port and prints `listening on PORT`. Each connection answers
 PER_CONN chat requests with a whole stream (Content-Length, keep-alive, no `Connection: close`),
 then, when the next request arrives on it, reads that request and, answering nothing, closes the
 connection (`fin`: nginx's keepalive_timeout or keepalive_requests racing a request sent on an
 idle connection) or resets it (`rst`: a balancer that dropped the idle connection and resets it
-when used). A GET (the model list) is answered 200 at any time. Every request read counts, as
-`served` or as `killed`; a line `GET /counts` answers them as JSON.
+when used); `late` works on that request for a second first, then closes it (a server that
+crashed under the request). A GET (the model list) is answered 200 at any time. Every request
+read counts, as `served` or as `killed`; a line `GET /counts` answers them as JSON.
 
 It exits when its standard input closes, so a test that dies leaves nothing running.
 """
@@ -63,6 +64,8 @@ async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
                 _reply(writer, b"text/event-stream", ANSWER)
             else:
                 COUNTS["killed"] += 1
+                if kill == "late":
+                    await asyncio.sleep(1.0)
                 if kill == "rst":
                     sock = writer.get_extra_info("socket")
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

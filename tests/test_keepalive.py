@@ -75,6 +75,17 @@ def test_a_pooled_connection_killed_under_the_request_is_replaced_within_the_att
     assert seen == {"served": 4, "killed": 3}
 
 
+def test_a_pooled_connection_that_dies_while_the_server_works_is_a_failure() -> None:
+    """A pooled connection that dies a second after the request went out died under a server
+    that had the request (a crash): the attempt is conn_reset, and the request was not sent
+    again unseen (it went once per pooled connection, each worked on by the server)."""
+    with front("late", 1) as base:
+        first, second = run(_attempts(base, cap=1, together=1, after=1))
+        seen = counts(base)
+    assert (first.status, second.status, second.conn_reused) == ("ok", "conn_reset", True)
+    assert seen == {"served": 1, "killed": 1}
+
+
 def test_every_dead_connection_in_the_pool_is_passed_over() -> None:
     """Three connections pooled, all dead (a balancer dropped them while idle): the next
     attempt meets each in turn, and the fourth try, on a new connection, is answered. With one
