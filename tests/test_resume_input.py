@@ -711,6 +711,20 @@ def test_no_line_past_the_first_reject_the_disk_had_no_room_for_is_read(
     _resumed_rejects_once(tmp_path, path, list(range(21, 321)))
 
 
+def _a_resume_stopped_by_a_rejects_directory(tmp_path: Path) -> Path:
+    """The job of `tmp_path` run with --limit 2 (one shard), then resumed with a directory where
+    the resume's rejects file goes: that resume stops (exit 1). The run's directory."""
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("job.yaml", "--limit", "2", *RUNS, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = only_run(tmp_path / "runs")
+    (path / "rejects.r1.jsonl").mkdir()
+    stopped = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
+    assert stopped.returncode == 1 and "rejects.r1.jsonl: is a directory" in stopped.stderr, (
+        stopped.stdout + stopped.stderr)
+    return path
+
+
 def test_a_rejects_file_that_cannot_be_opened_leaves_its_reject_to_the_resume(
         tmp_path: Path) -> None:
     """A directory where the resume's rejects file goes: its open failed outside the
@@ -720,14 +734,7 @@ def test_a_rejects_file_that_cannot_be_opened_leaves_its_reject_to_the_resume(
     lines = [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(3)]
     lines += [b"{not json 4", b"{not json 5", orjson.dumps({"id": "g6", "prompt": "p"})]
     (tmp_path / "input.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    write_job(tmp_path / "job.yaml", shards=1)
-    first = run_cli("job.yaml", "--limit", "2", *RUNS, cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    path = only_run(tmp_path / "runs")
-    (path / "rejects.r1.jsonl").mkdir()
-    stopped = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
-    assert stopped.returncode == 1 and "rejects.r1.jsonl: is a directory" in stopped.stderr, (
-        stopped.stdout + stopped.stderr)
+    path = _a_resume_stopped_by_a_rejects_directory(tmp_path)
     manifest = orjson.loads((path / "manifest.json").read_bytes())
     assert manifest["resumes"][-1]["input"]["lines_read"] == 3
     (path / "rejects.r1.jsonl").rmdir()
@@ -748,14 +755,7 @@ def test_text_run_on_into_a_last_line_whose_reject_failed_is_judged_by_the_resum
     lines = [orjson.dumps({"id": f"g{n}", "prompt": "p"}) for n in range(3)]
     given = tmp_path / "input.jsonl"
     given.write_bytes(b"\n".join([*lines, b"{not json 4"]))
-    write_job(tmp_path / "job.yaml", shards=1)
-    first = run_cli("job.yaml", "--limit", "2", *RUNS, cwd=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    path = only_run(tmp_path / "runs")
-    (path / "rejects.r1.jsonl").mkdir()
-    stopped = run_cli("job.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
-    assert stopped.returncode == 1 and "rejects.r1.jsonl: is a directory" in stopped.stderr, (
-        stopped.stdout + stopped.stderr)
+    path = _a_resume_stopped_by_a_rejects_directory(tmp_path)
     read = orjson.loads((path / "manifest.json").read_bytes())["resumes"][-1]["input"]
     assert (read["lines_read"], read["open_end"]) == (3, None)
     (path / "rejects.r1.jsonl").rmdir()
