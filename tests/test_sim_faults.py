@@ -146,6 +146,31 @@ def test_reset_before_headers_is_a_connection_error(stream: bool) -> None:
     run(go())
 
 
+@pytest.mark.parametrize("keepalive", [True, False])
+def test_keepalive_false_closes_every_connection_after_its_answer(keepalive: bool) -> None:
+    """keepalive false: every answer says `Connection: close` and its connection is not pooled,
+    so a second request comes on a new connection; the default keeps it alive for the next."""
+    cfg = SimConfig(**QUICK, keepalive=keepalive)
+    opened: list[object] = []
+
+    async def count(*_: object) -> None:
+        opened.append(None)
+
+    async def go() -> None:
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_create_end.append(count)
+        async with (serving(cfg) as (_, root),
+                    aiohttp.ClientSession(trace_configs=[tracing]) as s):
+            for _ in range(3):
+                async with s.post(root + "/v1/chat/completions", json=chat(1)) as resp:
+                    said = resp.headers.get("Connection", "").lower()
+                    assert resp.status == 200 and (said == "close") is not keepalive, said
+                    await resp.read()
+
+    run(go())
+    assert len(opened) == (1 if keepalive else 3)
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_reset_after_headers_sends_a_200_and_its_headers_then_resets(stream: bool) -> None:
     """reset_after_headers answers 200 with its headers (an event stream's, or a JSON answer's),
@@ -564,7 +589,7 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
                      retry_after_s=0.5, retry_after_503=True, stall_s=2, slow_first_token_s=3,
                      fail_first_n=7, auth_required="sk-x", reject_stream_options=True,
                      ignore_stream=True, storm_s=1.5, storm_after_n=9,
-                     storm_status=504, reset_when="Question 7:")  # fmt: skip
+                     storm_status=504, reset_when="Question 7:", keepalive=False)  # fmt: skip
     for c in (full, SimConfig(), SimConfig(ignore_stream=True)):
         args = c.to_args()
         assert len(args) % 2 == 0 and config_from_argv(args) == c

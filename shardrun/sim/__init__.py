@@ -112,6 +112,10 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
     c.add_argument("--ignore-stream", type=_bool, nargs="?", const=True, metavar="BOOL",
                    default=d.ignore_stream,
                    help="answer with one JSON body even when the request asks to stream")
+    c.add_argument("--keepalive", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.keepalive,
+                   help="false: close every connection after its answer (Connection: close), "
+                        "as servers with keep-alive off do")  # fmt: skip
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

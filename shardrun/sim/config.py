@@ -128,7 +128,8 @@ _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", 
          "storm_after_n", "storm_status")  # fmt: skip
 #: What a storm may answer every request with: a server's own error or a gateway's.
 STORM_STATUSES = (500, 502, 503, 504)
-_BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation")
+_BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation",
+          "keepalive")  # fmt: skip
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -170,6 +171,9 @@ class SimConfig:
     # API versions that predate it), or answer with one JSON body when asked to stream.
     reject_stream_options: bool = False
     ignore_stream: bool = False
+    # False: close every connection after its answer (`Connection: close`), as servers and
+    # gateways with keep-alive off do; each request then comes on a new connection.
+    keepalive: bool = True
     # A reasoning model: the first N tokens of a chat answer are reasoning, sent as
     # `delta.reasoning_content` (in a whole answer, `message.reasoning_content`); of a Responses
     # answer, a reasoning item. They count in usage, and `max_tokens` (`max_output_tokens`)

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from shardrun.cli_analysis import say
 from shardrun.fdlimit import ensure_open_files
@@ -293,11 +293,20 @@ async def _on_shutdown(app: web.Application) -> None:
     app[SIM_KEY].closing = True
 
 
+async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
+    """keepalive false: the answer says `Connection: close`, and the server closes after it.
+    (aiohttp runs this hook after it has set the headers, so the header is set here too.)"""
+    response.force_close()
+    response.headers[hdrs.CONNECTION] = "close"
+
+
 def build_app(cfg: SimConfig) -> web.Application:
     """The simulator as an aiohttp application (for TestServer or `serve`)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SIM_KEY] = Sim(cfg)
     app.on_shutdown.append(_on_shutdown)
+    if not cfg.keepalive:
+        app.on_response_prepare.append(_close_after)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/responses", _responses)
