@@ -125,6 +125,9 @@ class AttemptOutcome:
     started_at: float
     conn_ready_at: float | None = None
     conn_reused: bool | None = None
+    # Times the request went again on another connection, its pooled one found dead before
+    # any answer (`Attempt.reconnect`): the server read it that many times more.
+    resent: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
     ended_at: float = 0.0
@@ -303,7 +306,9 @@ class Attempt:
     def reconnect(self) -> None:
         """The pooled connection was dead before any answer (`client._stale`): the request
         goes again on another, which is stamped as the attempt's own, with connect_s for it."""
-        self.out.conn_ready_at = self.out.conn_reused = None
+        out = self.out
+        out.conn_ready_at = out.conn_reused = None
+        out.resent += 1
 
     def notify_conn(self) -> None:
         """Tell the caller once, outside aiohttp's connector (a raising callback can't leak it)."""

@@ -15,7 +15,7 @@ event and decides about retries from `status`. Only cancellation propagates.
     timeout_total        the attempt as a whole exceeded total_s (wins over the others)
     conn_reset           refused, reset, DNS failure, server disconnected, body cut mid-chunk
                          (a pooled connection dead before any answer is no failure: the
-                         request goes again on another, `_post`)
+                         request goes again on another, `_post`, counted in `resent`)
     protocol_error       no [DONE] before end of stream, unparseable JSON, other in-stream error,
                          a stream with nothing in it (no token of any kind, no finish_reason),
                          an answer whose finish_reason is "error" or "abort" (the server gave up),

@@ -50,8 +50,8 @@ def assert_buckets_telescope(run: Run) -> None:
 
 LEGACY_EVENTS = {"conn_ready", "first_token", "last_token"}
 END_FIELDS = ["run_id", "shard", "ev", "t", "span", "id", "attempt", "status", "http",
-              "retry_after", "conn_ready_t", "reused", "first_token_t", "last_token_t", "tokens",
-              "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
+              "retry_after", "conn_ready_t", "reused", "resent", "first_token_t", "last_token_t",
+              "tokens", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
               "usage_estimated", "wasted_tokens", "error", "itl_hist"]
 
 

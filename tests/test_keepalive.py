@@ -67,33 +67,39 @@ def test_a_pooled_connection_killed_under_the_request_is_replaced_within_the_att
     """Each connection answers one request; the next request sent on it meets a close (or a
     reset) and no answer. Each attempt after the first takes the pooled connection, finds it
     dead, and sends again on a new one: every attempt ends ok, on a new connection, and the
-    server saw each request it killed once. It was conn_reset (reused), an attempt charged."""
+    server saw each request it killed once, which the attempt counts as sent again. It was
+    conn_reset (reused), an attempt charged."""
     with front(kill, 1) as base:
         outs = run(_attempts(base, cap=1, together=1, after=3))
         seen = counts(base)
     assert [(o.status, o.conn_reused, o.text) for o in outs] == [("ok", False, "a")] * 4
+    assert [o.resent for o in outs] == [0, 1, 1, 1]
     assert seen == {"served": 4, "killed": 3}
 
 
 def test_a_pooled_connection_that_dies_while_the_server_works_is_a_failure() -> None:
     """A pooled connection that dies a second after the request went out died under a server
     that had the request (a crash): the attempt is conn_reset, and the request was not sent
-    again unseen (it went once per pooled connection, each worked on by the server)."""
+    again unseen (it went once per pooled connection, each worked on by the server), so it
+    counts none sent again."""
     with front("late", 1) as base:
         first, second = run(_attempts(base, cap=1, together=1, after=1))
         seen = counts(base)
     assert (first.status, second.status, second.conn_reused) == ("ok", "conn_reset", True)
+    assert (first.resent, second.resent) == (0, 0)
     assert seen == {"served": 1, "killed": 1}
 
 
 def test_every_dead_connection_in_the_pool_is_passed_over() -> None:
     """Three connections pooled, all dead (a balancer dropped them while idle): the next
-    attempt meets each in turn, and the fourth try, on a new connection, is answered. With one
-    try again only, it failed on the second dead one."""
+    attempt meets each in turn, and the fourth try, on a new connection, is answered: it counts
+    3 sent again, the next attempt 1 (the fourth connection). With one try again only, it failed
+    on the second dead one."""
     with front("rst", 1) as base:
         outs = run(_attempts(base, cap=3, together=3, after=2))
         seen = counts(base)
     assert [(o.status, o.conn_reused) for o in outs] == [("ok", False)] * 5
+    assert [o.resent for o in outs] == [0, 0, 0, 3, 1]
     assert seen == {"served": 5, "killed": 4}
 
 
@@ -104,7 +110,8 @@ def test_a_new_connection_killed_under_the_request_is_a_failure(kill: str) -> No
     with front(kill, 0) as base:
         (out,) = run(_attempts(base, cap=2, together=1, after=0))
         seen = counts(base)
-    assert (out.status, out.conn_reused, out.http_status) == ("conn_reset", False, None)
+    assert (out.status, out.conn_reused, out.http_status, out.resent) == (
+        "conn_reset", False, None, 0)
     assert seen == {"served": 0, "killed": 1}
 
 
@@ -113,7 +120,8 @@ def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing
     """A whole run, one attempt per item and no retry budget, against a front that answers one
     request per connection and kills the connection under the next: every item succeeds at its
     first attempt, and nothing is held as an outage or retried (a stale connection began an
-    outage: the endpoint was blamed, and the items waited for a probe of its model list)."""
+    outage: the endpoint was blamed, and the items waited for a probe of its model list). Each
+    request the front killed is in the log, as one its attempt sent again (`resent`)."""
     ids = write_input(tmp_path / "input.jsonl", 30)
     with front("rst", 1) as base:
         write_job(tmp_path / "job.yaml", shards=1, concurrency=3,
@@ -128,3 +136,4 @@ def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing
     assert [(e["status"], e["attempt"], e["reused"]) for e in ends] == [("ok", 1, False)] * 30
     assert not [e for e in result.events if e["ev"] == "retry"]
     assert seen["served"] == 30 and seen["killed"] > 0
+    assert sum(e["resent"] for e in ends) == seen["killed"]
