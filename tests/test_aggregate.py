@@ -24,7 +24,7 @@ from shardrun.aggregate import (
 from shardrun.aggregate._metrics import client_cpu_section
 from shardrun.aggregate._segments import DIST_NAMES, overall
 from shardrun.itl import REL_ERROR, bucket_of
-from shardrun.report._text import _client_cpu, _peak_lines
+from shardrun.report._text import _client_cpu, _peak_lines, format_attempts
 
 M = B // 60  # the minute that starts at B
 
@@ -127,12 +127,14 @@ def test_occupancy_is_one_without_backlog() -> None:
 
 
 def test_attempt_counters_of_the_hand_fixture() -> None:
-    """4 attempts (3 first), 1 retry for conn_reset, 3 wasted tokens, 2 new and 2 reused."""
+    """4 attempts (3 first), 1 retry for conn_reset, 3 wasted tokens, 2 new and 2 reused, 3
+    requests sent again (1 + 2: the count, not the lines that have one)."""
     s = _shard()
     assert (s.attempts, s.first_attempts, s.wasted_tokens) == (4, 3, 3)
     assert s.retries == {"conn_reset": 1}
     assert s.by_status == {"conn_reset": 1, "ok": 2, "http_4xx": 1}
     assert (s.new_conns, s.reused_conns, s.ok, s.dead, s.queued) == (2, 2, 2, 1, 3)
+    assert s.resent == 3
     assert s.dead_reasons == {"not_retryable_http_4xx": 1}
     assert (s.completion_tokens, s.prompt_tokens, s.cached_tokens) == (12 + 2, 320, 256)
     assert s.reasoning_tokens == 3  # the success's; the failed attempt's 2 are not counted
@@ -145,6 +147,8 @@ def test_report_numbers_of_the_hand_fixture() -> None:
     att, conn = doc["attempts"], doc["connections"]
     assert (att["retry_rate"], att["attempts_per_success"]) == (round(1 / 3, 6), 2.0)
     assert (conn["churn_per_success"], conn["expected_churn"]) == (1.0, round(2 / 3, 6))
+    assert (conn["new"], conn["reused"], conn["resent"]) == (2, 2, 3)
+    assert "connections: 2 new, 2 reused, 3 requests sent again" in format_attempts(doc)
     over = doc["scheduler"]["overall"]
     assert (over["gap_fraction"], over["cross_shard_idle_s"]) == (round(1 / 6, 6), 0.5)
     assert over["occupancy_under_backlog"] == round(10 / 12, 6)

@@ -14,10 +14,12 @@ T0 = B - 6.5, so s1's last token falls in the minute before B and s2's in the mi
     1      1      2       s1, s2 admitted; both start attempt 1 (s1 new connection ready at
                           1.5, s2 reuses one at 1.0)
     2                     s2 attempt 1 ends conn_reset after 3 tokens; retry, wait 1
-    3                     s1 first token; s2 attempt 2 starts (new connection ready 3.25)
+    3                     s1 first token; s2 attempt 2 starts (new connection ready 3.25,
+                          its request sent once more: its pooled connection was dead)
     4                     s2 first token
     5                     s1 last token (10 tokens), attempt ok
     6      0      2       s1 released ok; s3 admitted, attempt 1 on a reused connection
+                          (the third it was sent on: two pooled ones were dead)
     7                     s2 last token (4 tokens), attempt 2 ok
     8      0      1       s2 released ok
     9      0      0       s3 attempt 1 ends http_4xx; released dead
@@ -86,9 +88,9 @@ def hand_shard() -> list[dict[str, Any]]:
         _span("0-3", "conn_ready", 6, attempt=1, reused=True),
         _span("0-2", "last_token", 7, attempt=2, tokens=4),
         _end("0-2", 7, 2, "ok", prompt_tokens=300, cached_tokens=256, completion_tokens=4,
-             reasoning_tokens=3, itl_hist={"160": 3}),
+             reasoning_tokens=3, resent=1, itl_hist={"160": 3}),
         _span("0-2", "released", 8, outcome="ok", reason=None),
-        _end("0-3", 9, 1, "http_4xx", error="HTTP 400: bad", reasoning_tokens=2),
+        _end("0-3", 9, 1, "http_4xx", error="HTTP 400: bad", reasoning_tokens=2, resent=2),
         _span("0-3", "released", 9, outcome="dead",
               reason="not_retryable_http_4xx: HTTP 400: bad"),
         ev("loop_lag", T0 + 9.5, lag=0.002),

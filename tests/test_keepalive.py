@@ -121,7 +121,8 @@ def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing
     request per connection and kills the connection under the next: every item succeeds at its
     first attempt, and nothing is held as an outage or retried (a stale connection began an
     outage: the endpoint was blamed, and the items waited for a probe of its model list). Each
-    request the front killed is in the log, as one its attempt sent again (`resent`)."""
+    request the front killed is in the log, as one its attempt sent again (`resent`), and in
+    the report's connections."""
     ids = write_input(tmp_path / "input.jsonl", 30)
     with front("rst", 1) as base:
         write_job(tmp_path / "job.yaml", shards=1, concurrency=3,
@@ -137,3 +138,5 @@ def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing
     assert not [e for e in result.events if e["ev"] == "retry"]
     assert seen["served"] == 30 and seen["killed"] > 0
     assert sum(e["resent"] for e in ends) == seen["killed"]
+    report = run_cli("report", str(only_run(tmp_path / "runs")), "--json", cwd=tmp_path)
+    assert orjson.loads(report.stdout)["connections"]["resent"] == seen["killed"]

@@ -51,7 +51,7 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, N_KEYS
+    K_REASONING, K_RESENT, N_KEYS
 };
 
 
@@ -82,6 +82,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "status", 6) == 0) return K_STATUS;
         if (memcmp(p, "reused", 6) == 0) return K_REUSED;
         if (memcmp(p, "reason", 6) == 0) return K_REASON;
+        if (memcmp(p, "resent", 6) == 0) return K_RESENT;
         return -1;
     case 7:
         if (memcmp(p, "attempt", 7) == 0) return K_ATTEMPT;
@@ -611,7 +612,7 @@ typedef struct {
     long long starts, queued, ok, refusals, dead, abandoned, lost_at_restart, other_outcomes;
     long long ok_without_attempt, ok_incomplete, unknown_events, attempts, first_attempts;
     long long wasted_tokens, prompt_tokens, cached_tokens, reasoning_tokens, completion_tokens;
-    long long new_conns, reused_conns;
+    long long new_conns, reused_conns, resent;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
     int ended, has_first, has_last_t;
@@ -1025,7 +1026,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     Val *st = &v[K_STATUS];
     NEED(st->type == V_STR || !PRESENT(*st));
     NEED(IS_INT_OR_NONE(v[K_WASTED]) && IS_INT_OR_NONE(v[K_PROMPT_TOKENS]) &&
-         IS_INT_OR_NONE(v[K_CACHED]));
+         IS_INT_OR_NONE(v[K_CACHED]) && IS_INT_OR_NONE(v[K_RESENT]));
     NEED(IS_FLOAT_OR_NONE(v[K_CONN_READY_T]));
     NEED(v[K_REUSED].type != V_INT && v[K_REUSED].type != V_FLOAT &&
          v[K_REUSED].type != V_STR && v[K_REUSED].type != V_OBJ);
@@ -1048,6 +1049,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     if (v[K_WASTED].type == V_INT) s->wasted_tokens += v[K_WASTED].i;
     if (v[K_PROMPT_TOKENS].type == V_INT) s->prompt_tokens += v[K_PROMPT_TOKENS].i;
     if (v[K_CACHED].type == V_INT) s->cached_tokens += v[K_CACHED].i;
+    if (v[K_RESENT].type == V_INT) s->resent += v[K_RESENT].i;
     int conn = v[K_CONN_READY_T].type == V_FLOAT;
     if (conn) {
         if (v[K_REUSED].type == V_TRUE)
@@ -1442,7 +1444,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L,s:L}",
+        "s:N,s:L,s:L,s:L,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1458,7 +1460,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,
         "cap_slot_s", s->cap_slots, "sending_slot_s", s->sending_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
         "rate_waits", s->rate_waits, "refusals", s->refusals,
-        "reasoning_tokens", s->reasoning_tokens);
+        "reasoning_tokens", s->reasoning_tokens, "resent", s->resent);
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

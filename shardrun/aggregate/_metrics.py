@@ -135,6 +135,7 @@ def connections_section(shards: list[ShardSummary], successes: int) -> dict[str,
     return {
         "new": new,
         "reused": sum(s.reused_conns for s in shards),
+        "resent": sum(s.resent for s in shards),
         "churn_per_success": ratio(new, successes),
         "expected_churn": ratio(sum(s.cap for s in shards), items),
     }

@@ -189,6 +189,7 @@ class ShardFold:
         s.wasted_tokens += rec.get("wasted_tokens") or 0
         s.prompt_tokens += rec.get("prompt_tokens") or 0
         s.cached_tokens += rec.get("cached_tokens") or 0
+        s.resent += rec.get("resent") or 0  # absent before it was logged: none was counted
         conn = rec.get("conn_ready_t")  # absent in the older layout
         span = None
         if conn is not None:

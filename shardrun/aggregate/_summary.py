@@ -64,6 +64,7 @@ class ShardSummary:
     completion_tokens: int = 0
     new_conns: int = 0
     reused_conns: int = 0
+    resent: int = 0  # requests sent again, their pooled connection found dead (`resent`)
     rate_waits: int = 0
     rate_wait_first_s: float = 0.0  # before admission: inside t_queue, and all of it gap time
     rate_wait_retry_s: float = 0.0  # before a later attempt: inside t_retry

@@ -159,7 +159,8 @@ def format_attempts(doc: dict[str, Any]) -> str:
         f"  by status: {_counts(att['by_status'])}",
         f"  retry causes: {_counts(att['retry_causes'])}",
         f"  dead-letter reasons: {_counts(att['dead_reasons'])}",
-        f"  connections: {num(conn['new'])} new, {num(conn['reused'])} reused; churn "
+        f"  connections: {num(conn['new'])} new, {num(conn['reused'])} reused, "
+        f"{num(conn['resent'])} requests sent again (a pooled one found dead); churn "
         f"{num(conn['churn_per_success'], 4)} new per success (shards x cap / items = "
         f"{num(conn['expected_churn'], 4)})",
         f"  event-loop lag: p50 {ms(lag['p50'])} ms, p99 {ms(lag['p99'])} ms, max "
