@@ -21,9 +21,10 @@ Extra checks, reported as notes (they do not change the exit status, they point 
 no `Traceback` in any pass's stderr, every line in results/dead parses, the manifest's final
 status, no process left running after a scenario, for single-pass scenarios with an external
 simulator: injected faults (`/sim/stats`) equal the failed attempts of the matching status,
-the simulator's request count equals the attempts in the log, and retries equal failed attempts
-minus dead letters; for the endpoint failing everything: its request count and the dead letters
-after its pass (the items are held, not dead-lettered); each pass's
+the simulator's request count equals the attempts in the log plus their requests sent again
+(`resent`, counted with the conn_reset attempts against the injected resets), and retries
+equal failed attempts minus dead letters; for the endpoint failing everything: its request
+count and the dead letters after its pass (the items are held, not dead-lettered); each pass's
 printed "succeeded"/"failed" against the result/dead lines of its own segment; a last pass
 exiting 0 while the run holds dead letters (from any segment); no empty
 coordinator event log; and `rate_wait` events (no job here sets a rate limit, so any are pauses
@@ -318,6 +319,7 @@ class Tally:
     duplicated: int = 0
     lost: int = 0
     attempts: int = 0
+    resent: int = 0  # requests sent again within their attempt (attempt_end `resent`)
     retries: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     dead_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -365,7 +367,9 @@ def tally(sc: Scenario) -> Tally:
         t.events.extend(rows)
     if bad_events:
         sc.notes.append(f"{bad_events} unparsable event line(s) (torn by a kill or a full disk)")
-    t.attempts = sum(1 for e in t.events if e.get("ev") == "attempt_end")
+    ends = [e for e in t.events if e.get("ev") == "attempt_end"]
+    t.attempts = len(ends)
+    t.resent = sum(e.get("resent") or 0 for e in ends)
     t.retries = sum(1 for e in t.events if e.get("ev") == "retry")
     try:
         t.status = str(orjson.loads((run / "manifest.json").read_bytes()).get("status"))
@@ -391,9 +395,9 @@ def check_single_pass(sc: Scenario, t: Tally, stats: dict[str, Any] | None,
                         f"{t.attempts}")  # fmt: skip
     if stats is None:
         return
-    if stats.get("requests_total") != t.attempts:
+    if stats.get("requests_total") != t.attempts + t.resent:
         sc.notes.append(f"simulator saw {stats.get('requests_total')} requests, the log has "
-                        f"{t.attempts} attempts")  # fmt: skip
+                        f"{t.attempts} attempts and {t.resent} sent again")  # fmt: skip
     injected: dict[str, int] = stats.get("faults", {})
     # Faults that show as the same attempt statuses are compared as one group.
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -406,7 +410,9 @@ def check_single_pass(sc: Scenario, t: Tally, stats: dict[str, Any] | None,
             continue  # overlapping groups: compared under the wider one
         want = sum(injected.get(k, 0) for k2 in groups if set(k2) <= set(full)
                    for k in groups[k2])  # fmt: skip
-        seen = failed_attempts(t, full)
+        # A reset before any answer on a pooled connection went again within its attempt:
+        # no failed attempt, but one `resent`.
+        seen = failed_attempts(t, full) + (t.resent if "conn_reset" in full else 0)
         if any(injected.get(k, 0) == 0 for k in members):
             sc.notes.append(f"the simulator injected no {'/'.join(members)}")
         elif seen != want:
