@@ -438,6 +438,10 @@ class Attempt:
     def finish(self) -> AttemptOutcome:
         out = self.out
         out.ended_at = self.clock.now()
+        if out.resent and out.conn_ready_at is None:
+            # The last try to send it again got no connection (refused, timed out, a stop):
+            # it did not go again (`reconnect` counted it before the try).
+            out.resent -= 1
         out.text = "".join(self.pieces)
         r = self.reader
         if r.reasoning:

@@ -115,6 +115,36 @@ def test_a_new_connection_killed_under_the_request_is_a_failure(kill: str) -> No
     assert seen == {"served": 0, "killed": 1}
 
 
+def test_a_send_again_that_gets_no_connection_is_not_counted() -> None:
+    """The server went away: it closed the pooled connection under the request and stopped
+    listening, so the try again on a new connection is refused. The attempt is conn_reset,
+    and the request went once (it counted one sent again, which the server never read)."""
+    from keepalive_server import ANSWER, _reply, _request
+
+    async def go() -> tuple[list[AttemptOutcome], dict[str, int]]:
+        seen = {"served": 0, "killed": 0}
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await _request(reader)
+            seen["served"] += 1
+            _reply(writer, b"text/event-stream", ANSWER)
+            await writer.drain()
+            await _request(reader)
+            seen["killed"] += 1
+            server.close()  # no new connection from now on
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        return await _attempts(f"http://127.0.0.1:{port}/v1", cap=1, together=1, after=1), seen
+
+    (first, second), seen = run(go())
+    assert (first.status, first.resent) == ("ok", 0)
+    assert (second.status, second.conn_ready_at, second.resent) == ("conn_reset", None, 0)
+    assert "refused" in (second.error or "")
+    assert seen == {"served": 1, "killed": 1}
+
+
 def test_a_run_against_a_front_that_kills_kept_alive_connections_charges_nothing(
         tmp_path: Path) -> None:
     """A whole run, one attempt per item and no retry budget, against a front that answers one
