@@ -43,6 +43,7 @@ The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pu
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -51,7 +52,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp.http_exceptions import (
+    ContentEncodingError,
+    ContentLengthError,
+    HttpProcessingError,
+    TransferEncodingError,
+)
 
 from shardrun._attempt import (
     CURRENT,
@@ -496,8 +502,12 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
         said = clip(getattr(exc.__cause__, "message", exc))
         return "protocol_error", f"undecodable body after {counted(tokens, 'token')}: {said}"
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return "conn_reset", f"response body cut after {counted(tokens, 'token')}: {clip(exc)}"
+        return "conn_reset", _cut_short(exc, counted(tokens, "token"))
     if isinstance(exc, aiohttp.ClientResponseError):
+        if (past := _past_its_length(exc.message)) is not None:
+            return "protocol_error", ("invalid HTTP response: its body ran past its "
+                                      "Content-Length (the server sent more than it said; "
+                                      f"the bytes past it begin {clip(past)})")
         said = clip(exc.message)
         if any(record in said for record in _TLS_RECORDS):
             said += " (a TLS server: endpoint.base_url wants https://)"
@@ -505,6 +515,43 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return "conn_reset", f"connection lost after {counted(tokens, 'token')}: {clip(exc)}"
     return "protocol_error", f"{type(exc).__name__}: {clip(exc)}"
+
+
+def _cut_short(exc: aiohttp.ClientPayloadError, after: str) -> str:
+    """The sentence of a body the connection's end cut short of what its framing promised."""
+    cause = exc.__cause__
+    if isinstance(cause, ContentLengthError):
+        got = _RECEIVED.search(str(cause.message))  # "(received 143 of 151 bytes)"
+        said = f"at byte {got[1]} of the {got[2]}" if got else "before the end of the bytes"
+        return (f"response cut short: the connection ended {said} its Content-Length says "
+                f"({after})")
+    if isinstance(cause, TransferEncodingError):
+        return f"response cut short: the connection ended before the body's last chunk ({after})"
+    return f"response body cut after {after}: {clip(exc)}"
+
+
+_RECEIVED = re.compile(r"received (\d+) of (\d+) bytes")
+
+_BAD_LINE = re.compile(r"\n  (b(['\"]).*)\n  ( *)\^")
+"""aiohttp's C parser's bad status line: the line it failed on (a bytes literal), and a caret
+under the byte it failed at."""
+
+
+def _past_its_length(message: str) -> str | None:
+    """The bytes after an answer whose body ran past its Content-Length, where a bad status
+    line is them (None otherwise). aiohttp's C parser reads them, when they came in the same
+    packet, as the next answer's status line, and drops the answer it read. A line that is the
+    first answer fails at its first byte, or within "HTTP/": bytes before the caret that no
+    status line begins with are the end of the body before it (a body that ends in a line
+    break leaves none, and its overrun reads as any other bad status line)."""
+    line = _BAD_LINE.search(message)
+    if line is None:
+        return None
+    literal, quote, caret = line[1], line[2], len(line[3])
+    before = literal[2:caret][:5]
+    if not before or "HTTP/".startswith(before):
+        return None
+    return quote + literal[caret:]
 
 
 _TLS_RECORDS = ("b'\\x15\\x03", "b'\\x16\\x03")

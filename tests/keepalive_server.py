@@ -1,7 +1,7 @@
 """A loopback HTTP/1.1 server, written by hand, that kills its kept-alive connections as real
 fronts do, run as its own process:
 
-    python tests/keepalive_server.py fin|rst|late PER_CONN
+    python tests/keepalive_server.py fin|rst|late|over|short PER_CONN
 
 It listens on a free loopback port and prints `listening on PORT`. Each connection answers
 PER_CONN chat requests with a whole stream (Content-Length, keep-alive, no `Connection: close`),
@@ -9,8 +9,11 @@ then, when the next request arrives on it, reads that request and, answering not
 connection (`fin`: nginx's keepalive_timeout or keepalive_requests racing a request sent on an
 idle connection) or resets it (`rst`: a balancer that dropped the idle connection and resets it
 when used); `late` works on that request for a second first, then closes it (a server that
-crashed under the request). A GET (the model list) is answered 200 at any time. Every request
-read counts, as `served` or as `killed`; a line `GET /counts` answers them as JSON.
+crashed under the request). `over` and `short` answer that request with a whole JSON answer
+(no stream) whose body does not match its Content-Length: `over` sends 8 bytes past it in the
+same packet (`leftover`), then closes; `short` sends 8 bytes less, then closes. A GET (the
+model list) is answered 200 at any time. Every request read counts, as `served` or as
+`killed`; a line `GET /counts` answers them as JSON.
 
 It exits when its standard input closes, so a test that dies leaves nothing running.
 """
@@ -28,6 +31,8 @@ ANSWER = (b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason"
           b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
           b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
           b"data: [DONE]\n\n")
+WHOLE = (b'{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},'
+         b'"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}')
 COUNTS = {"served": 0, "killed": 0}
 
 
@@ -48,6 +53,14 @@ def _reply(writer: asyncio.StreamWriter, ctype: bytes, body: bytes) -> None:
                  + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
+def _mislabelled(writer: asyncio.StreamWriter, extra: int) -> None:
+    """A whole answer whose body is `extra` bytes longer than its Content-Length says (shorter
+    where negative), written at once: a body past its length arrives in the same packet."""
+    body = WHOLE + b"leftover"[:max(extra, 0)]
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d"
+                 b"\r\n\r\n" % (len(WHOLE) - min(extra, 0)) + body)
+
+
 async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
     served = 0
@@ -64,6 +77,9 @@ async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
                 _reply(writer, b"text/event-stream", ANSWER)
             else:
                 COUNTS["killed"] += 1
+                if kill in ("over", "short"):
+                    _mislabelled(writer, 8 if kill == "over" else -8)
+                    await writer.drain()
                 if kill == "late":
                     await asyncio.sleep(1.0)
                 if kill == "rst":

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp import http_parser
 
 from shardrun.client import AttemptOutcome, StreamingClient, make_session
 from shardrun.clock import Clock
 from tests.conftest import Run, only_run, run_cli, write_input, write_job
+from tests.keepalive_server import WHOLE
 from tests.test_client import FAST, run
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,6 +90,31 @@ def test_a_pooled_connection_that_dies_while_the_server_works_is_a_failure() -> 
     assert (first.status, second.status, second.conn_reused) == ("ok", "conn_reset", True)
     assert (first.resent, second.resent) == (0, 0)
     assert seen == {"served": 1, "killed": 1}
+
+
+@pytest.mark.skipif(http_parser.HttpResponseParser is http_parser.HttpResponseParserPy,
+                    reason="aiohttp's Python parser leaves the bytes past the body unread")
+def test_a_body_past_its_content_length_is_named() -> None:
+    """A whole answer (no stream) whose body runs 8 bytes past its Content-Length, in the same
+    packet: aiohttp reads those bytes as the next answer's status line and drops the answer.
+    The failure says the body ran past its length and shows the bytes; it said "invalid HTTP
+    response: Bad status line" with the answer's text in it."""
+    with front("over", 0) as base:
+        (out,) = run(_attempts(base, cap=1, together=1, after=0))
+    assert (out.status, out.error) == (
+        "protocol_error", "invalid HTTP response: its body ran past its Content-Length (the "
+        "server sent more than it said; the bytes past it begin 'leftover')")
+
+
+def test_a_body_short_of_its_content_length_is_cut_short() -> None:
+    """A whole answer 8 bytes short of its Content-Length, then the connection's end: the
+    failure is conn_reset and says the answer was cut short, at which byte of how many."""
+    with front("short", 0) as base:
+        (out,) = run(_attempts(base, cap=1, together=1, after=0))
+    body = len(WHOLE)
+    assert (out.status, out.error) == (
+        "conn_reset", f"response cut short: the connection ended at byte {body} of the "
+                      f"{body + 8} its Content-Length says (0 tokens)")
 
 
 def test_every_dead_connection_in_the_pool_is_passed_over() -> None:
