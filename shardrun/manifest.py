@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from shardrun import __version__
+from shardrun._ellipsis import ellipsize
 from shardrun._urls import masked_url
 from shardrun.errors import InputError, RunDirError, SpecError
 from shardrun.outpath import is_run_file
@@ -368,6 +369,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
                           "damaged") from None  # fmt: skip
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is not a JSON object; the run directory is damaged")
+    _check_schema(path, data.get("schema", MANIFEST_SCHEMA))  # none: a shardrun before it
     # What every reader walks: the wrong type there was a traceback in report and publish.
     for key, kind, what in (("files", list, "a list"), ("resumes", list, "a list"),
                             ("effective", dict, "an object")):
@@ -375,6 +377,19 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
             raise RunDirError(f"{path}: {key} is not {what}; the manifest was edited or "
                               "damaged")
     return data
+
+
+def _check_schema(path: Path, schema: object) -> None:
+    """Refuse a manifest of another schema than this shardrun writes: a newer one's may mean
+    other things by the same keys, and a report read from it would be wrong, not refused."""
+    if schema == MANIFEST_SCHEMA and type(schema) is int:
+        return
+    if type(schema) is int and schema > MANIFEST_SCHEMA:
+        raise RunDirError(f"{path} has manifest schema {schema} and this shardrun "
+                          f"({__version__}) reads schema {MANIFEST_SCHEMA}: a newer shardrun "
+                          "wrote the run; upgrade shardrun to read it")
+    raise RunDirError(f"{path} has manifest schema {ellipsize(repr(schema), 40)}, not "
+                      f"{MANIFEST_SCHEMA}; the manifest was edited or damaged")
 
 
 def _which_run(folder: Path) -> str:

@@ -20,6 +20,7 @@ import pytest
 from conftest import FAST_SIM, read_jsonl, run_cli, write_input, write_job
 from test_aggregate_fixtures import T0, hand_coordinator, hand_shard, steady_shard, write_run
 
+from shardrun import __version__
 from shardrun.aggregate._segments import BUCKETS
 from shardrun.cli import main as cli_main
 from shardrun.cli_analysis import main, register
@@ -184,6 +185,38 @@ def test_a_manifest_of_the_wrong_shape_is_one_sentence_for_every_reader(
         err = capsys.readouterr().err
         assert err == f"error: {run / 'manifest.json'}: {what}; the manifest was edited or " \
                       "damaged\n", (command, err)
+
+
+def test_a_manifest_of_a_newer_schema_is_refused_by_every_command(tmp_path: Path) -> None:
+    """A run whose manifest a newer shardrun wrote (schema 2): report, verify, publish, export,
+    --resume and retry-failed each refuse it in one sentence naming the file, both schemas and
+    the fix, and change nothing; each read it as if it were this version's before. A schema
+    that is no number is an edited manifest; one with none (before it was written) reads."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=4)
+    assert run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path).returncode == 0
+    path = tmp_path / "runs" / "r1" / "manifest.json"
+    manifest = orjson.loads(path.read_bytes())
+    path.write_bytes(orjson.dumps({**manifest, "schema": 2}))
+    before = sorted((p, p.stat().st_mtime_ns) for p in path.parent.rglob("*") if p.is_file())
+    commands = [["report", "runs/r1"], ["verify", "runs/r1"], ["publish", "runs/r1"],
+                ["export", "runs/r1"], ["job.yaml", "--runs-dir", "runs", "--resume", "r1"],
+                ["retry-failed", "runs/r1"]]
+    for command in commands:
+        done = run_cli(*command, cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (2, ""), (command, done.stderr)
+        assert done.stderr == (
+            f"error: runs/r1/manifest.json has manifest schema 2 and this shardrun "
+            f"({__version__}) reads schema 1: a newer shardrun wrote the run; upgrade shardrun "
+            "to read it\n"), command
+    after = sorted((p, p.stat().st_mtime_ns) for p in path.parent.rglob("*") if p.is_file())
+    assert after == before
+    path.write_bytes(orjson.dumps({**manifest, "schema": "2"}))
+    assert run_cli("report", "runs/r1", cwd=tmp_path).stderr == (
+        "error: runs/r1/manifest.json has manifest schema '2', not 1; the manifest was edited "
+        "or damaged\n")
+    path.write_bytes(orjson.dumps({k: v for k, v in manifest.items() if k != "schema"}))
+    assert run_cli("report", "runs/r1", cwd=tmp_path).returncode == 0
 
 
 def test_an_event_path_that_is_no_file_is_one_sentence(
