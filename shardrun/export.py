@@ -71,7 +71,7 @@ from shardrun.manifest import (
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file, replace_target
-from shardrun.resume import set_aside_lines, setting_changes
+from shardrun.resume import pass_of, set_aside_lines, setting_changes
 from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
 
@@ -206,8 +206,11 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
         try:
             index = _Index(Path(scratch) / "index.sqlite")
             try:
+                # In pass order, so an id's first line is its earliest pass's (a damaged run's
+                # repeat): by name, shard-00.r10.jsonl comes before shard-00.r2.jsonl.
                 live = [(path, sub == "dead") for sub in ("results", "dead")
-                        for path in sorted((run_path / sub).glob("*.jsonl"))]
+                        for path in sorted((run_path / sub).glob("*.jsonl"),
+                                           key=lambda file: (pass_of(file), file.name))]
                 # One handle a file, kept open (`_Index`); the set-aside files too, read after.
                 ensure_open_files(len(live) + len(list(
                     run_path.glob("dead/superseded-r*/*.jsonl"))))

@@ -278,6 +278,26 @@ def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> Non
     assert "  1 line of the run matches no input record: not in the export\n" in done.stderr
 
 
+def test_of_two_lines_for_an_id_the_earlier_pass_is_exported(base: Path,
+                                                              tmp_path: Path) -> None:
+    """A damaged run with an id answered in pass 2 and again in pass 10: the line exported is
+    pass 2's, the first in pass order. Files were read in name order, where shard-00.r10.jsonl
+    comes before shard-00.r2.jsonl, so pass 10's was."""
+    run_dir, _ = copy_of(base, tmp_path)
+    dead = orjson.loads(sorted((run_dir / "dead").glob("shard-*.jsonl"))[0].read_bytes()
+                        .splitlines()[0])
+    answer = orjson.loads(sorted((run_dir / "results").glob("shard-*.jsonl"))[0].read_bytes()
+                          .splitlines()[0])
+    for number in (2, 10):
+        line = {**answer, "id": dead["id"], "output": f"pass {number}"}
+        (run_dir / "results" / f"shard-00.r{number}.jsonl").write_bytes(orjson.dumps(line) + b"\n")
+    out = tmp_path / "a.jsonl"
+    done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    (row,) = [r for r in read_jsonl(out) if r["id"] == dead["id"] and r["status"] != "rejected"]
+    assert (row["status"], row["output"]) == ("ok", "pass 2")
+
+
 def test_a_damaged_run_file_is_one_sentence(base: Path, tmp_path: Path) -> None:
     run_dir, _ = copy_of(base, tmp_path)
     results = sorted((run_dir / "results").glob("shard-*.jsonl"))[0]
