@@ -68,6 +68,7 @@ from shardrun.manifest import (
     pass_reads,
     prefix_digests,
     read_manifest,
+    recorded_sources,
     run_on,
 )
 from shardrun.outpath import check_not_read_back, check_output_file, replace_target
@@ -156,8 +157,9 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
         summary.warnings.append(f"the job file {job.job_path} changed since the run; its "
                                 "current input settings were used")  # fmt: skip
     if out is not None:
-        check_not_read_back("-o", out, {"the run's input file": job.input_path,
-                                        "the run's job file": job.job_path})
+        check_not_read_back("-o", out, [("the run's input file", job.input_path),
+                                        ("the run's job file", job.job_path),
+                                        *recorded_sources(manifest)])
     reader = InputReader(job.input_path, plan, with_input)  # a missing input fails here
     try:
         _check_input(run_path, manifest, job.input_path, plan.format, summary)

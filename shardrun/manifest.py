@@ -161,6 +161,22 @@ def pass_inputs(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any] | No
     return found
 
 
+def recorded_sources(manifest: dict[str, Any]) -> list[tuple[str, Path]]:
+    """("the run's job file" or "the run's input file", its absolute path) of every job file
+    and input file the run's passes recorded: the files an output path must not be
+    (`outpath.check_not_a_source`)."""
+    found: list[tuple[str, Path]] = []
+    for _, record in _passes(manifest):
+        if not isinstance(record, dict):
+            continue
+        job = record.get("job") if record is manifest else {"path": record.get("job_path")}
+        for what, held in (("job file", job), ("input file", record.get("input"))):
+            named = held.get("path") if isinstance(held, dict) else None
+            if isinstance(named, str) and named:
+                found.append((f"the run's {what}", Path(named)))
+    return found
+
+
 @dataclass(frozen=True)
 class RunOn:
     """An ended pass whose last record the file's end cut off, and text added to the file since

@@ -5,26 +5,41 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from shardrun.errors import SpecError
 
 
-def check_not_read_back(flag: str, path: Path, others: dict[str, Path]) -> None:
+def check_not_read_back(flag: str, path: Path, sources: Iterable[tuple[str, Path]]) -> None:
     """Refuse an output path inside a run directory (this run's or another's): a file written
     into results/ would read as finished items to --resume, export and retry-failed, and one
-    over rejects.jsonl or the manifest would lose the run's own record; refuse one over the
-    input or the job file, which would destroy what the run was made from. (`others`: what
-    each path is.)"""
+    over rejects.jsonl or the manifest would lose the run's own record; and one that is a file
+    the run was made from (`check_not_a_source`)."""
     target = path.resolve()
     for folder in target.parents:
         if (folder / "manifest.json").is_file():
             raise SpecError(f"{flag} {path} lies inside run directory {folder}, whose files "
                             "--resume, export and report read back; name a file outside it")
-    for what, other in others.items():
-        if target == other.resolve():
-            raise SpecError(f"{flag} {path} is {what}; writing there would destroy it, so name "
-                            "another file")
+    check_not_a_source(flag, path, sources)
+
+
+def check_not_a_source(flag: str, path: Path, sources: Iterable[tuple[str, Path]]) -> None:
+    """Refuse an output path that is one of `sources` (what each is, its path): the input or
+    the job file a run was made from, which writing would destroy. One file by another name
+    (a hard link, a bind mount, a case-insensitive file system) is the same file: compared by
+    device and inode where both exist, else by the path resolved. Any other existing file is
+    overwritten, as scripts that export again expect."""
+    target = path.resolve()
+    for what, source in sources:
+        try:
+            same = os.path.samefile(target, source)
+        except OSError:  # either is not there (yet): nothing to destroy by another name
+            same = target == source.resolve()
+        if same:
+            also = "" if target == source.resolve() else f" ({source}, by another name)"
+            raise SpecError(f"{flag} {path} is {what}{also}; writing there would destroy it, "
+                            "so name another file")
 
 
 def check_output_file(flag: str, path: Path) -> None:

@@ -27,8 +27,13 @@ from shardrun._ellipsis import counted
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
 from shardrun.aggregate._metrics import windows
 from shardrun.errors import RunDirError, ShardrunError, SpecError
-from shardrun.manifest import read_manifest
-from shardrun.outpath import check_not_a_run_file, replace_target, write_bytes_atomically
+from shardrun.manifest import read_manifest, recorded_sources
+from shardrun.outpath import (
+    check_not_a_run_file,
+    check_not_a_source,
+    replace_target,
+    write_bytes_atomically,
+)
 from shardrun.report._rundir import (
     FoldOptions,
     LoadedRun,
@@ -169,6 +174,8 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     if out is not None:
         try:
             check_not_a_run_file("-o", out)
+            # Before the run's events are folded: the manifest alone names them.
+            check_not_a_source("-o", out, recorded_sources(read_manifest(run_dir)))
         except SpecError as exc:
             raise PublishError(str(exc)) from None
     loaded = _load(run_dir, workers)

@@ -492,11 +492,15 @@ def test_write_failures_are_one_sentence(base: Path, tmp_path: Path) -> None:
 
 def test_the_runs_own_files_and_inputs_are_never_written(base: Path, tmp_path: Path) -> None:
     """-o inside a run directory (results/ would read as finished items to --resume; this run's
-    or another's), over the input or the job file: exit 2, one sentence, nothing written."""
+    or another's), over the input or the job file, or either by another name (a hard link,
+    compared by device and inode): exit 2, one sentence, nothing written."""
     run_dir, job = copy_of(base, tmp_path)
     other = tmp_path / "w" / "runs" / "other"
     (other / "results").mkdir(parents=True)
     (other / "manifest.json").write_text("{}")
+    os.link(tmp_path / "w" / "input.jsonl", tmp_path / "input-link.jsonl")  # one file, 2 names
+    os.link(job, tmp_path / "job-link.yaml")
+    os.link(base / "job.yaml", tmp_path / "ran.yaml")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     inside = (f"lies inside run directory {run_dir.resolve()}, whose files --resume, export "
               "and report read back; name a file outside it")
@@ -512,6 +516,13 @@ def test_the_runs_own_files_and_inputs_are_never_written(base: Path, tmp_path: P
         (tmp_path / "w" / "input.jsonl",
          "is the run's input file; writing there would destroy it, so name another file"),
         (job, "is the run's job file; writing there would destroy it, so name another file"),
+        (tmp_path / "input-link.jsonl", f"is the run's input file ({tmp_path.resolve()}/w/"
+         "input.jsonl, by another name); writing there would destroy it, so name another file"),
+        (tmp_path / "job-link.yaml", f"is the run's job file ({job.resolve()}, by another "
+         "name); writing there would destroy it, so name another file"),
+        # the job file the run's manifest records, the one --job stands in for
+        (tmp_path / "ran.yaml", f"is the run's job file ({base.resolve()}/job.yaml, by another "
+         "name); writing there would destroy it, so name another file"),
     ]:
         done = export(str(run_dir), "-o", str(target), "--job", str(job), cwd=tmp_path)
         assert (done.returncode, done.stderr) == (2, f"error: -o {target} {says}\n"), target

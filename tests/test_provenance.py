@@ -31,6 +31,7 @@ from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
 from shardrun.aggregate import minute_label, parse_minute
 from shardrun.cli_analysis import main
 from shardrun.provenance import (
+    SAMPLE_SCHEMA,
     PublishError,
     VerifyError,
     _file_record,
@@ -579,6 +580,34 @@ def test_publish_writes_no_file_among_the_runs_own(tmp_path: Path,
     assert not (run / "events" / "x.json").exists()
     assert (run / "manifest.json").read_bytes() == manifest
     assert main(["publish", str(run), "-o", str(run / "samples" / "mine.json")]) == 0
+
+
+def test_publish_writes_over_no_job_or_input_file_the_run_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` naming a job file or an input file a pass of the run recorded (the first pass's, a
+    resume's; by another name: a hard link): exit 2, one sentence, the file kept whole. It
+    wrote the sample over it. Another existing file is still written over."""
+    files = {name: tmp_path / name for name in ("job.yaml", "in.jsonl", "job2.yaml", "in2.jsonl")}
+    for path in files.values():
+        path.write_text(f"{path.name}\n")
+    run = write_run(tmp_path / "run", {"00": steady_shard(0, B - 30, minutes=3, per_minute=6)},
+                    _coordinator(), status="succeeded",
+                    job={"path": str(files["job.yaml"])}, input={"path": str(files["in.jsonl"])},
+                    resumes=[{"job_path": str(files["job2.yaml"]),
+                              "input": {"path": str(files["in2.jsonl"])}}])
+    os.link(files["in2.jsonl"], tmp_path / "linked")
+    for out, what in [(files["job.yaml"], "job"), (files["in.jsonl"], "input"),
+                      (files["job2.yaml"], "job"), (files["in2.jsonl"], "input"),
+                      (tmp_path / "linked", "input")]:
+        assert main(["publish", str(run), "-o", str(out)]) == 2, out
+        also = f" ({files['in2.jsonl']}, by another name)" if out.name == "linked" else ""
+        assert capsys.readouterr().err == (
+            f"error: -o {out} is the run's {what} file{also}; writing there would destroy it, "
+            "so name another file\n")
+    assert all(path.read_text() == f"{path.name}\n" for path in files.values())
+    (tmp_path / "other.json").write_text("an older sample\n")
+    assert main(["publish", str(run), "-o", str(tmp_path / "other.json")]) == 0
+    assert orjson.loads((tmp_path / "other.json").read_bytes())["schema"] == SAMPLE_SCHEMA
 
 
 def test_a_sample_cut_short_by_a_full_disk_is_not_left_behind(tmp_path: Path) -> None:
