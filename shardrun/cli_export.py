@@ -106,8 +106,8 @@ def handle(args: argparse.Namespace) -> int:
         (summary.failed, "record", "records", retry_on),
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
          "writing, or one killed since): their records count as pending"),
-        (summary.repeated, "id has", "ids have", "more than one line in the run: the first "
-         "line was exported"),
+        (summary.repeated, "line repeats", "lines repeat", "an id an earlier line of the run "
+         "has: the earliest pass's line was exported"),
         (summary.orphans, "line of the run matches", "lines of the run match", "no input "
          "record: not in the export"),
     ]  # fmt: skip

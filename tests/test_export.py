@@ -268,13 +268,16 @@ def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> Non
     stray = {**record, "id": "not-in-the-input"}
     with open(second, "ab") as f:
         f.write(orjson.dumps({**record, "output": "a second answer"}) + b"\n")
+        f.write(orjson.dumps({**record, "output": "a third answer"}) + b"\n")
         f.write(orjson.dumps(stray) + b"\n")
     out = tmp_path / "a.jsonl"
     done = export(str(run_dir), "-o", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     (row,) = [r for r in read_jsonl(out) if r["id"] == record["id"] and r["status"] == "ok"]
     assert row["output"] == record["output"]
-    assert "  1 id has more than one line in the run: the first line was exported\n" in done.stderr
+    # counted in lines: one id with three lines was "2 ids have more than one line"
+    assert ("  2 lines repeat an id an earlier line of the run has: the earliest pass's line "
+            "was exported\n") in done.stderr
     assert "  1 line of the run matches no input record: not in the export\n" in done.stderr
 
 
