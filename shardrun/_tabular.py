@@ -26,7 +26,14 @@ Row = tuple[int, dict[str, Any] | str, bytes]
 PARQUET_EXTRA = ("reading Parquet needs the parquet extra: in shardrun's directory, "
                  ".venv/bin/pip install -e '.[parquet]'")
 PARQUET_BATCH_ROWS = 1024
-_CSV_FIELD_LIMIT = 64 * 1024 * 1024  # a long prompt in one cell is normal; 128 KiB is not enough
+# A long prompt in one cell is normal (128 KiB, the csv module's default, is not enough), but the
+# reader holds a cell as 4 bytes a character, in a buffer it never shrinks: 16 Mi characters is
+# the 64 MiB a JSON line may take (inputs.MAX_LINE_BYTES), and more than any model reads. At 64 Mi
+# one stray quote in a big file grew the coordinator by 256 MiB for the rest of the run.
+_CSV_FIELD_LIMIT = 16 * 1024 * 1024
+# A row longer than this (in characters) leaves the reader's buffer that large: a new reader
+# on the same text lets it go.
+_CSV_RENEW_AFTER = 1024 * 1024
 CHUNK = 1 << 20
 
 
@@ -82,6 +89,7 @@ class CsvRows:
         # rows up to the next quote character (one stray quote would silently merge hundreds of
         # rows into one prompt, and the run would call itself successful).
         self._reader = csv.reader(self._text, strict=True)
+        self._lines_before = 0  # lines the readers renewed before this one read
         try:
             self.header = next(self._reader, [])
         except csv.Error as exc:
@@ -101,7 +109,13 @@ class CsvRows:
 
     @property
     def line_num(self) -> int:
-        return self._reader.line_num
+        return self._lines_before + self._reader.line_num
+
+    def _renew_reader(self) -> None:
+        """A new reader where the last one stopped: the cell buffer a long row or a runaway
+        quoted cell grew goes with the old one (the csv module keeps it at its largest)."""
+        self._lines_before += self._reader.line_num
+        self._reader = csv.reader(self._text, strict=True)
 
     def __iter__(self) -> Iterator[Row]:
         return cast("Iterator[Row]", self.rows(blanks=False))
@@ -111,7 +125,7 @@ class CsvRows:
         blank line passed over (`InputReader.entries`)."""
         width = len(self.header)
         while True:
-            start = self._reader.line_num + 1
+            start = self.line_num + 1
             self._cells = []
             try:
                 cells = next(self._reader)
@@ -120,7 +134,8 @@ class CsvRows:
             except csv.Error as exc:
                 # Strict, the reader says this only where the file ends inside a quoted cell.
                 self.open_quote = str(exc) == "unexpected end of data"
-                end = self._reader.line_num
+                end = self.line_num
+                self._renew_reader()  # the cell it ran away in may have reached the limit
                 if end > start:  # the rows the broken one ran into are lost with it: say so
                     yield start, (f"not valid CSV ({exc} on line {end}): a quote opened in this "
                                   f"row is never closed where it should be, so lines "
@@ -134,9 +149,12 @@ class CsvRows:
                 continue
             self._cells = cells
             if len(cells) != width:
+                self._renew_reader()  # a quote run on to the next one: its row may be long
                 yield start, _width_reason(len(cells), width), b""
                 continue
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")
+            if len(key) > _CSV_RENEW_AFTER:
+                self._renew_reader()
             yield start, {k: v for k, v in zip(self.header, cells, strict=True) if v != ""}, key
 
     def read_on(self) -> Iterator[bytes]:

@@ -332,10 +332,11 @@ class InputReader:
 
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
-"""The longest JSON line read as a record (as a CSV cell may be, `_tabular`): 16 million tokens
-by characters / 4, past any model's context and any API's request size. A longer one is a
-reject, read past in blocks: a line of gigabytes (a file of no line breaks, a stray binary
-dump) was read whole into memory, and the coordinator could run out of it."""
+"""The longest JSON line read as a record (a CSV cell's 16 Mi characters take as much in the csv
+module, `_tabular`): 16 million tokens by characters / 4, past any model's context and any
+API's request size. A longer one is a reject, read past in blocks: a line of gigabytes (a file
+of no line breaks, a stray binary dump) was read whole into memory, and the coordinator could
+run out of it."""
 
 
 _SLACK = len(BOM) + 3

@@ -11,6 +11,7 @@ import lzma
 import os
 import subprocess
 import sys
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -777,6 +778,39 @@ def test_a_stray_quote_in_csv_is_a_reject_not_a_merged_prompt(tmp_path: Path) ->
     items = {item["id"]: item["prompt"] for item in got if isinstance(item, dict)}
     assert sorted(items, key=int) == [str(i) for i in [*range(1, 10), *range(16, 21)]]
     assert items["18"] == 'she said "yes"'
+
+
+def test_a_runaway_csv_cell_leaves_no_buffer_behind(tmp_path: Path) -> None:
+    """The csv module holds a cell as 4 bytes a character, in a buffer it keeps at its largest
+    for as long as its reader lives: a stray quote in a big file that no quote follows ran on
+    to the field limit (64 Mi characters then) and the coordinator held 256 MiB more for the
+    rest of the run. The cell stops at 16 Mi characters (64 MiB, as a JSON line's limit), and
+    the rows after it, and after a long row that is fine, are read with nothing left held and
+    their line numbers right."""
+    long_prompt = "w" * (3 << 20)
+    runaway = "".join(f"{i},line {i} of a cell a stray quote opened\n" for i in range(400_000))
+    path = tmp_path / "in.csv"
+    path.write_text(f'id,prompt\na,"stray\n{runaway}b,{long_prompt}\nc,after\n')
+    tracemalloc.start()
+    try:
+        reader = InputReader(path, InputPlan(format="csv"))
+        entries = iter(reader)
+        reject = next(entries)
+        assert isinstance(reject, Reject) and reader.line == 2
+        # What the limit's line left of the runaway is read as rows; the last two are kept.
+        last_two = [(reader.line, entry) for entry in entries][-2:]
+        (b_line, b), (c_line, c) = last_two
+        del last_two
+        held, _ = tracemalloc.get_traced_memory()
+        reader.close()
+    finally:
+        tracemalloc.stop()
+    assert reject.reason.startswith("not valid CSV (field larger than field limit (16777216) on")
+    assert isinstance(b, dict) and isinstance(c, dict)
+    assert (b_line, b["id"], b["prompt"] == long_prompt) == (400_003, "b", True)
+    assert (c_line, c["id"], c["prompt"]) == (400_004, "c", "after")
+    del b
+    assert held < (8 << 20), held  # neither the runaway's buffer nor the long row's
 
 
 def test_strict_names_where_a_duplicate_csv_row_starts(tmp_path: Path) -> None:
