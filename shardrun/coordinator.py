@@ -463,6 +463,7 @@ class Coordinator:
             # started, yielding as it goes (`WorkSource.fill`): the display and Ctrl-C stay
             # live, and the display says so (at ten million done, half a minute).
             self.view.skipping = lambda: self.source.reader.lines_read
+            self.view.skipping_rejected = lambda: self.source.rejects + self.source.prior_rejects
             try:
                 await self.source.fill(1, lambda: self.handing_out)
             finally:

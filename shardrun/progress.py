@@ -110,6 +110,9 @@ class Snapshot:
     # A resume passing over the input lines earlier passes finished, before it starts the
     # shards: how many it has passed so far; None once it is done (or when there was none).
     skipping: int | None = None
+    # Of those lines, how many were rejected: a job whose every line is (a misnamed prompt
+    # field) read a million of them in 25 s with nothing on the screen saying so.
+    skipping_rejected: int = 0
 
     @property
     def done(self) -> int:
@@ -182,8 +185,10 @@ class ProgressView:
         self._samples: deque[tuple[float, int, int, int]] = deque()
         self._eta_rate: float | None = None
         self._eta_at = self.started
-        # Set by a resume while it skips the finished input lines: how many so far.
+        # Set by a resume while it skips the finished input lines: how many so far, and how
+        # many of them were rejected.
         self.skipping: Callable[[], int] | None = None
+        self.skipping_rejected: Callable[[], int] = lambda: 0
         self._last_line = self.started
         self._live: Live | None = None
         # The total, counted off the event loop (`count`) while the run goes: a big input's
@@ -290,7 +295,8 @@ class ProgressView:
                         sums["completion_tokens"], *rates, rows, down or None, held,
                         failing_s, failing.get("failing_cause") if failing_s else None,
                         silent_s, sum(int(g["sending"]) for g in sending),
-                        self._eta_rate, None if self.skipping is None else self.skipping())
+                        self._eta_rate, None if self.skipping is None else self.skipping(),
+                        self.skipping_rejected() if self.skipping is not None else 0)
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -361,7 +367,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 def format_plain_line(s: Snapshot) -> str:
     """The status line printed when the output is not a terminal."""
     if s.skipping is not None:
-        return f"[{s.elapsed:7.1f}s] {_skipping_text(s.skipping)}"
+        return f"[{s.elapsed:7.1f}s] {_skipping_text(s.skipping, s.skipping_rejected)}"
     if s.total:
         head = f"{s.done:,}/{s.total:,} done ({100 * s.done / s.total:.1f}%)"
     else:
@@ -374,10 +380,12 @@ def format_plain_line(s: Snapshot) -> str:
             f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
 
 
-def _skipping_text(lines: int) -> str:
+def _skipping_text(lines: int, rejected: int) -> str:
     # Lines read, not items skipped: a retry pass passes over the lines it leaves out, and any
     # pass over rejects, which no count of finished items shows moving.
-    return f"reading up to the first item to run: {lines:,} input lines so far"
+    text = f"reading up to the first item to run: {lines:,} input lines so far"
+    return text + (f", {rejected:,} of them rejected (rejects.jsonl says why)" if rejected
+                   else "")
 
 
 def _held_text(rate_waiting: int) -> str:
@@ -448,7 +456,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
 
     head = Table.grid(padding=(0, 2))
     if s.skipping is not None:
-        return Group(Text(f"{_skipping_text(s.skipping)}  elapsed {clock_text(s.elapsed)}"))
+        return Group(Text(f"{_skipping_text(s.skipping, s.skipping_rejected)}  "
+                          f"elapsed {clock_text(s.elapsed)}"))
     if s.total:
         pct = 100 * s.done / s.total
         head.add_row(ProgressBar(total=s.total, completed=min(s.done, s.total), width=40),

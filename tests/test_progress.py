@@ -496,3 +496,30 @@ def test_a_resume_skipping_finished_lines_says_so() -> None:
     view.refresh()
     view.stop()
     assert "first item to run: 2,300,000 input lines so far" in term.getvalue()
+
+
+def test_lines_rejected_while_reading_up_to_the_first_item_are_counted() -> None:
+    """A job whose every line is rejected (a misnamed prompt field) reads its whole input
+    before it says so: a million lines took 25 s saying only how many lines were read. The
+    line says how many of them were rejected, in plain lines and on a terminal."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(None, tty=False, stream=out, clock=clock, interval=1.0)
+    read = [0]
+    view.skipping = lambda: read[0]
+    view.skipping_rejected = lambda: read[0] - 1  # one blank line among them
+    view.start()
+    for _ in range(2):
+        clock.now += 1.0
+        read[0] += 70_000
+        view.refresh()
+    assert out.getvalue().splitlines()[-1] == (
+        "[    2.0s] reading up to the first item to run: 140,000 input lines so far, 139,999 of "
+        "them rejected (rejects.jsonl says why)")
+    term = StringIO()
+    console = Console(file=term, force_terminal=True, width=200, color_system=None)
+    view = ProgressView(None, console=console, clock=clock)
+    view.skipping, view.skipping_rejected = (lambda: 2_000), (lambda: 12)
+    view.start()
+    view.refresh()
+    view.stop()
+    assert "2,000 input lines so far, 12 of them rejected" in term.getvalue()
