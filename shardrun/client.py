@@ -543,13 +543,14 @@ def _past_its_length(message: str) -> str | None:
     packet, as the next answer's status line, and drops the answer it read. A line that is the
     first answer fails at its first byte, or within "HTTP/": bytes before the caret that no
     status line begins with are the end of the body before it (a body that ends in a line
-    break leaves none, and its overrun reads as any other bad status line)."""
-    line = _BAD_LINE.search(message)
+    break leaves none, and its overrun reads as any other bad status line). Only a bad status
+    line: a bad header, Content-Length or chunk size shows its line and a caret too."""
+    line = _BAD_LINE.search(message) if message.startswith("Bad status line:") else None
     if line is None:
         return None
     literal, quote, caret = line[1], line[2], len(line[3])
     before = literal[2:caret][:5]
-    if not before or "HTTP/".startswith(before):
+    if not before or any(start.startswith(before) for start in ("HTTP/", "RTSP/", "ICE/")):
         return None
     return quote + literal[caret:]
 

@@ -1,7 +1,7 @@
 """A loopback HTTP/1.1 server, written by hand, that kills its kept-alive connections as real
 fronts do, run as its own process:
 
-    python tests/keepalive_server.py fin|rst|late|over|short PER_CONN
+    python tests/keepalive_server.py fin|rst|late|over|short|header PER_CONN
 
 It listens on a free loopback port and prints `listening on PORT`. Each connection answers
 PER_CONN chat requests with a whole stream (Content-Length, keep-alive, no `Connection: close`),
@@ -11,7 +11,8 @@ idle connection) or resets it (`rst`: a balancer that dropped the idle connectio
 when used); `late` works on that request for a second first, then closes it (a server that
 crashed under the request). `over` and `short` answer that request with a whole JSON answer
 (no stream) whose body does not match its Content-Length: `over` sends 8 bytes past it in the
-same packet (`leftover`), then closes; `short` sends 8 bytes less, then closes. A GET (the
+same packet (`leftover`), then closes; `short` sends 8 bytes less, then closes; `header`
+sends one of the right length with a malformed header (a space in its name). A GET (the
 model list) is answered 200 at any time. Every request read counts, as `served` or as
 `killed`; a line `GET /counts` answers them as JSON.
 
@@ -53,12 +54,14 @@ def _reply(writer: asyncio.StreamWriter, ctype: bytes, body: bytes) -> None:
                  + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
-def _mislabelled(writer: asyncio.StreamWriter, extra: int) -> None:
+def _mislabelled(writer: asyncio.StreamWriter, extra: int, bad_header: bool = False) -> None:
     """A whole answer whose body is `extra` bytes longer than its Content-Length says (shorter
-    where negative), written at once: a body past its length arrives in the same packet."""
+    where negative), written at once: a body past its length arrives in the same packet.
+    `bad_header`: with a header whose name has a space in it."""
     body = WHOLE + b"leftover"[:max(extra, 0)]
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d"
-                 b"\r\n\r\n" % (len(WHOLE) - min(extra, 0)) + body)
+    bad = b"Bad Header: x\r\n" if bad_header else b""
+    writer.write(b"HTTP/1.1 200 OK\r\n" + bad + b"Content-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % (len(WHOLE) - min(extra, 0)) + body)
 
 
 async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
@@ -77,8 +80,8 @@ async def _serve(kill: str, per_conn: int, reader: asyncio.StreamReader,
                 _reply(writer, b"text/event-stream", ANSWER)
             else:
                 COUNTS["killed"] += 1
-                if kill in ("over", "short"):
-                    _mislabelled(writer, 8 if kill == "over" else -8)
+                if kill in ("over", "short", "header"):
+                    _mislabelled(writer, {"over": 8, "short": -8}.get(kill, 0), kill == "header")
                     await writer.drain()
                 if kill == "late":
                     await asyncio.sleep(1.0)

@@ -106,6 +106,18 @@ def test_a_body_past_its_content_length_is_named() -> None:
         "server sent more than it said; the bytes past it begin 'leftover')")
 
 
+def test_a_malformed_header_is_not_named_a_body_past_its_content_length() -> None:
+    """A whole answer with a malformed header (a space in its name): aiohttp's message shows
+    the header's line and a caret under the space, as a body past its length shows its bytes,
+    but it is no bad status line. The failure names the header, not a body that ran past its
+    Content-Length ("the bytes past it begin ' Header: x'")."""
+    with front("header", 0) as base:
+        (out,) = run(_attempts(base, cap=1, together=1, after=0))
+    assert out.status == "protocol_error" and out.error is not None
+    assert out.error.startswith("invalid HTTP response: ") and "Bad Header" in out.error
+    assert "Content-Length" not in out.error
+
+
 def test_a_body_short_of_its_content_length_is_cut_short() -> None:
     """A whole answer 8 bytes short of its Content-Length, then the connection's end: the
     failure is conn_reset and says the answer was cut short, at which byte of how many."""
