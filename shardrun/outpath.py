@@ -32,6 +32,8 @@ def check_not_a_source(flag: str, path: Path, sources: Iterable[tuple[str, Path]
     overwritten, as scripts that export again expect."""
     target = path.resolve()
     for what, source in sources:
+        if "\x00" in str(source):  # a damaged manifest's path: it names no file to destroy
+            continue
         try:
             same = os.path.samefile(target, source)
         except OSError:  # either is not there (yet): nothing to destroy by another name

@@ -610,6 +610,18 @@ def test_publish_writes_over_no_job_or_input_file_the_run_read(
     assert orjson.loads((tmp_path / "other.json").read_bytes())["schema"] == SAMPLE_SCHEMA
 
 
+def test_a_recorded_path_with_a_nul_in_it_is_no_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged manifest whose recorded job or input path has a NUL byte in it names no file
+    `-o` could destroy: publish -o writes its sample. It was a traceback (ValueError: embedded
+    null byte, from the comparison by device and inode)."""
+    run = write_run(tmp_path / "run", {"00": steady_shard(0, B - 30, minutes=3, per_minute=6)},
+                    _coordinator(), status="succeeded",
+                    job={"path": "job\x00.yaml"}, input={"path": "in\x00.jsonl"})
+    assert main(["publish", str(run), "-o", str(tmp_path / "sample.json")]) == 0
+    assert capsys.readouterr().err.endswith(f"wrote {tmp_path / 'sample.json'}\n")
+
+
 def test_a_sample_cut_short_by_a_full_disk_is_not_left_behind(tmp_path: Path) -> None:
     """A write that fails part way (here a file-size limit, as a full disk) leaves the earlier
     sample of the minute whole and no half one: a half sample read as no sample at all."""
