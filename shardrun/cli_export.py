@@ -107,7 +107,8 @@ def handle(args: argparse.Namespace) -> int:
         (summary.torn, "line of the run is", "lines of the run are", "cut short (a run still "
          "writing, or one killed since): their records count as pending"),
         (summary.repeated, "line repeats", "lines repeat", "an id an earlier line of the run "
-         "has: the earliest pass's line was exported"),
+         "has: the first line read was exported (answers before dead letters, each in pass "
+         "order)"),
         (summary.orphans, "line of the run matches", "lines of the run match", "no input "
          "record: not in the export"),
     ]  # fmt: skip

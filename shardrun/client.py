@@ -507,7 +507,7 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
         if (past := _past_its_length(exc.message)) is not None:
             return "protocol_error", ("invalid HTTP response: its body ran past its "
                                       "Content-Length (the server sent more than it said; "
-                                      f"the bytes past it begin {clip(past)})")
+                                      f"where the next answer was looked for: {clip(past)})")
         said = clip(exc.message)
         if any(record in said for record in _TLS_RECORDS):
             said += " (a TLS server: endpoint.base_url wants https://)"

@@ -276,8 +276,8 @@ def test_repeated_and_stray_lines_are_counted(base: Path, tmp_path: Path) -> Non
     (row,) = [r for r in read_jsonl(out) if r["id"] == record["id"] and r["status"] == "ok"]
     assert row["output"] == record["output"]
     # counted in lines: one id with three lines was "2 ids have more than one line"
-    assert ("  2 lines repeat an id an earlier line of the run has: the earliest pass's line "
-            "was exported\n") in done.stderr
+    assert ("  2 lines repeat an id an earlier line of the run has: the first line read was "
+            "exported (answers before dead letters, each in pass order)\n") in done.stderr
     assert "  1 line of the run matches no input record: not in the export\n" in done.stderr
 
 

@@ -103,7 +103,7 @@ def test_a_body_past_its_content_length_is_named() -> None:
         (out,) = run(_attempts(base, cap=1, together=1, after=0))
     assert (out.status, out.error) == (
         "protocol_error", "invalid HTTP response: its body ran past its Content-Length (the "
-        "server sent more than it said; the bytes past it begin 'leftover')")
+        "server sent more than it said; where the next answer was looked for: 'leftover')")
 
 
 def test_a_malformed_header_is_not_named_a_body_past_its_content_length() -> None:
