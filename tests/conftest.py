@@ -9,8 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import yaml
 # Fast simulator settings: the tests are about behaviour, not speed.
 FAST_SIM = {"ttft_ms": 5, "itl_ms": 0.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}
 CLI_TIMEOUT_S = 240  # a hang guard, not a timing assertion
+KILL_GUARD_S = 120.0  # how long a killed tree may take to end: a hang guard only
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,6 +76,71 @@ def run_cli(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+@dataclass
+class Killed:
+    """What kill_tree found: the command lines of the processes below the killed one just
+    before the kill, and of those of them still running `timeout` after it (then killed)."""
+
+    below: list[list[str]]
+    orphans: list[list[str]]
+
+
+def _running(process: psutil.Process) -> bool:
+    """A zombie has ended: whoever reaps an orphan (PID 1 here) may be slow at it or never."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Those of `processes` still running at `deadline`, or at once when none is sooner. Not
+    psutil.wait_procs: it waits for a zombie nobody reaps as for a running process."""
+    while any(map(_running, processes)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [p for p in processes if _running(p)]
+
+
+def _command_line(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # it ended, or its command line cannot be read
+        return [f"pid {process.pid}"]
+
+
+def kill_tree(proc: subprocess.Popen[Any], *, group: bool = False,
+              timeout: float = KILL_GUARD_S) -> Killed:
+    """kill -9 of the process `proc` started (with `group`, of its process group: it must
+    lead one, started with start_new_session or setsid), then wait, `timeout` at the most,
+    for it and every process below it as it was at the kill: a coordinator's shards and
+    simulator, which are to end by themselves once it is gone. Those still running then are
+    the orphans: each is killed too and waited for (`timeout` again at the most), so that a
+    test that finds some, or fails, leaves nothing behind. A `proc` already reaped is left
+    alone (its PID may be another's by now): a test can call this again in a `finally`."""
+    if proc.returncode is not None:
+        return Killed([], [])
+    below: list[psutil.Process] = []
+    # Stopped, it starts no process while its tree is listed; unreaped, its PID is still its.
+    with suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)
+    with suppress(psutil.NoSuchProcess):
+        below = psutil.Process(proc.pid).children(recursive=True)
+    commands = [_command_line(p) for p in below]
+    with suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        left = _still_running(below, deadline)
+        orphans = [_command_line(p) for p in left]
+        for process in left:
+            with suppress(psutil.NoSuchProcess):
+                process.kill()  # psutil checks the start time: it signals no reused PID
+        _still_running(left, time.monotonic() + timeout)
+    return Killed(commands, orphans)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
-from conftest import FAST_SIM, run_cli, write_input, write_job
+from conftest import FAST_SIM, kill_tree, run_cli, write_input, write_job
 from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
 
 from shardrun.aggregate import minute_label, parse_minute
@@ -744,15 +743,14 @@ def _killed_run(tmp_path: Path) -> Path:
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     run = tmp_path / "runs" / "killed"
-    deadline = time.monotonic() + WAIT_S
-    # Both shards have answered something, so each has its three files.
-    while sum(p.stat().st_size > 0 for p in run.glob("results/shard-*.jsonl")) < 2:
-        assert time.monotonic() < deadline and proc.poll() is None, "the run never answered"
-        time.sleep(0.05)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=WAIT_S)
-    psutil.wait_procs(children, timeout=WAIT_S)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        # Both shards have answered something, so each has its three files.
+        while sum(p.stat().st_size > 0 for p in run.glob("results/shard-*.jsonl")) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never answered"
+            time.sleep(0.05)
+    finally:
+        kill_tree(proc, timeout=WAIT_S)
     assert "files" not in orjson.loads((run / "manifest.json").read_bytes())
     return run
 

@@ -38,6 +38,7 @@ from tests.conftest import (
     Run,
     error_lines,
     free_port,
+    kill_tree,
     only_run,
     read_jsonl,
     run_cli,
@@ -1110,13 +1111,12 @@ def test_kill_9_of_the_coordinator_then_resume(tmp_path: Path) -> None:
     write_job(tmp_path / "job.yaml", shutdown_grace_s=2,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
-    _wait_for_results(tmp_path / "runs", 200)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    assert len(children) >= 3  # two shards and the simulator
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=WAIT_GUARD_S)
-    _, alive = psutil.wait_procs(children, timeout=WAIT_GUARD_S)
-    assert not alive, f"orphans: {[p.cmdline() for p in alive]}"
+    try:
+        _wait_for_results(tmp_path / "runs", 200)
+    finally:
+        killed = kill_tree(proc)
+    assert len(killed.below) >= 3, killed.below  # two shards and the simulator
+    assert not killed.orphans, f"orphans: {killed.orphans}"
     resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", "--shards", "3",
                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -1133,15 +1133,14 @@ def test_a_coordinator_killed_in_its_first_second_leaves_the_run_start(tmp_path:
     write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
                                                "sim": {**SLOW_SIM, "ttft_ms": 5000}})
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--shards", "2")
-    deadline = time.monotonic() + WAIT_GUARD_S
-    # Kill as soon as a shard has opened its event log: well inside the first second of a run.
-    while not list((tmp_path / "runs").glob("*/events/shard-*.jsonl")):
-        assert time.monotonic() < deadline and proc.poll() is None, "no shard ever started"
-        time.sleep(0.01)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=WAIT_GUARD_S)
-    psutil.wait_procs(children, timeout=WAIT_GUARD_S)
+    try:
+        deadline = time.monotonic() + WAIT_GUARD_S
+        # Kill as soon as a shard has opened its event log: well inside a run's first second.
+        while not list((tmp_path / "runs").glob("*/events/shard-*.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no shard ever started"
+            time.sleep(0.01)
+    finally:
+        kill_tree(proc)
     log = (only_run(tmp_path / "runs") / "events" / "coordinator.jsonl").read_bytes()
     assert log, "the killed coordinator's event log is empty"
     assert orjson.loads(log.split(b"\n", 1)[0])["ev"] == "run_start"
@@ -1333,16 +1332,8 @@ def _kill_a_retry_pass_at_work(tmp_path: Path, path: Path, *flags: str,
                           for f in path.glob("events/shard-*.r1.jsonl")):
                 assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
                 time.sleep(0.05)
-            children = psutil.Process(proc.pid).children(recursive=True)
-            if group:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=WAIT_GUARD_S)
-            psutil.wait_procs(children, timeout=WAIT_GUARD_S)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            kill_tree(proc, group=group)
 
 
 def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_and_export(
@@ -3482,12 +3473,9 @@ def _killed_before_its_manifest(tmp_path: Path) -> Path:
             assert time.monotonic() < deadline and proc.poll() is None, "no simulator started"
             time.sleep(0.005)
         os.kill(proc.pid, signal.SIGSTOP)  # in start_sim: the manifest is written after it
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_tree(proc)
+        proc.communicate(timeout=WAIT_GUARD_S)
     (left,) = set((tmp_path / "runs").iterdir()) - before
     assert (left / "results").is_dir() and not (left / "manifest.json").exists()
     return left

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
-from conftest import FAST_SIM, run_cli, write_input, write_job
+from conftest import FAST_SIM, kill_tree, run_cli, write_input, write_job
 
 from shardrun.cli_analysis import main
 from shardrun.runverify import MAX_SHOWN
@@ -276,15 +274,9 @@ def _crash_a_retry_pass(run: Path, cwd: Path) -> None:
         while not any(p.stat().st_size for p in run.glob("results/*.r1.jsonl")):
             assert time.monotonic() < deadline and proc.poll() is None, "no result written"
             time.sleep(0.02)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=WAIT_GUARD_S)
-        _, alive = psutil.wait_procs(children, timeout=WAIT_GUARD_S)
-        assert not alive, f"orphans: {[p.cmdline() for p in alive]}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=WAIT_GUARD_S)
+        killed = kill_tree(proc, timeout=WAIT_GUARD_S)
+    assert not killed.orphans, f"orphans: {killed.orphans}"
 
 
 def test_a_crashed_retry_pass_is_checked_as_far_as_it_can_be(
