@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -181,6 +182,18 @@ class _Clock:
         return self.t
 
 
+def _config(tmp_path: Path, **settings: Any) -> ShardConfig:
+    """Shard 0 of a run against a server no request reaches: the tests drive it by hand."""
+    return ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                       api="chat", model="m", **settings)
+
+
+def _clocked_shard(tmp_path: Path, **settings: Any) -> tuple[_Clock, Shard]:
+    """A shard of `_config(tmp_path, **settings)` on a clock the test moves."""
+    clock, config = _Clock(), _config(tmp_path, **settings)
+    return clock, Shard(config, lambda message: None, clock=clock)  # type: ignore[arg-type]
+
+
 def _refused(at: float) -> AttemptOutcome:
     return AttemptOutcome(status="conn_reset", started_at=at, error="connection refused")
 
@@ -198,10 +211,7 @@ def test_an_item_held_in_one_outage_is_held_again_in_the_next(tmp_path: Path) ->
     item's own trouble) looks only at the item's latest failure, and only within the outage
     now going on. An item refused in a first outage, then cut mid-stream by a second restart,
     then refused again is held, as is one refused in both outages with answers between."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, answered_before=True)
     cut = Span("cut", {"id": "cut"}, clock.t)
     again = Span("again", {"id": "again"}, clock.t)
     assert shard._endpoint_down(cut, _refused(clock.t))  # the first outage
@@ -234,10 +244,7 @@ def test_items_held_before_are_held_when_they_alone_meet_the_next_outage(
     again at the probe's answer): the first refusal may be its item's own trouble or the
     endpoint down again, and is held once like the others (before, it was charged). An item
     refused so a second time after an answer is what the endpoint cannot answer: charged."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, answered_before=True)
     held = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(8)]
     assert all(shard._endpoint_down(span, _refused(clock.t)) for span in held)
     clock.t += 2
@@ -261,10 +268,7 @@ def _reset(at: float, *, connected: bool = True, http: int | None = None) -> Att
 def _four_spans(tmp_path: Path, *, held: bool) -> tuple[_Clock, Shard, list[Span]]:
     """A shard of a run the endpoint answered before, four of its items sent, and (`held`)
     held in an outage."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, answered_before=True)
     spans = [Span(f"s{i}", {"id": f"s{i}"}, clock.t) for i in range(4)]
     for span in spans:
         span.attempt_started_at = clock.t
@@ -399,11 +403,7 @@ def test_the_once_a_second_check_stops_an_outage_at_outage_s_but_not_during_a_st
     """The shard's ticker stops an outage at retry.outage_s, whatever its probe is doing (it
     naps up to PROBE_MAX_S between tries), naming the outage's latest failure; nothing is
     decided during a stop."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True,
-                      retry={"outage_s": 2.0})  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, answered_before=True, retry={"outage_s": 2.0})
     assert shard._endpoint_down(Span("s", {"id": "s"}, clock.t), _refused(clock.t))
     clock.t += 1.9
     shard._failing_limit(clock.now())
@@ -426,10 +426,7 @@ def test_a_storm_before_any_success_of_the_run_stops_after_a_minute_not_after_ou
     """A shard in a storm with no success of its own stops after a minute with the sentence
     that nothing of the run has succeeded, unless the run has: the coordinator's `answered`
     message (another shard's success) gives it retry.outage_s and the outage's sentence."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", retry={"outage_s": 600.0})  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, retry={"outage_s": 600.0})
     failed = AttemptOutcome(status="http_5xx", http_status=500, started_at=clock.t,
                             error="HTTP 500: broken")
     for n in range(8):
@@ -455,10 +452,7 @@ def test_before_any_success_a_storm_whose_server_asked_to_wait_stops_after_its_n
     """Before any success, a Retry-After longer than the minute (120 s, under the 300 s
     ceiling) puts the stop off until a probe at the time asked has had its chance
     (PROBE_MAX_S), never past retry.outage_s; the stop is never decided during a stop."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", retry={"outage_s": 600.0})  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, retry={"outage_s": 600.0})
     failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t,
                             retry_after="120", error="HTTP 503: come back later")
     for n in range(8):
@@ -481,10 +475,7 @@ def test_every_success_counts_toward_the_rate_a_storm_is_judged_by(tmp_path: Pat
     """A shard that saw the server fail four requests in five, then serve STORM_WINDOW
     requests well: eight items failing in a row after that make a storm, since every success
     counts toward the rate, not only one that ends a streak."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m")  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path)
     spans = (Span(f"s{n}", {"id": f"s{n}"}, clock.t) for n in range(1000))
 
     def fail() -> None:
@@ -529,10 +520,7 @@ def test_only_a_probe_failing_as_the_storm_does_puts_the_next_probe_off_longer(
     off by a grown interval; one answered 429, or timed out, or refused for its item, after
     the server recovered says nothing either way: the next goes after the first interval (or
     a 429's Retry-After), not a grown one, so the hold ends soon after the recovery."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m")  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path)
     shard.retrier.backoff = float  # type: ignore[method-assign]  # backoff(n) = n s
     for n in range(8):
         shard._storm_failed(Span(f"s{n}", {"id": f"s{n}"}, clock.t),
@@ -561,11 +549,7 @@ def test_only_a_probe_failing_as_the_storm_does_puts_the_next_probe_off_longer(
 ])
 def test_before_any_success_of_the_run_the_items_the_cap_holds_make_a_storm(
         tmp_path: Path, cap: int, proven: bool, after: int) -> None:
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", concurrency=cap,
-                      answered_before=proven)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, concurrency=cap, answered_before=proven)
     failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t)
     first = Span("s0", {"id": "s0"}, clock.t)
     assert not shard._storm_failed(first, failed) and not shard._storm_failed(first, failed)
@@ -583,11 +567,7 @@ def test_before_any_success_of_the_run_the_items_the_cap_holds_make_a_storm(
 ])
 def test_a_shards_last_items_failing_make_a_storm(tmp_path: Path, ended: bool, left: int,
                                                   after: int) -> None:
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", concurrency=32,
-                      answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, concurrency=32, answered_before=True)
     shard.input_ended = ended
     shard.counters.in_flight = left
     failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=clock.t)
@@ -612,11 +592,7 @@ def test_a_failure_waits_for_the_storm_watch_only_while_its_streak_may_grow(
         may: bool) -> None:
     """`Shard._streak_may_grow`: only other items of the shard, out or yet to go, can make a
     streak a storm; a failure waiting for the watch holds its slot."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", concurrency=cap,
-                      answered_before=True)  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path, concurrency=cap, answered_before=True)
     shard.input_ended = ended
     shard.counters.in_flight, shard.deciding = in_flight, deciding
     shard.queue.extend(Span(f"q{n}", {"id": f"q{n}"}, clock.t) for n in range(queued))
@@ -629,8 +605,7 @@ def test_a_retrys_backoff_ends_when_a_storm_begins(tmp_path: Path) -> None:
     """`Shard._back_off`: an item of the streak waiting out its backoff (a minute here) joins
     the held items as soon as the storm begins, without any time passing: left in its backoff,
     the item that made the storm probed alone, again and again, and spent its attempts."""
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", answered_before=True)  # fmt: skip
+    cfg = _config(tmp_path, answered_before=True)
 
     async def main() -> None:
         shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
@@ -654,10 +629,7 @@ def test_a_shard_reports_how_long_its_requests_out_have_heard_nothing(tmp_path: 
     """`unheard_s` in a progress report: since the latest of a stream's events (the client's
     `heard_at`), an attempt ending with an answer, and the last moment no request was out;
     `sending` is the requests out."""
-    clock = _Clock()
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m")  # fmt: skip
-    shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
+    clock, shard = _clocked_shard(tmp_path)
     client = SimpleNamespace(heard_at=0.0)
     shard.clients = {"chat": client}  # type: ignore[dict-item]
     clock.t += 100
@@ -685,9 +657,7 @@ def test_a_failure_waiting_for_the_watch_as_the_input_ends_is_held_by_the_storm(
     failure came, so the wait goes on, and once the 5 others fail the storm holds them all,
     the waiting one too (it was dead-lettered at the input's end, the storm then holding the
     rest). Two waiting failures that are all the shard has left begin the storm themselves."""
-    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", concurrency=8,
-                      answered_before=True)  # fmt: skip
+    cfg = _config(tmp_path, concurrency=8, answered_before=True)
     asked = AttemptOutcome(status="http_5xx", http_status=503, started_at=0.0,
                            retry_after="3600")
 
