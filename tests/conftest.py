@@ -24,7 +24,7 @@ import yaml
 # Fast simulator settings: the tests are about behaviour, not speed.
 FAST_SIM = {"ttft_ms": 5, "itl_ms": 0.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}
 CLI_TIMEOUT_S = 240  # a hang guard, not a timing assertion
-KILL_GUARD_S = 120.0  # how long a killed tree may take to end: a hang guard only
+KILL_GUARD_S = 120.0  # how long a killed process tree may take to end: a hang guard
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,7 +90,7 @@ class Killed:
 def _running(process: psutil.Process) -> bool:
     """A zombie has ended: whoever reaps an orphan (PID 1 here) may be slow at it or never."""
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -105,7 +105,7 @@ def _still_running(processes: list[psutil.Process], deadline: float) -> list[psu
 
 def _command_line(process: psutil.Process) -> list[str]:
     try:
-        return process.cmdline()
+        return list(process.cmdline())
     except psutil.Error:  # it ended, or its command line cannot be read
         return [f"pid {process.pid}"]
 
@@ -113,12 +113,12 @@ def _command_line(process: psutil.Process) -> list[str]:
 def kill_tree(proc: subprocess.Popen[Any], *, group: bool = False,
               timeout: float = KILL_GUARD_S) -> Killed:
     """kill -9 of the process `proc` started (with `group`, of its process group: it must
-    lead one, started with start_new_session or setsid), then wait, `timeout` at the most,
-    for it and every process below it as it was at the kill: a coordinator's shards and
-    simulator, which are to end by themselves once it is gone. Those still running then are
-    the orphans: each is killed too and waited for (`timeout` again at the most), so that a
-    test that finds some, or fails, leaves nothing behind. A `proc` already reaped is left
-    alone (its PID may be another's by now): a test can call this again in a `finally`."""
+    lead one, started with start_new_session or setsid), then wait for it and for every
+    process below it as it was at the kill: a coordinator's shards and simulator, which are
+    to end by themselves once it is gone, `timeout` at the most. Those still running then are
+    the orphans: each is killed too and waited for, so that a test that finds some, or fails,
+    leaves nothing behind; every wait is bounded. A `proc` already reaped is left alone (its
+    PID may be another's by now): a test can call this again in a `finally`."""
     if proc.returncode is not None:
         return Killed([], [])
     below: list[psutil.Process] = []
@@ -132,15 +132,24 @@ def kill_tree(proc: subprocess.Popen[Any], *, group: bool = False,
         (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     try:
-        proc.wait(timeout=timeout)
+        proc.wait(timeout=KILL_GUARD_S)
     finally:
         left = _still_running(below, deadline)
         orphans = [_command_line(p) for p in left]
         for process in left:
             with suppress(psutil.NoSuchProcess):
                 process.kill()  # psutil checks the start time: it signals no reused PID
-        _still_running(left, time.monotonic() + timeout)
+        _still_running(left, time.monotonic() + KILL_GUARD_S)
     return Killed(commands, orphans)
+
+
+def end_run(proc: subprocess.Popen[Any]) -> None:
+    """In a `finally` around a run a test started: a run still going (the test failed on the
+    way) is killed at once with every process below it, and what is left in its pipes is read,
+    so that nothing of it stays running or open. A run that ended is left as it is."""
+    if proc.poll() is None:
+        kill_tree(proc, timeout=0)
+        proc.communicate(timeout=KILL_GUARD_S)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

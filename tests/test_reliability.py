@@ -36,6 +36,7 @@ from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import (
     FAST_SIM,
     Run,
+    end_run,
     error_lines,
     free_port,
     kill_tree,
@@ -787,9 +788,7 @@ def test_ctrl_c_while_a_replacement_shard_starts_does_not_kill_it(
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     assert err.count(" died (") == 1, err
     assert "shard deaths       1 " in out
     path_of_run = only_run(tmp_path / "runs")
@@ -1091,8 +1090,7 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     finally:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.kill()
+        end_run(proc)
     assert proc.returncode == 0, err
     assert "died" not in err, err
     manifest = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())
@@ -1432,8 +1430,7 @@ def test_a_retry_pass_stopped_at_work_counts_each_dead_letter_once(tmp_path: Pat
             os.killpg(proc.pid, signal.SIGINT)
             out, err = proc.communicate(timeout=WAIT_GUARD_S)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            end_run(proc)
     assert proc.returncode == 130, out + err
     run = Run.load(path)
     assert_exactly_once(run, ids)
@@ -1903,9 +1900,7 @@ def _sigint_once_sent(tmp_path: Path, attempts: int, then: Callable[[], object] 
         then()
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     return proc, err
 
 
@@ -1967,9 +1962,7 @@ def _through_a_restart(tmp_path: Path, sim_settings: dict[str, Any], *, results:
             out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
         first.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 0, out + err
     return Run.load(only_run(tmp_path / "runs"))
 
@@ -2165,9 +2158,8 @@ def _stop_all(servers: list[SimProcess], proc: subprocess.Popen[str] | None) -> 
     """Stop the servers, and the run if it still goes (the test failed on the way)."""
     for server in servers:
         server.stop()
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    if proc is not None:
+        end_run(proc)
 
 
 @pytest.mark.parametrize(("mode", "cap", "retry"), [
@@ -2373,9 +2365,7 @@ def test_items_that_alone_meet_a_second_outage_are_held_not_charged(tmp_path: Pa
     finally:
         for server in servers:
             server.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 0, out + err
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
@@ -2533,9 +2523,7 @@ def _end_after(proc: subprocess.Popen[str], runs: Path,
         act()
         return proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
 
 
 def test_an_endpoint_down_longer_than_outage_s_stops_the_run(tmp_path: Path) -> None:
@@ -2659,9 +2647,7 @@ def test_the_runs_own_simulator_killed_before_any_answer_dead_letters_nothing(
             os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 1, out + err
     assert error_lines(err, tmp_path) == [
         "error: the simulator this run started for sim:// ended mid-run (killed by signal "
@@ -3369,8 +3355,7 @@ def test_a_stop_is_heard_while_a_retry_pass_reads_past_lines_it_leaves_out(
         reading.join(WAIT_GUARD_S)
         out = cast(IO[str], proc.stdout).read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_tree(proc, timeout=0)  # not end_run: the reading thread has its stderr
     assert started is not None and proc.returncode == 130, (out, said)
     heard = next(t for t, line in said if line.startswith("stopping"))
     assert heard - sent < sent - started, (heard - sent, sent - started)
@@ -3539,8 +3524,7 @@ def test_an_input_cut_short_mid_run_stops_the_pass_and_resume_finishes_once_it_i
             f.write(b"".join(whole.splitlines(keepends=True)[:5]))
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        end_run(proc)
     assert proc.returncode == 1, err
     assert "Traceback" not in err
     path = only_run(tmp_path / "runs")
@@ -3579,8 +3563,7 @@ def test_a_run_directory_moved_away_mid_run_stops_the_run_and_resume_finishes_it
         path.rename(away)
         out, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        end_run(proc)
     assert proc.returncode == 1, out + err
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
-from tests.conftest import FAST_SIM, Run, only_run, run_cli, write_input, write_job
+from tests.conftest import FAST_SIM, Run, end_run, only_run, run_cli, write_input, write_job
 
 GRACE_S = 2
 STALL_S = 30  # far beyond the grace: a stop that waits for the stalls is plainly late
@@ -82,9 +82,7 @@ def _interrupted(tmp_path: Path, ready: Callable[[subprocess.Popen[str]], T], *,
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
         took = time.monotonic() - stopped_at
     finally:
-        if proc.poll() is None:  # only on a failure above: end the run we started
-            proc.kill()
-            proc.communicate(timeout=WAIT_GUARD_S)
+        end_run(proc)
     return seen, proc, err, took, wall
 
 
@@ -280,9 +278,7 @@ def _terminal_gone_at_20(proc: subprocess.Popen[Any], tmp_path: Path, terminal: 
             proc.send_signal(sig)
         proc.wait(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end_run(proc)
 
 
 def test_a_terminal_hang_up_stops_the_run_and_writes_its_files(tmp_path: Path) -> None:
@@ -360,9 +356,7 @@ def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path) -> None
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        end_run(proc)
     assert proc.returncode == 0, err
     counts = Counter(r["id"] for r in Run.load(only_run(tmp_path / "runs")).results)
     assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}
