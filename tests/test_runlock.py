@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -82,6 +84,22 @@ lock.close()  # then lets go of the run
 """
 
 
+@contextmanager
+def _holding(script: str, run: Path) -> Iterator[subprocess.Popen[str]]:
+    """`script` (SHARE, GAP or END) as a real process on `run`, from the moment it says it
+    holds what it takes; on the way out its standard input is closed, for it to let go and
+    end, and it must end well (30 s at the most)."""
+    holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+
+
 def another_pass(run: Path) -> subprocess.CompletedProcess[str]:
     """A second pass's attempt to take the run, giving up after half a second."""
     return subprocess.run([sys.executable, "-c", TAKE, str(run)], capture_output=True,
@@ -110,16 +128,9 @@ def test_a_pass_is_alone_in_its_run_once_its_shards_let_go(tmp_path: Path) -> No
     run = tmp_path / "run"
     run.mkdir()
     lock = resume.lock_run(run)
-    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+    with _holding(SHARE, run):
         assert resume.alone_in_run(lock) is False
         assert another_pass(run).returncode == 1
-    finally:
-        assert shard.stdin is not None
-        shard.stdin.close()
-        assert shard.wait(timeout=30) == 0
     assert resume.alone_in_run(lock) is True
     assert another_pass(run).returncode == 1  # the pass holds its run still
     lock.close()
@@ -131,17 +142,10 @@ def test_report_calls_a_pass_in_its_conversion_running_not_crashed(tmp_path: Pat
     `report` on it, its manifest saying `running` and its logs fresh, says running, where it
     said crashed (it looked at `.lock` only). Once the pass is gone, crashed it is."""
     run = write_run(tmp_path / "run", {"00": hand_shard()[:-1]}, None, status="running")
-    holder = subprocess.Popen([sys.executable, "-c", GAP, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with _holding(GAP, run):
         assert resume.in_use(run) is True
         state = load_report(run)[0]["run"]
         assert state["state"] == "running", state["state_reason"]
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        assert holder.wait(timeout=30) == 0
     assert resume.in_use(run) is False
     state = load_report(run)[0]["run"]
     assert state["state"] == "crashed", state["state_reason"]
@@ -154,16 +158,9 @@ def test_in_use_of_a_run_without_a_gate_reads_its_shards_lock(tmp_path: Path) ->
     run = tmp_path / "run"
     run.mkdir()
     assert resume.in_use(run) is None
-    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+    with _holding(SHARE, run):
         assert not (run / resume.PASS_LOCK).exists()
         assert resume.in_use(run) is True
-    finally:
-        assert shard.stdin is not None
-        shard.stdin.close()
-        assert shard.wait(timeout=30) == 0
     assert resume.in_use(run) is False
 
 
@@ -174,16 +171,9 @@ def test_a_pass_that_ends_while_report_reads_the_run_is_finished_not_crashed(
     holds a lock when the report asks: the run is finished, as the manifest now says, not
     crashed, and the reason says that the figures are of the moment before."""
     run = write_run(tmp_path / "run", {"00": hand_shard()}, None, status="running")
-    holder = subprocess.Popen([sys.executable, "-c", END, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with _holding(END, run):
         loaded = load_run(run)
         assert loaded.manifest["status"] == "running"
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        assert holder.wait(timeout=30) == 0
     assert resume.in_use(run) is False
     state, why = run_state(loaded)
     assert state == "finished", why
@@ -270,10 +260,7 @@ def test_a_run_its_logs_age_would_call_crashed_is_looked_up_in_its_manifest_agai
     past = time.time() - 3600
     for path in (run / "events").iterdir():
         os.utime(path, (past, past))
-    shard = subprocess.Popen([sys.executable, "-c", SHARE, str(run)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert shard.stdout is not None and shard.stdout.readline() == "held\n"
+    with _holding(SHARE, run):
         assert not (run / resume.PASS_LOCK).exists() and resume.in_use(run) is True
         loaded = load_run(run)
         state, why = run_state(loaded)
@@ -284,10 +271,6 @@ def test_a_run_its_logs_age_would_call_crashed_is_looked_up_in_its_manifest_agai
         manifest.update(status="succeeded", ended_at="2027-01-15T08:00:04.000Z")
         (run / "manifest.json").write_bytes(orjson.dumps(manifest))
         state, why = run_state(loaded)
-    finally:
-        assert shard.stdin is not None
-        shard.stdin.close()
-        assert shard.wait(timeout=30) == 0
     assert loaded.manifest["status"] == "running"  # the one read with the logs
     assert state == "finished", why
     assert why.startswith("manifest status succeeded, ended 2027-01-15T08:00:04.000Z"), why
