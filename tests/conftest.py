@@ -96,8 +96,8 @@ def _running(process: psutil.Process) -> bool:
 
 
 def _still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
-    """Those of `processes` still running at `deadline`, or at once when none is sooner. Not
-    psutil.wait_procs: it waits for a zombie nobody reaps as for a running process."""
+    """Those of `processes` still running once they have all ended or `deadline` has come.
+    Not psutil.wait_procs: it waits for a zombie nobody reaps as for a running process."""
     while any(map(_running, processes)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return [p for p in processes if _running(p)]
