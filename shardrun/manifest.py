@@ -15,6 +15,7 @@ import platform
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -69,13 +70,24 @@ class RunDir:
             raise SpecError(f"--run-id {LATEST} is the word --resume reads as the job's newest "
                             "run, so this run could not be resumed by its name; choose another")
         path = runs_dir / run_id
+        taken = SpecError(f"run directory {path} already exists; choose another --run-id")
         if path.exists():
-            raise SpecError(f"run directory {path} already exists; choose another --run-id")
+            raise taken
         try:
-            for sub in ("events", "results", "dead", "logs"):
-                (path / sub).mkdir(parents=True)
+            runs_dir.mkdir(parents=True, exist_ok=True)
+            path.mkdir()  # not exist_ok: of two runs given one --run-id at once, one fails
+        except FileExistsError:
+            raise taken from None
         except OSError as exc:
             raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
+        try:
+            for sub in ("events", "results", "dead", "logs"):
+                (path / sub).mkdir()
+        except BaseException as exc:  # a stop or an error half-way leaves no half-made run
+            shutil.rmtree(path, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
+            raise
         return cls(path, run_id)
 
     @classmethod

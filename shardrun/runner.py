@@ -241,9 +241,15 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             if source == "default" or not str(exc).startswith("cannot create"):
                 raise
             raise SpecError(f"{exc} (runs_dir from {source})") from None
-        way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
-        return Pass(run_dir, 0, DigestSet(), {}, resume.lock_run(run_dir.path),
-                    way_on=way_on, way_on_retrying=retrying)
+        try:
+            way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
+            lock = resume.lock_run(run_dir.path)
+        except BaseException:
+            # A stop (Ctrl-C, SIGTERM) or an error before `run` holds the pass: no run without
+            # a manifest may be left behind (`run`'s own clean-up needs the pass it returns).
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+            raise
+        return Pass(run_dir, 0, DigestSet(), {}, lock, way_on=way_on, way_on_retrying=retrying)
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)
     manifest = read_manifest(run_dir.path)

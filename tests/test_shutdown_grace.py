@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
+from shardrun import resume, runner
+from shardrun.spec import load_job
 from tests.conftest import FAST_SIM, Run, end_run, only_run, run_cli, write_input, write_job
 
 GRACE_S = 2
@@ -219,6 +221,49 @@ def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) ->
     assert not run.exists()
     again = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "early", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("where", ["mkdir", "lock"])
+def test_a_stop_while_the_run_directory_is_made_leaves_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The test above sends its SIGTERM once the run directory exists, which now and then fell
+    while the pass was still making it (its subfolders, its lock): the run said it stopped
+    before it started and left the directory, with no manifest, taking its --run-id. The stop
+    (SIGTERM is a KeyboardInterrupt until the coordinator takes over) is made to land there."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    real_mkdir = Path.mkdir
+
+    def mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
+        if where == "mkdir" and self.name == "results":
+            raise KeyboardInterrupt
+        real_mkdir(self, *args, **kwargs)
+
+    def lock_run(path: Path) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    if where == "lock":
+        monkeypatch.setattr(resume, "lock_run", lock_run)
+    job = load_job(tmp_path / "job.yaml", env={}, flags={"runs_dir": str(tmp_path / "runs")})
+    with pytest.raises(KeyboardInterrupt):
+        runner._open_pass(job, runner.RunOptions(run_id="early"))
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_run_id_whose_directory_exists_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """--run-id naming a directory that exists (another run's, or one a stop left): exit 2,
+    one sentence, and nothing in it touched."""
+    write_input(tmp_path / "input.jsonl", 10)
+    write_job(tmp_path / "job.yaml")
+    taken = tmp_path / "runs" / "early"
+    (taken / "results").mkdir(parents=True)
+    (taken / "results" / "keep.txt").write_text("mine")
+    proc = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "early", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (
+        2, f"error: run directory {Path('runs') / 'early'} already exists; choose another "
+           "--run-id\n")
+    assert sorted(p.name for p in taken.rglob("*")) == ["keep.txt", "results"]
 
 
 @pytest.mark.parametrize(("marker", "sig"), [
