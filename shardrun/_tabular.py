@@ -136,7 +136,9 @@ class CsvRows:
                 self.open_quote = str(exc) == "unexpected end of data"
                 end = self.line_num
                 self._renew_reader()  # the cell it ran away in may have reached the limit
-                if end > start:  # the rows the broken one ran into are lost with it: say so
+                if str(exc).startswith("field larger than field limit"):
+                    yield start, _too_long_cell(start, end), b""
+                elif end > start:  # the rows the broken one ran into are lost with it: say so
                     yield start, (f"not valid CSV ({exc} on line {end}): a quote opened in this "
                                   f"row is never closed where it should be, so lines "
                                   f"{start}-{end} were read as one row and are rejected"), b""
@@ -165,6 +167,20 @@ class CsvRows:
 
     def close(self) -> None:
         self._text.close()
+
+
+def _too_long_cell(start: int, end: int) -> str:
+    """Why a row with a cell past the csv module's field limit is a reject: the limit, not a
+    quote, where the row is one line; where it ran on over several, a quote never closed is as
+    likely as a cell that long, and the lines after it are read as rows again."""
+    said = (f"a cell is longer than the {csv.field_size_limit():,} characters a CSV cell may "
+            "hold")
+    if end == start:
+        return f"{said}; a record that long would ask more than any model reads: shorten it"
+    return (f"{said} by line {end}, so lines {start}-{end} were read as one row and are "
+            f"rejected, and line {end + 1} on is read as rows again: close the quote opened in "
+            "this row where it should be, or, if the cell is meant to be that long, shorten it "
+            "(the rows read from the rest of it are not records)")
 
 
 def _width_reason(values: int, width: int) -> str:

@@ -805,12 +805,41 @@ def test_a_runaway_csv_cell_leaves_no_buffer_behind(tmp_path: Path) -> None:
         reader.close()
     finally:
         tracemalloc.stop()
-    assert reject.reason.startswith("not valid CSV (field larger than field limit (16777216) on")
+    assert reject.reason.startswith("a cell is longer than the 16,777,216 characters a CSV "
+                                    "cell may hold by line ")
+    assert "close the quote opened in this row where it should be" in reject.reason
     assert isinstance(b, dict) and isinstance(c, dict)
     assert (b_line, b["id"], b["prompt"] == long_prompt) == (400_003, "b", True)
     assert (c_line, c["id"], c["prompt"]) == (400_004, "c", "after")
     del b
     assert held < (8 << 20), held  # neither the runaway's buffer nor the long row's
+
+
+def test_a_csv_cell_past_the_limit_is_one_reject_saying_what_to_do(tmp_path: Path) -> None:
+    """A cell of 16-64 Mi characters was an item before the limit came down; now it is a
+    reject, and its reason was the csv module's 'not valid CSV (field larger than field limit
+    (16777216))', which says neither what the limit is in words nor what to do; where the cell
+    ran over several lines it said a quote was never closed, and nothing of the lines after it
+    being read as rows, which they are."""
+    path = tmp_path / "in.csv"
+    big = "w" * ((16 << 20) + 1)
+    path.write_text(f'id,prompt\na,ok\nb,"{big}"\nc,after\n'
+                    f'd,"{big[:-9]}\nmore text here\nthe rest"\n')
+    reader = InputReader(path, InputPlan(format="csv"))
+    got = [(e.line, e.reason) if isinstance(e, Reject) else (reader.line, e["id"]) for e in reader]
+    reader.close()
+    assert got == [
+        (2, "a"),
+        (3, "a cell is longer than the 16,777,216 characters a CSV cell may hold; a record "
+            "that long would ask more than any model reads: shorten it"),
+        (4, "c"),
+        (5, "a cell is longer than the 16,777,216 characters a CSV cell may hold by line 6, so "
+            "lines 5-6 were read as one row and are rejected, and line 7 on is read as rows "
+            "again: close the quote opened in this row where it should be, or, if the cell is "
+            "meant to be that long, shorten it (the rows read from the rest of it are not "
+            "records)"),
+        (7, "row has 1 value but the header has 2 columns; give every column a value, empty "
+            "ones too, as in 'a,,c'")]  # the rest of d's cell
 
 
 def test_strict_names_where_a_duplicate_csv_row_starts(tmp_path: Path) -> None:
