@@ -31,8 +31,9 @@ PARQUET_BATCH_ROWS = 1024
 # the 64 MiB a JSON line may take (inputs.MAX_LINE_BYTES), and more than any model reads. At 64 Mi
 # one stray quote in a big file grew the coordinator by 256 MiB for the rest of the run.
 _CSV_FIELD_LIMIT = 16 * 1024 * 1024
-# A row longer than this (in characters) leaves the reader's buffer that large: a new reader
-# on the same text lets it go.
+# A row longer than this leaves the reader's buffer at least that large: a new reader on the
+# same text lets it go. (Measured in the row's UTF-8 bytes where those are at hand: at most 4
+# a character, so a non-ASCII row may renew a little early, never late.)
 _CSV_RENEW_AFTER = 1024 * 1024
 CHUNK = 1 << 20
 
@@ -151,7 +152,8 @@ class CsvRows:
                 continue
             self._cells = cells
             if len(cells) != width:
-                self._renew_reader()  # a quote run on to the next one: its row may be long
+                if sum(map(len, cells)) > _CSV_RENEW_AFTER:  # a quote run on to the next one
+                    self._renew_reader()
                 yield start, _width_reason(len(cells), width), b""
                 continue
             key = "\x1f".join(cells).encode("utf-8", "surrogateescape")

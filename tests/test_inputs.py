@@ -815,6 +815,25 @@ def test_a_runaway_csv_cell_leaves_no_buffer_behind(tmp_path: Path) -> None:
     assert held < (8 << 20), held  # neither the runaway's buffer nor the long row's
 
 
+def test_a_long_row_of_the_wrong_width_leaves_no_buffer_behind(tmp_path: Path) -> None:
+    """A quote run on to the next one makes a long row of the wrong width: a reject, after which
+    the reader's cell buffer, grown to the row's length, is let go (short ones keep the
+    reader: a file of wrong-width rows read 40 % slower renewing it after each)."""
+    path = tmp_path / "in.csv"
+    path.write_text('id,prompt\na,"' + "w" * (3 << 20) + '\nb,x",y\nc,after\n')
+    tracemalloc.start()
+    try:
+        reader = InputReader(path, InputPlan(format="csv"))
+        got = [(e.line, e.reason[:15]) if isinstance(e, Reject) else (reader.line, e["id"])
+               for e in reader]
+        held, _ = tracemalloc.get_traced_memory()
+        reader.close()
+    finally:
+        tracemalloc.stop()
+    assert got == [(2, "row has 3 value"), (4, "c")]
+    assert held < (8 << 20), held
+
+
 def test_a_csv_cell_past_the_limit_is_one_reject_saying_what_to_do(tmp_path: Path) -> None:
     """A cell of 16-64 Mi characters was an item before the limit came down; now it is a
     reject, and its reason was the csv module's 'not valid CSV (field larger than field limit
