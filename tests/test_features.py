@@ -491,9 +491,12 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     each result holds the reasoning and the call exactly as the server generated them, and the
     export and the Batch output carry them. Lines of plain answers have neither key."""
     write_input(tmp_path / "input.jsonl", 40)
-    sim = {**FAST_SIM, "ttft_ms": 20, "itl_ms": 40, "flush_ms": 1, "reasoning_tokens": 12}
+    # The reasoning lasts 2.4 s, past first_token_s (1.5 s), which is far above a busy
+    # machine's delay of a first token (0.34 s under a load of 20 on 2 cores, where 0.3 s
+    # was the limit: one attempt timed out is a dead letter here).
+    sim = {**FAST_SIM, "ttft_ms": 20, "itl_ms": 200, "flush_ms": 1, "reasoning_tokens": 12}
     params = {"max_tokens": 64, "tools": [TOOL]}
-    write_job(tmp_path / "job.yaml", params=params, timeouts={"first_token_s": 0.3},
+    write_job(tmp_path / "job.yaml", params=params, timeouts={"first_token_s": 1.5},
               retry={"max_attempts": 1}, output={"format": "openai-batch"},
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
