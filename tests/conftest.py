@@ -182,6 +182,15 @@ class Run:
         return cls(path, manifest, gather("results"), gather("dead"), gather("events"))
 
 
+def busiest_second(run: Run) -> int:
+    """The most requests the run's shards sent in one second (a window opening at a send),
+    by their own log (attempt_start): the rate limit governs when a shard sends. A
+    simulator's arrival times add its own delays, and under load one that lagged a
+    twentieth of a second and caught up showed a request more than was sent."""
+    sent = sorted(e["t"] for e in run.events if e["ev"] == "attempt_start")
+    return max(sum(1 for t in sent[i:] if t < start + 1.0) for i, start in enumerate(sent))
+
+
 def free_port() -> int:
     """A loopback port nothing listens on (the OS chose it, and it was let go at once)."""
     with socket.socket() as s:
