@@ -2572,14 +2572,23 @@ def test_an_outage_stops_the_run_within_a_tick_of_outage_s(tmp_path: Path) -> No
                         r"than retry\.outage_s; continue with `shardrun job\.yaml --resume [^`]+` "
                         r"once it answers again)",
                         errors[0]) if len(errors) == 1 else None
-    assert said and int(said[2]) <= 2, err
+    assert said, err
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.dead
     stop, shard = min((e["t"], e["shard"]) for e in run.events
                       if e["ev"] == "released" and e["reason"] == said[1])
     refused = min(e["t"] for e in run.events if e["shard"] == shard and e["ev"] == "attempt_end"
                   and e["status"] == "conn_reset" and not e["tokens"])
-    assert stop - refused < 1 + 1.5, (refused, stop)
+    # Counted in the shard's own ticks (a loop_lag line each), not in seconds: a busy machine
+    # delays a tick and the stop with it (the stop came 1.97 s after the refusal, against the
+    # 2.5 s this allowed). The tick that stopped it is the first past outage_s, or the next if
+    # that one came a hair before the outage's own clock reached it; the probe's next try would
+    # have let four go by. The sentence says how long the outage had lasted at that tick
+    # (rounded; it began at the refusal or a moment after, as the shard took it in).
+    ticks = [e["t"] for e in run.events if e["shard"] == shard and e["ev"] == "loop_lag"
+             and refused + 1 <= e["t"] <= stop]
+    assert 1 <= len(ticks) <= 2, (refused, ticks, stop)
+    assert 1 <= int(said[2]) <= ticks[-1] - refused + 0.5, (said[2], refused, ticks)
     doc = orjson.loads(run_cli("report", str(run.path), "--json", cwd=tmp_path).stdout)
     findings = {f["id"]: f["evidence"] for f in doc["triage"]["findings"]}
     assert findings["endpoint_down"]["stopped_the_run"] is True
