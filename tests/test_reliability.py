@@ -1077,19 +1077,21 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     its loop was not running, and no attempt under way is taken for a server's timeout (the
     answers the stop held up wait in the sockets)."""
     ids = write_input(tmp_path / "input.jsonl", 600)
-    # The attempts' limits are far above a busy machine's delays (0.34 s), below the stop.
+    # The attempts' limits are far above a busy machine's delays (0.34 s), far below the stop.
     write_job(tmp_path / "job.yaml", shards=3, timeouts={"first_token_s": 2, "idle_s": 2},
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": SLOW_SIM})
     code = _cli_code("coordinator.WATCH_EVERY_S = 0.2\n")
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
-    env["SHARDRUN_SHARD_SILENCE_S"] = "2"  # the lowest allowed; a shard reports every 0.2 s
+    # A shard reports every 0.2 s; its silence counts from its launch, and under load 2 s (the
+    # lowest allowed) has passed before a shard's first word (test_a_shard_that_falls_silent).
+    env["SHARDRUN_SHARD_SILENCE_S"] = "5"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_results(tmp_path / "runs", 100)
         os.killpg(proc.pid, signal.SIGSTOP)
-        time.sleep(5.0)  # well past the 2 s limit (not a timing assertion)
+        time.sleep(10.0)  # well past the 5 s limit (not a timing assertion)
         os.killpg(proc.pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=WAIT_GUARD_S)
     finally:
@@ -1100,7 +1102,7 @@ def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) ->
     assert "died" not in err, err
     manifest = orjson.loads((only_run(tmp_path / "runs") / "manifest.json").read_bytes())
     assert manifest["effective"]["shard_silence_s"] == {  # the limit the stop outlasted
-        "value": 2.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
+        "value": 5.0, "source": "env SHARDRUN_SHARD_SILENCE_S"}
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     assert {e["status"] for e in shard_exits(run)} == {"done"}
