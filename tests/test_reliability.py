@@ -36,8 +36,8 @@ from shardrun.sim.launcher import SimProcess, start_sim
 from tests.conftest import (
     FAST_SIM,
     Run,
-    end_run,
     busiest_second,
+    end_run,
     error_lines,
     free_port,
     kill_tree,
