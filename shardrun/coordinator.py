@@ -61,6 +61,10 @@ KILL_WAIT_S = 5.0
 # `shard_silence_s` has a blocked event loop or a stopped process: it is killed, and its items
 # go to a replacement. The watchdog looks this often.
 WATCH_EVERY_S = 1.0
+# Until its first message a shard is starting (a process, imports, a loop): on a loaded machine
+# that took over 2 s, the least `shard_silence_s`, and healthy shards were killed before their
+# first word. So a shard not heard yet may be silent this long at least.
+START_SILENCE_MIN_S = 30.0
 # The input is read at most this far ahead of what has been handed out, to see its end coming.
 LOOKAHEAD_MAX = 4096
 
@@ -77,6 +81,7 @@ class ShardState:
     done: dict[str, Any] | None = None
     died: str | None = None
     heard_at: float = 0.0  # event-loop time of its last message (or of its start)
+    heard: bool = False  # whether it has sent anything yet
     silenced: str = ""  # why the watchdog killed it, if it did
 
 
@@ -165,7 +170,7 @@ class Coordinator:
         # shard's reports are heard meanwhile (and its silence not taken for a hang).
         handing: set[asyncio.Task[None]] = set()
         while (message := await handle.receive()) is not None:
-            state.heard_at = loop.time()
+            state.heard_at, state.heard = loop.time(), True
             self._reap_hand_outs(handing)
             kind = message["t"]
             if kind == protocol.WANT:
@@ -392,13 +397,25 @@ class Coordinator:
                     state.heard_at = max(state.heard_at, now)
             last = now
             for state in self._live():
-                if not state.silenced and now - state.heard_at > self.silence_s:
-                    state.silenced = (f"sent nothing for {self.silence_s:g} s, the "
-                                      "shard_silence_s limit (a blocked event loop or a "
-                                      "stopped process); it was killed")
+                if not state.silenced and (why := self.too_silent(state, now)):
+                    state.silenced = why
                     state.handle.kill()
             self._check_endpoint()
             self._check_run_dir()
+
+    def too_silent(self, state: ShardState, now: float) -> str:
+        """Why `state`'s shard is to be killed for its silence at `now`, or "" if it is not."""
+        if state.heard:
+            if now - state.heard_at <= self.silence_s:
+                return ""
+            return (f"sent nothing for {self.silence_s:g} s, the shard_silence_s limit (a "
+                    "blocked event loop or a stopped process); it was killed")
+        limit = max(self.silence_s, START_SILENCE_MIN_S)
+        if now - state.heard_at <= limit:
+            return ""
+        return (f"sent nothing in the {limit:g} s since it was started (a starting shard may take "
+                f"shard_silence_s, at least {START_SILENCE_MIN_S:g} s: a start-up that hangs or a "
+                "stopped process); it was killed")
 
     def _check_endpoint(self) -> None:
         """Stop the run at once when its endpoint can never answer again: the shards would take

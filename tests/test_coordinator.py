@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from shardrun import protocol
-from shardrun.coordinator import Coordinator, ShardState
+from shardrun.coordinator import START_SILENCE_MIN_S, Coordinator, ShardState
 from shardrun.digestset import DigestSet
 from shardrun.errors import SpecError
 from shardrun.inputs import InputPlan, InputReader
@@ -169,3 +169,33 @@ def test_no_run_is_named_latest(tmp_path: Path) -> None:
         RunDir.create(tmp_path / "runs", "latest")
     assert not (tmp_path / "runs").exists()
     assert RunDir.create(tmp_path / "runs", "latest-2").path.is_dir()
+
+
+def test_a_shard_not_heard_yet_has_a_start_up_s_grace_past_a_short_silence_limit(
+        tmp_path: Path) -> None:
+    """A shard is killed after `shard_silence_s` without a word, but its start-up (a process,
+    imports, a loop) took over 2 s, the least limit, on a loaded machine: every shard of a run
+    with that limit was killed before its first message. Until it is heard it may be silent
+    `START_SILENCE_MIN_S` at least; once heard, the job's limit holds."""
+    run_dir = RunDir.create(tmp_path / "runs", "r1")
+    config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
+                         base_url="http://127.0.0.1:9", api="chat", model="m")
+    write_input(tmp_path / "input.jsonl", 10)
+    source = WorkSource(InputReader(tmp_path / "input.jsonl", InputPlan()),
+                        run_dir.path / "rejects.jsonl")
+    coordinator = Coordinator(config, 1, source, run_dir, ProgressView(quiet=True), (None, None),
+                              silence_s=2.0, fork=False)
+    starting, running = ShardState(handle=Handle(0)), ShardState(handle=Handle(1), heard=True)
+    try:
+        late = START_SILENCE_MIN_S + 0.5
+        assert [coordinator.too_silent(starting, t) for t in (2.5, START_SILENCE_MIN_S)] == ["", ""]
+        assert coordinator.too_silent(starting, late) == (
+            f"sent nothing in the {START_SILENCE_MIN_S:g} s since it was started (a starting "
+            f"shard may take shard_silence_s, at least {START_SILENCE_MIN_S:g} s: a start-up "
+            "that hangs or a stopped process); it was killed")
+        assert coordinator.too_silent(running, 2.0) == ""
+        assert coordinator.too_silent(running, 2.5).startswith(
+            "sent nothing for 2 s, the shard_silence_s limit")
+    finally:
+        coordinator.log.close()
+        source.reader.close()
