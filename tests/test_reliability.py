@@ -993,8 +993,9 @@ def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> Non
     """A shard that takes a batch and then sends nothing, its stdout still open (a blocked event
     loop, a stopped process): the watchdog kills it once its silence passes the job's
     `shard_silence_s`, and its batch goes to a replacement. The limit is 10 s, not the 2 s
-    allowed: a shard's silence counts from its launch, and under load none of five shards, the
-    real ones too, said a word within 2 s of it (the launcher still starting, it seems)."""
+    allowed: under load none of five shards, the real ones too, said a word within 2 s of their
+    launch (a shard not heard yet has START_SILENCE_MIN_S since), and a loaded machine may hold
+    a healthy one's reports that long."""
     ids = write_input(tmp_path / "input.jsonl", 400)
     write_job(tmp_path / "job.yaml", shard_start="fork", shards=3, shard_silence_s=10)
     silent = HUNG_SHARD.replace("os.close(1)\n", "")
