@@ -262,18 +262,15 @@ class StreamingClient:
         worker killed), whose failure is the attempt's, not to be sent again unseen."""
         connector = self._session.connector
         tries = (connector.limit if connector is not None and connector.limit else 100) + 1
-        loop = st.loop
         while True:
             st.arm(self._timeouts.connect_s, "timeout_connect")
-            sent = loop.time()
             try:
                 return await self._session.post(
                     self._url, data=data, headers=self._headers, **self._post_kw
                 )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 tries -= 1
-                if (not tries or not _stale(st, exc)
-                        or loop.time() - sent > RESEND_WITHIN_S):
+                if not tries or not _stale(st, exc) or _on_it(st) > RESEND_WITHIN_S:
                     raise
             st.reconnect()
 
@@ -465,6 +462,13 @@ def _settle(st: Attempt) -> None:
         resp.release()
     else:
         resp.close()
+
+
+def _on_it(st: Attempt) -> float:
+    """How long the request has been on its connection: since the pool handed it out, so that
+    a wait for a free connection (a full pool, a loaded machine) does not count."""
+    ready = st.out.conn_ready_at
+    return 0.0 if ready is None else st.clock.now() - ready
 
 
 def _stale(st: Attempt, exc: BaseException) -> bool:
