@@ -630,6 +630,7 @@ class Coordinator:
             rejects_file=self.source.rejects_path,
             input_read=self.source.read_to_end,
             limit=self.source.limit if self.source.limit_reached else None,
+            read_to_line=self.source.reader.lines_read if self.source.rest_unread else None,
             client_cpu_s=None if cpu_unknown else client_cpu_s(self.reaped_before),
             client_cpu_unknown=cpu_unknown,
         )

@@ -13,7 +13,7 @@ import shlex
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -328,6 +328,36 @@ def _lines_read_before(manifest: dict[str, Any]) -> int:
     return max((n for n in counts if isinstance(n, int)), default=0)
 
 
+def _rejects_past(this: Pass, source: WorkSource) -> int:
+    """The input lines earlier passes rejected after the line a retry pass stopped reading at
+    (`WorkSource.rest_unread`), from their rejects files, each once: it counts them as a pass
+    reading to the end does (`prior_rejects`), so its status stays the run's (a run with a
+    rejected line has not succeeded), for lines it never read."""
+    if not source.rest_unread:
+        return 0
+    past = DigestSet()
+    for segment in range(this.segment):
+        past.update(line for line in _recorded_reject_lines(this.run_dir, segment)
+                    if line > source.reader.lines_read)
+    return len(past)
+
+
+def _recorded_reject_lines(run_dir: RunDir, segment: int) -> Iterator[int]:
+    """The input lines pass `segment`'s rejects file records (none if it has none); a torn
+    last line is no record."""
+    try:
+        with open(run_dir.rejects_path(segment), "rb") as f:
+            for raw in f:
+                try:
+                    line = orjson.loads(raw).get("line")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if isinstance(line, int):
+                    yield line
+    except FileNotFoundError:
+        return
+
+
 def _killed_rejects(run_dir: RunDir, manifest: dict[str, Any], judged: int) -> DigestSet:
     """The input lines past `judged` that a pass killed before it ended (kill -9, a crash: it
     recorded no lines read) set aside in its rejects file already. Its lines are judged again,
@@ -338,17 +368,7 @@ def _killed_rejects(run_dir: RunDir, manifest: dict[str, Any], judged: int) -> D
         read = entry.get("input") if isinstance(entry, dict) else None
         if isinstance(read, dict) and isinstance(read.get("lines_read"), int):
             continue  # it ended: its rejects are lines up to `judged`
-        try:
-            with open(run_dir.rejects_path(segment), "rb") as f:
-                for raw in f:
-                    try:
-                        line = orjson.loads(raw).get("line")
-                    except (orjson.JSONDecodeError, AttributeError):
-                        continue
-                    if isinstance(line, int) and line > judged:
-                        lines.add(line)
-        except FileNotFoundError:
-            continue
+        lines.update(line for line in _recorded_reject_lines(run_dir, segment) if line > judged)
     return lines
 
 
@@ -390,7 +410,10 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     source = WorkSource(reader, this.run_dir.rejects_path(this.segment), this.done,
                         options.limit, this.only, judged_lines=this.judged_lines,
                         record_rejects=this.only is None, retrying=this.retried,
-                        on_record=this.killed_rejects)
+                        on_record=this.killed_rejects,
+                        # Results changed by hand since: their items are no dead letters, yet
+                        # no pass has run them, anywhere in the input; counted, they are said.
+                        read_past_only=bool(this.info.get("results_changed")))
     view = ProgressView(_left(None, this, options.limit), quiet=options.quiet,
                         interval=options.progress_interval,
                         count=_total_count(job, this, options.limit))
@@ -418,7 +441,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             unfinished_put_back=put_back, retried=len(this.retried or ()),
             dead_letters_only=bool(this.info.get("retry_failed")) and (
                 this.only is not None or this.read_before),
-            prior_rejects=source.prior_rejects, cost=cost(
+            prior_rejects=source.prior_rejects + _rejects_past(this, source), cost=cost(
             spec.pricing, summary.prompt_tokens, summary.completion_tokens, summary.wall_s,
             successes=summary.succeeded, wasted_tokens=summary.wasted_tokens,
             cached_tokens=summary.cached_tokens),

@@ -70,6 +70,9 @@ class RunSummary:
     # --limit on this pass left no input unread.
     input_read_before: bool = False
     limit: int | None = None  # --limit, when it ended this pass's input early
+    # A pass of dead letters only that found the last of them on this line and read no further
+    # (the rest can hold none of them): `input_read` is False, as after a --limit.
+    read_to_line: int | None = None
     client_cpu_s: float | None = None  # user+sys of the coordinator, launcher and shards
     client_cpu_unknown: str | None = None  # why client_cpu_s is None, when it is unknown
     resume_command: str | None = None  # the command that finishes what this pass left undone
@@ -100,6 +103,7 @@ class RunSummary:
         rejects_file: Path | None = None,
         input_read: bool = True,
         limit: int | None = None,
+        read_to_line: int | None = None,
         client_cpu_s: float | None = None,
         client_cpu_unknown: str | None = None,
     ) -> RunSummary:
@@ -149,6 +153,7 @@ class RunSummary:
             rejects_file=rejects_file,
             input_read=input_read,
             limit=limit,
+            read_to_line=read_to_line,
             client_cpu_s=client_cpu_s,
             client_cpu_unknown=client_cpu_unknown,
         )
@@ -184,7 +189,8 @@ class RunSummary:
     def status(self) -> str:
         # A stop that came once every item had ended and the input was read stopped nothing:
         # the run is what its items say (a Ctrl-C in the last moments read "interrupted").
-        left = self.unfinished > 0 or (not self.input_read and self.limit is None)
+        left = self.unfinished > 0 or (not self.input_read and self.limit is None
+                                       and self.read_to_line is None)
         if self.interrupted and left:
             return "interrupted"
         # Nor has a pass succeeded that stopped (a fatal stop) before it read its input to the
@@ -221,6 +227,7 @@ class RunSummary:
             "rate_wait_s": round(self.rate_wait_s, 3),
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
+            "read_to_line": self.read_to_line,
             "client_cpu_s": None if self.client_cpu_s is None else round(self.client_cpu_s, 3),
             "client_cpu_unknown": self.client_cpu_unknown,
             "dead_reasons": {kind: {"count": n, "example": example}
@@ -407,6 +414,8 @@ def _per_shard_line(per_shard: list[dict[str, int]]) -> str:
 
 
 def _items_note(s: RunSummary) -> str:
+    if s.read_to_line is not None and not s.work_left.not_reached:
+        return _read_to_note(s, s.read_to_line)
     if s.left_out:
         return (f"  (dead letters only: {s.left_out:,} items no pass has run are left for the "
                 "command below)")
@@ -425,6 +434,19 @@ def _items_note(s: RunSummary) -> str:
         return ("  (every line was rejected, nothing was sent: is it the right file, in the "
                 "input.format and fields the job names?)")
     return ""
+
+
+def _read_to_note(s: RunSummary, line: int) -> str:
+    """A pass of dead letters only that read its input up to the last of them, and no line
+    after it: what no pass has run is not counted there (that took reading all of it), but
+    said to be left for --resume, unless an earlier pass read the whole input."""
+    last = f"the last is on line {line:,}, and no line after it was read"
+    if s.input_read_before:
+        return f"  (dead letters only: {last}: an earlier pass ran the items there)"
+    if s.left_out:
+        return (f"  (dead letters only: {last}; {s.left_out:,} items no pass has run lie before "
+                "it: the command below runs them and those after it)")
+    return f"  (dead letters only: {last}: the command below runs the items no pass has run)"
 
 
 def _retried_note(s: RunSummary) -> str:

@@ -1233,8 +1233,10 @@ def _retry_succeeds(tmp_path: Path, path: Path, ids: list[str]) -> Run:
 
 def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: Path) -> None:
     """A trial of 40 items with failures: the printed `retry-failed` retries those failures and
-    nothing else (the other 60 items were never asked for), and says `--resume` runs the rest;
-    `--resume` then runs exactly them."""
+    nothing else (the other 60 items were never asked for), reads no input line past the last
+    of them (the rest can hold none: reading it only to count what no pass has run kept the
+    shards idle for 40 % of such a pass) and says `--resume` runs the rest; `--resume` then
+    runs exactly them, and the run verifies."""
     ids = write_input(tmp_path / "input.jsonl", 100)
     with sim(fail_500=0.5) as bad:
         job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
@@ -1251,11 +1253,19 @@ def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: 
         assert sorted(r["id"] for r in run.results) == ids[:40] and not run.dead
         second = [r for r in run.results if r["id"] in dead]
         assert len(second) == len(dead)
-        assert (f"  items              {len(dead)}  (dead letters only: 60 items no pass has "
-                "run are left for the command below)") in again.stdout, again.stdout
+        last = max(ids.index(i) for i in dead) + 1  # the line of the last dead letter
+        assert (f"  items              {len(dead)}  (dead letters only: the last is on line "
+                f"{last}, and no line after it was read: the command below runs the items no "
+                "pass has run)") in again.stdout, again.stdout
+        retried = Run.load(path).manifest["resumes"][0]
+        assert retried["input"]["lines_read"] == last
+        assert (retried["summary"]["input_read"], retried["summary"]["left_out"]) == (False, 0)
+        log = (path / "events" / "coordinator.r1.jsonl").read_bytes().splitlines()
+        (end,) = [e for e in map(orjson.loads, log) if e["ev"] == "input_end"]
+        assert end["lines"] == last
         report = run_cli("report", str(path), cwd=tmp_path).stdout
-        assert ("; 60 input items no pass has run (its last pass retried dead letters only): "
-                "--resume runs them") in report, report
+        assert ("; its last pass retried dead letters only and read no line after the last of "
+                f"them (line {last}): --resume runs the items no pass has run") in report, report
         finish = next(line for line in again.stdout.splitlines()
                       if line.startswith("  to finish the run  "))
         words = shlex.split(finish.removeprefix("  to finish the run  "))
@@ -1264,6 +1274,39 @@ def test_retry_failed_after_a_limited_pass_runs_only_the_dead_letters(tmp_path: 
         rest = run_cli(*words[1:], cwd=tmp_path, env=env)
     assert rest.returncode == 0, rest.stderr
     assert_exactly_once(Run.load(path), ids)
+    assert Run.load(path).manifest["resumes"][1]["summary"]["items"] == 60
+    verified = run_cli("verify", str(path), cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_retry_after_answers_were_removed_by_hand_reads_the_whole_input(tmp_path: Path) -> None:
+    """Answers removed from a results file by hand since the last pass: their items are no
+    dead letters, and no pass has run them now, wherever they lie. A retry pass then reads on
+    past its last dead letter, to count them (the summary names --resume for them), rather
+    than stop there as it otherwise does."""
+    ids = write_input(tmp_path / "input.jsonl", 100)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1})
+        assert run_cli("job.yaml", "--runs-dir", "runs", "--limit", "40",
+                       cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    with sim() as good:
+        env = {"SHARDRUN_BASE_URL": good.base_url}
+        rest = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "latest", cwd=tmp_path,
+                       env=env)
+        assert rest.returncode == 1, rest.stderr  # the dead letters of the first 40 stay so
+        removed = set(ids[-5:])  # after every dead letter: all are among the first 40
+        for results in (path / "results").glob("*.jsonl"):
+            kept = [line for line in results.read_bytes().splitlines(keepends=True)
+                    if orjson.loads(line)["id"] not in removed]
+            results.write_bytes(b"".join(kept))
+        again = run_cli("retry-failed", str(path), cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "items whose answers are no longer in it run again" in again.stderr
+    retried = Run.load(path).manifest["resumes"][-1]
+    assert (retried["input"]["lines_read"], retried["summary"]["left_out"]) == (100, 5)
+    assert "(dead letters only: 5 items no pass has run are left for the command below)" in (
+        again.stdout)
 
 
 def test_dead_letters_a_retry_pass_never_reached_stay_dead_letters(tmp_path: Path) -> None:
@@ -3336,11 +3379,13 @@ def _read_position(proc: psutil.Process, path: Path) -> int:
 
 def test_a_stop_is_heard_while_a_retry_pass_reads_past_lines_it_leaves_out(
         tmp_path: Path) -> None:
-    """A `--limit 10` trial whose 10 items all failed, then `retry-failed`: it runs those 10
-    and must read the rest of a 200,000-line input to find that no other dead letter is there
-    (every other line is left out). A SIGINT sent once the pass has read 30% of the input is
-    heard before long: the time from the signal to its `stopping` line is below the time the
-    pass took to read from 5% to 30% of the input, a reference measured in the same run.
+    """A `--limit 10` trial whose 10 items all failed, and a dead letter of the input's last
+    item besides (one a hand put there: the dead letters of a long run lie all over its
+    input), then `retry-failed`: it runs those 10 and must read the rest of a 200,000-line
+    input to reach the last (every other line is left out). A SIGINT sent once the pass has
+    read 30% of the input is heard before long: the time from the signal to its `stopping`
+    line is below the time the pass took to read from 5% to 30% of the input, a reference
+    measured in the same run.
     When the read held the coordinator's event loop (one `take` reading to the input's end),
     the signal waited for the other 70%: about three times that reference."""
     lines = 200_000
@@ -3353,6 +3398,10 @@ def test_a_stop_is_heard_while_a_retry_pass_reads_past_lines_it_leaves_out(
     trial = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "10", cwd=tmp_path)
     path = only_run(tmp_path / "runs")
     assert trial.returncode == 1 and len(Run.load(path).dead) == 10, trial.stderr
+    dead_file = next(f for f in (path / "dead").glob("*.jsonl") if f.stat().st_size)
+    last = orjson.loads(dead_file.read_bytes().splitlines()[0]) | {"id": ids[-1]}
+    with open(dead_file, "ab") as f:
+        f.write(orjson.dumps(last) + b"\n")
     proc = _start(tmp_path, "retry-failed", str(path))
     said: list[tuple[float, str]] = []
     reading = threading.Thread(target=lambda: said.extend(
@@ -3377,8 +3426,8 @@ def test_a_stop_is_heard_while_a_retry_pass_reads_past_lines_it_leaves_out(
     heard = next(t for t, line in said if line.startswith("stopping"))
     assert heard - sent < sent - started, (heard - sent, sent - started)
     run = Run.load(path)
-    assert len(run.dead) == 10 and not run.results  # failed again, or put back unreached
-    assert ids[:10] == sorted(d["id"] for d in run.dead)
+    assert len(run.dead) == 11 and not run.results  # failed again, or put back unreached
+    assert sorted([*ids[:10], ids[-1]]) == sorted(d["id"] for d in run.dead)
 
 
 def test_a_reject_that_cannot_be_written_while_handing_out_stops_the_pass(

@@ -309,3 +309,32 @@ def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> 
     assert work_left(older, read_before=True).for_resume is False
     assert work_left(older, read_before=False) == WorkLeft(
         unread=True, left_out=0, unfinished=5, unretried=4, put_back=0)
+
+
+def test_a_retry_pass_that_read_up_to_its_last_dead_letter_says_so_not_a_count() -> None:
+    """A pass of dead letters only that read no line past the last of them counts no items no
+    pass has run there: it says where it stopped and that the command below runs them, unless
+    an earlier pass read the whole input. It finished: no interruption, and it succeeds when
+    every item did; a stop of it before it took every dead letter still says so."""
+    command = "shardrun job.yaml --resume r1"
+    found = replace(summary_of([{}], dead=0), resume_command=command, input_read=False,
+                    read_to_line=40, retried=10, dead_letters_only=True)
+    lines = format_summary(found).splitlines()
+    assert ("  items              10  (dead letters only: the last is on line 40, and no line "
+            "after it was read: the command below runs the items no pass has run)") in lines
+    assert f"  to finish the run  {command}" in lines
+    assert (found.status, found.exit_code) == ("succeeded", 0)
+    assert replace(found, interrupted=True).status == "succeeded"
+    passed = replace(found, left_out=5)
+    assert ("(dead letters only: the last is on line 40, and no line after it was read; 5 items "
+            "no pass has run lie before it: the command below runs them and those after it)") in (
+        format_summary(passed))
+    before = replace(found, input_read_before=True)
+    assert ("  items              10  (dead letters only: the last is on line 40, and no line "
+            "after it was read: an earlier pass ran the items there)") in format_summary(
+        before).splitlines()
+    assert "to finish the run" not in format_summary(before)
+    cut = replace(found, interrupted=True, unretried=4, prior_dead=4)
+    assert "(dead letters taken to retry, of 10: the pass stopped before the other 4)" in (
+        format_summary(cut))
+    assert found.as_dict()["read_to_line"] == 40

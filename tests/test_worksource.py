@@ -387,7 +387,8 @@ def test_a_settling_read_hands_out_a_sparse_stretch_as_it_is_found(tmp_path: Pat
         return whole
 
     whole = asyncio.run(unsettled())
-    assert whole.read_ahead(4096) and whole.reader.lines_read == SPARSE_LINES
+    # Up to the last item it retries (item iN is on line N + 1), no further.
+    assert whole.read_ahead(4096) and whole.reader.lines_read == int(run[-1][1:]) + 1
     assert whole.ready == len(run)
 
 
@@ -566,3 +567,58 @@ def test_a_write_of_nothing_raises_rather_than_spin(tmp_path: Path, gives: int |
     assert raised.value.filename == str(rejects) and raised.value.errno is not None
     assert file.calls == 1 and file.cut_to == 0
     source.close()
+
+
+def _retry_source(tmp_path: Path, lines: int, only_at: list[int], *, done_at: tuple[int, ...] = (),
+                  read_past_only: bool = False) -> WorkSource:
+    """A retry pass's source over `lines` items `i0`...: `only` holds those at `only_at`, `done`
+    those at `done_at` and every item before the first of `only_at` (an earlier pass's)."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(_item(f"i{i}") + b"\n" for i in range(lines)))
+    only = DigestSet()
+    only.update(id_digest(f"i{i}") for i in only_at)
+    done = DigestSet()
+    done.update(id_digest(f"i{i}") for i in (*range(min(only_at)), *done_at))
+    return WorkSource(InputReader(path, FIELDS), tmp_path / "rej.jsonl", done, only=only,
+                      record_rejects=False, read_past_only=read_past_only)
+
+
+def test_a_retry_reads_no_line_past_the_last_item_it_retries(tmp_path: Path) -> None:
+    """Once every item of `only` is found, the input ends for the pass: the lines after the
+    last can hold none of them, and reading them (ten million after a --limit trial) only
+    counted what no pass has run while the shards stood idle. The lines passed over before it
+    still count as left out; the source says the rest was not read, as the summary must."""
+    source = _retry_source(tmp_path, 10_000, [100, 200, 300])
+    taken = [i["id"] for i in source.take(10)]
+    assert taken == ["i100", "i200", "i300"] and source.empty
+    assert source.reader.lines_read == 301  # i300 is on line 301
+    assert (source.rest_unread, source.read_to_end) == (True, False)
+    assert (source.skipped, source.left_out) == (100, 198)
+
+
+def test_a_retry_whose_last_item_ends_the_input_read_it_to_its_end(tmp_path: Path) -> None:
+    """The last item retried on the last line: nothing was left unread."""
+    source = _retry_source(tmp_path, 301, [100, 300])
+    assert [i["id"] for i in source.take(10)] == ["i100", "i300"]
+    assert (source.rest_unread, source.read_to_end) == (False, True)
+
+
+def test_a_retried_item_finished_since_is_found_all_the_same(tmp_path: Path) -> None:
+    """A dead letter whose item has a result too is passed over as finished, but found: the
+    read still ends at the last item of `only`, not at the input's end."""
+    source = _retry_source(tmp_path, 1_000, [10, 20], done_at=(20,))
+    assert [i["id"] for i in source.take(10)] == ["i10"]
+    assert source.reader.lines_read == 21 and source.rest_unread
+
+
+def test_a_retry_reads_to_the_end_when_an_item_is_missing_or_when_told(tmp_path: Path) -> None:
+    """An item of `only` no line holds, or `read_past_only` (results changed by hand since:
+    items no pass has run may lie anywhere), reads the whole input and counts what it passes
+    over, as before."""
+    missing = _retry_source(tmp_path, 1_000, [10, 5_000])
+    assert [i["id"] for i in missing.take(10)] == ["i10"]
+    assert (missing.reader.lines_read, missing.left_out) == (1_000, 989)
+    assert (missing.rest_unread, missing.read_to_end) == (False, True)
+    told = _retry_source(tmp_path, 1_000, [10, 20], read_past_only=True)
+    assert [i["id"] for i in told.take(10)] == ["i10", "i20"]
+    assert (told.reader.lines_read, told.left_out, told.read_to_end) == (1_000, 988, True)

@@ -474,10 +474,15 @@ def _work_left(loaded: LoadedRun) -> str:
     to `--resume` they are finished items)."""
     # A --limit pass, or one stopped, is finished, not done, unless an earlier pass read the
     # whole input it found (then what it left is only the dead letters it did not retry, below).
-    work = work_left(newest_summary(loaded.manifest),
-                     read_before=newest_read_before(loaded.manifest))
+    summary = newest_summary(loaded.manifest)
+    work = work_left(summary, read_before=newest_read_before(loaded.manifest))
     left = ""
-    if work.unread:
+    line = summary.get("read_to_line")
+    if work.unread and isinstance(line, int) and not work.not_reached:
+        passed = f" (and the {work.left_out:,} it passed over)" if work.left_out else ""
+        left += (f"; its last pass retried dead letters only and read no line after the last "
+                 f"of them (line {line:,}): --resume runs the items no pass has run{passed}")
+    elif work.unread:
         left += ("; its last pass did not read the input to its end (--limit, or a stop): "
                  "the items after it have not run, --resume runs them")
     elif work.left_out:
