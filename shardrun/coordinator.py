@@ -152,7 +152,8 @@ class Coordinator:
         self.reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
 
     def _input_ended(self) -> None:
-        self.view.set_total(self.source.taken)
+        # Its rejected lines are items of the pass too, as the summary counts them.
+        self.view.set_total(self.source.taken + self.source.rejects)
         self.log.emit(events.INPUT_END, t=self.clock.now(), lines=self.source.reader.lines_read,
                       rejects=self.source.rejects)
 
@@ -481,6 +482,7 @@ class Coordinator:
             # live, and the display says so (at ten million done, half a minute).
             self.view.skipping = lambda: self.source.reader.lines_read
             self.view.skipping_rejected = lambda: self.source.rejects + self.source.prior_rejects
+            self.view.rejected = lambda: self.source.rejects
             try:
                 await self.source.fill(1, lambda: self.handing_out)
             finally:

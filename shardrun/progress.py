@@ -113,10 +113,17 @@ class Snapshot:
     # Of those lines, how many were rejected: a job whose every line is (a misnamed prompt
     # field) read a million of them in 25 s with nothing on the screen saying so.
     skipping_rejected: int = 0
+    # Input lines this pass rejected: failed, as the summary counts them (`RunSummary.failed`),
+    # and done. A pass of 200,000 rejected lines showed "0 failed" to its end.
+    rejected: int = 0
 
     @property
     def done(self) -> int:
-        return self.ok + self.dead
+        return self.ok + self.dead + self.rejected
+
+    @property
+    def failed(self) -> int:
+        return self.dead + self.rejected
 
     @property
     def eta_s(self) -> float | None:
@@ -189,6 +196,8 @@ class ProgressView:
         # many of them were rejected.
         self.skipping: Callable[[], int] | None = None
         self.skipping_rejected: Callable[[], int] = lambda: 0
+        # The input lines this pass rejected so far (set by the coordinator).
+        self.rejected: Callable[[], int] = lambda: 0
         self._last_line = self.started
         self._live: Live | None = None
         # The total, counted off the event loop (`count`) while the run goes: a big input's
@@ -296,7 +305,8 @@ class ProgressView:
                         failing_s, failing.get("failing_cause") if failing_s else None,
                         silent_s, sum(int(g["sending"]) for g in sending),
                         self._eta_rate, None if self.skipping is None else self.skipping(),
-                        self.skipping_rejected() if self.skipping is not None else 0)
+                        self.skipping_rejected() if self.skipping is not None else 0,
+                        self.rejected())
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -373,11 +383,19 @@ def format_plain_line(s: Snapshot) -> str:
     else:
         head = f"{s.done:,} done"
     eta = "" if s.eta_s is None else f", ETA {clock_text(s.eta_s)}"
-    return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {s.dead:,} failed, "
+    return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {_failed_text(s)}, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
             f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
+
+
+def _failed_text(s: Snapshot) -> str:
+    """The failed count, and when input lines were rejected, what it is made of, as the run's
+    summary says it."""
+    if not s.rejected:
+        return f"{s.failed:,} failed"
+    return f"{s.failed:,} failed ({s.dead:,} dead-lettered, {s.rejected:,} rejected input lines)"
 
 
 def _skipping_text(lines: int, rejected: int) -> str:
@@ -423,7 +441,7 @@ def format_final_line(s: Snapshot) -> str:
     """Totals and run-average completion TPM."""
     tpm = s.completion_tokens / s.elapsed * 60 if s.elapsed > 0 else 0.0
     return (f"{counted(s.done, 'item')} in {s.elapsed:.1f} s: {s.ok:,} succeeded, "
-            f"{s.dead:,} failed; {tpm:,.0f} completion TPM (run average)")  # fmt: skip
+            f"{_failed_text(s)}; {tpm:,.0f} completion TPM (run average)")  # fmt: skip
 
 
 def shard_table(s: Snapshot, max_rows: int = 16) -> Table:
@@ -466,7 +484,10 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         head.add_row(Text(f"{s.done:,} done  {_num(s.items_per_s, 1)} items/s"))
     counts = Text.assemble(
         ("succeeded ", "dim"), (f"{s.ok:,}", "green"), ("  failed ", "dim"),
-        (f"{s.dead:,}", "red" if s.dead else ""), ("  retrying ", "dim"), f"{s.retrying:,}",
+        (f"{s.failed:,}", "red" if s.failed else ""),
+        (f" ({s.dead:,} dead-lettered, {s.rejected:,} rejected input lines)" if s.rejected
+         else "", "dim"),
+        ("  retrying ", "dim"), f"{s.retrying:,}",
         ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
         ("  elapsed ", "dim"), clock_text(s.elapsed),
     )  # fmt: skip

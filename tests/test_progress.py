@@ -8,6 +8,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from rich.console import Console
 
@@ -22,6 +23,7 @@ from shardrun.progress import (
     format_final_line,
     shard_table,
 )
+from tests.conftest import run_cli, write_job
 
 ESCAPE = re.compile(r"\x1b")
 
@@ -523,3 +525,52 @@ def test_lines_rejected_while_reading_up_to_the_first_item_are_counted() -> None
     view.refresh()
     view.stop()
     assert "2,000 input lines so far, 12 of them rejected" in term.getvalue()
+
+
+def test_rejected_input_lines_count_as_failed_and_done_as_the_summary_counts_them() -> None:
+    """Rejected input lines are items of the pass, failed ones (the summary says "failed N (D
+    dead-lettered, R rejected input lines)"): a pass of 200,000 rejected lines showed "0
+    failed" to its end, and a total it never reached. Plain lines, the final line and a
+    terminal's frame all say them."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(10, tty=False, stream=out, clock=clock, interval=1.0)
+    view.rejected = lambda: 6
+    view.start()
+    view.update(0, {"ok": 3, "dead": 1})
+    clock.now += 1.0
+    view.refresh()
+    said = "7 failed (1 dead-lettered, 6 rejected input lines)"
+    assert out.getvalue().splitlines()[-1].startswith(
+        f"[    1.0s] 10/10 done (100.0%): 3 ok, {said}, 0 retrying;"), out.getvalue()
+    assert view.final_line().startswith(f"10 items in 1.0 s: 3 succeeded, {said};")
+    term = StringIO()
+    console = Console(file=term, force_terminal=True, width=200, color_system=None)
+    view = ProgressView(10, console=console, clock=clock)
+    view.rejected = lambda: 6
+    view.start()
+    view.update(0, {"ok": 3, "dead": 1})
+    view.stop()
+    frame = term.getvalue()
+    assert "failed 7 (1 dead-lettered, 6 rejected input lines)" in frame and "10/10" in frame
+    clean = ProgressView(4, tty=False, stream=StringIO(), clock=clock)
+    clean.update(0, {"ok": 3, "dead": 1})
+    assert "3 succeeded, 1 failed;" in clean.final_line()
+
+
+def test_a_run_of_mostly_rejected_lines_shows_them_failed_while_it_goes(tmp_path: Path) -> None:
+    """A real run whose input is mostly rejected lines, its few items slow to answer: every
+    progress line printed while they are out counts the rejected lines among the failed, as
+    many as the summary does, and in its done, against a total of every line."""
+    lines = [orjson.dumps({"id": f"i{n}", "prompt": "p"}) if n % 10 == 0 else b"{broken"
+             for n in range(200)]
+    (tmp_path / "input.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    write_job(tmp_path / "job.yaml", shards=1, endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m",
+        "sim": {"ttft_ms": 1500, "itl_ms": 0, "tokens": 2}})
+    ran = run_cli("job.yaml", "--runs-dir", "runs", "--progress-interval", "0.1", cwd=tmp_path)
+    assert "  failed             180  (0 dead-lettered, 180 rejected input lines)" in ran.stdout
+    shown = [line for line in ran.stderr.splitlines() if " done" in line]
+    # The last comes while the items are out (1.5 s each), long after the 200 lines were read;
+    # the ones before may come while they are read.
+    assert shown and "/200 done" in shown[-1], ran.stderr
+    assert ", 180 failed (0 dead-lettered, 180 rejected input lines), " in shown[-1], shown
