@@ -402,8 +402,9 @@ def _skipping_text(lines: int, rejected: int) -> str:
     # Lines read, not items skipped: a retry pass passes over the lines it leaves out, and any
     # pass over rejects, which no count of finished items shows moving.
     text = f"reading up to the first item to run: {lines:,} input lines so far"
-    return text + (f", {rejected:,} of them rejected (rejects.jsonl says why)" if rejected
-                   else "")
+    # A resume's rejects go to rejects.rK.jsonl, hence no file name here.
+    said = f", {rejected:,} of them rejected (the pass's rejects file says why)"
+    return text + (said if rejected else "")
 
 
 def _held_text(rate_waiting: int) -> str:

@@ -516,7 +516,7 @@ def test_lines_rejected_while_reading_up_to_the_first_item_are_counted() -> None
         view.refresh()
     assert out.getvalue().splitlines()[-1] == (
         "[    2.0s] reading up to the first item to run: 140,000 input lines so far, 139,999 of "
-        "them rejected (rejects.jsonl says why)")
+        "them rejected (the pass's rejects file says why)")
     term = StringIO()
     console = Console(file=term, force_terminal=True, width=200, color_system=None)
     view = ProgressView(None, console=console, clock=clock)
