@@ -123,13 +123,18 @@ def kill_tree(proc: subprocess.Popen[Any], *, group: bool = False,
         return Killed([], [])
     below: list[psutil.Process] = []
     # Stopped, it starts no process while its tree is listed; unreaped, its PID is still its.
-    with suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGSTOP)
-    with suppress(psutil.NoSuchProcess):
-        below = psutil.Process(proc.pid).children(recursive=True)
-    commands = [_command_line(p) for p in below]
-    with suppress(ProcessLookupError):
-        (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
+    # Whatever the listing raises (psutil.AccessDenied, a Ctrl-C), the kill follows the stop:
+    # a process left stopped would never end, nor would the shards waiting on it.
+    commands: list[list[str]] = []
+    try:
+        with suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGSTOP)
+        with suppress(psutil.NoSuchProcess):
+            below = psutil.Process(proc.pid).children(recursive=True)
+        commands = [_command_line(p) for p in below]
+    finally:
+        with suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     try:
         proc.wait(timeout=KILL_GUARD_S)
