@@ -139,9 +139,10 @@ def run(
     reader = make_reader(job)  # a missing input fails before any run directory exists
     if options.strict:
         check_strictly(make_reader(job))
-    this = _open_pass(job, options)
     sim: SimProcess | None = None
     base_url = job.spec.endpoint.base_url
+    # Nothing between the pass and its try: a stop landing there would skip the clean-up.
+    this = _open_pass(job, options)
     try:
         if sim_config is not None:
             from shardrun.sim.launcher import start_sim
@@ -165,7 +166,8 @@ def run(
         if sim is not None:
             sim.stop()
         if this.segment > 0 and not this.recorded:
-            _undo_unrecorded(this)  # under the lock still: no other pass may be preparing
+            # Under the lock still: no other pass may be preparing.
+            _undo_unrecorded(this.run_dir.path, this.segment)
         this.lock.close()
         if not _leaves_a_run(this):
             # Stopped before the run began (an early Ctrl-C, a simulator that would not start):
@@ -182,16 +184,16 @@ def _no_simulator(exc: RunError, this: Pass) -> str:
             f"then {way_on}")
 
 
-def _undo_unrecorded(this: Pass) -> None:
+def _undo_unrecorded(run_path: Path, segment: int) -> None:
     """A resume stopped before the manifest recorded it (the simulator would not start, the
     manifest could not be written, a Ctrl-C): put back the dead letters it set aside, so that
     `report` and `export` do not count them as never run. An error here is said, not raised:
     the one that stopped the pass is the one to see, and the next pass puts them back too."""
     try:
-        resume.undo_set_aside(this.run_dir.path, this.segment)
+        resume.undo_set_aside(run_path, segment)
     except OSError as exc:
         print(f"warning: cannot put back the dead letters this pass set aside in "
-              f"{exc.filename or this.run_dir.path / 'dead'} ({exc.strerror or exc}); the next "
+              f"{exc.filename or run_path / 'dead'} ({exc.strerror or exc}); the next "
               "pass of the run puts them back", file=sys.stderr)
 
 
@@ -244,54 +246,65 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         try:
             way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
             lock = resume.lock_run(run_dir.path)
+            # Made in here too: a stop in its making is one before `run` holds the pass.
+            return Pass(run_dir, 0, DigestSet(), {}, lock, way_on=way_on,
+                        way_on_retrying=retrying)
         except BaseException:
             # A stop (Ctrl-C, SIGTERM) or an error before `run` holds the pass: no run without
             # a manifest may be left behind (`run`'s own clean-up needs the pass it returns).
             shutil.rmtree(run_dir.path, ignore_errors=True)
             raise
-        return Pass(run_dir, 0, DigestSet(), {}, lock, way_on=way_on, way_on_retrying=retrying)
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)
-    manifest = read_manifest(run_dir.path)
-    if isinstance(manifest.get("run_id"), str):  # a pass of a run renamed since logs as the run
-        run_dir = replace(run_dir, logged_id=manifest["run_id"])
-    changed = _check_settings(job, manifest, run_dir.run_id)
-    # Before the run is repaired or a request sent: the answers on disk belong to the lines the
-    # run read, so another or an edited input would pair them with other lines.
-    unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
-                                   job_name=str(job.origin or job.job_path),
-                                   fmt=job.spec.input.format)
-    results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
-    for warning in unchecked + results_changed:
-        print(f"warning: {warning}", file=sys.stderr)
-    segment = len(manifest.get("resumes", [])) + 1
-    prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
-    for note in prior.notes:
-        print(f"repaired: {note}", file=sys.stderr)
-    only_failed = options.retry_failed and options.only_failed
-    if only_failed and not prior.retried:
+    segment: int | None = None  # known once the manifest is read
+    try:
+        manifest = read_manifest(run_dir.path)
+        if isinstance(manifest.get("run_id"), str):  # a pass of a run renamed since logs as it
+            run_dir = replace(run_dir, logged_id=manifest["run_id"])
+        changed = _check_settings(job, manifest, run_dir.run_id)
+        # Before the run is repaired or a request sent: the answers on disk belong to the lines
+        # the run read, so another or an edited input would pair them with other lines.
+        unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
+                                       job_name=str(job.origin or job.job_path),
+                                       fmt=job.spec.input.format)
+        results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
+        for warning in unchecked + results_changed:
+            print(f"warning: {warning}", file=sys.stderr)
+        segment = len(manifest.get("resumes", [])) + 1
+        prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
+        for note in prior.notes:
+            print(f"repaired: {note}", file=sys.stderr)
+        only_failed = options.retry_failed and options.only_failed
+        if only_failed and not prior.retried:
+            raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
+                                 f"({resume_command(job, run_dir)} runs the items no pass has "
+                                 "run, if any)")
+        # Lines appended since the pass that read the input whole are items no pass has run.
+        read_before = input_read_whole(manifest, more_after=functools.partial(
+            holds_more, job.input_path, fmt=job.spec.input.format))
+        way_on, retrying = choose_way_on(job, run_dir, options, read_before)
+        info = {"segment": segment, "retry_failed": options.retry_failed,
+                "only_failed": only_failed, "input_read_before": read_before,
+                # So that `report` on this pass, crashed, names the retry as its way on does.
+                "carried_flags": carried_flags(job),
+                "repaired": prior.notes, "dead_letters_retried": prior.retried,
+                "already_done": len(prior.done), "answer_settings_changed": changed,
+                "input_unchecked": unchecked, "results_changed": results_changed}
+        # Lines an earlier pass read were judged then: their rejects are on record already.
+        judged = _lines_read_before(manifest)
+        return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
+                    prior.retried_ids if only_failed else None, judged,
+                    read_before, way_on=way_on, way_on_retrying=retrying,
+                    retried=prior.retried_ids if options.retry_failed else None,
+                    killed_rejects=_killed_rejects(run_dir, manifest, judged))
+    except BaseException:
+        # A stop (Ctrl-C, SIGTERM) or an error before `run` holds the pass: the run stays
+        # (earlier passes' work is in it), but the dead letters this pass set aside go back,
+        # under the lock still (`run`'s own clean-up needs the pass this returns).
+        if segment is not None:
+            _undo_unrecorded(run_dir.path, segment)
         lock.close()
-        raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
-                             f"({resume_command(job, run_dir)} runs the items no pass has run, "
-                             "if any)")
-    # Lines appended since the pass that read the input whole are items no pass has run.
-    read_before = input_read_whole(manifest, more_after=functools.partial(
-        holds_more, job.input_path, fmt=job.spec.input.format))
-    way_on, retrying = choose_way_on(job, run_dir, options, read_before)
-    info = {"segment": segment, "retry_failed": options.retry_failed,
-            "only_failed": only_failed, "input_read_before": read_before,
-            # So that `report` on this pass, crashed, names the retry as its way on does.
-            "carried_flags": carried_flags(job),
-            "repaired": prior.notes, "dead_letters_retried": prior.retried,
-            "already_done": len(prior.done), "answer_settings_changed": changed,
-            "input_unchecked": unchecked, "results_changed": results_changed}
-    # Lines an earlier pass read were judged then: their rejects are on record already.
-    judged = _lines_read_before(manifest)
-    return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
-                prior.retried_ids if only_failed else None, judged,
-                read_before, way_on=way_on, way_on_retrying=retrying,
-                retried=prior.retried_ids if options.retry_failed else None,
-                killed_rejects=_killed_rejects(run_dir, manifest, judged))
+        raise
 
 
 def choose_way_on(job: LoadedJob, run_dir: RunDir, options: RunOptions,

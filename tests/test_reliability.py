@@ -29,6 +29,7 @@ import orjson
 import psutil
 import pytest
 
+from shardrun import resume, runner
 from shardrun.resume import restore_unretried, unreached_set_aside
 from shardrun.shard import BESIDE_CAP_MAX
 from shardrun.sim.config import SimConfig
@@ -3341,6 +3342,40 @@ def test_a_pass_whose_shards_keep_dying_names_the_command_that_continues_it(
     resumed = run_cli(*command[1:], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+@pytest.mark.parametrize("where", ["rejects", "pass"])
+def test_a_stop_while_a_retry_pass_is_prepared_puts_its_dead_letters_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A stop (SIGTERM is a KeyboardInterrupt until the coordinator takes over) landing after a
+    retry pass set its dead letters aside but before `run` holds the pass (reading the rejects
+    a killed pass left, making the pass): they are back in dead/ and the run is let go, as a
+    stop once the pass is held leaves them; else export counted them pending until the next
+    pass. The run itself stays."""
+    _, path, dead = _failed_dead_letters(tmp_path, 40)
+
+    def stop(*_: object, **__: object) -> Any:
+        assert (path / "dead" / "superseded-r1").is_dir()  # set aside by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_killed_rejects" if where == "rejects" else "Pass", stop)
+    taken: list[resume.RunLock] = []
+    real_lock_run = resume.lock_run
+
+    def lock_run(*args: Any, **kwargs: Any) -> resume.RunLock:
+        taken.append(real_lock_run(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(resume, "lock_run", lock_run)
+    job = runner.load_job(tmp_path / "job.yaml", env={},
+                          flags={"runs_dir": str(tmp_path / "runs")})
+    with pytest.raises(KeyboardInterrupt):
+        runner._open_pass(job, runner.RunOptions(resume=path.name, retry_failed=True,
+                                                 only_failed=True))
+    assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
+    assert not (path / "dead" / "superseded-r1").exists()
+    assert (path / "manifest.json").is_file() and not Run.load(path).manifest.get("resumes")
+    assert taken and taken[0].gate.closed and taken[0].held.closed  # the run let go
 
 
 def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Path) -> None:

@@ -223,7 +223,7 @@ def test_a_stop_before_the_run_begins_leaves_no_half_made_run(tmp_path: Path) ->
     assert again.returncode == 0, again.stderr
 
 
-@pytest.mark.parametrize("where", ["mkdir", "lock"])
+@pytest.mark.parametrize("where", ["mkdir", "lock", "pass"])
 def test_a_stop_while_the_run_directory_is_made_leaves_none(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """The test above sends its SIGTERM once the run directory exists, which now and then fell
@@ -239,12 +239,14 @@ def test_a_stop_while_the_run_directory_is_made_leaves_none(
             raise KeyboardInterrupt
         real_mkdir(self, *args, **kwargs)
 
-    def lock_run(path: Path) -> object:
+    def stop(*_: object, **__: object) -> Any:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
     if where == "lock":
-        monkeypatch.setattr(resume, "lock_run", lock_run)
+        monkeypatch.setattr(resume, "lock_run", stop)
+    if where == "pass":  # the pass being made, after its lock: still before `run` holds it
+        monkeypatch.setattr(runner, "Pass", stop)
     job = load_job(tmp_path / "job.yaml", env={}, flags={"runs_dir": str(tmp_path / "runs")})
     with pytest.raises(KeyboardInterrupt):
         runner._open_pass(job, runner.RunOptions(run_id="early"))
