@@ -173,8 +173,12 @@ class ProgressView:
         clock: Callable[[], float] = time.monotonic,
         max_shard_rows: int = 16,
         count: Callable[[threading.Event], int | None] | None = None,
+        limit: int | None = None,
     ) -> None:
         self.total, self.quiet, self.interval = total, quiet, interval
+        # --limit: a total that is the limit counts items, not the lines rejected on the way,
+        # which are done too (`rejected`): until the input's end (`set_total`) they are added.
+        self.limit = limit
         self.stream = stream if stream is not None else sys.stderr
         if console is None and not quiet and (
             tty or (tty is None and _may_be_terminal(self.stream))
@@ -211,6 +215,14 @@ class ProgressView:
 
     def set_total(self, n: int | None) -> None:
         self.total, self._total_known = n, True
+
+    def _total(self) -> int | None:
+        """The total shown: a --limit pass's rejected lines are done, and no item of its limit
+        (a --limit 1000 pass of half rejected lines showed 1,616/1,000 done, ETA 0:00)."""
+        if self._total_known or self.total is None or self.limit is None or (
+                self.total < self.limit):
+            return self.total  # the input's end, or a count of lines, holds them already
+        return self.total + self.rejected()
 
     def _run_count(self, count: Callable[[threading.Event], int | None]) -> None:
         self._counted = count(self._stop_count)
@@ -299,7 +311,7 @@ class ProgressView:
         # The shard that heard last: one shard hearing answers means the endpoint answers.
         unheard = min((float(g.get("unheard_s") or 0) for g in sending), default=0.0)
         silent_s = None if unheard < SILENT_AFTER_S or down or failing_s else unheard
-        return Snapshot(now - self.started, self.total, sums["ok"], sums["dead"],
+        return Snapshot(now - self.started, self._total(), sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
                         failing_s, failing.get("failing_cause") if failing_s else None,

@@ -429,7 +429,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
                         read_past_only=bool(this.info.get("results_changed")))
     view = ProgressView(_left(None, this, options.limit), quiet=options.quiet,
                         interval=options.progress_interval,
-                        count=_total_count(job, this, options.limit))
+                        count=_total_count(job, this, options.limit), limit=options.limit)
     coordinator = Coordinator(shard_template(job, this, endpoint), shards,
                               source, this.run_dir, view,
                               (spec.rate_limits.rpm, spec.rate_limits.tpm),

@@ -557,6 +557,24 @@ def test_rejected_input_lines_count_as_failed_and_done_as_the_summary_counts_the
     assert "3 succeeded, 1 failed;" in clean.final_line()
 
 
+def test_a_limit_passs_total_holds_its_rejected_lines_as_its_done_does() -> None:
+    """--limit makes the total a count of items, and rejected lines are done too: a --limit
+    1000 pass over an input of one rejected line per item showed 1,616/1,000 done (161.6%),
+    ETA 0:00. Until the input's end they are added to the limit; a count of lines (fewer than
+    the limit) holds them already, as the input's end does."""
+    clock = Clock()
+    view = ProgressView(1_000, tty=False, stream=StringIO(), clock=clock, limit=1_000)
+    view.rejected = lambda: 600
+    view.update(0, {"ok": 500, "dead": 0})
+    assert (view.snapshot().done, view.snapshot().total) == (1_100, 1_600)
+    view.set_total(1_900)  # the input ended: 1,000 items taken, 900 lines rejected
+    assert view.snapshot().total == 1_900
+    counted = ProgressView(300, tty=False, stream=StringIO(), clock=clock, limit=1_000)
+    counted.rejected = lambda: 100
+    assert counted.snapshot().total == 300  # the input's lines, its rejected ones among them
+    assert ProgressView(1_000, tty=False, stream=StringIO(), clock=clock).snapshot().total == 1_000
+
+
 def test_a_run_of_mostly_rejected_lines_shows_them_failed_while_it_goes(tmp_path: Path) -> None:
     """A real run whose input is mostly rejected lines, its few items slow to answer: every
     progress line printed while they are out counts the rejected lines among the failed, as
