@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _status_mb(field: str) -> float:
+def status_mb(field: str) -> float:
     """A field of /proc/self/status in MB: VmRSS now, VmHWM the peak."""
     with open("/proc/self/status") as status:
         for line in status:
@@ -43,7 +43,7 @@ def child(src: str, path: Path) -> None:
     sys.path.insert(0, src)
     from shardrun.inputs import InputPlan, InputReader
 
-    base = _status_mb("VmRSS")
+    base = status_mb("VmRSS")
     reader = InputReader(path, InputPlan(format="csv"))
     started = last = time.perf_counter()
     longest = 0.0
@@ -57,8 +57,8 @@ def child(src: str, path: Path) -> None:
             rejected_lines += 1
     wall = time.perf_counter() - started
     reader.close()
-    print(json.dumps({"peak_mb": _status_mb("VmHWM") - base,
-                      "end_mb": _status_mb("VmRSS") - base,
+    print(json.dumps({"peak_mb": status_mb("VmHWM") - base,
+                      "end_mb": status_mb("VmRSS") - base,
                       "longest_s": longest, "items": items, "rejects": rejected_lines,
                       "wall_s": wall}))
 
@@ -76,18 +76,28 @@ def write_inputs(folder: Path, rows: int) -> dict[str, Path]:
     return {"clean (reference)": clean, "stray quote": stray}
 
 
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--src NAME=DIR`, the trees to compare, and `--child SRC PATH`, one read in a child."""
+    parser.add_argument("--src", action="append", default=[],
+                        help="NAME=DIR: a directory holding a shardrun package (repeatable)")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+
+
+def trees(args: argparse.Namespace) -> dict[str, str]:
+    """The trees `--src` names, by name; this checkout when it names none."""
+    return dict(s.split("=", 1) for s in args.src) or {"this tree": str(ROOT)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--src", action="append", default=[],
-                        help="NAME=DIR: a directory holding a shardrun package (repeatable)")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    add_tree_arguments(parser)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return
-    sources = dict(s.split("=", 1) for s in args.src) or {"this tree": str(ROOT)}
+    sources = trees(args)
     with tempfile.TemporaryDirectory(prefix="bench_csv_quote-") as folder:
         files = write_inputs(Path(folder), args.rows)
         runs: dict[tuple[str, str], list[dict[str, float]]] = {}

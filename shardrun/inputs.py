@@ -195,17 +195,24 @@ class InputReader:
 
     def _line_items(self, blanks: bool) -> Iterator[dict[str, Any] | Reject | None]:
         limit = MAX_LINE_BYTES  # a local: looked up per line
+        block = CHUNK
         with self._file:
-            for raw in iter(functools.partial(self._file.readline, limit + _SLACK), b""):
-                if not raw.endswith(b"\n"):  # the file's end: the last line, or a cut
+            for raw in iter(functools.partial(self._file.readline, block), b""):
+                if raw.endswith(b"\n"):
+                    self._count(raw)
+                elif len(raw) < block:  # the file's end: the last line, or a cut
                     self._check_not_cut(len(raw))
-                self._count(raw)
+                    self._count(raw)
+                elif isinstance(line := _line_on(self._file, raw, self._take), int):
+                    self.lines_read += 1  # a record over the limit, read past: its size
+                    yield self._too_long_reject(line)
+                    continue
+                else:
+                    raw = line
                 self.lines_read += 1
                 # With its BOM and line break: the record may be no longer.
-                if len(raw) > limit and (size := _record_over(self._file, raw, self._count)):
-                    if self.keep_records:
-                        self.record = None  # not the line before's (export's input column)
-                    yield Reject(self.lines_read, _too_long(size))
+                if len(raw) > limit and (size := _record_size(raw)) > limit:
+                    yield self._too_long_reject(size)
                     continue
                 raw = raw.removeprefix(BOM)  # any line's: see BOM
                 if not raw.strip():
@@ -220,6 +227,18 @@ class InputReader:
                 else:
                     yield line_item(record, raw, self.lines_read, self.fields)
             self._check_not_cut(0)
+
+    def _take(self, data: bytes) -> None:
+        """Count a block of a line longer than a block (`_line_on`), as a line is counted."""
+        if not data.endswith(b"\n"):  # maybe the file's end: the last line, or a cut
+            self._check_not_cut(len(data))
+        self._count(data)
+
+    def _too_long_reject(self, size: int) -> Reject:
+        """The reject of the line just read, whose record is `size` bytes, over the limit."""
+        if self.keep_records:
+            self.record = None  # not the line before's (export's input column)
+        return Reject(self.lines_read, _too_long(size))
 
     def _check_not_cut(self, more: int) -> None:
         """Raise InputCut if the file is now shorter than what has been read of it and `more`
@@ -339,47 +358,60 @@ of no line breaks, a stray binary dump) was read whole into memory, and the coor
 run out of it."""
 
 
-_SLACK = len(BOM) + 3
-"""Bytes a line is read to past MAX_LINE_BYTES: a record of the limit's length with a BOM before
-it and a CRLF after is read whole (and one byte more tells a longer one)."""
-
-
 def bounded_lines(file: IO[bytes]) -> Iterator[bytes | None]:
     """The file's lines, as iterating it gives them, but one whose record is longer than
-    MAX_LINE_BYTES as None, read past in blocks (`_record_over`)."""
-    limit = MAX_LINE_BYTES
-    for raw in iter(functools.partial(file.readline, limit + _SLACK), b""):
-        if len(raw) > limit and _record_over(file, raw, _unread):
+    MAX_LINE_BYTES as None, read past in blocks (`_line_on`)."""
+    limit, block = MAX_LINE_BYTES, CHUNK
+    for raw in iter(functools.partial(file.readline, block), b""):
+        if len(raw) == block and not raw.endswith(b"\n"):
+            line = _line_on(file, raw, _unread)
+            yield None if isinstance(line, int) else line
+        elif len(raw) > limit and _record_size(raw) > limit:
             yield None
-            continue
-        yield raw
+        else:
+            yield raw
 
 
-def _record_over(file: IO[bytes], raw: bytes, on_bytes: Callable[[bytes], None]) -> int:
-    """Of a line read up to MAX_LINE_BYTES + _SLACK bytes, longer than MAX_LINE_BYTES with its
-    BOM and line break: its record's length (without a BOM before it or the line break after:
-    the limit is the record's, whatever ends the line) if that is over the limit, else 0 (the
-    line is whole in `raw`). A line that goes on past what was read is read past in blocks
-    (`file.readline(CHUNK)`: a line of gigabytes is never held whole), each passed to
-    `on_bytes` after `raw` was."""
-    size = len(raw) - (len(BOM) if raw.startswith(BOM) else 0)
-    if raw.endswith(b"\n"):
-        size -= 2 if raw.endswith(b"\r\n") else 1
-    elif len(raw) == MAX_LINE_BYTES + _SLACK:  # the line goes on
-        cr = raw.endswith(b"\r")
-        while block := file.readline(CHUNK):
-            on_bytes(block)
-            size += len(block)
-            if block[-1:] == b"\n":
-                # The line break: an LF, or a CRLF, the CR maybe the block before's last byte.
-                size -= 2 if block.endswith(b"\r\n") or (block == b"\n" and cr) else 1
-                break
-            cr = block[-1:] == b"\r"
-    return size if size > MAX_LINE_BYTES else 0
+def _record_size(line: bytes) -> int:
+    """The length of a line's record: without a BOM before it or the line break after (the
+    limit is the record's, whatever ends the line)."""
+    size = len(line) - (len(BOM) if line.startswith(BOM) else 0)
+    if line.endswith(b"\n"):
+        size -= 2 if line.endswith(b"\r\n") else 1
+    return size
+
+
+def _line_on(file: IO[bytes], first: bytes, on_bytes: Callable[[bytes], None]) -> bytes | int:
+    """Of a line whose first block `first` (CHUNK bytes) was read without its end: the whole
+    line, if its record is no longer than MAX_LINE_BYTES, else the record's length (as
+    `_record_size`), the file left after the line either way. Each byte of the line is passed
+    to `on_bytes` once, in the file's order, in blocks as they are read.
+
+    The line is read to its end in blocks, none kept, then read again whole if it is to be a
+    record (a copy from the page cache): `readline(MAX_LINE_BYTES)` held the blocks it read
+    and then their join, twice the limit (129 MiB) for a line it then passed over. The bytes
+    counted are those of the first read: a file rewritten in place between the two reads is
+    no more read as one version than a file rewritten between any two lines is."""
+    start = file.tell() - len(first)
+    on_bytes(first)
+    length, tail = len(first), first[-2:]  # `tail`: the line's last two bytes
+    while block := file.readline(CHUNK):
+        on_bytes(block)
+        length += len(block)
+        tail = block[-2:] if len(block) > 1 else tail[-1:] + block
+        if block[-1:] == b"\n":
+            break
+    size = length - (len(BOM) if first.startswith(BOM) else 0)
+    if tail[-1:] == b"\n":
+        size -= 2 if tail == b"\r\n" else 1
+    if size > MAX_LINE_BYTES:
+        return size
+    file.seek(start)
+    return file.read(length)
 
 
 def _unread(_: bytes) -> None:
-    """`_record_over`'s `on_bytes` for a reader that counts no bytes (`bounded_lines`)."""
+    """`_line_on`'s `on_bytes` for a reader that counts no bytes (`bounded_lines`)."""
 
 
 def _too_long(size: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shardrun import inputs
 from shardrun.errors import InputCut, SpecError
 from shardrun.inputs import InputPlan, InputReader, Reject
 from shardrun.manifest import RunOn, file_digest, input_at_start, prefix_digests, run_on
@@ -785,6 +786,25 @@ def test_an_input_emptied_under_the_reader_at_a_line_end_is_a_cut_not_an_end(
     # a pass says its own way on instead (`runner._said`).
     assert str(cut.value).endswith("put the file back as it was (lines added at its end are "
                                    "fine), then run the command again")
+
+
+def test_a_line_longer_than_a_block_cut_under_the_reader_is_no_item(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line longer than a block is read on in blocks, then again whole (`inputs._line_on`):
+    each block that ends short of a line break asks whether the file was cut, so a line the
+    cut ran through is no item, though the reader's buffer held it whole. Blocks of 16 bytes
+    here."""
+    monkeypatch.setattr(inputs, "CHUNK", 16)
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(b'{"id": "a", "prompt": "p"}\n{"id": "b", "prompt": "' + b"w" * 40 + b'"}\n')
+    reader = InputReader(path, InputPlan())
+    entries = iter(reader)
+    assert next(entries) == {"id": "a", "prompt": "p"}  # the whole file is in its buffer now
+    os.truncate(path, 40)
+    read: list[Any] = []
+    with pytest.raises(InputCut, match=r"holds 40 bytes now, and 43 had been read"):
+        read.extend(entries)
+    assert read == []
 
 
 def test_an_input_file_that_grows_under_the_reader_is_read_on(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import socket
+import tracemalloc
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -85,6 +86,29 @@ def test_a_repeated_id_is_a_reject_as_in_a_run(tmp_path: Path) -> None:
     assert [(r.line, r.reason) for r in check.first_rejects] == [
         (3, "duplicate id 'a' (an earlier line has it)")]  # fmt: skip
     assert validate(str(path), "--strict")[0] == 1
+
+
+def test_a_file_of_one_line_over_the_limit_is_checked_holding_about_a_block(
+        tmp_path: Path) -> None:
+    """A file of one line and no line break (191 MB of a dump) peaked validate at 173 MB: its
+    reader read the line to the 64 MiB limit, which `readline` held twice (its blocks and
+    their join), to reject it. It is read past in blocks: one rejected line, every byte read."""
+    path = write_job(tmp_path / "job.yaml")
+    with open(tmp_path / "input.jsonl", "wb") as f:
+        f.write(b'{"id": "big", "prompt": "')
+        for _ in range(65):
+            f.write(b"x" * (1 << 20))
+    job = load_job(path, env={}, flags={})
+    tracemalloc.start()
+    try:
+        check = check_input(job)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = (65 << 20) + len(b'{"id": "big", "prompt": "')
+    assert (check.items, check.rejects, check.lines, check.bytes_read) == (0, 1, 1, size)
+    assert check.first_rejects[0].reason.startswith(f"line is {size:,} bytes, longer than the")
+    assert peak < (8 << 20), peak  # was 129 MiB: twice the limit
 
 
 def test_a_request_larger_than_a_minute_of_the_tpm_share_is_warned(tmp_path: Path) -> None:
