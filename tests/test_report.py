@@ -777,3 +777,44 @@ def test_an_html_page_to_dev_stdout_into_a_pipe_is_written(real_run: Path,
     link.symlink_to(page)
     assert main(["report", str(real_run), "--html", str(link)]) == 0
     assert link.is_symlink() and page.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_shows_each_pass_with_its_settings_their_source_and_its_throughput(
+        tmp_path: Path) -> None:
+    """A run resumed with a lower concurrency from SHARDRUN_CONCURRENCY: the report lists each
+    pass with its shards and cap and where they came from (job file, flag, environment), its
+    own successes and TPM, and the share of its attempts the server throttled (429), so the
+    reader sees what the change did; the blended run figures alone could not say it."""
+    write_input(tmp_path / "input.jsonl", 60)
+    sim = {**FAST_SIM, "fail_429": 0.3, "retry_after_s": 0.01}
+    job = write_job(tmp_path / "job.yaml", endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
+        retry={"max_attempts": 10, "budget_ratio": 5})
+    first = run_cli("run", str(job), "--limit", "20", "--shards", "3", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run_cli("run", str(job), "--resume", "latest", "--quiet", cwd=tmp_path,
+                     env={"SHARDRUN_CONCURRENCY": "2"})
+    assert second.returncode == 0, second.stderr
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = orjson.loads(run_cli("report", str(run_dir), "--json", cwd=tmp_path).stdout)
+    passes = doc["run"]["passes"]
+    assert [(p["segment"], p["kind"], p["status"]) for p in passes] == [
+        (0, "first", "succeeded"), (1, "resume", "succeeded")]
+    assert [p["settings"]["shards"] for p in passes] == [
+        {"value": 3, "source": "flag --shards"}, {"value": 2, "source": "job file"}]
+    assert [p["settings"]["concurrency"] for p in passes] == [
+        {"value": 8, "source": "job file"}, {"value": 2, "source": "env SHARDRUN_CONCURRENCY"}]
+    assert [p["caps"] for p in passes] == [[8], [2]]
+    assert [p["succeeded"] for p in passes] == [20, 40]
+    for p in passes:
+        assert p["attempts"] == p["succeeded"] + p["http_429"] and p["http_429"] > 0
+        assert p["http_429_share"] == round(p["http_429"] / p["attempts"], 6)
+        assert p["completion_tpm"] == round(
+            p["completion_tokens"] * 60 / (p["end_t"] - p["start_t"]), 1)
+    assert sum(p["completion_tokens"] for p in passes) == doc["items"]["completion_tokens"]
+    text = run_cli("report", str(run_dir), cwd=tmp_path).stdout
+    rows = text.split("\nPasses (", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert [row.split()[:6] for row in rows] == [
+        ["0", "first", "succeeded", "3", "(flag", "--shards)"],
+        ["1", "resume", "succeeded", "2", "(job", "file)"]]
+    assert "2 (env SHARDRUN_CONCURRENCY)" in rows[1] and "8 (job file)" in rows[0]

@@ -20,6 +20,7 @@ from shardrun.aggregate._dist import Dist, DistStats
 from shardrun.aggregate._document import METHOD_VERSION, SCHEMA, RunFacts, build_report
 from shardrun.aggregate._metrics import ratio
 from shardrun.aggregate._minutes import MinuteCell, MinuteTally
+from shardrun.aggregate._passes import pass_settings
 from shardrun.aggregate._segments import BUCKETS, SEGMENT_LABELS, segment_of
 from shardrun.aggregate._shard import MINUTES_ONLY_EVENTS, ShardFold
 from shardrun.aggregate._steps import Scheduler, StepTrace
@@ -50,6 +51,7 @@ __all__ = [
     "is_full",
     "minute_label",
     "parse_minute",
+    "pass_settings",
     "pricing_from_effective",
     "ratio",
     "segment_of",

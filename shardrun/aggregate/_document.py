@@ -21,6 +21,7 @@ from shardrun.aggregate._metrics import (
     loop_lag_section,
     windows,
 )
+from shardrun.aggregate._passes import passes_section
 from shardrun.aggregate._scheduler import scheduler_section
 from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
 from shardrun.aggregate._tpm import tpm_section
@@ -43,6 +44,8 @@ class RunFacts:
     pricing: Pricing | None = None
     files: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Pass K's kind and turnable settings with their sources (`pass_settings`), from the manifest.
+    passes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def build_report(facts: RunFacts, coords: list[CoordinatorSummary],
@@ -56,7 +59,7 @@ def build_report(facts: RunFacts, coords: list[CoordinatorSummary],
         "schema": SCHEMA,
         "generator": f"shardrun {__version__}",
         "method_version": METHOD_VERSION,
-        "run": _run(facts, coords, spans, duration, len(shards)),
+        "run": _run(facts, coords, shards, duration),
         "integrity": _integrity(facts.files),
         "items": items,
         "tpm": tpm_section(shards, spans, duration),
@@ -80,8 +83,9 @@ def build_report(facts: RunFacts, coords: list[CoordinatorSummary],
     return doc
 
 
-def _run(facts: RunFacts, coords: list[CoordinatorSummary], spans: list[tuple[float, float]],
-         duration: float, n_shards: int) -> dict[str, Any]:
+def _run(facts: RunFacts, coords: list[CoordinatorSummary], shards: list[ShardSummary],
+         duration: float) -> dict[str, Any]:
+    passes = passes_section(coords, shards, facts.passes)
     last = max(coords, key=lambda c: c.segment, default=CoordinatorSummary())
     return {
         "run_id": facts.run_id, "dir": facts.run_dir, "state": facts.state,
@@ -90,10 +94,9 @@ def _run(facts: RunFacts, coords: list[CoordinatorSummary], spans: list[tuple[fl
         # Passes stopped by an outage or a storm: triage names it even if no held retry was sent.
         "stopped_by": [c.stopped_by for c in sorted(coords, key=lambda c: c.segment)
                        if c.stopped_by],
-        "start_t": min((s for s, _ in spans), default=None),
-        "end_t": max((e for _, e in spans), default=None),
-        "passes": [{"start_t": s, "end_t": e} for s, e in spans],
-        "duration_s": round(duration, 6), "shard_logs": n_shards,
+        "start_t": min((p["start_t"] for p in passes), default=None),
+        "end_t": max((p["end_t"] for p in passes), default=None),
+        "passes": passes, "duration_s": round(duration, 6), "shard_logs": len(shards),
     }  # fmt: skip
 
 

@@ -34,17 +34,27 @@ def windows(coords: list[CoordinatorSummary], shards: list[ShardSummary]) -> lis
 
     A run has one pass, plus one per resume; time between passes belongs to no window.
     """
-    out = []
-    for seg in sorted({c.segment for c in coords} | {s.segment for s in shards}):
-        c = next((c for c in coords if c.segment == seg), CoordinatorSummary())
-        mine = [s for s in shards if s.segment == seg]
-        firsts = [t for t in [c.first_t, *(s.first_t for s in mine)] if t is not None]
-        lasts = [t for t in [c.last_t, *(s.last_t for s in mine)] if t is not None]
-        start = c.run_start if c.run_start is not None else min(firsts, default=None)
-        end = c.run_end if c.run_end is not None else max(lasts, default=None)
-        if start is not None and end is not None:
-            out.append((start, max(start, end)))
-    return out
+    found = (pass_window(seg, coords, shards) for seg in segments_of(coords, shards))
+    return [w for w in found if w is not None]
+
+
+def segments_of(coords: list[CoordinatorSummary], shards: list[ShardSummary]) -> list[int]:
+    """The passes that left a log, in order."""
+    return sorted({c.segment for c in coords} | {s.segment for s in shards})
+
+
+def pass_window(seg: int, coords: list[CoordinatorSummary],
+                shards: list[ShardSummary]) -> Window | None:
+    """Pass `seg`'s window, or None when neither its coordinator nor its shards logged a time."""
+    c = next((c for c in coords if c.segment == seg), CoordinatorSummary())
+    mine = [s for s in shards if s.segment == seg]
+    firsts = [t for t in [c.first_t, *(s.first_t for s in mine)] if t is not None]
+    lasts = [t for t in [c.last_t, *(s.last_t for s in mine)] if t is not None]
+    start = c.run_start if c.run_start is not None else min(firsts, default=None)
+    end = c.run_end if c.run_end is not None else max(lasts, default=None)
+    if start is None or end is None:
+        return None
+    return start, max(start, end)
 
 
 def _stats(d: Dist) -> dict[str, Any] | None:

@@ -16,9 +16,9 @@ MAX_SHARD_COLUMNS = 8
 def format_report(doc: dict[str, Any]) -> str:
     """The whole terminal report."""
     parts = [
-        format_header(doc), format_items(doc), format_tpm(doc), format_latency(doc),
-        format_segments(doc), format_attempts(doc), format_scheduler(doc), format_cost(doc),
-        format_integrity(doc), format_triage(doc), format_notes(doc),
+        format_header(doc), format_passes(doc), format_items(doc), format_tpm(doc),
+        format_latency(doc), format_segments(doc), format_attempts(doc), format_scheduler(doc),
+        format_cost(doc), format_integrity(doc), format_triage(doc), format_notes(doc),
     ]  # fmt: skip
     return "\n\n".join(p for p in parts if p)
 
@@ -33,6 +33,38 @@ def format_header(doc: dict[str, Any]) -> str:
         f"({num(run['duration_s'], 1)} s in {len(run['passes'])} pass"
         f"{'es' if len(run['passes']) != 1 else ''}, {run['shard_logs']} shard logs)",
     ])  # fmt: skip
+
+
+def format_passes(doc: dict[str, Any]) -> str:
+    """Each pass's settings, where they came from and what it achieved; none for a lone pass."""
+    passes = doc["run"]["passes"]
+    if len(passes) < 2:
+        return ""
+    rows = []
+    for p in passes:
+        settings = p.get("settings") or {}
+        rows.append([
+            str(p["segment"]), p.get("kind") or "?", p.get("status") or "?",
+            _setting(settings.get("shards")), _setting(settings.get("concurrency")),
+            _setting(settings.get("rate_limits.rpm")), _setting(settings.get("rate_limits.tpm")),
+            num(p["succeeded"]), num(p["dead"]), num(p["completion_tpm"]),
+            pct(p["http_429_share"]), pct(p["rate_limited_share"]),
+        ])  # fmt: skip
+    headers = ["pass", "kind", "status", "shards", "concurrency", "rpm", "tpm", "ok", "dead",
+               "TPM", "429s", "rate-limited"]
+    return "\n".join([
+        "Passes (each setting's source unless a default; TPM over the pass's window; 429s of "
+        "its attempts; rate-limited: its slot time under backlog a rate limit held)",
+        *table(headers, rows)])
+
+
+def _setting(entry: Any) -> str:
+    """`8 (env SHARDRUN_CONCURRENCY)`; a default or unset limit as its value alone."""
+    if not isinstance(entry, dict):
+        return "?"
+    value = "none" if entry.get("value") is None else short(entry["value"])
+    source = entry.get("source")
+    return value if source in (None, "default") else f"{value} ({source})"
 
 
 def format_items(doc: dict[str, Any]) -> str:
