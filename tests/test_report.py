@@ -783,8 +783,8 @@ def test_report_shows_each_pass_with_its_settings_their_source_and_its_throughpu
         tmp_path: Path) -> None:
     """A run resumed with a lower concurrency from SHARDRUN_CONCURRENCY: the report lists each
     pass with its shards and cap and where they came from (job file, flag, environment), its
-    own successes and TPM, and the share of its attempts the server throttled (429), so the
-    reader sees what the change did; the blended run figures alone could not say it."""
+    own successes, TPM and TTFT, and the share of its attempts the server throttled (429), so
+    the reader sees what the change did; the blended run figures alone could not say it."""
     write_input(tmp_path / "input.jsonl", 60)
     sim = {**FAST_SIM, "fail_429": 0.3, "retry_after_s": 0.01}
     job = write_job(tmp_path / "job.yaml", endpoint={
@@ -792,6 +792,10 @@ def test_report_shows_each_pass_with_its_settings_their_source_and_its_throughpu
         retry={"max_attempts": 10, "budget_ratio": 5})
     first = run_cli("run", str(job), "--limit", "20", "--shards", "3", "--quiet", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
+    # A slower server for the second pass, so that each pass's TTFT is its own.
+    write_job(job, endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                             "sim": {**sim, "ttft_ms": 80}},
+              retry={"max_attempts": 10, "budget_ratio": 5})
     second = run_cli("run", str(job), "--resume", "latest", "--quiet", cwd=tmp_path,
                      env={"SHARDRUN_CONCURRENCY": "2"})
     assert second.returncode == 0, second.stderr
@@ -812,6 +816,14 @@ def test_report_shows_each_pass_with_its_settings_their_source_and_its_throughpu
         assert p["completion_tpm"] == round(
             p["completion_tokens"] * 60 / (p["end_t"] - p["start_t"]), 1)
     assert sum(p["completion_tokens"] for p in passes) == doc["items"]["completion_tokens"]
+    # The median request TTFT of each pass's own answers (t_conn + t_first_token), to within
+    # the quantile sketch's documented error.
+    for p, pattern in zip(passes, ("shard-??.jsonl", "shard-??.r1.jsonl"), strict=True):
+        waits = sorted(r["buckets"]["t_conn"] + r["buckets"]["t_first_token"]
+                       for f in (run_dir / "results").glob(pattern) for r in read_jsonl(f))
+        assert len(waits) == p["succeeded"]
+        low, high = waits[(len(waits) - 1) // 2], waits[len(waits) // 2]
+        assert low * (1 - 0.045) <= p["ttft_request_p50"] <= high * (1 + 0.045)
     text = run_cli("report", str(run_dir), cwd=tmp_path).stdout
     rows = text.split("\nPasses (", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     assert [row.split()[:6] for row in rows] == [

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardrun.aggregate._metrics import pass_window, ratio, segments_of
+from shardrun.aggregate._segments import merge_segments, overall
 from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
 
 # The settings an operator turns between passes, by their manifest key.
@@ -39,6 +40,9 @@ def passes_section(coords: list[CoordinatorSummary], shards: list[ShardSummary],
         throttled = sum(s.by_status.get("http_429", 0) for s in mine)
         # As the scheduler table counts it: slot time the rate limit held while work waited.
         held = sum(s.rate_wait_first_s for s in mine)
+        # The server's own wait per request: it grows with the server's queue, so a pass whose
+        # lower cap cut it and left the TPM as it was ran at the server's pace, not the cap's.
+        ttft = overall(merge_segments([s.segments for s in mine]))["ttft_request"].stats()
         out.append({
             "segment": seg, "start_t": start, "end_t": end, "kind": facts["kind"],
             "settings": facts["settings"], "status": c.run_status, "stopped_by": c.stopped_by,
@@ -48,6 +52,7 @@ def passes_section(coords: list[CoordinatorSummary], shards: list[ShardSummary],
             "http_429": throttled, "http_429_share": ratio(throttled, attempts),
             "rate_limited_share": ratio(held, sum(s.cap_slot_s for s in mine)),
             "completion_tokens": tokens,
+            "ttft_request_p50": None if ttft is None else round(ttft.p50, 6),
             "completion_tpm": round(tokens * 60 / (end - start), 1) if end > start else None,
         })  # fmt: skip
     return out

@@ -48,13 +48,15 @@ def format_passes(doc: dict[str, Any]) -> str:
             _setting(settings.get("shards")), _setting(settings.get("concurrency")),
             _setting(settings.get("rate_limits.rpm")), _setting(settings.get("rate_limits.tpm")),
             num(p["succeeded"]), num(p["dead"]), num(p["completion_tpm"]),
-            pct(p["http_429_share"]), pct(p["rate_limited_share"]),
+            ms(p.get("ttft_request_p50")), pct(p["http_429_share"]),
+            pct(p["rate_limited_share"]),
         ])  # fmt: skip
     headers = ["pass", "kind", "status", "shards", "concurrency", "rpm", "tpm", "ok", "dead",
-               "TPM", "429s", "rate-limited"]
+               "TPM", "TTFT p50 ms", "429s", "rate-limited"]
     return "\n".join([
-        "Passes (each setting's source unless a default; TPM over the pass's window; 429s of "
-        "its attempts; rate-limited: its slot time under backlog a rate limit held)",
+        "Passes (each setting's source unless a default; TPM over the pass's window; TTFT of "
+        "its requests, the server's wait; 429s of its attempts; rate-limited: its slot time "
+        "under backlog a rate limit held)",
         *table(headers, rows)])
 
 
