@@ -199,8 +199,8 @@ class Coordinator:
             # Its work is all reported, its files closed before it said so: the run goes on as
             # if it had exited, and says what happened (killed after closing its output, or
             # its exit unknown because the launcher that forked it was killed).
-            print(f"warning: shard {handle.index} {state.died}; its results stand (it had "
-                  "reported done)", file=sys.stderr)
+            _say(f"warning: shard {handle.index} {state.died}; its results stand (it had "
+                 "reported done)")
             state.died = None
         if state.silenced and state.done is None:
             state.died = state.silenced
@@ -252,8 +252,7 @@ class Coordinator:
             return
         self.failure = exc
         # The error itself is said once the pass has ended, with its way on.
-        print("\nstopping on an error: letting in-flight requests finish (Ctrl-C twice to abort)",
-              file=sys.stderr)
+        _say("\nstopping on an error: letting in-flight requests finish (Ctrl-C twice to abort)")
         for state in self.states:
             state.handle.send({"t": protocol.STOP})
 
@@ -337,8 +336,7 @@ class Coordinator:
         self.interrupts += 1
         kind = protocol.STOP if self.interrupts == 1 else protocol.ABORT
         if self.interrupts == 1:
-            print(f"\nstopping{why}: letting in-flight requests finish ({again} to abort)",
-                  file=sys.stderr)
+            _say(f"\nstopping{why}: letting in-flight requests finish ({again} to abort)")
         for state in self.states:
             state.handle.send({"t": kind})
 
@@ -583,7 +581,7 @@ class Coordinator:
         log_path = self.run_dir.logs / shard_file_name(index, self.config.segment).replace(
             ".jsonl", ".log")
         self.deaths.append(f"shard {index} died ({state.died}); its log is {log_path}")
-        print(f"warning: {self.deaths[-1]}", file=sys.stderr)
+        _say(f"warning: {self.deaths[-1]}")
         ok, dead = state.handle.finished_among(set(state.outstanding))
         self._finished(state, list(ok), list(dead))
         # The lines it wrote after its last report: their tokens and attempts are in no report.
@@ -677,3 +675,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def _say(text: str) -> None:
+    """A line on standard error that cannot stop the run: once its reader has gone (`shardrun
+    job.yaml 2>&1 | head`), the write fails, and the stop or the recovery the line announces
+    must still happen (a first Ctrl-C or SIGTERM raised there and was lost, so the run went on
+    until a second one aborted its in-flight requests)."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr)

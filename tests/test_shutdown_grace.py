@@ -451,3 +451,46 @@ def test_a_stop_during_a_retrys_wait_starts_no_attempt(tmp_path: Path) -> None:
     run = Run.load(only_run(tmp_path / "runs"))
     late = [e for e in run.events if e.get("ev") == "attempt_start" and e["t"] > wall]
     assert late == [] and not run.dead and not run.results
+
+
+def test_a_first_sigterm_stops_gracefully_after_the_reader_of_the_output_left(
+        tmp_path: Path) -> None:
+    """`shardrun job.yaml 2>&1 | head -2`, then SIGTERM: the line announcing the stop cannot be
+    written, and the stop still happens, the in-flight requests finishing (none cancelled).
+    The write's BrokenPipeError used to end the signal handler before it told the shards, so
+    the run went on (for hours, under a rate limit) until a second signal aborted it."""
+    write_input(tmp_path / "input.jsonl", 400)
+    slow = {**FAST_SIM, "ttft_ms": 1500}
+    job = write_job(tmp_path / "job.yaml", endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen(
+        # Items held for a rate limit, as in the incident where it was found: a request each
+        # shard goes at once, the rest wait for hours unless the stop ends the pass.
+        [sys.executable, "-m", "shardrun", "run", str(job), "--progress-interval", "0.2",
+         "--tpm", "1.5"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        for _ in range(2):  # two progress lines: the run is going
+            assert proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves, as `head -2` does
+        events = tmp_path / "runs"
+        for _ in range(600):  # a hang guard: requests go out within a second or two
+            started = [line for f in events.glob("*/events/shard-*.jsonl")
+                       for line in f.read_bytes().splitlines() if b'"attempt_start"' in line]
+            if started:
+                break
+            time.sleep(0.1)
+        assert started
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130  # a hang guard: the stop takes ~1.5 s
+    finally:
+        end_run(proc)
+    run = only_run(events)
+    ends = [r for f in (run / "events").glob("shard-*.jsonl") for r in map(
+        orjson.loads, f.read_bytes().splitlines()) if r["ev"] == "attempt_end"]
+    assert ends and Counter(r["status"] for r in ends) == {"ok": len(ends)}
+    last = orjson.loads((run / "events" / "coordinator.jsonl").read_bytes().splitlines()[-2])
+    assert last["ev"] == "run_end" and last["status"] == "interrupted"
