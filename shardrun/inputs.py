@@ -209,6 +209,8 @@ class InputReader:
                     continue
                 else:
                     raw = line
+                    if not raw.endswith(b"\n"):  # read again short: the file was cut since
+                        self._check_not_cut(0)
                 self.lines_read += 1
                 # With its BOM and line break: the record may be no longer.
                 if len(raw) > limit and (size := _record_size(raw)) > limit:

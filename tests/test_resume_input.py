@@ -807,6 +807,39 @@ def test_a_line_longer_than_a_block_cut_under_the_reader_is_no_item(
     assert read == []
 
 
+def test_a_line_longer_than_a_block_cut_before_it_is_read_again_is_no_reject(
+        tmp_path: Path) -> None:
+    """A line longer than a block, a record, is read on in blocks, then read again whole
+    (`inputs._line_on`): a cut between the two reads left the second short, and the line the
+    file held whole when it was counted and hashed was a reject (not valid JSON) on record
+    before the cut was seen. It is a cut, and the pass stops at the line before."""
+    path = tmp_path / "input.jsonl"
+    first = b'{"id": "a", "prompt": "p"}\n'
+    path.write_bytes(first + b'{"id": "b", "prompt": "' + b"w" * inputs.CHUNK + b'"}\n')
+    reader = InputReader(path, InputPlan())
+    file = reader._file
+
+    class CutBeforeSeek:  # the file cut just before the line is read again
+        def __getattr__(self, name: str) -> Any:
+            return getattr(file, name)
+
+        def __enter__(self) -> CutBeforeSeek:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            file.close()
+
+        def seek(self, offset: int) -> int:
+            os.truncate(path, len(first) + 100)
+            return file.seek(offset)
+
+    reader._file = CutBeforeSeek()  # type: ignore[assignment]
+    read: list[Any] = []
+    with pytest.raises(InputCut, match=r"holds 127 bytes now"):
+        read.extend(reader)
+    assert read == [{"id": "a", "prompt": "p"}]
+
+
 def test_an_input_file_that_grows_under_the_reader_is_read_on(tmp_path: Path) -> None:
     """Lines appended while the reader reads are no cut; nor is a last line without a break."""
     write_input(tmp_path / "input.jsonl", 2)
