@@ -253,6 +253,7 @@ class Coordinator:
         self.failure = exc
         # The error itself is said once the pass has ended, with its way on.
         _say("\nstopping on an error: letting in-flight requests finish (Ctrl-C twice to abort)")
+        self.view.stopping = True
         for state in self.states:
             state.handle.send({"t": protocol.STOP})
 
@@ -337,6 +338,7 @@ class Coordinator:
         kind = protocol.STOP if self.interrupts == 1 else protocol.ABORT
         if self.interrupts == 1:
             _say(f"\nstopping{why}: letting in-flight requests finish ({again} to abort)")
+            self.view.stopping = True  # its line says so, not an ETA
         for state in self.states:
             state.handle.send({"t": kind})
 

@@ -5,8 +5,9 @@ calls `refresh` about four times a second (never per request). On a terminal the
 rich Live display: an overall bar (done / total with an ETA, or a count and a rate when the
 total is unknown), succeeded / failed / retrying, completion TPM and requests/s over the last
 ~10 s, how many requests wait for a rate limit, how long the endpoint has been down while
-shards wait for it (or has failed every request, or has sent nothing back to the requests
-out), and per shard its in_flight / cap and queue depth. Anywhere else (a log
+every shard waits for it (or how many shards wait while the others hear answers; or how long it
+has failed every request, or sent nothing back to the requests out), a stop letting its
+requests in flight finish, and per shard its in_flight / cap and queue depth. Anywhere else (a log
 file, CI) it is one plain line every `interval` seconds, with no escape codes; `quiet` shows
 nothing.
 
@@ -90,8 +91,10 @@ class Snapshot:
     requests_per_s: float | None
     items_per_s: float | None
     shards: tuple[ShardRow, ...]
-    # How long the endpoint has been down, as the shard waiting for it longest saw it; None
-    # while every shard hears answers (`shardrun.outage`).
+    # How long the endpoint has been down while every shard still working waits for it: as the
+    # shard that waited least saw it, so no shard has heard an answer in that time. None while
+    # any hears answers (`shardrun.outage`): the worst shard's wait read "endpoint down for
+    # 0:04" while the others' successes went from 3,137 to 3,199 after a restart.
     down_s: float | None = None
     # Requests held by a rate limit right now (the job's rpm/tpm, or a pause the server's
     # x-ratelimit-* headers asked for): without it, a run held so reads like a hang.
@@ -116,6 +119,20 @@ class Snapshot:
     # Input lines this pass rejected: failed, as the summary counts them (`RunSummary.failed`),
     # and done. A pass of 200,000 rejected lines showed "0 failed" to its end.
     rejected: int = 0
+    # While some shards wait for the endpoint and others hear answers (`down_s` is None): how
+    # many wait, of how many still working, and the longest wait. A shard's probe waits out its
+    # backoff (up to `outage.PROBE_MAX_S`) after the endpoint is back, and a busy server answers
+    # some shards' queued probes late; the endpoint is up, these items only wait their turn.
+    waiting_shards: int = 0
+    working_shards: int = 0
+    waiting_s: float | None = None
+    # A stop letting the requests in flight finish (the first Ctrl-C, SIGTERM, an error): no
+    # ETA then, the run ends once they have.
+    stopping: bool = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(row.in_flight for row in self.shards)
 
     @property
     def done(self) -> int:
@@ -130,10 +147,11 @@ class Snapshot:
         """Seconds left at the current item rate, when the total and a rate are known; none
         while the endpoint is down or fails everything (the rate then says nothing about the
         time left), nor while nothing finished in the window (the smoothed rate only decays
-        then, and an ETA from it would promise an end that nothing says is coming)."""
+        then, and an ETA from it would promise an end that nothing says is coming), nor during
+        a stop (the run ends with its requests in flight, not at the total)."""
         rate = self.items_per_s if self.eta_items_per_s is None else self.eta_items_per_s
         if (self.total is None or not rate or not self.items_per_s or self.down_s is not None
-                or self.failing_s is not None):
+                or self.failing_s is not None or self.stopping):
             return None
         return max(0, self.total - self.done) / rate
 
@@ -145,6 +163,7 @@ class _Shard:
         self.last: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.base: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.gauges: dict[str, Any] = {}
+        self.finished = False  # its last report (`done`) came: it waits for nothing now
 
     def apply(self, report: Mapping[str, Any]) -> None:
         for name in COUNTERS:
@@ -153,6 +172,7 @@ class _Shard:
                 self.base[name] += self.last[name]
             self.last[name] = value
         self.gauges = {name: report.get(name) for name in GAUGES}
+        self.finished = report.get("t") == "done"
 
     def total(self, name: str) -> int:
         return self.base[name] + self.last[name]
@@ -202,6 +222,8 @@ class ProgressView:
         self.skipping_rejected: Callable[[], int] = lambda: 0
         # The input lines this pass rejected so far (set by the coordinator).
         self.rejected: Callable[[], int] = lambda: 0
+        # Set by the coordinator once it has told the shards to stop.
+        self.stopping = False
         self._last_line = self.started
         self._live: Live | None = None
         # The total, counted off the event loop (`count`) while the run goes: a big input's
@@ -301,8 +323,12 @@ class ProgressView:
                                            now - self.started)
             self._eta_at = now
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
-        down = max((float(s.gauges.get("down_s") or 0) for s in self.shards.values()),
-                   default=0.0)
+        working = [s for s in self.shards.values() if not s.finished]
+        waits = [float(s.gauges.get("down_s") or 0) for s in working]
+        waiting = [wait for wait in waits if wait > 0]
+        # Down only while every shard working waits (one hearing answers says the endpoint is
+        # up), and for as long as all have: the least wait.
+        down = min(waits, default=0.0)
         held = sum(int(s.gauges.get("rate_waiting") or 0) for s in self.shards.values())
         failing = max((s.gauges for s in self.shards.values()), default={},
                       key=lambda g: float(g.get("failing_s") or 0))
@@ -318,7 +344,8 @@ class ProgressView:
                         silent_s, sum(int(g["sending"]) for g in sending),
                         self._eta_rate, None if self.skipping is None else self.skipping(),
                         self.skipping_rejected() if self.skipping is not None else 0,
-                        self.rejected())
+                        self.rejected(), 0 if down else len(waiting), len(working),
+                        None if down or not waiting else max(waiting), self.stopping)
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -397,7 +424,8 @@ def format_plain_line(s: Snapshot) -> str:
     eta = "" if s.eta_s is None else f", ETA {clock_text(s.eta_s)}"
     return (f"[{s.elapsed:7.1f}s] {head}: {s.ok:,} ok, {_failed_text(s)}, "
             f"{s.retrying:,} retrying; {_num(s.tpm)} TPM, {_num(s.requests_per_s, 1)} req/s"
-            f"{eta}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
+            f"{eta}{_stopping_text(s)}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
+            f"{_waiting_text(s.waiting_shards, s.working_shards, s.waiting_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
 
@@ -428,6 +456,22 @@ def _down_text(down_s: float | None) -> str:
     if down_s is None:
         return ""
     return f"; endpoint down for {clock_text(down_s)}, items held until it answers"
+
+
+def _waiting_text(waiting: int, working: int, waiting_s: float | None) -> str:
+    """Some shards wait for the endpoint while the others hear answers: it is up, and their
+    items go once their probe is answered."""
+    if waiting_s is None:
+        return ""
+    return (f"; {waiting:,} of {counted(working, 'shard')} waiting for the endpoint "
+            f"(up to {clock_text(waiting_s)}), the others hear answers")
+
+
+def _stopping_text(s: Snapshot) -> str:
+    """A stop: what the run waits for before it ends."""
+    if not s.stopping:
+        return ""
+    return f"; stopping: {counted(s.in_flight, 'request')} in flight to finish"
 
 
 def _failing_text(failing_s: float | None, cause: str | None) -> str:
@@ -491,8 +535,9 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
                           f"elapsed {clock_text(s.elapsed)}"))
     if s.total:
         pct = 100 * s.done / s.total
+        left = "stopping" if s.stopping else f"ETA {clock_text(s.eta_s)}"
         head.add_row(ProgressBar(total=s.total, completed=min(s.done, s.total), width=40),
-                     Text(f"{s.done:,}/{s.total:,}  {pct:.1f}%  ETA {clock_text(s.eta_s)}"))
+                     Text(f"{s.done:,}/{s.total:,}  {pct:.1f}%  {left}"))
     else:
         head.add_row(Text(f"{s.done:,} done  {_num(s.items_per_s, 1)} items/s"))
     counts = Text.assemble(
@@ -504,10 +549,15 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
         ("  │  ", "dim"), f"{_num(s.tpm)} TPM  {_num(s.requests_per_s, 1)} req/s",
         ("  elapsed ", "dim"), clock_text(s.elapsed),
     )  # fmt: skip
+    if s.stopping:
+        counts.append(_stopping_text(s).replace(";", "  │", 1), "yellow")
     if s.rate_waiting:
         counts.append(_held_text(s.rate_waiting).replace(";", "  │", 1), "yellow")
     if s.down_s is not None:
         counts.append(_down_text(s.down_s).replace(";", "  │", 1), "bold red")
+    if s.waiting_s is not None:
+        counts.append(_waiting_text(s.waiting_shards, s.working_shards, s.waiting_s)
+                      .replace(";", "  │", 1), "yellow")
     if s.failing_s is not None:
         counts.append(_failing_text(s.failing_s, s.failing_cause).replace(";", "  │", 1),
                       "bold red")

@@ -111,9 +111,10 @@ def test_tty_mode_renders_counts_and_shards() -> None:
     assert "19,200 TPM  16.0 req/s" in text and "3 / 8" in text and "8 / 8" in text
 
 
-def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
-    """While shards wait for an endpoint that is down (`down_s` in their reports), both views
-    say so, with the longest wait; once every shard hears answers again, neither does."""
+def test_an_endpoint_down_is_shown_while_every_shard_waits_for_as_long_as_all_have() -> None:
+    """While every shard waits for an endpoint that is down (`down_s` in their reports), both
+    views say so, for as long as the shard that waited least (none heard an answer in that
+    time); once every shard hears answers again, neither does."""
     clock, out = Clock(), StringIO()
     view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
     view.start()
@@ -125,11 +126,11 @@ def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
     view.refresh()
     assert ", ETA " in out.getvalue().splitlines()[-1]  # a rate: the time left follows
     view.update(0, report(10, in_flight=0, cap=8, queued=8, retrying=8, down_s=75.4))
-    view.update(1, report(12, in_flight=0, cap=8, queued=8, retrying=8, down_s=3.0))
+    view.update(1, report(12, in_flight=0, cap=8, queued=8, retrying=8, down_s=63.0))
     clock.now += 1
     view.refresh()
     assert out.getvalue().splitlines()[-1].endswith(
-        "; endpoint down for 1:15, items held until it answers")
+        "; endpoint down for 1:03, items held until it answers")
     assert "ETA" not in out.getvalue().splitlines()[-1]  # the rate says nothing of time left
     console_out = StringIO()
     console = Console(file=console_out, force_terminal=True, width=160, color_system=None)
@@ -144,6 +145,60 @@ def test_an_endpoint_down_is_shown_for_the_shard_that_waited_longest() -> None:
     view.refresh()
     assert "endpoint down" not in out.getvalue().splitlines()[-1]
     assert view.snapshot().down_s is None
+
+
+def test_shards_waiting_for_the_endpoint_while_others_succeed_are_no_outage() -> None:
+    """After a restart of a busy endpoint some shards' probes are answered late while the
+    others succeed: the line counts the shards waiting and says the others hear answers, never
+    "endpoint down" (it read so while the successes rose from 3,137 to 3,199), and keeps its
+    ETA. A shard that has finished (its `done` report) waits for nothing."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(4000, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    for second in range(1, 5):
+        clock.now += 1
+        for shard in (0, 1):
+            view.update(shard, report(800 + 31 * second, in_flight=32, cap=32))
+        for shard in (2, 3):  # shard 3's outage began a second after shard 2's
+            view.update(shard, report(760, in_flight=0, cap=32, retrying=32,
+                                      down_s=2.0 * second - (shard - 2)))
+        view.refresh()
+    line = out.getvalue().splitlines()[-1]
+    assert "endpoint down" not in line
+    assert line.endswith("; 2 of 4 shards waiting for the endpoint (up to 0:08), the others "
+                         "hear answers")
+    assert ", ETA " in line  # the endpoint answers: the rate says how long is left
+    console = Console(file=StringIO(), force_terminal=True, width=200, color_system=None)
+    with console.capture() as cap:
+        console.print(view.render())
+    assert "│ 2 of 4 shards waiting for the endpoint (up to 0:08)" in cap.get()
+    view.update(0, {**report(900), "t": "done"})
+    view.update(1, {**report(900), "t": "done"})
+    snap = view.snapshot()
+    # All the shards still working wait: down, for as long as both have.
+    assert snap.down_s == 7.0 and snap.waiting_s is None
+    view.update(2, report(770, in_flight=32, cap=32))
+    assert view.snapshot().waiting_shards == 1 and view.snapshot().working_shards == 2
+
+
+def test_a_stopping_run_says_so_with_its_requests_in_flight_instead_of_an_eta() -> None:
+    """After the first Ctrl-C the run ends with its requests in flight, not at the total: both
+    views say it is stopping and how many requests it waits for, and show no ETA."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(4000, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    feed(view, clock, 3)
+    assert ", ETA " in out.getvalue().splitlines()[-1]
+    view.stopping = True
+    feed(view, clock, 2)
+    line = out.getvalue().splitlines()[-1]
+    assert "ETA" not in line
+    assert "; stopping: 6 requests in flight to finish" in line  # 3 in each of the two shards
+    console = Console(file=StringIO(), force_terminal=True, width=200, color_system=None)
+    with console.capture() as cap:
+        console.print(view.render())
+    assert "ETA" not in cap.get() and "%  stopping" in cap.get()  # where the ETA was
+    assert "│ stopping: 6 requests in flight to finish" in cap.get()
 
 
 def test_a_storm_is_shown_with_its_cause_for_the_shard_in_it_longest() -> None:
@@ -178,7 +233,8 @@ def test_requests_out_with_nothing_heard_are_shown_once_silent_long_enough() -> 
     """Shards report the requests they have out (`sending`) and how long they have heard
     nothing (`unheard_s`). Once every shard sending has heard nothing for SILENT_AFTER_S, both
     views say how long (the shard that heard last) and how many are out; a shard that hears,
-    or a down or failing endpoint's own text, takes it away."""
+    or a down or failing endpoint's own text, takes it away (a shard or two waiting for the
+    endpoint do not)."""
     clock, out = Clock(), StringIO()
     view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
     view.start()
@@ -205,7 +261,13 @@ def test_requests_out_with_nothing_heard_are_shown_once_silent_long_enough() -> 
     view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=0.2))
     assert view.snapshot().silent_s is None  # one shard hears: the endpoint answers
     view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet, down_s=3.0))
+    # One shard of three waits for the endpoint: no outage, and the silence is still news.
+    assert view.snapshot().silent_s == quiet and view.snapshot().down_s is None
+    for shard in (0, 2):
+        view.update(shard, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet, down_s=4.0))
     assert view.snapshot().silent_s is None  # "endpoint down" says it better
+    view.update(0, report(5, in_flight=8, cap=8, sending=8, unheard_s=quiet))
+    view.update(2, report(5, in_flight=2, cap=8, sending=0, unheard_s=0))
     view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet, failing_s=3.0))
     assert view.snapshot().silent_s is None  # and so does "endpoint failing"
     view.update(1, report(5, in_flight=8, cap=8, sending=6, unheard_s=quiet))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -494,3 +495,37 @@ def test_a_first_sigterm_stops_gracefully_after_the_reader_of_the_output_left(
     assert ends and Counter(r["status"] for r in ends) == {"ok": len(ends)}
     last = orjson.loads((run / "events" / "coordinator.jsonl").read_bytes().splitlines()[-2])
     assert last["ev"] == "run_end" and last["status"] == "interrupted"
+
+
+def test_the_progress_line_of_a_stopping_run_says_so_and_shows_no_eta(tmp_path: Path) -> None:
+    """A first SIGINT lets the requests in flight finish: the progress lines printed meanwhile
+    say the run is stopping and how many requests it waits for, with no ETA (it ends with
+    them, not at the total)."""
+    write_input(tmp_path / "input.jsonl", 400)
+    slow = {**FAST_SIM, "ttft_ms": 1500}  # a stop of ~1.5 s: several lines at 0.2 s
+    job = write_job(tmp_path / "job.yaml", endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardrun", "run", str(job), "--progress-interval", "0.2"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        events = tmp_path / "runs"
+        for _ in range(600):  # a hang guard: requests go out within a second or two
+            started = [f for f in events.glob("*/events/shard-*.jsonl")
+                       if b'"attempt_start"' in f.read_bytes()]
+            if started:
+                break
+            time.sleep(0.1)
+        assert started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # a hang guard: the stop takes ~1.5 s
+        assert proc.returncode == 130
+    finally:
+        end_run(proc)
+    after_stop = err.split("stopping: letting in-flight requests finish", 1)[1]
+    lines = [line for line in after_stop.splitlines() if line.startswith("[")]
+    assert lines  # progress lines while the requests in flight finish
+    assert all(", ETA " not in line for line in lines)
+    assert re.search(r"; stopping: [1-9][0-9]* requests? in flight to finish$", lines[0])
