@@ -3,6 +3,7 @@ to import (the shard uses it)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
@@ -51,3 +52,20 @@ def masked_url(url: str) -> str:
         # The host part as written: `hostname` would drop an IPv6 address's brackets.
         parts = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2])
     return url if parts == written else urlunsplit(parts)  # as written when nothing is hidden
+
+
+def endpoint_kind(url: str) -> str:
+    """What a published figure may say of its endpoint without naming a host: 'simulator'
+    (sim://), else the scheme and 'loopback' (this machine) or 'remote', as 'loopback http'."""
+    if url == "sim://":
+        return "simulator"
+    try:
+        parts = urlsplit(url)
+        host, scheme = parts.hostname or "", parts.scheme
+    except ValueError:  # an IPv6 host cut short: what it is cannot be told
+        host, scheme = "", url.partition("://")[0] if "://" in url else ""
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    return f"{'loopback' if local else 'remote'} {scheme or 'unknown'}"

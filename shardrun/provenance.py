@@ -24,8 +24,10 @@ import orjson
 
 from shardrun import __version__
 from shardrun._ellipsis import counted
+from shardrun._urls import endpoint_kind
 from shardrun.aggregate import METHOD_VERSION, is_full, minute_label, parse_minute
 from shardrun.aggregate._metrics import windows
+from shardrun.aggregate._passes import PASS_SETTINGS, recorded_passes
 from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.manifest import read_manifest, recorded_sources
 from shardrun.outpath import (
@@ -51,6 +53,8 @@ SAMPLE_SCHEMA = "shardrun.sample/1"
 METHOD = "completion_tokens_by_last_token_minute"
 FIGURE_FIELDS = ("completion_tokens", "spans", "partial", "lines_counted", "lines_sha256")
 SHARD_FIELDS = ("shard", "file", "completion_tokens", "spans", "lines", "lines_sha256")
+SAMPLE_SETTINGS = (*PASS_SETTINGS, "endpoint.model", "endpoint.api")
+"""The settings a sample states for each pass its minute came from, by their manifest key."""
 FILE_FIELDS = ("lines", "checkpoints", "covered_lines")
 """What a sample says of each file besides its hash and size; checked when the sample has it
 (samples of older versions may lack some)."""
@@ -163,6 +167,49 @@ def figure(loaded: LoadedRun, minute: int) -> Figure:
     return Figure(minute, not is_full(minute, spans), per_shard)
 
 
+def _segment(shard: object) -> int:
+    """The pass of a shard log by its name: '03' is pass 0, '03.r2' pass 2."""
+    _, _, resume = str(shard).partition(".r")
+    return int(resume) if resume.isdigit() else 0
+
+
+def _producing_segments(per_shard: list[dict[str, Any]]) -> list[int]:
+    """The passes whose shard logs counted spans in the minute; all of them when none did."""
+    found = sorted({_segment(s.get("shard")) for s in per_shard if s.get("spans")})
+    return found or sorted({_segment(s.get("shard")) for s in per_shard})
+
+
+def minute_passes(loaded: LoadedRun, fig: Figure) -> list[dict[str, Any]]:
+    """What produced the minute, per pass its spans came from: the settings its manifest entry
+    records ({value, source}: shards, concurrency, rpm and tpm limits, model, api), the kind
+    of endpoint (never its URL, which may name a private host), and what its own shard logs
+    say: how many there are and the caps they started with. A reader of the figure needs the
+    settings of the passes behind it, not the run's first or last."""
+    recorded = recorded_passes(loaded.manifest, SAMPLE_SETTINGS)
+    out = []
+    for seg in _producing_segments(fig.per_shard):
+        logs = [s for s in loaded.shards if s.segment == seg]
+        facts = recorded[seg] if seg < len(recorded) else {"kind": None, "settings": {}}
+        effective = _effective_of(loaded.manifest, seg)
+        url = effective.get("endpoint.base_url")
+        out.append({
+            "segment": seg, "kind": facts["kind"], "settings": facts["settings"],
+            "endpoint_kind": endpoint_kind(url["value"]) if isinstance(url, dict)
+            and isinstance(url.get("value"), str) else None,
+            "shard_logs": len(logs), "caps": sorted({s.cap for s in logs if s.cap}),
+        })  # fmt: skip
+    return out
+
+
+def _effective_of(manifest: dict[str, Any], segment: int) -> dict[str, Any]:
+    """Pass `segment`'s recorded `effective` ({} when it has none)."""
+    resumes = manifest.get("resumes") or []
+    entry = manifest if segment == 0 else (
+        resumes[segment - 1] if segment - 1 < len(resumes) else None)
+    found = entry.get("effective") if isinstance(entry, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 # -- publish -------------------------------------------------------------------------------------
 
 
@@ -183,9 +230,13 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     m = _pick_minute(loaded, minute)
     if warnings is not None and (tail := unproven(loaded, m)) is not None:
         warnings.append(f"minute {minute_label(m)}: {tail}")
+    fig = figure(loaded, m)
     sample = {
         "schema": SAMPLE_SCHEMA, "run_id": loaded.manifest.get("run_id"),
-        **figure(loaded, m).as_dict(),
+        **fig.as_dict(),
+        # Outside every hash (the hashes are of event lines and files), so samples without
+        # it verify as before; verify checks it against the manifest and the logs when given.
+        "passes": minute_passes(loaded, fig),
         "method": {"name": METHOD, "version": METHOD_VERSION},
         "files": [_file_record(s) for s in loaded.scans],
         "generator": f"shardrun {__version__}",
@@ -358,25 +409,99 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
     problem = _altered(loaded)
     if problem is not None:
         raise VerifyError(problem)
-    _check_figure(sample, figure(loaded, _sample_minute(sample)).as_dict())
+    fig = figure(loaded, _sample_minute(sample))
+    _check_figure(sample, fig.as_dict())
+    if "passes" in sample:  # samples of earlier versions have none
+        _check_passes(sample, minute_passes(loaded, fig))
     size = sum(f["bytes"] for f in sample["files"])
     part = " (a partial minute: the run did not cover all of it)" if sample["partial"] else ""
     tail = unproven(loaded, _sample_minute(sample))
     return (f"ok: run {sample['run_id']} minute {sample['minute']}{part}: "
             f"{counted(sample['completion_tokens'], 'completion token')} from "
-            f"{counted(sample['spans'], 'span')} on {_shards_text(sample['per_shard'])}; "
+            f"{counted(sample['spans'], 'span')} on {_shards_text(sample)}; "
             f"{counted(len(sample['files']), 'event file')} ({size:,} bytes) match their "
             "SHA-256; the figure and its counted lines recompute"
             + ("" if tail is None else f"; but {tail}"))
 
 
-def _shards_text(per_shard: list[dict[str, Any]]) -> str:
-    """'2 shards', or for a resumed run, whose every pass has logs of its own, '2 shards
-    (6 shard logs over its passes)'."""
-    shards = {str(s.get("shard")).split(".")[0] for s in per_shard}
-    logs = "" if len(shards) == len(per_shard) else (
-        f" ({counted(len(per_shard), 'shard log')} over its passes)")
-    return counted(len(shards), "shard") + logs
+def _shards_text(sample: dict[str, Any]) -> str:
+    """'2 shards' for a run of one pass; for a resumed run, the shards of the passes the
+    minute's spans came from, as their logs count them: '2 shards of pass 1', '3 shards of pass
+    0 and 2 of pass 1'; with the settings the sample states for them, when it does."""
+    per_shard = sample["per_shard"]
+    segments = _producing_segments(per_shard)
+    logs = {seg: sum(_segment(s.get("shard")) == seg for s in per_shard) for seg in segments}
+    stated = {p.get("segment"): p for p in sample.get("passes") or [] if isinstance(p, dict)}
+    if {_segment(s.get("shard")) for s in per_shard} == {0}:
+        return counted(logs.get(0, 0), "shard") + _settings_text(stated.get(0))
+    return " and ".join(
+        f"{counted(logs[seg], 'shard') if at == 0 else f'{logs[seg]:,}'} of pass {seg}"
+        + _settings_text(stated.get(seg)) for at, seg in enumerate(segments))
+
+
+def _settings_text(stated: dict[str, Any] | None) -> str:
+    """' (concurrency 2 each, rpm 600, no tpm limit, model m, chat, simulator)', from a pass
+    the sample states."""
+    if not stated or not isinstance(stated.get("settings"), dict):
+        return ""
+    settings = stated["settings"]
+
+    def value(key: str) -> Any:
+        found = settings.get(key)
+        return found.get("value") if isinstance(found, dict) else None
+
+    parts = [] if value("concurrency") is None else [f"concurrency {value('concurrency')} each"]
+    for key, name in (("rate_limits.rpm", "rpm"), ("rate_limits.tpm", "tpm")):
+        limit = value(key)
+        parts.append(f"no {name} limit" if limit is None else f"{name} {limit:g}"
+                     if isinstance(limit, int | float) else f"{name} {limit}")
+    if value("endpoint.model") is not None:
+        parts.append(f"model {value('endpoint.model')}")
+    parts += [str(v) for v in (value("endpoint.api"), stated.get("endpoint_kind")) if v]
+    return f" ({', '.join(parts)})"
+
+
+def _check_passes(sample: dict[str, Any], fresh: list[dict[str, Any]]) -> None:
+    """The passes the sample states are those the run's manifest and shard logs give for its
+    minute, each field of the same value and JSON type."""
+    at = f"minute {sample['minute']}: "
+    given = sample["passes"]
+    if not isinstance(given, list) or not all(isinstance(p, dict) for p in given):
+        raise VerifyError(f"{at}passes must be a list of objects")
+    want = [p["segment"] for p in fresh]
+    if [p.get("segment") for p in given] != want:
+        raise VerifyError(f"{at}the sample names passes {[p.get('segment') for p in given]} "
+                          f"but its counted spans come from passes {want}")
+    for mine, theirs in zip(given, fresh, strict=True):
+        of = f"{at}pass {theirs['segment']}'s "
+        settings = mine.get("settings") if isinstance(mine.get("settings"), dict) else {}
+        for key in sorted(set(settings) | set(theirs["settings"])):
+            if not _same_json(settings.get(key), theirs["settings"].get(key)):
+                raise VerifyError(f"{of}{key}: the sample says {_stated(settings.get(key))} but "
+                                  "the run's manifest records "
+                                  f"{_stated(theirs['settings'].get(key))}")
+        for key in ("kind", "endpoint_kind", "shard_logs", "caps"):
+            if not _same_json(mine.get(key), theirs[key]):
+                source = ("its shard logs give" if key in ("shard_logs", "caps")
+                          else "the run's manifest records")
+                raise VerifyError(f"{of}{key}: the sample says {mine.get(key)!r} but {source} "
+                                  f"{theirs[key]!r}")
+        if set(mine) - set(theirs):
+            raise VerifyError(f"{of}{sorted(set(mine) - set(theirs))[0]}: the sample states it, "
+                              "but the run records no such setting")
+
+
+def _stated(setting: Any) -> str:
+    """'2 (env SHARDRUN_CONCURRENCY)', or the JSON as given when it is no {value, source}."""
+    if isinstance(setting, dict) and set(setting) == {"value", "source"}:
+        return f"{orjson.dumps(setting['value']).decode()} ({setting['source']})"
+    return "nothing" if setting is None else orjson.dumps(setting).decode()
+
+
+def _same_json(given: Any, found: Any) -> bool:
+    """Equal as JSON, types included: 2.0 is not the cap 2, nor true the 1."""
+    return orjson.dumps(given, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+        found, option=orjson.OPT_SORT_KEYS)
 
 
 def _sample_minute(sample: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ import pytest
 from conftest import FAST_SIM, kill_tree, run_cli, write_input, write_job
 from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
 
+from shardrun._urls import endpoint_kind
 from shardrun.aggregate import minute_label, parse_minute
 from shardrun.cli_analysis import main
 from shardrun.provenance import (
@@ -852,13 +853,15 @@ def test_a_run_of_one_item_publishes_its_one_span(tmp_path: Path) -> None:
     assert sample["minute"] == minute_label(int(end["last_token_t"] // 60))
     tokens = end["completion_tokens"]
     assert f": {tokens:,} completion token{'' if tokens == 1 else 's'} from 1 span on 2 " \
-           "shards; " in verify(path)
+           "shards (concurrency 8 each, no rpm limit, no tpm limit, model sim-test, chat, " \
+           "simulator); " in verify(path)
 
 
 def test_a_resumed_runs_sample_is_its_passes_spans_counted_once(tmp_path: Path) -> None:
     """A run in three passes (--limit, --resume --limit, --resume) with retries: the sample's
     figure is what an independent count of every pass's raw lines gives (ok attempt_end by
-    its last-token minute, its span released ok), and verify names 2 shards, 6 logs."""
+    its last-token minute, its span released ok), and verify names the 2 shards of each pass
+    the minute's spans came from, and only those."""
     write_input(tmp_path / "input.jsonl", 90)
     sim = {**FAST_SIM, "fail_500": 0.2, "drop_mid_stream": 0.1}
     write_job(tmp_path / "job.yaml", retry={"max_attempts": 4, "backoff_s": 0.001,
@@ -888,8 +891,13 @@ def test_a_resumed_runs_sample_is_its_passes_spans_counted_once(tmp_path: Path) 
         sample, path = publish(run, minute=minute_label(m), out=tmp_path / f"{m}.json")
         assert (sample["completion_tokens"], sample["spans"]) == (tokens[m], spans[m])
         assert len(sample["per_shard"]) == 6
-        assert f" from {spans[m]:,} span{'s' if spans[m] != 1 else ''} on 2 shards (6 shard " \
-               "logs over its passes); 9 event files " in verify(path, run)
+        producing = sorted({int(s["file"].split(".r")[1][0]) if ".r" in s["file"] else 0
+                            for s in sample["per_shard"] if s["spans"]})
+        assert [p["segment"] for p in sample["passes"]] == producing
+        settings = " (concurrency 8 each, no rpm limit, no tpm limit, model m, chat, simulator)"
+        named = " and ".join(f"2 of pass {seg}{settings}" for seg in producing)
+        assert f" from {spans[m]:,} span{'s' if spans[m] != 1 else ''} on 2 shards of " \
+               f"{named.removeprefix('2 of ')}; 9 event files " in verify(path, run)
 
 
 def test_a_run_renamed_and_then_resumed_is_its_own_not_another_runs(tmp_path: Path) -> None:
@@ -979,3 +987,96 @@ def test_a_run_renamed_and_then_resumed_keeps_its_batch_request_ids(tmp_path: Pa
     assert again.returncode == 0, again.stderr
     after = request_ids(tmp_path / "runs" / "mine")
     assert len(after) == 12 and {k: after[k] for k in before} == before
+
+
+def test_a_sample_states_the_settings_of_the_pass_its_minute_came_from(tmp_path: Path) -> None:
+    """A run whose first pass (3 shards of 4, --rpm) answered nothing and whose resume ran
+    on SHARDRUN_SHARDS=2 and SHARDRUN_CONCURRENCY=2: every span of the published minute is
+    the resume's, so the sample states that pass's settings and their sources, model, api and
+    the kind of endpoint (no key, no URL), and verify says '2 shards of pass 1', not the 3 of
+    the first pass. A sample edited to claim other settings fails in one sentence; one without
+    them (an earlier version's) verifies as before."""
+    write_input(tmp_path / "input.jsonl", 30)
+    endpoint = {"base_url": "sim://", "api": "chat", "model": "m", "api_key_env": "SIM_KEY"}
+    key = {"SIM_KEY": "sk-h10-never-published"}
+    write_job(tmp_path / "job.yaml", retry={"max_attempts": 1},
+              endpoint={**endpoint, "sim": {**FAST_SIM, "fail_500": 1.0}})
+    first = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "two", "--limit", "10",
+                    "--shards", "3", "--concurrency", "4", "--rpm", "6000", "--quiet",
+                    cwd=tmp_path, env=key)
+    assert first.returncode == 1 and len(list((tmp_path / "runs/two/dead").glob("*.jsonl")))
+    write_job(tmp_path / "job.yaml", endpoint={**endpoint, "sim": FAST_SIM})
+    second = run_cli("job.yaml", "--runs-dir", "runs", "--resume", "two", "--quiet",
+                     cwd=tmp_path, env={**key, "SHARDRUN_SHARDS": "2",
+                                        "SHARDRUN_CONCURRENCY": "2"})
+    # 1: the first pass's dead letters are still the run's
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+    run = tmp_path / "runs" / "two"
+    done = run_cli("publish", str(run), "-o", "sample.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    sample = orjson.loads((tmp_path / "sample.json").read_bytes())
+    assert sample["spans"] == 20 and len(sample["per_shard"]) == 5
+    default = {"value": None, "source": "default"}
+    assert sample["passes"] == [{
+        "segment": 1, "kind": "resume", "endpoint_kind": "simulator", "shard_logs": 2,
+        "caps": [2], "settings": {
+            "shards": {"value": 2, "source": "env SHARDRUN_SHARDS"},
+            "concurrency": {"value": 2, "source": "env SHARDRUN_CONCURRENCY"},
+            "rate_limits.rpm": default, "rate_limits.tpm": default,
+            "endpoint.model": {"value": "m", "source": "job file"},
+            "endpoint.api": {"value": "chat", "source": "job file"}}}]
+    text = (tmp_path / "sample.json").read_text()
+    assert "sk-h10" not in text and "127.0.0.1" not in text and "http" not in text
+    done = run_cli("verify", "sample.json", "--run-dir", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (" from 20 spans on 2 shards of pass 1 (concurrency 2 each, no rpm limit, no tpm "
+            "limit, model m, chat, simulator); ") in done.stdout
+    # Without the field, as samples of earlier versions are: it verifies, and the wording
+    # counts the shards of the pass the spans came from, from the shard logs' names.
+    old = {k: v for k, v in sample.items() if k != "passes"}
+    (tmp_path / "old.json").write_bytes(orjson.dumps(old))
+    assert " from 20 spans on 2 shards of pass 1; " in verify(tmp_path / "old.json", run)
+
+    def claimed(edit: Callable[[dict[str, Any]], None]) -> str:
+        forged = orjson.loads(orjson.dumps(sample))
+        edit(forged["passes"][0])
+        (tmp_path / "forged.json").write_bytes(orjson.dumps(forged))
+        done = run_cli("verify", "forged.json", "--run-dir", str(run), cwd=tmp_path)
+        assert done.returncode == 1 and done.stdout == "", done.stdout
+        [line] = done.stderr.splitlines()
+        return line
+
+    minute = f"minute {sample['minute']}: pass 1's "
+    assert claimed(lambda p: p["settings"]["concurrency"].update(value=4)) == (
+        f"error: {minute}concurrency: the sample says 4 (env SHARDRUN_CONCURRENCY) but the "
+        "run's manifest records 2 (env SHARDRUN_CONCURRENCY)")
+    assert claimed(lambda p: p["settings"]["shards"].update(source="job file")).endswith(
+        "shards: the sample says 2 (job file) but the run's manifest records 2 (env "
+        "SHARDRUN_SHARDS)")
+    assert claimed(lambda p: p["settings"]["rate_limits.rpm"].update(value=6000.0)).endswith(
+        "rate_limits.rpm: the sample says 6000.0 (default) but the run's manifest records "
+        "null (default)")
+    assert claimed(lambda p: p["settings"].pop("endpoint.model")).endswith(
+        "endpoint.model: the sample says nothing but the run's manifest records \"m\" "
+        "(job file)")
+    assert claimed(lambda p: p.update(caps=[4])).endswith(
+        "caps: the sample says [4] but its shard logs give [2]")
+    assert claimed(lambda p: p.update(shard_logs=3)).endswith(
+        "shard_logs: the sample says 3 but its shard logs give 2")
+    assert claimed(lambda p: p.update(endpoint_kind="remote https")).endswith(
+        "endpoint_kind: the sample says 'remote https' but the run's manifest records "
+        "'simulator'")
+    assert claimed(lambda p: p.update(segment=0)) == (
+        f"error: minute {sample['minute']}: the sample names passes [0] but its counted spans "
+        "come from passes [1]")
+
+
+def test_a_samples_endpoint_kind_names_no_host() -> None:
+    """The kind of endpoint a sample states says whether it was the simulator, this machine or
+    another, and the scheme: never the host, user, path or query of a private URL."""
+    assert endpoint_kind("sim://") == "simulator"
+    assert endpoint_kind("http://127.0.0.1:8000/v1") == "loopback http"
+    assert endpoint_kind("http://[::1]:8000/v1") == "loopback http"
+    assert endpoint_kind("http://localhost/v1") == "loopback http"
+    assert endpoint_kind("https://***@gpu-7.internal.corp:8443/v1;***?key=***") == "remote https"
+    assert endpoint_kind("http://[::1") == "remote http"  # unparsable: no loopback claimed

@@ -20,7 +20,7 @@ from shardrun.aggregate._dist import Dist, DistStats
 from shardrun.aggregate._document import METHOD_VERSION, SCHEMA, RunFacts, build_report
 from shardrun.aggregate._metrics import ratio
 from shardrun.aggregate._minutes import MinuteCell, MinuteTally
-from shardrun.aggregate._passes import pass_settings
+from shardrun.aggregate._passes import pass_settings, recorded_passes
 from shardrun.aggregate._segments import BUCKETS, SEGMENT_LABELS, segment_of
 from shardrun.aggregate._shard import MINUTES_ONLY_EVENTS, ShardFold
 from shardrun.aggregate._steps import Scheduler, StepTrace
@@ -54,6 +54,7 @@ __all__ = [
     "pass_settings",
     "pricing_from_effective",
     "ratio",
+    "recorded_passes",
     "segment_of",
 ]
 

@@ -17,11 +17,26 @@ from shardrun.aggregate._summary import CoordinatorSummary, ShardSummary
 PASS_SETTINGS = ("shards", "concurrency", "rate_limits.rpm", "rate_limits.tpm")
 
 
-def pass_settings(effective: object, *, kind: str) -> dict[str, Any]:
-    """A pass's turnable settings ({value, source}) from its manifest record's `effective`."""
+def pass_settings(effective: object, *, kind: str,
+                  keys: tuple[str, ...] = PASS_SETTINGS) -> dict[str, Any]:
+    """A pass's settings `keys` ({value, source}) from its manifest record's `effective`."""
     found = effective if isinstance(effective, dict) else {}
-    settings = {key: found[key] for key in PASS_SETTINGS if isinstance(found.get(key), dict)}
+    settings = {key: found[key] for key in keys if isinstance(found.get(key), dict)}
     return {"kind": kind, "settings": settings}
+
+
+def recorded_passes(manifest: dict[str, Any],
+                    keys: tuple[str, ...] = PASS_SETTINGS) -> list[dict[str, Any]]:
+    """Each pass's kind and settings `keys`, pass K at index K (the first, then resumes)."""
+    found = [pass_settings(manifest.get("effective"), kind="first", keys=keys)]
+    for resume in manifest.get("resumes") or []:
+        if not isinstance(resume, dict):
+            found.append(pass_settings(None, kind="resume", keys=keys))
+            continue
+        kind = ("retry-failed" if resume.get("only_failed") else
+                "resume+retry-failed" if resume.get("retry_failed") else "resume")
+        found.append(pass_settings(resume.get("effective"), kind=kind, keys=keys))
+    return found
 
 
 def passes_section(coords: list[CoordinatorSummary], shards: list[ShardSummary],

@@ -17,9 +17,9 @@ from shardrun._ellipsis import counted
 from shardrun.aggregate import (
     RunFacts,
     build_report,
-    pass_settings,
     pricing_from_effective,
     ratio,
+    recorded_passes,
 )
 from shardrun.errors import RunDirError
 from shardrun.manifest import changed_results
@@ -64,7 +64,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
         manifest_status=manifest.get("status"),
         pricing=pricing_from_effective(_effective(manifest)),
         files=files, notes=[n for f in files for n in _file_notes(f, state)],
-        passes=_pass_settings(manifest),
+        passes=recorded_passes(manifest),
     )  # fmt: skip
     doc = build_report(facts, loaded.coordinators, loaded.shards)
     # An event file the manifest lists that is gone would silently take its figures with it.
@@ -156,19 +156,6 @@ def _effective(manifest: dict[str, Any]) -> dict[str, Any]:
     latest = resumes[-1].get("effective") if resumes and isinstance(resumes[-1], dict) else None
     found = latest or manifest.get("effective") or {}
     return found if isinstance(found, dict) else {}
-
-
-def _pass_settings(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each pass's kind and turnable settings, pass K at index K (the first, then resumes)."""
-    found = [pass_settings(manifest.get("effective"), kind="first")]
-    for resume in manifest.get("resumes") or []:
-        if not isinstance(resume, dict):
-            found.append(pass_settings(None, kind="resume"))
-            continue
-        kind = ("retry-failed" if resume.get("only_failed") else
-                "resume+retry-failed" if resume.get("retry_failed") else "resume")
-        found.append(pass_settings(resume.get("effective"), kind=kind))
-    return found
 
 
 def _file_entry(scan: FileScan, loaded: LoadedRun, recorded: set[Any],
