@@ -195,6 +195,7 @@ class Coordinator:
             await asyncio.wait(handing)
             self._reap_hand_outs(handing)
         state.died, killed = await self._exit_status(handle)
+        self.view.ended(handle.index)  # dead, it sends no `done`: its last report lingered
         if state.died is not None and state.done is not None:
             # Its work is all reported, its files closed before it said so: the run goes on as
             # if it had exited, and says what happened (killed after closing its output, or

@@ -259,6 +259,16 @@ class ProgressView:
     def update(self, shard_index: int, report: Mapping[str, Any]) -> None:
         self.shards.setdefault(shard_index, _Shard()).apply(report)
 
+    def ended(self, shard_index: int) -> None:
+        """A shard's process is gone (a dead one sends no `done`): it works and waits no more,
+        and its requests are not in flight. Its counts stand. A dead shard's last report
+        lingered: its wait of 0 kept "endpoint down" from every other shard's outage, and its
+        in_flight counted in a stop's requests to finish."""
+        shard = self.shards.get(shard_index)
+        if shard is not None and not shard.finished:
+            shard.finished = True
+            shard.gauges = {"cap": shard.gauges.get("cap")}
+
     def start(self) -> None:
         """Start the clock, the count (a thread: call this after any fork) and the display."""
         self.started = self._last_line = self._eta_at = self.clock()

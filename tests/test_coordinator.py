@@ -199,3 +199,47 @@ def test_a_shard_not_heard_yet_has_a_start_up_s_grace_past_a_short_silence_limit
     finally:
         coordinator.log.close()
         source.reader.close()
+
+
+class DyingHandle(Handle):
+    """A shard that reports once (an answer just heard: no wait, requests in flight) and dies."""
+
+    def __init__(self, index: int, report: protocol.Message) -> None:
+        super().__init__(index)
+        self.reports = [report]
+
+    async def receive(self) -> protocol.Message | None:
+        return self.reports.pop() if self.reports else None
+
+    async def wait(self) -> str | None:
+        return "killed by signal 9"
+
+
+def test_a_dead_shards_last_report_neither_hides_an_outage_nor_counts_in_flight(
+        tmp_path: Path) -> None:
+    """A dead shard sends no `done`: its last report (no wait, 5 in flight) lingered in the
+    view, so with every live shard waiting the line said "1 of 2 shards waiting for the
+    endpoint, the others hear answers", never "endpoint down", and a stop counted its 5."""
+    run_dir = RunDir.create(tmp_path / "runs", "r1")
+    config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
+                         base_url="http://127.0.0.1:9", api="chat", model="m")
+    write_input(tmp_path / "input.jsonl", 10)
+    source = WorkSource(InputReader(tmp_path / "input.jsonl", InputPlan()),
+                        run_dir.path / "rejects.jsonl")
+    view = ProgressView(quiet=True)
+    coordinator = Coordinator(config, 2, source, run_dir, view, (None, None),
+                              silence_s=60.0, fork=False)
+    last = {"t": protocol.PROGRESS, "fin_ok": [], "fin_dead": [], "ok": 3, "in_flight": 5,
+            "cap": 8, "down_s": 0}
+    state = ShardState(handle=DyingHandle(0, last))
+    try:
+        asyncio.run(coordinator.serve(state))
+        assert state.died is not None
+        view.update(1, {"t": "progress", "ok": 2, "in_flight": 0, "cap": 8, "down_s": 30.0})
+        view.stopping = True
+        snap = view.snapshot()
+        assert snap.down_s == 30.0 and snap.waiting_s is None
+        assert snap.in_flight == 0 and snap.ok == 5
+    finally:
+        coordinator.log.close()
+        source.reader.close()
