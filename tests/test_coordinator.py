@@ -171,20 +171,26 @@ def test_no_run_is_named_latest(tmp_path: Path) -> None:
     assert RunDir.create(tmp_path / "runs", "latest-2").path.is_dir()
 
 
-def test_a_shard_not_heard_yet_has_a_start_up_s_grace_past_a_short_silence_limit(
-        tmp_path: Path) -> None:
-    """A shard is killed after `shard_silence_s` without a word, but its start-up (a process,
-    imports, a loop) took over 2 s, the least limit, on a loaded machine: every shard of a run
-    with that limit was killed before its first message. Until it is heard it may be silent
-    `START_SILENCE_MIN_S` at least; once heard, the job's limit holds."""
+def _coordinator(tmp_path: Path, shards: int, view: ProgressView, silence_s: float) -> tuple[
+        Coordinator, WorkSource]:
+    """A coordinator of `shards` over 10 items, none started: close its log and reader after."""
     run_dir = RunDir.create(tmp_path / "runs", "r1")
     config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
                          base_url="http://127.0.0.1:9", api="chat", model="m")
     write_input(tmp_path / "input.jsonl", 10)
     source = WorkSource(InputReader(tmp_path / "input.jsonl", InputPlan()),
                         run_dir.path / "rejects.jsonl")
-    coordinator = Coordinator(config, 1, source, run_dir, ProgressView(quiet=True), (None, None),
-                              silence_s=2.0, fork=False)
+    return Coordinator(config, shards, source, run_dir, view, (None, None),
+                       silence_s=silence_s, fork=False), source
+
+
+def test_a_shard_not_heard_yet_has_a_start_up_s_grace_past_a_short_silence_limit(
+        tmp_path: Path) -> None:
+    """A shard is killed after `shard_silence_s` without a word, but its start-up (a process,
+    imports, a loop) took over 2 s, the least limit, on a loaded machine: every shard of a run
+    with that limit was killed before its first message. Until it is heard it may be silent
+    `START_SILENCE_MIN_S` at least; once heard, the job's limit holds."""
+    coordinator, source = _coordinator(tmp_path, 1, ProgressView(quiet=True), silence_s=2.0)
     starting, running = ShardState(handle=Handle(0)), ShardState(handle=Handle(1), heard=True)
     try:
         late = START_SILENCE_MIN_S + 0.5
@@ -220,15 +226,8 @@ def test_a_dead_shards_last_report_neither_hides_an_outage_nor_counts_in_flight(
     """A dead shard sends no `done`: its last report (no wait, 5 in flight) lingered in the
     view, so with every live shard waiting the line said "1 of 2 shards waiting for the
     endpoint, the others hear answers", never "endpoint down", and a stop counted its 5."""
-    run_dir = RunDir.create(tmp_path / "runs", "r1")
-    config = ShardConfig(shard=0, run_id="r1", out_dir=str(run_dir.path),
-                         base_url="http://127.0.0.1:9", api="chat", model="m")
-    write_input(tmp_path / "input.jsonl", 10)
-    source = WorkSource(InputReader(tmp_path / "input.jsonl", InputPlan()),
-                        run_dir.path / "rejects.jsonl")
     view = ProgressView(quiet=True)
-    coordinator = Coordinator(config, 2, source, run_dir, view, (None, None),
-                              silence_s=60.0, fork=False)
+    coordinator, source = _coordinator(tmp_path, 2, view, silence_s=60.0)
     last = {"t": protocol.PROGRESS, "fin_ok": [], "fin_dead": [], "ok": 3, "in_flight": 5,
             "cap": 8, "down_s": 0}
     state = ShardState(handle=DyingHandle(0, last))
