@@ -501,23 +501,26 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
     each result holds the reasoning and the call exactly as the server generated them, and the
     export and the Batch output carry them. Lines of plain answers have neither key."""
     write_input(tmp_path / "input.jsonl", 40)
-    # The reasoning lasts 2.4 s, past first_token_s (1.5 s), which is far above a busy
+    # The reasoning lasts 1.5 s, past first_token_s (1 s), which is far above a busy
     # machine's delay of a first token (0.34 s under a load of 20 on 2 cores, where 0.3 s
-    # was the limit: one attempt timed out is a dead letter here).
-    sim = {**FAST_SIM, "ttft_ms": 20, "itl_ms": 200, "flush_ms": 1, "reasoning_tokens": 12}
+    # was the limit: one attempt timed out is a dead letter here). All 40 go at once, and
+    # the answers after the reasoning are short: the test took 18 s at 0.2 s a token.
+    sim = {**FAST_SIM, "ttft_ms": 20, "itl_ms": 100, "flush_ms": 1, "reasoning_tokens": 15,
+           "tokens": "uniform:17:20"}
     params = {"max_tokens": 64, "tools": [TOOL]}
-    write_job(tmp_path / "job.yaml", params=params, timeouts={"first_token_s": 1.5},
+    write_job(tmp_path / "job.yaml", params=params, timeouts={"first_token_s": 1.0},
+              concurrency=20,
               retry={"max_attempts": 1}, output={"format": "openai-batch"},
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
     proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "(480 reasoning)" in proc.stdout  # 40 answers, 12 reasoning tokens each
+    assert "(600 reasoning)" in proc.stdout  # 40 answers, 15 reasoning tokens each
     path = only_run(tmp_path / "runs")
     # The report counts them from the event log alone, as the summary did.
     report = run_cli("report", str(path), "--json", cwd=tmp_path)
-    assert orjson.loads(report.stdout)["items"]["reasoning_tokens"] == 480, report.stderr
+    assert orjson.loads(report.stdout)["items"]["reasoning_tokens"] == 600, report.stderr
     text = run_cli("report", str(path), cwd=tmp_path).stdout
-    assert re.search(r"reasoning of those +480\b", text), text
+    assert re.search(r"reasoning of those +600\b", text), text
     prompts = {r["id"]: r["prompt"] for r in read_jsonl(tmp_path / "input.jsonl")}
     config = SimConfig.from_mapping(sim)
     results = Run.load(path).results
@@ -527,14 +530,14 @@ def test_reasoning_and_tool_calls_reach_the_results_and_the_export(tmp_path: Pat
                 **params}  # fmt: skip
         plan = make_plan(orjson.dumps(body), "chat", config)
         words = [WORDS[i].decode() for i in plan.words]
-        assert result["reasoning"] == "".join(words[:12])
+        assert result["reasoning"] == "".join(words[:15])
         [call] = result["tool_calls"]
         assert call["id"].startswith("call_") and call["type"] == "function"
-        arguments = orjson.dumps({"text": "".join(words[12:])}).decode()
+        arguments = orjson.dumps({"text": "".join(words[15:])}).decode()
         assert call["function"] == {"name": "save_answer", "arguments": arguments}
         assert (result["output"], result["finish_reason"]) == ("", "tool_calls")
         assert result["usage"]["completion_tokens"] == len(words)
-        assert result["usage"]["reasoning_tokens"] == 12 and "cached_tokens" not in result["usage"]
+        assert result["usage"]["reasoning_tokens"] == 15 and "cached_tokens" not in result["usage"]
     by_id = {r["id"]: r for r in results}
     for row in read_jsonl_text(run_cli("export", str(path), cwd=tmp_path).stdout):
         assert (row["reasoning"], row["tool_calls"]) == (
