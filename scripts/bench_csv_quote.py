@@ -24,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +90,20 @@ def trees(args: argparse.Namespace) -> dict[str, str]:
     return dict(s.split("=", 1) for s in args.src) or {"this tree": str(ROOT)}
 
 
+def interleaved(script: str, sources: dict[str, str], files: dict[str, Path],
+                repeats: int) -> Iterator[tuple[str, str, str, Path, dict[str, Any]]]:
+    """Every tree's child run on every file, `repeats` times: (tree, input, src, path, figures).
+
+    The runs go round in turn, so that the machine's load falls on every tree and file alike.
+    """
+    for _ in range(repeats):
+        for name, src in sources.items():
+            for what, path in files.items():
+                out = subprocess.run([sys.executable, script, "--child", src, str(path)],
+                                     capture_output=True, text=True, check=True, timeout=600)
+                yield name, what, src, path, json.loads(out.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -101,12 +117,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_csv_quote-") as folder:
         files = write_inputs(Path(folder), args.rows)
         runs: dict[tuple[str, str], list[dict[str, float]]] = {}
-        for _ in range(args.repeats):  # interleaved, so the machine's load falls on all alike
-            for name, src in sources.items():
-                for what, path in files.items():
-                    out = subprocess.run([sys.executable, __file__, "--child", src, str(path)],
-                                         capture_output=True, text=True, check=True, timeout=600)
-                    runs.setdefault((name, what), []).append(json.loads(out.stdout))
+        for name, what, _src, _path, figures in interleaved(__file__, sources, files,
+                                                            args.repeats):
+            runs.setdefault((name, what), []).append(figures)
     print(f"{args.rows:,} rows, median of {args.repeats}")
     print("| tree | input | peak RSS MB | RSS at end MB | longest between entries s "
           "| items | rejects | wall s |")

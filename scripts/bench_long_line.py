@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_csv_quote import add_tree_arguments, status_mb, trees
+from bench_csv_quote import add_tree_arguments, interleaved, status_mb, trees
 
 MIB = 1 << 20
 
@@ -107,15 +107,11 @@ def main() -> None:
         files = write_inputs(Path(folder), args.mib * MIB)
         runs: dict[tuple[str, str], list[dict[str, float]]] = {}
         shas: dict[str, set[tuple[int, int, str]]] = {}
-        for _ in range(args.repeats):  # interleaved, so the machine's load falls on all alike
-            for name, src in sources.items():
-                for what, path in files.items():
-                    out = subprocess.run([sys.executable, __file__, "--child", src, str(path)],
-                                         capture_output=True, text=True, check=True, timeout=600)
-                    got = json.loads(out.stdout)
-                    shas.setdefault(what, set()).add((got["items"], got["lines"], got["sha"]))
-                    got["validate_mb"] = validate_peak_mb(src, path.with_suffix(".yaml"))
-                    runs.setdefault((name, what), []).append(got)
+        for name, what, src, path, figures in interleaved(__file__, sources, files,
+                                                          args.repeats):
+            shas.setdefault(what, set()).add((figures["items"], figures["lines"], figures["sha"]))
+            figures["validate_mb"] = validate_peak_mb(src, path.with_suffix(".yaml"))
+            runs.setdefault((name, what), []).append(figures)
     print(f"files of {args.mib} MiB, median of {args.repeats}")
     print("| tree | input | items | reader peak RSS MB | reader wall s | validate peak RSS MB |")
     print("|---|---|---:|---:|---:|---:|")
