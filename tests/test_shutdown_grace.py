@@ -98,6 +98,18 @@ def _wait_for(proc: subprocess.Popen[str], done: Callable[[], bool], what: str) 
         time.sleep(0.05)
 
 
+def _slow_job(tmp_path: Path, *, ttft_ms: int) -> None:
+    """job.yaml and 400 items in `tmp_path`, on a simulator whose first tokens take `ttft_ms`."""
+    write_input(tmp_path / "input.jsonl", 400)
+    write_job(tmp_path / "job.yaml", endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                                               "sim": {**FAST_SIM, "ttft_ms": ttft_ms}})
+
+
+def _a_request_sent(runs: Path) -> bool:
+    """Whether some shard's event log has an `attempt_start` line yet."""
+    return any(b'"attempt_start"' in f.read_bytes() for f in runs.glob("*/events/shard-*.jsonl"))
+
+
 def test_sigint_cancels_stalled_in_flight_after_the_grace_period(tmp_path: Path) -> None:
     """Every slot busy with a stream stalled for 30 s: a SIGINT ends the run after the 2 s
     grace, not when the stalls end; the cancelled items get no line; --resume does each once."""
@@ -460,31 +472,18 @@ def test_a_first_sigterm_stops_gracefully_after_the_reader_of_the_output_left(
     written, and the stop still happens, the in-flight requests finishing (none cancelled).
     The write's BrokenPipeError used to end the signal handler before it told the shards, so
     the run went on (for hours, under a rate limit) until a second signal aborted it."""
-    write_input(tmp_path / "input.jsonl", 400)
-    slow = {**FAST_SIM, "ttft_ms": 1500}
-    job = write_job(tmp_path / "job.yaml", endpoint={
-        "base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen(
-        # Items held for a rate limit, as in the incident where it was found: a request each
-        # shard goes at once, the rest wait for hours unless the stop ends the pass.
-        [sys.executable, "-m", "shardrun", "run", str(job), "--progress-interval", "0.2",
-         "--tpm", "1.5"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT)
+    _slow_job(tmp_path, ttft_ms=1500)
+    # Items held for a rate limit, as in the incident where it was found: a request each
+    # shard goes at once, the rest wait for hours unless the stop ends the pass.
+    proc = _run_job(tmp_path, "--progress-interval", "0.2", "--tpm", "1.5",
+                    stderr=subprocess.STDOUT)
+    events = tmp_path / "runs"
     try:
         assert proc.stdout is not None
         for _ in range(2):  # two progress lines: the run is going
             assert proc.stdout.readline()
         proc.stdout.close()  # the reader leaves, as `head -2` does
-        events = tmp_path / "runs"
-        for _ in range(600):  # a hang guard: requests go out within a second or two
-            started = [line for f in events.glob("*/events/shard-*.jsonl")
-                       for line in f.read_bytes().splitlines() if b'"attempt_start"' in line]
-            if started:
-                break
-            time.sleep(0.1)
-        assert started
+        _wait_for(proc, lambda: _a_request_sent(events), "a request sent")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130  # a hang guard: the stop takes ~1.5 s
     finally:
@@ -501,26 +500,12 @@ def test_the_progress_line_of_a_stopping_run_says_so_and_shows_no_eta(tmp_path: 
     """A first SIGINT lets the requests in flight finish: the progress lines printed meanwhile
     say the run is stopping and how many requests it waits for, with no ETA (it ends with
     them, not at the total)."""
-    write_input(tmp_path / "input.jsonl", 400)
     # A stop of up to 4 s: lines at 0.2 s while requests are in flight, even on a loaded
     # machine that sees the first attempt_start late (the log is flushed 5 times a second).
-    slow = {**FAST_SIM, "ttft_ms": 4000}
-    job = write_job(tmp_path / "job.yaml", endpoint={
-        "base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardrun", "run", str(job), "--progress-interval", "0.2"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+    _slow_job(tmp_path, ttft_ms=4000)
+    proc = _run_job(tmp_path, "--progress-interval", "0.2", stdout=subprocess.DEVNULL)
     try:
-        events = tmp_path / "runs"
-        for _ in range(600):  # a hang guard: requests go out within a second or two
-            started = [f for f in events.glob("*/events/shard-*.jsonl")
-                       if b'"attempt_start"' in f.read_bytes()]
-            if started:
-                break
-            time.sleep(0.1)
-        assert started
+        _wait_for(proc, lambda: _a_request_sent(tmp_path / "runs"), "a request sent")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)  # a hang guard: the stop takes at most ~4 s
         assert proc.returncode == 130
