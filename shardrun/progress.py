@@ -119,10 +119,11 @@ class Snapshot:
     # Input lines this pass rejected: failed, as the summary counts them (`RunSummary.failed`),
     # and done. A pass of 200,000 rejected lines showed "0 failed" to its end.
     rejected: int = 0
-    # While some shards wait for the endpoint and others hear answers (`down_s` is None): how
-    # many wait, of how many still working, and the longest wait. A shard's probe waits out its
-    # backoff (up to `outage.PROBE_MAX_S`) after the endpoint is back, and a busy server answers
-    # some shards' queued probes late; the endpoint is up, these items only wait their turn.
+    # While some shards wait for the endpoint and others do not (`down_s` is None): how many
+    # wait, of how many hold items (in flight, queued or retrying), and the longest wait. A
+    # shard's probe waits out its backoff (up to `outage.PROBE_MAX_S`) after the endpoint is
+    # back, and a busy server answers some shards' queued probes late; the endpoint is up,
+    # these items only wait their turn.
     waiting_shards: int = 0
     working_shards: int = 0
     waiting_s: float | None = None
@@ -335,7 +336,10 @@ class ProgressView:
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
         working = [s for s in self.shards.values() if not s.finished]
         waits = [float(s.gauges.get("down_s") or 0) for s in working]
-        waiting = [wait for wait in waits if wait > 0]
+        # The waiting line counts only shards with items (an idle one neither waits for the
+        # endpoint nor hears its answers): an idle shard read as one "hearing answers".
+        busy = [s for s in working if _has_items(s.gauges)]
+        waiting = [wait for s in busy if (wait := float(s.gauges.get("down_s") or 0)) > 0]
         # Down only while every shard working waits (one hearing answers says the endpoint is
         # up), and for as long as all have: the least wait.
         down = min(waits, default=0.0)
@@ -354,7 +358,7 @@ class ProgressView:
                         silent_s, sum(int(g["sending"]) for g in sending),
                         self._eta_rate, None if self.skipping is None else self.skipping(),
                         self.skipping_rejected() if self.skipping is not None else 0,
-                        self.rejected(), 0 if down else len(waiting), len(working),
+                        self.rejected(), 0 if down else len(waiting), len(busy),
                         None if down or not waiting else max(waiting), self.stopping)
 
 
@@ -370,6 +374,11 @@ def _may_be_terminal(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream: as rich does
         return False
+
+
+def _has_items(gauges: Mapping[str, Any]) -> bool:
+    """Whether a shard's last report holds items: in flight, queued or waiting to retry."""
+    return any(int(gauges.get(name) or 0) for name in ("in_flight", "queued", "retrying"))
 
 
 def _row(index: int, shard: _Shard) -> ShardRow:
@@ -473,6 +482,9 @@ def _waiting_text(waiting: int, working: int, waiting_s: float | None) -> str:
     items go once their probe is answered."""
     if waiting_s is None:
         return ""
+    if waiting == working:  # the shards not waiting have no items: they hear nothing either
+        return (f"; {counted(waiting, 'shard')} waiting for the endpoint (up to "
+                f"{clock_text(waiting_s)}), the others have nothing left to run")
     return (f"; {waiting:,} of {counted(working, 'shard')} waiting for the endpoint "
             f"(up to {clock_text(waiting_s)}), the others hear answers")
 

@@ -181,6 +181,27 @@ def test_shards_waiting_for_the_endpoint_while_others_succeed_are_no_outage() ->
     assert view.snapshot().waiting_shards == 1 and view.snapshot().working_shards == 2
 
 
+def test_idle_shards_are_not_said_to_hear_answers_while_others_wait() -> None:
+    """An idle shard (nothing in flight, queued or retrying) is in neither group of the waiting
+    line: with one busy shard hearing answers the line counts only the busy ones, and with
+    none it says the others have nothing left to run, not that they hear answers."""
+    clock = Clock()
+    view = ProgressView(400, tty=False, stream=StringIO(), clock=clock)
+    view.start()
+    clock.now += 5
+    view.update(0, report(50, in_flight=0, cap=8, queued=0))  # idle: its items are done
+    view.update(1, report(40, in_flight=0, cap=8, retrying=8, down_s=6.0))
+    view.update(2, report(45, in_flight=8, cap=8, queued=3))
+    line = progress.format_plain_line(view.snapshot())
+    assert line.endswith("; 1 of 2 shards waiting for the endpoint (up to 0:06), the others "
+                         "hear answers")
+    view.update(2, report(53, in_flight=0, cap=8, queued=0))  # idle now too
+    line = progress.format_plain_line(view.snapshot())
+    assert "hear answers" not in line
+    assert line.endswith("; 1 shard waiting for the endpoint (up to 0:06), the others have "
+                         "nothing left to run")
+
+
 def test_a_stopping_run_says_so_with_its_requests_in_flight_instead_of_an_eta() -> None:
     """After the first Ctrl-C the run ends with its requests in flight, not at the total: both
     views say it is stopping and how many requests it waits for, and show no ETA."""
