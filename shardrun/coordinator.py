@@ -555,6 +555,7 @@ class Coordinator:
     def _adopt(self, handle: ShardHandle) -> None:
         state = ShardState(handle, heard_at=asyncio.get_running_loop().time())
         self.states.append(state)
+        self.view.shard_started(handle.index)  # "starting" on the line until its first report
         # The config goes first, before any `rate` message a rebalance may send.
         rpm, tpm = shares(*self.rate_limits, len(self._live()))
         index = state.handle.index

@@ -7,9 +7,9 @@ total is unknown), succeeded / failed / retrying, completion TPM and requests/s 
 ~10 s, how many requests wait for a rate limit, how long the endpoint has been down while
 every shard waits for it (or how many shards wait while the others hear answers; or how long it
 has failed every request, or sent nothing back to the requests out), a stop letting its
-requests in flight finish, and per shard its in_flight / cap and queue depth. Anywhere else (a log
-file, CI) it is one plain line every `interval` seconds, with no escape codes; `quiet` shows
-nothing.
+requests in flight finish, how many shards are still starting (not heard from yet), and per
+shard its in_flight / cap and queue depth. Anywhere else (a log file, CI) it is one plain line
+every `interval` seconds, with no escape codes; `quiet` shows nothing.
 
 Shard counters are cumulative; a shard whose counter goes backwards (a restarted process) is
 taken to have started again from zero, and what it reported before is kept.
@@ -53,6 +53,10 @@ CAUSE_CHARS = 60  # of a storm's cause on the progress line
 # line the view shows only "0 TPM" for minutes. Long enough that a slow first token at a small
 # cap rarely trips it, and the text only states what is seen.
 SILENT_AFTER_S = 30.0
+# A shard started this long ago and not heard from yet is said to be starting: its start-up may
+# take the coordinator's START_SILENCE_MIN_S (30 s) whatever `shard_silence_s` says, and a
+# start that long showed nothing moving and no reason. Most shards report within a second.
+STARTING_AFTER_S = 3.0
 WINDOW_S = 10.0
 # How long the view's start waits for the input's count (which then goes on in a thread): an
 # input counted this fast has its total from the first frame; 190 MB take about 0.14 s.
@@ -130,6 +134,11 @@ class Snapshot:
     # A stop letting the requests in flight finish (the first Ctrl-C, SIGTERM, an error): no
     # ETA then, the run ends once they have.
     stopping: bool = False
+    # Shards started at least STARTING_AFTER_S ago that have sent no report yet, of how many
+    # shards are started and not ended, and the longest of those starts so far.
+    starting_shards: int = 0
+    started_shards: int = 0
+    starting_s: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -213,6 +222,8 @@ class ProgressView:
         self.tty = tty
         self.clock, self.max_shard_rows = clock, max_shard_rows
         self.shards: dict[int, _Shard] = {}
+        # Shards started and not heard from yet (`shard_started`): when each was started.
+        self._unheard: dict[int, float] = {}
         self.started = clock()
         self._samples: deque[tuple[float, int, int, int]] = deque()
         self._eta_rate: float | None = None
@@ -257,7 +268,12 @@ class ProgressView:
             if not self._total_known:
                 self.total = counted
 
+    def shard_started(self, shard_index: int) -> None:
+        """A shard's process was started: until its first report it is starting."""
+        self._unheard[shard_index] = self.clock()
+
     def update(self, shard_index: int, report: Mapping[str, Any]) -> None:
+        self._unheard.pop(shard_index, None)
         self.shards.setdefault(shard_index, _Shard()).apply(report)
 
     def ended(self, shard_index: int) -> None:
@@ -265,6 +281,7 @@ class ProgressView:
         and its requests are not in flight. Its counts stand. A dead shard's last report
         lingered: its wait of 0 kept "endpoint down" from every other shard's outage, and its
         in_flight counted in a stop's requests to finish."""
+        self._unheard.pop(shard_index, None)
         shard = self.shards.get(shard_index)
         if shard is not None and not shard.finished:
             shard.finished = True
@@ -351,6 +368,7 @@ class ProgressView:
         # The shard that heard last: one shard hearing answers means the endpoint answers.
         unheard = min((float(g.get("unheard_s") or 0) for g in sending), default=0.0)
         silent_s = None if unheard < SILENT_AFTER_S or down or failing_s else unheard
+        starts = [now - at for at in self._unheard.values() if now - at >= STARTING_AFTER_S]
         return Snapshot(now - self.started, self._total(), sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
@@ -359,7 +377,8 @@ class ProgressView:
                         self._eta_rate, None if self.skipping is None else self.skipping(),
                         self.skipping_rejected() if self.skipping is not None else 0,
                         self.rejected(), 0 if down else len(waiting), len(busy),
-                        None if down or not waiting else max(waiting), self.stopping)
+                        None if down or not waiting else max(waiting), self.stopping,
+                        len(starts), len(working) + len(self._unheard), max(starts, default=None))
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -446,7 +465,8 @@ def format_plain_line(s: Snapshot) -> str:
             f"{eta}{_stopping_text(s)}{_held_text(s.rate_waiting)}{_down_text(s.down_s)}"
             f"{_waiting_text(s.waiting_shards, s.working_shards, s.waiting_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
-            f"{_silent_text(s.silent_s, s.sending)}")  # fmt: skip
+            f"{_silent_text(s.silent_s, s.sending)}"
+            f"{_starting_text(s.starting_shards, s.started_shards, s.starting_s)}")  # fmt: skip
 
 
 def _failed_text(s: Snapshot) -> str:
@@ -487,6 +507,14 @@ def _waiting_text(waiting: int, working: int, waiting_s: float | None) -> str:
                 f"{clock_text(waiting_s)}), the others have nothing left to run")
     return (f"; {waiting:,} of {counted(working, 'shard')} waiting for the endpoint "
             f"(up to {clock_text(waiting_s)}), the others hear answers")
+
+
+def _starting_text(starting: int, started: int, starting_s: float | None) -> str:
+    """Shards not heard from since they were started: a slow start-up, not a hang (yet)."""
+    if starting_s is None:
+        return ""
+    return (f"; {starting:,} of {counted(started, 'shard')} starting, not heard from "
+            f"for up to {clock_text(starting_s)}")
 
 
 def _stopping_text(s: Snapshot) -> str:
@@ -585,6 +613,9 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
                       "bold red")
     if s.silent_s is not None:
         counts.append(_silent_text(s.silent_s, s.sending).replace(";", "  │", 1), "yellow")
+    if s.starting_s is not None:
+        counts.append(_starting_text(s.starting_shards, s.started_shards, s.starting_s)
+                      .replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -16,7 +16,7 @@ from shardrun.errors import SpecError
 from shardrun.inputs import InputPlan, InputReader
 from shardrun.manifest import RunDir
 from shardrun.placement import Lines
-from shardrun.progress import ProgressView
+from shardrun.progress import STARTING_AFTER_S, ProgressView
 from shardrun.shard_config import ShardConfig
 from shardrun.worksource import SETTLE_LINES, SKIP_SLICE_LINES, WorkSource, id_digest
 from tests.conftest import write_input
@@ -239,6 +239,27 @@ def test_a_dead_shards_last_report_neither_hides_an_outage_nor_counts_in_flight(
         snap = view.snapshot()
         assert snap.down_s == 30.0 and snap.waiting_s is None
         assert snap.in_flight == 0 and snap.ok == 5
+    finally:
+        coordinator.log.close()
+        source.reader.close()
+
+
+def test_an_adopted_shard_is_starting_in_the_view_until_it_is_heard(tmp_path: Path) -> None:
+    """The coordinator tells the view of each shard it starts: not heard from for
+    STARTING_AFTER_S, it shows as starting (the view's own test has the wording)."""
+    clock = [100.0]
+    view = ProgressView(quiet=True, clock=lambda: clock[0])
+    coordinator, source = _coordinator(tmp_path, 1, view, silence_s=60.0)
+
+    async def adopt() -> None:
+        coordinator._adopt(Handle(0))
+        clock[0] += STARTING_AFTER_S
+        assert view.snapshot().starting_shards == 1
+        await asyncio.wait(list(coordinator.tasks))  # it says nothing and ends: no more starting
+
+    try:
+        asyncio.run(adopt())
+        assert view.snapshot().starting_shards == 0
     finally:
         coordinator.log.close()
         source.reader.close()

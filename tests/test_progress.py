@@ -202,6 +202,37 @@ def test_idle_shards_are_not_said_to_hear_answers_while_others_wait() -> None:
                          "nothing left to run")
 
 
+def test_shards_not_heard_from_since_their_start_are_said_to_be_starting() -> None:
+    """A shard may take 30 s to start (`coordinator.START_SILENCE_MIN_S`): once one started
+    STARTING_AFTER_S ago has sent nothing, both views count the shards starting and how long
+    the longest has been; its first report, or its end, takes it off."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    for shard in range(3):
+        view.shard_started(shard)
+    clock.now += progress.STARTING_AFTER_S - 1
+    view.update(0, report(0, in_flight=4, cap=8))
+    assert "starting" not in progress.format_plain_line(view.snapshot())  # a start is quick
+    clock.now += 2
+    view.shard_started(3)  # a replacement, started later
+    clock.now += 2
+    view.refresh()
+    assert out.getvalue().splitlines()[-1].endswith(
+        "; 2 of 4 shards starting, not heard from for up to 0:06")
+    console = Console(file=StringIO(), force_terminal=True, width=200, color_system=None)
+    with console.capture() as cap:
+        console.print(view.render())
+    assert "│ 2 of 4 shards starting, not heard from for up to 0:06" in cap.get()
+    view.update(1, report(0, in_flight=4, cap=8))
+    view.ended(2)  # died before a word: it starts no more
+    clock.now += 1
+    assert progress.format_plain_line(view.snapshot()).endswith(
+        "; 1 of 3 shards starting, not heard from for up to 0:03")
+    view.update(3, report(0, in_flight=4, cap=8))
+    assert "starting" not in progress.format_plain_line(view.snapshot())
+
+
 def test_a_stopping_run_says_so_with_its_requests_in_flight_instead_of_an_eta() -> None:
     """After the first Ctrl-C the run ends with its requests in flight, not at the total: both
     views say it is stopping and how many requests it waits for, and show no ETA."""
