@@ -288,6 +288,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                 # So that `report` on this pass, crashed, names the retry as its way on does.
                 "carried_flags": carried_flags(job),
                 "repaired": prior.notes, "dead_letters_retried": prior.retried,
+                "dead_letters_answered": prior.answered,
                 "already_done": len(prior.done), "answer_settings_changed": changed,
                 "input_unchecked": unchecked, "results_changed": results_changed}
         # Lines an earlier pass read were judged then: their rejects are on record already.
@@ -452,6 +453,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             prior_dead=this.prior_dead + unretried - put_back,
             unretried=unretried, input_read_before=this.read_before,
             unfinished_put_back=put_back, retried=len(this.retried or ()),
+            answered_dead=int(this.info.get("dead_letters_answered") or 0),
             dead_letters_only=bool(this.info.get("retry_failed")) and (
                 this.only is not None or this.read_before),
             prior_rejects=source.prior_rejects + _rejects_past(this, source), cost=cost(

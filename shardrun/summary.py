@@ -58,6 +58,9 @@ class RunSummary:
     # or --resume --retry-failed after a whole read): then what it took are dead letters.
     retried: int = 0
     dead_letters_only: bool = False
+    # Of `retried`, those whose item has a result line too (`resume.Prior.answered`): skipped
+    # as finished, so back in dead/ (in `unretried`) though no stop left them.
+    answered_dead: int = 0
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -212,6 +215,7 @@ class RunSummary:
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
             "left_out": self.left_out,
             "prior_dead": self.prior_dead, "unretried": self.unretried,
+            "answered_dead": self.answered_dead,
             "unfinished_put_back": self.unfinished_put_back,
             "prior_rejects": self.prior_rejects,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
@@ -245,6 +249,9 @@ class WorkLeft:
     unfinished: int  # items handed out and not ended (a stop), less the dead letters among them
     unretried: int  # the dead letters put back in dead/: not reached, or taken and not ended
     put_back: int  # of unretried: those it took and did not end (a stop)
+    # Put back too, not in `unretried`: dead letters of items with a result line, which no
+    # pass runs (they are finished), so neither a stop nor the retry command concerns them.
+    answered: int = 0
 
     @property
     def for_resume(self) -> bool:
@@ -267,7 +274,8 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
     (`left_out`). So what it took and did not end counts, less the dead letters among them,
     which are back in dead/ (`unfinished_put_back`; a summary of an older shardrun lacks it,
     and its count stays as it was judged then)."""
-    unretried = int(summary.get("unretried") or 0)
+    answered = int(summary.get("answered_dead") or 0)
+    unretried = max(0, int(summary.get("unretried") or 0) - answered)
     unfinished = int(summary.get("unfinished") or 0)
     put_back = min(unretried, int(summary.get("unfinished_put_back") or 0))
     if "unfinished_put_back" in summary:
@@ -276,7 +284,7 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
         unfinished = 0
     return WorkLeft(unread=not read_before and summary.get("input_read") is False,
                     left_out=int(summary.get("left_out") or 0), unfinished=unfinished,
-                    unretried=unretried, put_back=put_back)
+                    unretried=unretried, put_back=put_back, answered=answered)
 
 
 def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
@@ -414,6 +422,17 @@ def _per_shard_line(per_shard: list[dict[str, int]]) -> str:
 
 
 def _items_note(s: RunSummary) -> str:
+    """Why the items count is what it is, and the dead letters set aside it has no room for
+    because their items were answered already."""
+    note = _items_why(s)
+    if not (answered := s.work_left.answered):
+        return note
+    said = (f"{answered:,} of the dead letters set aside already answered (a result line for "
+            "the item too), so not run")
+    return f"{note[:-1]}; {said})" if note else f"  ({said})"
+
+
+def _items_why(s: RunSummary) -> str:
     if s.read_to_line is not None and not s.work_left.not_reached:
         return _read_to_note(s, s.read_to_line)
     if s.left_out:
@@ -455,6 +474,9 @@ def _retried_note(s: RunSummary) -> str:
     failures below)."""
     why = "the pass stopped" if s.limit is None else f"--limit {s.limit:,} stopped the pass"
     if not (left := s.work_left.not_reached):
+        if answered := s.work_left.answered:  # not taken: the note's next clause says why
+            return (f"  (dead letters taken to retry: {s.retried - answered:,} of "
+                    f"{s.retried:,} set aside)")
         return f"  (dead letters taken to retry: all {s.retried:,} set aside)"
     return f"  (dead letters taken to retry, of {s.retried:,}: {why} before the other {left:,})"
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
-from conftest import write_job
+from conftest import read_jsonl, run_cli, write_input, write_job
 
 from shardrun.manifest import RunDir
 from shardrun.runner import resume_command
@@ -338,3 +339,43 @@ def test_a_retry_pass_that_read_up_to_its_last_dead_letter_says_so_not_a_count()
     assert "(dead letters taken to retry, of 10: the pass stopped before the other 4)" in (
         format_summary(cut))
     assert found.as_dict()["read_to_line"] == 40
+
+
+def test_a_dead_letter_of_an_answered_item_is_counted_as_answered_not_as_a_stop(
+        tmp_path: Path) -> None:
+    """A damaged run: a dead letter for an item that has a result line too. retry-failed sets
+    it aside, and skips the item as finished: its summary said "the pass stopped before the
+    other 1" and named itself again to finish the run, though nothing stopped."""
+    write_input(tmp_path / "input.jsonl", 6)
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("run", "job.yaml", "--run-id", "r1", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "runs" / "r1"
+    answered = read_jsonl(run / "results" / "shard-00.jsonl")[2]["id"]
+    (run / "dead" / "shard-00.jsonl").write_bytes(orjson.dumps(
+        {"id": answered, "reason": "written by hand", "attempts": [], "shard": 0}) + b"\n")
+    retry = run_cli("retry-failed", "runs/r1", "--quiet", cwd=tmp_path)
+    items = next(line for line in retry.stdout.splitlines() if line.startswith("  items "))
+    assert "stopped" not in items, retry.stdout
+    assert items.endswith("; 1 of the dead letters set aside already answered (a result line "
+                          "for the item too), so not run)"), retry.stdout
+    assert "to finish the run" not in retry.stdout
+
+
+def test_a_retry_pass_stopped_part_way_counts_answered_dead_letters_apart() -> None:
+    """Stopped part way, a retry pass's dead letters of answered items are no part of those the
+    stop left: they are said apart, and the retry command is not named for them alone."""
+    stopped = replace(summary_of([{}], dead=0), input_read=False, interrupted=True, retried=23,
+                      dead_letters_only=True, unretried=16, prior_dead=16, answered_dead=2,
+                      retry_command="shardrun retry-failed runs/r1")
+    lines = format_summary(stopped).splitlines()
+    assert ("  items              10  (dead letters taken to retry, of 23: the pass stopped "
+            "before the other 14; 2 of the dead letters set aside already answered (a result "
+            "line for the item too), so not run)") in lines
+    assert "  to finish the run  shardrun retry-failed runs/r1" in lines
+    answered_only = replace(stopped, unretried=2, prior_dead=2, retried=12)
+    lines = format_summary(answered_only).splitlines()
+    assert ("  items              10  (dead letters taken to retry: 10 of 12 set aside; 2 of the "
+            "dead letters set aside already answered (a result line for the item too), so not "
+            "run)") in lines
+    assert not any(line.startswith("  to finish the run") for line in lines)
