@@ -244,6 +244,12 @@ def _export(run_path: Path, reader: InputReader, fmt: Format, out: Path | None,
     summary.orphans = index.size - summary.ok - summary.failed
 
 
+def run_input(run_path: Path, manifest: dict[str, Any]) -> tuple[Path, InputPlan]:
+    """The run's input file and how its last pass read it, as export reads it."""
+    job = _load_job(run_path, manifest, None)
+    return job.input_path, _run_plan(manifest, job)[0]
+
+
 def _load_job(run_path: Path, manifest: dict[str, Any], job_path: Path | None) -> LoadedJob:
     from shardrun.spec import load_job
 

@@ -830,3 +830,36 @@ def test_report_shows_each_pass_with_its_settings_their_source_and_its_throughpu
         ["0", "first", "succeeded", "3", "(flag", "--shards)"],
         ["1", "resume", "succeeded", "2", "(job", "file)"]]
     assert "2 (env SHARDRUN_CONCURRENCY)" in rows[1] and "8 (job file)" in rows[0]
+
+
+def _as_killed(run: Path) -> None:
+    """The manifest as a pass killed with kill -9 leaves it after its last answer was written:
+    still running, with no end and no summary (the coordinator died before closing it)."""
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    for key in ("ended_at", "summary", "files"):
+        manifest.pop(key, None)
+    (run / "manifest.json").write_bytes(orjson.dumps({**manifest, "status": "running"}))
+
+
+def test_a_crashed_run_with_every_item_accounted_for_says_a_resume_only_closes_it(
+        tmp_path: Path) -> None:
+    """Killed after every input item had its result or dead letter, a run was still said to be
+    continued by --resume, as if items were left: it says that a resume only closes it, which
+    is what a resume then does (nothing sent). With one answer gone, --resume runs it."""
+    write_input(tmp_path / "input.jsonl", 6)
+    write_job(tmp_path / "job.yaml", shards=1)
+    for run_id in ("whole", "short"):
+        first = run_cli("run", "job.yaml", "--run-id", run_id, "--quiet", cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        _as_killed(tmp_path / "runs" / run_id)
+    results = tmp_path / "runs" / "short" / "results" / "shard-00.jsonl"
+    results.write_bytes(b"".join(results.read_bytes().splitlines(keepends=True)[:-1]))
+    reason = load_report(tmp_path / "runs" / "whole")[0]["run"]["state_reason"]
+    assert reason.endswith("; every input item has a result or a dead letter: --resume only "
+                           "closes the run (it sends no request, and records the run's end)")
+    short = load_report(tmp_path / "runs" / "short")[0]["run"]["state_reason"]
+    assert short.endswith("; --resume continues it (it keeps every answer on disk)"), short
+    resumed = run_cli("run", "job.yaml", "--resume", "whole", "--quiet", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "  attempts           0 (0 retries)" in resumed.stdout.splitlines()
+    assert load_report(tmp_path / "runs" / "whole")[0]["run"]["state"] == "finished"

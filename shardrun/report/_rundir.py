@@ -30,7 +30,9 @@ from shardrun.aggregate import (
     ShardSummary,
 )
 from shardrun.aggregate import _fast as fast
-from shardrun.errors import RunDirError
+from shardrun.digestset import DigestSet
+from shardrun.errors import RunDirError, ShardrunError
+from shardrun.inputs import InputReader, Reject
 from shardrun.manifest import (
     newest_pass,
     newest_read_before,
@@ -51,6 +53,7 @@ from shardrun.resume import (
     set_aside_lines,
 )
 from shardrun.summary import work_left
+from shardrun.worksource import id_digest
 
 PARALLEL_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
 WORKERS_VAR = "SHARDRUN_AGGREGATE_WORKERS"
@@ -461,11 +464,37 @@ def _crashed_way_on(loaded: LoadedRun) -> str:
     newest = newest_pass(loaded.manifest)
     retry = _retry_command(loaded)
     if not newest.get("retry_failed"):
+        if _all_answered(loaded):  # what a resume does then (`WorkSource` skips them all)
+            return ("; every input item has a result or a dead letter: --resume only closes "
+                    "the run (it sends no request, and records the run's end)")
         return "; --resume continues it (it keeps every answer on disk)"
     if newest.get("only_failed") or newest_read_before(loaded.manifest):
         return f"; {retry} continues it (its dead letters are for retry-failed, not --resume)"
     return (f"; --resume runs the input it left, and {retry} its dead letters (--resume does "
             "not retry them)")
+
+
+def _all_answered(loaded: LoadedRun) -> bool:
+    """Whether every item of the run's input has a result or a dead letter on disk, the input
+    read as its last pass read it; False also when that cannot be told (the job file or the
+    input gone or changed, an unreadable line: then --resume is the safe way on)."""
+    from shardrun.export import run_input  # the input's reader: only for a crashed run
+
+    try:
+        path, plan = run_input(loaded.path, loaded.manifest)
+        # Whole lines only: a resume repairs a torn last line away, and runs its item again.
+        done = DigestSet(id_digest(i) for sub in ("results", "dead")
+                         for f in sorted((loaded.path / sub).glob("*.jsonl"))
+                         for i in line_ids(f, whole_only=True, bad=[]))
+        done.update(id_digest(i) for i in set_aside_lines(loaded.path, []))
+        reader = InputReader(path, plan)
+        try:
+            return all(isinstance(entry, Reject) or id_digest(entry["id"]) in done
+                       for entry in reader)
+        finally:
+            reader.close()
+    except (ShardrunError, OSError):
+        return False
 
 
 def _work_left(loaded: LoadedRun) -> str:
