@@ -91,6 +91,31 @@ def test_publish_picks_the_peak_full_minute(published: tuple[Path, Path]) -> Non
     assert sample["method"] == {"name": "completion_tokens_by_last_token_minute", "version": 1}
 
 
+METRICS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
+
+
+def _outline_names(outline: str) -> list[str]:
+    """The top-level names of an outline as METRICS writes one (`a (note), b{c}, d[{e}]`)."""
+    outline = re.sub(r"(?<=\S) {3,}\S[^\n]*", "", outline)  # a note after a line's names
+    inner = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)")
+    while inner.search(outline):
+        outline = inner.sub("", outline)
+    return re.findall(r"[a-z_0-9.]+", outline)
+
+
+def test_the_sample_has_the_fields_metrics_lists_in_its_order(
+        published: tuple[Path, Path]) -> None:
+    """METRICS' outline of a sample names its keys, and those of its per-shard, file and pass
+    entries, in the order `publish` writes them."""
+    _, path = published
+    sample = orjson.loads(path.read_bytes())
+    block = METRICS.read_text().split("\n## Minute samples", 1)[1].split("\n\n")[1]
+    assert _outline_names(block) == list(sample)
+    for name in ("per_shard", "files", "passes"):
+        entry = re.search(rf"\b{name}\[\{{(.*?)\}}\]", block, re.DOTALL)
+        assert entry and _outline_names(entry[1]) == list(sample[name][0]), name
+
+
 def test_verify_confirms_in_one_line(published: tuple[Path, Path],
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """An untouched run verifies: exit 0 and one line naming the figure."""
