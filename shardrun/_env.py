@@ -105,7 +105,7 @@ ENV_BY_KEY: Mapping[str, EnvVar] = {v.key: v for v in ENV_VARS}
 # Variables of `report`, `publish` and `verify`, not of a job: no job key, no flag.
 ANALYSIS_VARS: Mapping[str, str] = {
     "SHARDRUN_AGGREGATE_WORKERS": "worker processes that fold event files, or that verify reads "
-                                  "a run's files with (default: one per CPU for a run of 64 MB "
+                                  "a run's files with (default: one per CPU for a run of 64 MiB "
                                   "or more, else one)",
     "SHARDRUN_FAST_FOLD": "0 folds event files in Python even where the C fold is built",
 }
