@@ -89,7 +89,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SHARDRUN_FSYNC_INTERVAL_S", "fsync_interval_s", "seconds between fsyncs of results"),
     EnvVar(
         "SHARDRUN_SHARD_SILENCE_S", "shard_silence_s",
-        "seconds a shard may send nothing before it is killed and replaced (>= 2)",
+        "seconds a shard may send nothing before it is killed and replaced (>= 2; one not "
+        "heard from yet, still starting: 30 at least)",
     ),
     EnvVar(
         "SHARDRUN_RPM", "rate_limits.rpm", "requests per minute, whole job (none: unlimited)"

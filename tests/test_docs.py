@@ -22,6 +22,7 @@ import yaml
 from shardrun._env import ANALYSIS_VARS, ENV_VARS, IGNORE_VAR, unknown_env_errors
 from shardrun._models import FIELDS, SECTION_KEYS
 from shardrun.cli import SUBCOMMANDS, build_parser
+from shardrun.coordinator import START_SILENCE_MIN_S
 from shardrun.event_names import ALL_EVENTS, LEGACY_ATTEMPT_EVENTS
 from shardrun.shard_config import Counters
 from shardrun.sim import _parser as sim_parser
@@ -73,6 +74,16 @@ def test_the_variable_table_maps_each_variable_to_its_job_key() -> None:
     section = README[start:README.index("\n## ", start + 1)]
     rows = re.findall(r"^\| `(SHARDRUN_\w+)` \| `([\w.]+)`", section, re.MULTILINE)
     assert rows == [(v.name, v.key) for v in ENV_VARS]
+
+
+def test_the_start_up_silence_in_the_docs_is_the_coordinators() -> None:
+    """A shard not heard from yet may be silent START_SILENCE_MIN_S whatever shard_silence_s
+    says: the README's row and `--help` give that figure, as written where the limit is."""
+    row = next(line for line in README.splitlines() if line.startswith("| `SHARDRUN_SHARD_SIL"))
+    help_text = next(v.help for v in ENV_VARS if v.name == "SHARDRUN_SHARD_SILENCE_S")
+    figure = f"{START_SILENCE_MIN_S:g}"
+    assert f"{figure} before its first word" in row
+    assert f"still starting: {figure} at least" in help_text
 
 
 def yaml_blocks(text: str) -> Iterator[Any]:
