@@ -7,6 +7,7 @@ its own copy of the run's directory, its job and its input.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import decimal
@@ -1080,3 +1081,15 @@ def test_rows_written_to_a_terminal_get_no_live_line_among_them(base: Path,
     assert "\n".join(rows) + "\n" == to_file.read_text(), text[:300]
     assert "exported" in text and "\x1b" not in text and "\r\n" in text
     assert "\r" not in text.replace("\r\n", "\n"), text[:300]
+
+
+def test_the_help_of_o_names_every_suffix_export_refuses() -> None:
+    """`-o`'s help lists the names `format_of` refuses by suffix, no more and no fewer: the two
+    lists are written apart (the parser does not import the exporter)."""
+    from shardrun.cli import build_parser
+    from shardrun.export import _OTHER_FORMATS
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    option = next(a for a in sub.choices["export"]._actions if "-o" in a.option_strings)
+    assert option.help and set(re.findall(r"\.[a-z0-9]+\b", option.help)) == set(_OTHER_FORMATS)
