@@ -86,6 +86,18 @@ def test_the_start_up_silence_in_the_docs_is_the_coordinators() -> None:
     assert f"still starting: {figure} at least" in help_text
 
 
+def test_the_progress_lines_the_readme_quotes_are_the_views() -> None:
+    """"Live progress" quotes the view's words for a hung endpoint and for a pass reading up
+    to its first item; each is the text `progress` writes for those figures."""
+    from shardrun.progress import _silent_text, _skipping_text
+
+    flat = " ".join(README.split())
+    reading = _skipping_text(2_300_000, 0)
+    quoted = [_silent_text(30, 14).removeprefix("; "), reading,
+              _skipping_text(2_300_000, 955_000).removeprefix(reading)]
+    assert [text for text in quoted if f'"{text}"' not in flat] == []
+
+
 def yaml_blocks(text: str) -> Iterator[Any]:
     """Each ```yaml block, and each commented-out top-level line in one (`# pricing: {...}`),
     which shows a key as an alternative."""
