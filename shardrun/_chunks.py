@@ -44,6 +44,7 @@ the text (`reasoning_content or reasoning`), and an empty arguments piece still 
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable
 from itertools import repeat
@@ -961,8 +962,31 @@ def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
         meta = err.get("metadata") if isinstance(err, dict) else None
         flagged = isinstance(meta, dict) and ("flagged_input" in meta or "reasons" in meta)
     if not isinstance(msg, str) or not msg:
-        msg = body.decode("utf-8", "replace")
+        msg = html_page(body) or body.decode("utf-8", "replace")
     return clip(msg) or "(empty body)", error_name(err), flagged
+
+
+def html_page(body: bytes) -> str | None:
+    """What an HTML page says, as a message shows it: its title, else its first heading, else
+    its text, never its markup; None when `body` is no HTML page. A proxy's, a gateway's or a
+    login page read as text gave its markup, and Cloudflare's some 300 bytes of comments before
+    its title filled the whole message. Only `HTML_READ` bytes are read: the patterns stop at
+    the next "<", so that hostile markup costs time in proportion to its length."""
+    body = body[:HTML_READ]
+    if not body.lstrip().startswith(b"<") or not _HTML_START.search(body, 0, 2048):
+        return None
+    heading = next((m[1] for m in _HTML_HEADING.finditer(body) if m[1].strip()), None)
+    words = " ".join(html.unescape((heading or _HTML_MARKUP.sub(b" ", body)).decode(
+        "utf-8", "replace")).split())
+    return f'an HTML page that says "{clip(words, 120)}"' if words else "an HTML page with no text"
+
+
+HTML_READ = 64 * 1024
+_HTML_START = re.compile(rb"<(?:!doctype\s+html|html|head|body|title)\b", re.I)
+_HTML_HEADING = re.compile(rb"<(?:title|h1)\b[^<>]*>([^<]*)", re.I)
+# A script's or a style's text is no words; comments are tags here (IE's conditional ones hold
+# tags), so what they hold between those reads as spaces.
+_HTML_MARKUP = re.compile(rb"<(?:script|style)\b[^<>]*>[^<]*|<[^<>]*>", re.I)
 
 
 def clip(value: object, limit: int = MSG_MAX) -> str:

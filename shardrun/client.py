@@ -72,7 +72,7 @@ from shardrun._attempt import (
     Watchdog,
     call_caller,
 )
-from shardrun._chunks import Unreadable, clip, read_error_body
+from shardrun._chunks import Unreadable, clip, html_page, read_error_body
 from shardrun._ellipsis import counted
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
@@ -345,9 +345,10 @@ class StreamingClient:
                 pass
         elif not chunk:
             whole = False
+            body = b"".join(before_events or ())
             try:
-                if before_events:
-                    whole = st.take_whole(b"".join(before_events), now_of())
+                if body:
+                    whole = st.take_whole(body, now_of())
             except Unreadable as exc:  # JSON, but no answer: never an empty success
                 _fail_stream(st, resp, f"an unreadable answer: {exc}", tokens=False)
                 return
@@ -361,6 +362,9 @@ class StreamingClient:
                 # servers send none (ik_llama.cpp's unless started with --send-done). The answer
                 # is whole; only a usage chunk may be missing, and then its tokens are estimated.
                 st.done = True
+                return
+            if (page := html_page(body)) is not None:  # a login page, a proxy's notice
+                _fail_stream(st, resp, f"{page}, not an event stream", tokens=False)
                 return
             last = "response.completed" if self._api == "responses" else "[DONE]"
             _fail_stream(st, resp, f"stream ended before {last}")

@@ -251,7 +251,9 @@ def test_finish_reason_noted_before_a_malformed_choice_stays() -> None:
         (b'{"error":{"detail":"bad model"}}', "bad model"),
         (b'{"error":"quota exceeded"}', "quota exceeded"),
         (b'{"error":{"message":""}}', '{"error":{"message":""}}'),
-        (b"<html>\n  502 Bad Gateway\n</html>", "<html> 502 Bad Gateway </html>"),
+        (b"<html>\n  502 Bad Gateway\n</html>", 'an HTML page that says "502 Bad Gateway"'),
+        (b"<?xml version='1.0'?><Error><Code>Denied</Code></Error>",
+         "<?xml version='1.0'?><Error><Code>Denied</Code></Error>"),
         (b'{"error": {"message": "cut', '{"error": {"message": "cut'),
         (b"caf\xe9", "caf\ufffd"),
         (b"", "(empty body)"),
@@ -261,6 +263,29 @@ def test_finish_reason_noted_before_a_malformed_choice_stays() -> None:
 def test_error_body_message(body: bytes, message: str) -> None:
     """The OpenAI message (or detail) of an error body, else its raw text on one line."""
     assert error_message(body) == message
+
+
+CLOUDFLARE_403 = (
+    b'<!DOCTYPE html>\n<!--[if lt IE 7]> <html class="no-js ie6 oldie" lang="en-US"> <![endif]-->\n'
+    + b'<!--[if IE 7]>    <html class="no-js ie7 oldie" lang="en-US"> <![endif]-->\n' * 3
+    + b'<head>\n<title>Attention Required! | Cloudflare</title>\n<meta charset="UTF-8" />\n'
+    b"<style>body{}</style></head><body><h1>Sorry, you have been blocked</h1></body></html>\n")
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (CLOUDFLARE_403, "Attention Required! | Cloudflare"),
+    (b"<html><head><title> </title></head><body><h1>401 Authorization Required</h1>"
+     b"<hr><center>nginx</center></body></html>", "401 Authorization Required"),
+    (b"<!doctype html><html><head><script>if (a) {}</script><style>p{}</style></head>"
+     b"<body><p>Caf&eacute; Wi-Fi:</p>\n<p>accept &amp; go</p></body></html>",
+     "Caf\u00e9 Wi-Fi: accept & go"),
+])  # fmt: skip
+def test_an_html_error_page_is_read_by_its_words(body: bytes, said: str) -> None:
+    """A proxy's or gateway's HTML page (a login page, a block page, a 502): its title, else
+    its first heading, else its text, never its markup (Cloudflare's some 300 bytes of
+    comments before the title filled the whole message)."""
+    assert error_message(body) == f'an HTML page that says "{said}"'
+    assert error_message(b"<html><body></body></html>") == "an HTML page with no text"
 
 
 def test_error_body_message_is_clipped() -> None:

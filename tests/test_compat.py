@@ -155,16 +155,16 @@ def test_a_job_the_server_refuses_alike_stops_the_run_and_resume_finishes(tmp_pa
 
 def test_a_web_page_instead_of_an_endpoint_stops_the_run(tmp_path: Path) -> None:
     """A base_url that answers every request with 200 and an HTML page (a login page, a web
-    app): after a few alike, the run stops with one sentence naming the content-type and
-    endpoint.base_url, dead-letters only the few items it tried, and sends a few requests, not
-    one or more per item."""
+    app): after a few alike, the run stops with one sentence naming the page's heading and
+    content-type and endpoint.base_url, dead-letters only the few items it tried, and sends a
+    few requests, not one or more per item."""
     ids = write_input(tmp_path / "input.jsonl", 500)
     with page_server() as server:
         write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
                                                    "model": "m"})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert_refused_alike(proc, "stream ended before [DONE] after 0 tokens (content-type "
-                               "text/html; charset=utf-8)", tmp_path)  # fmt: skip
+    assert_refused_alike(proc, 'an HTML page that says "Sign in", not an event stream '
+                               "(content-type text/html; charset=utf-8)", tmp_path)  # fmt: skip
     run = Run.load(only_run(tmp_path / "runs"))
     assert not run.results and len(run.dead) < len(ids) / 4
     assert 0 < server.served < len(ids) / 4

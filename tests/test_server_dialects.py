@@ -369,6 +369,23 @@ def test_a_body_that_is_not_the_gzip_it_says_is_no_answer_not_a_cut() -> None:
     assert (out.status, out.error, out.not_an_answer) == ("http_429", "HTTP 429", False)
 
 
+def test_an_html_page_says_what_it_says_not_its_markup() -> None:
+    """A block page for a 403 and a captive portal's login page for a 200: each named by its
+    title, which says what to do, where a 403's message was the page's first 200 bytes of
+    markup and a 200's only its content type."""
+    block = run(_raw_attempt([b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/html\r\n"
+                              b"Connection: close\r\n\r\n<!DOCTYPE html>" + b"<!-- -->" * 40
+                              + b"<html><head><title>Access denied | Cloudflare</title>"]))
+    assert (block.status, block.http_status) == ("http_4xx", 403)
+    assert block.error == 'HTTP 403: an HTML page that says "Access denied | Cloudflare"'
+    portal = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+                               b"Connection: close\r\n\r\n<html><head><title>Hotel Wi-Fi",
+                               b" &amp; Login</title></head><body>Accept</body></html>"]))
+    assert (portal.status, portal.not_an_answer) == ("protocol_error", True)
+    assert portal.error == ('an HTML page that says "Hotel Wi-Fi & Login", not an event stream '
+                            "(content-type text/html)")
+
+
 def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.json_response(body, status=status)

@@ -437,7 +437,8 @@ def test_ping_to_a_web_page_exits_1_with_a_hint(tmp_path: Path) -> None:
         code, text = validate(str(job), "--ping")
     assert code == 1 and server.served == 1
     assert f"ping: protocol_error (HTTP 200) {server.base_url}/chat/completions" in text
-    assert "  error: stream ended before [DONE] after 0 tokens (content-type text/html" in text
+    assert '  error: an HTML page that says "Sign in", not an event stream (content-type text/html'\
+           in text
     assert "  hint: that is no OpenAI-compatible answer (a login page, a proxy's notice or a web "\
            "app?): check endpoint.base_url, which for OpenAI-compatible servers ends in /v1" in text
 
