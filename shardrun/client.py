@@ -107,6 +107,10 @@ _BODY_MAX = 64 * 1024 * 1024
 # top logprobs (their text, bytes and values) is about 1.5 KB, so a 32k-token answer with them
 # is some 50 MB, and with n choices n times as much.
 _BYTES_PER_TOKEN = 8 * 1024
+# The longest header taken. aiohttp's default, 8190 bytes, refused a valid answer with one long
+# header (an auth proxy's session cookie) as "invalid HTTP response", every request alike, so
+# the run stopped; curl takes 100 KB. Held per connection only while the headers are read.
+_HEADER_MAX = 64 * 1024
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -128,6 +132,7 @@ def make_session(cap: int, timeouts: Timeouts) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s),
+        max_field_size=_HEADER_MAX,
     )
 
 

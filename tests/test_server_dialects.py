@@ -386,6 +386,20 @@ def test_an_html_page_says_what_it_says_not_its_markup() -> None:
                             "(content-type text/html)")
 
 
+def test_a_header_longer_than_8_kib_is_read() -> None:
+    """A gateway's header of 20 KB (an auth proxy's session cookie, a long policy header):
+    valid HTTP, which aiohttp's default limit of 8190 bytes a line refused as "invalid HTTP
+    response", for every request, so the run stopped as if the job did not suit the server."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request, **{"Set-Cookie": "session=" + "a" * 20_000})
+        await resp.write(sse(chat("long")) + sse(chat(None, "stop")) + sse(b"[DONE]"))
+        return resp
+
+    out = run(one(handler))
+    assert (out.status, out.text, out.error) == ("ok", "long", None)
+
+
 def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.json_response(body, status=status)
