@@ -189,9 +189,11 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:  # "inf" was an endless wait: every item a 429 answered given up at once
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     if (when := _http_date(value)) is None:
         return None
     return max(0.0, when - (time.time() if now is None else now))

@@ -74,6 +74,18 @@ def test_a_wait_asked_in_milliseconds_counts() -> None:
         assert retry_after_of({"Retry-After": "4", "retry-after-ms": junk}) == "4"
 
 
+@pytest.mark.parametrize("junk", ["inf", "Infinity", "-inf", "nan"])
+def test_a_retry_after_of_infinity_asks_nothing(junk: str) -> None:
+    """A Retry-After that float() reads but is no count of seconds ("inf"): it was an endless
+    wait, past max_server_wait_s, so every item a 429 answered was given up at once
+    (server_wait_too_long), where junk asks nothing and the item is retried after its backoff,
+    as the millisecond headers and the x-ratelimit resets already treated it."""
+    assert parse_retry_after(junk) is None
+    assert retry_after_of({"Retry-After": junk, "retry-after-ms": "1500"}) == "1.5"
+    r = Retrier(RetryPolicy(max_attempts=3, max_server_wait_s=60.0))
+    assert r.decide("http_429", 429, 1, retry_after=junk).why == "backoff"
+
+
 def test_rate_limit_reset_durations() -> None:
     """x-ratelimit-reset-* values like 6m0s, 20ms and 1.5 parse to seconds; junk to None."""
     assert parse_duration("6m0s") == 360.0
