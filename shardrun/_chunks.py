@@ -970,8 +970,8 @@ def html_page(body: bytes) -> str | None:
     """What an HTML page says, as a message shows it: its title, else its first heading, else
     its text, never its markup; None when `body` is no HTML page. A proxy's, a gateway's or a
     login page read as text gave its markup, and Cloudflare's some 300 bytes of comments before
-    its title filled the whole message. Only `HTML_READ` bytes are read: the patterns stop at
-    the next "<", so that hostile markup costs time in proportion to its length."""
+    its title filled the whole message. Only `HTML_READ` bytes are read, by patterns that read
+    each byte a few times at most, so that hostile markup costs time in proportion to its length."""
     body = body[:HTML_READ]
     if not body.lstrip().startswith(b"<") or not _HTML_START.search(body, 0, 2048):
         return None
@@ -984,9 +984,11 @@ def html_page(body: bytes) -> str | None:
 HTML_READ = 64 * 1024
 _HTML_START = re.compile(rb"<(?:!doctype\s+html|html|head|body|title)\b", re.I)
 _HTML_HEADING = re.compile(rb"<(?:title|h1)\b[^<>]*>([^<]*)", re.I)
-# A script's or a style's text is no words; comments are tags here (IE's conditional ones hold
-# tags), so what they hold between those reads as spaces.
-_HTML_MARKUP = re.compile(rb"<(?:script|style)\b[^<>]*>[^<]*|<[^<>]*>", re.I)
+# A comment, a script and a style are no words, to their end (or the page's): their text holds
+# "<" and ">" (`a < b`, a tag in a string, IE's conditional tags), and cut at those it was read
+# as words. Each alternative reads on to its end, never back, so the cost stays linear.
+_HTML_MARKUP = re.compile(rb"<!--[^-]*(?:-(?!->)[^-]*)*(?:-->)?"
+                          rb"|<(script|style)\b[^<>]*>[^<]*(?:<(?!/\1)[^<]*)*|<[^<>]*>", re.I)
 
 
 def clip(value: object, limit: int = MSG_MAX) -> str:

@@ -288,6 +288,20 @@ def test_an_html_error_page_is_read_by_its_words(body: bytes, said: str) -> None
     assert error_message(b"<html><body></body></html>") == "an HTML page with no text"
 
 
+@pytest.mark.parametrize(("body", "said"), [
+    (b"<html><body><script>if (a < b) { go('<b>') }</script><style>p>a{}</style>"
+     b"<p>Sign in</p></body></html>", "Sign in"),
+    (b"<html><body><!-- <p>old</p> a-b > c --><p>Sign in</p><!-- never closed <p>x",
+     "Sign in"),
+    (b"<html><body><SCRIPT>a<b</script >Sign in</body></html>", "Sign in"),
+])  # fmt: skip
+def test_an_html_page_s_text_holds_no_script_or_comment(body: bytes, said: str) -> None:
+    """A page with no title or heading says its text: a script's or a comment's text that
+    held a "<" or a ">" (a comparison, a tag in a string, an old part of the page) was read as
+    words, code in the message in place of what the page says."""
+    assert error_message(body) == f'an HTML page that says "{said}"'
+
+
 def test_error_body_message_is_clipped() -> None:
     """A long error message is cut to MSG_MAX characters."""
     body = orjson.dumps({"error": {"message": "y" * 1000}})
