@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import html
 import re
+from codecs import BOM_UTF8, BOM_UTF16_BE, BOM_UTF16_LE
 from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
@@ -973,6 +974,9 @@ def html_page(body: bytes) -> str | None:
     its title filled the whole message. Only `HTML_READ` bytes are read, by patterns that read
     each byte a few times at most, so that hostile markup costs time in proportion to its length."""
     body = body[:HTML_READ]
+    if body.startswith((BOM_UTF16_LE, BOM_UTF16_BE)):  # as some Windows servers send a page
+        body = body.decode("utf-16", "replace").encode()
+    body = body.removeprefix(BOM_UTF8)  # a byte order mark before "<" hid the page
     if not body.lstrip().startswith(b"<") or not _HTML_START.search(body, 0, 2048):
         return None
     heading = next((m[1] for m in _HTML_HEADING.finditer(body) if m[1].strip()), None)

@@ -1,5 +1,6 @@
 """Pure parsing of OpenAI stream chunks and error bodies, on hand-written payloads."""
 
+import codecs
 from typing import Any
 from unittest.mock import ANY
 
@@ -300,6 +301,18 @@ def test_an_html_page_s_text_holds_no_script_or_comment(body: bytes, said: str) 
     held a "<" or a ">" (a comparison, a tag in a string, an old part of the page) was read as
     words, code in the message in place of what the page says."""
     assert error_message(body) == f'an HTML page that says "{said}"'
+
+
+@pytest.mark.parametrize("body", [
+    b"\xef\xbb\xbf<!DOCTYPE html><html><title>Sign in</title></html>",
+    codecs.BOM_UTF16_LE + "<html><title>Sign in</title></html>".encode("utf-16-le"),
+    codecs.BOM_UTF16_BE + "<html><title>Sign in</title></html>".encode("utf-16-be"),
+])  # fmt: skip
+def test_an_html_page_with_a_byte_order_mark_is_read(body: bytes) -> None:
+    """A page that begins with a byte order mark (UTF-8's, or UTF-16's as some Windows servers
+    send): it was no HTML page, so its message was its markup, in UTF-16 a "\\x00" between
+    each two letters."""
+    assert error_message(body) == 'an HTML page that says "Sign in"'
 
 
 def test_error_body_message_is_clipped() -> None:
