@@ -109,7 +109,9 @@ _BODY_MAX = 64 * 1024 * 1024
 _BYTES_PER_TOKEN = 8 * 1024
 # The longest header taken. aiohttp's default, 8190 bytes, refused a valid answer with one long
 # header (an auth proxy's session cookie) as "invalid HTTP response", every request alike, so
-# the run stopped; curl takes 100 KB. Held per connection only while the headers are read.
+# the run stopped; curl takes 100 KB. A response keeps its headers (raw and decoded) while its
+# body streams: under aiohttp's cap on their count, 128 in its recent releases, some 16 MiB a
+# response at worst from a hostile server, a quarter of what its body may hold (`_BODY_MAX`).
 _HEADER_MAX = 64 * 1024
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
