@@ -113,6 +113,8 @@ _BYTES_PER_TOKEN = 8 * 1024
 # body streams: under aiohttp's cap on their count, 128 in its recent releases, some 16 MiB a
 # response at worst from a hostile server, a quarter of what its body may hold (`_BODY_MAX`).
 _HEADER_MAX = 64 * 1024
+_SAID_MAX = 120  # characters of a plain text body quoted in its message
+_SAID_READ = 4 * _SAID_MAX  # bytes read for them: a UTF-8 character is at most 4
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -372,6 +374,13 @@ class StreamingClient:
                 return
             if (page := html_page(body)) is not None:  # a login page, a proxy's notice
                 _fail_stream(st, resp, f"{page}, not an event stream", tokens=False)
+                return
+            # A server's or a proxy's own words ("Internal Server Error"): its content type
+            # alone left the user to fetch the page to learn what it said.
+            if "text/plain" in resp.headers.get("Content-Type", "") and (
+                    said := clip(body[:_SAID_READ].decode("utf-8", "replace"), _SAID_MAX)):
+                _fail_stream(st, resp, f'a text that says "{said}", not an event stream',
+                             tokens=False)
                 return
             last = "response.completed" if self._api == "responses" else "[DONE]"
             _fail_stream(st, resp, f"stream ended before {last}")

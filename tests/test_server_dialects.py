@@ -386,6 +386,16 @@ def test_an_html_page_says_what_it_says_not_its_markup() -> None:
                             "(content-type text/html)")
 
 
+def test_a_plain_text_body_says_its_first_words() -> None:
+    """A 200 with a plain text body (a server's "Internal Server Error", a proxy's notice) said
+    only its content type; now its first words, on one line, control characters escaped."""
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: "
+                            b"close\r\n\r\nInternal Server Error\r\n\x1b[2J" + b"x" * 500]))
+    assert (out.status, out.not_an_answer) == ("protocol_error", True)
+    assert out.error == ('a text that says "Internal Server Error \\x1b[2J' + "x" * 91
+                         + '", not an event stream (content-type text/plain)')
+
+
 def test_a_header_longer_than_8_kib_is_read() -> None:
     """A gateway's header of 20 KB (an auth proxy's session cookie, a long policy header):
     valid HTTP, which aiohttp's default limit of 8190 bytes a line refused as "invalid HTTP
