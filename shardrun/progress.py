@@ -352,12 +352,13 @@ class ProgressView:
             self._eta_at = now
         rows = tuple(_row(i, s) for i, s in sorted(self.shards.items()))
         working = [s for s in self.shards.values() if not s.finished]
-        waits = [float(s.gauges.get("down_s") or 0) for s in working]
-        # The waiting line counts only shards with items (an idle one neither waits for the
-        # endpoint nor hears its answers): an idle shard read as one "hearing answers".
-        busy = [s for s in working if _has_items(s.gauges)]
-        waiting = [wait for s in busy if (wait := float(s.gauges.get("down_s") or 0)) > 0]
-        # Down only while every shard working waits (one hearing answers says the endpoint is
+        # An idle shard not waiting hears no answers either, so it counts for neither: it read
+        # as one "hearing answers", and its wait of 0 kept "endpoint down" off the line while
+        # every shard with items waited.
+        busy = [s for s in working if _has_items(s.gauges) or s.gauges.get("down_s")]
+        waits = [float(s.gauges.get("down_s") or 0) for s in busy]
+        waiting = [wait for wait in waits if wait > 0]
+        # Down only while every shard counted waits (one hearing answers says the endpoint is
         # up), and for as long as all have: the least wait.
         down = min(waits, default=0.0)
         held = sum(int(s.gauges.get("rate_waiting") or 0) for s in self.shards.values())
@@ -502,9 +503,6 @@ def _waiting_text(waiting: int, working: int, waiting_s: float | None) -> str:
     items go once their probe is answered."""
     if waiting_s is None:
         return ""
-    if waiting == working:  # the shards not waiting have no items: they hear nothing either
-        return (f"; {counted(waiting, 'shard')} waiting for the endpoint (up to "
-                f"{clock_text(waiting_s)}), the others have nothing left to run")
     return (f"; {waiting:,} of {counted(working, 'shard')} waiting for the endpoint "
             f"(up to {clock_text(waiting_s)}), the others hear answers")
 
