@@ -863,3 +863,43 @@ def test_a_crashed_run_with_every_item_accounted_for_says_a_resume_only_closes_i
     assert resumed.returncode == 0, resumed.stderr
     assert "  attempts           0 (0 retries)" in resumed.stdout.splitlines()
     assert load_report(tmp_path / "runs" / "whole")[0]["run"]["state"] == "finished"
+
+
+def test_a_crashed_run_whose_other_lines_are_answered_closes_despite_a_rejected_line(
+        tmp_path: Path) -> None:
+    """A rejected input line has no result or dead letter, and a resume sends nothing for it
+    (it is rejected again): a run killed after every other item ended is one to close."""
+    write_input(tmp_path / "input.jsonl", 4)
+    with (tmp_path / "input.jsonl").open("ab") as f:
+        f.write(b"{not json\n")
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("run", "job.yaml", "--run-id", "r1", "--quiet", cwd=tmp_path)
+    assert first.returncode == 1 and "rejected" in first.stdout, first.stdout
+    _as_killed(tmp_path / "runs" / "r1")
+    reason = load_report(tmp_path / "runs" / "r1")[0]["run"]["state_reason"]
+    assert reason.endswith("--resume only closes the run (it sends no request, and records "
+                           "the run's end)"), reason
+    resumed = run_cli("run", "job.yaml", "--resume", "r1", "--quiet", cwd=tmp_path)
+    assert "  attempts           0 (0 retries)" in resumed.stdout.splitlines(), resumed.stdout
+
+
+def test_a_crashed_run_before_its_input_end_is_said_to_continue_without_reading_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass whose log records no input end cannot have answered its last item: report says
+    --resume continues it without reading every result id and the input (7 s for 1M items)."""
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("run", "job.yaml", "--run-id", "r1", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "runs" / "r1"
+    _as_killed(run)
+    log = run / "events" / "coordinator.jsonl"
+    log.write_bytes(b"".join(line for line in log.read_bytes().splitlines(keepends=True)
+                             if b'"input_end"' not in line))
+
+    def unread(*_: object) -> None:
+        raise AssertionError("the input and the results were read")
+
+    monkeypatch.setattr("shardrun.export.run_input", unread)
+    reason = load_report(run)[0]["run"]["state_reason"]
+    assert reason.endswith("; --resume continues it (it keeps every answer on disk)"), reason
