@@ -903,3 +903,22 @@ def test_a_crashed_run_before_its_input_end_is_said_to_continue_without_reading_
     monkeypatch.setattr("shardrun.export.run_input", unread)
     reason = load_report(run)[0]["run"]["state_reason"]
     assert reason.endswith("; --resume continues it (it keeps every answer on disk)"), reason
+
+
+def test_a_crashed_run_whose_input_changed_is_not_said_to_be_closed_by_a_resume(
+        tmp_path: Path) -> None:
+    """Its answers cover every line of the input as it is now, but the input is no longer what
+    an ended pass read (its first line edited, its last removed): a resume refuses it, so
+    report does not say a resume only closes the run."""
+    write_input(tmp_path / "input.jsonl", 4)
+    write_job(tmp_path / "job.yaml", shards=1)
+    first = run_cli("run", "job.yaml", "--run-id", "r1", "--quiet", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    _as_killed(tmp_path / "runs" / "r1")  # the pass's record of what it read stays
+    lines = (tmp_path / "input.jsonl").read_bytes().splitlines(keepends=True)[:-1]
+    (tmp_path / "input.jsonl").write_bytes(b"".join([lines[0].replace(b"0:", b"X:"),
+                                                     *lines[1:]]))
+    reason = load_report(tmp_path / "runs" / "r1")[0]["run"]["state_reason"]
+    assert reason.endswith("; --resume continues it (it keeps every answer on disk)"), reason
+    resumed = run_cli("run", "job.yaml", "--resume", "r1", "--quiet", cwd=tmp_path)
+    assert resumed.returncode == 2 and "is not what run r1 read" in resumed.stderr

@@ -46,6 +46,7 @@ from shardrun.recovery import line_ids
 from shardrun.report._scan import FileScan, scan_file
 from shardrun.resume import (
     PASS_LOCK,
+    check_input,
     first_set_aside_pass,
     in_use,
     pass_lives,
@@ -487,6 +488,9 @@ def _all_answered(loaded: LoadedRun) -> bool:
         return False
     try:
         path, plan = run_input(loaded.path, loaded.manifest)
+        # An input a resume refuses (not what an ended pass read) is no run a resume closes.
+        check_input(loaded.manifest, path, job_name="the job file", run_id=loaded.path.name,
+                    fmt=plan.format)
         # Whole lines only: a resume repairs a torn last line away, and runs its item again.
         done = DigestSet(id_digest(i) for sub in ("results", "dead")
                          for f in sorted((loaded.path / sub).glob("*.jsonl"))
