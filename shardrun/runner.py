@@ -446,14 +446,16 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
                      if this.info.get("retry_failed") else 0)  # fmt: skip
         # Those it took and did not end are its unfinished items: not earlier failures too.
         put_back = _unfinished_put_back(summary, this, source, unretried)
+        # Put back too, though their items have results: no failures, and no pass runs them.
+        answered = int(this.info.get("dead_letters_answered") or 0)
         # What earlier passes finished, all of it: the work source counts only what it read
         # past, and a pass with --limit, or stopped early, reads part of the input.
         summary = replace(
             summary, segment=this.segment, skipped=len(this.done),
-            prior_dead=this.prior_dead + unretried - put_back,
+            prior_dead=this.prior_dead + unretried - put_back - answered,
             unretried=unretried, input_read_before=this.read_before,
             unfinished_put_back=put_back, retried=len(this.retried or ()),
-            answered_dead=int(this.info.get("dead_letters_answered") or 0),
+            answered_dead=answered,
             dead_letters_only=bool(this.info.get("retry_failed")) and (
                 this.only is not None or this.read_before),
             prior_rejects=source.prior_rejects + _rejects_past(this, source), cost=cost(

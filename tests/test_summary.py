@@ -360,20 +360,23 @@ def test_a_dead_letter_of_an_answered_item_is_counted_as_answered_not_as_a_stop(
     assert items.endswith("; 1 of the dead letters set aside already answered (a result line "
                           "for the item too), so not run)"), retry.stdout
     assert "to finish the run" not in retry.stdout
+    # Nor is it an earlier failure that another retry pass would run: every item has a result.
+    assert "earlier failures" not in retry.stdout and "retry-failed" not in retry.stdout
+    assert retry.returncode == 0 and retry.stdout.startswith("run succeeded"), retry.stdout
 
 
 def test_a_retry_pass_stopped_part_way_counts_answered_dead_letters_apart() -> None:
     """Stopped part way, a retry pass's dead letters of answered items are no part of those the
     stop left: they are said apart, and the retry command is not named for them alone."""
     stopped = replace(summary_of([{}], dead=0), input_read=False, interrupted=True, retried=23,
-                      dead_letters_only=True, unretried=16, prior_dead=16, answered_dead=2,
+                      dead_letters_only=True, unretried=16, prior_dead=14, answered_dead=2,
                       retry_command="shardrun retry-failed runs/r1")
     lines = format_summary(stopped).splitlines()
     assert ("  items              10  (dead letters taken to retry, of 23: the pass stopped "
             "before the other 14; 2 of the dead letters set aside already answered (a result "
             "line for the item too), so not run)") in lines
     assert "  to finish the run  shardrun retry-failed runs/r1" in lines
-    answered_only = replace(stopped, unretried=2, prior_dead=2, retried=12)
+    answered_only = replace(stopped, unretried=2, prior_dead=0, retried=12)
     lines = format_summary(answered_only).splitlines()
     assert ("  items              10  (dead letters taken to retry: 10 of 12 set aside; 2 of the "
             "dead letters set aside already answered (a result line for the item too), so not "
