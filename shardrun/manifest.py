@@ -285,7 +285,14 @@ def pass_reads(manifest: dict[str, Any]) -> list[tuple[int, str, int, str]]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a manifest.
+    """Write via a temporary file and rename, so a crash never leaves half a manifest
+    (`write_atomic`)."""
+    write_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
+    """Write `data` (bytes, or lines to join) to `path` via a temporary file and rename:
+    `path` holds all of it or what it held before.
 
     A write that fails (a full disk) leaves `path` as it was and no temporary file, and raises
     an OSError that names the file that failed: the temporary one, where it could not be
@@ -296,7 +303,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     failed = tmp
     try:
         with open(tmp, "wb") as f:
-            f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+            f.writelines([data] if isinstance(data, bytes) else data)
             f.flush()
             os.fsync(f.fileno())
         failed = path

@@ -32,6 +32,7 @@ from shardrun.manifest import (
     pass_reads,
     prefix_digests,
     run_on,
+    write_atomic,
 )
 from shardrun.recovery import line_ids, repair_run_files
 from shardrun.worksource import id_digest
@@ -434,12 +435,8 @@ def restore_unretried(run_path: Path, segment: int) -> int:
             f.seek(offset)
             lines.append(f.readline().rstrip(b"\n") + b"\n")
     target = run_path / "dead" / f"unretried-r{segment}.jsonl"
-    temporary = target.with_name(target.name + ".tmp")
-    with open(temporary, "wb") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, target)
+    # A full disk here must name the file, and leave no half-written one in dead/.
+    write_atomic(target, lines)
     _fsync_dir(target.parent)
     return len(lines)
 

@@ -3204,6 +3204,26 @@ def test_a_retry_pass_stopped_by_a_file_it_cannot_write_names_the_retry(tmp_path
     assert len(_retry_succeeds(tmp_path, path, ids).manifest["resumes"]) == 2
 
 
+def test_a_retry_pass_that_cannot_put_back_its_dead_letters_names_the_file_and_leaves_none(
+        tmp_path: Path) -> None:
+    """A `--retry-failed --limit 2` pass whose disk fills (a file-size limit) as it puts back
+    the ~200 dead letters it did not reach: its one sentence names the file it could not
+    write (a write's error names none: it said only "file too large"), no half-written
+    temporary file is left in dead/, and once there is room the retry ends every item once."""
+    ids, path, _ = _failed_dead_letters(tmp_path, 400)
+    with sim() as good:
+        proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", "--resume", "latest",
+                      "--retry-failed", "--limit", "2", "--quiet", preexec=_limit_file_size,
+                      env={"SHARDRUN_BASE_URL": good.base_url})
+        _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 1, err
+    temporary = (path / "dead" / "unretried-r1.jsonl.tmp").relative_to(tmp_path)
+    assert f"error: {temporary}: file too large; the run stopped there: free some space" in (
+        err), err
+    assert not [p.name for p in (path / "dead").iterdir() if p.name.endswith(".tmp")]
+    _retry_succeeds(tmp_path, path, ids)
+
+
 def test_a_file_in_the_way_before_a_pass_begins_asks_for_the_same_command(
         tmp_path: Path) -> None:
     """A retry whose run cannot even be locked (its .lock is a directory): no pass began, so
