@@ -1377,13 +1377,18 @@ def _kill_a_retry_pass_at_work(tmp_path: Path, path: Path, *flags: str,
                       env={"SHARDRUN_BASE_URL": hung.base_url},
                       preexec=os.setsid if group else None)
         try:
-            deadline = time.monotonic() + WAIT_GUARD_S
-            while not any(b'"attempt_start"' in f.read_bytes()
-                          for f in path.glob("events/shard-*.r1.jsonl")):
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-                time.sleep(0.05)
+            _wait_for_a_retry_attempt(path, proc)
         finally:
             kill_tree(proc, group=group)
+
+
+def _wait_for_a_retry_attempt(path: Path, proc: subprocess.Popen[str]) -> None:
+    """Block until the first retry pass of the run at `path`, `proc`, starts an attempt."""
+    deadline = time.monotonic() + WAIT_GUARD_S
+    while not any(b'"attempt_start"' in f.read_bytes()
+                  for f in path.glob("events/shard-*.r1.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        time.sleep(0.05)
 
 
 def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_and_export(
@@ -1416,6 +1421,66 @@ def test_a_killed_retry_pass_leaves_its_unreached_dead_letters_failed_in_report_
     assert doc["run"]["state_reason"].endswith(
         f"; shardrun retry-failed {path} continues it (its dead letters are for retry-failed, "
         "not --resume)"), doc["run"]["state_reason"]
+
+
+def test_a_resume_started_as_a_retry_pass_is_killed_waits_for_its_shards_answers(
+        tmp_path: Path) -> None:
+    """kill -9 of a retry pass's coordinator alone, its requests in flight, then at once a
+    `--resume`, then `retry-failed` again: the resume waits for the killed pass's shards,
+    whose answers land in their grace period, before it puts back the dead letters that pass
+    did not reach; started while they still wrote, it would put back those they were ending,
+    and such an item would have a result and a dead letter. The simulator is stopped
+    (SIGSTOP) from before the kill until the resume waits, so the answers come after both."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    with sim(fail_500=0.5) as bad:
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, concurrency=3)
+        assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
+    path = only_run(tmp_path / "runs")
+    assert len(Run.load(path).dead) > 6  # more than the 2 shards × 3 requests in flight
+    err = tmp_path / "resume.err"
+    with sim(ttft_ms=500) as held, open(err, "wb") as err_file:
+        env = {"SHARDRUN_BASE_URL": held.base_url}
+        proc = _start(tmp_path, "retry-failed", str(path), env=env)
+        below: list[psutil.Process] = []
+        resume_proc: subprocess.Popen[bytes] | None = None
+        try:
+            _wait_for_a_retry_attempt(path, proc)
+            os.kill(held.pid, signal.SIGSTOP)  # its answers wait
+            below = psutil.Process(proc.pid).children(recursive=True)
+            os.kill(proc.pid, signal.SIGKILL)  # the coordinator alone: its shards go on
+            proc.wait(timeout=WAIT_GUARD_S)
+            resume_proc = subprocess.Popen(
+                [sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs",
+                 "--resume", "latest"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=err_file,
+                env={**{k: v for k, v in os.environ.items() if not k.startswith("SHARDRUN_")},
+                     **env})
+            deadline = time.monotonic() + WAIT_GUARD_S
+            while b"waiting for earlier processes" not in err.read_bytes():
+                if resume_proc.poll() is not None or time.monotonic() > deadline:
+                    break  # it went on without waiting: the check below says so
+                time.sleep(0.05)
+        finally:
+            os.kill(held.pid, signal.SIGCONT)
+            end_run(proc)
+            code = None if resume_proc is None else resume_proc.wait(timeout=WAIT_GUARD_S)
+            _, left = psutil.wait_procs(below, timeout=WAIT_GUARD_S)
+            for process in left:
+                process.kill()
+    said = err.read_text()
+    assert f"waiting for earlier processes of run {path.name} to exit" in said, said
+    assert code == 1, said  # dead letters stand
+    assert not left, [_title(p) for p in left]
+    run = Run.load(path)
+    assert any(f.read_bytes() for f in path.glob("results/shard-*.r1.jsonl"))
+    assert_exactly_once(run, ids)
+    with sim() as good:
+        again = run_cli("retry-failed", str(path), cwd=tmp_path,
+                        env={"SHARDRUN_BASE_URL": good.base_url})
+    assert again.returncode == 0, again.stdout + again.stderr
+    run = Run.load(path)
+    assert_exactly_once(run, ids)
+    assert not run.dead
 
 
 def test_report_of_a_killed_retry_pass_names_its_retry_with_its_flags(tmp_path: Path) -> None:
