@@ -5,6 +5,7 @@
     .venv/bin/python scripts/soak_resume.py --seed 7 --only 13  # one trial again, as it ran
     .venv/bin/python scripts/soak_resume.py --spawn             # shards as fresh interpreters
     .venv/bin/python scripts/soak_resume.py --retry-failed      # then retry-failed, stopped too
+    .venv/bin/python scripts/soak_resume.py --mix               # passes of every kind, mixed
 
 Each trial runs in its own temporary directory, on the embedded simulator (`sim://`) with a few
 of its faults drawn at random (429s, 500s, 503s, resets, cut streams), and with a seeded job of
@@ -27,6 +28,16 @@ end it checks the run (`check_run`):
   started outlived it (after a kill -9 of the coordinator, its shards and simulator get
   `ORPHAN_WAIT_S` to exit).
 
+With `--mix`, the first pass is followed by six passes drawn at random, each signalled half
+the time: `--resume` (with `--limit`, `--retry-failed`, or both), `retry-failed`, a resume
+under a file-size limit after input lines were appended (a full disk mid-pass; a first pass
+meets one too, now and then), two passes started at once (one waits for the run's lock), or
+input lines appended; after a kill -9 of a coordinator the next pass starts at once, half the
+time, while its shards still finish (they must exit all the same). Then `--resume latest`
+until every item has a line. After a full disk, `report`, which counts events, may count
+fewer items than the files hold (the event log, written first and the largest file, met the
+limit before the results did), never more.
+
 A trial is a pure function of `--seed` and its number (which fault, signal, target, moment,
 shard counts), so a failing one can be run again alone with `--only`; the moment is a time
 after the pass started, so on a loaded machine it falls on other work than on an idle one.
@@ -43,13 +54,16 @@ import contextlib
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +94,10 @@ FAULTS: dict[str, dict[str, Any]] = {
     "reset-after": {"reset_after_headers": 0.02},
     "500-heavy": {"fail_500": 0.15},  # some items fail all 3 attempts: dead letters
 }
+# --mix: the kinds of pass drawn after a run's first pass has ended, each signalled at random.
+MIX = ("resume", "resume-limit", "resume-retry", "resume-retry-limit", "retry", "disk",
+       "race", "grow")
+MIX_PASSES = 6
 RETRY = {"max_attempts": 3, "backoff_s": 0.01, "backoff_max_s": 0.05,
          "budget_ratio": 1.0, "budget_floor": 50}  # fmt: skip
 
@@ -163,8 +181,12 @@ def _check_pass_summaries(run: Path) -> list[str]:
     return problems
 
 
-def check_run(run: Path, ids: list[str], last_code: int | str) -> list[str]:
-    """check_files, plus what the CLI says of the run: verify, report, the last exit status."""
+def check_run(run: Path, ids: list[str], last_code: int | str, *,
+              disk: bool = False) -> list[str]:
+    """check_files, plus what the CLI says of the run: verify, report, the last exit status.
+    `disk`: a pass met a full disk, whose event log (written first, and the largest file) may
+    lack the events of lines written after it: `report`, which counts events, may count fewer
+    items than the files hold, never more."""
     problems, n_ok, n_dead = check_files(run, ids)
     verify = _cli("verify", str(run), cwd=run.parent.parent)
     if verify.returncode != 0:
@@ -180,7 +202,8 @@ def check_run(run: Path, ids: list[str], last_code: int | str) -> list[str]:
     try:
         items = orjson.loads(as_json.stdout)["items"]
         items = items.get("by_item") or items  # spans are not items after retry-failed
-        if (items["succeeded"], items["dead"]) != (n_ok, n_dead):
+        fewer = disk and items["succeeded"] <= n_ok and items["dead"] <= n_dead
+        if (items["succeeded"], items["dead"]) != (n_ok, n_dead) and not fewer:
             problems.append(f"report counts {items['succeeded']} succeeded, {items['dead']} "
                             f"dead; the files hold {n_ok} and {n_dead}")  # fmt: skip
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
@@ -222,6 +245,11 @@ class Trial:
     n_dead: int = 0
     spawn: bool = False
     retry: bool = False  # a run that ends with dead letters then gets `retry-failed` passes
+    mix: bool = False  # passes of every kind in a random order after the first (`mixed`)
+    disk: bool = False  # a pass met a file-size limit: its event log may lack lines it wrote
+    # Processes of killed passes not waited for: the next pass starts while they finish (it
+    # waits for the run's lock); they must still exit, checked at the trial's end.
+    orphans: list[psutil.Process] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed * 100_003 + self.number)
@@ -234,7 +262,7 @@ class Trial:
                 f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: say something."}))
                 f.write(b"\n")
         self.faults = sorted(self.rng.sample(sorted(FAULTS), self.rng.randint(0, 3)))
-        if self.retry and "500-heavy" not in self.faults:  # dead letters to retry
+        if (self.retry or self.mix) and "500-heavy" not in self.faults:  # dead letters to retry
             self.faults.append("500-heavy")
         sim: dict[str, Any] = {**SIM, "seed": self.rng.randint(1, 10_000)}
         for name in self.faults:
@@ -249,6 +277,9 @@ class Trial:
 
     def run(self) -> None:
         self.write()
+        if self.mix:
+            self.mixed()
+            return
         for k in range(MAX_PASSES):
             # A stop before the manifest is written leaves no run (at most a directory without
             # a manifest, after a kill -9): the job starts again, as its user would start it.
@@ -265,14 +296,84 @@ class Trial:
                 break
         else:
             self.problems.append(f"not finished after {MAX_PASSES} passes")
-        run = self.run_dir()
-        if run is None:
-            self.problems.append("no run directory")
+        if (run := self.ended_run()) is None:
             return
         if self.retry and self.last_code == 1 and not self.problems:
             self.retry_failed(run)
         self.problems += check_run(run, self.ids, self.last_code)
         _, self.n_ok, self.n_dead = check_files(run, self.ids)
+
+    def mixed(self) -> None:
+        """A first pass signalled as in `run`, then `MIX_PASSES` passes drawn from `MIX`, each
+        signalled at random: `--resume` (with `--limit` at times, or `--retry-failed`),
+        `retry-failed`, a resume under a file-size limit (a full disk), two passes started at
+        once (the second waits for the run's lock), or input lines appended between passes.
+        Then `--resume latest` unsignalled until every input item has a line."""
+        full = self.rng.random() < 0.25  # a first pass that meets a full disk
+        self.one_pass(0, ["job.yaml", "--runs-dir", "runs"], True, latest=self.pass_s(),
+                      fsize=self.rng.randint(6_000, 80_000) if full else None)
+        self.plan[-1] = f"{'disk ' if full else ''}{self.plan[-1]}"
+        self.disk = full
+        resume = ["job.yaml", "--runs-dir", "runs", "--resume", "latest"]
+        for k in range(1, 1 + MIX_PASSES):
+            run = self.run_dir()
+            kind = self.rng.choice(MIX) if run is not None else "first"
+            shards = ["--shards", str(self.rng.randint(1, 4))]
+            retry = ["retry-failed", str(run.relative_to(self.dir))] if run else []
+            argv = {"first": ["job.yaml", "--runs-dir", "runs"],
+                    "resume-limit": [*resume, "--limit", str(self.rng.randint(1, self.items))],
+                    "resume-retry": [*resume, "--retry-failed"], "retry": retry,
+                    "resume-retry-limit": [*resume, "--retry-failed", "--limit",
+                                           str(self.rng.randint(1, 20))],
+                    }.get(kind, resume) + shards
+            signalled = self.rng.random() < 0.5
+            fsize = None
+            if kind == "grow":
+                self.grow(self.rng.randint(1, self.items // 4))
+            elif kind == "disk":  # room for the manifest, and up to a few hundred lines a file
+                self.grow(self.rng.randint(1, self.items // 2))  # work to fill the disk with
+                fsize = (run / "manifest.json").stat().st_size + self.rng.randint(2_000, 60_000)
+            elif kind == "race":
+                other = self.rng.choice([resume, retry])
+                racer = threading.Thread(target=self.one_pass, args=(100 + k, other, False))
+                racer.start()
+            code = self.one_pass(k, argv, signalled, latest=2.0, fsize=fsize)
+            if kind == "race":
+                racer.join()
+            self.disk = self.disk or fsize is not None
+            self.plan[-1] = f"{kind} {self.plan[-1]}"
+            self.last_code = code
+            if code == "hung":
+                return
+        for k in range(1 + MIX_PASSES, 1 + MIX_PASSES + MAX_PASSES):
+            self.last_code = self.one_pass(k, resume, False)
+            self.plan[-1] = f"end {self.plan[-1]}"
+            if self.last_code == "hung" or self.finished():
+                break
+        else:
+            self.problems.append(f"not finished after {MAX_PASSES} passes at the end")
+        if (run := self.ended_run()) is None:
+            return
+        self.problems += check_run(run, self.ids, self.last_code, disk=self.disk)
+        _, self.n_ok, self.n_dead = check_files(run, self.ids)
+        self.problems += self.outlived(self.orphans)
+
+    def ended_run(self) -> Path | None:
+        """The run directory to check at the trial's end; none is a problem."""
+        run = self.run_dir()
+        if run is None:
+            self.problems.append("no run directory")
+        return run
+
+    def grow(self, n: int) -> None:
+        """Append `n` input lines of new ids (items no pass has run)."""
+        start = len(self.ids)
+        new = [f"t{self.number}-{i:06d}" for i in range(start, start + n)]
+        with open(self.dir / "input.jsonl", "ab") as f:
+            for i, item_id in enumerate(new, start):
+                f.write(orjson.dumps({"id": item_id, "prompt": f"Question {i}: say more."}))
+                f.write(b"\n")
+        self.ids += new
 
     def pass_s(self) -> float:
         """About how long a first pass of this trial's items runs: a signal is sent at a
@@ -312,13 +413,13 @@ class Trial:
             seen.update(str(r.get("id")) for r in ft.read_lines(path)[0])
         return seen >= set(self.ids)
 
-    def one_pass(self, k: int, argv: list[str], signalled: bool,
-                 latest: float = 8.0) -> int | str:  # fmt: skip
+    def one_pass(self, k: int, argv: list[str], signalled: bool, latest: float = 8.0,
+                 fsize: int | None = None) -> int | str:
         out = open(self.dir / f"pass{k}.out", "wb")  # noqa: SIM115 -- closed below
         err = open(self.dir / f"pass{k}.err", "wb")  # noqa: SIM115
         proc = subprocess.Popen([ft.PY, "-m", "shardrun", *argv], cwd=self.dir, env=ft.ENV,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=_file_size(fsize))
         seen: dict[int, psutil.Process] = {}
         note = "-"
         try:
@@ -409,16 +510,31 @@ class Trial:
             code: int | str = "hung"
         else:
             code = proc.returncode
-        alive = ft.wait_exit(list(seen.values()), ORPHAN_WAIT_S)
-        if alive:
-            names = []
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    names.append(" ".join(p.cmdline())[:60])
-                    p.kill()
-            self.problems.append(f"processes outlived their pass by {ORPHAN_WAIT_S:.0f} s: "
-                                 f"{names}")  # fmt: skip
+        if self.mix and code == -signal.SIGKILL and self.rng.random() < 0.5:
+            self.orphans += seen.values()  # the next pass starts while they finish
+            return code
+        self.problems += self.outlived(list(seen.values()))
         return code
+
+    @staticmethod
+    def outlived(procs: list[psutil.Process]) -> list[str]:
+        """Those of `procs` still alive after `ORPHAN_WAIT_S`, killed, as a problem."""
+        alive = ft.wait_exit(procs, ORPHAN_WAIT_S)
+        if not alive:
+            return []
+        names = []
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                names.append(" ".join(p.cmdline())[:60])
+                p.kill()
+        return [f"processes outlived their pass by {ORPHAN_WAIT_S:.0f} s: {names}"]
+
+
+def _file_size(limit: int | None) -> Callable[[], None] | None:
+    """A pass's file-size limit: writes past it fail (EFBIG), as a full disk's do (ENOSPC)."""
+    if limit is None:
+        return None
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def late_share(trials: list[Trial]) -> str:
@@ -429,8 +545,9 @@ def late_share(trials: list[Trial]) -> str:
 
 
 def run_trial(number: int, seed: int, items: int, work: Path, spawn: bool,
-              retry: bool) -> Trial:  # fmt: skip
-    trial = Trial(number, seed, work / f"t{number:03d}", items, spawn=spawn, retry=retry)
+              retry: bool, mix: bool) -> Trial:  # fmt: skip
+    trial = Trial(number, seed, work / f"t{number:03d}", items, spawn=spawn, retry=retry,
+                  mix=mix)
     try:
         trial.run()
     except Exception as exc:  # a broken trial is a row with its error, not a crash of the table
@@ -460,6 +577,9 @@ def main() -> int:
     ap.add_argument("--retry-failed", action="store_true",
                     help="a run that ends with dead letters gets retry-failed passes, the "
                          "first stopped too")  # fmt: skip
+    ap.add_argument("--mix", action="store_true",
+                    help="after the first pass, resumes, retries, --limit passes, full disks, "
+                         "racing passes and appended input in a random order")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     if not 1 <= args.trials <= 1000 or not 1 <= args.items <= 1_000_000:
@@ -475,7 +595,7 @@ def main() -> int:
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(run_trial, n, args.seed, args.items, work, args.spawn,
-                                   args.retry_failed) for n in numbers]  # fmt: skip
+                                   args.retry_failed, args.mix) for n in numbers]  # fmt: skip
             for fut in futures:
                 t = fut.result()
                 trials.append(t)
