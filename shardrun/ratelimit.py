@@ -12,7 +12,9 @@ debt. So callers are served in the order they asked, a request goes out as soon 
 before it is paid for (the first one at once, whatever its size, instead of first sitting out
 its own cost), and over a long run the average is the rate. Requests are paced evenly instead
 of in clumps, which is also what servers that count in sub-minute windows want to see: in any
-window of T seconds a shard sends at most T times its share plus one request.
+window of T seconds a shard sends at most T times its share plus one request, as long as its
+loop wakes on time: debt is paid by the clock, so the requests that fell due while a starved
+shard slept go together when it wakes.
 
 Shards start staggered: shard k of N begins with a debt of k/N of its first request
 (`RateLimiter(phase=k/N)`), so the job's first requests are spread one job-wide interval apart
