@@ -996,14 +996,20 @@ _HTML_MARKUP = re.compile(rb"<!--[^-]*(?:-(?!->)[^-]*)*(?:-->)?"
 
 
 def clip(value: object, limit: int = MSG_MAX) -> str:
-    """One line, at most `limit` characters, control characters shown as `\\xNN`: error
-    sentences go into one-line JSON events, and from there to a terminal, where an escape
-    sequence in a server's message would act (set the title, the colours, the clipboard)."""
+    """One line, at most `limit` characters, control characters shown as `\\xNN` and
+    invisible or direction-changing ones as `\\uNNNN`: error sentences go into one-line JSON
+    events, and from there to a terminal, where an escape sequence in a server's message would
+    act (set the title, the colours, the clipboard) and a bidi override reverse the line."""
     return " ".join(str(value).split()).translate(_CONTROLS)[:limit]
 
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
-"""C0, DEL and C1 (0x9b is a CSI of its own): those `split` leaves (it takes the whitespace)."""
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    c: f"\\u{c:04x}" for c in (*range(0x200B, 0x2010), *range(0x202A, 0x202F),
+                               *range(0x2066, 0x206A), 0x061C, 0xFEFF)}  # fmt: skip
+"""C0, DEL and C1 (0x9b is a CSI of its own): those `split` leaves (it takes the whitespace,
+U+2028 and U+2029 too); and the zero-width characters, the bidi marks, embeddings, overrides
+and isolates and the BOM, which a terminal does not show but obeys (U+202E reverses the rest
+of a line)."""
 
 
 def usage_details(usage: dict[str, Any], prompt: str,

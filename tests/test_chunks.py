@@ -328,6 +328,16 @@ def test_clip() -> None:
     assert clip(None) == "None" and clip(ValueError("bad  value")) == "bad value"
 
 
+@pytest.mark.parametrize("char", [*map(chr, (*range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                                              *range(0x200B, 0x2010), 0x061C, 0xFEFF))])
+def test_clip_shows_invisible_and_direction_characters(char: str) -> None:
+    """A server's message may hold characters a terminal does not show but obeys: a bidi
+    override (U+202E) reversed the rest of the line, a zero-width one hid in a word. Each is
+    shown as its escape, as control characters are; a line or paragraph separator is a space."""
+    assert clip(f"ok{char}evil") == f"ok\\u{ord(char):04x}evil"
+    assert clip("a\u2028b\u2029c") == "a b c"
+
+
 def test_as_int() -> None:
     """as_int keeps ints only: bools, floats, digit strings and None become None."""
     assert as_int(0) == 0 and as_int(12) == 12
