@@ -977,22 +977,37 @@ def html_page(body: bytes) -> str | None:
     if body.startswith((BOM_UTF16_LE, BOM_UTF16_BE)):  # as some Windows servers send a page
         body = body.decode("utf-16", "replace").encode()
     body = body.removeprefix(BOM_UTF8)  # a byte order mark before "<" hid the page
-    if not body.lstrip().startswith(b"<") or not _HTML_START.search(body, 0, 2048):
+    if not _HTML_START.match(body, 0, 2048):
         return None
-    heading = next((m[1] for m in _HTML_HEADING.finditer(body) if m[1].strip()), None)
+    heading = next((m[2] for m in _HTML_HEADING.finditer(body) if m[2] and m[2].strip()), None)
     words = " ".join(html.unescape((heading or _HTML_MARKUP.sub(b" ", body)).decode(
         "utf-8", "replace")).split())
-    return f'an HTML page that says "{clip(words, 120)}"' if words else "an HTML page with no text"
+    return f"an HTML page that says {quoted(clip(words, 120))}" if words else (
+        "an HTML page with no text")
+
+
+def quoted(words: str) -> str:
+    """`words` in double quotes, its own shown as single ones: one of them inside read as the
+    end of the quotation (`says "Log in to "Acme""`)."""
+    return '"' + words.replace('"', "'") + '"'
 
 
 HTML_READ = 64 * 1024
-_HTML_START = re.compile(rb"<(?:!doctype\s+html|html|head|body|title)\b", re.I)
-_HTML_HEADING = re.compile(rb"<(?:title|h1)\b[^<>]*>([^<]*)", re.I)
+_HTML_COMMENT = rb"<!--[^-]*(?:-(?!->)[^-]*)*"  # to its "-->" or the page's end
+# A page starts (after an XML declaration, comments, blanks) with HTML's doctype or an element
+# only HTML's documents start with. An XML document's elements may share those names (an S3
+# error's `<Body>`, a SOAP fault's): one that starts otherwise, or whose first element names a
+# namespace other than XHTML's, is no page.
+_HTML_START = re.compile(rb"(?:\s|<\?xml\b[^<>]*>|" + _HTML_COMMENT + rb"-->)*<(?:!doctype\s+html"
+                         rb"|(?:html|head|body|title)\b(?![^<>]*\bxmlns(?::[\w.-]+)?\s*=\s*"
+                         rb"[\"'](?!http://www\.w3\.org/1999/xhtml[\"'])))", re.I)
 # A comment, a script and a style are no words, to their end (or the page's): their text holds
 # "<" and ">" (`a < b`, a tag in a string, IE's conditional tags), and cut at those it was read
 # as words. Each alternative reads on to its end, never back, so the cost stays linear.
-_HTML_MARKUP = re.compile(rb"<!--[^-]*(?:-(?!->)[^-]*)*(?:-->)?"
-                          rb"|<(script|style)\b[^<>]*>[^<]*(?:<(?!/\1)[^<]*)*|<[^<>]*>", re.I)
+_HTML_HIDDEN = _HTML_COMMENT + rb"(?:-->)?|<(script|style)\b[^<>]*>[^<]*(?:<(?!/\1)[^<]*)*"
+_HTML_MARKUP = re.compile(_HTML_HIDDEN + rb"|<[^<>]*>", re.I)
+# A title or a heading inside those is none the page shows: they are read past as a whole.
+_HTML_HEADING = re.compile(_HTML_HIDDEN + rb"|<(?:title|h1)\b[^<>]*>([^<]*)", re.I)
 
 
 def clip(value: object, limit: int = MSG_MAX) -> str:

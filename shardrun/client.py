@@ -72,7 +72,7 @@ from shardrun._attempt import (
     Watchdog,
     call_caller,
 )
-from shardrun._chunks import Unreadable, clip, html_page, read_error_body
+from shardrun._chunks import Unreadable, clip, html_page, quoted, read_error_body
 from shardrun._ellipsis import counted
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
@@ -379,7 +379,7 @@ class StreamingClient:
             # alone left the user to fetch the page to learn what it said.
             if "text/plain" in resp.headers.get("Content-Type", "") and (
                     said := clip(body[:_SAID_READ].decode("utf-8", "replace"), _SAID_MAX)):
-                _fail_stream(st, resp, f'a text that says "{said}", not an event stream',
+                _fail_stream(st, resp, f"a text that says {quoted(said)}, not an event stream",
                              tokens=False)
                 return
             last = "response.completed" if self._api == "responses" else "[DONE]"

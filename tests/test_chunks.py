@@ -304,6 +304,52 @@ def test_an_html_page_s_text_holds_no_script_or_comment(body: bytes, said: str) 
 
 
 @pytest.mark.parametrize("body", [
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Body>Access Denied</Body></Error>",
+    b'<Envelope xmlns="http://schemas.xmlsoap.org/soap/envelope/"><Body><Fault>'
+    b"<faultstring>Denied</faultstring></Fault></Body></Envelope>",
+    b'<Body xmlns="urn:example:errors"><Title>Denied</Title></Body>',
+])  # fmt: skip
+def test_an_xml_error_body_is_no_html_page(body: bytes) -> None:
+    """An XML error (an S3-style `<Error>`, a SOAP fault) whose elements share a name with
+    HTML's (`Body`, `Title`) was named "an HTML page": its text is the message, as for any
+    body that is not a page."""
+    assert error_message(body) == " ".join(body.decode().split())
+
+
+@pytest.mark.parametrize("body", [
+    b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 '
+    b'Strict//EN" "x.dtd">\n<html xmlns="http://www.w3.org/1999/xhtml"><head><title>503 '
+    b"Service Unavailable</title></head></html>",
+    b'<html xmlns="http://www.w3.org/1999/xhtml"><title>503 Service Unavailable</title></html>',
+    b"<!-- served by a proxy -->\n<HTML><HEAD><TITLE>503 Service Unavailable</TITLE></HEAD>",
+])  # fmt: skip
+def test_an_xhtml_page_is_an_html_page(body: bytes) -> None:
+    """A page in XHTML (an XML declaration, its namespace on `html`, as Varnish sends one) or
+    after a comment is still a page, named by its title."""
+    assert error_message(body) == 'an HTML page that says "503 Service Unavailable"'
+
+
+@pytest.mark.parametrize("body", [
+    b"<html><head><!-- <title>Old title</title> --><script>document.write('<h1>x</h1>')"
+    b"</script><title>Sign in</title></head></html>",
+    b"<html><body><script>var t = '<h1>Loading</h1>';</script><h1>Sign in</h1></body></html>",
+    b"<html><body><style>h1::after { content: '<title>x' }</style><h1>Sign in</h1></body>",
+])  # fmt: skip
+def test_an_html_page_s_heading_is_none_in_a_comment_or_script(body: bytes) -> None:
+    """The title or first heading a page shows: one inside a comment, a script or a style is
+    none the page shows, and it was taken for what the page says."""
+    assert error_message(body) == 'an HTML page that says "Sign in"'
+
+
+def test_an_html_page_s_quoted_title_stays_one_quotation() -> None:
+    """A title that holds double quotes would end the quotation of what the page says before
+    its end (`says "Log in to "Acme""`): its own quotes are shown as single ones."""
+    body = b'<html><title>Log in to "Acme" &quot;Cloud&quot;</title></html>'
+    assert error_message(body) == "an HTML page that says \"Log in to 'Acme' 'Cloud'\""
+
+
+@pytest.mark.parametrize("body", [
     b"\xef\xbb\xbf<!DOCTYPE html><html><title>Sign in</title></html>",
     codecs.BOM_UTF16_LE + "<html><title>Sign in</title></html>".encode("utf-16-le"),
     codecs.BOM_UTF16_BE + "<html><title>Sign in</title></html>".encode("utf-16-be"),

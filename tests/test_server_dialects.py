@@ -394,6 +394,11 @@ def test_a_plain_text_body_says_its_first_words() -> None:
     assert (out.status, out.not_an_answer) == ("protocol_error", True)
     assert out.error == ('a text that says "Internal Server Error \\x1b[2J' + "x" * 91
                          + '", not an event stream (content-type text/plain)')
+    # Its own double quotes would end the quotation early: they are shown as single ones.
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: "
+                            b'close\r\n\r\nNo "model" given']))
+    assert out.error == ("a text that says \"No 'model' given\", not an event stream "
+                         "(content-type text/plain)")
 
 
 def test_a_header_longer_than_8_kib_is_read() -> None:
