@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import html
 import re
-from codecs import BOM_UTF8, BOM_UTF16_BE, BOM_UTF16_LE
+from codecs import BOM_UTF8, BOM_UTF16_BE, BOM_UTF16_LE, BOM_UTF32_BE, BOM_UTF32_LE
 from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
@@ -957,6 +957,7 @@ def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
     msg: object = None
     err: object = None
     flagged = False
+    body = utf8_of(body)
     if (obj := json_object(body)) is not None:
         err = error_of(obj, obj.get("error", obj))
         msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
@@ -973,10 +974,7 @@ def html_page(body: bytes) -> str | None:
     login page read as text gave its markup, and Cloudflare's some 300 bytes of comments before
     its title filled the whole message. Only `HTML_READ` bytes are read, by patterns that read
     each byte a few times at most, so that hostile markup costs time in proportion to its length."""
-    body = body[:HTML_READ]
-    if body.startswith((BOM_UTF16_LE, BOM_UTF16_BE)):  # as some Windows servers send a page
-        body = body.decode("utf-16", "replace").encode()
-    body = body.removeprefix(BOM_UTF8)  # a byte order mark before "<" hid the page
+    body = utf8_of(body[:HTML_READ])
     if not _HTML_START.match(body, 0, 2048):
         return None
     heading = next((m[2] for m in _HTML_HEADING.finditer(body) if m[2] and m[2].strip()), None)
@@ -984,6 +982,21 @@ def html_page(body: bytes) -> str | None:
         "utf-8", "replace")).split())
     return f"an HTML page that says {quoted(clip(words, 120))}" if words else (
         "an HTML page with no text")
+
+
+def utf8_of(body: bytes) -> bytes:
+    """`body` in UTF-8 without its byte order mark, decoded by that mark when it is UTF-16's or
+    UTF-32's (as some Windows servers send): else a "\\x00" showed between each two letters,
+    and a byte order mark before "<" or "{" hid a page or a JSON error."""
+    for bom, codec in _BOMS:
+        if body.startswith(bom):
+            return body[len(bom) :].decode(codec, "replace").encode()
+    return body.removeprefix(BOM_UTF8)
+
+
+_BOMS = ((BOM_UTF32_LE, "utf-32-le"), (BOM_UTF32_BE, "utf-32-be"),
+         (BOM_UTF16_LE, "utf-16-le"), (BOM_UTF16_BE, "utf-16-be"))  # fmt: skip
+"""UTF-32's first: its little-endian mark starts with UTF-16's."""
 
 
 def quoted(words: str) -> str:

@@ -361,6 +361,22 @@ def test_an_html_page_with_a_byte_order_mark_is_read(body: bytes) -> None:
     assert error_message(body) == 'an HTML page that says "Sign in"'
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    (codecs.BOM_UTF16_LE + '{"error": {"message": "no such model"}}'.encode("utf-16-le"),
+     "no such model"),
+    (codecs.BOM_UTF16_BE + "Service Unavailable".encode("utf-16-be"), "Service Unavailable"),
+    (codecs.BOM_UTF32_LE + "Service Unavailable".encode("utf-32-le"), "Service Unavailable"),
+    (codecs.BOM_UTF32_BE + "Service Unavailable".encode("utf-32-be"), "Service Unavailable"),
+    (codecs.BOM_UTF8 + b'{"error": {"message": "no such model"}}', "no such model"),
+], ids=["utf-16-le-json", "utf-16-be", "utf-32-le", "utf-32-be", "utf-8-json"])  # fmt: skip
+def test_an_error_body_with_a_byte_order_mark_is_read_as_its_text(body: bytes,
+                                                                   message: str) -> None:
+    """An error body in UTF-16 or UTF-32 (by its byte order mark, as some Windows servers
+    send) showed a "\\x00" between each two letters, and JSON behind any byte order mark was
+    not read as JSON: its message is now what it says."""
+    assert error_message(body) == message
+
+
 def test_error_body_message_is_clipped() -> None:
     """A long error message is cut to MSG_MAX characters."""
     body = orjson.dumps({"error": {"message": "y" * 1000}})
