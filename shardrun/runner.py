@@ -131,6 +131,8 @@ def run(
     if options.limit is not None and options.limit < 1:
         raise SpecError(f"--limit {options.limit}: give the number of items to run, at least 1")
     job = load_job(job_path, env=env, flags=flags)
+    if options.only_failed:
+        job = _runs_dir_as_the_job_gives_it(job, job_path, env, flags)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     # The same checks as `validate`, for the shards this pass starts.
@@ -228,6 +230,19 @@ def _sim_ended(sim: SimProcess, way_on: str) -> str | None:
     return (f"the simulator this run started for sim:// ended mid-run ({exit_description(code)}"
             f"{last}), so nothing can answer the items left; they are unfinished, not failed: "
             f"{way_on}, which starts a new simulator")
+
+
+def _runs_dir_as_the_job_gives_it(job: LoadedJob, job_path: Path, env: Mapping[str, str],
+                                  flags: Mapping[str, object]) -> LoadedJob:
+    """`retry-failed`'s job as the job file, the environment or the default give its runs
+    directory, where that is the run's (the flag it passes, which no user gave): the printed
+    way on then names --runs-dir only where it is needed (`resume_command`)."""
+    try:
+        unflagged = load_job(job_path, env=env, flags={**flags, "runs_dir": None})
+    except SpecError:  # the job's own runs_dir is unusable: the run's directory stands
+        return job
+    same = unflagged.runs_path.resolve() == job.runs_path.resolve()
+    return unflagged if same else job
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:

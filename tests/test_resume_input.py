@@ -436,6 +436,33 @@ def test_an_older_manifest_of_a_lone_cr_csv_resumes_rows_appended(tmp_path: Path
     resumes_every_item_once(path, [*ids, *more], tmp_path)
 
 
+def test_retry_failed_s_command_to_finish_names_the_runs_dir_only_when_needed(
+        tmp_path: Path) -> None:
+    """`retry-failed RUN_DIR` of a run whose input a --limit left unread: the command printed to
+    finish it names --runs-dir only when the job alone would look elsewhere, run from where
+    the retry ran (no flag chose the directory: `--runs-dir runs` was noise), and run from
+    another directory (the job's `runs` is there another one), each printed command works."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    fast = {**FAST_SIM, "fail_500": 0.5}
+    write_job(tmp_path / "job.yaml", shards=1, retry={"max_attempts": 1},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test", "sim": fast})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd, run_dir in ((tmp_path, "runs/qq"), (elsewhere, str(tmp_path / "runs" / "qq"))):
+        run_cli("job.yaml", "--run-id", "qq", "--limit", "10", "--quiet", cwd=tmp_path)
+        retried = run_cli("retry-failed", run_dir, "--quiet", cwd=cwd)
+        finish = [line for line in retried.stdout.splitlines()
+                  if line.startswith("  to finish the run")]
+        assert len(finish) == 1, retried.stdout + retried.stderr
+        words = shlex.split(finish[0].removeprefix("  to finish the run  "))
+        given = [] if cwd == tmp_path else ["--runs-dir", str(tmp_path / "runs")]
+        assert words[2:] == ["--resume", "qq", *given], words
+        rest = run_cli(*words[1:], "--quiet", cwd=cwd)
+        assert "to finish the run" not in rest.stdout, rest.stdout + rest.stderr
+        assert_exactly_once(Run.load(tmp_path / "runs" / "qq"), ids)
+        shutil.rmtree(tmp_path / "runs")
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
         tmp_path: Path, fmt: str) -> None:
