@@ -3008,6 +3008,45 @@ def test_full_disk_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     assert_exactly_once(Run.load(path), ids)
 
 
+def _limit_the_event_log() -> None:
+    # With one-token answers a span's events outweigh its result line, so the event log meets
+    # the limit first while the results still have room: the answers after that have no events.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+
+def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
+        tmp_path: Path) -> None:
+    """A full disk cuts a shard's event log while answers still reach its results file:
+    `report` counts from the log, and says in text and JSON how many answers each results file
+    holds beyond it, so that its figures are read as covering the logged part only."""
+    write_input(tmp_path / "input.jsonl", 3000)
+    write_job(tmp_path / "job.yaml", concurrency=64,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "tokens": "uniform:1:2"}})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", preexec=_limit_the_event_log)
+    _, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 1 and "events/shard-" in err, err
+    path = only_run(tmp_path / "runs")
+    on_disk = {p.name: p.read_bytes().count(b"\n") for p in (path / "results").glob("*.jsonl")}
+    doc = orjson.loads(run_cli("report", "--json", str(path), cwd=tmp_path).stdout)
+    logged = doc["items"]["succeeded"]
+    assert logged < sum(on_disk.values()), "the log was not cut before the results"
+    beyond = doc["integrity"]["beyond_log"]
+    assert beyond and all(b["lines"] == on_disk[b["path"].removeprefix("results/")]
+                          for b in beyond), beyond
+    missing = sum(on_disk.values()) - logged
+    assert sum(b["lines"] - b["logged"] for b in beyond) == missing
+    assert doc["items"]["not_in_log"] == {"succeeded": missing, "dead": 0}
+    text = run_cli("report", str(path), cwd=tmp_path).stdout
+    for b in beyond:
+        assert (f"  - {b['path']} holds {b['lines']:,} answers where its event log "
+                f"{b['event_log']} records {b['logged']:,}: the log was cut (a full disk stops "
+                "it first) while answers still arrived, so this report's counts and throughput "
+                f"cover only the logged part ({b['lines'] - b['logged']:,} more answers are "
+                "kept; export and --resume see them)") in text.splitlines(), text
+    assert f"  not in the event log: {missing:,} more succeeded on disk " in text, text
+
+
 def _leave_no_room_for_the_final_manifest() -> None:
     # Above the manifest a run starts with (about 4.5 KB), below the one it ends with (about
     # 7 KB, with its summary and file list): the disk is full before the run can close it.

@@ -92,6 +92,14 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["notes"] += [f"{p}: not in the manifest's list of the run's files, though the pass "
                          "that wrote it had ended (added since, or renamed): its figures are in "
                          "this report" for p in added]
+    # Answers a full disk left out of their shard's event log: kept, but in no figure here.
+    # Not while a pass runs: its shards write results read later than their logs were.
+    if state != "running" and (beyond := loaded.beyond_log()):
+        doc["integrity"]["beyond_log"] = [b.as_dict() for b in beyond]
+        doc["items"]["not_in_log"] = {
+            key: sum(b.lines - b.logged for b in beyond if b.path.startswith(sub))
+            for key, sub in (("succeeded", "results/"), ("dead", "dead/"))}
+        doc["notes"] += [b.text() for b in beyond]
     # Spans are not items once a retry pass has run dead letters again: say how the items ended.
     if (standing := standing_dead_letters(run_dir)) is not None:
         ok, dead = doc["items"]["succeeded"], standing.dead
