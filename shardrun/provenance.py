@@ -228,6 +228,7 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     loaded = _load(run_dir, workers)
     _check_publishable(loaded)
     m = _pick_minute(loaded, minute)
+    _check_not_cut(loaded, m)
     if warnings is not None and (tail := unproven(loaded, m)) is not None:
         warnings.append(f"minute {minute_label(m)}: {tail}")
     fig = figure(loaded, m)
@@ -263,6 +264,18 @@ def _check_publishable(loaded: LoadedRun) -> None:
     problem = _altered(loaded)
     if problem is not None:
         raise PublishError(f"{problem}; refusing to publish from altered files")
+
+
+def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
+    """Refuse a minute whose figure would leave out answers a full disk kept out of the event
+    log (`LoadedRun.beyond_log`): the sample would claim fewer tokens than the minute had."""
+    for cut in loaded.beyond_log():
+        if cut.hides(minute):
+            raise PublishError(
+                f"minute {minute_label(minute)}: {cut.event_log} was cut (a full disk) while "
+                f"{cut.lines - cut.logged:,} more lines reached {cut.path}, which the log "
+                "cannot prove, so this minute's figure would be short; publish one before "
+                "the cut with --minute")
 
 
 def _altered(loaded: LoadedRun) -> str | None:

@@ -3045,6 +3045,10 @@ def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
                 f"cover only the logged part ({b['lines'] - b['logged']:,} more answers are "
                 "kept; export and --resume see them)") in text.splitlines(), text
     assert f"  not in the event log: {missing:,} more succeeded on disk " in text, text
+    # Every minute of this run holds answers the log lacks: no sample of one is published.
+    published = run_cli("publish", str(path), cwd=tmp_path)
+    assert published.returncode == 2 and not (path / "samples").exists(), published.stderr
+    assert " was cut (a full disk) while " in published.stderr, published.stderr
 
 
 def _leave_no_room_for_the_final_manifest() -> None:

@@ -922,3 +922,14 @@ def test_a_crashed_run_whose_input_changed_is_not_said_to_be_closed_by_a_resume(
     assert reason.endswith("; --resume continues it (it keeps every answer on disk)"), reason
     resumed = run_cli("run", "job.yaml", "--resume", "r1", "--quiet", cwd=tmp_path)
     assert resumed.returncode == 2 and "is not what run r1 read" in resumed.stderr
+
+
+def test_answers_beyond_a_cut_log_hide_only_the_minutes_from_the_cut_to_the_file_s_last_write(
+        ) -> None:
+    """The answers a full disk left out of a log ended after its last event and before their
+    file's last write: a minute outside those is whole in the log, and publishable."""
+    from shardrun.report._rundir import BeyondLog
+
+    cut = BeyondLog("results/shard-00.jsonl", "events/shard-00.jsonl", 9, 4,
+                    log_ends=61 * 60 + 59.5, written=63 * 60 + 0.5)
+    assert [m for m in range(59, 66) if cut.hides(m)] == [61, 62, 63]
