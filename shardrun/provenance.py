@@ -269,13 +269,24 @@ def _check_publishable(loaded: LoadedRun) -> None:
 def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
     """Refuse a minute whose figure would leave out answers a full disk kept out of the event
     log (`LoadedRun.beyond_log`): the sample would claim fewer tokens than the minute had."""
-    for cut in loaded.beyond_log():
-        if cut.hides(minute):
-            raise PublishError(
-                f"minute {minute_label(minute)}: {cut.event_log} was cut (a full disk) while "
-                f"{cut.lines - cut.logged:,} more lines reached {cut.path}, which the log "
-                "cannot prove, so this minute's figure would be short; publish one before "
-                "the cut with --minute")
+    cuts = loaded.beyond_log()
+    for cut in cuts:
+        if not cut.hides(minute):
+            continue
+        when = f"by {minute_label(int(cut.written // 60))}"
+        if cut.log_ends is not None:
+            when = f"from {minute_label(int(cut.log_ends // 60))} {when.replace('by', 'to')}"
+        # The way on names a minute no cut leaves short, or says there is none.
+        whole = {m: n for m, n in _minute_totals(loaded).items()
+                 if not any(c.hides(m) for c in cuts)}
+        way = (f"publish another with --minute, such as {minute_label(_busiest(loaded, whole))}"
+               if whole else "no minute of this run with completion tokens lies outside such "
+               "a span, so none can be published")
+        raise PublishError(
+            f"minute {minute_label(minute)}: {cut.path} holds {cut.lines - cut.logged:,} more "
+            f"lines than its event log {cut.event_log} records (the log was cut, as a full "
+            f"disk cuts it first), answers that ended {when}, so this minute's figure would "
+            f"be short; {way}")
 
 
 def _altered(loaded: LoadedRun) -> str | None:
@@ -314,12 +325,25 @@ def _file_record(scan: FileScan) -> dict[str, Any]:
             "checkpoints": scan.checkpoints, "covered_lines": scan.covered_lines}
 
 
-def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
-    spans = windows(loaded.coordinators, loaded.shards)
+def _minute_totals(loaded: LoadedRun) -> dict[int, int]:
+    """Completion tokens of each minute the shard logs counted any in."""
     totals: dict[int, int] = {}
     for s in loaded.shards:
         for m, cell in s.minutes.items():
             totals[m] = totals.get(m, 0) + cell.tokens
+    return totals
+
+
+def _busiest(loaded: LoadedRun, totals: dict[int, int]) -> int:
+    """The minute with the most tokens, a full one first (the earliest on a tie)."""
+    spans = windows(loaded.coordinators, loaded.shards)
+    full = [m for m in totals if is_full(m, spans)]
+    return max(full or totals, key=lambda m: (totals[m], -m))
+
+
+def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
+    spans = windows(loaded.coordinators, loaded.shards)
+    totals = _minute_totals(loaded)
     if minute is not None:
         try:
             m = parse_minute(minute)
@@ -331,8 +355,7 @@ def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
     if not totals:
         raise PublishError(f"{loaded.path} has no successful span, so no minute has completion "
                            f"tokens to publish (`shardrun report {loaded.path}` shows why)")
-    full = [m for m in totals if is_full(m, spans)]
-    return max(full or totals, key=lambda m: (totals[m], -m))
+    return _busiest(loaded, totals)
 
 
 def _span_text(spans: list[tuple[float, float]]) -> str:
