@@ -297,7 +297,7 @@ def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
     A write that fails (a full disk) leaves `path` as it was and no temporary file, and raises
     an OSError that names the file that failed: the temporary one, where it could not be
     made or written (a failed write names no file of its own), else `path`, which it could not
-    replace.
+    replace, else its directory, which could not record the rename on disk.
     """
     tmp = path.with_suffix(path.suffix + ".tmp")
     failed = tmp
@@ -308,10 +308,22 @@ def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
             os.fsync(f.fileno())
         failed = path
         os.replace(tmp, path)
+        # The rename is in the directory: unsynced, a power loss can bring back the old file.
+        failed = path.parent
+        fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise OSError(exc.errno, exc.strerror or str(exc), str(failed)) from exc
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (a file made, renamed or removed) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def versions() -> dict[str, str]:

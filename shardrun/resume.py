@@ -27,6 +27,7 @@ from shardrun.errors import InputError, RunError, SpecError
 from shardrun.manifest import (
     LATEST,
     changed_results,
+    fsync_dir,
     newest_job_path,
     pass_inputs,
     pass_reads,
@@ -388,8 +389,8 @@ def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:
     target.mkdir(parents=True, exist_ok=True)
     for path in files:
         shutil.move(str(path), target / path.name)
-    _fsync_dir(target)
-    _fsync_dir(run_path / "dead")
+    fsync_dir(target)
+    fsync_dir(run_path / "dead")
     return digests
 
 
@@ -411,7 +412,7 @@ def undo_set_aside(run_path: Path, segment: int) -> int:
         if not target.exists():
             os.replace(path, target)
             moved += 1
-    _fsync_dir(run_path / "dead")
+    fsync_dir(run_path / "dead")
     if not any(aside.iterdir()):
         aside.rmdir()
     return moved
@@ -437,7 +438,6 @@ def restore_unretried(run_path: Path, segment: int) -> int:
     target = run_path / "dead" / f"unretried-r{segment}.jsonl"
     # A full disk here must name the file, and leave no half-written one in dead/.
     write_atomic(target, lines)
-    _fsync_dir(target.parent)
     return len(lines)
 
 
@@ -520,11 +520,3 @@ def _ids_at(path: Path, bad: list[str] | None = None) -> list[tuple[str, int]]:
                     bad.append(f"{path} line {number}")
             offset += len(line)
     return found
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import orjson
+import pytest
 
+from shardrun import manifest
 from shardrun.inputs import FieldMap, InputReader
 from shardrun.recovery import line_ids, repair_torn_tail
 from shardrun.resume import setting_changes
@@ -74,3 +78,25 @@ def test_setting_changes_compares_values_as_the_manifest_holds_them() -> None:
     assert setting_changes(started, now, keys) == [("endpoint.model", "m1", "m2")]
     assert setting_changes(None, now, keys) == []
     assert setting_changes({"endpoint.model": "m1"}, now, keys) == []
+
+
+def test_an_atomic_write_syncs_the_file_then_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`manifest.write_atomic` (the manifest, dead/unretried-rK.jsonl) fsyncs the temporary
+    file and, after the rename, the directory holding it: the rename is an entry of the
+    directory, and unsynced a power loss can bring back the old file or none."""
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"old")
+    synced: list[tuple[bool, int]] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((stat.S_ISDIR(st.st_mode), st.st_ino))
+        real(fd)
+
+    monkeypatch.setattr(manifest.os, "fsync", fsync)
+    manifest.write_atomic(path, [b"a\n", b"b\n"])
+    assert path.read_bytes() == b"a\nb\n"
+    assert synced == [(False, path.stat().st_ino), (True, tmp_path.stat().st_ino)]
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
