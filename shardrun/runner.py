@@ -205,16 +205,20 @@ def _leaves_a_run(this: Pass) -> bool:
     return this.segment > 0 or (this.run_dir.path / "manifest.json").exists()
 
 
-def _put_back_unreached(this: Pass) -> None:
+def _put_back_unreached(this: Pass, stopped: BaseException) -> None:
     """A retry pass that failed (its shards kept dying): put back the dead letters it set aside
     and did not reach, as its normal end does, or `report` and `export` would count them as
     never run until the next pass. Only once no shard of it holds the run any more: one that
     outlived the failure could still write a result for an item put back. Else, and on an
-    error here, the next pass puts them back, under its own exclusive lock."""
+    error here, the next pass puts them back, under its own exclusive lock. An error the
+    same as `stopped` (the put-back at the pass's end failed) is not said twice."""
     try:
         if resume.alone_in_run(this.lock):
             resume.restore_unretried(this.run_dir.path, this.segment)
     except (OSError, RunError) as exc:
+        if (isinstance(exc, OSError) and isinstance(stopped, OSError)
+                and (exc.errno, exc.filename) == (stopped.errno, stopped.filename)):
+            return  # the pass's own error sentence names this file
         print(f"warning: cannot put back the dead letters this pass did not reach ({exc}); "
               "the next pass of the run puts them back", file=sys.stderr)
 
@@ -488,7 +492,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
     except BaseException as stopped:
         ended = _said(stopped, this.way_on)
         if this.info.get("retry_failed"):
-            _put_back_unreached(this)
+            _put_back_unreached(this, stopped)
         try:
             finish_manifest(manifest, this.run_dir, status, reader, summary, _why(ended),
                             lines_judged=source.lines_judged)
