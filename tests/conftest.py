@@ -96,7 +96,7 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+def still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
     """Those of `processes` still running once they have all ended or `deadline` has come.
     Not psutil.wait_procs: it waits for a zombie nobody reaps as for a running process."""
     while any(map(_running, processes)) and time.monotonic() < deadline:
@@ -140,12 +140,12 @@ def kill_tree(proc: subprocess.Popen[Any], *, group: bool = False,
     try:
         proc.wait(timeout=KILL_GUARD_S)
     finally:
-        left = _still_running(below, deadline)
+        left = still_running(below, deadline)
         orphans = [_command_line(p) for p in left]
         for process in left:
             with suppress(psutil.NoSuchProcess):
                 process.kill()  # psutil checks the start time: it signals no reused PID
-        _still_running(left, time.monotonic() + KILL_GUARD_S)
+        still_running(left, time.monotonic() + KILL_GUARD_S)
     return Killed(commands, orphans)
 
 

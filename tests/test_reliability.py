@@ -46,6 +46,7 @@ from tests.conftest import (
     only_run,
     read_jsonl,
     run_cli,
+    still_running,
     write_input,
     write_job,
 )
@@ -1434,7 +1435,10 @@ def test_a_resume_started_as_a_retry_pass_is_killed_waits_for_its_shards_answers
     (SIGSTOP) from before the kill until the resume waits, so the answers come after both."""
     ids = write_input(tmp_path / "input.jsonl", 60)
     with sim(fail_500=0.5) as bad:
-        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, concurrency=3)
+        # The killed pass's shards keep their requests until the simulator answers, however
+        # slowly a loaded machine starts the resume: no grace period ends them first.
+        job_for(tmp_path, bad.base_url, retry={"max_attempts": 1}, concurrency=3,
+                shutdown_grace_s=WAIT_GUARD_S)
         assert run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path).returncode == 1
     path = only_run(tmp_path / "runs")
     assert len(Run.load(path).dead) > 6  # more than the 2 shards × 3 requests in flight
@@ -1462,12 +1466,18 @@ def test_a_resume_started_as_a_retry_pass_is_killed_waits_for_its_shards_answers
                     break  # it went on without waiting: the check below says so
                 time.sleep(0.05)
         finally:
-            os.kill(held.pid, signal.SIGCONT)
+            os.kill(held.pid, signal.SIGCONT)  # first: a process left stopped never ends
             end_run(proc)
-            code = None if resume_proc is None else resume_proc.wait(timeout=WAIT_GUARD_S)
-            _, left = psutil.wait_procs(below, timeout=WAIT_GUARD_S)
-            for process in left:
-                process.kill()
+            try:
+                code = None if resume_proc is None else resume_proc.wait(timeout=WAIT_GUARD_S)
+            finally:
+                if resume_proc is not None:
+                    end_run(resume_proc)  # one that hung is killed with its shards
+                # Not psutil.wait_procs: orphaned shards are no children of this process, and
+                # a zombie nobody reaps would read as running.
+                left = still_running(below, time.monotonic() + WAIT_GUARD_S)
+                for process in left:
+                    process.kill()
     said = err.read_text()
     assert f"waiting for earlier processes of run {path.name} to exit" in said, said
     assert code == 1, said  # dead letters stand
