@@ -282,7 +282,10 @@ class Trial:
     def run(self) -> None:
         self.write()
         if self.mix:
-            self.mixed()
+            try:
+                self.mixed()
+            finally:  # also after a hung pass or an error: none may outlive the trial
+                self.problems += self.outlived(self.orphans)
             return
         for k in range(MAX_PASSES):
             # A stop before the manifest is written leaves no run (at most a directory without
@@ -360,7 +363,6 @@ class Trial:
             return
         self.problems += check_run(run, self.ids, self.last_code, disk=self.disk)
         _, self.n_ok, self.n_dead = check_files(run, self.ids)
-        self.problems += self.outlived(self.orphans)
 
     def ended_run(self) -> Path | None:
         """The run directory to check at the trial's end; none is a problem."""
