@@ -3024,11 +3024,8 @@ def _limit_the_event_log() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
 
-def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
-        tmp_path: Path) -> None:
-    """A full disk cuts a shard's event log while answers still reach its results file:
-    `report` counts from the log, and says in text and JSON how many answers each results file
-    holds beyond it, so that its figures are read as covering the logged part only."""
+def _run_with_a_cut_log(tmp_path: Path) -> Path:
+    """A run whose first pass met a full disk that cut its event logs before its results."""
     write_input(tmp_path / "input.jsonl", 3000)
     write_job(tmp_path / "job.yaml", concurrency=64,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m",
@@ -3036,7 +3033,15 @@ def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
     proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", preexec=_limit_the_event_log)
     _, err = proc.communicate(timeout=WAIT_GUARD_S)
     assert proc.returncode == 1 and "events/shard-" in err, err
-    path = only_run(tmp_path / "runs")
+    return only_run(tmp_path / "runs")
+
+
+def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
+        tmp_path: Path) -> None:
+    """A full disk cuts a shard's event log while answers still reach its results file:
+    `report` counts from the log, and says in text and JSON how many answers each results file
+    holds beyond it, so that its figures are read as covering the logged part only."""
+    path = _run_with_a_cut_log(tmp_path)
     on_disk = {p.name: p.read_bytes().count(b"\n") for p in (path / "results").glob("*.jsonl")}
     doc = orjson.loads(run_cli("report", "--json", str(path), cwd=tmp_path).stdout)
     logged = doc["items"]["succeeded"]
@@ -3065,6 +3070,38 @@ def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
     assert published.stderr.endswith(
         ", so this minute's figure would be short; no minute of this run with completion tokens "
         "lies outside such a span, so none can be published\n"), published.stderr
+
+
+def test_a_cut_log_of_an_earlier_pass_is_still_reported_while_a_later_pass_runs(
+        tmp_path: Path) -> None:
+    """Only a live pass's files still change after its logs are read: the lines an earlier
+    pass's cut log left out stay counted while a resume runs (here one holding the gate)."""
+    import fcntl
+
+    def report_while_a_pass_runs() -> dict[str, Any]:
+        # The newest pass as it is while it runs: its manifest not closed, its gate held.
+        kept = (path / "manifest.json").read_bytes()
+        manifest = orjson.loads(kept)
+        manifest.update(status="running", ended_at=None)
+        (path / "manifest.json").write_bytes(orjson.dumps(manifest))
+        with open(path / resume.PASS_LOCK, "ab") as gate:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            out = run_cli("report", "--json", str(path), cwd=tmp_path).stdout
+        (path / "manifest.json").write_bytes(kept)
+        doc: dict[str, Any] = orjson.loads(out)
+        assert doc["run"]["state"] == "running", doc["run"]["state_reason"]
+        return doc
+
+    path = _run_with_a_cut_log(tmp_path)
+    before = orjson.loads(run_cli("report", "--json", str(path), cwd=tmp_path).stdout)
+    # The cut pass itself live: its results may be written after its logs were read.
+    assert "beyond_log" not in report_while_a_pass_runs()["integrity"]
+    resumed = run_cli("run", "job.yaml", "--resume", path.name, "--runs-dir", "runs",
+                      "--quiet", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    doc = report_while_a_pass_runs()
+    assert doc["integrity"].get("beyond_log") == before["integrity"]["beyond_log"], doc
+    assert doc["items"].get("not_in_log") == before["items"]["not_in_log"], doc
 
 
 def _leave_no_room_for_the_final_manifest() -> None:

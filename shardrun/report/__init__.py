@@ -93,8 +93,8 @@ def load_report(run_dir: Path, *, trace: bool = False,
                          "that wrote it had ended (added since, or renamed): its figures are in "
                          "this report" for p in added]
     # Answers a full disk left out of their shard's event log: kept, but in no figure here.
-    # Not while a pass runs: its shards write results read later than their logs were.
-    if state != "running" and (beyond := loaded.beyond_log()):
+    # Those of a live pass are left out: its shards write results read later than their logs.
+    if beyond := loaded.beyond_log(live=state == "running"):
         doc["integrity"]["beyond_log"] = [b.as_dict() for b in beyond]
         doc["items"]["not_in_log"] = {
             key: sum(b.lines - b.logged for b in beyond if b.path.startswith(sub))

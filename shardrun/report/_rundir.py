@@ -152,15 +152,22 @@ class LoadedRun:
         # read (a live run's resume or replacement) opened its log before its results.
         return sorted(p for p in out - present if not (self.path / p).exists())
 
-    def beyond_log(self) -> list[BeyondLog]:
+    def beyond_log(self, *, live: bool = False) -> list[BeyondLog]:
         """Results and dead-letter files holding more lines than their shard's event log ended
         that way: a flush writes the log first, so a full disk cuts the log while the answers
-        of the requests still in flight reach their file (`ShardOutput.flush`)."""
+        of the requests still in flight reach their file (`ShardOutput.flush`).
+
+        `live`: a pass runs. Its shards (of the newest pass, or a newer one the manifest read
+        does not record yet) and any shard process still alive write results read later than
+        their logs were, so they are left out; an earlier pass's files no longer change."""
+        newest = len(self.manifest.get("resumes") or [])
         out = []
         for shard, scan in zip(self.shards, self.shard_scans, strict=True):
             # A log that reached its shard_end and reads whole lost no flush: its files are not
             # read (about 600 MB of results for 1M items, a sixth of the report's time).
             if shard.ended and not scan.bad_lines:
+                continue
+            if live and (segment_of(Path(scan.path)) >= newest or _alive(shard)):
                 continue
             name = scan.path.removeprefix("events/")
             for sub, logged in (("results", shard.ok), ("dead", shard.dead)):
