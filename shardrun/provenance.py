@@ -284,8 +284,8 @@ def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
                "a span, so none can be published")
         raise PublishError(
             f"minute {minute_label(minute)}: {cut.path} holds {cut.lines - cut.logged:,} more "
-            f"lines than its event log {cut.event_log} records (the log was cut, as a full "
-            f"disk cuts it first), answers that ended {when}, so this minute's figure would "
+            f"lines than its event log {cut.event_log} records (the log was cut by a full "
+            f"disk or a power cut), answers that ended {when}, so this minute's figure would "
             f"be short; {way}")
 
 

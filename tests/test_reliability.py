@@ -3055,17 +3055,19 @@ def test_report_says_how_many_answers_a_full_disk_left_out_of_the_event_log(
     text = run_cli("report", str(path), cwd=tmp_path).stdout
     for b in beyond:
         assert (f"  - {b['path']} holds {b['lines']:,} answers where its event log "
-                f"{b['event_log']} records {b['logged']:,}: the log was cut (a full disk stops "
-                "it first) while answers still arrived, so this report's counts and throughput "
-                f"cover only the logged part ({b['lines'] - b['logged']:,} more answers are "
-                "kept; export and --resume see them)") in text.splitlines(), text
-    assert f"  not in the event log: {missing:,} more succeeded on disk " in text, text
+                f"{b['event_log']} records {b['logged']:,}: the log was cut (by a full disk, "
+                "which fails its write first, or a power cut that lost its last writes but not "
+                "the file's), so this report's counts and throughput cover only the logged "
+                f"part ({b['lines'] - b['logged']:,} more answers are kept; export and --resume "
+                "see them)") in text.splitlines(), text
+    assert (f"  not in the event log: {missing:,} more succeeded on disk (a log cut by a full "
+            "disk or a power cut; see Notes)") in text, text
     # Every minute of this run holds answers the log lacks: no sample of one is published.
     published = run_cli("publish", str(path), cwd=tmp_path)
     assert published.returncode == 2 and not (path / "samples").exists(), published.stderr
     # One sentence, its way on true to the run: no minute of it lies outside the cut.
     assert published.stderr.count("\n") == 1, published.stderr
-    assert " records (the log was cut, as a full disk cuts it first), answers that ended from " \
+    assert " records (the log was cut by a full disk or a power cut), answers that ended " \
         in published.stderr, published.stderr
     assert published.stderr.endswith(
         ", so this minute's figure would be short; no minute of this run with completion tokens "

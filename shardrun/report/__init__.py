@@ -92,7 +92,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["notes"] += [f"{p}: not in the manifest's list of the run's files, though the pass "
                          "that wrote it had ended (added since, or renamed): its figures are in "
                          "this report" for p in added]
-    # Answers a full disk left out of their shard's event log: kept, but in no figure here.
+    # Answers a cut event log (a full disk, a power cut) lacks: kept, but in no figure here.
     # Those of a live pass are left out: its shards write results read later than their logs.
     if beyond := loaded.beyond_log(live=state == "running"):
         doc["integrity"]["beyond_log"] = [b.as_dict() for b in beyond]

@@ -155,7 +155,8 @@ class LoadedRun:
     def beyond_log(self, *, live: bool = False) -> list[BeyondLog]:
         """Results and dead-letter files holding more lines than their shard's event log ended
         that way: a flush writes the log first, so a full disk cuts the log while the answers
-        of the requests still in flight reach their file (`ShardOutput.flush`).
+        of the requests still in flight reach their file, and a power cut can lose the log's
+        last writes and keep the results' (`ShardOutput.flush`); a kill leaves neither.
 
         `live`: a pass runs. Its shards (of the newest pass, or a newer one the manifest read
         does not record yet) and any shard process still alive write results read later than
@@ -213,10 +214,12 @@ class BeyondLog:
         return int((self.log_ends or 0.0) // 60) <= minute <= int(self.written // 60)
 
     def text(self) -> str:
+        # Not a kill: a flush hands the log its lines before the results theirs (`flush`).
         what = "answers" if self.path.startswith("results/") else "dead letters"
         return (f"{self.path} holds {self.lines:,} {what} where its event log {self.event_log} "
-                f"records {self.logged:,}: the log was cut (a full disk stops it first) while "
-                f"{what} still arrived, so this report's counts and throughput cover only the "
+                f"records {self.logged:,}: the log was cut (by a full disk, which fails its write "
+                f"first, or a power cut that lost its last writes but not the file's), so this "
+                f"report's counts and throughput cover only the "
                 f"logged part ({self.lines - self.logged:,} more {what} are kept; export and "
                 "--resume see them)")
 

@@ -92,10 +92,11 @@ def format_items(doc: dict[str, Any]) -> str:
         lines.append(f"  by item, after the retry passes: {num(by_item['succeeded'])} succeeded, "
                      f"{counted(by_item['dead'], 'dead letter')} standing, success rate "
                      f"{pct(by_item['success_rate'], 2)}")
-    if missing := it.get("not_in_log"):  # a full disk cut a log: right under the counts
+    if missing := it.get("not_in_log"):  # a log was cut: right under the counts
         dead = f" and {counted(missing['dead'], 'dead letter')}" if missing["dead"] else ""
         lines.append(f"  not in the event log: {num(missing['succeeded'])} more succeeded{dead} "
-                     "on disk (a log cut by a full disk; see Notes), in no figure here")
+                     "on disk (a log cut by a full disk or a power cut; see Notes), in no "
+                     "figure here")
     return "\n".join(lines)
 
 
