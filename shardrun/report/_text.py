@@ -96,7 +96,8 @@ def format_items(doc: dict[str, Any]) -> str:
         dead = f" and {counted(missing['dead'], 'dead letter')}" if missing["dead"] else ""
         lines.append(f"  not in the event log: {num(missing['succeeded'])} more succeeded{dead} "
                      "on disk (a log cut by a full disk or a power cut; see Notes), in no "
-                     "figure here")
+                     # The fold does not say which open spans these are: not subtracted.
+                     "figure here but still open where the log began their spans")
     return "\n".join(lines)
 
 
