@@ -274,7 +274,10 @@ def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
         if not cut.hides(minute):
             continue
         when = f"by {minute_label(int(cut.written // 60))}"
-        if cut.log_ends is not None:
+        if cut.answers is not None:  # the minutes their own lines name
+            when = (f"from {minute_label(int(cut.answers[0] // 60))} to "
+                    f"{minute_label(int(cut.answers[1] // 60))}")
+        elif cut.log_ends is not None:
             when = f"from {minute_label(int(cut.log_ends // 60))} {when.replace('by', 'to')}"
         # The way on names a minute no cut leaves short, or says there is none.
         whole = {m: n for m, n in _minute_totals(loaded).items()

@@ -933,3 +933,20 @@ def test_answers_beyond_a_cut_log_hide_only_the_minutes_from_the_cut_to_the_file
     cut = BeyondLog("results/shard-00.jsonl", "events/shard-00.jsonl", 9, 4,
                     log_ends=61 * 60 + 59.5, written=63 * 60 + 0.5)
     assert [m for m in range(59, 66) if cut.hides(m)] == [61, 62, 63]
+
+
+def test_answers_beyond_a_cut_log_hide_the_minutes_of_their_own_last_tokens(
+        tmp_path: Path) -> None:
+    """Tokens count at their last token, before the `released` the log lost, and a copy moves
+    a file's mtime: the lines beyond the log say which minutes they fall in."""
+    from shardrun.report._rundir import BeyondLog, _last_tokens
+
+    path = tmp_path / "shard-00.jsonl"
+    at = [61 * 60 + 1.0, 61 * 60 + 59.9, 62 * 60 + 0.5]  # the first is logged
+    path.write_bytes(b"".join(orjson.dumps({"id": str(i), "last_token_at": t}) + b"\n"
+                             for i, t in enumerate(at)) + b'{"id": "torn')
+    answers = _last_tokens(path, 2)
+    assert answers == (at[1], at[2])
+    cut = BeyondLog("results/shard-00.jsonl", "events/shard-00.jsonl", 3, 1,
+                    log_ends=62 * 60 + 0.2, written=65 * 60 + 1.0, answers=answers)
+    assert [m for m in range(59, 67) if cut.hides(m)] == [61, 62]

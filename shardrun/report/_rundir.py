@@ -178,8 +178,9 @@ class LoadedRun:
                 except OSError:  # none, or moved aside by a retry pass: fewer, never more
                     continue
                 if lines > logged:
+                    answers = _last_tokens(path, lines - logged) if sub == "results" else None
                     out.append(BeyondLog(f"{sub}/{name}", scan.path, lines, logged,
-                                         shard.last_t, written))
+                                         shard.last_t, written, answers))
         return out
 
     def foreign_files(self) -> list[tuple[str, str]]:
@@ -204,13 +205,19 @@ class BeyondLog:
     logged: int  # spans the log records as ended that way
     log_ends: float | None  # the last event the log holds: the answers beyond it came later
     written: float  # the file's mtime: the answers beyond the log came before it
+    # The earliest and latest `last_token_at` of the lines beyond the log (the instant their
+    # tokens count at), or None where they cannot be read (or are dead letters).
+    answers: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "event_log": self.event_log, "lines": self.lines,
-                "logged": self.logged, "log_ends": self.log_ends, "written": self.written}
+                "logged": self.logged, "log_ends": self.log_ends, "written": self.written,
+                "answers": None if self.answers is None else list(self.answers)}
 
     def hides(self, minute: int) -> bool:
         """Whether answers beyond the log may have ended in `minute` (epoch minutes)."""
+        if self.answers is not None:  # exact: as their own lines say, copied or not
+            return int(self.answers[0] // 60) <= minute <= int(self.answers[1] // 60)
         return int((self.log_ends or 0.0) // 60) <= minute <= int(self.written // 60)
 
     def text(self) -> str:
@@ -317,6 +324,26 @@ def standing_dead_letters(run_dir: Path) -> Standing | None:
                 dead += len(ids) + len(bad) - unread
     aside = set_aside_lines(run_dir, bad)
     return Standing(dead + len(aside.keys() - live), bad)
+
+
+def _last_tokens(path: Path, n: int) -> tuple[float, float] | None:
+    """The earliest and latest `last_token_at` of the last `n` whole lines of a results file
+    (a flush writes them in `released` order, so a cut log lacks the last ones), read from its
+    end; None if one is no record with that time."""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        data = b""
+        while end > 0 and data.count(b"\n") <= n:  # one more: the line before theirs ends
+            start = max(0, end - (1 << 20))
+            f.seek(start)
+            data = f.read(end - start) + data
+            end = start
+    lines = data[:data.rfind(b"\n")].split(b"\n")[-n:]  # a torn tail is no line
+    try:
+        times = [float(orjson.loads(line)["last_token_at"]) for line in lines]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return min(times), max(times)
 
 
 def _line_count(path: Path) -> int:
