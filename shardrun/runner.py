@@ -130,9 +130,10 @@ def run(
     """Run (or resume) a job file to the end and return the summary of this pass."""
     if options.limit is not None and options.limit < 1:
         raise SpecError(f"--limit {options.limit}: give the number of items to run, at least 1")
-    job = load_job(job_path, env=env, flags=flags)
     if options.only_failed:
-        job = _runs_dir_as_the_job_gives_it(job, job_path, env, flags)
+        job = _job_of_retry(job_path, env, flags)
+    else:
+        job = load_job(job_path, env=env, flags=flags)
     for warning in job.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     # The same checks as `validate`, for the shards this pass starts.
@@ -236,17 +237,24 @@ def _sim_ended(sim: SimProcess, way_on: str) -> str | None:
             f"{way_on}, which starts a new simulator")
 
 
-def _runs_dir_as_the_job_gives_it(job: LoadedJob, job_path: Path, env: Mapping[str, str],
-                                  flags: Mapping[str, object]) -> LoadedJob:
-    """`retry-failed`'s job as the job file, the environment or the default give its runs
-    directory, where that is the run's (the flag it passes, which no user gave): the printed
-    way on then names --runs-dir only where it is needed (`resume_command`)."""
+def _job_of_retry(job_path: Path, env: Mapping[str, str],
+                  flags: Mapping[str, object]) -> LoadedJob:
+    """`retry-failed`'s job, in the run's directory (the --runs-dir it passes, which no user
+    gave: so a SHARDRUN_RUNS_DIR set elsewhere is left out, else a warning told the user to
+    leave out a flag never typed); as the job file, the environment or the default give its
+    runs directory where that is the run's, so the printed way on names --runs-dir only where
+    it is needed (`resume_command`)."""
+    job = load_job(job_path, env={k: v for k, v in env.items() if k != _RUNS_DIR_VAR},
+                   flags=flags)
     try:
         unflagged = load_job(job_path, env=env, flags={**flags, "runs_dir": None})
     except SpecError:  # the job's own runs_dir is unusable: the run's directory stands
         return job
     same = unflagged.runs_path.resolve() == job.runs_path.resolve()
     return unflagged if same else job
+
+
+_RUNS_DIR_VAR = "SHARDRUN_RUNS_DIR"
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:

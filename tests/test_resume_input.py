@@ -463,6 +463,30 @@ def test_retry_failed_s_command_to_finish_names_the_runs_dir_only_when_needed(
         shutil.rmtree(tmp_path / "runs")
 
 
+def test_retry_failed_with_the_runs_dir_variable_elsewhere_warns_of_no_flag(
+        tmp_path: Path) -> None:
+    """`retry-failed runs/qq` with SHARDRUN_RUNS_DIR naming another directory: the run's
+    directory is the one it takes, no flag the user typed, yet a warning said the flag
+    --runs-dir overrides the variable and to leave the flag out. The printed command names
+    --runs-dir (the variable would look elsewhere) and, pasted with it still set, finishes."""
+    ids = write_input(tmp_path / "input.jsonl", 30)
+    fast = {**FAST_SIM, "fail_500": 0.5}
+    write_job(tmp_path / "job.yaml", shards=1, retry={"max_attempts": 1},
+              endpoint={"base_url": "sim://", "api": "chat", "model": "sim-test", "sim": fast})
+    run_cli("job.yaml", "--run-id", "qq", "--limit", "10", "--quiet", cwd=tmp_path)
+    env = {"SHARDRUN_RUNS_DIR": str(tmp_path / "other")}
+    retried = run_cli("retry-failed", "runs/qq", "--quiet", cwd=tmp_path, env=env)
+    assert "warning" not in retried.stderr, retried.stderr
+    finish = [line.removeprefix("  to finish the run  ") for line in retried.stdout.splitlines()
+              if line.startswith("  to finish the run")]
+    assert len(finish) == 1, retried.stdout + retried.stderr
+    words = shlex.split(finish[0])
+    assert words[2:] == ["--resume", "qq", "--runs-dir", "runs"], words
+    rest = run_cli(*words[1:], "--quiet", cwd=tmp_path, env=env)
+    assert "to finish the run" not in rest.stdout, rest.stdout + rest.stderr
+    assert_exactly_once(Run.load(tmp_path / "runs" / "qq"), ids)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 def test_blank_lines_appended_after_a_whole_read_are_no_unread_input(
         tmp_path: Path, fmt: str) -> None:
