@@ -987,16 +987,25 @@ def html_page(body: bytes) -> str | None:
 def utf8_of(body: bytes) -> bytes:
     """`body` in UTF-8 without its byte order mark, decoded by that mark when it is UTF-16's or
     UTF-32's (as some Windows servers send): else a "\\x00" showed between each two letters,
-    and a byte order mark before "<" or "{" hid a page or a JSON error."""
+    and a byte order mark before "<" or "{" hid a page or a JSON error. A body that is no whole
+    number of the mark's code units is no such text (a Latin-1 one may start "\\xff\\xfe"), and
+    one that is no UTF-32 is UTF-16's mark and a NUL: each was read as garbled CJK."""
     for bom, codec in _BOMS:
-        if body.startswith(bom):
-            return body[len(bom) :].decode(codec, "replace").encode()
+        if body.startswith(bom) and not len(body) % len(bom):
+            # UTF-32 strictly, which UTF-16's mark and a NUL fail; a UTF-16 pair cut at the
+            # 64 KiB read is replaced
+            errors = "strict" if len(bom) == 4 else "replace"
+            try:
+                return body[len(bom) :].decode(codec, errors).encode()
+            except UnicodeDecodeError:
+                continue
     return body.removeprefix(BOM_UTF8)
 
 
 _BOMS = ((BOM_UTF32_LE, "utf-32-le"), (BOM_UTF32_BE, "utf-32-be"),
          (BOM_UTF16_LE, "utf-16-le"), (BOM_UTF16_BE, "utf-16-be"))  # fmt: skip
-"""UTF-32's first: its little-endian mark starts with UTF-16's."""
+"""UTF-32's first: its little-endian mark starts with UTF-16's. Each mark is as long as its
+code unit."""
 
 
 def quoted(words: str) -> str:

@@ -377,6 +377,20 @@ def test_an_error_body_with_a_byte_order_mark_is_read_as_its_text(body: bytes,
     assert error_message(body) == message
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    (b"\xff\xfeabc", "\ufffd\ufffdabc"),
+    (codecs.BOM_UTF16_LE + "\x00Service Unavailable".encode("utf-16-le"),
+     "\\x00Service Unavailable"),
+    (codecs.BOM_UTF16_LE + "\x00Service Unavailable!".encode("utf-16-le"),
+     "\\x00Service Unavailable!"),
+], ids=["latin-1", "utf-16-nul", "utf-16-nul-4n"])  # fmt: skip
+def test_an_error_body_is_read_by_its_mark_only_where_it_fits(body: bytes, message: str) -> None:
+    """Bytes that look like a byte order mark: a Latin-1 body starting "\xff\xfe" whose length
+    is no whole number of UTF-16's code units, or UTF-16's mark and a NUL (UTF-32's
+    little-endian mark) whose rest is no UTF-32, was read as garbled CJK."""
+    assert error_message(body) == message
+
+
 def test_error_body_message_is_clipped() -> None:
     """A long error message is cut to MSG_MAX characters."""
     body = orjson.dumps({"error": {"message": "y" * 1000}})
