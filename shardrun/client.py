@@ -72,7 +72,7 @@ from shardrun._attempt import (
     Watchdog,
     call_caller,
 )
-from shardrun._chunks import Unreadable, clip, html_page, quoted, read_error_body
+from shardrun._chunks import Unreadable, clip, html_page, quoted, read_error_body, utf8_of
 from shardrun._ellipsis import counted
 from shardrun._urls import masked_url
 from shardrun.clock import Clock
@@ -114,7 +114,8 @@ _BYTES_PER_TOKEN = 8 * 1024
 # response at worst from a hostile server, a quarter of what its body may hold (`_BODY_MAX`).
 _HEADER_MAX = 64 * 1024
 _SAID_MAX = 120  # characters of a plain text body quoted in its message
-_SAID_READ = 4 * _SAID_MAX  # bytes read for them: a UTF-8 character is at most 4
+_SAID_READ = 4 * _SAID_MAX  # bytes read for them: a UTF-8 character is at most 4 (a whole
+# number of UTF-32's and UTF-16's units too, as `utf8_of` reads those only)
 _DRAIN_S = 1.0  # after [DONE], how long to wait for the end of the body so the connection pools
 _KEEPALIVE_S = 30.0
 # Same condition aiohttp uses: only these Pythons leak closed TLS transports.
@@ -378,7 +379,7 @@ class StreamingClient:
             # A server's or a proxy's own words ("Internal Server Error"): its content type
             # alone left the user to fetch the page to learn what it said.
             if "text/plain" in resp.headers.get("Content-Type", "") and (
-                    said := clip(body[:_SAID_READ].decode("utf-8", "replace"), _SAID_MAX)):
+                    said := clip(utf8_of(body[:_SAID_READ]).decode("utf-8", "replace"), _SAID_MAX)):
                 _fail_stream(st, resp, f"a text that says {quoted(said)}, not an event stream",
                              tokens=False)
                 return

@@ -401,6 +401,20 @@ def test_a_plain_text_body_says_its_first_words() -> None:
                          "(content-type text/plain)")
 
 
+
+@pytest.mark.parametrize("text", [
+    b"\xef\xbb\xbfInternal Server Error",
+    b"\xff\xfe" + "Internal Server Error".encode("utf-16-le"),
+], ids=["utf-8", "utf-16-le"])  # fmt: skip
+def test_a_plain_text_body_is_read_by_its_byte_order_mark(text: bytes) -> None:
+    """A 200's plain text body behind a byte order mark, as an error body is read
+    (`utf8_of`): the UTF-8 mark showed as "\\ufeff" before its words, and UTF-16 a "\\x00"
+    between each two letters."""
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: "
+                            b"close\r\n\r\n" + text]))
+    assert out.error == ('a text that says "Internal Server Error", not an event stream '
+                         "(content-type text/plain)")
+
 def test_a_header_longer_than_8_kib_is_read() -> None:
     """A gateway's header of 20 KB (an auth proxy's session cookie, a long policy header):
     valid HTTP, which aiohttp's default limit of 8190 bytes a line refused as "invalid HTTP
