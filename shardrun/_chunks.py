@@ -1016,11 +1016,14 @@ def quoted(words: str) -> str:
 
 HTML_READ = 64 * 1024
 _HTML_COMMENT = rb"<!--[^-]*(?:-(?!->)[^-]*)*"  # to its "-->" or the page's end
-# A page starts (after an XML declaration, comments, blanks) with HTML's doctype or an element
-# only HTML's documents start with. An XML document's elements may share those names (an S3
-# error's `<Body>`, a SOAP fault's): one that starts otherwise, or whose first element names a
-# namespace other than XHTML's, is no page.
-_HTML_START = re.compile(rb"(?:\s|<\?xml\b[^<>]*>|" + _HTML_COMMENT + rb"-->)*<(?:!doctype\s+html"
+# A page starts (after an XML declaration, comments, blanks and the elements of a head: a captive
+# portal's `<meta>` refresh or `<script>` redirect, a `<meta charset>`) with HTML's doctype or
+# an element only HTML's documents start with. An XML document's elements may share those names
+# (an S3 error's `<Body>`, a SOAP fault's): one that starts otherwise, or whose first element
+# names a namespace other than XHTML's, is no page.
+_HTML_START = re.compile(rb"(?:\s|<\?xml\b[^<>]*>|" + _HTML_COMMENT + rb"-->|<(?:meta|link|base)\b"
+                         rb"[^<>]*>|<(script|style)\b[^<>]*>[^<]*(?:<(?!/\1)[^<]*)*</\1\s*>)*"
+                         rb"<(?:!doctype\s+html"
                          rb"|(?:html|head|body|title)\b(?![^<>]*\bxmlns(?::[\w.-]+)?\s*=\s*"
                          rb"[\"'](?!http://www\.w3\.org/1999/xhtml[\"'])))", re.I)
 # A comment, a script and a style are no words, to their end (or the page's): their text holds

@@ -331,6 +331,20 @@ def test_an_xhtml_page_is_an_html_page(body: bytes) -> None:
 
 
 @pytest.mark.parametrize("body", [
+    b'<meta charset="utf-8">\n<title>Sign in</title>',
+    b'<meta http-equiv="refresh" content="0; url=/login"><html><head><title>Sign in</title>',
+    b"<script>if (a < b) location.href = '/login'</script>\n<HTML><TITLE>Sign in</TITLE>",
+    b'<link rel="stylesheet" href="s.css"><style>p > a {}</style><body><h1>Sign in</h1>',
+    b"\r\n\r\n  <!-- portal -->\n<base href=/><Html><Title>Sign in</Title></Html>",
+])  # fmt: skip
+def test_an_html_page_may_start_with_its_head_s_elements(body: bytes) -> None:
+    """A page that starts with the elements of a head (a captive portal's `<meta>` refresh or
+    `<script>` redirect, a `<meta charset>`) before its `html`, `head`, `title` or `body` was,
+    once a page had to start with those, read as markup: it is a page, named by its title."""
+    assert error_message(body) == 'an HTML page that says "Sign in"'
+
+
+@pytest.mark.parametrize("body", [
     b"<html><head><!-- <title>Old title</title> --><script>document.write('<h1>x</h1>')"
     b"</script><title>Sign in</title></head></html>",
     b"<html><body><script>var t = '<h1>Loading</h1>';</script><h1>Sign in</h1></body></html>",
