@@ -1020,11 +1020,12 @@ _HTML_COMMENT = rb"<!--[^-]*(?:-(?!->)[^-]*)*"  # to its "-->" or the page's end
 # portal's `<meta>` refresh or `<script>` redirect, a `<meta charset>`) with HTML's doctype or
 # an element only HTML's documents start with. An XML document's elements may share those names
 # (an S3 error's `<Body>`, a SOAP fault's): one that starts otherwise, or whose first element
-# names a namespace other than XHTML's, is no page.
+# is in a namespace other than XHTML's (`xmlns=`; a prefix's `xmlns:fb=` is not its own), is no
+# page.
 _HTML_START = re.compile(rb"(?:\s|<\?xml\b[^<>]*>|" + _HTML_COMMENT + rb"-->|<(?:meta|link|base)\b"
                          rb"[^<>]*>|<(script|style)\b[^<>]*>[^<]*(?:<(?!/\1)[^<]*)*</\1\s*>)*"
                          rb"<(?:!doctype\s+html"
-                         rb"|(?:html|head|body|title)\b(?![^<>]*\bxmlns(?::[\w.-]+)?\s*=\s*"
+                         rb"|(?:html|head|body|title)\b(?![^<>]*\bxmlns\s*=\s*"
                          rb"[\"'](?!http://www\.w3\.org/1999/xhtml[\"'])))", re.I)
 # A comment, a script and a style are no words, to their end (or the page's): their text holds
 # "<" and ">" (`a < b`, a tag in a string, IE's conditional tags), and cut at those it was read

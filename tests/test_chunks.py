@@ -323,10 +323,15 @@ def test_an_xml_error_body_is_no_html_page(body: bytes) -> None:
     b"Service Unavailable</title></head></html>",
     b'<html xmlns="http://www.w3.org/1999/xhtml"><title>503 Service Unavailable</title></html>',
     b"<!-- served by a proxy -->\n<HTML><HEAD><TITLE>503 Service Unavailable</TITLE></HEAD>",
+    b'<html xmlns="http://www.w3.org/1999/xhtml" xmlns:fb="http://ogp.me/ns/fb#"><title>503 '
+    b"Service Unavailable</title></html>",
+    b'<html xmlns:o="urn:schemas-microsoft-com:office:office"><title>503 Service Unavailable'
+    b"</title></html>",
 ])  # fmt: skip
 def test_an_xhtml_page_is_an_html_page(body: bytes) -> None:
     """A page in XHTML (an XML declaration, its namespace on `html`, as Varnish sends one) or
-    after a comment is still a page, named by its title."""
+    after a comment is still a page, named by its title; so is one whose `html` declares a
+    prefix's namespace (`xmlns:fb`), which names none of its own."""
     assert error_message(body) == 'an HTML page that says "503 Service Unavailable"'
 
 
