@@ -1045,12 +1045,17 @@ def clip(value: object, limit: int = MSG_MAX) -> str:
 
 
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}" for c in (*range(0x200B, 0x2010), *range(0x202A, 0x202F),
-                               *range(0x2066, 0x206A), 0x061C, 0xFEFF)}  # fmt: skip
+    c: f"\\u{c:04x}" for c in (0x00AD, 0x061C, 0x180E, *range(0x200B, 0x2010),
+                               *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0xFEFF,
+                               *range(0xFFF9, 0xFFFC))} | {
+    c: f"\\U{c:08x}" for c in (0xE0001, *range(0xE0020, 0xE0080))}  # fmt: skip
 """C0, DEL and C1 (0x9b is a CSI of its own): those `split` leaves (it takes the whitespace,
-U+2028 and U+2029 too); and the zero-width characters, the bidi marks, embeddings, overrides
-and isolates and the BOM, which a terminal does not show but obeys (U+202E reverses the rest
-of a line)."""
+U+2028 and U+2029 too); and the format characters a terminal does not show but obeys or that
+hide words: the soft hyphen, the zero-width ones and the word joiner, the bidi marks,
+embeddings, overrides and isolates (U+202E reverses the rest of a line), the invisible
+operators, the deprecated shaping controls, the BOM, the interlinear annotations and the tags
+(which spell hidden ASCII). Variation selectors stay: they only choose the glyph before them
+(an emoji's)."""
 
 
 def usage_details(usage: dict[str, Any], prompt: str,

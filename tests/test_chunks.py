@@ -433,6 +433,23 @@ def test_clip_shows_invisible_and_direction_characters(char: str) -> None:
     assert clip("a\u2028b\u2029c") == "a b c"
 
 
+@pytest.mark.parametrize("char", [*map(chr, (0x00AD, 0x180E, *range(0x2060, 0x2065),
+                                              *range(0x206A, 0x2070), *range(0xFFF9, 0xFFFC)))])
+def test_clip_shows_every_invisible_format_character(char: str) -> None:
+    """The other format characters a terminal does not show: a word joiner or an invisible
+    operator (U+2060-2064), the Mongolian vowel separator, a soft hyphen, the deprecated
+    shaping controls, the interlinear annotations, each hid in a word as a zero-width space
+    did."""
+    assert clip(f"ok{char}evil") == f"ok\\u{ord(char):04x}evil"
+
+
+def test_clip_shows_tag_characters() -> None:
+    """Tag characters (U+E0000-E007F) spell ASCII no terminal shows: a message could carry
+    hidden words. Each is shown as its `\\U` escape, eight digits, as it lies past U+FFFF."""
+    hidden = "".join(map(chr, (0xE0001, 0xE0068, 0xE0069, 0xE007F)))
+    assert clip(f"ok{hidden}") == "ok\\U000e0001\\U000e0068\\U000e0069\\U000e007f"
+
+
 def test_as_int() -> None:
     """as_int keeps ints only: bools, floats, digit strings and None become None."""
     assert as_int(0) == 0 and as_int(12) == 12
