@@ -3327,7 +3327,8 @@ def test_a_retry_pass_stopped_by_a_storm_names_the_retry_as_the_way_on(tmp_path:
                           env={"SHARDRUN_BASE_URL": failing.base_url, "SHARDRUN_OUTAGE_S": "2",
                                "SHARDRUN_MAX_ATTEMPTS": "5"})  # fmt: skip
     assert stopped.returncode == 1, stopped.stderr
-    retry = f"continue with `shardrun retry-failed {path}`"
+    # The run named as the job finds it, relative to where the command ran (no --runs-dir).
+    retry = f"continue with `shardrun retry-failed {path.relative_to(tmp_path)}`"
     assert "--resume" not in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
     assert retry in stopped.stderr and "  stopped early      the endpoint failed" in stopped.stdout
     assert retry in stopped.stdout, stopped.stdout
@@ -3347,7 +3348,8 @@ def test_a_retry_pass_refused_alike_names_its_own_command_once(tmp_path: Path) -
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: the endpoint refused "), errors
     assert errors[0].endswith(
-        f"fix the job file, then continue with `shardrun retry-failed {path}`"), errors
+        "fix the job file, then continue with "
+        f"`shardrun retry-failed {path.relative_to(tmp_path)}`"), errors
 
 
 def test_a_retry_pass_stopped_by_a_file_it_cannot_write_names_the_retry(tmp_path: Path) -> None:
@@ -3359,9 +3361,10 @@ def test_a_retry_pass_stopped_by_a_file_it_cannot_write_names_the_retry(tmp_path
     shutil.rmtree(path / "logs")
     (path / "logs").write_text("")
     stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
-    said = (f"{path}/logs/shard-00.r1.log: not a directory; the run stopped there: make that "
+    shown = path.relative_to(tmp_path)
+    said = (f"{shown}/logs/shard-00.r1.log: not a directory; the run stopped there: make that "
             "path usable (a read-only or damaged run directory?), then continue with "
-            f"`shardrun retry-failed {path}`")
+            f"`shardrun retry-failed {shown}`")
     assert (stopped.returncode, stopped.stderr) == (1, f"error: {said}\n")
     assert Run.load(path).manifest["resumes"][-1]["error"] == said
     (path / "logs").unlink()
@@ -3493,7 +3496,8 @@ def test_a_retry_pass_whose_shards_all_die_leaves_its_dead_letters_standing(
     assert died.returncode == 1 and "3 shards died" in died.stderr, died.stderr
     assert "Traceback" not in died.stderr
     # --resume would run nothing of them: the sentence names the retry.
-    assert died.stderr.rstrip().endswith(f"continue with `shardrun retry-failed {path}`")
+    assert died.stderr.rstrip().endswith(
+        f"continue with `shardrun retry-failed {path.relative_to(tmp_path)}`")
     run = Run.load(path)
     assert run.manifest["resumes"][-1]["status"] == "failed"
     assert run.manifest["resumes"][-1]["error"].startswith("3 shards died, the last: shard ")
