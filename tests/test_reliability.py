@@ -1709,8 +1709,8 @@ def test_retry_failed_of_a_run_without_dead_letters_says_so_and_starts_nothing(
     again = run_cli("retry-failed", str(path), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout == (f"run {path.name} has no dead letters: nothing to retry (shardrun "
-                            f"{tmp_path / 'job.yaml'} --resume {path.name} --runs-dir "
-                            f"{path.parent} runs the items no pass has run, if any)\n")
+                            f"{tmp_path / 'job.yaml'} --resume {path.name} runs the items "
+                            "no pass has run, if any)\n")  # the job finds runs/ from here
     assert sorted(p for p in path.rglob("*") if p.name != ".lock") == before
     assert (path / "manifest.json").read_bytes() == manifest
 
@@ -3402,7 +3402,8 @@ def test_a_file_in_the_way_before_a_pass_begins_asks_for_the_same_command(
     (path / ".lock").mkdir()
     stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
     assert (stopped.returncode, stopped.stderr) == (
-        1, f"error: {path}/.lock: is a directory; no request was sent: make that path usable (a "
+        1, f"error: {path.relative_to(tmp_path)}/.lock: is a directory; no request was sent: "
+           "make that path usable (a "
            "read-only or damaged run directory?), then run the same command again\n")
     assert {p.name: p.read_bytes() for p in (path / "dead").glob("*.jsonl")} == dead
 
@@ -3578,7 +3579,8 @@ def test_a_resume_stopped_before_it_is_recorded_sets_nothing_aside(tmp_path: Pat
     stopped = run_cli("retry-failed", str(path), cwd=tmp_path)
     assert stopped.returncode == 1 and stopped.stderr.startswith("error: "), stopped.stderr
     # The file in the way is named, not the manifest it was to replace.
-    assert stopped.stderr.startswith(f"error: {path}/manifest.json.tmp: is a directory; "
+    assert stopped.stderr.startswith(f"error: {path.relative_to(tmp_path)}/manifest.json.tmp: "
+                                     "is a directory; "
                                      "the run stopped there: "), stopped.stderr
     assert "Traceback" not in stopped.stderr
     (path / "manifest.json.tmp").rmdir()
