@@ -1040,8 +1040,28 @@ def clip(value: object, limit: int = MSG_MAX) -> str:
     """One line, at most `limit` characters, control characters shown as `\\xNN` and
     invisible or direction-changing ones as `\\uNNNN`: error sentences go into one-line JSON
     events, and from there to a terminal, where an escape sequence in a server's message would
-    act (set the title, the colours, the clipboard) and a bidi override reverse the line."""
-    return " ".join(str(value).split()).translate(_CONTROLS)[:limit]
+    act (set the title, the colours, the clipboard) and a bidi override reverse the line.
+    Every server text a message quotes passes here, so the credentials this process sends are
+    masked here (`keep_secret`), before the cut, which would leave a piece of one."""
+    text = " ".join(str(value).split())
+    for secret in _secrets:
+        text = text.replace(secret, "***")
+    return text.translate(_CONTROLS)[:limit]
+
+
+SECRET_MIN = 8
+"""Shortest credential `clip` masks: a shorter one ("Bearer", "Basic", a test's "k") may be an
+ordinary word of the message, which masking would mangle."""
+_secrets: list[str] = []  # longest first: a secret that holds another is masked whole
+
+
+def keep_secret(value: str | None) -> None:
+    """Mask each word of `value` (a key, a secret header's value, a proxy's credentials) of
+    `SECRET_MIN` characters or more in every message `clip` makes from now on in this process:
+    a server may quote the request's credentials back ("Incorrect API key provided: sk-..."),
+    and its messages go to the event log, the dead letters, the report and the terminal."""
+    words = {word for word in (value or "").split() if len(word) >= SECRET_MIN}
+    _secrets[:] = sorted(words.union(_secrets), key=len, reverse=True)
 
 
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {

@@ -43,6 +43,7 @@ The JSON inside the stream and in error bodies is read by `shardrun._chunks` (pu
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import socket
 import sys
@@ -58,6 +59,7 @@ from aiohttp.http_exceptions import (
     HttpProcessingError,
     TransferEncodingError,
 )
+from yarl import URL
 
 from shardrun._attempt import (
     CURRENT,
@@ -72,9 +74,17 @@ from shardrun._attempt import (
     Watchdog,
     call_caller,
 )
-from shardrun._chunks import Unreadable, clip, html_page, quoted, read_error_body, utf8_of
+from shardrun._chunks import (
+    Unreadable,
+    clip,
+    html_page,
+    keep_secret,
+    quoted,
+    read_error_body,
+    utf8_of,
+)
 from shardrun._ellipsis import counted
-from shardrun._urls import masked_url
+from shardrun._urls import SECRET_HEADER, masked_url
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
 from shardrun.items import API_PATHS, TOKEN_LIMITS, Api
@@ -184,6 +194,17 @@ class StreamingClient:
         self.url = masked_url(self._url)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
+        # Credentials a server may quote back in an error: masked in every message. The key,
+        # whatever header carries it, `request_headers` keeps.
+        url = URL(base_url)
+        for name, value in self._headers.items():
+            if SECRET_HEADER.search(name):
+                keep_secret(value)
+        for secret in (url.user, url.password, proxy_authorization):
+            keep_secret(secret)
+        if url.user is not None or url.password is not None:  # aiohttp sends them so
+            pair = f"{url.user or ''}:{url.password or ''}".encode("latin-1", "replace")
+            keep_secret(base64.b64encode(pair).decode("ascii"))
         # The POST's other arguments, worked out once. `proxy` is an http://host:port URL
         # (shardrun.proxy), `proxy_authorization` the Proxy-Authorization header's value. That
         # header goes on the CONNECT that opens a tunnel for https, which aiohttp sends with
@@ -422,6 +443,7 @@ def request_headers(api_key: str | None, key_header: str,
     """The headers a job adds to every request: its own, and the key in `key_header` (as
     `Bearer KEY` in Authorization, as it is in any other header)."""
     headers = dict(extra)
+    keep_secret(api_key)  # in any error a server quotes it back in (`clip`)
     if api_key:
         bearer = key_header.lower() == "authorization"
         headers[key_header] = f"Bearer {api_key}" if bearer else api_key

@@ -246,9 +246,10 @@ class PageServer:
 
 
 @contextmanager
-def page_server() -> Iterator[PageServer]:
-    """A server that answers every request with an HTML page; stopped by closing its stdin."""
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "page_server.py")],
+def page_server(*args: str) -> Iterator[PageServer]:
+    """A server that answers every request with an HTML page (with `echo`, an error quoting
+    the request's key); stopped by closing its stdin."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "page_server.py"), *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:

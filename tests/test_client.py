@@ -1,10 +1,11 @@
 """StreamingClient over real loopback HTTP: every failure is an outcome, never an exception."""
 
 import asyncio
+import base64
 import socket
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from shardrun import client as client_module
 from shardrun._attempt import CURRENT, SWEEP_S, Attempt, Watchdog
-from shardrun._chunks import USAGE_MAX
+from shardrun._chunks import MSG_MAX, USAGE_MAX, clip
 from shardrun.client import (
     AttemptOutcome,
     StreamingClient,
@@ -27,6 +28,7 @@ from shardrun.client import (
     _describe,
     endpoint_url,
     make_session,
+    request_headers,
 )
 from shardrun.clock import Clock
 from shardrun.items import API_PATHS, Api
@@ -77,8 +79,10 @@ async def serve(
     api: Api = "chat",
     cap: int = 4,
     plain: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[StreamingClient]:
-    """A loopback server for `handler` and a client; `plain`: a bare aiohttp session instead."""
+    """A loopback server for `handler` and a client sending `headers` (a key "k" by default);
+    `plain`: a bare aiohttp session instead."""
     app = web.Application()
     app.router.add_post("/v1" + API_PATHS[api], handler)
     server = TestServer(app, host="127.0.0.1", port=0)
@@ -86,7 +90,8 @@ async def serve(
     session = aiohttp.ClientSession() if plain else make_session(cap, timeouts)
     base = f"http://127.0.0.1:{server.port}/v1/"
     try:
-        yield StreamingClient(session, base, api, {"Authorization": "Bearer k"}, timeouts, Clock())
+        yield StreamingClient(session, base, api, headers or {"Authorization": "Bearer k"},
+                              timeouts, Clock())
     finally:
         await session.close()
         await server.close()
@@ -705,6 +710,78 @@ def test_a_servers_escape_sequences_do_not_reach_the_terminal() -> None:
     assert out.error == f"HTTP 400: {HOSTILE_SHOWN}"
     out = run(one(streaming(chat("a"), {"error": {"message": HOSTILE}})))
     assert out.error == f"error in stream after 1 token: {HOSTILE_SHOWN}"
+
+
+ECHOED_KEY = "sk-echoed-KEY-0123456789abcdef"
+ECHOED_SECRET = "X-Api-Key-value-7777"
+
+
+def _echo(said: str) -> web.StreamResponse:
+    return web.json_response({"error": {"message": said}}, status=401)
+
+
+def _echo_code(said: str) -> web.StreamResponse:
+    return web.json_response({"error": {"message": "bad", "code": said}}, status=400)
+
+
+def _echo_page(said: str) -> web.StreamResponse:
+    return web.Response(text=f"<html><title>No entry for {said}</title></html>", status=403,
+                        content_type="text/html")
+
+
+def _echo_text(said: str) -> web.StreamResponse:
+    return web.Response(text=f"hello {said}", content_type="text/plain")
+
+
+def _echo_redirect(said: str) -> web.StreamResponse:
+    return web.Response(status=302, headers={"Location": f"http://portal.example/{said}"})
+
+
+def _echo_long(said: str) -> web.StreamResponse:
+    # the key across the end of the clipped message: no piece of it may stay
+    return web.json_response({"error": {"message": "x" * (MSG_MAX - 10) + said}}, status=400)
+
+
+@pytest.mark.parametrize("reply", [_echo, _echo_code, _echo_page, _echo_text, _echo_redirect,
+                                   _echo_long, "in stream"])
+def test_a_key_the_server_quotes_back_is_masked(reply: Callable[[str], web.StreamResponse] | str
+                                                ) -> None:
+    """A server that quotes the request's credentials back ("Incorrect API key provided:
+    sk-..."), in an error body, its code, a page's title, a text, a redirect's target or an
+    error inside the stream: the key and every secret header's value are masked in the error
+    sentence, which goes to the event log, the dead letters and the terminal."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        said = f"{request.headers['Authorization']} and {request.headers['X-Api-Key']}"
+        if callable(reply):
+            return reply(said)
+        resp = await open_stream(request)
+        await resp.write(sse({"error": {"message": said, "code": said}}))
+        return resp
+
+    headers = request_headers(ECHOED_KEY, "Authorization", {"X-Api-Key": ECHOED_SECRET})
+    out = run(one(handler, headers=headers))
+    shown = f"{out.error} {out.error_code}"
+    assert out.status != "ok" and "***" in shown, shown
+    for secret in (ECHOED_KEY, ECHOED_SECRET):
+        assert secret[:6] not in shown and secret[-6:] not in shown, shown
+
+
+def test_every_credential_a_request_carries_is_masked_in_messages() -> None:
+    """The key in a header of any name, a secret header's value, the user and password of the
+    base URL and the Basic credentials aiohttp makes of them, and a proxy's: none shows in a
+    message a server's text is quoted in, nor a piece of one that holds another. A short word
+    ("Basic", a test's "k") is left."""
+    headers = request_headers("plain-header-key-1", "X-Plain", {"Cookie": "sid=cookie-value-2",
+                                                               "X-Org": "acme-corp-org",
+                                                               "X-Token": "plain-header"})
+    base = "http://url-user-3:url-pass-4%21@127.0.0.1:9/v1"
+    StreamingClient(SimpleNamespace(), base, "chat", headers, FAST, Clock(),  # type: ignore[arg-type]
+                    proxy="http://127.0.0.1:9", proxy_authorization="Basic cHJveHktYXV0aC01")
+    basic = base64.b64encode(b"url-user-3:url-pass-4!").decode()  # as aiohttp sends them
+    said = clip(f"Basic k: plain-header-key-1 sid=cookie-value-2 url-user-3 url-pass-4! "
+                f"{basic} cHJveHktYXV0aC01 acme-corp-org")
+    assert said == "Basic k: *** *** *** *** *** *** acme-corp-org"
 
 
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:

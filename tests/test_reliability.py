@@ -44,6 +44,7 @@ from tests.conftest import (
     free_port,
     kill_tree,
     only_run,
+    page_server,
     read_jsonl,
     run_cli,
     still_running,
@@ -2821,6 +2822,26 @@ def test_a_password_in_the_base_url_is_masked_wherever_the_url_is_shown(tmp_path
     for path in run.path.rglob("*"):
         if path.is_file():
             assert b"pw-secret" not in path.read_bytes(), path
+
+
+def test_a_key_the_server_quotes_back_reaches_no_file_and_no_terminal(tmp_path: Path) -> None:
+    """A server whose 400 quotes the request's key ("Incorrect API key provided: Bearer
+    sk-..."): the quote is in the events, the dead letters, the summary's reasons, the
+    manifest and `report`, each with the key masked, and no file of the run holds it."""
+    key = "sk-echoed-SENTINEL-0123456789"
+    write_input(tmp_path / "input.jsonl", 6)
+    with page_server("echo") as server:
+        write_job(tmp_path / "job.yaml", endpoint={"base_url": server.base_url, "api": "chat",
+                                                   "model": "m", "api_key_env": "KEY"})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path, env={"KEY": key})
+    path = only_run(tmp_path / "runs")
+    report = run_cli("report", str(path), cwd=tmp_path)
+    shown = proc.stdout + proc.stderr + report.stdout + report.stderr
+    assert "Incorrect API key provided: Bearer ***" in proc.stdout, proc.stdout
+    assert Run.load(path).dead and key not in shown
+    for file in path.rglob("*"):
+        if file.is_file():
+            assert key.encode() not in file.read_bytes(), file
 
 
 def test_an_unexpected_exception_in_a_shard_stops_the_run_with_one_sentence(
