@@ -12,6 +12,23 @@ SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECA
 a job with one sends credentials."""
 
 
+SECRET_PARAM = re.compile(r"(?:x[_-])?(?:api|access|auth|bearer|client|private|refresh|session)?"
+                          r"[_-]?(?:key|token)|.*(?:secret|passw|credential|authoriz).*", re.I)
+"""A request body field name (whole) that may carry a credential: a gateway may read the key
+from the body. Narrower than `SECRET_HEADER`: `max_tokens` or `prompt_cache_key` is none."""
+
+
+def masked_params(value: object) -> object:
+    """`value` (a job's params) with every field named like a credential (`SECRET_PARAM`), at
+    any depth, as `***`: for the manifest, which a published run carries."""
+    if isinstance(value, dict):
+        return {name: "***" if SECRET_PARAM.fullmatch(str(name)) else masked_params(field)
+                for name, field in value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [masked_params(field) for field in value]
+    return value
+
+
 SECRET_QUERY = re.compile(r"auth|key|token|secret|password|sig|code", re.IGNORECASE)
 """A query parameter name that may carry a credential (`?api_key=`, `?key=`, a signature,
 Azure Functions' `?code=`)."""

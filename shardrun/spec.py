@@ -50,7 +50,7 @@ from shardrun._models import (
     TimeoutsSpec,
     kind_of,
 )
-from shardrun._urls import SECRET_HEADER, masked_url
+from shardrun._urls import SECRET_HEADER, masked_params, masked_url
 from shardrun.errors import InputError, SpecError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class LoadedJob:
     def effective(self) -> dict[str, dict[str, object]]:
         """Every leaf's value and source, for the manifest. Holds no secret: the API key is
         never read here, only the *name* of its variable; URL passwords are masked, and so are
-        job headers whose names say they hold a credential."""
+        job headers and params whose names say they hold a credential."""
         out: dict[str, dict[str, object]] = {}
         for key in LEAF_KEYS:
             value = copy.deepcopy(_leaf(self.spec, key))
@@ -107,6 +107,8 @@ class LoadedJob:
                 # `Authorization: Bearer ...` must not end up in a published manifest
                 value = {name: "***" if SECRET_HEADER.search(name) else text
                          for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
+            elif key == "params":  # likewise a key a gateway reads from the body
+                value = masked_params(value)
             out[key] = {"value": value, "source": self.sources[key]}
         return out
 

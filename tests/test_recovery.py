@@ -78,6 +78,14 @@ def test_setting_changes_compares_values_as_the_manifest_holds_them() -> None:
     assert setting_changes(started, now, keys) == [("endpoint.model", "m1", "m2")]
     assert setting_changes(None, now, keys) == []
     assert setting_changes({"endpoint.model": "m1"}, now, keys) == []
+    # A run started before params were masked in the manifest: its key is no change to warn of
+    # (and print), nor shown when another param changed.
+    now["params"]["value"] = {"api_key": "***", "stop": ["a"]}
+    started["params"]["value"] = {"api_key": "sk-old-0123456789", "stop": ["a", "b"]}
+    assert setting_changes(started, now, ("params",)) == [
+        ("params", {"api_key": "***", "stop": ["a", "b"]}, {"api_key": "***", "stop": ["a"]})]
+    now["params"]["value"] = {"api_key": "***", "stop": ["a", "b"]}
+    assert setting_changes(started, now, ("params",)) == []
 
 
 def test_an_atomic_write_syncs_the_file_then_its_directory(

@@ -751,6 +751,22 @@ def test_effective_contains_no_secrets(jobs: Path) -> None:
     assert not any(sentinel in w for w in job.warnings)
 
 
+def test_a_credential_in_params_is_masked_in_the_manifest_view(jobs: Path) -> None:
+    """A key put in `params` (a gateway that reads it from the body), at any depth: the manifest
+    (and so `validate`, a resume's warning of changed params, a published run) shows `***` for
+    a value whose name says a key, a token, a secret or a password, and every other param as
+    given, a name that only ends so (`max_tokens`, `prompt_cache_key`) included."""
+    params = ("params:\n  api_key: sk-pk-0123456789\n  max_tokens: 8\n  prompt_cache_key: c1\n"
+              "  extra_body:\n    access_token: at-0123456789\n    client_secret: cs-0123\n"
+              "    items: [{Password: pw-0123}, {x: 1}]\n")
+    job = load(write(jobs, MINIMAL + params))
+    assert job.effective()["params"]["value"] == {
+        "api_key": "***", "max_tokens": 8, "prompt_cache_key": "c1",
+        "extra_body": {"access_token": "***", "client_secret": "***",
+                       "items": [{"Password": "***"}, {"x": 1}]}}
+    assert job.spec.params["api_key"] == "sk-pk-0123456789"  # sent as given
+
+
 def test_a_url_password_and_an_api_key_cannot_both_authorize(jobs: Path) -> None:
     """Both would be an Authorization header: an error up front, naming both, never a request
     that fails in the shard. Either one alone is fine."""
