@@ -1043,10 +1043,14 @@ def clip(value: object, limit: int = MSG_MAX) -> str:
     act (set the title, the colours, the clipboard) and a bidi override reverse the line.
     Every server text a message quotes passes here, so the credentials this process sends are
     masked here (`keep_secret`), before the cut, which would leave a piece of one."""
-    text = " ".join(str(value).split())
+    return masked(" ".join(str(value).split())).translate(_CONTROLS)[:limit]
+
+
+def masked(text: str) -> str:
+    """`text` with each credential this process sends (`keep_secret`) as `***`."""
     for secret in _secrets:
         text = text.replace(secret, "***")
-    return text.translate(_CONTROLS)[:limit]
+    return text
 
 
 SECRET_MIN = 8

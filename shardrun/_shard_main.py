@@ -23,6 +23,7 @@ from shardrun import _import_structlog_without_rich
 _import_structlog_without_rich()
 
 from shardrun import protocol  # noqa: E402
+from shardrun._chunks import masked  # noqa: E402
 from shardrun._launcher import leave_stop_signals_to_the_coordinator  # noqa: E402
 from shardrun._title import set_title, shard_title  # noqa: E402
 from shardrun.shard import ShardConfig, run_shard  # noqa: E402
@@ -74,8 +75,9 @@ def main() -> int:
     try:
         return run_loop(_main())
     except Exception:
-        # The coordinator reports the shard's death and points at this log.
-        traceback.print_exc()
+        # The coordinator reports the shard's death and points at this log; the message may
+        # quote a server's text, and so a credential.
+        sys.stderr.write(masked(traceback.format_exc()))
         return 1
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardrun import __version__, events, protocol
-from shardrun._chunks import QUOTA_NAMES, clip
+from shardrun._chunks import QUOTA_NAMES, clip, masked
 from shardrun._urls import SECRET_HEADER, masked_url
 from shardrun.client import (
     AttemptCancelled,
@@ -1253,7 +1253,7 @@ class Shard:
         """An exception escaped a span: the traceback goes to the shard's log (its stderr), the
         run stops with one sentence, and this span, like every queued one, is left unfinished
         for --resume (unless it had already ended)."""
-        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.write(masked("".join(traceback.format_exception(exc))))  # it may quote one
         sys.stderr.flush()
         self._go_fatal(f"shard {self.cfg.shard} stopped on an unexpected {type(exc).__name__}: "
                        f"{clip(exc)} (the traceback is in its log); {self.cfg.way_on}",

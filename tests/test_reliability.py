@@ -2881,6 +2881,46 @@ def test_an_unexpected_exception_in_a_shard_stops_the_run_with_one_sentence(
     assert_exactly_once(Run.load(path), ids)
 
 
+PLANTS = {
+    "span": "shard.build_request = boom\n",
+    # out of the whole shard, after it made its headers (and so learned the key)
+    "shard": ("async def run_shard(cfg, *args):\n"
+              "    client.request_headers(cfg.api_key, cfg.api_key_header, cfg.headers)\n"
+              "    boom()\n"
+              "_shard_main.run_shard = run_shard\n"),
+}
+
+
+@pytest.mark.parametrize("where", list(PLANTS))
+def test_an_unexpected_exception_quoting_the_key_shows_it_nowhere(tmp_path: Path,
+                                                                  where: str) -> None:
+    """An unexpected exception whose message holds the key (a server's text a bug raised with),
+    in a span or out of the whole shard: the traceback in the shard's log masks it, and so
+    does the stop's sentence; no file of the run and no terminal line holds it."""
+    key = "sk-crash-SENTINEL-0123456789"
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", shards=1, endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m", "api_key_env": "KEY", "sim": FAST_SIM})
+    plant = ("import os\n"
+             "from shardrun import _shard_main, client, shard\n"
+             "def boom(*args, **kw):\n"
+             "    raise RuntimeError('the server said ' + os.environ['KEY'])\n"
+             f"{PLANTS[where]}")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    proc = subprocess.run([sys.executable, "-c", _cli_code(plant)], cwd=tmp_path,
+                          env={**env, "KEY": key}, capture_output=True, text=True,
+                          timeout=STALL_GUARD_S, stdin=subprocess.DEVNULL)
+    path = only_run(tmp_path / "runs")
+    log = "".join(p.read_text() for p in (path / "logs").glob("shard-*.log"))
+    assert "RuntimeError: the server said ***" in log, log
+    if where == "span":
+        assert "RuntimeError: the server said ***" in proc.stderr, proc.stderr
+    assert key not in proc.stdout + proc.stderr
+    for file in path.rglob("*"):
+        if file.is_file():
+            assert key.encode() not in file.read_bytes(), file
+
+
 def test_refused_credentials_stop_the_run_without_dead_letters(tmp_path: Path) -> None:
     """HTTP 401 stops the run with one clear message; nothing is dead-lettered; resume works."""
     ids = write_input(tmp_path / "input.jsonl", 500)
