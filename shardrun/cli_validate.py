@@ -184,7 +184,8 @@ def _ping_lines(result: PingResult) -> list[str]:
     if result.refusal:
         lines.append(f"  refusal (the model declined): {clip(result.refusal, 80)}")
     if result.rate_headers:
-        lines.extend(f"  {k}: {v}" for k, v in sorted(result.rate_headers.items()))
+        # the server's text, as a reply is: no escape sequence, no credential it quotes back
+        lines.extend(f"  {k}: {clip(v, 80)}" for k, v in sorted(result.rate_headers.items()))
     else:
         lines.append("  no x-ratelimit-* headers")
     return lines

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from rich.console import Console
 
 from shardrun import cli_validate
+from shardrun._chunks import keep_secret
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spec import load_job
@@ -349,16 +350,20 @@ def test_terminal_report_uses_tables(tmp_path: Path) -> None:
 
 
 def test_a_ping_reply_shows_no_escape_sequence(tmp_path: Path) -> None:
-    """The model's reply and refusal come from the server: an escape sequence in them reached
-    the terminal as it was; it is shown as \\xNN."""
+    """The model's reply and refusal and the rate-limit headers come from the server: an escape
+    sequence in them reached the terminal as it was; it is shown as \\xNN. A header quoting
+    the key the ping sent shows it masked."""
     job = load_job(make_job(tmp_path, GOOD), env={}, flags={})
     out = StringIO()
     console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    keep_secret("sk-ping-SECRET-0123456789")  # as the ping's request_headers does
+    rate = {"x-ratelimit-note": "n \x1b]0;t\x07 for sk-ping-SECRET-0123456789"}
     result = PingResult("http://h/v1/chat/completions", "ok", 200, 0.25, 0.5, 7,
-                        "hi \x1b]0;t\x07", None, {}, refusal="no \x9b2J")
+                        "hi \x1b]0;t\x07", None, rate, refusal="no \x9b2J")
     cli_validate.print_report(console, job, check_input(job), result)
     text = out.getvalue()
     assert "reply: hi \\x1b]0;t\\x07" in text and "declined): no \\x9b2J" in text
+    assert "x-ratelimit-note: n \\x1b]0;t\\x07 for ***" in text, text
     assert "\x1b]" not in text and "\x9b" not in text
 
 
