@@ -109,6 +109,8 @@ class LoadedJob:
                          for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
             elif key == "params":  # likewise a key a gateway reads from the body
                 value = masked_params(value)
+            elif key == "endpoint.sim" and isinstance(value, dict) and "auth_required" in value:
+                value["auth_required"] = "***"  # the key its requests carry
             out[key] = {"value": value, "source": self.sources[key]}
         return out
 

@@ -767,6 +767,16 @@ def test_a_credential_in_params_is_masked_in_the_manifest_view(jobs: Path) -> No
     assert job.spec.params["api_key"] == "sk-pk-0123456789"  # sent as given
 
 
+def test_the_simulators_key_is_masked_in_the_manifest_view(jobs: Path) -> None:
+    """`endpoint.sim.auth_required` is the key the job's requests must carry: `***` in the
+    manifest view, as given to the simulator."""
+    job = load(write(jobs, MINIMAL.replace("model:", "sim: {auth_required: sk-sim-0123456789, "
+                                           "ttft_ms: 5}\n  model:")))
+    assert job.effective()["endpoint.sim"]["value"] == {"auth_required": "***", "ttft_ms": 5}
+    sim = job.sim_config()
+    assert sim is not None and sim.auth_required == "sk-sim-0123456789"
+
+
 def test_a_url_password_and_an_api_key_cannot_both_authorize(jobs: Path) -> None:
     """Both would be an Authorization header: an error up front, naming both, never a request
     that fails in the shard. Either one alone is fine."""
