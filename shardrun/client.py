@@ -84,7 +84,7 @@ from shardrun._chunks import (
     utf8_of,
 )
 from shardrun._ellipsis import counted
-from shardrun._urls import SECRET_HEADER, masked_url
+from shardrun._urls import SECRET_HEADER, SECRET_QUERY, masked_url
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
 from shardrun.items import API_PATHS, TOKEN_LIMITS, Api
@@ -200,7 +200,8 @@ class StreamingClient:
         for name, value in self._headers.items():
             if SECRET_HEADER.search(name):
                 keep_secret(value)
-        for secret in (url.user, url.password, proxy_authorization):
+        query = (value for name, value in url.query.items() if SECRET_QUERY.search(name))
+        for secret in (url.user, url.password, proxy_authorization, *query):
             keep_secret(secret)
         if url.user is not None or url.password is not None:  # aiohttp sends them so
             pair = f"{url.user or ''}:{url.password or ''}".encode("latin-1", "replace")
