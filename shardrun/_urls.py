@@ -18,14 +18,20 @@ SECRET_PARAM = re.compile(r"(?:x[_-])?(?:api|access|auth|bearer|client|private|r
 from the body. Narrower than `SECRET_HEADER`: `max_tokens` or `prompt_cache_key` is none."""
 
 
-def masked_params(value: object) -> object:
+def masked_params(value: object, found: list[object] | None = None) -> object:
     """`value` (a job's params) with every field named like a credential (`SECRET_PARAM`), at
-    any depth, as `***`: for the manifest, which a published run carries."""
+    any depth, as `***`: for the manifest, which a published run carries. The values masked
+    are added to `found`."""
     if isinstance(value, dict):
-        return {name: "***" if SECRET_PARAM.fullmatch(str(name)) else masked_params(field)
-                for name, field in value.items()}  # fmt: skip
+        shown = {}
+        for name, field in value.items():
+            secret = SECRET_PARAM.fullmatch(str(name))
+            if secret and found is not None:
+                found.append(field)
+            shown[name] = "***" if secret else masked_params(field, found)
+        return shown
     if isinstance(value, list):
-        return [masked_params(field) for field in value]
+        return [masked_params(field, found) for field in value]
     return value
 
 

@@ -84,7 +84,7 @@ from shardrun._chunks import (
     utf8_of,
 )
 from shardrun._ellipsis import counted
-from shardrun._urls import SECRET_HEADER, SECRET_QUERY, masked_url
+from shardrun._urls import SECRET_HEADER, SECRET_QUERY, masked_params, masked_url
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
 from shardrun.items import API_PATHS, TOKEN_LIMITS, Api
@@ -183,6 +183,7 @@ class StreamingClient:
         *,
         proxy: str | None = None,
         proxy_authorization: str | None = None,
+        params: Mapping[str, object] | None = None,
     ) -> None:
         self._session, self._timeouts, self._clock = session, timeouts, clock
         self._api = api
@@ -201,8 +202,11 @@ class StreamingClient:
             if SECRET_HEADER.search(name):
                 keep_secret(value)
         query = (value for name, value in url.query.items() if SECRET_QUERY.search(name))
-        for secret in (url.user, url.password, proxy_authorization, *query):
-            keep_secret(secret)
+        in_body: list[object] = []  # a key a gateway reads from the body (`params`)
+        masked_params(params, in_body)
+        for secret in (url.user, url.password, proxy_authorization, *query, *in_body):
+            if isinstance(secret, str):
+                keep_secret(secret)
         if url.user is not None or url.password is not None:  # aiohttp sends them so
             pair = f"{url.user or ''}:{url.password or ''}".encode("latin-1", "replace")
             keep_secret(base64.b64encode(pair).decode("ascii"))

@@ -1439,7 +1439,8 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
     async with make_session(pool_size(cfg.concurrency), timeouts) as session:
         shard.clients = {api: StreamingClient(session, cfg.base_url, api, headers, timeouts,
                                               shard.clock, proxy=cfg.proxy,
-                                              proxy_authorization=cfg.proxy_authorization)
+                                              proxy_authorization=cfg.proxy_authorization,
+                                              params=cfg.params)
                          for api in API_PATHS}
         reader = asyncio.create_task(_pump(receive, shard))
         ticker = asyncio.create_task(shard.ticker())

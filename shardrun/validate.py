@@ -231,7 +231,7 @@ async def ping(
         client = StreamingClient(session, base_url, api, headers, timeouts, Clock(),
                                  proxy=None if proxy is None else proxy.url,
                                  proxy_authorization=None if proxy is None
-                                 else proxy.authorization)  # fmt: skip
+                                 else proxy.authorization, params=job.spec.params)  # fmt: skip
         out = await client.attempt(body)
     ttft = None if out.first_token_at is None else out.first_token_at - out.started_at
     return PingResult(client.url, out.status, out.http_status, ttft,

@@ -770,18 +770,23 @@ def test_a_key_the_server_quotes_back_is_masked(reply: Callable[[str], web.Strea
 def test_every_credential_a_request_carries_is_masked_in_messages() -> None:
     """The key in a header of any name, a secret header's value, the user and password of the
     base URL, the Basic credentials aiohttp makes of them and its query's credential-named
-    values, and a proxy's: none shows in a message a server's text is quoted in, nor a piece
-    of one that holds another. A short word ("Basic", a test's "k") is left."""
+    values, a proxy's, and params named so at any depth (a gateway may read the key from the
+    body): none shows in a message a server's text is quoted in, nor a piece of one that holds
+    another. A short word ("Basic", a test's "k") is left."""
     headers = request_headers("plain-header-key-1", "X-Plain", {"Cookie": "sid=cookie-value-2",
                                                                "X-Org": "acme-corp-org",
                                                                "X-Token": "plain-header"})
     base = "http://url-user-3:url-pass-4%21@127.0.0.1:9/v1?api_key=query-key-5&a=plain-value-6"
     StreamingClient(SimpleNamespace(), base, "chat", headers, FAST, Clock(),  # type: ignore[arg-type]
-                    proxy="http://127.0.0.1:9", proxy_authorization="Basic cHJveHktYXV0aC01")
+                    proxy="http://127.0.0.1:9", proxy_authorization="Basic cHJveHktYXV0aC01",
+                    params={"api_key": "body-key-7", "user": "body-user-9",
+                            "extra_body": {"items": [{"token": "body-token-8"}]}})
     basic = base64.b64encode(b"url-user-3:url-pass-4!").decode()  # as aiohttp sends them
     said = clip(f"Basic k: plain-header-key-1 sid=cookie-value-2 url-user-3 url-pass-4! "
-                f"{basic} cHJveHktYXV0aC01 query-key-5 acme-corp-org plain-value-6")
-    assert said == "Basic k: *** *** *** *** *** *** *** acme-corp-org plain-value-6"
+                f"{basic} cHJveHktYXV0aC01 query-key-5 body-key-7 body-token-8 acme-corp-org "
+                "plain-value-6 body-user-9")
+    assert said == ("Basic k: *** *** *** *** *** *** *** *** *** acme-corp-org plain-value-6 "
+                    "body-user-9")
 
 
 def test_stall_mid_stream_is_timeout_idle_and_pool_stays_clean() -> None:
