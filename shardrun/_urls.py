@@ -35,6 +35,17 @@ def masked_params(value: object, found: list[object] | None = None) -> object:
     return value
 
 
+def masked_setting(key: str, value: object) -> object:
+    """A job setting's `value` as the manifest records it: `params` with its credential-named
+    fields as `***` and the simulator's `auth_required` key as `***`. A resume masks a manifest
+    an older version wrote unmasked so, or that key would be a change, printed in the warning."""
+    if key == "params":
+        return masked_params(value)
+    if key == "endpoint.sim" and isinstance(value, dict) and value.get("auth_required"):
+        return value | {"auth_required": "***"}  # the key its requests carry
+    return value
+
+
 SECRET_QUERY = re.compile(r"auth|key|token|secret|password|sig|code", re.IGNORECASE)
 """A query parameter name that may carry a credential (`?api_key=`, `?key=`, a signature,
 Azure Functions' `?code=`)."""

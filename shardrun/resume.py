@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import orjson
 
-from shardrun._urls import masked_params
+from shardrun._urls import masked_setting
 from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, RunError, SpecError
 from shardrun.manifest import (
@@ -53,15 +53,15 @@ def setting_changes(started: object, now: dict[str, dict[str, object]],
                     keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:  # fmt: skip
     """(key, value when the run started, value now) for each of `keys` whose effective value
     differs. `started` is the manifest's `effective` record; a key it lacks (a run started by an
-    older version) is not compared. Params an older version recorded unmasked are masked as
-    `effective` masks them now, so a key in them is neither a change nor printed."""
+    older version) is not compared. Params and a simulator key an older version recorded
+    unmasked are masked as `effective` masks them now, so a key is neither a change nor printed."""
     changes = []
     for key in keys:
         entry = started.get(key) if isinstance(started, dict) else None
         if not isinstance(entry, dict) or "value" not in entry:
             continue
         value = orjson.loads(orjson.dumps(now[key]["value"]))  # as the manifest holds it
-        old = masked_params(entry["value"]) if key == "params" else entry["value"]
+        old = masked_setting(key, entry["value"])
         if value != old:
             changes.append((key, old, value))
     return changes

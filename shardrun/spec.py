@@ -50,7 +50,7 @@ from shardrun._models import (
     TimeoutsSpec,
     kind_of,
 )
-from shardrun._urls import SECRET_HEADER, masked_params, masked_url
+from shardrun._urls import SECRET_HEADER, masked_setting, masked_url
 from shardrun.errors import InputError, SpecError
 
 if TYPE_CHECKING:
@@ -107,10 +107,8 @@ class LoadedJob:
                 # `Authorization: Bearer ...` must not end up in a published manifest
                 value = {name: "***" if SECRET_HEADER.search(name) else text
                          for name, text in self.spec.endpoint.headers.items()}  # fmt: skip
-            elif key == "params":  # likewise a key a gateway reads from the body
-                value = masked_params(value)
-            elif key == "endpoint.sim" and isinstance(value, dict) and "auth_required" in value:
-                value["auth_required"] = "***"  # the key its requests carry
+            else:  # likewise a key a gateway reads from the body, the simulator's key
+                value = masked_setting(key, value)
             out[key] = {"value": value, "source": self.sources[key]}
         return out
 

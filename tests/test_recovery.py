@@ -108,3 +108,19 @@ def test_an_atomic_write_syncs_the_file_then_its_directory(
     assert path.read_bytes() == b"a\nb\n"
     assert synced == [(False, path.stat().st_ino), (True, tmp_path.stat().st_ino)]
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_a_simulator_key_an_older_manifest_holds_is_no_change() -> None:
+    """A run started before `endpoint.sim.auth_required` was masked in the manifest: a resume
+    with the same key warned that the simulator settings changed, printing the key; a change
+    of another simulator setting is shown with the key masked."""
+    sim = {"auth_required": "sk-sim-0123456789", "ttft_ms": 5}
+    started = {"endpoint.sim": {"value": sim, "source": "job file"}}
+    now: dict[str, dict[str, object]] = {
+        "endpoint.sim": {"value": {"auth_required": "***", "ttft_ms": 5}, "source": "job file"}}
+    assert setting_changes(started, now, ("endpoint.sim",)) == []
+    now["endpoint.sim"]["value"] = {"auth_required": "***", "ttft_ms": 9}
+    assert setting_changes(started, now, ("endpoint.sim",)) == [
+        ("endpoint.sim", {"auth_required": "***", "ttft_ms": 5},
+         {"auth_required": "***", "ttft_ms": 9})]
+    assert sim["auth_required"] == "sk-sim-0123456789"  # the manifest read is not altered

@@ -775,6 +775,9 @@ def test_the_simulators_key_is_masked_in_the_manifest_view(jobs: Path) -> None:
     assert job.effective()["endpoint.sim"]["value"] == {"auth_required": "***", "ttft_ms": 5}
     sim = job.sim_config()
     assert sim is not None and sim.auth_required == "sk-sim-0123456789"
+    # no key: none is claimed
+    job = load(write(jobs, MINIMAL.replace("model:", "sim: {auth_required: null}\n  model:")))
+    assert job.effective()["endpoint.sim"]["value"] == {"auth_required": None}
 
 
 def test_a_url_password_and_an_api_key_cannot_both_authorize(jobs: Path) -> None:
