@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
 """A header name that may carry credentials: its value is masked where the job is shown, and
@@ -86,6 +86,29 @@ def masked_url(url: str) -> str:
         # The host part as written: `hostname` would drop an IPv6 address's brackets.
         parts = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2])
     return url if parts == written else urlunsplit(parts)  # as written when nothing is hidden
+
+
+def url_secrets(url: str) -> set[str]:
+    """The credentials `masked_url` hides that a server may quote back: the query values named
+    like credentials and the path parameters, as sent (`ab/c+d%3D`) and decoded (`ab/c d=`,
+    `ab/c+d=`), since a server may quote either form."""
+    parts = urlsplit(url)
+    raw = [value for field in parts.query.split("&")
+           for value in _secret_value(field)]  # fmt: skip
+    if ";" in parts.path:
+        params = parts.path.partition(";")[2]
+        raw += [params, *(p.partition("=")[2] for p in params.split(";"))]
+    return {form for value in raw for form in (value, unquote(value), unquote_plus(value))}
+
+
+def _secret_value(field: str) -> list[str]:
+    """The value of a query field named like a credential (split as `_masked_query` splits)."""
+    subfields = field.split(";")
+    for at, subfield in enumerate(subfields):
+        name, sep, _ = subfield.partition("=")
+        if sep and SECRET_QUERY.search(unquote_plus(name)):
+            return [";".join(subfields[at:]).partition("=")[2]]
+    return []
 
 
 def endpoint_kind(url: str) -> str:

@@ -84,7 +84,7 @@ from shardrun._chunks import (
     utf8_of,
 )
 from shardrun._ellipsis import counted
-from shardrun._urls import SECRET_HEADER, SECRET_QUERY, masked_params, masked_url
+from shardrun._urls import SECRET_HEADER, masked_params, masked_url, url_secrets
 from shardrun.clock import Clock
 from shardrun.fdlimit import OUT_OF_FILES, out_of_files
 from shardrun.items import API_PATHS, TOKEN_LIMITS, Api
@@ -201,10 +201,10 @@ class StreamingClient:
         for name, value in self._headers.items():
             if SECRET_HEADER.search(name):
                 keep_secret(value)
-        query = (value for name, value in url.query.items() if SECRET_QUERY.search(name))
         in_body: list[object] = []  # a key a gateway reads from the body (`params`)
         masked_params(params, in_body)
-        for secret in (url.user, url.password, proxy_authorization, *query, *in_body):
+        for secret in (url.user, url.password, proxy_authorization, *url_secrets(base_url),
+                       *in_body):
             if isinstance(secret, str):
                 keep_secret(secret)
         if url.user is not None or url.password is not None:  # aiohttp sends them so

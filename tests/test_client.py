@@ -1243,3 +1243,15 @@ def test_the_path_goes_before_the_base_urls_query() -> None:
                         "/chat/completions") == (
         "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21")
     assert endpoint_url("http://u:p@h:8000", "/completions") == "http://u:p@h:8000/completions"
+
+
+def test_a_url_credential_is_masked_as_sent_and_as_decoded() -> None:
+    """A server may quote the URL back as sent: a query value with a '+' (decoded as a space,
+    so left as two short words) or percent escapes, or a path parameter (`/v1;token=...`),
+    which `masked_url` hides too, was shown whole."""
+    base = ("http://127.0.0.1:9/v1;token=path-secret-11?code=AbCd/Ef+Gh==&key=qk+1%2B2%3D3456"
+            "&a=b")
+    StreamingClient(SimpleNamespace(), base, "chat", {}, FAST, Clock())  # type: ignore[arg-type]
+    said = clip("POST /v1;token=path-secret-11?code=AbCd/Ef+Gh==&key=qk+1%2B2%3D3456 "
+                "path-secret-11 AbCd/Ef+Gh== qk+1+2=3456")
+    assert said == "POST /v1;***?code=***&key=*** *** *** ***", said
