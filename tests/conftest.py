@@ -22,6 +22,8 @@ import psutil
 import pytest
 import yaml
 
+from shardrun import _chunks
+
 # Fast simulator settings: the tests are about behaviour, not speed.
 FAST_SIM = {"ttft_ms": 5, "itl_ms": 0.5, "tokens": "uniform:4:24", "seed": 3, "flush_ms": 5}
 CLI_TIMEOUT_S = 240  # a hang guard, not a timing assertion
@@ -272,6 +274,15 @@ def _no_proxy_variables() -> Iterator[None]:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in names}
     yield
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_secrets_of_other_tests() -> Iterator[None]:
+    """`keep_secret` keeps what a test's client sends for the rest of the process: without this,
+    a later test's message holding one of those words would show it as `***`."""
+    saved = _chunks._secrets[:]
+    yield
+    _chunks._secrets[:] = saved
 
 
 @pytest.fixture

@@ -1255,3 +1255,9 @@ def test_a_url_credential_is_masked_as_sent_and_as_decoded() -> None:
     said = clip("POST /v1;token=path-secret-11?code=AbCd/Ef+Gh==&key=qk+1%2B2%3D3456 "
                 "path-secret-11 AbCd/Ef+Gh== qk+1+2=3456")
     assert said == "POST /v1;***?code=***&key=*** *** *** ***", said
+
+
+def test_a_credential_an_earlier_test_sent_is_no_secret_here() -> None:
+    """Runs after `test_a_url_credential_is_masked_as_sent_and_as_decoded` (file order): what a
+    client of another test sent is an ordinary word here, as it is in another run's process."""
+    assert clip("path-secret-11") == "path-secret-11"
