@@ -163,8 +163,23 @@ def test_separately_started_sim_over_http(tmp_path: Path, no_stray_children: Non
     assert_exactly_once(run, ids)
     assert_buckets_telescope(run)
     assert stats["requests_total"] == 2000
-    # The cap holds (4 shards x 8) and, with a backlog, is reached.
-    assert stats["max_in_flight"] == 32
+    # The cap holds at the server (4 shards x 8); whether all 32 are there at one instant
+    # depends on the machine (a loaded one saw 31), so that the cap is reached, with a backlog,
+    # is read from each shard's own log: 8 spans admitted and not yet released.
+    assert stats["max_in_flight"] <= 32
+    assert _most_in_flight(run) == {shard: 8 for shard in range(4)}
+
+
+def _most_in_flight(run: Run) -> dict[int, int]:
+    """Per shard, the most spans admitted and not yet released at once, in log order."""
+    now: dict[int, int] = {}
+    most: dict[int, int] = {}
+    for e in run.events:
+        step = {"admitted": 1, "released": -1}.get(e["ev"], 0)
+        if step:
+            now[e["shard"]] = now.get(e["shard"], 0) + step
+            most[e["shard"]] = max(most.get(e["shard"], 0), now[e["shard"]])
+    return most
 
 
 def test_base_url_from_the_environment_sets_a_sim_job_aside(tmp_path: Path) -> None:
