@@ -19,13 +19,15 @@ from the body. Narrower than `SECRET_HEADER`: `max_tokens` or `prompt_cache_key`
 
 
 def masked_params(value: object, found: list[object] | None = None) -> object:
-    """`value` (a job's params) with every field named like a credential (`SECRET_PARAM`), at
-    any depth, as `***`: for the manifest, which a published run carries. The values masked
-    are added to `found`."""
+    """`value` (a job's params) with every string field named like a credential
+    (`SECRET_PARAM`), at any depth, as `***`: for the manifest, which a published run carries.
+    The values masked are added to `found`. Only strings: a key is one, while a tool's JSON
+    schema may name a property `password` or `token` (an object, kept readable) and a
+    `secret_level` may be a number."""
     if isinstance(value, dict):
         shown = {}
         for name, field in value.items():
-            secret = SECRET_PARAM.fullmatch(str(name))
+            secret = isinstance(field, str) and SECRET_PARAM.fullmatch(str(name))
             if secret and found is not None:
                 found.append(field)
             shown[name] = "***" if secret else masked_params(field, found)

@@ -758,12 +758,16 @@ def test_a_credential_in_params_is_masked_in_the_manifest_view(jobs: Path) -> No
     given, a name that only ends so (`max_tokens`, `prompt_cache_key`) included."""
     params = ("params:\n  api_key: sk-pk-0123456789\n  max_tokens: 8\n  prompt_cache_key: c1\n"
               "  extra_body:\n    access_token: at-0123456789\n    client_secret: cs-0123\n"
-              "    items: [{Password: pw-0123}, {x: 1}]\n")
+              "    items: [{Password: pw-0123}, {x: 1}]\n"
+              # Not strings, so no credentials: a tool schema's property and a number.
+              "    schema: {properties: {password: {type: string}}}\n    secret_level: 3\n")
     job = load(write(jobs, MINIMAL + params))
     assert job.effective()["params"]["value"] == {
         "api_key": "***", "max_tokens": 8, "prompt_cache_key": "c1",
         "extra_body": {"access_token": "***", "client_secret": "***",
-                       "items": [{"Password": "***"}, {"x": 1}]}}
+                       "items": [{"Password": "***"}, {"x": 1}],
+                       "schema": {"properties": {"password": {"type": "string"}}},
+                       "secret_level": 3}}
     assert job.spec.params["api_key"] == "sk-pk-0123456789"  # sent as given
 
 
