@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     which.add_argument("--minute", metavar="YYYY-MM-DDTHH:MMZ", help="the UTC minute to publish")
     which.add_argument("--peak", action="store_true",
                        help="the peak full minute (the default; the best partial minute, "
-                            "flagged partial, when no minute is full)")
+                            "flagged partial, when no minute is full), passing over a minute "
+                            "a cut event log may leave short")
     publish.add_argument("-o", "--output", type=file_path, metavar="FILE",
                          help="where to write it (default: RUN_DIR/samples/minute-….json)")
     publish.set_defaults(handler=run_publish)

@@ -37,6 +37,7 @@ from shardrun.outpath import (
     write_bytes_atomically,
 )
 from shardrun.report._rundir import (
+    BeyondLog,
     FoldOptions,
     LoadedRun,
     event_files,
@@ -216,8 +217,8 @@ def _effective_of(manifest: dict[str, Any], segment: int) -> dict[str, Any]:
 def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None,
             workers: int | None = None,
             warnings: list[str] | None = None) -> tuple[dict[str, Any], Path]:
-    """Build a sample for `minute` (default: the peak full minute) and write it; what the
-    sample cannot prove goes to `warnings`."""
+    """Build a sample for `minute` (default: the peak full minute of those no cut event log
+    leaves short) and write it; what the sample cannot prove goes to `warnings`."""
     if out is not None:
         try:
             check_not_a_run_file("-o", out)
@@ -227,8 +228,14 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
             raise PublishError(str(exc)) from None
     loaded = _load(run_dir, workers)
     _check_publishable(loaded)
-    m = _pick_minute(loaded, minute)
-    _check_not_cut(loaded, m)
+    cuts = loaded.beyond_log()
+    m = _pick_minute(loaded, minute, cuts)
+    _check_not_cut(loaded, m, cuts)
+    if warnings is not None and minute is None and (
+            peak := _busiest(loaded, _minute_totals(loaded))) != m:  # passed over for a cut
+        warnings.append(f"minute {minute_label(peak)} has more tokens, but a cut event log may "
+                        f"leave its figure short (see `shardrun report`), so this is "
+                        f"{minute_label(m)}, the busiest minute no cut does")
     if warnings is not None and (tail := unproven(loaded, m)) is not None:
         warnings.append(f"minute {minute_label(m)}: {tail}")
     fig = figure(loaded, m)
@@ -266,10 +273,9 @@ def _check_publishable(loaded: LoadedRun) -> None:
         raise PublishError(f"{problem}; refusing to publish from altered files")
 
 
-def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
+def _check_not_cut(loaded: LoadedRun, minute: int, cuts: list[BeyondLog]) -> None:
     """Refuse a minute whose figure would leave out answers a full disk kept out of the event
     log (`LoadedRun.beyond_log`): the sample would claim fewer tokens than the minute had."""
-    cuts = loaded.beyond_log()
     for cut in cuts:
         if not cut.hides(minute):
             continue
@@ -280,8 +286,7 @@ def _check_not_cut(loaded: LoadedRun, minute: int) -> None:
         elif cut.log_ends is not None:
             when = f"from {minute_label(int(cut.log_ends // 60))} {when.replace('by', 'to')}"
         # The way on names a minute no cut leaves short, or says there is none.
-        whole = {m: n for m, n in _minute_totals(loaded).items()
-                 if not any(c.hides(m) for c in cuts)}
+        whole = _not_hidden(_minute_totals(loaded), cuts)
         way = (f"publish another with --minute, such as {minute_label(_busiest(loaded, whole))}"
                if whole else "no minute of this run with completion tokens lies outside such "
                "a span, so none can be published")
@@ -337,6 +342,11 @@ def _minute_totals(loaded: LoadedRun) -> dict[int, int]:
     return totals
 
 
+def _not_hidden(totals: dict[int, int], cuts: list[BeyondLog]) -> dict[int, int]:
+    """The minutes of `totals` in which no cut log may have left answers out."""
+    return {m: n for m, n in totals.items() if not any(c.hides(m) for c in cuts)}
+
+
 def _busiest(loaded: LoadedRun, totals: dict[int, int]) -> int:
     """The minute with the most tokens, a full one first (the earliest on a tie)."""
     spans = windows(loaded.coordinators, loaded.shards)
@@ -344,7 +354,7 @@ def _busiest(loaded: LoadedRun, totals: dict[int, int]) -> int:
     return max(full or totals, key=lambda m: (totals[m], -m))
 
 
-def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
+def _pick_minute(loaded: LoadedRun, minute: str | None, cuts: list[BeyondLog]) -> int:
     spans = windows(loaded.coordinators, loaded.shards)
     totals = _minute_totals(loaded)
     if minute is not None:
@@ -358,7 +368,9 @@ def _pick_minute(loaded: LoadedRun, minute: str | None) -> int:
     if not totals:
         raise PublishError(f"{loaded.path} has no successful span, so no minute has completion "
                            f"tokens to publish (`shardrun report {loaded.path}` shows why)")
-    return _busiest(loaded, totals)
+    # The busiest minute a cut log leaves whole: the peak is not refused when another is
+    # there to publish. With none, the peak, which `_check_not_cut` refuses, saying so.
+    return _busiest(loaded, _not_hidden(totals, cuts) or totals)
 
 
 def _span_text(spans: list[tuple[float, float]]) -> str:

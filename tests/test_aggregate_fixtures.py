@@ -33,6 +33,7 @@ T0 = B - 6.5, so s1's last token falls in the minute before B and s2's in the mi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,22 @@ def write_run(root: Path, shards: dict[str, list[dict[str, Any]]],
            "effective": {"concurrency": {"value": 2, "source": "job file"}}, **manifest}
     (root / "manifest.json").write_bytes(orjson.dumps(doc))
     return root
+
+
+def run_with_a_cut_log(root: Path, sub: str, layout: str = "new") -> Path:
+    """Shard 00: 30 tokens in each of minutes M and M+1 (M = B // 60); shard 01: 15 more in
+    M+1, its log cut before its shard_end (as a full disk cuts it), and its `sub` file
+    ("results" or "dead") one line longer than the log records, written in M+1."""
+    coordinator = [ev("run_start", B - 31, shard=None, shards=2, cap=4),
+                   ev("input_end", B + 100, shard=None, lines=27, rejects=0),
+                   ev("run_end", B + 160, shard=None, status="succeeded")]
+    shards = {"00": steady_shard(0, B - 30, minutes=3, per_minute=6, layout=layout),
+              "01": steady_shard(1, B + 59, minutes=1, per_minute=3, layout=layout)[:-1]}
+    run = write_run(root, shards, coordinator)
+    logged = 3 if sub == "results" else 0  # shard 01's successful spans; it has no dead ones
+    path = run / sub / "shard-01.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b"".join(orjson.dumps({"id": f"i1-{i}", "last_token_at": B + 80 + i})
+                              + b"\n" for i in range(logged + 1)))
+    os.utime(path, (B + 110.0, B + 110.0))  # written in M+1, after the log's last event
+    return run

@@ -25,7 +25,14 @@ from typing import Any
 import orjson
 import pytest
 from conftest import FAST_SIM, kill_tree, run_cli, write_input, write_job
-from test_aggregate_fixtures import RUN_ID, B, ev, steady_shard, write_run
+from test_aggregate_fixtures import (
+    RUN_ID,
+    B,
+    ev,
+    run_with_a_cut_log,
+    steady_shard,
+    write_run,
+)
 
 from shardrun._urls import endpoint_kind
 from shardrun.aggregate import minute_label, parse_minute
@@ -90,6 +97,25 @@ def test_publish_picks_the_peak_full_minute(published: tuple[Path, Path]) -> Non
     assert sample["schema"] == "shardrun.sample/1" and sample["run_id"] == RUN_ID
     assert sample["method"] == {"name": "completion_tokens_by_last_token_minute", "version": 1}
 
+
+
+def test_publish_passes_over_a_peak_a_cut_log_may_leave_short(tmp_path: Path) -> None:
+    """Answers beyond shard 01's cut log ended in the peak minute M+1: by default the sample
+    is M, the busiest minute no cut hides, and a warning says why; M+1 asked for is refused."""
+    run = run_with_a_cut_log(tmp_path / "run", "results")
+    warnings: list[str] = []
+    sample, _ = publish(run, warnings=warnings)
+    assert (sample["minute"], sample["completion_tokens"], sample["partial"]) == (
+        minute_label(M), 30, False)
+    assert warnings == [
+        f"minute {minute_label(M + 1)} has more tokens, but a cut event log may leave its "
+        f"figure short (see `shardrun report`), so this is {minute_label(M)}, the busiest "
+        "minute no cut does"]
+    with pytest.raises(PublishError, match=(
+            f"^minute {minute_label(M + 1)}: results/shard-01.jsonl holds 1 more lines than its "
+            r"event log .*; publish another with --minute, such as "
+            f"{minute_label(M)}$")):
+        publish(run, minute=minute_label(M + 1))
 
 METRICS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
