@@ -228,7 +228,9 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
             raise PublishError(str(exc)) from None
     loaded = _load(run_dir, workers)
     _check_publishable(loaded)
-    cuts = loaded.beyond_log()
+    # A dead letter adds no completion tokens and a sample counts no failures, so dead letters
+    # beyond a cut log leave no minute's figure short: only answers do.
+    cuts = [cut for cut in loaded.beyond_log() if cut.path.startswith("results/")]
     m = _pick_minute(loaded, minute, cuts)
     _check_not_cut(loaded, m, cuts)
     if warnings is not None and minute is None and (
@@ -290,11 +292,11 @@ def _check_not_cut(loaded: LoadedRun, minute: int, cuts: list[BeyondLog]) -> Non
         way = (f"publish another with --minute, such as {minute_label(_busiest(loaded, whole))}"
                if whole else "no minute of this run with completion tokens lies outside such "
                "a span, so none can be published")
+        more = counted(cut.lines - cut.logged, "more line")
         raise PublishError(
-            f"minute {minute_label(minute)}: {cut.path} holds {cut.lines - cut.logged:,} more "
-            f"lines than its event log {cut.event_log} records (the log was cut by a full "
-            f"disk or a power cut), answers that ended {when}, so this minute's figure would "
-            f"be short; {way}")
+            f"minute {minute_label(minute)}: {cut.path} holds {more} than its event log "
+            f"{cut.event_log} records (the log was cut by a full disk or a power cut), answers "
+            f"that ended {when}, so this minute's figure would be short; {way}")
 
 
 def _altered(loaded: LoadedRun) -> str | None:

@@ -112,10 +112,23 @@ def test_publish_passes_over_a_peak_a_cut_log_may_leave_short(tmp_path: Path) ->
         f"figure short (see `shardrun report`), so this is {minute_label(M)}, the busiest "
         "minute no cut does"]
     with pytest.raises(PublishError, match=(
-            f"^minute {minute_label(M + 1)}: results/shard-01.jsonl holds 1 more lines than its "
+            f"^minute {minute_label(M + 1)}: results/shard-01.jsonl holds 1 more line than its "
             r"event log .*; publish another with --minute, such as "
             f"{minute_label(M)}$")):
         publish(run, minute=minute_label(M + 1))
+
+
+def test_dead_letters_beyond_a_cut_log_leave_the_minute_publishable(tmp_path: Path) -> None:
+    """A dead letter adds no completion tokens and a sample counts no failures: one a cut log
+    lacks leaves the figure of the minute it may have ended in whole, so M+1 is published."""
+    run = run_with_a_cut_log(tmp_path / "run", "dead")
+    [cut] = load_run(run).beyond_log()
+    assert cut.path == "dead/shard-01.jsonl" and cut.hides(M + 1)
+    for minute in (None, minute_label(M + 1)):
+        warnings: list[str] = []
+        sample, _ = publish(run, minute=minute, warnings=warnings)
+        assert (sample["minute"], sample["completion_tokens"]) == (minute_label(M + 1), 45)
+        assert warnings == []
 
 METRICS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
