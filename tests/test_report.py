@@ -18,7 +18,14 @@ from typing import Any
 import orjson
 import pytest
 from conftest import FAST_SIM, read_jsonl, run_cli, write_input, write_job
-from test_aggregate_fixtures import T0, hand_coordinator, hand_shard, steady_shard, write_run
+from test_aggregate_fixtures import (
+    T0,
+    hand_coordinator,
+    hand_shard,
+    run_with_a_cut_log,
+    steady_shard,
+    write_run,
+)
 
 from shardrun import __version__
 from shardrun.aggregate._segments import BUCKETS
@@ -934,6 +941,16 @@ def test_answers_beyond_a_cut_log_hide_only_the_minutes_from_the_cut_to_the_file
                     log_ends=61 * 60 + 59.5, written=63 * 60 + 0.5)
     assert [m for m in range(59, 66) if cut.hides(m)] == [61, 62, 63]
 
+
+def test_dead_letters_alone_beyond_a_cut_log_are_said_without_a_zero_count(
+        tmp_path: Path) -> None:
+    """Only dead letters lie beyond the log: the line under the items table names them
+    alone, not "0 more succeeded and 1 dead letter"."""
+    doc = load_report(run_with_a_cut_log(tmp_path / "run", "dead"))[0]
+    assert doc["items"]["not_in_log"] == {"succeeded": 0, "dead": 1}
+    assert ("  not in the event log: 1 dead letter on disk (a log cut by a full disk or a power "
+            "cut; see Notes), in no figure here but still open where the log began their spans"
+            ) in format_report(doc).splitlines()
 
 def test_answers_beyond_a_cut_log_hide_the_minutes_of_their_own_last_tokens(
         tmp_path: Path) -> None:

@@ -93,8 +93,10 @@ def format_items(doc: dict[str, Any]) -> str:
                      f"{counted(by_item['dead'], 'dead letter')} standing, success rate "
                      f"{pct(by_item['success_rate'], 2)}")
     if missing := it.get("not_in_log"):  # a log was cut: right under the counts
-        dead = f" and {counted(missing['dead'], 'dead letter')}" if missing["dead"] else ""
-        lines.append(f"  not in the event log: {num(missing['succeeded'])} more succeeded{dead} "
+        # Only the kinds there are: one of the two may be zero.
+        kinds = [f"{num(missing['succeeded'])} more succeeded" if missing["succeeded"] else "",
+                 counted(missing["dead"], "dead letter") if missing["dead"] else ""]
+        lines.append(f"  not in the event log: {' and '.join(filter(None, kinds))} "
                      "on disk (a log cut by a full disk or a power cut; see Notes), in no "
                      # The fold does not say which open spans these are: not subtracted.
                      "figure here but still open where the log began their spans")
