@@ -951,6 +951,10 @@ def test_dead_letters_alone_beyond_a_cut_log_are_said_without_a_zero_count(
     assert ("  not in the event log: 1 dead letter on disk (a log cut by a full disk or a power "
             "cut; see Notes), in no figure here but still open where the log began their spans"
             ) in format_report(doc).splitlines()
+    # The note counts one as one, not "1 dead letters ... 1 more dead letters are kept".
+    assert ("dead/shard-01.jsonl holds 1 dead letter where its event log events/shard-01.jsonl "
+            "records 0: ") in format_report(doc)
+    assert "(1 more dead letter is kept; export and --resume see them)" in format_report(doc)
 
 def test_answers_beyond_a_cut_log_hide_the_minutes_of_their_own_last_tokens(
         tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from shardrun import event_names as events
+from shardrun._ellipsis import counted
 from shardrun.aggregate import (
     MINUTES_ONLY_EVENTS,
     CoordinatorFold,
@@ -222,13 +223,15 @@ class BeyondLog:
 
     def text(self) -> str:
         # Not a kill: a flush hands the log its lines before the results theirs (`flush`).
-        what = "answers" if self.path.startswith("results/") else "dead letters"
-        return (f"{self.path} holds {self.lines:,} {what} where its event log {self.event_log} "
+        what = "answer" if self.path.startswith("results/") else "dead letter"
+        more = self.lines - self.logged
+        return (f"{self.path} holds {counted(self.lines, what)} where its event log "
+                f"{self.event_log} "
                 f"records {self.logged:,}: the log was cut (by a full disk, which fails its write "
                 f"first, or a power cut that lost its last writes but not the file's), so this "
                 f"report's counts and throughput cover only the "
-                f"logged part ({self.lines - self.logged:,} more {what} are kept; export and "
-                "--resume see them)")
+                f"logged part ({more:,} more {what if more == 1 else what + 's'} "
+                f"{'is' if more == 1 else 'are'} kept; export and --resume see them)")
 
 
 def first_run_id(path: Path) -> str | None:
