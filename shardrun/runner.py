@@ -22,6 +22,7 @@ import orjson
 
 from shardrun import resume
 from shardrun._ellipsis import ellipsize
+from shardrun._env import ENV_BY_KEY
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import (
@@ -244,7 +245,8 @@ def _job_of_retry(job_path: Path, env: Mapping[str, str],
     leave out a flag never typed); as the job file, the environment or the default give its
     runs directory where that is the run's, so the printed way on names --runs-dir only where
     it is needed (`resume_command`)."""
-    job = load_job(job_path, env={k: v for k, v in env.items() if k != _RUNS_DIR_VAR},
+    runs_dir_var = ENV_BY_KEY["runs_dir"].name
+    job = load_job(job_path, env={k: v for k, v in env.items() if k != runs_dir_var},
                    flags=flags)
     try:
         unflagged = load_job(job_path, env=env, flags={**flags, "runs_dir": None})
@@ -253,8 +255,6 @@ def _job_of_retry(job_path: Path, env: Mapping[str, str],
     same = unflagged.runs_path.resolve() == job.runs_path.resolve()
     return unflagged if same else job
 
-
-_RUNS_DIR_VAR = "SHARDRUN_RUNS_DIR"
 
 
 def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
