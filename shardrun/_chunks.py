@@ -1042,8 +1042,15 @@ def clip(value: object, limit: int = MSG_MAX) -> str:
     events, and from there to a terminal, where an escape sequence in a server's message would
     act (set the title, the colours, the clipboard) and a bidi override reverse the line.
     Every server text a message quotes passes here, so the credentials this process sends are
-    masked here (`keep_secret`), before the cut, which would leave a piece of one."""
-    return masked(" ".join(str(value).split())).translate(_CONTROLS)[:limit]
+    masked here (`keep_secret`), before the cut, which would leave a piece of one. Nor does
+    the cut leave a piece of an escape: "\\u20" would read as the server's own text."""
+    text = masked(" ".join(str(value).split())).translate(_CONTROLS)
+    if len(text) > limit:
+        for escape in _ESCAPE.finditer(text, max(0, limit - 9), limit + 9):
+            if escape.start() < limit < escape.end():
+                limit = escape.start()
+                break
+    return text[:limit]
 
 
 def masked(text: str) -> str:
@@ -1069,17 +1076,24 @@ def keep_secret(value: str | None) -> None:
 
 
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}" for c in (0x00AD, 0x061C, 0x180E, *range(0x200B, 0x2010),
+    c: f"\\u{c:04x}" for c in (0x00AD, *range(0x0600, 0x0606), 0x061C, 0x06DD, 0x070F,
+                               0x0890, 0x0891, 0x08E2, 0x180E, *range(0x200B, 0x2010),
                                *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0xFEFF,
                                *range(0xFFF9, 0xFFFC))} | {
-    c: f"\\U{c:08x}" for c in (0xE0001, *range(0xE0020, 0xE0080))}  # fmt: skip
+    c: f"\\U{c:08x}" for c in (0x110BD, 0x110CD, *range(0x13430, 0x13440),
+                               *range(0x1BCA0, 0x1BCA4), *range(0x1D173, 0x1D17B), 0xE0001,
+                               *range(0xE0020, 0xE0080))}  # fmt: skip
 """C0, DEL and C1 (0x9b is a CSI of its own): those `split` leaves (it takes the whitespace,
 U+2028 and U+2029 too); and the format characters a terminal does not show but obeys or that
 hide words: the soft hyphen, the zero-width ones and the word joiner, the bidi marks,
 embeddings, overrides and isolates (U+202E reverses the rest of a line), the invisible
-operators, the deprecated shaping controls, the BOM, the interlinear annotations and the tags
-(which spell hidden ASCII). Variation selectors stay: they only choose the glyph before them
-(an emoji's)."""
+operators, the deprecated shaping controls, the BOM, the interlinear annotations, the tags
+(which spell hidden ASCII) and the rest of Unicode's format characters (category Cf: the
+Arabic, Syriac and Kaithi number signs, which hide the digits after them, the Egyptian
+hieroglyph, shorthand and musical format controls). Variation selectors stay: they only choose
+the glyph before them (an emoji's)."""
+_ESCAPE = re.compile(r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+"""An escape `_CONTROLS` writes, ten characters at most: `clip` cuts none in half."""
 
 
 def usage_details(usage: dict[str, Any], prompt: str,

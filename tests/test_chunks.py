@@ -1,6 +1,7 @@
 """Pure parsing of OpenAI stream chunks and error bodies, on hand-written payloads."""
 
 import codecs
+import unicodedata
 from typing import Any
 from unittest.mock import ANY
 
@@ -1369,3 +1370,25 @@ def test_a_negative_error_code_leaves_the_type_to_decide(kind: str, status: str)
     for code in (-1, -32603):
         err = {"code": code, "type": kind, "message": "x"}
         assert stream_error(err, 3)[0] == status
+
+
+def test_clip_shows_every_format_character_this_python_knows() -> None:
+    """Every character of Unicode's category Cf (format: not shown, but it acts or hides what
+    follows) is escaped: the Arabic number signs (U+0600-0605, U+06DD), Syriac's (U+070F),
+    Kaithi's (U+110BD) and the others were passed as they came."""
+    unescaped = [hex(c) for c in range(0x110000)
+                 if unicodedata.category(chr(c)) == "Cf" and clip(chr(c)) == chr(c)]
+    assert unescaped == []
+    assert clip("ok\u0600\U000110bd") == "ok\\u0600\\U000110bd"
+
+
+@pytest.mark.parametrize("char", ["\x1b", "\u202e", "\U000e0041"])
+def test_clip_cuts_no_escape_in_half(char: str) -> None:
+    """At its limit `clip` cuts before an escape it cannot hold whole: a piece of one ("\\u20")
+    would read as the server's own text."""
+    escape = clip(char)
+    whole = "ab" + escape + "cd"
+    for limit in range(2, len(whole) + 1):
+        said = clip(f"ab{char}cd", limit)
+        assert whole.startswith(said) and len(said) <= limit
+        assert said == "ab" or said.startswith("ab" + escape), (limit, said)
