@@ -948,8 +948,9 @@ def error_message(body: bytes) -> str:
     return read_error_body(body)[0]
 
 
-def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
-    """(`error_message`, `error_name`, `flagged`) of an error body, read with one parse.
+def read_error_body(body: bytes, cut: bool = False) -> tuple[str, str | None, bool]:
+    """(`error_message`, `error_name`, `flagged`) of an error body, read with one parse;
+    `cut`: the body is the start of a longer one (`text_head`).
 
     `flagged`: the error says a moderation check flagged this request's content, as
     OpenRouter's 403 does (its `metadata` names the `reasons` and the `flagged_input`): a
@@ -964,8 +965,23 @@ def read_error_body(body: bytes) -> tuple[str, str | None, bool]:
         meta = err.get("metadata") if isinstance(err, dict) else None
         flagged = isinstance(meta, dict) and ("flagged_input" in meta or "reasons" in meta)
     if not isinstance(msg, str) or not msg:
-        msg = html_page(body) or body.decode("utf-8", "replace")
+        msg = html_page(body) or _uncut(body.decode("utf-8", "replace"), cut)
     return clip(msg) or "(empty body)", error_name(err), flagged
+
+
+def text_head(body: bytes, size: int) -> str:
+    """The text of `body`'s first `size` bytes (read by `utf8_of`), for `clip` to show."""
+    return _uncut(utf8_of(body[:size]).decode("utf-8", "replace"), len(body) > size)
+
+
+def _uncut(text: str, cut: bool) -> str:
+    """`text`, less the start of a credential (`keep_secret`) it ends in when it is `cut` from
+    a longer one: `clip` masks only whole credentials, and the piece before a cut showed."""
+    if not cut:
+        return text
+    piece = max((next((n for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), 0)
+                 for s in _secrets), default=0)
+    return text[: len(text) - piece]
 
 
 def html_page(body: bytes) -> str | None:

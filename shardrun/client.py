@@ -81,7 +81,7 @@ from shardrun._chunks import (
     keep_secret,
     quoted,
     read_error_body,
-    utf8_of,
+    text_head,
 )
 from shardrun._ellipsis import counted
 from shardrun._urls import SECRET_HEADER, masked_params, masked_url, url_secrets
@@ -405,7 +405,7 @@ class StreamingClient:
             # A server's or a proxy's own words ("Internal Server Error"): its content type
             # alone left the user to fetch the page to learn what it said.
             if "text/plain" in resp.headers.get("Content-Type", "") and (
-                    said := clip(utf8_of(body[:_SAID_READ]).decode("utf-8", "replace"), _SAID_MAX)):
+                    said := clip(text_head(body, _SAID_READ), _SAID_MAX)):
                 _fail_stream(st, resp, f"a text that says {quoted(said)}, not an event stream",
                              tokens=False)
                 return
@@ -431,8 +431,9 @@ class StreamingClient:
         while size < _ERROR_BODY_MAX and (chunk := await resp.content.readany()):
             parts.append(chunk)
             size += len(chunk)
-        body = b"".join(parts)[:_ERROR_BODY_MAX]
-        message, st.out.error_code, st.out.flagged = read_error_body(body)
+        body = b"".join(parts)
+        message, st.out.error_code, st.out.flagged = read_error_body(
+            body[:_ERROR_BODY_MAX], cut=size >= _ERROR_BODY_MAX)
         st.out.error = f"{prefix}: {message}"
 
 

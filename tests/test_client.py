@@ -767,6 +767,23 @@ def test_a_key_the_server_quotes_back_is_masked(reply: Callable[[str], web.Strea
         assert secret[:6] not in shown and secret[-6:] not in shown, shown
 
 
+@pytest.mark.parametrize(("status", "cut"), [(200, client_module._SAID_READ),
+                                             (401, client_module._ERROR_BODY_MAX)])
+def test_a_key_across_the_cut_of_a_text_body_shows_no_piece(status: int, cut: int) -> None:
+    """A plain text body is read only so far (a 2xx's to `_SAID_READ` bytes, an error's to
+    `_ERROR_BODY_MAX`), and blanks fold in the message: a key the cut split, after a run of
+    blanks, showed its first half, as masking finds only whole keys."""
+    body = "said" + " " * (cut - 4 - len(ECHOED_KEY) // 2) + ECHOED_KEY + " after"
+    assert body.index(ECHOED_KEY) < cut < body.index(ECHOED_KEY) + len(ECHOED_KEY)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=body, status=status, content_type="text/plain")
+
+    out = run(one(handler, headers=request_headers(ECHOED_KEY, "Authorization", {})))
+    assert out.status != "ok" and "said" in str(out.error), out.error
+    assert ECHOED_KEY[:4] not in str(out.error), out.error
+
+
 def test_every_credential_a_request_carries_is_masked_in_messages() -> None:
     """The key in a header of any name, a secret header's value, the user and password of the
     base URL, the Basic credentials aiohttp makes of them and its query's credential-named
