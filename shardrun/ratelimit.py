@@ -255,14 +255,30 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def parse_duration(text: str | None) -> float | None:
-    """Seconds from a reset header: "1s", "6m0s", "20ms", "1h2m3.5s" or plain "0.5"; else None."""
+EPOCH_S = (1e9, 1e11)
+"""A reset header's bare number in this range is a moment in seconds since the epoch (2001 to
+5138), not a duration: some gateways send one, and read as seconds it asked for decades (an
+item given up, `retry.max_server_wait_s`). No wait a server means is that long."""
+EPOCH_MS = (1e12, 1e14)
+"""The same moments in milliseconds since the epoch; a bare number in neither is seconds."""
+
+
+def parse_duration(text: str | None, now: float | None = None) -> float | None:
+    """Seconds from a reset header: "1s", "6m0s", "20ms", "1h2m3.5s" or plain "0.5"; else None.
+    A bare number that is a moment (`EPOCH_S`, `EPOCH_MS`) gives the seconds from `now` (this
+    machine's clock by default) to it, 0 when it has passed."""
     if text is None:
         return None
     text = text.strip()
     plain = _number(text)
     if plain is not None:
-        return plain if math.isfinite(plain) and plain >= 0 else None
+        if not math.isfinite(plain) or plain < 0:
+            return None
+        if EPOCH_MS[0] <= plain < EPOCH_MS[1]:
+            plain /= 1000
+        elif not EPOCH_S[0] <= plain < EPOCH_S[1]:
+            return plain
+        return max(0.0, plain - (time.time() if now is None else now))
     if len(text) > DURATION_MAX:
         return None
     parts = _DURATION.findall(text)

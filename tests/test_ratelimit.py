@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -239,6 +240,15 @@ def test_server_headers_pause_before_a_429() -> None:
     patient = RateLimiter(None, None, clock=lambda: 0.0, max_pause_s=2.5)
     assert patient.observe_headers(long, 0.0) == 2.5
     assert RateLimiter(None, None, max_pause_s=3600).max_pause_s == MAX_PAUSE_S
+
+
+def test_a_reset_header_that_is_a_moment_pauses_until_it() -> None:
+    """A reset header that is a Unix time (seconds or milliseconds) 20 s from now pauses 20 s,
+    not the longest pause its reading as decades of seconds gave."""
+    rl, _ = limiter(None, None)
+    for reset in (f"{time.time() + 20:.0f}", f"{(time.time() + 20) * 1000:.0f}"):
+        headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": reset}
+        assert rl.observe_headers(headers, 0.0) == pytest.approx(20, abs=2)
 
 
 def test_pause_arriving_during_a_wait_extends_it() -> None:

@@ -104,6 +104,23 @@ def test_reset_headers_count_only_on_429_and_503() -> None:
     assert server_wait(500, "3", headers) == 3.0
 
 
+def test_a_reset_header_that_is_a_moment_asks_the_time_until_it() -> None:
+    """A gateway's x-ratelimit-reset-* as a Unix time, in seconds or milliseconds: 30 s from
+    now, it was read as 56 years, over max_server_wait_s, and the item was given up. A moment
+    passed asks for no wait; a bare number that is no moment stays seconds."""
+    soon = time.time() + 30
+    headers = {"x-ratelimit-reset-requests": f"{soon:.0f}",
+               "x-ratelimit-reset-tokens": f"{soon * 1000 - 10_000:.0f}"}
+    assert server_wait(429, None, headers) == pytest.approx(30, abs=2)
+    decision = Retrier(RetryPolicy(max_server_wait_s=60.0)).decide("http_429", 429, 1,
+                                                                   rate_headers=headers)
+    assert decision.retry and decision.wait == pytest.approx(30, abs=2)
+    assert parse_duration("1764280000", now=1764280000 - 12.5) == 12.5
+    assert parse_duration("1764280000500", now=1764280000) == 0.5
+    assert parse_duration("1764280000", now=1764290000) == 0.0
+    assert parse_duration("500000000000") == 5e11  # neither: as it was
+
+
 def test_budget_caps_retries_at_ratio_times_first_attempts_plus_floor() -> None:
     """With ratio 0.5 and floor 2, 10 first attempts allow exactly 7 retries."""
     budget = RetryBudget(0.5, 2)
