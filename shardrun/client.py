@@ -195,6 +195,9 @@ class StreamingClient:
         self.url = masked_url(self._url)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         self._headers.update(headers)
+        # What a body's Content-Encoding may be (aiohttp's, unless the job sets its own)
+        self._accepts = next((v for k, v in self._headers.items()
+                              if k.lower() == "accept-encoding"), ACCEPT_ENCODING)
         # Credentials a server may quote back in an error: masked in every message. The key,
         # whatever header carries it, `request_headers` keeps.
         url = URL(base_url)
@@ -264,7 +267,7 @@ class StreamingClient:
         except (aiohttp.ClientError, OSError, HttpProcessingError) as exc:
             # HttpProcessingError: a body's broken framing, as aiohttp's pure-Python parser
             # (no C extension for this Python) raises it, where the C one keeps it aside
-            st.fail(*_describe(exc, st.out.content_chunks))
+            st.fail(*_describe(exc, st.out.content_chunks, self._accepts))
             if out_of_files(exc):  # this machine's limit, not the endpoint's fault
                 st.out.error_code = OUT_OF_FILES
             elif type(exc) is aiohttp.ClientResponseError and st.resp is None:
@@ -528,8 +531,10 @@ def _stale(st: Attempt, exc: BaseException) -> bool:
             and not isinstance(exc, aiohttp.ClientConnectorError) and not out_of_files(exc))
 
 
-def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
-    """Map an aiohttp/OS exception to (status, one human sentence)."""
+def _describe(exc: BaseException, tokens: int,
+              accepts: str = "") -> tuple[str, str]:  # fmt: skip
+    """Map an aiohttp/OS exception to (status, one human sentence); `accepts` is the
+    Accept-Encoding the request sent."""
     if out_of_files(exc):
         return "conn_reset", f"no file descriptor left for a connection: {clip(exc)}"
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -561,6 +566,11 @@ def _describe(exc: BaseException, tokens: int) -> tuple[str, str]:
             return "protocol_error", ("invalid HTTP response: its body ran past its "
                                       "Content-Length (the server sent more than it said; "
                                       f"where the next answer was looked for: {clip(past)})")
+        if (refused := _NO_DECODER.match(str(exc.message))) is not None:
+            return "protocol_error", (f"the server compressed its answer as {refused[1]} "
+                                      "(Content-Encoding), which this client did not ask for "
+                                      f"(Accept-Encoding: {clip(accepts)}) and cannot read: "
+                                      "have it send gzip or no compression")
         said = clip(exc.message)
         if any(record in said for record in _TLS_RECORDS):
             said += " (a TLS server: endpoint.base_url wants https://)"
@@ -608,6 +618,13 @@ def _past_its_length(message: str) -> str | None:
     return quote + literal[caret:]
 
 
+ACCEPT_ENCODING = aiohttp.ClientRequest.DEFAULT_HEADERS.get(aiohttp.hdrs.ACCEPT_ENCODING, "")
+"""What aiohttp asks for: gzip and deflate, and br and zstd only where their modules are
+installed. A server (or a gateway) may compress with one of those anyway, and aiohttp, with no
+decoder for it, reads the response's head as broken (`_NO_DECODER`)."""
+_NO_DECODER = re.compile(r"Can not decode content-encoding: [^(]*\((\w+)\)")
+"""aiohttp's words for an encoding it has no decoder for ("brotli (br)"), which asked its user
+to install a module: the fix is the server's, so the message names the encoding instead."""
 _TLS_RECORDS = ("b'\\x15\\x03", "b'\\x16\\x03")
 """How aiohttp's bad status line shows a TLS record's start (an alert, a handshake): what a TLS
 server answers a plain-http request with, if anything."""
