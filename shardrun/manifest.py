@@ -297,7 +297,8 @@ def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
     A write that fails (a full disk) leaves `path` as it was and no temporary file, and raises
     an OSError that names the file that failed: the temporary one, where it could not be
     made or written (a failed write names no file of its own), else `path`, which it could not
-    replace, else its directory, which could not record the rename on disk.
+    replace. A directory that cannot be synced after the rename is no failed write (see
+    `_sync_replaced`).
     """
     tmp = path.with_suffix(path.suffix + ".tmp")
     failed = tmp
@@ -308,13 +309,31 @@ def write_atomic(path: Path, data: bytes | list[bytes]) -> None:
             os.fsync(f.fileno())
         failed = path
         os.replace(tmp, path)
-        # The rename is in the directory: unsynced, a power loss can bring back the old file.
-        failed = path.parent
-        fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise OSError(exc.errno, exc.strerror or str(exc), str(failed)) from exc
+    _sync_replaced(path)
+
+
+_dir_sync_warned = False
+
+
+def _sync_replaced(path: Path) -> None:
+    """Sync the directory of `path`, just replaced: the rename is an entry of the directory,
+    and unsynced a power loss can bring back the old file. Once replaced, `path` holds the new
+    bytes for every reader, so a directory that cannot be synced (some network and FUSE file
+    systems refuse) is warned of once a process, not raised as a write that failed: the caller
+    would report lost what is written, and could do nothing better."""
+    global _dir_sync_warned
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        if not _dir_sync_warned:
+            _dir_sync_warned = True
+            print(f"warning: {path} is written, but its directory could not be synced "
+                  f"({exc.strerror or exc}): a power loss before the system writes it back "
+                  "may bring back the file's earlier version", file=sys.stderr)
 
 
 def fsync_dir(path: Path) -> None:

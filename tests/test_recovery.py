@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -108,6 +109,33 @@ def test_an_atomic_write_syncs_the_file_then_its_directory(
     assert path.read_bytes() == b"a\nb\n"
     assert synced == [(False, path.stat().st_ino), (True, tmp_path.stat().st_ino)]
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_a_directory_that_cannot_be_synced_after_the_rename_is_no_failed_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once the temporary file has replaced `path`, a directory fsync that fails (EIO, or a file
+    system that refuses it) is warned of once, not raised: the file holds the new bytes, and
+    an error saying the write failed would send the caller to redo or report lost what is
+    written."""
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"old")
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(manifest.os, "fsync", fsync)
+    monkeypatch.setattr(manifest, "_dir_sync_warned", False)
+    manifest.write_atomic(path, b"new")
+    manifest.write_atomic(path, [b"newer\n"])
+    assert path.read_bytes() == b"newer\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert f"{path} is written, but its directory could not be synced" in err
 
 
 def test_a_simulator_key_an_older_manifest_holds_is_no_change() -> None:
