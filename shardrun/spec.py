@@ -382,13 +382,22 @@ def _overridden_vars(
             continue
         flag, value = _overrides({}, {key: flags[key]})[key], _parse_or_keep(text, key)
         shown = flags[key] if isinstance(flags[key], str) else flag  # as typed, where text
-        if key == "runs_dir":  # one directory however spelt (the printed --runs-dir is tidied)
-            flag, value = (os.path.abspath(os.path.expanduser(str(v))) for v in (flag, value))
-        if value != flag:
-            warnings.append(f"{var.name}={text} is not used: the flag {flag_for(key)} {shown} "
-                            "overrides it (a flag wins over the environment); leave the flag "
-                            "out to use the variable")
+        unused = (f"{var.name}={text} is not used: the flag {flag_for(key)} {shown} overrides "
+                  "it (a flag wins over the environment)")
+        if key != "runs_dir":
+            if value != flag:
+                warnings.append(f"{unused}; leave the flag out to use the variable")
+        # One directory however spelt or linked: the printed --runs-dir is tidied, and may
+        # name the run's directory by another path than the variable.
+        elif _real_dir(flag) != _real_dir(value):
+            # Not "leave the flag out": a pasted resume's --runs-dir is where its run is.
+            warnings.append(f"{unused}, so runs are made and resumed in {shown}")
     return warnings
+
+
+def _real_dir(path: object) -> str:
+    """A runs directory as the file system finds it: home expanded, links resolved."""
+    return os.path.realpath(os.path.expanduser(str(path)))
 
 
 def _parse_or_keep(text: str, key: str) -> object:

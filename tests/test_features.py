@@ -871,6 +871,11 @@ def test_a_variable_a_flag_overrides_is_named_not_silently_dropped(tmp_path: Pat
     tidied = run_cli("validate", "job.yaml", "--runs-dir", "runs", cwd=tmp_path,
                      env={"SHARDRUN_RUNS_DIR": "./runs/"})
     assert tidied.returncode == 0 and "warning" not in tidied.stdout + tidied.stderr
+    # Nor is a variable naming it through a symbolic link (the run's directory found by either).
+    (tmp_path / "linked").symlink_to(path.parent, target_is_directory=True)
+    linked = run_cli("validate", "job.yaml", "--runs-dir", "runs", cwd=tmp_path,
+                     env={"SHARDRUN_RUNS_DIR": "linked"})
+    assert linked.returncode == 0 and "warning" not in linked.stdout + linked.stderr
     # A bad value a flag overrides is not an error (it is not used), but it is named.
     bad = run_cli("validate", "job.yaml", "--shards", "3", cwd=tmp_path,
                   env={"SHARDRUN_SHARDS": "lots"})

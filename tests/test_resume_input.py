@@ -485,6 +485,12 @@ def test_retry_failed_with_the_runs_dir_variable_elsewhere_warns_of_no_flag(
     rest = run_cli(*words[1:], "--quiet", cwd=tmp_path, env=env)
     assert "to finish the run" not in rest.stdout, rest.stdout + rest.stderr
     assert_exactly_once(Run.load(tmp_path / "runs" / "qq"), ids)
+    # The variable is named as unused, but not with "leave the flag out": without the flag
+    # the resume would look for qq in the variable's directory, which has none.
+    assert [line for line in rest.stderr.splitlines() if "SHARDRUN_" in line] == [
+        f"warning: SHARDRUN_RUNS_DIR={tmp_path / 'other'} is not used: the flag --runs-dir "
+        "runs overrides it (a flag wins over the environment), so runs are made and resumed "
+        "in runs"], rest.stderr
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
