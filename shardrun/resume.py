@@ -356,6 +356,8 @@ class Prior:
     # Of `retried`, the dead letters whose item has a result line too (a hand edit, a bug):
     # the pass skips a finished item, so these are never run, and no stop left them.
     answered: int = 0
+    # Of `dead`, likewise: left in dead/ by a pass that sets none aside, answered, no failure.
+    dead_answered: int = 0
 
 
 def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
@@ -370,15 +372,16 @@ def prepare(run_path: Path, segment: int, *, retry_failed: bool) -> Prior:
         retried_ids.update(_set_dead_letters_aside(run_path, segment))
     done = DigestSet()
     answered = DigestSet()
-    dead = 0
-    for sub in ("results", "dead"):
-        for path in sorted((run_path / sub).glob("*.jsonl")):
-            ids = [id_digest(i) for i in line_ids(path)]
-            done.update(ids)
-            dead += len(ids) if sub == "dead" else 0
-            if sub == "results":
-                answered.update(i for i in ids if i in retried_ids)
-    return Prior(done, notes, len(retried_ids), dead, retried_ids, len(answered))
+    for path in sorted((run_path / "results").glob("*.jsonl")):
+        ids = [id_digest(i) for i in line_ids(path)]
+        done.update(ids)
+        answered.update(i for i in ids if i in retried_ids)
+    dead = [id_digest(i) for path in sorted((run_path / "dead").glob("*.jsonl"))
+            for i in line_ids(path)]
+    dead_answered = sum(1 for i in dead if i in done)  # `done` holds the results' ids only
+    done.update(dead)
+    return Prior(done, notes, len(retried_ids), len(dead), retried_ids, len(answered),
+                 dead_answered)
 
 
 def _set_dead_letters_aside(run_path: Path, segment: int) -> list[int]:

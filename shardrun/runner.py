@@ -316,11 +316,13 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                 "carried_flags": carried_flags(job),
                 "repaired": prior.notes, "dead_letters_retried": prior.retried,
                 "dead_letters_answered": prior.answered,
+                "earlier_dead_answered": prior.dead_answered,
                 "already_done": len(prior.done), "answer_settings_changed": changed,
                 "input_unchecked": unchecked, "results_changed": results_changed}
         # Lines an earlier pass read were judged then: their rejects are on record already.
         judged = _lines_read_before(manifest)
-        return Pass(run_dir, segment, prior.done, info, lock, prior.dead,
+        # Dead letters of answered items are no failures: as `report` and retry-failed count.
+        return Pass(run_dir, segment, prior.done, info, lock, prior.dead - prior.dead_answered,
                     prior.retried_ids if only_failed else None, judged,
                     read_before, way_on=way_on, way_on_retrying=retrying,
                     retried=prior.retried_ids if options.retry_failed else None,
@@ -483,6 +485,7 @@ def _run_pass(job: LoadedJob, this: Pass, reader: InputReader, endpoint: Endpoin
             unretried=unretried, input_read_before=this.read_before,
             unfinished_put_back=put_back, retried=len(this.retried or ()),
             answered_dead=answered,
+            prior_answered=int(this.info.get("earlier_dead_answered") or 0),
             dead_letters_only=bool(this.info.get("retry_failed")) and (
                 this.only is not None or this.read_before),
             prior_rejects=source.prior_rejects + _rejects_past(this, source), cost=cost(

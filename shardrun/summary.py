@@ -61,6 +61,9 @@ class RunSummary:
     # Of `retried`, those whose item has a result line too (`resume.Prior.answered`): skipped
     # as finished, so back in dead/ (in `unretried`) though no stop left them.
     answered_dead: int = 0
+    # Dead letters earlier passes left in dead/ whose item has a result line too (a damaged
+    # run: a retry pass's put-back cut, a hand edit): answered, so not in prior_dead.
+    prior_answered: int = 0
     prior_rejects: int = 0  # input lines earlier passes rejected (this one read them again)
     cost: dict[str, Any] | None = None  # from pricing.cost(), when the job has prices
     # Why this pass dead-lettered items: {kind: (count, first reason)}, from the shards' reports
@@ -215,7 +218,7 @@ class RunSummary:
             "rejects": self.rejects, "unfinished": self.unfinished, "skipped": self.skipped,
             "left_out": self.left_out,
             "prior_dead": self.prior_dead, "unretried": self.unretried,
-            "answered_dead": self.answered_dead,
+            "answered_dead": self.answered_dead, "prior_answered": self.prior_answered,
             "unfinished_put_back": self.unfinished_put_back,
             "prior_rejects": self.prior_rejects,
             "shard_deaths": self.shard_deaths, "reassigned": self.reassigned,
@@ -357,6 +360,10 @@ def format_summary(s: RunSummary) -> str:
         again = "" if named else f" (another pass: {_retry(s)})"
         lines.append(f"  earlier failures   {s.prior_dead:,} dead-lettered by earlier "
                      f"passes{again}")
+    if s.prior_answered:
+        whose = "its item has" if s.prior_answered == 1 else "their items have"
+        lines.append(f"  answered later     {counted(s.prior_answered, 'dead letter')} ({whose} "
+                     "a result line too: not failed)")
     if s.prior_rejects:
         lines.append(f"  earlier rejects    {counted(s.prior_rejects, 'input line')} "
                      "rejected by earlier passes "

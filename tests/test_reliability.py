@@ -1736,6 +1736,7 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
     seen = items()
     assert seen["queued"] > len(ids) and seen["dead"] > statuses["failed"]
     assert seen["by_item"] == {"succeeded": statuses["ok"], "dead": statuses["failed"],
+                               "answered_dead": 0,
                                "success_rate": round(statuses["ok"] / len(ids), 6)}
     text = run_cli("report", str(path), cwd=tmp_path).stdout
     assert (f"by item, after the retry passes: {statuses['ok']} succeeded, "

@@ -3,6 +3,7 @@ and the command that finishes a run left unfinished."""
 
 from __future__ import annotations
 
+import html
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -363,6 +364,54 @@ def test_a_dead_letter_of_an_answered_item_is_counted_as_answered_not_as_a_stop(
     # Nor is it an earlier failure that another retry pass would run: every item has a result.
     assert "earlier failures" not in retry.stdout and "retry-failed" not in retry.stdout
     assert retry.returncode == 0 and retry.stdout.startswith("run succeeded"), retry.stdout
+
+
+def _damaged_run(tmp_path: Path) -> Path:
+    """A run of 6 answered items, one with a dead letter written back after retry-failed found
+    it answered (as a retry pass's cut put-back leaves it): in dead/unretried-r1.jsonl."""
+    write_input(tmp_path / "input.jsonl", 6)
+    write_job(tmp_path / "job.yaml", shards=1)
+    assert run_cli("run", "job.yaml", "--run-id", "r1", "--quiet", cwd=tmp_path).returncode == 0
+    run = tmp_path / "runs" / "r1"
+    answered = read_jsonl(run / "results" / "shard-00.jsonl")[2]["id"]
+    (run / "dead" / "shard-00.jsonl").write_bytes(orjson.dumps(
+        {"id": answered, "reason": "written by hand", "attempts": [], "shard": 0}) + b"\n")
+    retry = run_cli("retry-failed", "runs/r1", "--quiet", cwd=tmp_path)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert [r["id"] for r in read_jsonl(run / "dead" / "unretried-r1.jsonl")] == [answered]
+    return run
+
+
+def test_report_counts_a_dead_letter_of_an_answered_item_as_answered(tmp_path: Path) -> None:
+    """retry-failed counts a dead letter whose item has a result line as answered; report read
+    '1 dead letter standing, success rate 85.71%' for it. Text, JSON and HTML now count it
+    answered, in a line of its own."""
+    run = _damaged_run(tmp_path)
+    text = run_cli("report", str(run), cwd=tmp_path)
+    assert text.returncode == 0, text.stdout + text.stderr
+    said = ("  by item, after the retry passes: 6 succeeded, 0 dead letters standing, success "
+            "rate 100.00%\n  1 dead letter is of an item answered later (a result line too), so "
+            "counted as answered, not standing\n")
+    assert said in text.stdout, text.stdout
+    doc = orjson.loads(run_cli("report", str(run), "--json", cwd=tmp_path).stdout)
+    assert doc["items"]["by_item"] == {"succeeded": 6, "dead": 0, "answered_dead": 1,
+                                       "success_rate": 1.0}
+    page = tmp_path / "r.html"
+    assert run_cli("report", str(run), "--html", str(page), cwd=tmp_path).returncode == 0
+    assert said in html.unescape(page.read_text())
+
+
+def test_a_resume_counts_a_dead_letter_of_an_answered_item_as_no_failure(
+        tmp_path: Path) -> None:
+    """A plain --resume of that run counted the dead letter as an earlier failure: 'run
+    failed', exit 1, while report and retry-failed count it answered. It succeeds now, and
+    says the dead letter's item is answered."""
+    _damaged_run(tmp_path)
+    rest = run_cli("run", "job.yaml", "--resume", "r1", "--quiet", cwd=tmp_path)
+    assert rest.returncode == 0 and rest.stdout.startswith("run succeeded"), rest.stdout
+    assert "earlier failures" not in rest.stdout and "retry-failed" not in rest.stdout
+    assert ("  answered later     1 dead letter (its item has a result line too: not failed)"
+            in rest.stdout.splitlines()), rest.stdout
 
 
 def test_a_retry_pass_stopped_part_way_counts_answered_dead_letters_apart() -> None:

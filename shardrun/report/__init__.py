@@ -104,6 +104,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
     if (standing := standing_dead_letters(run_dir)) is not None:
         ok, dead = doc["items"]["succeeded"], standing.dead
         doc["items"]["by_item"] = {"succeeded": ok, "dead": dead,
+                                   "answered_dead": standing.answered,
                                    "success_rate": ratio(ok, ok + dead)}
         if standing.bad:
             more = f" (and {len(standing.bad) - 1:,} more)" if len(standing.bad) > 1 else ""

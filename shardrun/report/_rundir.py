@@ -291,10 +291,14 @@ def event_files(run_dir: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class Standing:
-    """The dead letters that still stand, and the lines that count could not read."""
+    """The dead letters that still stand, those of items answered too, and the lines that count
+    could not read."""
 
     dead: int
     bad: list[str]  # 'PATH line N' of each line that is no record: the count may be off by it
+    # Dead letters whose item has a result line too (a damaged run: a retry pass's put-back
+    # cut, a hand edit): answered, as `retry-failed` counts them (`resume.Prior.answered`).
+    answered: int = 0
 
 
 def standing_dead_letters(run_dir: Path) -> Standing | None:
@@ -310,23 +314,47 @@ def standing_dead_letters(run_dir: Path) -> Standing | None:
     if since is None:
         return None
     bad: list[str] = []
-    live: set[str] = set()
+    answers: set[str] = set()  # ids with a result line
+    live_dead: list[str] = []
+    earlier: list[Path] = []  # results before `since`: read only for a dead letter's answer
     dead = 0
     for sub in ("dead", "results"):
         for path in sorted((run_dir / sub).glob("*.jsonl")):
-            try:
-                if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s count
-                    dead += _line_count(path) if sub == "dead" else 0
+            if pass_of(path) < since:  # cannot hold a set-aside item: only dead/'s count
+                if sub == "results":
+                    earlier.append(path)
                     continue
-                unread = len(bad)
+                with contextlib.suppress(FileNotFoundError):
+                    dead += _line_count(path)
+                continue
+            unread = len(bad)
+            try:
                 ids = list(line_ids(path, whole_only=True, bad=bad))
             except FileNotFoundError:  # a starting pass moved it aside: read there, below
                 continue
-            live.update(ids)
             if sub == "dead":  # a line that is no record still counts, as _line_count does
-                dead += len(ids) + len(bad) - unread
+                live_dead += ids
+                dead += len(bad) - unread
+            else:
+                answers.update(ids)
     aside = set_aside_lines(run_dir, bad)
-    return Standing(dead + len(aside.keys() - live), bad)
+    standing = live_dead + list(aside.keys() - answers - set(live_dead))
+    answered = _answered(standing, answers, earlier, bad)
+    return Standing(dead + len(standing) - answered, bad, answered)
+
+
+def _answered(standing: list[str], answers: set[str], earlier: list[Path],
+              bad: list[str]) -> int:
+    """How many of the `standing` dead letters are of items with a result line: in `answers`,
+    or in the `earlier` results files, read (the first pass's: millions of lines, often) only
+    while a dead letter's item is not found answered yet."""
+    unanswered = set(standing) - answers
+    for path in earlier:
+        if not unanswered:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            unanswered.difference_update(line_ids(path, whole_only=True, bad=bad))
+    return sum(1 for item_id in standing if item_id not in unanswered)
 
 
 def _last_tokens(path: Path, n: int) -> tuple[float, float] | None:

@@ -92,6 +92,10 @@ def format_items(doc: dict[str, Any]) -> str:
         lines.append(f"  by item, after the retry passes: {num(by_item['succeeded'])} succeeded, "
                      f"{counted(by_item['dead'], 'dead letter')} standing, success rate "
                      f"{pct(by_item['success_rate'], 2)}")
+        if answered := by_item.get("answered_dead"):  # absent from reports made before it
+            are = "is of an item" if answered == 1 else "are of items"
+            lines.append(f"  {counted(answered, 'dead letter')} {are} answered later (a result "
+                         "line too), so counted as answered, not standing")
     if missing := it.get("not_in_log"):  # a log was cut: right under the counts
         # Only the kinds there are: one of the two may be zero.
         kinds = [f"{num(missing['succeeded'])} more succeeded" if missing["succeeded"] else "",
