@@ -203,6 +203,10 @@ def show(key: str, value: object, blame: Blame) -> str:
     return ellipsize(repr(value), 60)
 
 
+_YAML11_WORDS = ("yes", "no", "on", "off")
+"""Words YAML 1.1 reads as booleans, and job files (YAML 1.2) as text."""
+
+
 def value_problem(key: str, value: object, blame: Blame, loc_rest: Sequence[object]) -> Problem:
     """'<subject> must be <what>, got <value>', with a hint for quoted numbers in YAML."""
     origin, subject = blame.subject(key)
@@ -216,7 +220,12 @@ def value_problem(key: str, value: object, blame: Blame, loc_rest: Sequence[obje
     if origin is not None and quoted_number and "a mapping" not in text:
         text += " (quoted, so YAML reads it as text; remove the quotes)"
     elif origin is not None and "string" in text and isinstance(value, bool):
-        text += " (YAML reads an unquoted yes, no, on or off as true or false; quote the value)"
+        text += " (YAML reads an unquoted true or false as a boolean; quote the value)"
+    elif (origin is not None and "true or false" in text and isinstance(value, str)
+          and value.lower() in _YAML11_WORDS):
+        # Read as text (YAML 1.2, `_jobfile`): a reader of YAML 1.1 took it for a boolean.
+        text += (" (a job file reads yes, no, on and off as text, as YAML 1.2 does; write true "
+                 "or false)")
     elif origin is not None and "string" in text and isinstance(value, int | float):
         text += " (YAML reads it as a number; quote the value)"
     return origin, text

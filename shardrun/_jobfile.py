@@ -11,6 +11,11 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
   (a "billion laughs") grows to billions of values once copied, validated and sent with every
   request: a file whose aliases add more than EXPANSION_LIMIT values is an error. `x-` entries
   are left out of the job (spec.py), so a block anchored there and used once adds nothing;
+- YAML 1.1 reads `yes`, `no`, `on` and `off` as booleans, so `model: no` was false and
+  `stop: [no]` sent `[false]`: as in YAML 1.2, only `true` and `false` are booleans and those
+  words are text, which a key that takes a number or a boolean refuses by name. Under `params`,
+  sent as JSON, which takes either reading, an unquoted one is an error asking for `true`/`false`
+  or the word in quotes;
 - `"\\ud83d\\ude00"` (a UTF-16 surrogate pair, as JSON escapes an emoji) is two lone surrogates,
   which no file or request body can carry: it is the character the pair stands for, and half
   a pair alone is an error at its line.
@@ -67,10 +72,44 @@ class _JobLoader(yaml.SafeLoader):
         return value
 
     def construct_document(self, node: yaml.Node) -> Any:
-        """Refuse a document its aliases would blow up before building anything of it."""
+        """Refuse a document its aliases would blow up before building anything of it, and
+        one whose `params` hold a word YAML 1.1 reads as a boolean (`_refuse_yaml11_words`)."""
         if _kept_size(node) - _distinct_size(node, set()) > EXPANSION_LIMIT:
             raise _AliasesExpandTooFar
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == "params":
+                    _refuse_yaml11_words(value, "params", set())
         return super().construct_document(node)
+
+
+_YAML11_ONLY_BOOL = re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$")
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
+    """A ConstructorError for an unquoted yes, no, on or off among the values under `node`
+    (`path`): `params` go to the server as JSON, which takes text and booleans alike, so
+    reading the word as text (YAML 1.2) where it was written for true (YAML 1.1, `logprobs:
+    yes`) would change every request without a word. Keys are text either way."""
+    if id(node) in seen:  # an alias: its anchor's values are checked once
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is None and node.tag == _STR_TAG and _YAML11_ONLY_BOOL.match(node.value):
+            word = node.value
+            truth = "true" if word.lower() in ("yes", "on") else "false"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{path} is an unquoted {word}, which YAML 1.1 reads as {truth} and "
+                f"YAML 1.2 as text: write {truth} for the boolean, or '{word}' in quotes for the "
+                "text", node.start_mark)
+    elif isinstance(node, yaml.SequenceNode):
+        for n, item in enumerate(node.value):
+            _refuse_yaml11_words(item, f"{path}[{n}]", seen)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            _refuse_yaml11_words(value, f"{path}.{name}", seen)
 
 
 def _kept_size(document: yaml.Node) -> int:
@@ -174,13 +213,16 @@ def _construct_int(loader: _JobLoader, node: yaml.ScalarNode) -> int:
 
 
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
 _JobLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 _JobLoader.add_constructor(_INT_TAG, _construct_int)
-_JobLoader.yaml_implicit_resolvers = {  # SafeLoader's, without YAML 1.1's numbers and dates
+_JobLoader.yaml_implicit_resolvers = {  # SafeLoader's, without YAML 1.1's numbers, dates, bools
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (
-        _INT_TAG, _FLOAT_TAG, "tag:yaml.org,2002:timestamp")]
+        _INT_TAG, _FLOAT_TAG, _BOOL_TAG, "tag:yaml.org,2002:timestamp")]
     for first, resolvers in _JobLoader.yaml_implicit_resolvers.items()
 }
+_JobLoader.add_implicit_resolver(  # YAML 1.2's booleans: yes, no, on and off are text
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _JobLoader.add_implicit_resolver(
     _INT_TAG,
     re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x_*[0-9a-fA-F][0-9a-fA-F_]*|0o_*[0-7][0-7_]*"

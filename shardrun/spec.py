@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 _MISSING = object()
-_BOOL_KEY_HINT = "YAML reads unquoted yes/no/on/off as true/false; quote the key"
+_BOOL_KEY_HINT = "YAML reads an unquoted true or false as a boolean; quote the key"
 
 
 @dataclass(frozen=True)

@@ -293,9 +293,9 @@ def test_wrong_type_names_key_and_file(jobs: Path) -> None:
         "jobs/x.yaml: endpoint.model must be a non-empty string, got ['a']"
     )
     # A model named like a YAML boolean or a number: the value YAML made of it, and the cure.
-    assert error_of(write(jobs, MINIMAL.replace("sim-small", "no"))) == (
-        "jobs/x.yaml: endpoint.model must be a non-empty string, got false (YAML reads an "
-        "unquoted yes, no, on or off as true or false; quote the value)"
+    assert error_of(write(jobs, MINIMAL.replace("sim-small", "true"))) == (
+        "jobs/x.yaml: endpoint.model must be a non-empty string, got true (YAML reads an "
+        "unquoted true or false as a boolean; quote the value)"
     )
     assert error_of(write(jobs, MINIMAL.replace("sim-small", "3.5"))) == (
         "jobs/x.yaml: endpoint.model must be a non-empty string, got 3.5 (YAML reads it as a "
@@ -305,6 +305,32 @@ def test_wrong_type_names_key_and_file(jobs: Path) -> None:
     assert error_of(write(jobs, text)) == (
         "jobs/x.yaml: endpoint.api must be 'chat', 'completions' or 'responses', got 'chats'"
     )
+
+
+def test_yes_no_on_and_off_are_text_as_in_yaml_1_2(jobs: Path) -> None:
+    """YAML 1.1 (PyYAML's) reads yes, no, on and off as booleans: `model: no` was an error and
+    `stop: [no]` sent [false]. Job files read them as text, as YAML 1.2 does; a key that takes
+    a number or a boolean refuses the text by name, and under params, which go to the server
+    as JSON either way, an unquoted one is an error asking for a boolean or quotes."""
+    job = load(write(jobs, MINIMAL.replace("sim-small", "no").replace(
+        "path: data.jsonl", "{path: data.jsonl, id_field: y, prompt_field: on}")
+        + "params: {stop: ['no', 'off'], logprobs: true, top_logprobs: 2}\n"))
+    assert job.spec.endpoint.model == "no"
+    assert (job.spec.input.id_field, job.spec.input.prompt_field) == ("y", "on")
+    assert job.spec.params == {"stop": ["no", "off"], "logprobs": True, "top_logprobs": 2}
+    assert error_of(write(jobs, MINIMAL + "params: {stop: [x, no]}\n")) == (
+        "jobs/x.yaml: YAML error at line 6, column 20: params.stop[1] is an unquoted no, which "
+        "YAML 1.1 reads as false and YAML 1.2 as text: write false for the boolean, or 'no' in "
+        "quotes for the text")
+    assert "params.logprobs is an unquoted On, which YAML 1.1 reads as true" in error_of(
+        write(jobs, MINIMAL + "params:\n  logprobs: On\n"))
+    assert error_of(write(jobs, MINIMAL + "shards: yes\n")) == (
+        "jobs/x.yaml: shards must be an integer from 1 to 1024, got 'yes'")
+    assert error_of(write(jobs, MINIMAL.replace("model:", "stream_usage: off\n  model:"))) == (
+        "jobs/x.yaml: endpoint.stream_usage must be true or false, got 'off' (a job file reads "
+        "yes, no, on and off as text, as YAML 1.2 does; write true or false)")
+    assert load(write(jobs, MINIMAL.replace("model:", "stream_usage: FALSE\n  model:"))
+                ).spec.endpoint.stream_usage is False
 
 
 def test_several_problems_in_one_sentence(jobs: Path) -> None:
@@ -1110,7 +1136,9 @@ def test_stream_usage_is_on_by_default_and_takes_only_true_or_false(jobs: Path) 
     assert job.effective()["endpoint.stream_usage"] == {"value": False, "source": "job file"}
     path = write(jobs, MINIMAL.replace("  model: sim-small\n",
                                        "  model: sim-small\n  stream_usage: 'no'\n"))
-    assert error_of(path) == f"{path}: endpoint.stream_usage must be true or false, got 'no'"
+    assert error_of(path) == (f"{path}: endpoint.stream_usage must be true or false, got 'no' "
+                              "(a job file reads yes, no, on and off as text, as YAML 1.2 does; "
+                              "write true or false)")
 
 
 def test_masked_url_keeps_everything_but_the_userinfo_and_path_parameters() -> None:
