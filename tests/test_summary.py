@@ -358,7 +358,9 @@ def test_a_dead_letter_of_an_answered_item_is_counted_as_answered_not_as_a_stop(
     retry = run_cli("retry-failed", "runs/r1", "--quiet", cwd=tmp_path)
     items = next(line for line in retry.stdout.splitlines() if line.startswith("  items "))
     assert "stopped" not in items, retry.stdout
-    assert items.endswith("; 1 of the dead letters set aside already answered (a result line "
+    # Whether a note on how far the pass read comes first depends on how far its reader ran
+    # ahead of the dispatcher before it found nothing to run: either way, this part ends it.
+    assert items.endswith("1 of the dead letters set aside already answered (a result line "
                           "for the item too), so not run)"), retry.stdout
     assert "to finish the run" not in retry.stdout
     # Nor is it an earlier failure that another retry pass would run: every item has a result.
