@@ -308,6 +308,8 @@ def _loaded(spec: JobSpec, path: Path, origin: str, sources: dict[str, str]) -> 
     job_dir = Path(os.path.abspath(path)).parent
     base = Path.cwd() if sources["input.path"].startswith("flag ") else job_dir
     named = base / Path(spec.input.path).expanduser()
+    if base == job_dir:
+        _refuse_cwd_relative(spec.input.path, named, job_dir, origin)
     try:
         input_path = named.resolve()
     except (RuntimeError, OSError):  # a loop of links: RuntimeError before Python 3.13
@@ -322,6 +324,21 @@ def _loaded(spec: JobSpec, path: Path, origin: str, sources: dict[str, str]) -> 
         warnings=tuple(_half_priced(spec, origin)),
         origin=origin,
     )
+
+
+def _refuse_cwd_relative(text: str, named: Path, job_dir: Path, origin: str) -> None:
+    """An InputError when a relative input.path names no file beside the job file but does name
+    one from the working directory: the path was written for where the command is typed, the
+    commonest slip with a job kept in a folder of its own; say how to write it instead."""
+    if Path(text).expanduser().is_absolute() or os.path.lexists(named):
+        return
+    meant = Path.cwd() / text
+    if meant.is_file():
+        rel = os.path.relpath(meant, job_dir)
+        raise InputError(f"{origin}: input.path {text!r} is read relative to the job file's "
+                         f"folder, where {named} does not exist; it names a file from the "
+                         f"current directory only, so write it as {rel!r} (or give the full "
+                         "path)")
 
 
 def _half_priced(spec: JobSpec, origin: str) -> list[str]:

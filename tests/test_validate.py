@@ -235,6 +235,25 @@ def test_plain_report_and_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert validate(str(path), "--show", "1")[1].count("  line ") == 1
 
 
+def test_input_path_written_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A job in a folder of its own whose input.path was written from where the command is
+    typed (`jobs/input.jsonl` for jobs/job.yaml) is refused saying how to write it, not only
+    that jobs/jobs/input.jsonl does not exist."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    make_job(folder, GOOD)
+    job = write_job(folder / "job.yaml", input={"path": "jobs/input.jsonl"})
+    monkeypatch.chdir(tmp_path)
+    assert validate("jobs/job.yaml")[0] == 2
+    err = capsys.readouterr().err
+    assert "input.path 'jobs/input.jsonl' is read relative to the job file's folder" in err
+    assert "write it as 'input.jsonl'" in err
+    job.write_text(job.read_text().replace("jobs/input.jsonl", "input.jsonl"))
+    assert validate("jobs/job.yaml")[0] == 0
+
+
 def test_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A bad job, flag or missing input is `error: ...` on stderr and exit 2."""
     path = make_job(tmp_path, GOOD)
