@@ -298,7 +298,9 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
         return latest
     path = runs_dir / ref
     if not (path / "manifest.json").is_file():
-        known = ", ".join(sorted(p.name for p in runs)[-5:]) or "none"
+        # By start, as `latest` orders them: a name given with --run-id says nothing of when.
+        newest = sorted(runs, key=lambda p: (_started(p), p.name))[-5:]
+        known = ", ".join(p.name for p in newest) or "none"
         raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})"
                         f"{elsewhere}")
     return path

@@ -656,6 +656,26 @@ def test_resume_latest_passes_over_a_manifest_that_is_no_object(tmp_path: Path) 
     assert find_run(runs, "latest") == runs / "good"
 
 
+def test_resume_of_an_unknown_run_lists_the_most_recently_started(tmp_path: Path) -> None:
+    """The error for a run id that is not there lists the five runs started last, in that
+    order: it listed the last five names in alphabetical order, so runs named with --run-id
+    (`zz-old`) hid the newest timestamped ones."""
+    from shardrun.errors import SpecError
+    from shardrun.resume import find_run
+
+    runs = tmp_path / "runs"
+    started = {"zz-old": "2025-12-31T00:00:00Z"}
+    started.update((f"2026010{day}T000000Z-aaaaaa", f"2026-01-0{day}T00:00:00Z")
+                   for day in range(1, 7))
+    for name, at in started.items():
+        (runs / name).mkdir(parents=True)
+        (runs / name / "manifest.json").write_text(f'{{"started_at": "{at}"}}')
+    names = list(started)
+    with pytest.raises(SpecError) as caught:
+        find_run(runs, "nope")
+    assert f"(recent runs: {', '.join(names[2:])})" in str(caught.value)
+
+
 def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_begun(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only a directory left by a first pass killed before its manifest is said to be one
