@@ -617,10 +617,20 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
         if b"\r" in raw.rstrip(b"\r\n") and _ends_record_at_cr(raw):  # lone CRs after LFs
             return Reject(line_no, f"not valid JSON ({exc.msg}); the line holds a lone CR (an "
                                    f"old Mac line ending?) that may join records: {LONE_CR_FIX}")
+        if raw.removeprefix(BOM).strip() == b"[":  # an indented JSON array's first line
+            return Reject(line_no, f"not valid JSON ({exc.msg}); {ARRAY_NOT_LINES}")
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
-        return Reject(line_no, f"expected a JSON object, got {json_kind(record)}")
+        # A whole JSON array of records on one line: the file is no JSON lines file at all.
+        whole = isinstance(record, list) and bool(record) and isinstance(record[0], dict)
+        note = f" of objects; {ARRAY_NOT_LINES}" if whole else ""
+        return Reject(line_no, f"expected a JSON object, got {json_kind(record)}{note}")
     return record
+
+
+ARRAY_NOT_LINES = ("the file looks like one JSON array, not JSON lines (an object per line): "
+                   "convert it (jq -c '.[]' in.json > in.jsonl) and name the new file in "
+                   "input.path")
 
 
 def line_item(record: dict[str, Any], raw: bytes, line_no: int,

@@ -93,6 +93,23 @@ def test_jsonl_prompt_items_ids_and_rejects(tmp_path: Path) -> None:
     ]
 
 
+def test_a_json_array_file_is_rejected_saying_it_is_no_json_lines(tmp_path: Path) -> None:
+    """A .json file holding one array of records, indented or on one line, is a common slip
+    for JSON lines: its first line's reject says so and how to convert it, where it said only
+    "not valid JSON (unexpected end of data)" or "got a list"; a list of other things does
+    not get the note."""
+    records = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}]
+    indented = tmp_path / "indented.json"
+    indented.write_text(json.dumps(records, indent=2) + "\n")
+    one_line = jsonl(tmp_path / "one.json", records, [1, 2])
+    hint = "the file looks like one JSON array, not JSON lines (an object per line): convert it"
+    first = read_all(indented, InputPlan())[0]
+    assert isinstance(first, Reject) and first.line == 1 and hint in first.reason
+    got = read_all(one_line, InputPlan())
+    assert [(r.line, hint in r.reason) for r in got if isinstance(r, Reject)] == [
+        (1, True), (2, False)]
+
+
 def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     """Bytes that are not UTF-8 (a Latin-1 file, a stray binary byte) are named with their
     column, not as orjson's "surrogates not allowed"."""
