@@ -1744,6 +1744,24 @@ def test_report_counts_items_as_well_as_spans_after_a_retry_pass(tmp_path: Path)
             "standing") in text
 
 
+def test_report_does_not_advise_retry_failed_once_a_retry_pass_answered_every_item(
+        tmp_path: Path) -> None:
+    """The triage's dead-letter finding counts spans, so it stays after a retry pass answered
+    every dead letter; it said to run `retry-failed` all the same. It now gives the dead
+    letters standing (none) and says nothing is left to do."""
+    _, path = failed_half(tmp_path, 20)
+    write_job(tmp_path / "fixed.yaml", retry={"max_attempts": 1})  # a healthy simulator
+    again = run_cli("retry-failed", str(path), "--job", "fixed.yaml", "--quiet", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    proc = run_cli("report", str(path), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["items"]["by_item"]["dead"] == 0
+    found = {f["id"]: f for f in doc["triage"]["findings"]}["dead_letters"]
+    assert found["evidence"]["standing"] == 0
+    assert "retry-failed" not in found["control"], found["control"]
+
+
 def test_report_of_a_retried_run_with_a_line_that_is_no_record_still_reports(
         tmp_path: Path) -> None:
     """A line that is no record in a retry pass's results (edited or damaged): `report` still

@@ -209,6 +209,18 @@ def rate_share_of_slots(doc: dict[str, Any]) -> float | None:
     return round(min(1.0, waited / slots), 4) if slots else None
 
 
+def settle_dead_letters(triage: dict[str, Any], standing: int) -> None:
+    """Give the dead-letter finding the dead letters that still stand once a retry pass has run
+    some again (`items.by_item.dead`): the finding counts spans, and told a run whose retry pass
+    answered every one to run `retry-failed`, which it had just done."""
+    for finding in triage["findings"]:
+        if finding["id"] == "dead_letters":
+            finding["evidence"]["standing"] = standing
+            if not standing:
+                finding["control"] = ("nothing: a retry pass has answered every one of them "
+                                      "since; the reasons say what failed before it")
+
+
 def _finding(fid: str, title: str, evidence: dict[str, Any], meaning: str,
              control: str) -> dict[str, Any]:
     return {"id": fid, "present": True, "title": title, "evidence": evidence,

@@ -21,6 +21,7 @@ from shardrun.aggregate import (
     ratio,
     recorded_passes,
 )
+from shardrun.aggregate._triage import settle_dead_letters
 from shardrun.errors import RunDirError
 from shardrun.manifest import changed_results
 from shardrun.report._html import HtmlExtraMissing, write_html
@@ -106,6 +107,7 @@ def load_report(run_dir: Path, *, trace: bool = False,
         doc["items"]["by_item"] = {"succeeded": ok, "dead": dead,
                                    "answered_dead": standing.answered,
                                    "success_rate": ratio(ok, ok + dead)}
+        settle_dead_letters(doc["triage"], dead)
         if standing.bad:
             more = f" (and {len(standing.bad) - 1:,} more)" if len(standing.bad) > 1 else ""
             doc["notes"].append(
