@@ -67,6 +67,10 @@ def check_columns(path: Path, have: Sequence[str], need: Sequence[str], what: st
     """InputError naming the first needed column the header or schema lacks or repeats."""
     for name in need:
         if name not in have:
+            if what == "CSV header" and len(have) == 1 and (sep := _other_separator(have[0], name)):
+                raise InputError(f"{path}: the CSV header is one column, {have[0]!r}: the "
+                                 f"file separates its columns with {sep!r}, but a CSV input "
+                                 "must separate them with commas; save it comma-separated")
             shown = ", ".join(have[:20]) + (", ..." if len(have) > 20 else "")
             # As a JSON line's missing field is (`inputs._near`): the closest name, when one
             # is close, is named even past the first 20 shown.
@@ -75,6 +79,12 @@ def check_columns(path: Path, have: Sequence[str], need: Sequence[str], what: st
             raise InputError(f"{path}: the {what} has no column '{name}'{near}; it has: {shown}")
         if list(have).count(name) > 1:
             raise InputError(f"{path}: the {what} names column '{name}' more than once")
+
+
+def _other_separator(header: str, name: str) -> str | None:
+    """The separator other than a comma (`;`, a tab, `|`) that splits a one-column header into
+    columns among which `name` is, if one does: the file was written with it."""
+    return next((sep for sep in (";", "\t", "|") if name in header.split(sep)), None)
 
 
 class CsvRows:

@@ -963,6 +963,22 @@ def test_csv_header_without_needed_column_fails_at_open(tmp_path: Path) -> None:
         InputReader(tmp_path / "empty.csv", InputPlan(format="csv"))
 
 
+@pytest.mark.parametrize("sep", [";", "\t", "|"])
+def test_a_csv_separated_otherwise_than_by_commas_says_so(tmp_path: Path, sep: str) -> None:
+    """A CSV saved with semicolons (a spreadsheet in many locales), tabs or bars has a header of
+    one column: the error names the separator, where it asked whether that whole header was the
+    column meant."""
+    path = tmp_path / "in.csv"
+    path.write_text(f"id{sep}prompt\n1{sep}a\n")
+    with pytest.raises(InputError) as caught:
+        InputReader(path, InputPlan(format="csv"))
+    assert f"the file separates its columns with {sep!r}, but a CSV input must separate them " \
+           "with commas" in str(caught.value)
+    path.write_text("id;text\n1;a\n")  # no needed column among the parts: the usual error
+    with pytest.raises(InputError, match="the CSV header has no column 'prompt'; it has: id;t"):
+        InputReader(path, InputPlan(format="csv"))
+
+
 def test_an_id_column_the_job_names_must_be_in_the_header(tmp_path: Path) -> None:
     """`id_field: qid` on a table without that column would hash every row's id (a typo's
     doing): it fails at open. The default `id` may be absent (ids are hashed, as documented),
