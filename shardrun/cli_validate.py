@@ -102,10 +102,13 @@ def _validate(args: argparse.Namespace, console: Console) -> int:
     finally:
         ticker.close()
     if check.rejects and not check.items:
-        first = (f", the first (line {check.first_rejects[0].line}) because "
+        one = check.rejects == 1  # not "all 1 were rejected, the first"
+        every, which = ("its only line was", "") if one else (
+            f"all {check.rejects:,} were", ", the first")
+        first = (f"{which} (line {check.first_rejects[0].line}) because "
                  f"{check.first_rejects[0].reason}" if check.first_rejects else "")
-        raise InputError(f"no line of {job.input_path} is an item: all {check.rejects:,} were "
-                         f"rejected{first}; check the input section of the job file")
+        raise InputError(f"no line of {job.input_path} is an item: {every} rejected{first}; "
+                         "check the input section of the job file")
     if not check.items:  # as the run's summary asks: an empty file is rarely the one meant
         raise InputError(f"{job.input_path} holds no records, so a run of it would send "
                          "nothing; check input.path in the job file")

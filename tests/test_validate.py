@@ -282,6 +282,10 @@ def test_an_input_of_which_no_line_is_an_item_is_an_error(
     assert capsys.readouterr().err == (
         f"error: no line of {tmp_path / 'input.jsonl'} is an item: all 2 were rejected; check "
         "the input section of the job file\n")
+    one = make_job(tmp_path, GOOD[:1], input={"path": "input.jsonl", "prompt_field": "promt"})
+    assert validate(str(one))[0] == 2  # not "all 1 were rejected"
+    assert "is an item: its only line was rejected (line 1) because prompt field" in (
+        capsys.readouterr().err)
     # No line at all, or blank lines only: no line is an item either, not a valid job.
     for lines in ([], [b"", b"  "]):
         assert validate(str(make_job(tmp_path, lines)))[0] == 2
