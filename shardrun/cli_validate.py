@@ -139,8 +139,14 @@ def run_ping(
 def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
     spec = job.spec.input
     per_item = check.prompt_tokens_estimate / check.items if check.items else 0.0
+    # Not a warning for the default field (no ids is a documented way to run), but said: a
+    # file whose ids are under another key (`uid`) would otherwise pass without a word.
+    # Another field named and absent is warned of below (`id_warning`).
+    hashed = (" (no record has 'id': ids are derived from content)" if spec.id_field == "id"
+              and check.items and not check.named_ids and spec.format != "openai-batch"
+              else "")  # fmt: skip
     lines = [
-        f"input: {job.input_path} ({spec.format}): {counted(check.items, 'item')}, "
+        f"input: {job.input_path} ({spec.format}): {counted(check.items, 'item')}{hashed}, "
         f"{counted(check.rejects, 'rejected line')}",
         f"prompt tokens: ~{check.prompt_tokens_estimate:,} (~{per_item:,.1f} per item), "
         "estimated as characters / 4, not by a tokenizer",

@@ -134,11 +134,16 @@ def test_an_id_field_no_record_has_is_warned(tmp_path: Path) -> None:
     code, text = validate(str(path))
     assert code == 0 and ("warning: no record has input.id_field 'uid': every item's id is "
                           "derived from its content") in text
+    assert "ids are derived from content" not in text  # warned: not said twice
     named = make_job(tmp_path, [*GOOD, b'{"uid": 1, "prompt": "x"}'],
                      input={"path": "input.jsonl", "id_field": "uid"})
     assert "warning: no record" not in validate(str(named))[1]
-    no_ids = make_job(tmp_path, [b'{"prompt": "a"}', b'{"prompt": "b"}'])
-    assert "warning: no record" not in validate(str(no_ids))[1]
+    no_ids = make_job(tmp_path, [b'{"uid": "a", "prompt": "a"}', b'{"prompt": "b"}'])
+    text = validate(str(no_ids))[1]
+    assert "warning: no record" not in text
+    # Said, not warned: ids under another key than the default `id` passed without a word.
+    assert "2 items (no record has 'id': ids are derived from content), 0 rejected" in text
+    assert "derived from content" not in validate(str(make_job(tmp_path, GOOD)))[1]
 
 
 def test_a_repeated_record_without_an_id_says_to_give_ids(tmp_path: Path) -> None:
