@@ -238,8 +238,17 @@ _JobLoader.add_implicit_resolver(
 )
 
 
+INPUT_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")
+"""Names of input files, which a job file never has."""
+
+
 def read_job_file(path: Path, origin: str) -> dict[Any, Any]:
     """Parse the job file at `path`; every failure is a SpecError naming `origin` (as given)."""
+    if path.suffix.lower() in INPUT_SUFFIXES and path.is_file():
+        # The data given where the job goes (`shardrun prompts.jsonl`): as YAML, it read as a
+        # YAML error at line 2, or a one-line record as a job of unknown keys.
+        raise SpecError(f"{origin} is an input file ({path.suffix}), not a job file: give the "
+                        "job file (YAML) whose input.path names it")
     text = _read_text(path, origin)
     try:
         data = yaml.load(text, Loader=_JobLoader)  # a SafeLoader subclass: no object tags

@@ -421,6 +421,17 @@ def test_a_character_yaml_refuses_is_one_line_at_its_place(jobs: Path) -> None:
         "YAML (is this a job file?)")
 
 
+@pytest.mark.parametrize("name", ["prompts.jsonl", "one.jsonl", "q.csv"])
+def test_an_input_file_given_for_the_job_says_so(jobs: Path, name: str) -> None:
+    """`shardrun prompts.jsonl`, the data where the job goes: it was a YAML error at line 2, or
+    a job of unknown keys `id` and `prompt` for a one-line file; it says what was given."""
+    text = {"prompts.jsonl": '{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n',
+            "one.jsonl": '{"id": "a", "prompt": "x"}\n', "q.csv": "id,prompt\n1,x\n"}[name]
+    path = write(jobs, text, name)
+    assert error_of(path) == (f"{path} is an input file ({path.suffix}), not a job file: give "
+                              "the job file (YAML) whose input.path names it")
+
+
 def test_a_non_breaking_space_is_named(jobs: Path) -> None:
     """`shards:\u00a02` pasted from a web page: the colon is followed by no space YAML knows,
     and 'could not find expected :' alone sends the user looking for a colon that is there."""
