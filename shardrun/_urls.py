@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.IGNORECASE)
@@ -46,6 +47,19 @@ def masked_setting(key: str, value: object) -> object:
     if key == "endpoint.sim" and isinstance(value, dict) and value.get("auth_required"):
         return value | {"auth_required": "***"}  # the key its requests carry
     return value
+
+
+def credentials_advice(key_env: str | None, base_url: str, headers: Iterable[str]) -> str:
+    """What to set when the endpoint refuses the credentials (a run's stop, validate's ping):
+    the key's variable by name (`key_env`, when a key is sent); or, when the job sends no
+    credentials at all (no key, no password in the URL, no header that could carry one), that
+    it sends none."""
+    if key_env is not None:
+        return f"set the right key in {key_env} (the variable endpoint.api_key_env names)"
+    if urlsplit(base_url).password is None and not any(map(SECRET_HEADER.search, headers)):
+        return "the job sends no key: name the variable that holds one in endpoint.api_key_env"
+    return ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
+            "the password in endpoint.base_url or the header in endpoint.headers that carry one")
 
 
 SECRET_QUERY = re.compile(r"auth|key|token|secret|password|sig|code", re.IGNORECASE)

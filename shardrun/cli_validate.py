@@ -164,8 +164,9 @@ def _input_lines(job: LoadedJob, check: InputCheck) -> list[str]:
     return lines
 
 
-def _ping_lines(result: PingResult) -> list[str]:
+def _ping_lines(result: PingResult, job: LoadedJob) -> list[str]:
     from shardrun._chunks import clip  # imported by the ping already
+    from shardrun._urls import credentials_advice
     from shardrun.client import refused_stream_options
 
     ttft = "-" if result.ttft_s is None else f"{result.ttft_s:.3f} s"
@@ -181,6 +182,10 @@ def _ping_lines(result: PingResult) -> list[str]:
             lines.append("  hint: a 404 means a wrong path, API or model: OpenAI-compatible "
                          "servers serve under /v1; check endpoint.base_url, endpoint.api and "
                          "endpoint.model")
+        elif result.http_status == 401:  # as a run that stops for it says
+            endpoint = job.spec.endpoint
+            lines.append("  hint: the endpoint refused the credentials: " + credentials_advice(
+                endpoint.api_key_env, endpoint.base_url, endpoint.headers))
         elif result.not_an_answer:
             lines.append("  hint: that is no OpenAI-compatible answer (a login page, a proxy's "
                          "notice or a web app?): check endpoint.base_url, which for "
@@ -212,7 +217,7 @@ def format_report(job: LoadedJob, check: InputCheck, result: PingResult | None) 
     lines.append("configuration (value, and where it came from):")
     lines.extend(f"  {k:<{width}}  {ellipsize(v, VALUE_MAX):<{vwidth}}  {s}" for k, v, s in rows)
     if result is not None:
-        lines.extend(_ping_lines(result))
+        lines.extend(_ping_lines(result, job))
     return "\n".join(lines)
 
 
@@ -237,5 +242,5 @@ def print_report(
                       style="dim" if source == "default" else None)
     console.print(table)
     if result is not None:
-        for line in _ping_lines(result):
+        for line in _ping_lines(result, job):
             console.print(line, markup=False)

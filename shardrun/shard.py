@@ -20,11 +20,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip, masked
-from shardrun._urls import SECRET_HEADER, masked_url
+from shardrun._urls import credentials_advice, masked_url
 from shardrun.client import (
     AttemptCancelled,
     AttemptOutcome,
@@ -1410,17 +1409,9 @@ class Shard:
 
 
 def credentials_fix(cfg: ShardConfig) -> str:
-    """What to set when the endpoint refuses the credentials: the key's variable, by name; or,
-    when the job sends no credentials at all (no key, no password in the URL, no header that
-    could carry one), that it sends none."""
-    name = cfg.api_key_env
-    if cfg.api_key is not None and name is not None:
-        return f"set the right key in {name} (the variable endpoint.api_key_env names)"
-    if urlsplit(cfg.base_url).password is None and not any(
-            map(SECRET_HEADER.search, cfg.headers)):
-        return "the job sends no key: name the variable that holds one in endpoint.api_key_env"
-    return ("set the right credentials: the key in the variable endpoint.api_key_env names, or "
-            "the password in endpoint.base_url or the header in endpoint.headers that carry one")
+    """`credentials_advice` for the shard's job: the key's variable counts once a key is set."""
+    return credentials_advice(cfg.api_key_env if cfg.api_key is not None else None,
+                              cfg.base_url, cfg.headers)
 
 
 async def run_shard(cfg: ShardConfig, receive: Receive, send: Send) -> Counters:

@@ -461,6 +461,23 @@ def test_ping_to_a_base_url_without_v1_exits_1_with_a_hint(tmp_path: Path) -> No
            " /v1; check endpoint.base_url, endpoint.api and endpoint.model" in text
 
 
+def test_ping_refused_credentials_names_the_key_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 to the ping gets the advice a run that stops for it prints: the variable to set,
+    or that the job sends no key at all, where it showed the server's error alone."""
+    sim = {**FAST_SIM, "auth_required": "sk-right"}
+    monkeypatch.setenv("MY_KEY", "sk-wrong")
+    for key_env, says in (("MY_KEY", "set the right key in MY_KEY (the variable "
+                                     "endpoint.api_key_env names)"),
+                          (None, "the job sends no key: name the variable that holds one in "
+                                 "endpoint.api_key_env")):
+        endpoint = {"base_url": "sim://", "model": "m", "sim": sim,
+                    **({"api_key_env": key_env} if key_env else {})}
+        code, text = validate(str(make_job(tmp_path, GOOD, endpoint=endpoint)), "--ping")
+        assert code == 1 and "(HTTP 401)" in text, text
+        assert f"  hint: the endpoint refused the credentials: {says}" in text
+
+
 def test_ping_to_a_web_page_exits_1_with_a_hint(tmp_path: Path) -> None:
     """A base_url that answers with an HTML page: the ping says what came back and what to
     check."""
