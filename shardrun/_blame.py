@@ -243,6 +243,10 @@ def unknown_key_problem(origin: str, key: str, candidates: Sequence[str]) -> Pro
 
     A key inside a section is matched against that section's keys only (`rate_limits.foo` is
     not close to `rate_limits`); with no close one, a small section lists what it takes."""
+    if key == "endpoint.api_key":  # the key itself, pasted where only its variable is read
+        return origin, (f"unknown key '{key}' (a job file holds no key: put it in an "
+                        "environment variable and name that variable in endpoint.api_key_env, "
+                        "as api_key_env: OPENAI_API_KEY)")
     parent, _, leaf = key.rpartition(".")
     siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
     by_leaf = {c.rpartition(".")[2]: c for c in siblings}

@@ -421,6 +421,18 @@ def test_a_character_yaml_refuses_is_one_line_at_its_place(jobs: Path) -> None:
         "YAML (is this a job file?)")
 
 
+def test_a_key_written_in_the_job_says_where_a_key_goes(jobs: Path) -> None:
+    """`endpoint.api_key: sk-...` was met with "did you mean 'endpoint.api_key_env'?", and the
+    key moved there was then refused as no variable's name: it says where the key goes, and
+    the key itself is not shown."""
+    path = write(jobs, MINIMAL.replace("  model: sim-small\n",
+                                       "  model: sim-small\n  api_key: sk-secret123\n"))
+    said = error_of(path)
+    assert said == (f"{path}: unknown key 'endpoint.api_key' (a job file holds no key: put it in "
+                    "an environment variable and name that variable in endpoint.api_key_env, "
+                    "as api_key_env: OPENAI_API_KEY)")
+
+
 @pytest.mark.parametrize("name", ["prompts.jsonl", "one.jsonl", "q.csv"])
 def test_an_input_file_given_for_the_job_says_so(jobs: Path, name: str) -> None:
     """`shardrun prompts.jsonl`, the data where the job goes: it was a YAML error at line 2, or
