@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "and dead/ hold no other file; a run whose pass is still at work is "
                     "refused. Given a sample file: re-read the raw event files, check every "
                     "SHA-256 and recompute the figure. Exit 0 when everything matches, 1 with "
-                    "what differs otherwise, 2 for a path that is neither or a run still "
-                    "running.",
+                    "what differs otherwise, 2 for a path that is neither, a run still "
+                    "running, or a sample whose run is not found (--run-dir names it).",
     )  # fmt: skip
     verify.add_argument("path", type=path, metavar="RUN_DIR|SAMPLE.json",
                         help="a run directory, or a sample file `publish` wrote")

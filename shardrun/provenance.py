@@ -77,6 +77,13 @@ class NotASample(VerifyError):
     exit_code = 2
 
 
+class RunUnknown(VerifyError):
+    """A sample outside its run's samples/ and no --run-dir: no verdict on it, a usage error
+    (exit 2) as a file that is no sample is, not one that differs (exit 1)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class Figure:
     """What the events say about one minute."""
@@ -433,7 +440,8 @@ def find_run_dir(sample_path: Path, run_dir: Path | None) -> Path:
     parent = sample_path.resolve().parent
     if parent.name == "samples" and (parent.parent / "manifest.json").exists():
         return parent.parent
-    raise VerifyError(f"cannot tell which run {sample_path} belongs to: pass --run-dir")
+    raise RunUnknown(f"cannot tell which run {sample_path} belongs to (it is not in a run's "
+                     "samples/): name the run with --run-dir RUN_DIR")
 
 
 def verify(sample_path: Path, run_dir: Path | None = None, workers: int | None = None) -> str:

@@ -575,7 +575,7 @@ def test_unreadable_samples(published: tuple[Path, Path], tmp_path: Path) -> Non
         verify(bad, tmp_path)
     stray = tmp_path / "stray.json"
     shutil.copy(published[1], stray)
-    with pytest.raises(VerifyError, match="pass --run-dir"):
+    with pytest.raises(VerifyError, match="name the run with --run-dir"):
         verify(stray)
     # Edited by hand: a file without its SHA-256, or no list of files at all.
     run_dir, sample = published
@@ -630,6 +630,12 @@ def test_publish_writes_where_asked_and_prints_it(tmp_path: Path,
     assert orjson.loads(captured.out) == orjson.loads(out.read_bytes())
     assert captured.err.strip() == f"wrote {out}"
     assert main(["verify", str(out), "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    # Without --run-dir it cannot be checked at all: a usage error, not "differs" (exit 1).
+    assert main(["verify", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: cannot tell which run {out} belongs to (it is "
+                                       "not in a run's samples/): name the run with --run-dir "
+                                       "RUN_DIR\n")
 
 
 def test_publish_writes_no_file_among_the_runs_own(tmp_path: Path,
