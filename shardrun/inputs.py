@@ -622,8 +622,12 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
         return Reject(line_no, f"not valid JSON ({exc.msg})")
     if not isinstance(record, dict):
         # A whole JSON array of records on one line: the file is no JSON lines file at all.
+        # Unless its objects are a chat's messages (a conversation a line): splitting those
+        # into lines, as ARRAY_NOT_LINES says, would make each message an item.
         whole = isinstance(record, list) and bool(record) and isinstance(record[0], dict)
-        note = f" of objects; {ARRAY_NOT_LINES}" if whole else ""
+        chat = whole and all(isinstance(m, dict) and "role" in m for m in record)
+        note = f" of messages; {MESSAGES_NOT_RECORD}" if chat else (
+            f" of objects; {ARRAY_NOT_LINES}" if whole else "")
         return Reject(line_no, f"expected a JSON object, got {json_kind(record)}{note}")
     return record
 
@@ -631,6 +635,10 @@ def decode_line(raw: bytes, line_no: int) -> dict[str, Any] | Reject:
 ARRAY_NOT_LINES = ("the file looks like one JSON array, not JSON lines (an object per line): "
                    "convert it (jq -c '.[]' in.json > in.jsonl) and name the new file in "
                    "input.path")
+
+MESSAGES_NOT_RECORD = ("a line must hold an object: put each line's list under a key "
+                       "(jq -c '{messages: .}' in.jsonl > out.jsonl) and name that key in "
+                       "input.messages_field")
 
 
 def line_item(record: dict[str, Any], raw: bytes, line_no: int,

@@ -110,6 +110,20 @@ def test_a_json_array_file_is_rejected_saying_it_is_no_json_lines(tmp_path: Path
         (1, True), (2, False)]
 
 
+def test_a_json_lines_file_of_message_lists_is_not_told_to_split_them(tmp_path: Path) -> None:
+    """A conversation a line, each a bare list of messages, is valid JSON lines whose records
+    are not objects: its reject says to put each list under a key for input.messages_field,
+    not that the file is one JSON array to split with jq -c '.[]', which would make every
+    message an item."""
+    chats = [[{"role": "user", "content": "hi"}],
+             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "yo"}]]
+    got = read_all(jsonl(tmp_path / "chats.jsonl", *chats), InputPlan())
+    assert [r.reason for r in got if isinstance(r, Reject)] == [
+        "expected a JSON object, got a list of messages; a line must hold an object: put each "
+        "line's list under a key (jq -c '{messages: .}' in.jsonl > out.jsonl) and name that "
+        "key in input.messages_field"] * 2
+
+
 def test_a_json_line_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     """Bytes that are not UTF-8 (a Latin-1 file, a stray binary byte) are named with their
     column, not as orjson's "surrogates not allowed"."""
