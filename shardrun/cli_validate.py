@@ -182,7 +182,7 @@ def _ping_lines(result: PingResult, job: LoadedJob) -> list[str]:
             lines.append("  hint: a 404 means a wrong path, API or model: OpenAI-compatible "
                          "servers serve under /v1; check endpoint.base_url, endpoint.api and "
                          "endpoint.model")
-        elif result.http_status == 401:  # as a run that stops for it says
+        elif result.http_status in (401, 403):  # a run that stops for either says so
             endpoint = job.spec.endpoint
             lines.append("  hint: the endpoint refused the credentials: " + credentials_advice(
                 endpoint.api_key_env, endpoint.base_url, endpoint.headers))

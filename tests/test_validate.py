@@ -478,6 +478,31 @@ def test_ping_refused_credentials_names_the_key_variable(
         assert f"  hint: the endpoint refused the credentials: {says}" in text
 
 
+def test_ping_refused_with_403_names_the_key_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 403 to the ping (a key without access) gets the same advice as a 401: a run stops
+    for a 403 before any success with that advice, so validate must not leave it out."""
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "no access"}}, status=403)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    monkeypatch.setenv("MY_KEY", "sk-some")
+    job = load_job(make_job(tmp_path, GOOD, endpoint={"base_url": "http://127.0.0.1:9/v1",
+                                                      "model": "m", "api_key_env": "MY_KEY"}),
+                   env={}, flags={})
+
+    async def one_ping() -> PingResult:
+        async with TestServer(app, host="127.0.0.1", port=0) as server:
+            return await ping(job, str(server.make_url("/v1")), "sk-some", None)
+
+    result = asyncio.run(one_ping())
+    assert result.http_status == 403 and not result.ok
+    text = cli_validate.format_report(job, check_input(job), result)
+    assert ("  hint: the endpoint refused the credentials: set the right key in MY_KEY (the "
+            "variable endpoint.api_key_env names)") in text, text
+
+
 def test_ping_to_a_web_page_exits_1_with_a_hint(tmp_path: Path) -> None:
     """A base_url that answers with an HTML page: the ping says what came back and what to
     check."""
