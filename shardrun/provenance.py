@@ -53,6 +53,10 @@ from shardrun.report._scan import FileScan
 SAMPLE_SCHEMA = "shardrun.sample/1"
 METHOD = "completion_tokens_by_last_token_minute"
 FIGURE_FIELDS = ("completion_tokens", "spans", "partial", "lines_counted", "lines_sha256")
+ESTIMATED_FIELDS = ("estimated_spans", "estimated_completion_tokens")
+"""Of the figure's spans and tokens, those whose token count the client made (the server sent
+no usage: `usage_estimated` on the counted `attempt_end` lines, which the hashes cover).
+Checked when the sample has them: samples published before them lack them."""
 SHARD_FIELDS = ("shard", "file", "completion_tokens", "spans", "lines", "lines_sha256")
 SAMPLE_SETTINGS = (*PASS_SETTINGS, "endpoint.model", "endpoint.api")
 """The settings a sample states for each pass its minute came from, by their manifest key."""
@@ -91,6 +95,8 @@ class Figure:
     minute: int
     partial: bool
     per_shard: list[dict[str, Any]]
+    estimated_spans: int = 0
+    estimated_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         top = hashlib.sha256()
@@ -102,8 +108,19 @@ class Figure:
             "completion_tokens": sum(s["completion_tokens"] for s in self.per_shard),
             "spans": sum(s["spans"] for s in self.per_shard),
             "lines_counted": sum(s["lines"] for s in self.per_shard),
-            "lines_sha256": top.hexdigest(), "per_shard": self.per_shard,
+            "lines_sha256": top.hexdigest(),
+            "estimated_spans": self.estimated_spans,
+            "estimated_completion_tokens": self.estimated_tokens, "per_shard": self.per_shard,
         }  # fmt: skip
+
+    def estimated_text(self) -> str | None:
+        """That some of the figure's token counts are the client's, or None."""
+        if not self.estimated_spans:
+            return None
+        spans = sum(s["spans"] for s in self.per_shard)
+        return (f"the token counts of {self.estimated_spans:,} of its {counted(spans, 'span')} "
+                f"({self.estimated_tokens:,} tokens) are estimated (the server sent no usage): "
+                "its TPM is an estimate")
 
 
 def unproven(loaded: LoadedRun, minute: int) -> str | None:
@@ -163,8 +180,12 @@ def figure(loaded: LoadedRun, minute: int) -> Figure:
     """Recompute one minute's figure from folded shards."""
     empty_sha = hashlib.sha256().hexdigest()
     per_shard = []
+    est_spans = est_tokens = 0
     for s, scan in zip(loaded.shards, loaded.shard_scans, strict=True):
         cell = s.minutes.get(minute)
+        if cell:
+            est_spans += cell.estimated_spans
+            est_tokens += cell.estimated_tokens
         per_shard.append({
             "shard": s.name, "file": scan.path,
             "completion_tokens": cell.tokens if cell else 0, "spans": cell.spans if cell else 0,
@@ -172,7 +193,7 @@ def figure(loaded: LoadedRun, minute: int) -> Figure:
             "lines_sha256": cell.lines_sha256 if cell and cell.lines_sha256 else empty_sha,
         })  # fmt: skip
     spans = windows(loaded.coordinators, loaded.shards)
-    return Figure(minute, not is_full(minute, spans), per_shard)
+    return Figure(minute, not is_full(minute, spans), per_shard, est_spans, est_tokens)
 
 
 def _segment(shard: object) -> int:
@@ -248,6 +269,8 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     if warnings is not None and (tail := unproven(loaded, m)) is not None:
         warnings.append(f"minute {minute_label(m)}: {tail}")
     fig = figure(loaded, m)
+    if warnings is not None and (estimated := fig.estimated_text()) is not None:
+        warnings.append(f"minute {minute_label(m)}: {estimated}")
     sample = {
         "schema": SAMPLE_SCHEMA, "run_id": loaded.manifest.get("run_id"),
         **fig.as_dict(),
@@ -472,6 +495,8 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
         raise VerifyError(problem)
     fig = figure(loaded, _sample_minute(sample))
     _check_figure(sample, fig.as_dict())
+    # Said whether or not the sample says it (one published before the fields lacks them).
+    estimated = fig.estimated_text()
     if "passes" in sample:  # samples of earlier versions have none
         _check_passes(sample, minute_passes(loaded, fig))
     size = sum(f["bytes"] for f in sample["files"])
@@ -482,6 +507,7 @@ def _verify(sample_path: Path, run_dir: Path | None, workers: int | None) -> str
             f"{counted(sample['spans'], 'span')} on {_shards_text(sample)}; "
             f"{counted(len(sample['files']), 'event file')} ({size:,} bytes) match their "
             "SHA-256; the figure and its counted lines recompute"
+            + ("" if estimated is None else f"; {estimated}")
             + ("" if tail is None else f"; but {tail}"))
 
 
@@ -669,7 +695,8 @@ def _same(given: Any, found: Any) -> bool:
 
 def _check_figure(sample: dict[str, Any], fresh: dict[str, Any]) -> None:
     at = f"minute {fresh['minute']}: "
-    for key in (*FIGURE_FIELDS, *(["minute_start_t"] if "minute_start_t" in sample else [])):
+    optional = [k for k in ("minute_start_t", *ESTIMATED_FIELDS) if k in sample]
+    for key in (*FIGURE_FIELDS, *optional):
         if not _same(sample[key], fresh[key]):
             raise VerifyError(f"{at}{key}: the sample says {sample[key]!r} but the events give "
                               f"{fresh[key]!r}")

@@ -87,7 +87,8 @@ class FastShardFold:
                      "abandoned", "lost_at_restart", "other_outcomes", "ok_without_attempt",
                      "ok_incomplete", "attempts", "first_attempts", "by_status", "retries",
                      "retry_minutes", "dead_reasons", "wasted_tokens", "prompt_tokens",
-                     "cached_tokens", "reasoning_tokens", "completion_tokens", "new_conns",
+                     "cached_tokens", "reasoning_tokens", "completion_tokens", "estimated_ok",
+                     "estimated_tokens", "new_conns",
                      "reused_conns", "resent",
                      "rate_waits", "rate_wait_first_s", "rate_wait_retry_s", "backlog_s",
                      "gap_s", "busy_slot_s", "cap_slot_s", "sending_slot_s", "idle_s"):

@@ -51,7 +51,7 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, K_RESENT, N_KEYS
+    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, N_KEYS
 };
 
 
@@ -101,6 +101,9 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "prompt_tokens", 13) == 0) return K_PROMPT_TOKENS;
         if (memcmp(p, "cached_tokens", 13) == 0) return K_CACHED;
         if (memcmp(p, "first_token_t", 13) == 0) return K_FIRST_TOKEN_T;
+        return -1;
+    case 15:
+        if (memcmp(p, "usage_estimated", 15) == 0) return K_USAGE_ESTIMATED;
         return -1;
     case 16:
         if (memcmp(p, "reasoning_tokens", 16) == 0) return K_REASONING;
@@ -480,6 +483,7 @@ typedef struct {
 typedef struct {
     double q, a, s, c, f;
     unsigned char has_q, has_a, has_s, has_c, has_f, has_e, has_pc, e_has_pt, e_has_last;
+    unsigned char e_estimated; /* `usage_estimated` is true: the client counted the tokens */
     long long pc;
     /* the ok attempt_end: t, completion tokens, prompt tokens, itl_hist, last_token_t, line */
     double e_t, e_last;
@@ -489,7 +493,7 @@ typedef struct {
 } Span;
 
 typedef struct {
-    long long minute, tokens, spans, lines;
+    long long minute, tokens, spans, lines, est_spans, est_tokens;
     PyObject *sha;    /* hashlib object (keep_lines), or NULL */
     PyObject *update; /* its bound `update` */
 } Minute;
@@ -612,6 +616,7 @@ typedef struct {
     long long starts, queued, ok, refusals, dead, abandoned, lost_at_restart, other_outcomes;
     long long ok_without_attempt, ok_incomplete, unknown_events, attempts, first_attempts;
     long long wasted_tokens, prompt_tokens, cached_tokens, reasoning_tokens, completion_tokens;
+    long long estimated_ok, estimated_tokens;
     long long new_conns, reused_conns, resent;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
@@ -746,8 +751,8 @@ static void clear_open(Fold *s) {
     table_clear(&s->open);
 }
 
-static int count_minute(Fold *s, double last, long long tokens, PyObject *end_raw,
-                        PyObject *raw) {
+static int count_minute(Fold *s, double last, long long tokens, int estimated,
+                        PyObject *end_raw, PyObject *raw) {
     double m = py_floordiv(last, 60.0);
     if (!(fabs(m) < 9e15)) return 0;
     long long minute = (long long)m;
@@ -793,6 +798,10 @@ static int count_minute(Fold *s, double last, long long tokens, PyObject *end_ra
     Minute *cell = &s->minutes[at];
     cell->tokens += tokens;
     cell->spans += 1;
+    if (estimated) {
+        cell->est_spans += 1;
+        cell->est_tokens += tokens;
+    }
     if (s->keep_lines) {
         if (!cell->sha) {
             cell->sha = PyObject_CallNoArgs(s->sha_factory);
@@ -1082,6 +1091,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     sp->e_pt = v[K_PROMPT_TOKENS].i;
     sp->e_has_last = v[K_LAST_TOKEN_T].type == V_FLOAT;
     sp->e_last = v[K_LAST_TOKEN_T].d;
+    sp->e_estimated = v[K_USAGE_ESTIMATED].type == V_TRUE; /* `is True` in the reference */
     Py_CLEAR(sp->e_itl);
     /* `if itl:` in the reference: an empty object adds nothing */
     if (v[K_ITL_HIST].type == V_OBJ && v[K_ITL_HIST].n > 2) {
@@ -1120,13 +1130,18 @@ static int ev_released(Fold *s, Val *v, const char *line, Py_ssize_t len) {
             s->ok++;
             if (streq(&v[K_REASON], "refusal")) s->refusals++;
             s->completion_tokens += sp.e_tokens;
+            if (sp.e_estimated) {
+                s->estimated_ok++;
+                s->estimated_tokens += sp.e_tokens;
+            }
             double last = sp.e_has_last ? sp.e_last : sp.e_t;
             PyObject *raw = NULL;
             if (s->keep_lines) {
                 raw = PyBytes_FromStringAndSize(line, len + 1);
                 if (!raw) result = -1;
             }
-            if (result > 0) result = count_minute(s, last, sp.e_tokens, sp.e_raw, raw);
+            if (result > 0)
+                result = count_minute(s, last, sp.e_tokens, sp.e_estimated, sp.e_raw, raw);
             Py_XDECREF(raw);
             if (result > 0 && s->full) result = latency(s, &sp, t, last, sp.e_tokens);
         }
@@ -1387,7 +1402,8 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         if (m->sha) sha = PyObject_CallMethod(m->sha, "hexdigest", NULL);
         else Py_INCREF(sha);
         if (!sha) goto fail;
-        PyObject *cell = Py_BuildValue("(LLLN)", m->tokens, m->spans, m->lines, sha);
+        PyObject *cell = Py_BuildValue("(LLLNLL)", m->tokens, m->spans, m->lines, sha,
+                                       m->est_spans, m->est_tokens);
         PyObject *key = PyLong_FromLongLong(m->minute);
         if (!cell || !key || PyDict_SetItem(minutes, key, cell) < 0) {
             Py_XDECREF(cell);
@@ -1444,7 +1460,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L,s:L,s:L}",
+        "s:N,s:L,s:L,s:L,s:L,s:L,s:L}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1460,7 +1476,8 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         s->backlog, "gap_s", s->gap, "idle_s", s->idle, "busy_slot_s", s->busy_slots,
         "cap_slot_s", s->cap_slots, "sending_slot_s", s->sending_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
         "rate_waits", s->rate_waits, "refusals", s->refusals,
-        "reasoning_tokens", s->reasoning_tokens, "resent", s->resent);
+        "reasoning_tokens", s->reasoning_tokens, "resent", s->resent,
+        "estimated_ok", s->estimated_ok, "estimated_tokens", s->estimated_tokens);
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

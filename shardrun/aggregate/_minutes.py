@@ -10,6 +10,10 @@ With `keep_lines`, each minute also keeps a SHA-256 over the raw bytes (newline 
 lines that made its figure, per counted span in the order of their `released` lines: the
 `last_token` line when one was used (older layout only), the `attempt_end` line, the `released`
 line.
+
+Each minute also counts the spans whose completion tokens are estimated (`usage_estimated` on
+their `attempt_end`: the server sent no usage, so the client counted content chunks) and their
+tokens, so a figure built on them can say so.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class MinuteCell:
     spans: int
     lines: int = 0
     lines_sha256: str | None = None
+    estimated_spans: int = 0  # of spans, those whose tokens the client estimated
+    estimated_tokens: int = 0  # of tokens, theirs
 
 
 class MinuteTally:
@@ -38,14 +44,19 @@ class MinuteTally:
         self._cells: dict[int, list[int]] = {}
         self._hashes: dict[int, hashlib._Hash] = {}
 
-    def count(self, last_t: float, tokens: int, lines: tuple[bytes, ...] = ()) -> None:
-        """One successful span whose last token arrived at `last_t`."""
+    def count(self, last_t: float, tokens: int, lines: tuple[bytes, ...] = (),
+              estimated: bool = False) -> None:
+        """One successful span whose last token arrived at `last_t`; `estimated`: its tokens
+        are the client's count, not the server's."""
         minute = int(last_t // 60)
         cell = self._cells.get(minute)
         if cell is None:
-            cell = self._cells[minute] = [0, 0, 0]
+            cell = self._cells[minute] = [0, 0, 0, 0, 0]
         cell[0] += tokens
         cell[1] += 1
+        if estimated:
+            cell[3] += 1
+            cell[4] += tokens
         if self.keep_lines:
             sha = self._hashes.get(minute)
             if sha is None:
@@ -58,7 +69,8 @@ class MinuteTally:
     def cells(self) -> dict[int, MinuteCell]:
         """`{minute: MinuteCell}`, minutes as `floor(t / 60)` integers."""
         out = {}
-        for m, (tokens, spans, lines) in sorted(self._cells.items()):
+        for m, (tokens, spans, lines, est_spans, est_tokens) in sorted(self._cells.items()):
             sha = self._hashes.get(m)
-            out[m] = MinuteCell(tokens, spans, lines, None if sha is None else sha.hexdigest())
+            out[m] = MinuteCell(tokens, spans, lines, None if sha is None else sha.hexdigest(),
+                                est_spans, est_tokens)
         return out

@@ -209,6 +209,7 @@ class ShardFold:
             span[E] = (
                 rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
                 rec.get("itl_hist"), rec.get("attempt"), raw, rec.get("last_token_t"),
+                rec.get("usage_estimated") is True,
             )  # fmt: skip
 
     def _count_conn(self, rec: Record) -> None:
@@ -241,10 +242,13 @@ class ShardFold:
         if end is None:
             s.ok_without_attempt += 1
             return
-        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last = end
+        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last, estimated = end
         s.ok += 1
         s.refusals += refusal
         s.completion_tokens += tokens
+        if estimated:
+            s.estimated_ok += 1
+            s.estimated_tokens += tokens
         lines: tuple[bytes, ...]
         if span[L] is not None and span[LA] == attempt:
             # Older layout: the final attempt's own last_token line holds the instant.
@@ -252,10 +256,7 @@ class ShardFold:
         else:
             # attempt_end's last_token_t; no content token at all: attempt_end's own t.
             last, lines = (end_last if end_last is not None else end_t), (end_raw, raw)
-        if self.keep_lines:
-            self.tally.count(last, tokens, lines)
-        else:
-            self.tally.count(last, tokens)
+        self.tally.count(last, tokens, lines if self.keep_lines else (), estimated)
         if self.full:
             self._latency(span, t_rel, last, tokens, prompt_tokens, itl)
 

@@ -62,6 +62,10 @@ class ShardSummary:
     cached_tokens: int = 0  # of prompt_tokens, where the server counted its prompt cache
     reasoning_tokens: int = 0  # of the successes' completion tokens, where the server says
     completion_tokens: int = 0
+    # Of ok and completion_tokens: successes whose tokens the client estimated (the server sent
+    # no usage; `usage_estimated` on their attempt_end), and their tokens.
+    estimated_ok: int = 0
+    estimated_tokens: int = 0
     new_conns: int = 0
     reused_conns: int = 0
     resent: int = 0  # requests sent again, their pooled connection found dead (`resent`)

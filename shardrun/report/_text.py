@@ -88,6 +88,8 @@ def format_items(doc: dict[str, Any]) -> str:
         rows.insert(1, ["", "", "of them refusals", num(it["refusals"]), "", ""])
     lines = ["Items (per span: one per pass that handed an item out, so a retry pass counts it "
              "again)", *table(["", "", "", "", "", ""], rows)[1:]]
+    if estimated := estimated_text(doc):
+        lines.append(f"  {estimated}")
     if by_item := it.get("by_item"):
         lines.append(f"  by item, after the retry passes: {num(by_item['succeeded'])} succeeded, "
                      f"{counted(by_item['dead'], 'dead letter')} standing, success rate "
@@ -107,6 +109,17 @@ def format_items(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def estimated_text(doc: dict[str, Any]) -> str | None:
+    """That the token counts behind completion tokens and TPM are partly the client's own
+    (the server sent no usage), or None when the server counted them all."""
+    it = doc.get("items") or {}
+    n = it.get("estimated_successes")  # absent from reports made before it existed
+    if not n:
+        return None
+    return (f"{num(n)} of {num(it['succeeded'])} successes' token counts are estimated (the "
+            "server sent no usage): TPM is an estimate")
+
+
 def format_tpm(doc: dict[str, Any]) -> str:
     tpm = doc["tpm"]
     headers, rows = _minute_rows(tpm)
@@ -117,6 +130,8 @@ def format_tpm(doc: dict[str, Any]) -> str:
         lines.append(f"  … {counted(len(rows) - len(shown), 'more minute')} in --json")
     lines += _peak_lines(tpm)
     lines.append(f"  run average: {num(tpm['run_average_tpm'])} tokens/min")
+    if estimated := estimated_text(doc):
+        lines.append(f"  {estimated}")
     return "\n".join(lines)
 
 
