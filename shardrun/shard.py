@@ -1304,6 +1304,7 @@ class Shard:
         self.counters.completion_tokens += outcome.completion_tokens
         self.counters.reasoning_tokens += outcome.reasoning_tokens or 0
         self.counters.refusals += outcome.refusal is not None
+        self.counters.estimated_ok += outcome.usage_estimated
         minute = str(int(record["last_token_at"] // 60))
         self.minute_tokens[minute] = self.minute_tokens.get(minute, 0) + outcome.completion_tokens
         # An answer that is a refusal says so on its `released` line, so the report counts

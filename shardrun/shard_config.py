@@ -105,6 +105,9 @@ class Counters:
     # attempt's, as prompt_tokens is); of completion_tokens, the reasoning (successes').
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    # Successes whose completion tokens the client counted (the server sent no usage), so that
+    # the run's summary can say its TPM is an estimate.
+    estimated_ok: int = 0
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
     # Waits for a rate limit before an attempt (the job's rpm/tpm, or a pause the server's
     # x-ratelimit-* headers asked for), and their time in milliseconds, summed over slots.

@@ -41,6 +41,8 @@ class RunSummary:
     wasted_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens (every attempt's), as the server counted them
     reasoning_tokens: int = 0  # of the successes' completion tokens, likewise
+    # Of succeeded: those whose completion tokens the client counted (the server sent no usage).
+    estimated_ok: int = 0
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
     rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
     rate_wait_s: float = 0.0  # their time, summed over slots
@@ -124,7 +126,7 @@ class RunSummary:
         total = {k: sum(int(r.get(k, 0)) for r in reports)
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
-                           "reasoning_tokens", "refusals", "rate_waits",
+                           "reasoning_tokens", "estimated_ok", "refusals", "rate_waits",
                            "rate_wait_ms")}  # fmt: skip
         return cls(
             run_dir=run_dir,
@@ -141,6 +143,7 @@ class RunSummary:
             wasted_tokens=total["wasted_tokens"],
             cached_tokens=total["cached_tokens"],
             reasoning_tokens=total["reasoning_tokens"],
+            estimated_ok=total["estimated_ok"],
             refusals=total["refusals"],
             rate_waits=total["rate_waits"],
             rate_wait_s=total["rate_wait_ms"] / 1000,
@@ -230,6 +233,7 @@ class RunSummary:
                                                             "completion_tokens": peak[1]},
             "prompt_tokens": self.prompt_tokens, "wasted_tokens": self.wasted_tokens,
             "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
+            "estimated_successes": self.estimated_ok,
             "refusals": self.refusals, "cost": self.cost, "rate_waits": self.rate_waits,
             "rate_wait_s": round(self.rate_wait_s, 3),
             "per_shard": self.per_shard, "status": self.status,
@@ -311,6 +315,7 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         add["prompt_tokens"] += usage.get("prompt_tokens") or 0  # the last attempt's
         add["cached_tokens"] += usage.get("cached_tokens") or 0
         add["refusals"] += line.get("refusal") is not None
+        add["estimated_ok"] += usage.get("estimated") is True
         _add_attempts(add, int(line.get("attempts") or 0), tried.get(line.get("span", ""), 0))
     for line in dead:
         add["dead"] += 1
@@ -370,6 +375,9 @@ def format_summary(s: RunSummary) -> str:
                      "(rejects*.jsonl)")
     spent = f" ({s.reasoning_tokens:,} reasoning)" if s.reasoning_tokens else ""
     lines.append(f"  completion tokens  {s.completion_tokens:,}{spent}")
+    if s.estimated_ok:  # counted by the client: a throughput built on them is an estimate
+        lines.append(f"  estimated          {s.estimated_ok:,} of {s.succeeded:,} successes' "
+                     "token counts (the server sent no usage): TPM is an estimate")
     if s.cached_tokens:
         lines.append(f"  cached prompt      {s.cached_tokens:,} of {s.prompt_tokens:,} "
                      "prompt tokens (the server's count)")

@@ -65,6 +65,14 @@ def sentence(n: int, of: int) -> str:
             "TPM is an estimate")
 
 
+def test_the_closing_summary_says_how_many_successes_are_estimated(mixed: Mixed) -> None:
+    first, second = (p.stdout.splitlines() for p in mixed.passes)
+    assert not [line for line in first if "estimated" in line]
+    n = ITEMS - FIRST
+    assert (f"  estimated          {n:,} of {n:,} successes' token counts (the server sent no "
+            "usage): TPM is an estimate") in second
+
+
 def test_report_text_and_json_count_the_estimated_successes(mixed: Mixed) -> None:
     found = estimated_results(mixed)
     tokens = sum(int(r["usage"]["completion_tokens"]) for r in found)

@@ -281,22 +281,25 @@ def test_counts_of_one_take_the_singular() -> None:
 
 
 def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report() -> None:
-    """Their items, tokens, refusals and spent retry budgets; of their attempts, those the
-    report did not count (`tried`: the failed ones of spans then still open)."""
+    """Their items, tokens, refusals, estimated token counts and spent retry budgets; of their
+    attempts, those the report did not count (`tried`: the failed ones of spans then still open)."""
     report = {"ok": 5, "attempts": 9, "retries": 2, "wasted_tokens": 40}
     results = [{"id": "a", "span": "0-7", "attempts": 3, "refusal": "no",
                 "usage": {"completion_tokens": 4, "prompt_tokens": 6, "cached_tokens": 2,
                           "reasoning_tokens": 1}},
-               {"id": "b", "span": "0-8", "attempts": 1, "usage": {"completion_tokens": 5}}]
+               {"id": "b", "span": "0-8", "attempts": 1,
+                "usage": {"completion_tokens": 5, "estimated": True}}]
     dead = [{"id": "c", "span": "0-9", "reason": "retry_budget_exhausted: HTTP 500",
              "attempts": [{"status": "http_5xx"}, {"status": "http_5xx"}]}]
     after = add_unreported(report, {"0-7": 2}, results, dead)
     assert {k: after.get(k, 0) for k in (
         "ok", "dead", "attempts", "retries", "completion_tokens", "prompt_tokens",
         "cached_tokens", "reasoning_tokens", "refusals", "budget_exhausted", "wasted_tokens",
+        "estimated_ok",
     )} == {"ok": 7, "dead": 1, "attempts": 9 + 1 + 1 + 2, "retries": 2 + 1 + 0 + 1,
            "completion_tokens": 9, "prompt_tokens": 6, "cached_tokens": 2,
-           "reasoning_tokens": 1, "refusals": 1, "budget_exhausted": 1, "wasted_tokens": 40}
+           "reasoning_tokens": 1, "refusals": 1, "budget_exhausted": 1, "wasted_tokens": 40,
+           "estimated_ok": 1}
 
 
 def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> None:
