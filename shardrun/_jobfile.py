@@ -46,6 +46,10 @@ class _AliasesExpandTooFar(Exception):
 class _JobLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys and reads exponent floats without a dot."""
 
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.tagged: set[int] = set()  # ids of the scalars a tag gave their type
+
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         """A value its tag cannot make (`!!int abc`, `!!bool maybe`) is a ConstructorError at
         the value's line: PyYAML's constructors raise ValueError, KeyError and the like."""
@@ -71,6 +75,15 @@ class _JobLoader(yaml.SafeLoader):
                     "both halves of its pair", node.start_mark)
         return value
 
+    def compose_scalar_node(self, anchor: Any) -> yaml.ScalarNode:
+        """A scalar, its id noted when a tag (`!!str no`) names its type, which no YAML reads
+        otherwise: `_refuse_yaml11_words` takes such a word as the text it says it is."""
+        tagged = self.peek_event().tag not in (None, "!")  # type: ignore[no-untyped-call]
+        node = super().compose_scalar_node(anchor)
+        if tagged:
+            self.tagged.add(id(node))
+        return node
+
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document its aliases would blow up before building anything of it, and
         one whose `params` hold a word YAML 1.1 reads as a boolean (`_refuse_yaml11_words`)."""
@@ -79,7 +92,7 @@ class _JobLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode) and key.value == "params":
-                    _refuse_yaml11_words(value, "params", set())
+                    _refuse_yaml11_words(value, "params", set(self.tagged))
         return super().construct_document(node)
 
 
@@ -91,7 +104,8 @@ def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
     """A ConstructorError for an unquoted yes, no, on or off among the values under `node`
     (`path`): `params` go to the server as JSON, which takes text and booleans alike, so
     reading the word as text (YAML 1.2) where it was written for true (YAML 1.1, `logprobs:
-    yes`) would change every request without a word. Keys are text either way."""
+    yes`) would change every request without a word. Keys are text either way. `seen` starts
+    with the ids of the scalars a tag named the type of (`!!str no`): text as written."""
     if id(node) in seen:  # an alias: its anchor's values are checked once
         return
     seen.add(id(node))

@@ -333,6 +333,15 @@ def test_yes_no_on_and_off_are_text_as_in_yaml_1_2(jobs: Path) -> None:
                 ).spec.endpoint.stream_usage is False
 
 
+def test_a_word_a_tag_calls_text_under_params_is_text(jobs: Path) -> None:
+    """`!!str no` names its type as plainly as quotes do: no YAML reads it as a boolean, so
+    under params it is the text, not the error an unquoted no is."""
+    job = load(write(jobs, MINIMAL + "params: {stop: [!!str no, !!str On], user: !!str yes}\n"))
+    assert job.spec.params == {"stop": ["no", "On"], "user": "yes"}
+    assert "params.stop[1] is an unquoted no" in error_of(
+        write(jobs, MINIMAL + "params: {stop: [!!str no, no]}\n"))
+
+
 def test_several_problems_in_one_sentence(jobs: Path) -> None:
     """Every problem is reported at once, joined by '; ', the file named once per run."""
     text = MINIMAL + "shards: 0\nconcurrency: -1\n"
