@@ -567,10 +567,17 @@ def _describe(exc: BaseException, tokens: int,
                                       "Content-Length (the server sent more than it said; "
                                       f"where the next answer was looked for: {clip(past)})")
         if (refused := _NO_DECODER.match(str(exc.message))) is not None:
-            return "protocol_error", (f"the server compressed its answer as {refused[1]} "
-                                      "(Content-Encoding), which this client did not ask for "
-                                      f"(Accept-Encoding: {clip(accepts)}) and cannot read: "
-                                      "have it send gzip or no compression")
+            said = f"the server compressed its answer as {refused[1]} (Content-Encoding), which"
+            asked = {name.strip().lower() for name, _, q in (t.partition(";")
+                                                              for t in accepts.split(","))
+                     if not _REFUSED.fullmatch(q.strip())}  # "*;q=0": all else refused
+            if asked & {refused[1].lower(), "*"}:  # the job's own header asked for it
+                return "protocol_error", (f"{said} endpoint.headers asked for (Accept-Encoding: "
+                                          f"{clip(accepts)}) but this client cannot read: ask "
+                                          "only for gzip, deflate or identity there")
+            return "protocol_error", (f"{said} this client did not ask for (Accept-Encoding: "
+                                      f"{clip(accepts)}) and cannot read: have it send gzip or "
+                                      "no compression")
         said = clip(exc.message)
         if any(record in said for record in _TLS_RECORDS):
             said += " (a TLS server: endpoint.base_url wants https://)"
@@ -625,6 +632,8 @@ decoder for it, reads the response's head as broken (`_NO_DECODER`)."""
 _NO_DECODER = re.compile(r"Can not decode content-encoding: [^(]*\((\w+)\)")
 """aiohttp's words for an encoding it has no decoder for ("brotli (br)"), which asked its user
 to install a module: the fix is the server's, so the message names the encoding instead."""
+_REFUSED = re.compile(r"q\s*=\s*0(?:\.0{0,3})?")
+"""An Accept-Encoding entry's weight that refuses the encoding it names."""
 _TLS_RECORDS = ("b'\\x15\\x03", "b'\\x16\\x03")
 """How aiohttp's bad status line shows a TLS record's start (an alert, a handshake): what a TLS
 server answers a plain-http request with, if anything."""

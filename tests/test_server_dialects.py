@@ -395,6 +395,26 @@ def test_a_body_in_an_encoding_not_asked_for_says_so(encoding: str,
                          "cannot read: have it send gzip or no compression")
 
 
+@pytest.mark.parametrize(("accepts", "asked"), [
+    ("gzip, br", True), ("*;q=0.5", True), ("gzip, br;q=0", False), ("gzip, *;q=0.0", False)])
+def test_a_body_in_an_encoding_the_job_asked_for_says_the_job_asked(accepts: str,
+                                                                    asked: bool) -> None:
+    """A job whose own Accept-Encoding names br (or any encoding), which aiohttp cannot decode
+    here: the message said the client did not ask for it, beside the header that did, and sent
+    the user to the server, whose answer was what was asked. One a weight of 0 refuses is not
+    asked for."""
+    out = run(_raw_attempt([b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                            b"Content-Encoding: br\r\nConnection: close\r\n\r\n",
+                            b"\x8b\x02\x80data\x03"], None, {"Accept-Encoding": accepts}))
+    assert (out.status, out.not_an_answer) == ("protocol_error", True)
+    said = "the server compressed its answer as br (Content-Encoding), which "
+    assert out.error == (said + (
+        f"endpoint.headers asked for (Accept-Encoding: {accepts}) but this client cannot "
+        "read: ask only for gzip, deflate or identity there" if asked else
+        f"this client did not ask for (Accept-Encoding: {accepts}) and cannot read: have it "
+        "send gzip or no compression"))
+
+
 def test_an_html_page_says_what_it_says_not_its_markup() -> None:
     """A block page for a 403 and a captive portal's login page for a 200: each named by its
     title, which says what to do, where a 403's message was the page's first 200 bytes of
