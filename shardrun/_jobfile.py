@@ -24,7 +24,7 @@ PyYAML behaviours that would otherwise surprise operators are handled here:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +89,28 @@ class _JobLoader(yaml.SafeLoader):
         one whose `params` hold a word YAML 1.1 reads as a boolean (`_refuse_yaml11_words`)."""
         if _kept_size(node) - _distinct_size(node, set()) > EXPANSION_LIMIT:
             raise _AliasesExpandTooFar
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value == "params":
-                    _refuse_yaml11_words(value, "params", set(self.tagged))
+        for params in _params_of(node, set()):
+            _refuse_yaml11_words(params, "params", set(self.tagged))
         return super().construct_document(node)
 
 
+def _params_of(node: yaml.Node, seen: set[int]) -> Iterator[yaml.Node]:
+    """The `params` values of the top-level mapping `node` and of the mappings it merges in
+    (`<<: *base`), whose params the job takes as its own."""
+    if id(node) in seen or not isinstance(node, yaml.MappingNode):
+        return
+    seen.add(id(node))
+    for key, value in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag == _MERGE_TAG:
+            merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+            for mapping in merged:
+                yield from _params_of(mapping, seen)
+        elif isinstance(key, yaml.ScalarNode) and key.value == "params":
+            yield value
+
+
 _YAML11_ONLY_BOOL = re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$")
-_STR_TAG = "tag:yaml.org,2002:str"
+_STR_TAG, _MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
 
 
 def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
@@ -122,6 +135,10 @@ def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
             _refuse_yaml11_words(item, f"{path}[{n}]", seen)
     elif isinstance(node, yaml.MappingNode):
         for key, value in node.value:
+            if key.tag == _MERGE_TAG:  # `<<: *base` (or a list of them): keys of this mapping
+                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                    _refuse_yaml11_words(merged, path, seen)
+                continue
             name = key.value if isinstance(key, yaml.ScalarNode) else "?"
             _refuse_yaml11_words(value, f"{path}.{name}", seen)
 

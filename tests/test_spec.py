@@ -342,6 +342,20 @@ def test_a_word_a_tag_calls_text_under_params_is_text(jobs: Path) -> None:
         write(jobs, MINIMAL + "params: {stop: [!!str no, no]}\n"))
 
 
+@pytest.mark.parametrize("merged", [
+    "x-base: &base\n  params: {logprobs: yes}\n<<: *base\n",
+    "<<: [{shards: 2}, {params: {logprobs: yes}}]\n",
+    "x-p: &p {logprobs: yes}\nparams: {<<: *p}\n",
+])
+def test_params_a_merge_key_brings_are_checked_for_yaml_1_1_words(jobs: Path,
+                                                                  merged: str) -> None:
+    """Params a merge key (`<<: *base`) brings in are the job's params: an unquoted yes there
+    went to the server as the text "yes" without a word, where the same line written under
+    `params:` itself is an error; the message names the key as the job has it."""
+    assert "params.logprobs is an unquoted yes, which YAML 1.1 reads as true" in error_of(
+        write(jobs, MINIMAL + merged))
+
+
 def test_several_problems_in_one_sentence(jobs: Path) -> None:
     """Every problem is reported at once, joined by '; ', the file named once per run."""
     text = MINIMAL + "shards: 0\nconcurrency: -1\n"
