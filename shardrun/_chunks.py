@@ -976,9 +976,12 @@ def text_head(body: bytes, size: int) -> str:
 
 def _uncut(text: str, cut: bool) -> str:
     """`text`, less the start of a credential (`keep_secret`) it ends in when it is `cut` from
-    a longer one: `clip` masks only whole credentials, and the piece before a cut showed."""
+    a longer one: `clip` masks only whole credentials, and the piece before a cut showed.
+    Whole ones are masked first: a key ending where its text is cut ends in its own first
+    characters when its last are those, and trimming those left the rest of it unmasked."""
     if not cut:
         return text
+    text = masked(text)
     piece = max((next((n for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), 0)
                  for s in _secrets), default=0)
     return text[: len(text) - piece]

@@ -784,6 +784,24 @@ def test_a_key_across_the_cut_of_a_text_body_shows_no_piece(status: int, cut: in
     assert ECHOED_KEY[:4] not in str(out.error), out.error
 
 
+@pytest.mark.parametrize(("status", "cut"), [(200, client_module._SAID_READ),
+                                             (401, client_module._ERROR_BODY_MAX)])
+def test_a_key_the_cut_of_a_text_body_ends_on_is_masked_whole(status: int, cut: int) -> None:
+    """A key whose last character is its first, ending exactly where a plain text body's read
+    stops: taken for a piece of itself cut short, its last character was dropped and the rest,
+    no whole key any more, was shown unmasked."""
+    key = "sk-cut-end-0123456789abcdefs"
+    body = "said" + " " * (cut - 4 - len(key)) + key + " after"
+    assert body[:cut].endswith(key)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=body, status=status, content_type="text/plain")
+
+    out = run(one(handler, headers=request_headers(key, "Authorization", {})))
+    assert out.status != "ok" and "said" in str(out.error), out.error
+    assert key[:-1] not in str(out.error) and "***" in str(out.error), out.error
+
+
 def test_every_credential_a_request_carries_is_masked_in_messages() -> None:
     """The key in a header of any name, a secret header's value, the user and password of the
     base URL, the Basic credentials aiohttp makes of them and its query's credential-named
