@@ -31,6 +31,7 @@ class Truth:
     refusals: int = 0
     reasoning: int = 0
     per_minute: dict[int, int] = field(default_factory=dict)
+    estimated: dict[int, tuple[int, int]] = field(default_factory=dict)  # minute: spans, tokens
 
 
 span_plan = st.tuples(
@@ -48,7 +49,8 @@ def _attempts(sid: str, t: float, plan: tuple[Any, ...], out: list[tuple[Any, ..
         out += [(t, "attempt_start", sid, {"attempt": n}),
                 (t, "conn_ready", sid, {"attempt": n, "reused": True}),
                 (t + duration, "attempt_end", sid,
-                 {"attempt": n, "status": "http_5xx", "wasted_tokens": 0}),
+                 {"attempt": n, "status": "http_5xx", "wasted_tokens": 0,
+                  "usage_estimated": True}),  # as the client logs a failure: never counted
                 (t + duration, "retry", sid, {"attempt": n, "cause": "http_5xx"})]
         t += duration + wait
     return t
@@ -69,18 +71,24 @@ def _span_events(sid: str, q: float, a: float, plan: tuple[Any, ...],
         return c + first + 0.001, out
     f, last = c + first, c + first + stream
     refusal = "refusal" if tokens % 4 == 0 else None  # the model declined (`Shard._succeed`)
+    # Tokens the client counted (the server sent no usage), the server's, or an older log's
+    # line without `usage_estimated` at all.
+    usage = ({"usage_estimated": True}, {"usage_estimated": False}, {})[tokens % 3]
     out += [(f, "first_token", sid, {"attempt": n}),
             (last, "last_token", sid, {"attempt": n, "tokens": tokens}),
             (last, "attempt_end", sid, {"attempt": n, "status": "ok", "completion_tokens": tokens,
                                         "prompt_tokens": 2, "cached_tokens": tokens % 3,
                                         "reasoning_tokens": tokens // 2,
-                                        "itl_hist": {"100": tokens - 1}}),
+                                        "itl_hist": {"100": tokens - 1}, **usage}),
             (last + post, "released", sid, {"outcome": "ok", "reason": refusal})]
     truth.tokens += tokens
     truth.refusals += refusal is not None
     truth.reasoning += tokens // 2
     m = int(last // 60)
     truth.per_minute[m] = truth.per_minute.get(m, 0) + tokens
+    if usage.get("usage_estimated"):
+        spans, est = truth.estimated.get(m, (0, 0))
+        truth.estimated[m] = (spans + 1, est + tokens)
     return last + post, out
 
 
@@ -123,7 +131,7 @@ def test_buckets_sum_to_end_to_end(log: tuple[int, list[tuple[Any, ...]]]) -> No
 def test_minutes_sum_to_completion_tokens(log: tuple[int, list[tuple[Any, ...]]]) -> None:
     """Per-minute TPM over all minutes sums to the tokens of successful spans, minute by minute;
     the refusals among them are counted from their `released` lines, their reasoning tokens
-    from their ok `attempt_end` lines."""
+    and estimated token counts from their ok `attempt_end` lines."""
     recs, truth = simulate(*log)
     s = fold_shard(recs)
     assert {m: c.tokens for m, c in s.minutes.items()} == truth.per_minute
@@ -132,6 +140,13 @@ def test_minutes_sum_to_completion_tokens(log: tuple[int, list[tuple[Any, ...]]]
     assert sum(r["completion_tokens"] for r in doc["tpm"]["minutes"]) == truth.tokens
     assert s.refusals == doc["items"]["refusals"] == truth.refusals
     assert s.reasoning_tokens == doc["items"]["reasoning_tokens"] == truth.reasoning
+    # Estimated: the final ok attempt's `usage_estimated` is true; failed attempts' never count.
+    assert {m: (c.estimated_spans, c.estimated_tokens) for m, c in s.minutes.items()
+            if c.estimated_spans} == truth.estimated
+    spans = sum(n for n, _ in truth.estimated.values())
+    tokens = sum(t for _, t in truth.estimated.values())
+    assert (doc["items"]["estimated_successes"], doc["items"]["estimated_completion_tokens"],
+            doc["tpm"]["estimated_completion_tokens"]) == (spans, tokens, tokens)
 
 
 @settings(max_examples=60, deadline=None)
