@@ -31,6 +31,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -85,29 +86,59 @@ def held_retries(run: Path) -> int:
                if b'"retry"' in line)
 
 
+def run_job(src: Path, work: Path, sim: SimProcess, name: str, input_path: Path, shards: int,
+            cap: int, timeout_s: float = RUN_TIMEOUT_S,
+            ) -> tuple[int | None, float, Any]:  # fmt: skip
+    """Run `src`'s shardrun against `sim` (not stopped here): its exit status (None: killed
+    at `timeout_s`; its shards follow their coordinator out), wall seconds and the simulator's
+    /sim/stats after it."""
+    job = work / f"job-{name}.yaml"
+    job.write_text(f"endpoint: {{base_url: '{sim.base_url}', api: chat, model: m}}\n"
+                   f"input: {{path: {input_path}}}\n"
+                   f"params: {{max_tokens: 64}}\n"
+                   f"shards: {shards}\nconcurrency: {cap}\n")
+    started = time.monotonic()
+    try:
+        code: int | None = subprocess.run(
+            [sys.executable, "-m", "shardrun", str(job), "--runs-dir", str(work / "runs"),
+             "--run-id", name, "--quiet"], cwd=work, env={**bt.ENV, "PYTHONPATH": str(src)},
+            capture_output=True, timeout=timeout_s).returncode  # fmt: skip
+    except subprocess.TimeoutExpired:
+        code = None
+    wall = time.monotonic() - started
+    stats_url = sim.base_url.removesuffix("/v1") + "/sim/stats"
+    with urllib.request.urlopen(stats_url, timeout=10) as resp:
+        return code, wall, orjson.loads(resp.read())
+
+
 def run_case(src: Path, work: Path, case: Case, name: str) -> list[object]:
     sim = storm_sim(case)
     try:
-        job = work / f"job-{name}.yaml"
-        job.write_text(f"endpoint: {{base_url: '{sim.base_url}', api: chat, model: m}}\n"
-                       f"input: {{path: {work / f'input-{case.items}.jsonl'}}}\n"
-                       f"params: {{max_tokens: 64}}\n"
-                       f"shards: {case.shards}\nconcurrency: {case.cap}\n")
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "shardrun", str(job), "--runs-dir",
-                               str(work / "runs"), "--run-id", name, "--quiet"],
-                              cwd=work, env={**bt.ENV, "PYTHONPATH": str(src)},
-                              capture_output=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
-        wall = time.monotonic() - started
-        stats_url = sim.base_url.removesuffix("/v1") + "/sim/stats"
-        with urllib.request.urlopen(stats_url, timeout=10) as resp:
-            stats = orjson.loads(resp.read())
+        code, wall, stats = run_job(src, work, sim, name, work / f"input-{case.items}.jsonl",
+                                    case.shards, case.cap)
     finally:
         sim.stop()
     run = work / "runs" / name
     failed = sum(stats["faults"].get(k, 0) for k in ("storm", "fail_500", "fail_503"))
     return [case.label, lines("results/*.jsonl", run), lines("dead/*.jsonl", run),
-            failed, stats["requests_total"], held_retries(run), round(wall, 1), done.returncode]
+            failed, stats["requests_total"], held_retries(run), round(wall, 1), code]
+
+
+def snapshots(work: Path, before: str | None) -> tuple[dict[str, str], dict[str, Path]]:
+    """This tree's code, and `before`'s if given, copied under `work`: what each is (for the
+    table's heading) and where, by side."""
+    sides = {"this tree": bt.snapshot(work, None, "now")}
+    srcs = {"this tree": work / "now"}
+    if before:
+        sides[before] = bt.snapshot(work, before, "before")
+        srcs[before] = work / "before"
+    return sides, srcs
+
+
+def print_rows(rows: list[list[object]]) -> None:
+    """The table's rows in Markdown, whole numbers with thousands separators."""
+    for row in rows:
+        print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
 
 
 def main() -> int:
@@ -120,11 +151,7 @@ def main() -> int:
     cases = FLAKY if args.flaky else STORMS
     work = Path(tempfile.mkdtemp(prefix="shardrun-storm-"))
     try:
-        sides = {"this tree": bt.snapshot(work, None, "now")}
-        srcs = {"this tree": work / "now"}
-        if args.before:
-            sides[args.before] = bt.snapshot(work, args.before, "before")
-            srcs[args.before] = work / "before"
+        sides, srcs = snapshots(work, args.before)
         for n in {case.items for case in cases}:
             bt.write_input(work / f"input-{n}.jsonl", n)
         rows = []
@@ -141,8 +168,7 @@ def main() -> int:
     print("| faults | client | succeeded | dead letters | requests failed | requests "
           "| held retries | wall s | exit |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
+    print_rows(rows)
     return 0
 
 

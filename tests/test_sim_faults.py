@@ -522,7 +522,7 @@ def test_stats_faults_shape_lists_every_kind() -> None:
             return await stats(s, root)
 
     st = run(go())
-    kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS)
+    kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit")
     assert st["faults"] == dict.fromkeys(kinds, 0)
     assert st["unauthorized"] == 0 and st["completed"] == 1
 
@@ -563,6 +563,9 @@ def test_decide_is_pure_and_follows_cumulative_shares() -> None:
         ({"ignore_stream": 1}, ["ignore_stream"]),
         ({"auth_required": ""}, ["auth_required"]),
         ({"auth_required": "two words"}, ["auth_required"]),
+        ({"rpm_limit": -1}, ["rpm_limit"]),
+        ({"rpm_headers": "azure"}, ["rpm_headers"]),
+        ({"rpm_count_rejected": "no"}, ["rpm_count_rejected"]),
     ],
 )  # fmt: skip
 def test_fault_config_rejects_bad_values_naming_them(kwargs: dict[str, Any],
@@ -589,7 +592,9 @@ def test_fault_config_from_mapping_and_args_round_trip() -> None:
                      retry_after_s=0.5, retry_after_503=True, stall_s=2, slow_first_token_s=3,
                      fail_first_n=7, auth_required="sk-x", reject_stream_options=True,
                      ignore_stream=True, storm_s=1.5, storm_after_n=9,
-                     storm_status=504, reset_when="Question 7:", keepalive=False)  # fmt: skip
+                     storm_status=504, reset_when="Question 7:", keepalive=False,
+                     rpm_limit=90, rpm_burst=4, rpm_headers="retry_after",
+                     rpm_count_rejected=True)  # fmt: skip
     for c in (full, SimConfig(), SimConfig(ignore_stream=True)):
         args = c.to_args()
         assert len(args) % 2 == 0 and config_from_argv(args) == c

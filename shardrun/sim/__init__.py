@@ -19,7 +19,14 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from shardrun.sim.config import FAULT_KINDS, TEXTS, SimConfig, TokenSpec, parse_tokens
+from shardrun.sim.config import (
+    FAULT_KINDS,
+    LIMIT_HEADERS,
+    TEXTS,
+    SimConfig,
+    TokenSpec,
+    parse_tokens,
+)
 from shardrun.sim.launcher import SimProcess, start_sim
 
 __all__ = ["FAULT_KINDS", "SimConfig", "SimProcess", "TokenSpec", "config_from_argv", "main",
@@ -105,6 +112,7 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                         "any answer (a prompt that crashes the server's worker)")  # fmt: skip
     g.add_argument("--auth-required", default=d.auth_required, metavar="KEY",
                    help="answer 401 unless `Authorization: Bearer KEY` (a made-up test key)")
+    _limit_flags(p, d)
     c = p.add_argument_group("compatibility (behave like servers that lack a feature)")
     c.add_argument("--reject-stream-options", type=_bool, nargs="?", const=True, metavar="BOOL",
                    default=d.reject_stream_options,
@@ -116,6 +124,21 @@ def _fault_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                    default=d.keepalive,
                    help="false: close every connection after its answer (Connection: close), "
                         "as servers with keep-alive off do")  # fmt: skip
+
+
+def _limit_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
+    """Flags of the enforced request limit (see shardrun.sim.limit)."""
+    g = p.add_argument_group("enforced rate limit (a token bucket, as hosted APIs keep per key)")
+    g.add_argument("--rpm-limit", type=int, default=d.rpm_limit, metavar="N",
+                   help="requests a minute; over it, 429 rate_limit_exceeded (0 = no limit)")
+    g.add_argument("--rpm-burst", type=int, default=d.rpm_burst, metavar="N",
+                   help="requests the bucket holds (0 = one second's worth, ceil(N/60))")
+    g.add_argument("--rpm-headers", choices=LIMIT_HEADERS, default=d.rpm_headers,
+                   help="openai: x-ratelimit-*-requests on every answer and Retry-After on a "
+                        "429; retry_after: a 429's Retry-After only; none: no headers")
+    g.add_argument("--rpm-count-rejected", type=_bool, nargs="?", const=True, metavar="BOOL",
+                   default=d.rpm_count_rejected,
+                   help="a rejected request counts against the limit too, as OpenAI's do")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

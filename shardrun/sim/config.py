@@ -30,6 +30,8 @@ MAX_SAMPLED_TOKENS = 65536
 TokenKind = Literal["fixed", "uniform", "lognormal"]
 Kind = Literal["chat", "completions", "responses"]
 TEXTS = ("words", "prose")
+#: What the answers of an enforced limit say of it (`SimConfig.rpm_headers`, sim/limit.py).
+LIMIT_HEADERS = ("openai", "retry_after", "none")
 """What the words look like (`SimConfig.text`): plain, or prose with bytes JSON escapes."""
 
 #: 256 distinct three-letter words; byte i of a per-request random string picks word i.
@@ -125,11 +127,11 @@ FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
            "refusal", "storm_s")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens",
-         "storm_after_n", "storm_status")  # fmt: skip
+         "storm_after_n", "storm_status", "rpm_limit", "rpm_burst")  # fmt: skip
 #: What a storm may answer every request with: a server's own error or a gateway's.
 STORM_STATUSES = (500, 502, 503, 504)
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation",
-          "keepalive")  # fmt: skip
+          "keepalive", "rpm_count_rejected")  # fmt: skip
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -167,6 +169,14 @@ class SimConfig:
     # An account whose credit runs out: after N requests served (0: never), every request
     # gets 429 `insufficient_quota`, which no retry cures.
     quota_after: int = 0
+    # An enforced limit of N requests a minute (0: none), a token bucket of `rpm_burst`
+    # requests (0: one second's worth); over it, 429 `rate_limit_exceeded`. `rpm_headers`: what
+    # the answers say of it; `rpm_count_rejected`: a rejected request counts against it too.
+    # See shardrun.sim.limit.
+    rpm_limit: int = 0
+    rpm_burst: int = 0
+    rpm_headers: str = "openai"  # one of LIMIT_HEADERS
+    rpm_count_rejected: bool = False
     # Behave like servers that lack a feature: refuse `stream_options` with a 400 (servers and
     # API versions that predate it), or answer with one JSON body when asked to stream.
     reject_stream_options: bool = False
@@ -203,6 +213,9 @@ class SimConfig:
         parse_tokens(self.tokens)
         if self.text not in TEXTS:
             raise ValueError(f"text must be one of {', '.join(TEXTS)}, not {self.text!r}.")
+        if self.rpm_headers not in LIMIT_HEADERS:
+            raise ValueError(f"rpm_headers must be one of {', '.join(LIMIT_HEADERS)}, "
+                             f"not {self.rpm_headers!r}.")
 
     def _check_numbers(self) -> None:
         for name in _FLOATS:
@@ -264,6 +277,8 @@ class SimConfig:
         args += ["--storm-s", repr(float(self.storm_s)), "--storm-after-n", str(self.storm_after_n),
                  "--storm-status", str(self.storm_status)]
         args += ["--quota-after", str(self.quota_after)]
+        args += ["--rpm-limit", str(self.rpm_limit), "--rpm-burst", str(self.rpm_burst),
+                 "--rpm-headers", self.rpm_headers]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:

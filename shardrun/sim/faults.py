@@ -14,17 +14,18 @@ way; and a retried identical request draws again (n + 1), so it is not stuck on 
 `fail_500: 0.5` a retry succeeds with probability one half. The counter keeps one entry per
 distinct request body, only while some fault share is above zero.
 
-Before the draw: `auth_required` (401, `invalid_api_key`), `fail_first_n` (the first N
-authorised generation requests in arrival order get 503), `reset_when` (a request whose body
-holds that text is reset before any answer, every time), a storm (`storm_s` seconds from the
-arrival of request `storm_after_n` + 1, every authorised generation request gets
+Before the draw: `auth_required` (401, `invalid_api_key`), an enforced `rpm_limit` (429
+`rate_limit_exceeded` over it, `shardrun.sim.limit`; counted as `rpm_limit`), `fail_first_n`
+(the first N authorised generation requests in arrival order get 503), `reset_when` (a request
+whose body holds that text is reset before any answer, every time), a storm (`storm_s` seconds
+from the arrival of request `storm_after_n` + 1, every authorised generation request gets
 `storm_status`) and `quota_after` (past N requests served, 429 `insufficient_quota`, OpenAI's
-answer once an account's credit is used up) are checked, then the body is validated (400s
-are never faulted and take no draw). Non-streamed requests meet the stream faults too:
+answer once an account's credit is used up) are checked, then the body is validated (400s are
+never faulted and take no draw). Non-streamed requests meet the stream faults too:
 `slow_first_token` and `stall_mid_stream` lengthen their delay, and `drop_mid_stream` resets
-the connection halfway through it, before any response byte. `reset_after_headers` answers
-200 with its headers (a stream's or a JSON answer's) and resets the connection before any byte
-of the body, at once, streamed or not.
+the connection halfway through it, before any response byte. `reset_after_headers` answers 200
+with its headers (a stream's or a JSON answer's) and resets the connection before any byte of
+the body, at once, streamed or not.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import orjson
 from aiohttp import web
 
 from shardrun.sim.config import FAULT_KINDS, SimConfig
+from shardrun.sim.limit import retry_after
 
 #: The faults answered with an HTTP error status instead of a stream.
 HTTP_FAULTS = {"fail_429": 429, "fail_500": 500, "fail_503": 503, "fail_first_n": 503}
@@ -87,7 +89,7 @@ class FaultInjector:
         self.storm_arrivals, self.storm_began = 0, -1.0
         self.seen: dict[bytes, int] = {}
         #: Injected faults by kind; served live as `faults` in /sim/stats.
-        kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS)
+        kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit")
         self.counts: dict[str, int] = dict.fromkeys(kinds, 0)
 
     def fail_first(self) -> bool:
@@ -162,6 +164,15 @@ def fault_response(kind: str, cfg: SimConfig) -> web.Response:
     elif status == 503 and cfg.retry_after_503:
         headers = {"Retry-After": wait}
     return error_response(status, message.format(wait=wait + "s"), err_type, code,
+                          headers=headers)  # fmt: skip
+
+
+def limit_response(wait: float, cfg: SimConfig) -> web.Response:
+    """The 429 of a request over the enforced limit (`rpm_limit`, shardrun.sim.limit): with
+    Retry-After for when the bucket would let one in, unless `rpm_headers` is "none"."""
+    err_type, code, message = _MESSAGES[429]
+    headers = {} if cfg.rpm_headers == "none" else {"Retry-After": retry_after(wait)}
+    return error_response(429, message.format(wait=_seconds(wait) + "s"), err_type, code,
                           headers=headers)  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from shardrun.sim.faults import (
     authorized,
     error_response,
     fault_response,
+    limit_response,
     pause,
     quota_response,
     reset,
@@ -42,6 +43,7 @@ from shardrun.sim.faults import (
     unauthorized,
 )
 from shardrun.sim.gate import FifoGate
+from shardrun.sim.limit import RequestLimit
 from shardrun.sim.render import OBJECT, Frames, ResponseFrames, render_full, render_stream
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -64,6 +66,8 @@ class Sim:
              "unauthorized"), 0)  # fmt: skip
         self.stats["by_path"] = {}
         self.stats["faults"] = self.faults.counts
+        self.limit = None if not cfg.rpm_limit else RequestLimit(
+            cfg.rpm_limit, cfg.rpm_burst, cfg.rpm_count_rejected)
         # Arrival times (wall clock) of the latest requests, for rate-limit checks by tests.
         self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
 
@@ -148,6 +152,9 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if cfg.auth_required is not None and not authorized(request, cfg.auth_required):
         st["unauthorized"] += 1
         return unauthorized()
+    if sim.limit is not None and (wait := sim.limit.take(time.monotonic())):
+        sim.faults.counts["rpm_limit"] += 1
+        return limit_response(wait, cfg)
     if cfg.reset_when is not None and cfg.reset_when.encode() in raw:
         sim.faults.counts["reset_when"] += 1
         reset(request)
@@ -293,6 +300,14 @@ async def _on_shutdown(app: web.Application) -> None:
     app[SIM_KEY].closing = True
 
 
+async def _limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """rpm_headers openai: every generation answer (a 429 too) carries the limit's state as its
+    headers go out."""
+    limit = request.app[SIM_KEY].limit
+    if limit is not None and request.method == "POST":
+        response.headers.update(limit.headers(time.monotonic()))
+
+
 async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
     """keepalive false: the answer says `Connection: close`, and the server closes after it.
     (aiohttp runs this hook after it has set the headers, so the header is set here too.)"""
@@ -307,6 +322,8 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.on_shutdown.append(_on_shutdown)
     if not cfg.keepalive:
         app.on_response_prepare.append(_close_after)
+    if cfg.rpm_limit and cfg.rpm_headers == "openai":
+        app.on_response_prepare.append(_limit_headers)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/responses", _responses)
