@@ -59,6 +59,24 @@ DEFAULT_PAUSE_S = 1.0
 MAX_PAUSE_S = 60.0
 """Longest single pause taken on the server's word; the next response refreshes it. A job's
 `retry.max_server_wait_s` below it lowers it for that job (`RateLimiter(max_pause_s=...)`)."""
+LEARN_CUT = 0.7
+"""A cut leaves the pace a shard learned of the server at this share of what it was sending
+(TCP CUBIC's factor: a half left a shard at three quarters of the limit on average)."""
+LEARN_SHARE = 0.3
+"""The share of a window's requests that must have been 429s for a cut: a server that refuses a
+fifth of the requests at random, whatever the pace, is not slowed down to nothing (cutting at
+every 429, 20 % of them crawled to 1.6 requests a second), while one sending well past a real
+limit (a 429 share of (pace - limit) / pace) still is."""
+LEARN_WINDOW_S = 1.0
+LEARN_WINDOW_N = 20
+"""A window the 429 share is judged over: at least this long, with at least this many requests
+sent (the first, from the shard's start, needs no time: its opening burst may be the cause)."""
+LEARN_GROW = 0.05
+"""What each success adds to the learned pace, in requests a second: successes coming at the
+pace make it grow by 5 % a second, back from a cut in about 7 s, and on until the next one."""
+LEARN_MIN_PER_S = 1 / 60
+"""The slowest learned pace: a request a minute (a server answering only 429s stops the run
+at retry.outage_s, `Shard._limited_too_long`)."""
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 DURATION_MAX = 64
 """The longest reset header read as a duration ("1h2m3.5s" is 8): `_DURATION`'s scan takes
@@ -155,6 +173,12 @@ class RateLimiter:
         self.requests = _pacer_for(rpm)
         self.tokens = _pacer_for(tpm)
         self._phase = phase
+        self._share_rpm = rpm
+        # The server's limit as this shard learned it from its 429s (requests a second; None:
+        # none yet); the window its 429s are judged over: since when (the shard's start, or
+        # the last window's end), the requests sent by then, and the 429s since.
+        self.learned: float | None = None
+        self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self.pause_until = -math.inf
         self.pending = 0
         self.pending_tokens = 0
@@ -214,8 +238,48 @@ class RateLimiter:
     def set_share(self, rpm: float | None, tpm: float | None) -> None:
         """A new share from the coordinator (a shard finished or died, or limits changed)."""
         now = self._clock()
-        self.requests = _retuned(self.requests, rpm, now)
+        self._share_rpm = rpm
+        self.requests = _retuned(self.requests, self._rpm(), now)
         self.tokens = _retuned(self.tokens, tpm, now)
+
+    def _rpm(self) -> float | None:
+        """The requests pacer's pace: the job's share or the learned pace, the slower."""
+        learned = None if self.learned is None else self.learned * 60.0
+        if learned is None or self._share_rpm is None:
+            return learned if self._share_rpm is None else self._share_rpm
+        return min(learned, self._share_rpm)
+
+    def limited(self, sent: int) -> bool:
+        """A 429 (rate limited, not a quota), after this shard had sent `sent` requests (those
+        out now too). Once the window since the last cut (or since the shard started) holds
+        LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs no time), it
+        is judged: where more than LEARN_SHARE of its requests were 429s, the learned pace
+        is cut to LEARN_CUT of what the shard sent in it (at most of the learned pace, which
+        stands alone where the window was too short to say a pace), and every request of the
+        shard is paced by it from then on; either way a new window starts. True when it cut.
+        The 429s of the requests sent at the old pace come back together after a cut: only
+        a window of the new pace can cut again."""
+        now = self._clock()
+        self._refused += 1
+        n, measured = sent - self._sent_at_cut, now - self._since
+        if n < LEARN_WINDOW_N or (self.learned is not None and measured < LEARN_WINDOW_S):
+            return False
+        cut = self._refused > LEARN_SHARE * n
+        if cut:
+            was = n / max(measured, LEARN_WINDOW_S)
+            if self.learned is not None:
+                was = min(was, self.learned)
+            self.learned = max(LEARN_MIN_PER_S, LEARN_CUT * was)
+            self.requests = _retuned(self.requests, self._rpm(), now)
+        self._since, self._sent_at_cut, self._refused = now, sent, 0
+        return cut
+
+    def grew(self) -> None:
+        """A success while a learned pace holds: a little more pace (LEARN_GROW; the caller
+        tests `learned` first, so a shard never limited pays nothing)."""
+        assert self.learned is not None
+        self.learned += LEARN_GROW
+        self.requests = _retuned(self.requests, self._rpm(), self._clock())
 
     def observe_headers(self, headers: Mapping[str, str], now: float | None = None) -> float:
         """Hold off until the server's reset when it has less left than we are about to send.

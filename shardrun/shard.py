@@ -70,6 +70,7 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 REFUSED_ALIKE_AFTER = 10
 STORM = "endpoint_failing"  # the cause and why of a retry held in a storm
 OUTAGE = "endpoint_down"  # of one held while the endpoint is down
+RATE_LIMITED = "rate_limited"  # the why of a retry held after a 429 (`_hold_for_limit`)
 # The longest a failure asking to wait above retry.max_server_wait_s waits for the storm watch
 # to decide whether its streak is a storm (`Shard._storm_decides`).
 STREAK_WAIT_S = 5.0
@@ -136,6 +137,9 @@ class Shard:
         self.storm_cause = ""  # the latest failure of the storm, for the progress line
         self.storm_asked_until = -math.inf  # until when the server last asked us to wait
         self.deciding = 0  # failures waiting for the storm watch to decide (`_storm_decides`)
+        # Since when every answer has been a 429 (rate limited), none a success (None: not so);
+        # the items are held meanwhile (`_hold_for_limit`), and retry.outage_s of it stops.
+        self.limited_since: float | None = None
         # For the live view's "nothing heard for": attempts out now, when one last ended with an
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
@@ -176,12 +180,14 @@ class Shard:
         # Set by a stop: waits for the rate limit or a retry's backoff end at once then, since
         # no request may start after a stop (nothing in flight would keep the grace busy).
         self.stopped = asyncio.Event()
-        # Set by a stop or a fatal error: a retry's wait ends at once then (`_pause`).
+        # Set by a stop or a fatal error: a retry's wait, or one for the rate limit, ends at
+        # once then (`_pause`): no attempt follows either (a shard stopped after 429s alone
+        # had a span wait 20 s more for a pace of one request a minute).
         self.halted = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
-                                   sleep=self._nap, phase=cfg.rate_phase,
-                                   stopped=self.stopped.is_set)
+                                   sleep=self._pause, phase=cfg.rate_phase,
+                                   stopped=self.halted.is_set)
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -345,8 +351,8 @@ class Shard:
             span.charged = estimate_request_tokens(span.item, self.cfg.params)
         waited = await self.limiter.acquire(span.charged)
         # The clock is read only after a wait: without limits this costs next to nothing. A
-        # wait a stop cut short is not counted: no attempt follows it.
-        if waited > 0 and not self.stopped.is_set():
+        # wait a stop or a fatal error cut short is not counted: no attempt follows it.
+        if waited > 0 and not self.halted.is_set():
             self.counters.rate_waits += 1
             self.counters.rate_wait_ms += round(waited * 1000)
             self.log.emit(events.RATE_WAIT, t=self.clock.now() - waited, span=span.span_id,
@@ -438,6 +444,12 @@ class Shard:
                     return
                 if again:
                     continue
+            if outcome.status == "http_429" and self.fatal_reason is None:  # not a quota's
+                if await self._hold_for_limit(span, attempt, outcome):
+                    continue
+                return
+            if outcome.http_status is not None:  # another answer: not every one is a 429
+                self._limit_answered(span)
             storm = False
             if self._first_cut(span, outcome):
                 span.outage_tries += 1
@@ -481,6 +493,58 @@ class Shard:
                     await self._ride_out_storm(span)
             finally:
                 self.counters.retrying -= 1
+
+    async def _hold_for_limit(self, span: Span, attempt: int, outcome: AttemptOutcome) -> bool:
+        """A 429 that is no quota's says the shard sends faster than the server allows, not
+        that the item is wrong: the item tries again, spending neither its attempts nor the
+        retry budget, after the wait the server asked for (at most retry.max_server_wait_s),
+        or a backoff where it asked none; and the shard slows down, every request paced by
+        what it learned of the server's limit (`RateLimiter.limited`), so the retry and the
+        items after it wait their turn as `rate_wait`. False once the span has ended: a stop,
+        or 429s alone for retry.outage_s (`_limited_too_long`)."""
+        now = self.clock.now()
+        if self.limited_since is None:
+            self.limited_since = now
+        # The requests sent: those ended, and those out now (its first 429 may be its first end).
+        self.limiter.limited(self.counters.attempts + self.sending)
+        if self.stopping:
+            self._abandon(span)  # a passing failure in a stop: no verdict on the item
+            return False
+        if self._limited_too_long(now):
+            self._end_early(span)
+            return False
+        span.outage_tries += 1
+        asked = server_wait(429, outcome.retry_after, outcome.rate_headers)
+        policy = self.retrier.policy
+        wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
+                else min(asked, policy.max_server_wait_s))
+        span.history[-1]["wait"] = wait
+        self._plan_retry(span, attempt, cause=outcome.status, wait=wait, why=RATE_LIMITED)
+        self.counters.retrying += 1
+        try:
+            await self._pause(wait)
+        finally:
+            self.counters.retrying -= 1
+        return True
+
+    def _limit_answered(self, span: Span) -> None:
+        """An answer other than a 429: not every one is a 429 any more, unless its request
+        went before the first of them (a 429 and the success of a request sent with it come
+        back together: the success says nothing of the server since)."""
+        since = self.limited_since
+        if since is not None and (span.attempt_started_at or 0.0) >= since:
+            self.limited_since = None
+
+    def _limited_too_long(self, now: float) -> bool:
+        """Stop the run once every answer has been a 429 for retry.outage_s: a limit used up
+        for long (a daily one), or a key the server allows nothing; True when it stopped."""
+        since = self.limited_since
+        if since is None or now - since < self.retrier.policy.outage_s or self.stopping:
+            return False
+        self._go_fatal(f"the endpoint answered every request with 429 (rate limited) for "
+                       f"{now - since:.0f} s, longer than retry.outage_s; {self.cfg.way_on} "
+                       f"once its limit lets requests through again", ABANDON)
+        return self.fatal_reason is not None
 
     async def _storm_comes_first(self, span: Span) -> bool:
         """A retry whose wait for the rate limit ended in a storm that began during it waits
@@ -944,6 +1008,8 @@ class Shard:
             reason = self._storm_too_long(now)
         if reason is not None:
             self._go_fatal(reason, ABANDON, cause=cause)
+        else:
+            self._limited_too_long(now)
 
     async def _ride_out_storm(self, span: Span) -> None:
         """Wait in a storm until a success ends it, or until this span's turn to probe comes
@@ -1295,6 +1361,10 @@ class Shard:
         self.ever_connected = self.ok_once = True
         self._endpoint_answered(span)
         self._storm_success(span)  # every success: it tells a flaky server from a storm
+        if self.limited_since is not None:  # 429s alone no longer, if sent after the first
+            self._limit_answered(span)
+        if self.limiter.learned is not None:  # paced by the server's 429s: a little faster
+            self.limiter.grew()
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

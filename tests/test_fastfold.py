@@ -106,9 +106,10 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     letters) under a job-wide rate limit (rate waits)."""
     root = tmp_path_factory.mktemp("fast")
     write_input(root / "input.jsonl", 400)
+    # 15 % 500s at two attempts for dead letters: the 429s are held, never dead-lettered.
     # Retry-After 0.05 s, not the simulator's 1 s: each 429 held its shard's requests for 1 s
     # (the job-wide limit waits it out), and the run took 11 s where 2 do.
-    sim = {**FAST_SIM, "fail_500": 0.05, "fail_429": 0.03, "retry_after_s": 0.05,
+    sim = {**FAST_SIM, "fail_500": 0.15, "fail_429": 0.03, "retry_after_s": 0.05,
            "drop_mid_stream": 0.03, "cached_tokens": 3, "refusal": 0.2, "reasoning_tokens": 2}
     write_job(root / "job.yaml", shards=2, concurrency=8,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
@@ -127,7 +128,7 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
         both(path, minutes_only, keep_lines, cap=8, idle_until=math.inf)
     text = b"".join(p.read_bytes() for p in files)
     # the run exercised what the C fold must get right
-    for needle in (b'"ev":"retry"', b'"why":"server"', b'"outcome":"dead"',
+    for needle in (b'"ev":"retry"', b'"why":"rate_limited"', b'"outcome":"dead"',
                    b'"wasted_tokens":', b'"reused":true', b'"ev":"rate_wait"',
                    b'"ev":"loop_lag"', b'"cached_tokens":3', b'"reason":"refusal"',
                    b'"reasoning_tokens":2'):

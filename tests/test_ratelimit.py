@@ -351,3 +351,77 @@ def test_observe_headers_reads_its_own_clock() -> None:
     t.now = 50.0
     rl.observe_headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"})
     assert rl.pause_until == 52.0
+
+
+def test_a_window_of_429s_cuts_the_learned_pace_and_successes_grow_it() -> None:
+    """A window is judged once it holds 20 requests (and, once a pace is learned, has lasted
+    1 s): a 429 among 40 successes cuts nothing; 7 of the 20 requests sent next cut the pace
+    to 0.7 x 20/s (a window shorter than a second read as one), and every request is paced
+    by it. A second window cuts again from the learned pace (the shard sent faster than it,
+    its first requests going at the old pace); each success adds LEARN_GROW."""
+    lim, t = limiter(None, None)
+    t.now = 2.0
+    assert not lim.limited(sent=10)  # too few requests to judge
+    assert not lim.limited(sent=40) and lim.learned is None  # 2 of 40: a new window
+    assert not any(lim.limited(sent) for sent in range(41, 47))  # 6 of 6: too few requests
+    t.now = 2.1
+    assert lim.limited(sent=60)  # 7 of 20
+    assert lim.learned == pytest.approx(ratelimit.LEARN_CUT * 20)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(14.0)
+    assert [lim.wait(t.now, lim.reserve(t.now, 1)) for _ in range(3)] == pytest.approx(
+        [0.0, 1 / 14, 2 / 14])
+    t.now = 2.5
+    assert not lim.limited(sent=100)  # 40 requests, but in less than a second
+    t.now = 3.2
+    assert not lim.limited(sent=101) and lim.learned == pytest.approx(14.0)  # 2 of 41
+    for sent in range(102, 116):  # 14 429s as the window fills
+        assert not lim.limited(sent)
+    t.now = 4.3
+    assert lim.limited(sent=141) and lim.learned == pytest.approx(14 * 0.7)  # 15 of 40
+    lim.grew()
+    assert lim.learned == pytest.approx(14 * 0.7 + ratelimit.LEARN_GROW)
+
+
+def test_a_server_refusing_a_fifth_of_the_requests_at_random_teaches_no_pace() -> None:
+    """Every fifth request of 1,000 sent 10 a second is a 429, whatever the pace: no window
+    holds more than LEARN_SHARE of them, and the shard is never slowed."""
+    lim, t = limiter(None, None)
+    for sent in range(5, 1001, 5):
+        t.now = sent / 10
+        assert not lim.limited(sent)
+    assert lim.learned is None and lim.requests is None
+
+
+def test_a_cut_is_of_what_was_sent_if_less_and_never_below_a_request_a_minute() -> None:
+    """Paced at 14/s but sending 5/s (the cap held it back), a window of 10 s, a third of it
+    429s, cuts to 0.7 x 5/s, not 0.7 x 14/s; and a pace never drops below one a minute."""
+    lim, t = limiter(None, None)
+    for sent in range(1, 21):
+        lim.limited(sent)
+    assert lim.learned == pytest.approx(14.0)
+    t.now = 5.0
+    for sent in range(21, 37):  # 16 429s as the window fills
+        lim.limited(sent)
+    t.now = 10.0
+    assert lim.limited(sent=70) and lim.learned == pytest.approx(3.5)  # 17 of 50 in 10 s
+    t.now = 5000.0
+    for sent in range(71, 91):
+        lim.limited(sent)
+    assert lim.learned == ratelimit.LEARN_MIN_PER_S
+
+
+def test_the_learned_pace_and_the_jobs_share_pace_together_the_slower_wins() -> None:
+    """Under a job share of 600 rpm (10/s), a learned 14/s leaves it at 10/s, a learned 9.8/s
+    takes over, and a new share keeps the learned pace where it is the slower."""
+    lim, t = limiter(600, None)
+    for sent in range(1, 21):
+        lim.limited(sent)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(10.0)
+    t.now = 1.5
+    for sent in range(21, 41):  # measured over 1.5 s: 13.3/s, less than 14/s
+        lim.limited(sent)
+    assert lim.requests.rate_per_s == pytest.approx(0.7 * 20 / 1.5)
+    lim.set_share(1200, None)
+    assert lim.requests.rate_per_s == pytest.approx(0.7 * 20 / 1.5)
+    lim.set_share(300, None)
+    assert lim.requests.rate_per_s == pytest.approx(5.0)

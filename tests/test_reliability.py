@@ -137,8 +137,8 @@ def test_fault_class_exactly_once_and_telemetry_matches(
     retries = [e for e in run.events if e["ev"] == "retry"]
     assert len(retries) == sum(1 for e in run.events
                                if e["ev"] == "attempt_end" and e["status"] != "ok") - len(run.dead)
-    if kind == "fail_429":
-        assert all(r["wait"] >= 0.05 and r["why"] == "server" for r in retries)
+    if kind == "fail_429":  # held for the server's ask, spending no attempt (`_hold_for_limit`)
+        assert all(r["wait"] >= 0.05 and r["why"] == "rate_limited" for r in retries)
 
 
 def _storm_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -268,21 +268,89 @@ def test_a_job_failed_from_the_start_at_a_small_cap_dead_letters_nothing(
     assert max(e["attempt"] for e in run.events if e["ev"] == "attempt_start") > 4
 
 
+@pytest.mark.parametrize("headers", ["openai", "none"])
+def test_a_server_enforcing_a_rate_limit_answers_every_item(tmp_path: Path,
+                                                           headers: str) -> None:
+    """A server that lets 1,200 requests a minute through (20 a second, a burst of 20) and
+    answers 429 over it, with OpenAI's x-ratelimit-* headers and Retry-After or with nothing:
+    2 x 16 at a 5 ms first token would send some 50 times that. Every item succeeds and none
+    is dead-lettered (the 429s spend neither attempts nor the retry budget), and the shards
+    slow down to the server's pace instead of hammering it: it answered fewer 429s than 60 %
+    of the items (unpaced, about 1,000 with no headers and 150 with them; paced, 80 and 50),
+    and the shards waited for their learned pace (`rate_wait`)."""
+    ids = write_input(tmp_path / "input.jsonl", 200)
+    with sim(rpm_limit=1200, rpm_headers=headers) as server:
+        job_for(tmp_path, server.base_url, shards=2, concurrency=16)
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+        stats = sim_stats(server)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    assert not run.dead and len(run.results) == len(ids)
+    rejected = stats["faults"]["rpm_limit"]
+    assert 0 < rejected < 0.6 * len(ids), rejected
+    assert failed_attempts(run, "http_429") == rejected
+    retries = [e for e in run.events if e["ev"] == "retry"]
+    assert len(retries) == rejected and {r["why"] for r in retries} == {"rate_limited"}
+    assert any(e["ev"] == "rate_wait" for e in run.events)
+
+
+def test_429s_at_random_for_longer_than_outage_s_stop_nothing(tmp_path: Path) -> None:
+    """A server refusing a tenth of the requests at random for the whole run, which lasts well
+    past retry.outage_s (1 s): its answers are not all 429s, so the run is not stopped, and
+    every item succeeds."""
+    ids = write_input(tmp_path / "input.jsonl", 300)
+    with sim(fail_429=0.1, retry_after_s=0.05, ttft_ms=50) as server:
+        job_for(tmp_path, server.base_url, shards=1, concurrency=4, retry={"outage_s": 1})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert len(run.results) == len(ids) and failed_attempts(run, "http_429") > 0
+    times = [e["t"] for e in run.events]
+    assert max(times) - min(times) > 3  # the premise: the run outlasted outage_s
+
+
+def stopped_once(tmp_path: Path, faults: dict[str, Any], cap: int, sentence: str) -> Path:
+    """job.yaml run at `cap` against a simulator with `faults` and retry.outage_s 2, which must
+    stop it (exit 1) with one error line matching `sentence`: the run's directory."""
+    with sim(**faults) as server:
+        job_for(tmp_path, server.base_url, concurrency=cap, retry={"outage_s": 2})
+        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = error_lines(proc.stderr, tmp_path)
+    assert len(errors) == 1 and re.fullmatch(sentence, errors[0]), errors
+    return only_run(tmp_path / "runs")
+
+
+def test_a_server_answering_only_429s_for_outage_s_stops_the_run_for_resume(
+        tmp_path: Path) -> None:
+    """A server that lets one request a minute through, against retry.outage_s 2: once every
+    answer has been a 429 for 2 s the run stops with one sentence (not after the 60 s its
+    Retry-After asks, which the held items nap), nothing dead-lettered, and a resume against
+    a healthy server finishes exactly once."""
+    ids = write_input(tmp_path / "input.jsonl", 40)
+    path = stopped_once(tmp_path, {"rpm_limit": 1}, 4,
+                        r"error: the endpoint answered every request with 429 \(rate limited\) "
+                        r"for \d+ s, longer than retry\.outage_s; continue with --resume once "
+                        r"its limit lets requests through again")
+    run = Run.load(path)
+    assert not run.dead and len(run.results) == 1
+    first_429 = min(e["t"] for e in run.events if e["ev"] == "attempt_end" and e["http"] == 429)
+    last_end = max(e["t"] for e in run.events if e["ev"] == "released")
+    assert last_end - first_429 < 30, (first_429, last_end)  # the stop, not the asked wait
+    resume_on_a_live_server(tmp_path, path, ids)
+
+
 def test_a_storm_longer_than_outage_s_stops_the_run_for_resume(tmp_path: Path) -> None:
     """A storm of 500s that sets in once requests have succeeded, and outlasts retry.outage_s
     (2 s): the run stops with the outage's sentence, nothing dead-lettered, and a resume
     against a healthy server finishes exactly once."""
     ids = write_input(tmp_path / "input.jsonl", 400)
-    with sim(storm_after_n=100, storm_s=120, storm_status=500) as server:
-        job_for(tmp_path, server.base_url, concurrency=8, retry={"outage_s": 2})
-        proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    errors = error_lines(proc.stderr, tmp_path)
-    assert len(errors) == 1 and re.fullmatch(
-        r"error: the endpoint failed every request for \d+ s \(HTTP 500: The server had an "
-        r"error while processing your request \(simulated\)\.\), longer than "
-        r"retry\.outage_s; continue with --resume once it answers again", errors[0]), errors
-    path = only_run(tmp_path / "runs")
+    path = stopped_once(tmp_path, {"storm_after_n": 100, "storm_s": 120, "storm_status": 500}, 8,
+                        r"error: the endpoint failed every request for \d+ s \(HTTP 500: The "
+                        r"server had an error while processing your request \(simulated\)\.\), "
+                        r"longer than retry\.outage_s; continue with --resume once it answers "
+                        r"again")
     assert not Run.load(path).dead
     resume_on_a_live_server(tmp_path, path, ids)
 
@@ -546,18 +614,23 @@ def test_a_server_failing_most_requests_at_random_is_no_storm(tmp_path: Path) ->
     assert not _retries_in_storms_overlap(run)  # the storms it had were held as storms
 
 
-def test_server_wait_above_ceiling_dead_letters(tmp_path: Path) -> None:
-    """A Retry-After above retry.max_server_wait_s dead-letters instead of sleeping."""
+def test_a_429_asking_above_the_ceiling_is_held_at_the_ceiling_not_dead_lettered(
+        tmp_path: Path) -> None:
+    """Every request answered 429 with a Retry-After of an hour, above retry.max_server_wait_s
+    (1 s): a rate limit is the server's, not the item's, so no item is dead-lettered for the
+    ask (as a 503's outside a storm is, below); each waits the ceiling and tries again, and
+    once every answer has been a 429 for retry.outage_s (3 s) the run stops for --resume."""
     ids = write_input(tmp_path / "input.jsonl", 20)
     with sim(fail_429=1.0, retry_after_s=3600) as server:
-        # A low ceiling: the shard still honours the server's pause up to it, so it is what
-        # this test waits (it says nothing about the ceiling's size).
-        job_for(tmp_path, server.base_url, retry={**RETRY_FAST, "max_server_wait_s": 2})
+        job_for(tmp_path, server.base_url,
+                retry={**RETRY_FAST, "max_server_wait_s": 1, "outage_s": 3})
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "answered every request with 429" in proc.stderr, proc.stderr
     run = Run.load(only_run(tmp_path / "runs"))
-    assert sorted(d["id"] for d in run.dead) == sorted(ids)
-    assert all(d["reason"].startswith("server_wait_too_long") for d in run.dead)
+    assert not run.dead and not run.results and len(ids) == 20
+    retries = [e for e in run.events if e["ev"] == "retry"]
+    assert retries and all(r["wait"] == 1 and r["why"] == "rate_limited" for r in retries)
 
 
 def test_a_server_wait_above_ceiling_in_a_storm_holds_the_items(tmp_path: Path) -> None:

@@ -49,9 +49,9 @@ TABLE: dict[str, tuple[str, str]] = {
                   "fix the stall first: look for blocking work on the event loop or a slow "
                   "hand-out; then reconsider the cap"),
     "rate_limit": ("the client held work back for a rate limit: the job's own rate_limits "
-                   "(rpm/tpm), or the server's x-ratelimit-* headers saying it had no room "
-                   "left until their reset; that part of t_queue and of the gap time is "
-                   "intended",
+                   "(rpm/tpm), the server's x-ratelimit-* headers saying it had no room "
+                   "left until their reset, or the pace a shard learned from the server's "
+                   "429s; that part of t_queue and of the gap time is intended",
                    "raise rate_limits if the job sets them and the provider allows more; "
                    "otherwise this is the provider's ceiling (ask it for a higher limit)"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
