@@ -9,6 +9,7 @@ a floor under that wait. The budget (Envoy/gRPC style) caps retries at
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -147,6 +148,17 @@ def server_wait(
             asks.append(parse_duration(rate_headers.get(name)))
     found = [a for a in asks if a is not None]
     return max(found) if found else None
+
+
+_LIMIT_ASKED = re.compile(r"Limit:? (\d+), Requested:? (\d+)")
+
+
+def over_whole_limit(error: str | None) -> bool:
+    """A 429 whose words say the request alone asks more than the whole limit (OpenAI's "Request
+    too large for gpt-4o ... on tokens per min (TPM): Limit 30000, Requested 45000"): no wait
+    ever lets it through, so it is the item's fault, as a 4xx is, not the server's pace."""
+    found = _LIMIT_ASKED.search(error or "")
+    return found is not None and int(found[2]) > int(found[1])
 
 
 def is_retryable(status: str, http_status: int | None) -> bool:

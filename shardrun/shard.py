@@ -48,7 +48,14 @@ from shardrun.outage import (
 )
 from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
 from shardrun.resume import share_lock
-from shardrun.retry import Decision, Retrier, RetryPolicy, is_retryable, server_wait
+from shardrun.retry import (
+    Decision,
+    Retrier,
+    RetryPolicy,
+    is_retryable,
+    over_whole_limit,
+    server_wait,
+)
 from shardrun.shard_config import ABANDON, DEAD_LETTER, Counters, ShardConfig
 from shardrun.shard_output import ShardOutput
 from shardrun.spans import Span, dead_record, result_record
@@ -445,6 +452,10 @@ class Shard:
                 if again:
                     continue
             if outcome.status == "http_429" and self.fatal_reason is None:  # not a quota's
+                if over_whole_limit(outcome.error):  # no wait cures it: dead now, as a 4xx
+                    self._limit_answered(span)
+                    self._dead_letter(span, f"request_over_limit: {outcome.error}")
+                    return
                 if await self._hold_for_limit(span, attempt, outcome):
                     continue
                 return
