@@ -512,7 +512,8 @@ class Shard:
         or a backoff where it asked none; and the shard slows down, every request paced by
         what it learned of the server's limit (`RateLimiter.limited`), so the retry and the
         items after it wait their turn as `rate_wait`. False once the span has ended: a stop,
-        or 429s alone for retry.outage_s (`_limited_too_long`)."""
+        429s alone for retry.outage_s (`_limited_too_long`), or this item refused that long
+        while the server answered others (a dead letter)."""
         now = self.clock.now()
         if self.limited_since is None:
             self.limited_since = now
@@ -524,9 +525,19 @@ class Shard:
         if self._limited_too_long(now):
             self._end_early(span)
             return False
+        policy = self.retrier.policy
+        if span.limited_at is None:
+            span.limited_at = now
+        elif now - span.limited_at >= policy.outage_s:
+            # The server answered others meanwhile (else `_limited_too_long` stopped the run):
+            # this one it keeps refusing, as a token limit may a prompt too big to fit among
+            # smaller ones. A bound, so that no item cycles for the rest of the run unheard of.
+            self._dead_letter(span, f"rate_limited_too_long: refused with 429 for "
+                                    f"{now - span.limited_at:.0f} s while the server answered "
+                                    f"other requests; last: {outcome.error}")
+            return False
         span.outage_tries += 1
         asked = server_wait(429, outcome.retry_after, outcome.rate_headers)
-        policy = self.retrier.policy
         wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
                 else min(asked, policy.max_server_wait_s))
         span.history[-1]["wait"] = wait

@@ -46,6 +46,9 @@ class Span:
     list_free_used: bool = False
     # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
     retry_line: dict[str, Any] | None = None
+    # When a 429 first held it (`Shard._hold_for_limit`): held past retry.outage_s while the
+    # server answers others, it is a dead letter.
+    limited_at: float | None = None
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

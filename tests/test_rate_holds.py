@@ -50,8 +50,11 @@ class _Client:
                               ended_at=self.clock.t, error=error)
 
 
-def _run_one(tmp_path: Path, errors: list[str | None], **retry: float) -> tuple[Shard, int]:
-    """One item through the shard's attempts: the shard, and how many attempts it made."""
+def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
+             **retry: float) -> tuple[Shard, int]:
+    """One item through the shard's attempts: the shard, and how many attempts it made;
+    `others_answered`: during each hold the server answers another request (as a success of
+    another item tells the shard, `Shard._limit_answered`)."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry)
@@ -61,6 +64,8 @@ def _run_one(tmp_path: Path, errors: list[str | None], **retry: float) -> tuple[
 
     async def pause(wait: float) -> None:  # a hold's wait passes on the test's clock
         clock.t += wait
+        if others_answered:
+            shard.limited_since = None
 
     shard._pause = pause  # type: ignore[method-assign]
     span = Span("s0", {"id": "a", "messages": [{"role": "user", "content": "x"}]}, clock.t)
@@ -83,3 +88,29 @@ def test_a_request_larger_than_the_whole_limit_is_dead_lettered_at_once(tmp_path
     assert calls == 1 and shard.counters.dead == 1
     assert [d["reason"] for d in _dead(tmp_path)] == [f"request_over_limit: {TOO_LARGE}"]
     assert shard.limited_since is None  # not a sign the server refuses everything
+
+
+def test_an_item_refused_for_outage_s_while_others_are_answered_is_dead_lettered(
+        tmp_path: Path) -> None:
+    """429s that spend no attempts must still end: an item the server keeps refusing while it
+    answers others (a token limit a big prompt never fits under among small ones) is a dead
+    letter once held retry.outage_s, naming how long and the server's last words (held, it
+    cycled through every 429 of the script, and its last attempt succeeded)."""
+    shard, calls = _run_one(tmp_path, [PACE] * 200, others_answered=True, outage_s=30.0)
+    assert shard.counters.dead == 1 and calls < 200, calls
+    (reason,) = [d["reason"] for d in _dead(tmp_path)]
+    assert reason.startswith("rate_limited_too_long: refused with 429 for ")
+    assert reason.endswith(f"while the server answered other requests; last: {PACE}")
+    held = float(reason.split(" for ")[1].split(" s ")[0])
+    assert 30 <= held < 40, reason  # one hold past the bound at most (a wait is under 5 s)
+
+
+def test_an_item_refused_while_the_server_refuses_everything_stops_the_run(
+        tmp_path: Path) -> None:
+    """The same 429s with no other answer are the server's limit, not the item's: the run stops
+    for --resume and the item gets no dead letter."""
+    shard, calls = _run_one(tmp_path, [PACE] * 200, outage_s=30.0)
+    assert shard.counters.dead == 0 and calls < 200
+    assert shard.fatal_reason is not None and "answered every request with 429" in (
+        shard.fatal_reason)
+    assert _dead(tmp_path) == []
