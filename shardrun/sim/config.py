@@ -30,9 +30,9 @@ MAX_SAMPLED_TOKENS = 65536
 TokenKind = Literal["fixed", "uniform", "lognormal"]
 Kind = Literal["chat", "completions", "responses"]
 TEXTS = ("words", "prose")
+"""What the words look like (`SimConfig.text`): plain, or prose with bytes JSON escapes."""
 #: What the answers of an enforced limit say of it (`SimConfig.rpm_headers`, sim/limit.py).
 LIMIT_HEADERS = ("openai", "retry_after", "none")
-"""What the words look like (`SimConfig.text`): plain, or prose with bytes JSON escapes."""
 
 #: 256 distinct three-letter words; byte i of a per-request random string picks word i.
 _C, _V = "bdfgklmnprstvz", "aeiou"
