@@ -167,7 +167,8 @@ class RateLimiter:
     ) -> None:
         """`phase` (0 <= phase < 1): the share of its first request this shard owes from the
         start, k/N for shard k of N, so the shards' first requests do not all go at once.
-        `stopped` says the shard is stopping: a wait then ends at once (`sleep` returns early)."""
+        `stopped` says no attempt may follow (a stop, a fatal error): a wait then ends at once
+        (`sleep` returns early)."""
         self._clock, self._sleep, self._stopped = clock, sleep, stopped
         self.max_pause_s = min(max_pause_s, MAX_PAUSE_S)
         self.requests = _pacer_for(rpm)

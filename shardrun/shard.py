@@ -184,12 +184,10 @@ class Shard:
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
         # pausing no longer than the job lets the server make it wait (max_server_wait_s).
-        # Set by a stop: waits for the rate limit or a retry's backoff end at once then, since
-        # no request may start after a stop (nothing in flight would keep the grace busy).
-        self.stopped = asyncio.Event()
         # Set by a stop or a fatal error: a retry's wait, or one for the rate limit, ends at
-        # once then (`_pause`): no attempt follows either (a shard stopped after 429s alone
-        # had a span wait 20 s more for a pace of one request a minute).
+        # once then (`_pause`): no attempt follows either (no request may start after a stop,
+        # and a shard stopped after 429s alone had a span wait 20 s more for a pace of one
+        # request a minute).
         self.halted = asyncio.Event()
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
@@ -218,7 +216,6 @@ class Shard:
             self.limiter.set_share(message.get("rpm"), message.get("tpm"))
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
-            self.stopped.set()
             self.halted.set()
             self._wake_held()
             self._abandon_queued()
@@ -301,19 +298,14 @@ class Shard:
             if self.list_probe is span:
                 self.list_probe = None
 
-    async def _nap(self, seconds: float, until: asyncio.Event | None = None) -> None:
-        """Sleep `seconds`, or less if a stop comes first (or `until` is set)."""
-        event = self.stopped if until is None else until
-        if not event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), seconds)
-
     async def _pause(self, seconds: float) -> None:
-        """A retry's wait: a fatal error ends it too (no retry follows one), so the run stops
-        when it is called, not after the longest wait (a probe napping a 20 s Retry-After held
-        a storm's stop 17 s past retry.outage_s). Not the rate limiter's sleep, which asks
-        again at once when woken short of a stop."""
-        await self._nap(seconds, self.halted)
+        """A retry's wait, and the rate limiter's sleep: a stop or a fatal error ends it (no
+        attempt follows either), so the run stops when it is called, not after the longest
+        wait (a probe napping a 20 s Retry-After held a storm's stop 17 s past
+        retry.outage_s)."""
+        if not self.halted.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.halted.wait(), seconds)
 
     async def _probe_pause(self, seconds: float) -> None:
         """An outage probe's wait before it tries again (`_pause`), over too once the endpoint
