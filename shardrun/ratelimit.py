@@ -305,11 +305,11 @@ class RateLimiter:
 
 
 def _retuned(pacer: Pacer | None, per_minute: float | None, now: float) -> Pacer | None:
-    """The pacer for a new per-minute share, keeping the old pacer's debt when it had one."""
-    fresh = _pacer_for(per_minute)
-    if fresh is None or pacer is None:
-        return fresh
-    pacer.retune(now, fresh.rate_per_s)
+    """The pacer for a new per-minute share, keeping the old pacer's debt when it had one.
+    No new pacer is made for that (`RateLimiter.grew` retunes at every success)."""
+    if pacer is None or per_minute is None or math.isinf(per_minute):
+        return _pacer_for(per_minute)
+    pacer.retune(now, per_minute / 60.0)
     return pacer
 
 
