@@ -245,10 +245,10 @@ class RateLimiter:
 
     def _rpm(self) -> float | None:
         """The requests pacer's pace: the job's share or the learned pace, the slower."""
-        learned = None if self.learned is None else self.learned * 60.0
-        if learned is None or self._share_rpm is None:
-            return learned if self._share_rpm is None else self._share_rpm
-        return min(learned, self._share_rpm)
+        if self.learned is None:
+            return self._share_rpm
+        learned = self.learned * 60.0
+        return learned if self._share_rpm is None else min(learned, self._share_rpm)
 
     def limited(self, sent: int) -> bool:
         """A 429 (rate limited, not a quota), after this shard had sent `sent` requests (those
