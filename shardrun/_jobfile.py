@@ -102,15 +102,19 @@ def _params_of(node: yaml.Node, seen: set[int]) -> Iterator[yaml.Node]:
     seen.add(id(node))
     for key, value in node.value:
         if isinstance(key, yaml.ScalarNode) and key.tag == _MERGE_TAG:
-            merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
-            for mapping in merged:
+            for mapping in _merged(value):
                 yield from _params_of(mapping, seen)
         elif isinstance(key, yaml.ScalarNode) and key.value == "params":
             yield value
 
 
+def _merged(value: yaml.Node) -> list[yaml.Node]:
+    """The mappings a merge key (`<<`) brings in: one alias, or a list of them."""
+    return value.value if isinstance(value, yaml.SequenceNode) else [value]
+
+
 _YAML11_ONLY_BOOL = re.compile(r"^(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF)$")
-_STR_TAG, _MERGE_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
@@ -136,7 +140,7 @@ def _refuse_yaml11_words(node: yaml.Node, path: str, seen: set[int]) -> None:
     elif isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if key.tag == _MERGE_TAG:  # `<<: *base` (or a list of them): keys of this mapping
-                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                for merged in _merged(value):
                     _refuse_yaml11_words(merged, path, seen)
                 continue
             name = key.value if isinstance(key, yaml.ScalarNode) else "?"
