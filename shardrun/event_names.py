@@ -11,6 +11,8 @@ ATTEMPT_START = "attempt_start"
 ATTEMPT_END = "attempt_end"
 RETRY = "retry"
 RATE_WAIT = "rate_wait"
+# The pace a shard learned of the server's limit, at each cut (`RateLimiter.limited`): rare.
+RATE_LEARNED = "rate_learned"
 RELEASED = "released"
 LOOP_LAG = "loop_lag"
 CHECKPOINT = "checkpoint"
@@ -38,6 +40,7 @@ ALL_EVENTS = frozenset(
         ATTEMPT_END,
         RETRY,
         RATE_WAIT,
+        RATE_LEARNED,
         RELEASED,
         LOOP_LAG,
         CHECKPOINT,

@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total",
-           "smoothed_rate"]
+           "limit_clause", "smoothed_rate"]
 
-COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens")
+COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens", "limited_429s")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
-          "failing_cause", "sending", "unheard_s")
+          "failing_cause", "sending", "unheard_s", "paced_rps")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
 # Requests out and nothing heard for this long (no stream's events, no answer): say so. A hung
 # endpoint holds every request until its timeouts fire, and timeouts are no storm; without the
@@ -139,6 +139,10 @@ class Snapshot:
     starting_shards: int = 0
     started_shards: int = 0
     starting_s: float | None = None
+    # 429s of the server's rate limit so far (each held its item), and the pace the working
+    # shards learned of it, in requests a second (None: none learned one).
+    limited_429s: int = 0
+    paced_rps: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -370,6 +374,8 @@ class ProgressView:
         unheard = min((float(g.get("unheard_s") or 0) for g in sending), default=0.0)
         silent_s = None if unheard < SILENT_AFTER_S or down or failing_s else unheard
         starts = [now - at for at in self._unheard.values() if now - at >= STARTING_AFTER_S]
+        paces = [float(s.gauges["paced_rps"]) for s in working
+                 if s.gauges.get("paced_rps") is not None]
         return Snapshot(now - self.started, self._total(), sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
@@ -379,7 +385,8 @@ class ProgressView:
                         self.skipping_rejected() if self.skipping is not None else 0,
                         self.rejected(), 0 if down else len(waiting), len(busy),
                         None if down or not waiting else max(waiting), self.stopping,
-                        len(starts), len(working) + len(self._unheard), max(starts, default=None))
+                        len(starts), len(working) + len(self._unheard), max(starts, default=None),
+                        sums["limited_429s"], sum(paces) if paces else None)
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -467,7 +474,8 @@ def format_plain_line(s: Snapshot) -> str:
             f"{_waiting_text(s.waiting_shards, s.working_shards, s.waiting_s)}"
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}"
-            f"{_starting_text(s.starting_shards, s.started_shards, s.starting_s)}")  # fmt: skip
+            f"{_starting_text(s.starting_shards, s.started_shards, s.starting_s)}"
+            f"{_limit_text(s)}")  # fmt: skip
 
 
 def _failed_text(s: Snapshot) -> str:
@@ -489,6 +497,19 @@ def _skipping_text(lines: int, rejected: int) -> str:
 
 def _held_text(rate_waiting: int) -> str:
     return f"; {rate_waiting:,} waiting for the rate limit" if rate_waiting else ""
+
+
+def limit_clause(refused: int, paced_rps: float | None) -> str:
+    """The server's rate limit in a few words: its 429s, and the pace the shards learned."""
+    pace = "" if paced_rps is None else f", shards settled at {paced_rps * 60:,.0f} req/min"
+    return f"{counted(refused, '429')} held{pace}"
+
+
+def _limit_text(s: Snapshot) -> str:
+    """The server refused requests for its rate limit: its limit, not the cap, sets the pace."""
+    if not s.limited_429s:
+        return ""
+    return f"; server rate limit: {limit_clause(s.limited_429s, s.paced_rps)}"
 
 
 def _down_text(down_s: float | None) -> str:
@@ -614,6 +635,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
     if s.starting_s is not None:
         counts.append(_starting_text(s.starting_shards, s.started_shards, s.starting_s)
                       .replace(";", "  │", 1), "yellow")
+    if s.limited_429s:
+        counts.append(_limit_text(s).replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 

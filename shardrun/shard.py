@@ -147,6 +147,9 @@ class Shard:
         # Since when every answer has been a 429 (rate limited), none a success (None: not so);
         # the items are held meanwhile (`_hold_for_limit`), and retry.outage_s of it stops.
         self.limited_since: float | None = None
+        # The pace learned of the server's limit at the last cut (requests a second; None: no
+        # cut yet), as its `rate_learned` line says.
+        self.paced_rps: float | None = None
         # For the live view's "nothing heard for": attempts out now, when one last ended with an
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
@@ -509,8 +512,14 @@ class Shard:
         now = self.clock.now()
         if self.limited_since is None:
             self.limited_since = now
+        self.counters.limited_429s += 1
         # The requests sent: those ended, and those out now (its first 429 may be its first end).
-        self.limiter.limited(self.counters.attempts + self.sending)
+        if self.limiter.limited(self.counters.attempts + self.sending):
+            # Logged at a cut only (a window of requests apart at least), not as each success
+            # grows it: `report` reads the pace the server's limit left the shards from these,
+            # and the progress reports carry the same figure.
+            self.paced_rps = round(self.limiter.learned or 0.0, 4)
+            self.log.emit(events.RATE_LEARNED, t=now, rps=self.paced_rps)
         if self.stopping:
             self._abandon(span)  # a passing failure in a stop: no verdict on the item
             return False
@@ -1473,6 +1482,7 @@ class Shard:
                 "sending": self.sending, "unheard_s": self._unheard_s(),
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
+                "paced_rps": self.paced_rps,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), **self.counters.as_dict()}

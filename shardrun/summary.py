@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.progress import clock_text
+from shardrun.progress import clock_text, limit_clause
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,10 @@ class RunSummary:
     refusals: int = 0  # successes whose answer was a refusal (the model declined)
     rate_waits: int = 0  # waits for a rate limit before an attempt (ours, or the server's)
     rate_wait_s: float = 0.0  # their time, summed over slots
+    # 429s of the server's rate limit, each holding its item, and the pace the shards learned
+    # of that limit (requests a second, summed over the shards that learned one; None: none).
+    limited_429s: int = 0
+    paced_rps: float | None = None
     # Dead letters left by earlier passes of a resumed run that this pass did not take: those
     # it took and did not end are counted in `unfinished`, not here too.
     prior_dead: int = 0
@@ -127,7 +131,8 @@ class RunSummary:
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
                            "reasoning_tokens", "estimated_ok", "refusals", "rate_waits",
-                           "rate_wait_ms")}  # fmt: skip
+                           "rate_wait_ms", "limited_429s")}  # fmt: skip
+        paces = [float(r["paced_rps"]) for r in reports if r.get("paced_rps") is not None]
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -147,6 +152,8 @@ class RunSummary:
             refusals=total["refusals"],
             rate_waits=total["rate_waits"],
             rate_wait_s=total["rate_wait_ms"] / 1000,
+            limited_429s=total["limited_429s"],
+            paced_rps=sum(paces) if paces else None,
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -235,7 +242,8 @@ class RunSummary:
             "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
             "estimated_successes": self.estimated_ok,
             "refusals": self.refusals, "cost": self.cost, "rate_waits": self.rate_waits,
-            "rate_wait_s": round(self.rate_wait_s, 3),
+            "rate_wait_s": round(self.rate_wait_s, 3), "limited_429s": self.limited_429s,
+            "paced_rps": None if self.paced_rps is None else round(self.paced_rps, 3),
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "read_to_line": self.read_to_line,
@@ -388,6 +396,9 @@ def format_summary(s: RunSummary) -> str:
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
+        *([f"  server rate limit  {limit_clause(s.limited_429s, s.paced_rps)} "
+           "(the server's limit set the pace; `shardrun report` says more)"]
+          if s.limited_429s else []),
         f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",
         f"  completion TPM     {s.tpm:,.0f} ("
         + ("run average" if s.segment == 0 else "this pass's average; report's run average "

@@ -135,14 +135,55 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
         assert needle in text
 
 
+def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
+    """Every `every`-th failed attempt made a 429 of the server's rate limit, as a shard logs
+    it: the attempt_end's status, a retry held for it (`rate_limited`), and after each such
+    retry a `rate_learned` line, its pace now a float, now an integer."""
+    out: list[dict[str, Any]] = []
+    failed = 0
+    refused: set[tuple[str, int]] = set()  # (span, attempt) answered 429
+    for rec in records:
+        if rec["ev"] == "attempt_end" and rec.get("status") == "http_5xx":
+            failed += 1
+            if failed % every == 0:
+                rec = {**rec, "status": "http_429"}
+                refused.add((rec["span"], rec["attempt"]))
+        if rec["ev"] == "retry" and (rec["span"], rec["attempt"]) in refused:
+            out.append({**rec, "cause": "http_429", "why": "rate_limited"})
+            rps = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
+            rec = ev("rate_learned", rec["t"], rps=rps)
+        out.append(rec)
+    return out
+
+
 @settings(max_examples=40, deadline=None)
-@given(log=logs, minutes_only=st.booleans())
-def test_generated_logs(log: tuple[int, list[tuple[Any, ...]]], minutes_only: bool) -> None:
+@given(log=logs, minutes_only=st.booleans(), every=st.integers(1, 3))
+def test_generated_logs(log: tuple[int, list[tuple[Any, ...]]], minutes_only: bool,
+                        every: int) -> None:
     records, _ = simulate(*log)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "shard-00.jsonl"
-        write_log(path, to_new_layout(records), checkpoint_every=7)
+        write_log(path, with_limit_holds(to_new_layout(records), every), checkpoint_every=7)
         both(path, minutes_only, minutes_only, cap=log[0], idle_until=records[-1]["t"] - 0.5)
+
+
+def test_limit_holds_are_counted_once_per_item_by_both_folds(tmp_path: Path) -> None:
+    """The generator above makes what the folds must count: items held more than once, and
+    paces learned, the last of which stands."""
+    twice, once = [(0.1, 0.1), (0.2, 0.1)], [(0.3, 0.1)]
+    records, _ = simulate(2, [(0.1, failures, 0.01, True, 0.1, 0.2, 0.01, 5, False)
+                              for failures in (twice, once, [])])
+    path = tmp_path / "shard-00.jsonl"
+    held = with_limit_holds(to_new_layout(records), 1)
+    write_log(path, held)
+    spans = {r["span"] for r in held if r["ev"] == "retry"}
+    holds = sum(r["ev"] == "retry" for r in held)
+    paces = [r["rps"] for r in held if r["ev"] == "rate_learned"]
+    assert holds > len(spans) > 0 and len(paces) == holds  # the premise
+    for fold in (python_fold, c_fold):
+        got = fold(path, False, False, cap=2)[1]
+        assert (got.limited_spans, got.learned_cuts, got.learned_rps) == (
+            len(spans), holds, paces[-1]), fold.__name__
 
 
 # Values a mutated field may take: each a different type, spelling or edge of the grammar.

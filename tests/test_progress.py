@@ -280,6 +280,32 @@ def test_a_storm_is_shown_with_its_cause_for_the_shard_in_it_longest() -> None:
     assert view.snapshot().failing_s is None and view.snapshot().failing_cause is None
 
 
+def test_a_server_rate_limit_is_one_clause_with_its_429s_and_the_pace_learned() -> None:
+    """Shards count the 429s of the server's rate limit (`limited_429s`) and report the pace
+    they learned at their last cut (`paced_rps`): both views say so in one clause, the 429s
+    over every shard, the pace over the shards still working; nothing before the first 429."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    view.update(0, report(5, in_flight=8, cap=8))
+    view.refresh()
+    assert "server rate limit" not in out.getvalue()
+    view.update(0, {**report(9, in_flight=8, cap=8), "limited_429s": 7, "paced_rps": 2.5})
+    view.update(1, {**report(9, in_flight=8, cap=8), "limited_429s": 5, "paced_rps": None})
+    view.update(2, {**report(9), "t": "done", "limited_429s": 3, "paced_rps": 4.0})
+    clock.now += 1
+    view.refresh()
+    line = out.getvalue().splitlines()[-1]
+    assert line.endswith("; server rate limit: 15 429s held, shards settled at 150 req/min"), line
+    console_out = StringIO()
+    console = Console(file=console_out, force_terminal=True, width=200, color_system=None)
+    frame = ProgressView(400, console=console, clock=clock)
+    frame.update(0, {**report(10), "limited_429s": 1})
+    with console.capture() as cap:
+        console.print(frame.render())
+    assert "│ server rate limit: 1 429 held" in cap.get()
+
+
 def test_requests_out_with_nothing_heard_are_shown_once_silent_long_enough() -> None:
     """Shards report the requests they have out (`sending`) and how long they have heard
     nothing (`unheard_s`). Once every shard sending has heard nothing for SILENT_AFTER_S, both

@@ -467,6 +467,68 @@ def test_real_run_matches_its_result_files(real_run: Path) -> None:
     assert doc["attempts"]["retries"] > 0 and "http_5xx" in doc["attempts"]["retry_causes"]
 
 
+@pytest.fixture(scope="module")
+def limited_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A real run against a simulator that lets 900 requests a minute through (15 a second, a
+    burst of 15) and answers 429 above it, which 2 shards x 16 go well past: items held, and a
+    pace learned. The run's directory and its standard output (the end summary)."""
+    root = tmp_path_factory.mktemp("limited")
+    write_input(root / "input.jsonl", 50)
+    sim = {**FAST_SIM, "rpm_limit": 900}
+    write_job(root / "job.yaml", shards=2, concurrency=16,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "runs" / "r1", done.stdout
+
+
+def _server_limit_finding(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc["triage"]["findings"] if f["id"] == "server_rate_limit"]
+
+
+def test_a_server_rate_limit_is_a_finding_with_the_numbers_of_its_log(
+        limited_run: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 429s, the retries they held and the items those were, and the pace the shards
+    learned (each shard's last `rate_learned`, summed) are the event log's, counted here line
+    by line; the time shares are the report's bucket shares; the C and the Python fold give
+    the same; and the end summary says it in a line of the shards' own counts."""
+    run, stdout = limited_run
+    events = [orjson.loads(line) for path in sorted((run / "events").glob("shard-*.jsonl"))
+              for line in path.read_bytes().splitlines()]
+    refused = sum(e["ev"] == "attempt_end" and e["status"] == "http_429" for e in events)
+    holds = [e for e in events if e["ev"] == "retry" and e["why"] == "rate_limited"]
+    learned = {e["shard"]: e["rps"] for e in events if e["ev"] == "rate_learned"}  # the last
+    assert refused and holds and learned  # the premise: the limit refused and taught a pace
+    doc, _ = load_report(run)
+    found = _server_limit_finding(doc)
+    assert len(found) == 1
+    ev = found[0]["evidence"]
+    assert (ev["http_429"], ev["held_retries"]) == (refused, len(holds))
+    assert ev["held_items"] == len({e["span"] for e in holds}) < len(holds)
+    pace = sum(learned.values())
+    assert (ev["paced_rps"], ev["paced_rpm"]) == (round(pace, 3), round(pace * 60, 1))
+    assert ev["paced_shards"] == len(learned)
+    shares = doc["latency"]["bucket_share"]
+    assert (ev["t_retry_share"], ev["t_queue_share"]) == (shares["t_retry"], shares["t_queue"])
+    assert "rate_limits.rpm" in found[0]["control"]
+    assert "the server's rate limit set the pace: SEEN" in format_report(doc)
+    monkeypatch.setenv("SHARDRUN_FAST_FOLD", "0")
+    assert _server_limit_finding(load_report(run)[0]) == found
+    said = f"  server rate limit  {refused:,} 429s held, shards settled at {pace * 60:,.0f} req/min"
+    assert any(line.startswith(said) for line in stdout.splitlines()), stdout
+
+
+def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
+    """A run the server never refused with 429: no finding, no line in the summary."""
+    doc, _ = load_report(real_run)
+    assert not _server_limit_finding(doc)
+    assert doc["attempts"]["server_limit"] == {
+        "http_429": 0, "held_retries": 0, "held_items": 0, "pace_cuts": 0, "paced_shards": 0,
+        "paced_rps": None, "paced_rpm": None}
+    summary = orjson.loads((real_run / "manifest.json").read_bytes())["summary"]
+    assert (summary["limited_429s"], summary["paced_rps"]) == (0, None)
+
+
 def test_real_run_summary_and_report_give_one_run_average(real_run: Path) -> None:
     """The run's summary (printed, and in the manifest) and `report` both call it the run
     average: completion tokens over the same window, run_start to run_end. The summary timed

@@ -51,7 +51,7 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, N_KEYS
+    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, N_KEYS
 };
 
 
@@ -68,6 +68,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "lag", 3) == 0) return K_LAG;
         if (memcmp(p, "cap", 3) == 0) return K_CAP;
         if (memcmp(p, "pid", 3) == 0) return K_PID;
+        if (memcmp(p, "rps", 3) == 0) return K_RPS;
         return -1;
     case 4:
         if (memcmp(p, "span", 4) == 0) return K_SPAN;
@@ -484,6 +485,7 @@ typedef struct {
     double q, a, s, c, f;
     unsigned char has_q, has_a, has_s, has_c, has_f, has_e, has_pc, e_has_pt, e_has_last;
     unsigned char e_estimated; /* `usage_estimated` is true: the client counted the tokens */
+    unsigned char held;        /* a retry of cause http_429: the server's rate limit held it */
     long long pc;
     /* the ok attempt_end: t, completion tokens, prompt tokens, itl_hist, last_token_t, line */
     double e_t, e_last;
@@ -620,6 +622,9 @@ typedef struct {
     long long new_conns, reused_conns, resent;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
+    long long limited_spans, learned_cuts;
+    int has_learned;
+    double learned_rps;
     int ended, has_first, has_last_t;
     double first_t, last_t;
 } Fold;
@@ -1182,6 +1187,12 @@ static int ev_retry(Fold *s, Val *v) {
         return 0;
     }
     if (!cause) return -1;
+    int limited = PyUnicode_CompareWithASCIIString(cause, "http_429") == 0;
+    /* the reference looks the span up by any value: only a plain string's is sure to match */
+    if (limited && !IS_SPAN(v[K_SPAN]) && PRESENT(v[K_SPAN])) {
+        Py_DECREF(cause);
+        return 0;
+    }
     int r = add_count(s->retries, cause, 1);
     double m = py_floordiv(v[K_T].d, 60.0);
     PyObject *minute = r < 0 ? NULL : PyLong_FromDouble(m);
@@ -1199,7 +1210,24 @@ static int ev_retry(Fold *s, Val *v) {
     Py_XDECREF(per);
     Py_XDECREF(minute);
     Py_DECREF(cause);
-    return r < 0 ? -1 : 1;
+    if (r < 0) return -1;
+    if (limited && PRESENT(v[K_SPAN])) { /* ShardFold._retry: once per open span */
+        Py_ssize_t i = span_get(s, &v[K_SPAN], 0);
+        if (i == -1) return -1;
+        if (i >= 0 && !s->spans[i].held) {
+            s->spans[i].held = 1;
+            s->limited_spans++;
+        }
+    }
+    return 1;
+}
+
+static int ev_rate_learned(Fold *s, Val *v) {
+    NEED(IS_NUM(v[K_RPS]));
+    s->learned_cuts++;
+    s->learned_rps = v[K_RPS].d;
+    s->has_learned = 1;
+    return 1;
 }
 
 static int ev_rate_wait(Fold *s, Val *v) {
@@ -1246,6 +1274,7 @@ static int fold_line(Fold *s, const char *line, Py_ssize_t len, int *checkpoint)
     if (IS("attempt_start")) return ev_attempt_start(s, v);
     if (IS("retry")) return ev_retry(s, v);
     if (IS("rate_wait")) return ev_rate_wait(s, v);
+    if (IS("rate_learned")) return ev_rate_learned(s, v);
 #undef IS
     s->unknown_events++;
     return 1;
@@ -1460,7 +1489,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L,s:L,s:L,s:L,s:L}",
+        "s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1477,7 +1506,9 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         "cap_slot_s", s->cap_slots, "sending_slot_s", s->sending_slots, "minutes", minutes, "segments", segments, "loop_lag", lag,
         "rate_waits", s->rate_waits, "refusals", s->refusals,
         "reasoning_tokens", s->reasoning_tokens, "resent", s->resent,
-        "estimated_ok", s->estimated_ok, "estimated_tokens", s->estimated_tokens);
+        "estimated_ok", s->estimated_ok, "estimated_tokens", s->estimated_tokens,
+        "limited_spans", s->limited_spans, "learned_cuts", s->learned_cuts, "learned_rps",
+        opt_float(s->has_learned, s->learned_rps));
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

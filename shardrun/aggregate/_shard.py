@@ -30,9 +30,9 @@ Handler = Callable[[Record, bytes], None]
 
 # Slots of an open span's state list: queued, prompt chars, admitted, attempt start, connection
 # ready, first token (the current attempt's), last token with its attempt and raw line (older
-# layout only), and the ok attempt_end.
-Q, PC, A, S, C, F, L, LA, LR, E = range(10)
-_EMPTY: list[Any] = [None] * 10
+# layout only), the ok attempt_end, and whether a 429 of the server's rate limit held it.
+Q, PC, A, S, C, F, L, LA, LR, E, H = range(11)
+_EMPTY: list[Any] = [None] * 11
 MAX_TRACKED_REASONS = 256
 # What `verify` reads: the figure's lines, and every line that moves the log's time window
 # exactly as in a full fold (so both agree on which minutes are partial).
@@ -60,7 +60,7 @@ class ShardFold:
             "attempt_start": self._attempt_start, "conn_ready": self._conn_ready,
             "first_token": self._first_token, "last_token": self._last_token,
             "attempt_end": self._attempt_end, "retry": self._retry, "released": self._released,
-            "rate_wait": self._rate_wait,
+            "rate_wait": self._rate_wait, "rate_learned": self._rate_learned,
             "loop_lag": self._loop_lag, "checkpoint": self._seen, "shard_end": self._shard_end,
         }  # fmt: skip
         if minutes_only:
@@ -227,12 +227,26 @@ class ShardFold:
         else:
             s.rate_wait_retry_s += rec["wait"]
 
+    def _rate_learned(self, rec: Record, raw: bytes) -> None:
+        """The shard cut the pace it learned of the server's limit to `rps`."""
+        rps = rec.get("rps")
+        if isinstance(rps, int | float) and not isinstance(rps, bool):
+            self.sum.learned_cuts += 1
+            self.sum.learned_rps = float(rps)
+
     def _retry(self, rec: Record, raw: bytes) -> None:
         s = self.sum
         cause = str(rec.get("cause"))
         s.retries[cause] = s.retries.get(cause, 0) + 1
         per_minute = s.retry_minutes.setdefault(int(rec["t"] // 60), {})
         per_minute[cause] = per_minute.get(cause, 0) + 1
+        # An item counts once however often the limit held it (a span never opened in this
+        # log, read from its middle, not at all).
+        sid = rec.get("span")
+        span = self.open.get(sid) if cause == "http_429" and isinstance(sid, str) else None
+        if span is not None and not span[H]:
+            span[H] = True
+            s.limited_spans += 1
 
     # -- a successful span ---------------------------------------------------------------------
 

@@ -69,6 +69,11 @@ class ShardSummary:
     new_conns: int = 0
     reused_conns: int = 0
     resent: int = 0  # requests sent again, their pooled connection found dead (`resent`)
+    # Spans with a retry of cause `http_429` (items the server's rate limit held), and the
+    # `rate_learned` lines: how many, and the pace the last one learned (requests a second).
+    limited_spans: int = 0
+    learned_cuts: int = 0
+    learned_rps: float | None = None
     rate_waits: int = 0
     rate_wait_first_s: float = 0.0  # before admission: inside t_queue, and all of it gap time
     rate_wait_retry_s: float = 0.0  # before a later attempt: inside t_retry

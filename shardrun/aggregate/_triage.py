@@ -54,6 +54,15 @@ TABLE: dict[str, tuple[str, str]] = {
                    "429s; that part of t_queue and of the gap time is intended",
                    "raise rate_limits if the job sets them and the provider allows more; "
                    "otherwise this is the provider's ceiling (ask it for a higher limit)"),
+    "server_rate_limit": ("the server refused requests with 429 for its rate limit (no quota): "
+                          "the shards held those items, spending none of their attempts, and "
+                          "slowed to the pace it allowed, so the server's limit, not shardrun's "
+                          "shards or cap, set the run's pace; the holds are inside t_retry and "
+                          "the waits for the learned pace inside t_queue and t_retry",
+                          "ask the provider for a higher limit, or set rate_limits.rpm near "
+                          "paced_rpm so that the shards send no faster than the server allows "
+                          "and it refuses nothing; more shards or a larger cap would only be "
+                          "refused too"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
                       "dropped before an answer, or a gateway's 502/504): the shards held the "
                       "items and probed it, spending none of their attempts",
@@ -146,8 +155,8 @@ def idle_gaps(scheduler: dict[str, Any]) -> dict[str, Any]:
 
 
 def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Dead letters, client saturation, heavy retries, our own rate limit and connection churn,
-    if present."""
+    """Dead letters, client saturation, outages, heavy retries, the server's rate limit, our
+    own rate limit and connection churn, if present."""
     out = []
     items = doc["items"]
     ended = items["succeeded"] + items["dead"]
@@ -181,6 +190,8 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_finding("retries", "many retries",
                             {"retry_rate_without_outage_waits": round(rate, 6), "causes": own,
                              "wasted_tokens": att["wasted_tokens"]}, *TABLE["t_retry"]))
+    if found := server_rate_limit(doc):
+        out.append(found)
     waits = doc["scheduler"]["rate_waits"]
     share = rate_share_of_slots(doc)
     if share is not None and share >= RATE_LIMIT_SHARE:
@@ -195,6 +206,29 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             {"churn_per_success": churn, "expected_churn": expected},
                             *TABLE["t_conn"]))
     return out
+
+
+def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The server's rate limit held items (429s, no quota's) or taught a shard a pace: what it
+    refused, the pace the shards settled on, and the share of the span time that the holds
+    (t_retry) and the waits before admission (t_queue) took; None when it did neither."""
+    limit = doc["attempts"]["server_limit"]
+    if not limit["held_retries"] and not limit["pace_cuts"]:
+        return None
+    shares = doc["latency"]["bucket_share"]
+    waits = doc["scheduler"]["rate_waits"]
+    evidence = {key: limit[key] for key in ("http_429", "held_retries", "held_items",
+                                            "paced_rpm", "paced_rps", "paced_shards")}
+    # What the server did answer, a minute of the run on average: near its limit when the
+    # limit held the run back (a learned pace from a window of the opening burst is above it).
+    duration = doc["run"]["duration_s"]
+    answered = doc["attempts"]["started"] - limit["http_429"]
+    evidence["answered_rpm"] = round(answered * 60 / duration, 1) if duration else None
+    evidence |= {"t_retry_share": shares.get("t_retry"), "t_queue_share": shares.get("t_queue"),
+                 "rate_wait_before_admission_s": waits["before_admission_s"],
+                 "rate_wait_before_retries_s": waits["before_retries_s"]}
+    return _finding("server_rate_limit", "the server's rate limit set the pace", evidence,
+                    *TABLE["server_rate_limit"])
 
 
 def rate_share_of_slots(doc: dict[str, Any]) -> float | None:
