@@ -5,17 +5,53 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
+
+# argparse's own words for a value its `type=int` or `type=float` could not convert.
+_NOT_CONVERTED = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): invalid (?P<kind>int|float) value: "
+                            r"(?P<value>.*)")
+# One of ours (an ArgumentTypeError saying what the flag wants), after argparse's prefix.
+_WANTS = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): (?P<wants>must be .*)")
+
+
+def flag_sentence(message: str) -> str:
+    """A bad flag value said as a bad `SHARDRUN_*` value is (`--shards must be an integer ...,
+    got 'abc'`), not in argparse's words (`argument --shards: invalid int value: 'abc'`), which
+    name a Python type and not what the flag wants."""
+    if match := _NOT_CONVERTED.fullmatch(message):
+        wants = "an integer" if match["kind"] == "int" else "a number"
+        return f"{match['flag']} must be {wants}, got {match['value']}"
+    if match := _WANTS.fullmatch(message):
+        return f"{match['flag']} {match['wants']}"
+    return message
+
+
+def integer(least: int, counts: str) -> Callable[[str], int]:
+    """An argument that counts `counts`, `least` or more (`--show -1` would show 'the first 0',
+    `--limit 0` run nothing)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {least} "
+                                             f"({counts}), got {text!r}")
+        return value
+
+    return parse
 
 
 def positive_seconds(text: str) -> float:
-    """An interval in seconds: above 0 and finite (`--progress-interval` of export, validate)."""
+    """An interval in seconds: above 0 and finite (every `--progress-interval`)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+        value = 0.0
     if not 0 < value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
     return value
 
 

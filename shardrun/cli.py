@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
-from shardrun.argtypes import job_path, path
+from shardrun.argtypes import flag_sentence, integer, job_path, path, positive_seconds
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
 _NUMBER = re.compile(r"-[0-9.][0-9.e+-]*")  # a negative number argparse takes for a value
@@ -49,7 +49,7 @@ class UsageParser(argparse.ArgumentParser):
             unknown = self._unknown_options()
             if unknown:  # `shardrun --bogus`: the flag is the mistake, not a missing JOB.yaml
                 message = f"unrecognized arguments: {' '.join(unknown)}"
-        self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
+        self.exit(2, f"error: {flag_sentence(message)} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
 
     def _unknown_options(self) -> list[str]:
@@ -98,17 +98,6 @@ def _run_the_file(command: str) -> str:
     return f"to run the job file ./{command}, give `shardrun run {command}`"
 
 
-def whole_number(text: str) -> int:
-    """An argument that counts something: 0 or more (`--show -1` would show 'the first 0')."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 RATE_HELP = {
     "rpm": "job-wide requests per minute (all shards); none lifts the job file's limit",
     "tpm": "job-wide prompt+completion tokens per minute (all shards); none lifts the job "
@@ -143,7 +132,7 @@ def _env_help() -> str:
 
 def _add_progress_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true", help="no progress display")
-    command.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
+    command.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
                          help="seconds between status lines when not on a terminal (default 10)")
 
 
@@ -164,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("job", type=job_path, metavar="JOB.yaml", help="the job file")
-    run.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
-    run.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
+    # --shards and --concurrency stay text, as --rpm: the job's own check says what they want
+    # (`--shards must be an integer from 1 to 1024, got 'abc'`), as for SHARDRUN_SHARDS.
+    run.add_argument("--shards", metavar="N", help=SHARDS_HELP)
+    run.add_argument("--concurrency", metavar="C", help=CONCURRENCY_HELP)
     run.add_argument("--runs-dir", type=path, metavar="DIR", help=RUNS_DIR_HELP)
     run.add_argument("--run-id", metavar="ID",
                      help="name of the run directory (default: the UTC time and a random "
@@ -176,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "every item that has a result or dead-letter line")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: give dead-lettered items another pass")
-    run.add_argument("--limit", type=int, metavar="N",
+    run.add_argument("--limit", type=integer(1, "items to run"), metavar="N",
                      help="run at most N items in this pass, the first N of the input not "
                           "done yet, on at most N shards (try a job on a few); --resume runs "
                           "the rest")
@@ -195,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     retry.add_argument("--job", type=job_path, metavar="JOB.yaml",
                        help="the run's job file, if it has moved since the run")
-    retry.add_argument("--shards", type=int, metavar="N", help=SHARDS_HELP)
-    retry.add_argument("--concurrency", type=int, metavar="C", help=CONCURRENCY_HELP)
+    retry.add_argument("--shards", metavar="N", help=SHARDS_HELP)
+    retry.add_argument("--concurrency", metavar="C", help=CONCURRENCY_HELP)
     retry.add_argument("--rpm", metavar="X", help=RATE_HELP["rpm"])
     retry.add_argument("--tpm", metavar="X", help=RATE_HELP["tpm"])
     _add_progress_flags(retry)
@@ -290,13 +281,6 @@ def _check_run_flags(args: argparse.Namespace) -> None:
                         "an existing one: give one of them")
 
 
-def _check_progress_interval(args: argparse.Namespace) -> None:
-    """`--progress-interval` of a run and of `retry-failed` (0 would redraw without pause)."""
-    if not 0 < args.progress_interval < float("inf"):  # also refuses nan
-        raise SpecError(f"--progress-interval must be a number of seconds above 0, got "
-                        f"{args.progress_interval}")
-
-
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -348,7 +332,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from shardrun.summary import format_summary
 
     _command_signals(run=True)
-    _check_progress_interval(args)
     if args.command == "retry-failed":
         job, runs_dir = job_of_run(args.run_dir, args.job)
         options = RunOptions(resume=args.run_dir.name, retry_failed=True, only_failed=True,

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.argtypes import job_path, path, positive_seconds
+from shardrun.argtypes import integer, job_path, path, positive_seconds
 from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
@@ -46,11 +46,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("job", type=job_path, metavar="JOB.yaml", help="the job file")
     p.add_argument("--ping", action="store_true",
                    help="send ONE real request to the endpoint and report status and TTFT")
-    p.add_argument("--show", type=_whole_number, default=10, metavar="N",
+    p.add_argument("--show", type=integer(0, "rejected lines to list"), default=10, metavar="N",
                    help="list the first N rejected lines (default 10)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any input line is rejected")
-    p.add_argument("--shards", type=int, metavar="N", help="as for run")
-    p.add_argument("--concurrency", type=int, metavar="C", help="as for run")
+    p.add_argument("--shards", metavar="N", help="as for run")  # text, as run's: see there
+    p.add_argument("--concurrency", metavar="C", help="as for run")
     p.add_argument("--runs-dir", type=path, metavar="DIR",
                    help="as for run: checked to be a place run directories can be made in")
     p.add_argument("--rpm", metavar="X", help="as for run (none: no limit)")
@@ -61,13 +61,6 @@ def register(subparsers: Any) -> None:
                    help="seconds between progress lines when standard error is not a "
                         "terminal (default 10)")
     p.set_defaults(handler=handle)
-
-
-def _whole_number(text: str) -> int:
-    """`cli.whole_number`, imported on use: `cli` imports this module."""
-    from shardrun.cli import whole_number
-
-    return whole_number(text)
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:

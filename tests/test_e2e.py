@@ -333,7 +333,7 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["run", "job.yaml", "--shards", "x"], ["job.yaml", "--no-such-flag"], ["retry-failed"],
+    ["run", "job.yaml", "--limit", "x"], ["job.yaml", "--no-such-flag"], ["retry-failed"],
     ["validate", "job.yaml", "--show", "-1"], ["report"], ["publish", "r", "--peak", "--minute",
     "2026-01-01T00:00Z"], ["verify"], ["export", "r", "--format", "tsv"], ["sim", "--port", "x"],
 ])  # fmt: skip
@@ -347,7 +347,46 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
     assert line.startswith("error: ") and line.endswith(f"(`{command} --help` lists the "
                                                         "arguments)"), line
     if argv[0] == "validate":  # a count below 0 would list "the first 0" rejected lines
-        assert line.startswith("error: argument --show: must be 0 or more, got -1 "), line
+        assert line.startswith("error: --show must be an integer of at least 0 (rejected "
+                               "lines to list), got '-1' "), line
+
+
+@pytest.mark.parametrize(("argv", "wants"), [
+    (["job.yaml", "--shards", "abc"], "--shards must be an integer from 1 to 1024, got 'abc'"),
+    (["job.yaml", "--concurrency", "2.5"],
+     "--concurrency must be an integer from 1 to 100000, got '2.5'"),
+    (["job.yaml", "--limit", "abc"], "--limit must be an integer of at least 1 (items to run), "
+                                     "got 'abc'"),
+    (["job.yaml", "--progress-interval", "abc"],
+     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+    (["retry-failed", "r", "--progress-interval", "abc"],
+     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+    (["validate", "job.yaml", "--shards", "abc"],
+     "--shards must be an integer from 1 to 1024, got 'abc'"),
+    (["validate", "job.yaml", "--show", "abc"],
+     "--show must be an integer of at least 0 (rejected lines to list), got 'abc'"),
+    (["export", "r", "--progress-interval", "abc"],
+     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+    (["sim", "--port", "abc"], "--port must be an integer, got 'abc'"),
+    (["sim", "--ttft-ms", "abc"], "--ttft-ms must be a number, got 'abc'"),
+])  # fmt: skip
+def test_a_numeric_flag_says_what_it_wants_as_its_variable_does(
+    tmp_path: Path, argv: list[str], wants: str
+) -> None:
+    """`--shards abc` said argparse's "invalid int value: 'abc'" where SHARDRUN_SHARDS=abc says
+    what the knob takes: every numeric flag, of every command, now says what it wants in the
+    variable's words, one `error:` line, exit 2."""
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"error: {wants}"), line
+    if argv[1] == "--shards":  # the variable's sentence, word for word
+        env = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_SHARDS": "abc"})
+        assert env.stderr == proc.stderr.replace("--shards", "environment variable "
+                                                 "SHARDRUN_SHARDS"), env.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_job_file_named_as_a_command_is_pointed_at_when_the_command_fails(

@@ -19,6 +19,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
+from shardrun.argtypes import flag_sentence
 from shardrun.sim.config import (
     FAULT_KINDS,
     LIMIT_HEADERS,
@@ -45,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise _UsageError(flag_sentence(message))
 
 
 class _DefaultsShown(argparse.HelpFormatter):
