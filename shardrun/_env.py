@@ -120,9 +120,17 @@ def flag_for(key: str) -> str:
     return "--" + key.replace(".", "-").replace("_", "-")
 
 
+def is_set(value: str | None) -> bool:
+    """A variable holding text. An empty one is unset (the `FOO= cmd` idiom), and so is one of
+    only spaces: a value loses the spaces around it (`parse_text`), which leaves it empty, and
+    `SHARDRUN_SHARDS=" "` meant no more than `SHARDRUN_SHARDS=` (as the analysis variables
+    already read it)."""
+    return bool(value and value.strip())
+
+
 def env_values(env: Mapping[str, str]) -> dict[str, tuple[EnvVar, str]]:
-    """The set variables by dotted key; an empty string counts as unset (`FOO= cmd` idiom)."""
-    return {v.key: (v, env[v.name]) for v in ENV_VARS if env.get(v.name, "") != ""}
+    """The set variables by dotted key (`is_set`)."""
+    return {v.key: (v, env[v.name]) for v in ENV_VARS if is_set(env.get(v.name))}
 
 
 IGNORE_VAR = "SHARDRUN_IGNORE_VARS"
@@ -137,8 +145,8 @@ def unknown_env_errors(env: Mapping[str, str],
     set for.
 
     `also_known`: names the job reads besides ours (its api_key_env). Names listed in
-    SHARDRUN_IGNORE_VARS are left alone (a wrapper's own variables); an empty
-    value sets nothing whatever the name. Only names are reported, never values: a misspelt
+    SHARDRUN_IGNORE_VARS are left alone (a wrapper's own variables); a value that is not
+    `is_set` sets nothing whatever the name. Only names are reported, never values: a misspelt
     variable may well hold a secret.
     """
     known = {v.name for v in ENV_VARS} | set(ANALYSIS_VARS) | {IGNORE_VAR}
@@ -157,7 +165,7 @@ def unknown_env_errors(env: Mapping[str, str],
     ignored_upper = {name.upper() for name in ignored}
     unknown = [name for name in sorted(env) if name.upper().startswith(PREFIX)
                and name not in known | also_known and name.upper() not in ignored_upper
-               and env[name] != ""]  # fmt: skip
+               and is_set(env[name])]  # fmt: skip
     if unknown:
         errors.append(_unknown_sentence(unknown, sorted(known)))
     return tuple(errors)

@@ -332,6 +332,23 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     assert " (runs_dir from env SHARDRUN_RUNS_DIR); set runs_dir" in proc.stderr
 
 
+def test_a_variable_of_only_spaces_is_unset_as_an_empty_one_is(tmp_path: Path) -> None:
+    """`SHARDRUN_SHARDS=" "` was an error ("must be an integer ..., got ' '") where
+    `SHARDRUN_SHARDS=` is unset, though a value loses the spaces around it: both are unset now,
+    for shardrun's variables and for the unknown-name check alike."""
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", shards=3)
+    said = {}
+    for blank in ("", " ", "\t  "):
+        proc = run_cli("validate", "job.yaml", cwd=tmp_path,
+                       env={"SHARDRUN_SHARDS": blank, "SHARDRUN_CONCURENCY": blank})
+        assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+        said[blank] = [line.split() for line in proc.stdout.splitlines()
+                       if line.split()[:1] in (["shards"], ["concurrency"])]
+    assert said[" "] == said["\t  "] == said[""] == [["shards", "3", "job", "file"],
+                                                   ["concurrency", "8", "job", "file"]]
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "job.yaml", "--limit", "x"], ["job.yaml", "--no-such-flag"], ["retry-failed"],
     ["validate", "job.yaml", "--show", "-1"], ["report"], ["publish", "r", "--peak", "--minute",
