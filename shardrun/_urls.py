@@ -104,6 +104,15 @@ def masked_url(url: str) -> str:
     return url if parts == written else urlunsplit(parts)  # as written when nothing is hidden
 
 
+def under_v1(url: str) -> str | None:
+    """The URL to suggest for a base_url with no path (`http://host:8000` -> its `/v1`, shown
+    masked), where OpenAI-compatible servers serve; None for sim:// and a URL with a path."""
+    parts = urlsplit(url)
+    if url == "sim://" or parts.path.strip("/"):
+        return None
+    return masked_url(urlunsplit(parts._replace(path="/v1")))
+
+
 def url_secrets(url: str) -> set[str]:
     """The credentials `masked_url` hides that a server may quote back: the query values named
     like credentials and the path parameters, as sent (`ab/c+d%3D`) and decoded (`ab/c d=`,

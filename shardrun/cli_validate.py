@@ -198,12 +198,21 @@ def _ping_lines(result: PingResult, job: LoadedJob) -> list[str]:
     return lines
 
 
+def _warnings(job: LoadedJob, result: PingResult | None) -> list[str]:
+    """The job's warnings, and one for a base_url with no path unless a ping just got an
+    answer there (the server then does serve at its root)."""
+    from shardrun.validate import base_url_warning
+
+    url = None if result is not None and result.ok else base_url_warning(job)
+    return [*job.warnings, *filter(None, [url])]
+
+
 def format_report(job: LoadedJob, check: InputCheck, result: PingResult | None) -> str:
     """The whole report as plain text."""
     from shardrun.validate import config_rows
 
     lines = [f"job: {job.origin} is valid", *_input_lines(job, check)]
-    lines.extend(f"warning: {w}" for w in job.warnings)
+    lines.extend(f"warning: {w}" for w in _warnings(job, result))
     rows = config_rows(job)
     width = max(len(k) for k, _, _ in rows)
     vwidth = min(40, max(len(v) for _, v, _ in rows))
@@ -225,8 +234,8 @@ def print_report(
     console.print(f"[bold]job:[/bold] {job.origin} is [green]valid[/green]")
     for line in _input_lines(job, check):
         console.print(line, markup=False)
-    for warning in job.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+    for warning in _warnings(job, result):
+        console.print(f"[yellow]warning:[/yellow] {warning}", markup=False)
     table = Table(title="configuration", title_justify="left")
     for name in ("key", "value", "source"):
         table.add_column(name)

@@ -23,7 +23,7 @@ from typing import Any
 
 from shardrun import __version__, events, protocol
 from shardrun._chunks import QUOTA_NAMES, clip, masked
-from shardrun._urls import credentials_advice, masked_url
+from shardrun._urls import credentials_advice, masked_url, under_v1
 from shardrun.client import (
     AttemptCancelled,
     AttemptOutcome,
@@ -1286,9 +1286,11 @@ class Shard:
             # unfinished, so a --resume with the right settings runs them.
             source = self.cfg.set_outside.get("endpoint.base_url")
             note = "" if source is None else f"from {source}; "
+            fix = under_v1(self.cfg.base_url)  # a URL with no path: say the one meant
+            serve = "serve under /v1" + ("" if fix is None else f": likely {fix}")
             self._go_fatal(f"POST {url} answered {outcome.error or 'HTTP 404'} before any "
                            f"request succeeded: check endpoint.base_url ({note}OpenAI-compatible "
-                           "servers serve under /v1), endpoint.api and "
+                           f"servers {serve}), endpoint.api and "
                            f"{self.cfg.key_named('endpoint.model')}, then {self.cfg.way_on}",
                            ABANDON)
             return

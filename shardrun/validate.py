@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from shardrun._urls import under_v1
 from shardrun.clock import Clock
 from shardrun.digestset import DigestSet
 from shardrun.fdlimit import FILES_BESIDES_CONNECTIONS
@@ -164,6 +165,19 @@ def tpm_warning(job: LoadedJob, check: InputCheck) -> str | None:
     return (f"line {line} is charged about {tokens:,} tokens (prompt / 4 + its token limit), "
             f"more than a shard's share of rate_limits.tpm for a whole minute ({share:,.0f}): "
             f"such a request waits about {tokens / share:.1f} min for its turn")
+
+
+def base_url_warning(job: LoadedJob) -> str | None:
+    """A warning for a base_url with no path (`http://127.0.0.1:8000` where `/v1` was meant):
+    a run would stop on its first 404. Not an error: some gateways do serve at the root."""
+    fix = under_v1(job.spec.endpoint.base_url)
+    if fix is None:
+        return None
+    source = job.sources.get("endpoint.base_url", "job file")
+    where = "" if source == "job file" else f" (from {source})"
+    return (f"endpoint.base_url{where} has no path, and OpenAI-compatible servers serve under "
+            f"/v1: a run stops on its first 404 unless this server serves at its root (some "
+            f"gateways do); most want {fix} (`validate --ping` tries one request)")
 
 
 def open_files_warning(job: LoadedJob, check: InputCheck, hard: int | None = None) -> str | None:

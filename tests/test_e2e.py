@@ -520,7 +520,8 @@ def test_a_stop_for_a_wrong_base_url_names_the_variable_that_set_it(tmp_path: Pa
                        env={"SHARDRUN_BASE_URL": wrong})
     assert proc.returncode == 1, proc.stderr
     assert ("before any request succeeded: check endpoint.base_url (from env "
-            "SHARDRUN_BASE_URL; OpenAI-compatible servers serve under /v1), endpoint.api and "
+            f"SHARDRUN_BASE_URL; OpenAI-compatible servers serve under /v1: likely "
+            f"{sim.base_url}), endpoint.api and "
             "endpoint.model, then continue with ") in proc.stderr, proc.stderr
 
 

@@ -3125,8 +3125,9 @@ def test_a_base_url_without_v1_stops_the_run_at_the_first_404(tmp_path: Path) ->
         error = error_lines(proc.stderr, tmp_path)
         assert error == [f"error: POST {wrong}/chat/completions answered HTTP 404: 404: Not "
                          "Found before any request succeeded: check endpoint.base_url "
-                         "(OpenAI-compatible servers serve under /v1), endpoint.api and "
-                         "endpoint.model, then continue with --resume"], proc.stderr
+                         "(OpenAI-compatible servers serve under /v1: likely "
+                         f"{server.base_url}), endpoint.api and endpoint.model, then continue "
+                         "with --resume"], proc.stderr
         assert "Traceback" not in proc.stderr
         # The summary's item count is what was read before the stop, and says so.
         assert "(read so far: the run stopped before the end of the input)" in proc.stdout

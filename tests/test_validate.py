@@ -594,3 +594,37 @@ def test_reading_the_input_shows_progress_on_standard_error(tmp_path: Path) -> N
     assert "% of the input read)" in shown[-1]
     done = run_cli("validate", "job.yaml", "--progress-interval", "nan", cwd=tmp_path)
     assert done.returncode == 2 and "--progress-interval" in done.stderr
+
+
+def test_a_base_url_with_no_path_is_warned_of_and_the_404_stop_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    """`http://127.0.0.1:PORT` where `/v1` was meant passed validate without a word, and the run
+    stopped on its first 404: validate now warns (exit 0: some gateways serve at the root),
+    naming the URL meant, as the run's stop does; not once a ping got an answer there, nor for
+    a URL with a path."""
+    with start_sim(SimConfig.from_mapping(FAST_SIM)) as server:
+        meant = server.base_url
+        root = meant.removesuffix("/v1")
+        make_job(tmp_path, GOOD, endpoint={"base_url": root, "model": "m"})
+        checked = run_cli("validate", "job.yaml", cwd=tmp_path)
+        ran = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+        make_job(tmp_path, GOOD, endpoint={"base_url": meant, "model": "m"})
+        right = run_cli("validate", "job.yaml", "--ping", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    [warning] = [line for line in checked.stdout.splitlines() if line.startswith("warning:")]
+    assert warning == ("warning: endpoint.base_url has no path, and OpenAI-compatible servers "
+                       "serve under /v1: a run stops on its first 404 unless this server serves "
+                       f"at its root (some gateways do); most want {meant} (`validate --ping` "
+                       "tries one request)")
+    assert ran.returncode == 1
+    assert ("check endpoint.base_url (OpenAI-compatible servers serve under /v1: likely "
+            f"{meant}), endpoint.api and endpoint.model") in ran.stderr, ran.stderr
+    assert right.returncode == 0 and "warning:" not in right.stdout, right.stdout
+    # A gateway that does serve at its root: a ping answered there leaves nothing to warn of.
+    job = load_job(tmp_path / "job.yaml", env={"SHARDRUN_BASE_URL": "http://127.0.0.1:9"},
+                   flags={})  # fmt: skip
+    answered = PingResult("http://127.0.0.1:9/chat/completions", "ok", 200, 0.1, 0.2, 3, "hi",
+                          None)  # fmt: skip
+    assert "has no path" in cli_validate.format_report(job, check_input(job), None)
+    assert "has no path" not in cli_validate.format_report(job, check_input(job), answered)
