@@ -340,6 +340,11 @@ class Coordinator:
         if self.interrupts == 1:
             _say(f"\nstopping{why}: letting in-flight requests finish ({again} to abort)")
             self.view.stopping = True  # its line says so, not an ETA
+        elif self.interrupts == 2:  # answers paid for are given up: say what stays, and how on
+            # No count: the shards' reports lag their files, and the summary counts them.
+            _say(f"\naborting{why}: the requests in flight are cancelled, their items left "
+                 "unfinished; every result and dead letter already written is kept: "
+                 f"{self.config.way_on}")
         for state in self.states:
             state.handle.send({"t": kind})
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -516,3 +518,51 @@ def test_the_progress_line_of_a_stopping_run_says_so_and_shows_no_eta(tmp_path: 
     assert lines  # progress lines while the requests in flight finish
     assert all(", ETA " not in line for line in lines)
     assert re.search(r"; stopping: [1-9][0-9]* requests? in flight to finish$", lines[0])
+
+
+def test_a_second_sigint_says_what_it_cancelled_what_is_kept_and_how_to_resume(
+    tmp_path: Path,
+) -> None:
+    """A second Ctrl-C aborted the requests in flight without a word before the summary: now
+    one line says they are cancelled, that what is written is kept, and the command that goes
+    on; that command, as printed, finishes every item once."""
+    ids = write_input(tmp_path / "input.jsonl", 60)
+    # Half the requests wait 30 s for their first token: in flight at both signals, while the
+    # other half have written results by then.
+    slow = {**FAST_SIM, "slow_first_token": 0.5, "slow_first_token_s": 30}
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
+    proc = _run_job(tmp_path, "--quiet")
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 2, "results")
+        proc.send_signal(signal.SIGINT)
+        _wait_for(proc, lambda: any(line.startswith("stopping: ") for line in said),
+                  "the stop's line")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=WAIT_GUARD_S)  # its summary is far less than a pipe holds
+        reader.join(WAIT_GUARD_S)
+        out = proc.stdout.read() if proc.stdout else ""
+    finally:
+        end_run(proc)
+    assert proc.returncode == 130, said
+    run = only_run(tmp_path / "runs")
+    kept = Run.load(run).results
+    assert 2 <= len(kept) < len(ids)
+    [aborting] = [line for line in said if line.startswith("aborting")]
+    assert aborting == ("aborting: the requests in flight are cancelled, their items left "
+                        "unfinished; every result and dead letter already written is kept: "
+                        f"continue with `shardrun job.yaml --resume {run.name} --runs-dir "
+                        "runs`\n"), said
+    assert "run interrupted" in out
+    command = shlex.split(aborting.split("`")[1])
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,  # no slow requests left to wait
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    resumed = run_cli(*command[1:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = Run.load(run)
+    assert sorted(r["id"] for r in whole.results) == sorted(ids)
+    assert {r["id"]: r for r in whole.results} | {r["id"]: r for r in kept} == {
+        r["id"]: r for r in whole.results}  # what was kept is still there, as it was
