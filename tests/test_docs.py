@@ -386,3 +386,15 @@ def test_the_job_files_the_readme_shows_load(tmp_path: Path) -> None:
         loaded = load_job(path, env={"OPENAI_API_KEY": "k"}, flags={})
         assert loaded.spec.endpoint.model == job["endpoint"]["model"]
     assert n >= 5
+
+
+def test_the_readme_prose_keeps_to_100_characters_a_line() -> None:
+    """Lines of prose past 100 characters (about 25 had grown so) read badly in a terminal and
+    in a diff; a code block or a table row, which cannot wrap, may be longer."""
+    fenced, long = False, []
+    for number, line in enumerate(README.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.lstrip().startswith("|") and len(line) > 100:
+            long.append(number)
+    assert not long, f"README.md lines over 100 characters: {long}"
