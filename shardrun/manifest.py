@@ -422,6 +422,9 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "manifest.json"
     if not run_dir.is_dir():  # said as `verify` says it: a typo'd run id is the usual cause
         there = "it is a file" if run_dir.exists() else "nothing is there"
+        if run_dir.name == "latest" and not run_dir.exists():  # `--resume latest`'s word
+            there += (" (latest names a run for --resume only)"
+                      f"{_which_run(run_dir.parent, of_parent=True)}")
         raise RunDirError(f"{run_dir} is not a run directory: {there}")
     try:
         data = orjson.loads(path.read_bytes())
@@ -458,23 +461,27 @@ def _check_schema(path: Path, schema: object) -> None:
                       f"{MANIFEST_SCHEMA}; the manifest was edited or damaged")
 
 
-def _which_run(folder: Path) -> str:
+def _which_run(folder: Path, *, of_parent: bool = False) -> str:
     """For a folder given where a run directory was wanted: the run it is a folder of, or one
-    of the runs it holds (the runs directory itself), as a clause; else ''."""
+    of the runs it or its runs/ holds, as a clause ("it" the folder unless `of_parent`); else ''."""
     named = folder if folder.name not in ("", ".", "..") else folder.resolve()
     if named.name in ("results", "events", "dead", "logs") and (
             named.parent / "manifest.json").is_file():  # fmt: skip
         return f"; it is a folder of a run: name the run directory, {named.parent}"
-    written: list[tuple[float, Path]] = []
-    try:
-        for child in itertools.islice(folder.iterdir(), 10_000):  # not a whole home directory
-            with contextlib.suppress(OSError):
-                written.append(((child / "manifest.json").stat().st_mtime, child))
-    except OSError:
-        return ""
-    if not written:
-        return ""
-    return f"; it holds runs: name one, such as {max(written)[1]}, the one written last"
+    # The folder may be the runs directory, or, as often, the project's with the default one
+    # in it (`shardrun report .` where the job was run).
+    for runs in (folder, folder / "runs"):
+        written: list[tuple[float, Path]] = []
+        try:
+            for child in itertools.islice(runs.iterdir(), 10_000):  # not a whole home directory
+                with contextlib.suppress(OSError):
+                    written.append(((child / "manifest.json").stat().st_mtime, child))
+        except OSError:
+            continue
+        if written:
+            holds = "it holds" if runs == folder and not of_parent else f"{runs}{os.sep} holds"
+            return f"; {holds} runs: name one, such as {max(written)[1]}, the one written last"
+    return ""
 
 
 def newest_pass(manifest: dict[str, Any]) -> dict[str, Any]:

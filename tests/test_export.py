@@ -672,12 +672,21 @@ def test_not_a_run_directory(base: Path, tmp_path: Path) -> None:
     run_dir = only_run(base / "runs")
     for given, clause in [
         ("runs", f"it holds runs: name one, such as runs/{run_dir.name}, the one written last"),
+        # The project's folder, where the job ran: its runs/ holds them.
+        (".", f"runs/ holds runs: name one, such as runs/{run_dir.name}, the one written last"),
         (f"runs/{run_dir.name}/results",
          f"it is a folder of a run: name the run directory, runs/{run_dir.name}"),
     ]:  # fmt: skip
         done = export(given, cwd=base)
         assert (done.returncode, done.stderr) == (
             2, f"error: {given} is not a run directory: it has no manifest.json; {clause}\n")
+    # `latest`, as `--resume` takes it: a word of --resume's only, and where the runs are.
+    for given in ("latest", "runs/latest"):
+        done = export(given, cwd=base)
+        assert (done.returncode, done.stderr) == (2, (
+            f"error: {given} is not a run directory: nothing is there (latest names a run for "
+            f"--resume only); runs/ holds runs: name one, such as runs/{run_dir.name}, the one "
+            "written last\n"))
 
 
 def test_after_retry_failed_the_new_segment_counts(base: Path, tmp_path: Path) -> None:
