@@ -4,6 +4,7 @@ import `cli` at their top)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 from collections.abc import Callable
@@ -26,6 +27,32 @@ def flag_sentence(message: str) -> str:
     if match := _WANTS.fullmatch(message):
         return f"{match['flag']} {match['wants']}"
     return message
+
+
+def with_close_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments: ..." with the flag each unknown one likely meant: the
+    one it shortens (taken only in full) or, else, the closest spelling (`--shard`, `--reseume`).
+    """
+    said, colon, words = message.partition(": ")
+    if said != "unrecognized arguments" or not colon:
+        return message
+    known = [name for action in parser._actions for name in action.option_strings
+             if name.startswith("--")]  # fmt: skip
+    meant = {}
+    for word in words.split():
+        name = word.partition("=")[0]
+        if not name.startswith("--") or name in known:
+            continue
+        longer = [flag for flag in known if flag.startswith(name)]
+        close = longer if len(longer) == 1 else difflib.get_close_matches(name, known, n=1)
+        if close:
+            meant[name] = close[0]
+    if not meant:
+        return message
+    if len(meant) == 1:
+        return f"{message}; did you mean {next(iter(meant.values()))}?"
+    pairs = ", ".join(f"{flag} for {name}" for name, flag in meant.items())
+    return f"{message}; did you mean {pairs}?"
 
 
 def integer(least: int, counts: str) -> Callable[[str], int]:

@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
-from shardrun.argtypes import flag_sentence, integer, job_path, path, positive_seconds
+from shardrun.argtypes import (
+    flag_sentence,
+    integer,
+    job_path,
+    path,
+    positive_seconds,
+    with_close_flags,
+)
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
 
 _NUMBER = re.compile(r"-[0-9.][0-9.e+-]*")  # a negative number argparse takes for a value
@@ -49,7 +56,8 @@ class UsageParser(argparse.ArgumentParser):
             unknown = self._unknown_options()
             if unknown:  # `shardrun --bogus`: the flag is the mistake, not a missing JOB.yaml
                 message = f"unrecognized arguments: {' '.join(unknown)}"
-        self.exit(2, f"error: {flag_sentence(message)} (`{self.prog} --help` lists the arguments)"
+        message = with_close_flags(flag_sentence(message), self)
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
 
     def _unknown_options(self) -> list[str]:

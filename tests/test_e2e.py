@@ -439,19 +439,27 @@ def test_an_unknown_option_alone_is_named_not_the_missing_argument(
 
 
 @pytest.mark.parametrize(("argv", "bad", "command"), [
-    (["job.yaml", "--con", "4"], "--con 4", "run"), (["job.yaml", "--shard=2"], "--shard=2", "run"),
-    (["retry-failed", "runs/x", "--concurrenc", "2"], "--concurrenc 2", "retry-failed"),
-    (["report", "runs/x", "--js"], "--js", "report"),
-    (["export", "runs/x", "--with"], "--with", "export"),
-    (["validate", "job.yaml", "--sho", "1"], "--sho 1", "validate"),
-    (["sim", "--po", "0"], "--po 0", "sim"),
+    (["job.yaml", "--con", "4"], "--con 4; did you mean --concurrency?", "run"),
+    (["job.yaml", "--shard=2"], "--shard=2; did you mean --shards?", "run"),
+    (["retry-failed", "runs/x", "--concurrenc", "2"], "--concurrenc 2; did you mean "
+                                                      "--concurrency?", "retry-failed"),
+    (["report", "runs/x", "--js"], "--js; did you mean --json?", "report"),
+    (["export", "runs/x", "--with"], "--with; did you mean --with-input?", "export"),
+    (["validate", "job.yaml", "--sho", "1"], "--sho 1; did you mean --show?", "validate"),
+    (["sim", "--po", "0"], "--po 0; did you mean --port?", "sim"),
+    # Misspelt, not shortened: the closest flag; two unknown, each with its own.
+    (["job.yaml", "--reseume", "latest"], "--reseume latest; did you mean --resume?", "run"),
+    (["job.yaml", "--reseume=x", "--concurency=2"], "--reseume=x --concurency=2; did you mean "
+                                                    "--resume for --reseume, --concurrency for "
+                                                    "--concurency?", "run"),
 ])  # fmt: skip
 def test_a_long_option_is_taken_only_in_full(
     tmp_path: Path, argv: list[str], bad: str, command: str
 ) -> None:
     """argparse read `--con 4` as --concurrency 4: a script written so would change meaning, or
     stop, the day a new flag shares the prefix. Every command, the simulator's included, names
-    a shortened flag as unknown before it reads or starts anything."""
+    a shortened flag as unknown before it reads or starts anything, and the flag it shortens
+    (or, misspelt, the closest one)."""
     write_job(tmp_path / "job.yaml")
     proc = run_cli(*argv, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, (

@@ -19,7 +19,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from shardrun.argtypes import flag_sentence
+from shardrun.argtypes import flag_sentence, with_close_flags
 from shardrun.sim.config import (
     FAULT_KINDS,
     LIMIT_HEADERS,
@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(flag_sentence(message))
+        raise _UsageError(with_close_flags(flag_sentence(message), self))
 
 
 class _DefaultsShown(argparse.HelpFormatter):
