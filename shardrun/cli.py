@@ -227,8 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(args_list)
     if extra:  # argparse would name `shardrun`; the flag belongs to the command's --help
+        # `shardrun job.yaml validate`: the other command of a job file came after it.
+        order = ("" if "validate" not in extra or args.command != "run" else
+                 f"; a command goes before the job file: `shardrun validate {args.job}`")
         getattr(args, "command_parser", parser).error(
-            f"unrecognized arguments: {' '.join(extra)}")
+            f"unrecognized arguments: {' '.join(extra)}{order}")
     if args.command is None:
         parser.print_help()
         return 2

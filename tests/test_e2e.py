@@ -447,6 +447,9 @@ def test_an_unknown_option_alone_is_named_not_the_missing_argument(
     (["export", "runs/x", "--with"], "--with; did you mean --with-input?", "export"),
     (["validate", "job.yaml", "--sho", "1"], "--sho 1; did you mean --show?", "validate"),
     (["sim", "--po", "0"], "--po 0; did you mean --port?", "sim"),
+    # The command after the job file, and a flag after it: said what goes first.
+    (["job.yaml", "validate", "--ping"], "validate --ping; a command goes before the job file: "
+                                        "`shardrun validate job.yaml`", "run"),
     # Misspelt, not shortened: the closest flag; two unknown, each with its own.
     (["job.yaml", "--reseume", "latest"], "--reseume latest; did you mean --resume?", "run"),
     (["job.yaml", "--reseume=x", "--concurency=2"], "--reseume=x --concurency=2; did you mean "
@@ -459,7 +462,7 @@ def test_a_long_option_is_taken_only_in_full(
     """argparse read `--con 4` as --concurrency 4: a script written so would change meaning, or
     stop, the day a new flag shares the prefix. Every command, the simulator's included, names
     a shortened flag as unknown before it reads or starts anything, and the flag it shortens
-    (or, misspelt, the closest one)."""
+    (or, misspelt, the closest one); `validate` after the job file is said to go before it."""
     write_job(tmp_path / "job.yaml")
     proc = run_cli(*argv, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, (
