@@ -136,22 +136,27 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
 
 
 def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
-    """Every `every`-th failed attempt made a 429 of the server's rate limit, as a shard logs
-    it: the attempt_end's status, a retry held for it (`rate_limited`), and after each such
-    retry a `rate_learned` line, its pace now a float, now an integer."""
+    """Every `every`-th failed attempt made a 429, as a shard logs it: the attempt_end's status
+    and a retry of cause http_429; two of three such retries held for the server's rate limit
+    (`rate_limited`, then a `rate_learned` line, its pace now a float, now an integer), the
+    third retried on a backoff as before holds were (no hold)."""
     out: list[dict[str, Any]] = []
     failed = 0
-    refused: set[tuple[str, int]] = set()  # (span, attempt) answered 429
+    refused: dict[tuple[str, int], bool] = {}  # (span, attempt) answered 429: held?
     for rec in records:
         if rec["ev"] == "attempt_end" and rec.get("status") == "http_5xx":
             failed += 1
             if failed % every == 0:
                 rec = {**rec, "status": "http_429"}
-                refused.add((rec["span"], rec["attempt"]))
-        if rec["ev"] == "retry" and (rec["span"], rec["attempt"]) in refused:
-            out.append({**rec, "cause": "http_429", "why": "rate_limited"})
-            rps = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
-            rec = ev("rate_learned", rec["t"], rps=rps)
+                refused[rec["span"], rec["attempt"]] = failed // every % 3 != 0
+        held = refused.get((rec.get("span"), rec.get("attempt")))
+        if rec["ev"] == "retry" and held is not None:
+            if not held:
+                rec = {**rec, "cause": "http_429"}
+            else:
+                out.append({**rec, "cause": "http_429", "why": "rate_limited"})
+                rps = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
+                rec = ev("rate_learned", rec["t"], rps=rps)
         out.append(rec)
     return out
 
@@ -168,22 +173,25 @@ def test_generated_logs(log: tuple[int, list[tuple[Any, ...]]], minutes_only: bo
 
 
 def test_limit_holds_are_counted_once_per_item_by_both_folds(tmp_path: Path) -> None:
-    """The generator above makes what the folds must count: items held more than once, and
-    paces learned, the last of which stands."""
-    twice, once = [(0.1, 0.1), (0.2, 0.1)], [(0.3, 0.1)]
-    records, _ = simulate(2, [(0.1, failures, 0.01, True, 0.1, 0.2, 0.01, 5, False)
-                              for failures in (twice, once, [])])
+    """The generator above makes what the folds must count: items held more than once, 429s
+    retried without a hold (an older log's, no hold), and paces learned, the last of which
+    stands."""
+    failures = [[(0.1, 0.1), (0.2, 0.1), (0.3, 0.1)], [(0.4, 0.1)], [(0.5, 0.1), (0.6, 0.1)], []]
+    records, _ = simulate(2, [(0.1, f, 0.01, True, 0.1, 0.2, 0.01, 5, False) for f in failures])
     path = tmp_path / "shard-00.jsonl"
     held = with_limit_holds(to_new_layout(records), 1)
     write_log(path, held)
-    spans = {r["span"] for r in held if r["ev"] == "retry"}
-    holds = sum(r["ev"] == "retry" for r in held)
+    holds = [r for r in held if r["ev"] == "retry" and r.get("why") == "rate_limited"]
+    spans = {r["span"] for r in holds}
     paces = [r["rps"] for r in held if r["ev"] == "rate_learned"]
-    assert holds > len(spans) > 0 and len(paces) == holds  # the premise
+    unheld = sum(r["ev"] == "retry" and r.get("why") != "rate_limited" for r in held)
+    assert len(holds) > len(spans) > 0 and unheld > 0 and len(paces) == len(holds)  # premise
+    assert all(r["cause"] == "http_429" for r in held if r["ev"] == "retry")
     for fold in (python_fold, c_fold):
         got = fold(path, False, False, cap=2)[1]
-        assert (got.limited_spans, got.learned_cuts, got.learned_rps) == (
-            len(spans), holds, paces[-1]), fold.__name__
+        assert (got.held_retries, got.limited_spans, got.learned_cuts, got.learned_rps) == (
+            len(holds), len(spans), len(holds), paces[-1]), fold.__name__
+        assert got.retries == {"http_429": len(holds) + unheld}, fold.__name__
 
 
 # Values a mutated field may take: each a different type, spelling or edge of the grammar.

@@ -89,7 +89,8 @@ class FastShardFold:
                      "retry_minutes", "dead_reasons", "wasted_tokens", "prompt_tokens",
                      "cached_tokens", "reasoning_tokens", "completion_tokens", "estimated_ok",
                      "estimated_tokens", "new_conns",
-                     "reused_conns", "resent", "limited_spans", "learned_cuts", "learned_rps",
+                     "reused_conns", "resent", "held_retries", "limited_spans", "learned_cuts",
+                     "learned_rps",
                      "rate_waits", "rate_wait_first_s", "rate_wait_retry_s", "backlog_s",
                      "gap_s", "busy_slot_s", "cap_slot_s", "sending_slot_s", "idle_s"):
             setattr(s, name, raw[name])

@@ -51,7 +51,7 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, N_KEYS
+    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, N_KEYS
 };
 
 
@@ -69,6 +69,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "cap", 3) == 0) return K_CAP;
         if (memcmp(p, "pid", 3) == 0) return K_PID;
         if (memcmp(p, "rps", 3) == 0) return K_RPS;
+        if (memcmp(p, "why", 3) == 0) return K_WHY;
         return -1;
     case 4:
         if (memcmp(p, "span", 4) == 0) return K_SPAN;
@@ -485,7 +486,7 @@ typedef struct {
     double q, a, s, c, f;
     unsigned char has_q, has_a, has_s, has_c, has_f, has_e, has_pc, e_has_pt, e_has_last;
     unsigned char e_estimated; /* `usage_estimated` is true: the client counted the tokens */
-    unsigned char held;        /* a retry of cause http_429: the server's rate limit held it */
+    unsigned char held;        /* a retry `rate_limited`: the server's rate limit held it */
     long long pc;
     /* the ok attempt_end: t, completion tokens, prompt tokens, itl_hist, last_token_t, line */
     double e_t, e_last;
@@ -622,7 +623,7 @@ typedef struct {
     long long new_conns, reused_conns, resent;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
-    long long limited_spans, learned_cuts;
+    long long held_retries, limited_spans, learned_cuts;
     int has_learned;
     double learned_rps;
     int ended, has_first, has_last_t;
@@ -1187,9 +1188,11 @@ static int ev_retry(Fold *s, Val *v) {
         return 0;
     }
     if (!cause) return -1;
-    int limited = PyUnicode_CompareWithASCIIString(cause, "http_429") == 0;
-    /* the reference looks the span up by any value: only a plain string's is sure to match */
-    if (limited && !IS_SPAN(v[K_SPAN]) && PRESENT(v[K_SPAN])) {
+    /* A hold for the server's rate limit is its why, not its cause (http_429 before holds
+     * too); a why with escapes, and a held span that is no plain string, go to the reference. */
+    int held = streq(&v[K_WHY], "rate_limited");
+    if ((v[K_WHY].type == V_STR && !v[K_WHY].plain)
+        || (held && !IS_SPAN(v[K_SPAN]) && PRESENT(v[K_SPAN]))) {
         Py_DECREF(cause);
         return 0;
     }
@@ -1211,7 +1214,8 @@ static int ev_retry(Fold *s, Val *v) {
     Py_XDECREF(minute);
     Py_DECREF(cause);
     if (r < 0) return -1;
-    if (limited && PRESENT(v[K_SPAN])) { /* ShardFold._retry: once per open span */
+    s->held_retries += held;
+    if (held && PRESENT(v[K_SPAN])) { /* ShardFold._retry: once per open span */
         Py_ssize_t i = span_get(s, &v[K_SPAN], 0);
         if (i == -1) return -1;
         if (i >= 0 && !s->spans[i].held) {
@@ -1489,7 +1493,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N}",
+        "s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1507,7 +1511,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         "rate_waits", s->rate_waits, "refusals", s->refusals,
         "reasoning_tokens", s->reasoning_tokens, "resent", s->resent,
         "estimated_ok", s->estimated_ok, "estimated_tokens", s->estimated_tokens,
-        "limited_spans", s->limited_spans, "learned_cuts", s->learned_cuts, "learned_rps",
+        "held_retries", s->held_retries, "limited_spans", s->limited_spans, "learned_cuts", s->learned_cuts, "learned_rps",
         opt_float(s->has_learned, s->learned_rps));
 fail:
     Py_XDECREF(minutes);

@@ -131,12 +131,13 @@ def attempts_section(shards: list[ShardSummary], successes: int) -> dict[str, An
                               for m in sorted(per_minute)],
         "wasted_tokens": sum(s.wasted_tokens for s in shards),
         "dead_reasons": _sum_maps([s.capped_reasons() for s in shards]),
-        "server_limit": server_limit(shards, causes.get("http_429", 0)),
+        "server_limit": server_limit(shards),
     }  # fmt: skip
 
 
-def server_limit(shards: list[ShardSummary], held: int) -> dict[str, Any]:
-    """The server's own rate limit: its 429s, the retries they held and the items those were,
+def server_limit(shards: list[ShardSummary]) -> dict[str, Any]:
+    """The server's own rate limit: its 429s, the retries it held (`rate_limited`) and the
+    items those were,
     and the pace the shards learned of it: each shard's last `rate_learned`, summed over the
     shard logs of the latest pass that learned one (the passes of a resumed run ran apart)."""
     paces: dict[int, list[float]] = {}
@@ -147,7 +148,8 @@ def server_limit(shards: list[ShardSummary], held: int) -> dict[str, Any]:
     rps = sum(last) if last else None
     return {
         "http_429": sum(s.by_status.get("http_429", 0) for s in shards),
-        "held_retries": held, "held_items": sum(s.limited_spans for s in shards),
+        "held_retries": sum(s.held_retries for s in shards),
+        "held_items": sum(s.limited_spans for s in shards),
         "pace_cuts": sum(s.learned_cuts for s in shards), "paced_shards": len(last),
         "paced_rps": None if rps is None else round(rps, 3),
         "paced_rpm": None if rps is None else round(rps * 60, 1),

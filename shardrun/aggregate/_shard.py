@@ -34,6 +34,7 @@ Handler = Callable[[Record, bytes], None]
 Q, PC, A, S, C, F, L, LA, LR, E, H = range(11)
 _EMPTY: list[Any] = [None] * 11
 MAX_TRACKED_REASONS = 256
+RATE_LIMITED = "rate_limited"  # the why of a retry held for the server's limit (shard.py's)
 # What `verify` reads: the figure's lines, and every line that moves the log's time window
 # exactly as in a full fold (so both agree on which minutes are partial).
 # (`last_token` only occurs in logs of the older layout.)
@@ -240,10 +241,13 @@ class ShardFold:
         s.retries[cause] = s.retries.get(cause, 0) + 1
         per_minute = s.retry_minutes.setdefault(int(rec["t"] // 60), {})
         per_minute[cause] = per_minute.get(cause, 0) + 1
+        if rec.get("why") != RATE_LIMITED:  # a hold is its why: 429s were retried before holds
+            return
+        s.held_retries += 1
         # An item counts once however often the limit held it (a span never opened in this
         # log, read from its middle, not at all).
         sid = rec.get("span")
-        span = self.open.get(sid) if cause == "http_429" and isinstance(sid, str) else None
+        span = self.open.get(sid) if isinstance(sid, str) else None
         if span is not None and not span[H]:
             span[H] = True
             s.limited_spans += 1

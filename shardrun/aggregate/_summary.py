@@ -69,8 +69,10 @@ class ShardSummary:
     new_conns: int = 0
     reused_conns: int = 0
     resent: int = 0  # requests sent again, their pooled connection found dead (`resent`)
-    # Spans with a retry of cause `http_429` (items the server's rate limit held), and the
-    # `rate_learned` lines: how many, and the pace the last one learned (requests a second).
+    # Retries `rate_limited` (held for the server's rate limit) and the spans they were, each
+    # once, and the `rate_learned` lines: how many, and the pace the last one learned (requests
+    # a second).
+    held_retries: int = 0
     limited_spans: int = 0
     learned_cuts: int = 0
     learned_rps: float | None = None
