@@ -512,7 +512,6 @@ class Shard:
         now = self.clock.now()
         if self.limited_since is None:
             self.limited_since = now
-        self.counters.limited_429s += 1
         # The requests sent: those ended, and those out now (its first 429 may be its first end).
         if self.limiter.limited(self.counters.attempts + self.sending):
             # Logged at a cut only (a window of requests apart at least), not as each success
@@ -542,6 +541,7 @@ class Shard:
         wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
                 else min(asked, policy.max_server_wait_s))
         span.history[-1]["wait"] = wait
+        self.counters.limited_429s += 1  # held: not the 429 a stop or a dead letter ended
         self._plan_retry(span, attempt, cause=outcome.status, wait=wait, why=RATE_LIMITED)
         self.counters.retrying += 1
         try:

@@ -113,8 +113,8 @@ class Counters:
     # x-ratelimit-* headers asked for), and their time in milliseconds, summed over slots.
     rate_waits: int = 0
     rate_wait_ms: int = 0
-    # 429s of the server's rate limit (no quota's, no request over the whole limit): each held
-    # its item for a retry (`Shard._hold_for_limit`).
+    # 429s of the server's rate limit that held their item for a retry (`rate_limited`,
+    # `Shard._hold_for_limit`): not one that a stop, a dead letter or a fatal stop ended.
     limited_429s: int = 0
     in_flight: int = 0
     retrying: int = 0

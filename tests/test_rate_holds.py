@@ -51,15 +51,24 @@ class _Client:
 
 
 def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
-             **retry: float) -> tuple[Shard, int]:
+             stop_at: int | None = None, **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
-    another item tells the shard, `Shard._limit_answered`)."""
+    another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
+    that attempt (from 0) is out."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry)
     shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
     client = _Client(clock, errors)
+    answer = client.attempt
+
+    async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
+        if client.calls == stop_at:
+            shard.stopping = True
+        return await answer(body, on_first_token)
+
+    client.attempt = attempt  # type: ignore[method-assign]
     shard.clients = {"chat": client}  # type: ignore[dict-item]
 
     async def pause(wait: float) -> None:  # a hold's wait passes on the test's clock
@@ -114,3 +123,24 @@ def test_an_item_refused_while_the_server_refuses_everything_stops_the_run(
     assert shard.fatal_reason is not None and "answered every request with 429" in (
         shard.fatal_reason)
     assert _dead(tmp_path) == []
+
+
+def _held_lines(tmp_path: Path) -> int:
+    return sum(rec["ev"] == "retry" and rec["why"] == "rate_limited"
+               for path in (tmp_path / "events").glob("*.jsonl")
+               for rec in map(orjson.loads, path.read_bytes().splitlines()))
+
+
+def test_the_429s_counted_held_are_those_that_held_their_item(tmp_path: Path) -> None:
+    """`limited_429s`, the live line's and the summary's "429s held", counts the 429s that held
+    their item, as `report` counts the `rate_limited` retry lines: not the last 429 of an item
+    dead-lettered, of a run stopped, or one that came back during a stop (the item abandoned)."""
+    dead, calls = _run_one(tmp_path / "dead", [PACE] * 200, others_answered=True, outage_s=30.0)
+    assert dead.counters.dead == 1 and dead.counters.limited_429s == calls - 1
+    assert _held_lines(tmp_path / "dead") == calls - 1
+    fatal, calls = _run_one(tmp_path / "fatal", [PACE] * 200, outage_s=30.0)
+    assert fatal.fatal_reason is not None and fatal.counters.limited_429s == calls - 1
+    assert _held_lines(tmp_path / "fatal") == calls - 1
+    stopped, calls = _run_one(tmp_path / "stop", [PACE] * 5, stop_at=2)
+    assert calls == 3 and stopped.counters.abandoned == 1
+    assert stopped.counters.limited_429s == 2 == _held_lines(tmp_path / "stop")
