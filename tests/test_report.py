@@ -469,14 +469,22 @@ def test_real_run_matches_its_result_files(real_run: Path) -> None:
 
 @pytest.fixture(scope="module")
 def limited_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A real run against a simulator that lets 900 requests a minute through (15 a second, a
-    burst of 15) and answers 429 above it, which 2 shards x 16 go well past: items held, and a
-    pace learned. The run's directory and its standard output (the end summary)."""
+    """A real run against a simulator that lets 900 requests a minute through, one at a time
+    (a burst of 1), and answers 429 with no Retry-After above it. The run's directory and its
+    standard output (the end summary).
+
+    What the tests need follows from counting, not from timing. The 24 items take 1.5 s at
+    least to get through, one per 1/15 s, while a refused one is tried again within backoff_s
+    (0.05 s): the 429s outnumber the items (some item is held twice). A shard's first window
+    is judged at a 429 once it has sent 20 (LEARN_WINDOW_N, no time needed): all but those
+    out (at most its cap, 4) and those let through (1 per 1/15 s) were refused, well over
+    LEARN_SHARE of 20, so that judgement cuts its pace."""
     root = tmp_path_factory.mktemp("limited")
-    write_input(root / "input.jsonl", 50)
-    sim = {**FAST_SIM, "rpm_limit": 900}
-    write_job(root / "job.yaml", shards=2, concurrency=16,
-              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    write_input(root / "input.jsonl", 24)
+    sim = {**FAST_SIM, "rpm_limit": 900, "rpm_burst": 1, "rpm_headers": "none"}
+    write_job(root / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim},
+              retry={"backoff_s": 0.05, "backoff_max_s": 0.05})
     done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "runs" / "r1", done.stdout
