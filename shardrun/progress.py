@@ -499,10 +499,13 @@ def _held_text(rate_waiting: int) -> str:
     return f"; {rate_waiting:,} waiting for the rate limit" if rate_waiting else ""
 
 
-def limit_clause(refused: int, paced_rps: float | None) -> str:
-    """The server's rate limit in a few words: its 429s, and the pace the shards learned."""
-    pace = "" if paced_rps is None else f", shards settled at {paced_rps * 60:,.0f} req/min"
-    return f"{counted(refused, '429')} held{pace}"
+def limit_clause(refused: int, paced_rps: float | None, answered_rpm: float | None = None) -> str:
+    """The server's rate limit in a few words: its 429s, what it answered a minute on average
+    when known (at most its limit), and the shards' pace at their last cut (which grows after
+    it, and one from the opening burst can be above the limit)."""
+    answered = "" if answered_rpm is None else f", {answered_rpm:,.0f} req/min answered on average"
+    pace = "" if paced_rps is None else f", pace last cut to {paced_rps * 60:,.0f} req/min"
+    return f"{counted(refused, '429')} held{answered}{pace}"
 
 
 def _limit_text(s: Snapshot) -> str:

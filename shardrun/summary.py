@@ -344,6 +344,12 @@ def _minute(m: int) -> str:
     return datetime.fromtimestamp(m * 60, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
+def _answered_rpm(s: RunSummary) -> float | None:
+    """The requests the server answered (not with a held 429) a minute of wall time, on
+    average: at most its limit, where the pace the shards last cut to may be above it."""
+    return (s.attempts - s.limited_429s) * 60 / s.wall_s if s.wall_s > 0 else None
+
+
 def format_summary(s: RunSummary) -> str:
     """The end-of-run block printed to the terminal."""
     lines = [f"run {s.status}: {s.run_dir}"]
@@ -396,8 +402,8 @@ def format_summary(s: RunSummary) -> str:
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
-        *([f"  server rate limit  {limit_clause(s.limited_429s, s.paced_rps)} "
-           "(the server's limit set the pace; `shardrun report` says more)"]
+        *([f"  server rate limit  {limit_clause(s.limited_429s, s.paced_rps, _answered_rpm(s))}"
+           " (the server's limit set the pace; `shardrun report` says more)"]
           if s.limited_429s else []),
         f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",
         f"  completion TPM     {s.tpm:,.0f} ("

@@ -296,7 +296,7 @@ def test_a_server_rate_limit_is_one_clause_with_its_429s_and_the_pace_learned() 
     clock.now += 1
     view.refresh()
     line = out.getvalue().splitlines()[-1]
-    assert line.endswith("; server rate limit: 15 429s held, shards settled at 150 req/min"), line
+    assert line.endswith("; server rate limit: 15 429s held, pace last cut to 150 req/min"), line
     console_out = StringIO()
     console = Console(file=console_out, force_terminal=True, width=200, color_system=None)
     frame = ProgressView(400, console=console, clock=clock)

@@ -56,13 +56,15 @@ TABLE: dict[str, tuple[str, str]] = {
                    "otherwise this is the provider's ceiling (ask it for a higher limit)"),
     "server_rate_limit": ("the server refused requests with 429 for its rate limit (no quota): "
                           "the shards held those items, spending none of their attempts, and "
-                          "slowed to the pace it allowed, so the server's limit, not shardrun's "
-                          "shards or cap, set the run's pace; the holds are inside t_retry and "
-                          "the waits for the learned pace inside t_queue and t_retry",
+                          "slowed down, so the server's limit, not shardrun's shards or cap, "
+                          "set the run's pace; answered_rpm is what it let through on average "
+                          "(paced_rpm, the shards' pace at their last cut, can be above its "
+                          "limit); the holds are inside t_retry and the waits for the pace "
+                          "inside t_queue and t_retry",
                           "ask the provider for a higher limit, or set rate_limits.rpm near "
-                          "paced_rpm so that the shards send no faster than the server allows "
-                          "and it refuses nothing; more shards or a larger cap would only be "
-                          "refused too"),
+                          "answered_rpm so that the shards send no faster than the server "
+                          "allows and it refuses nothing; more shards or a larger cap would "
+                          "only be refused too"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
                       "dropped before an answer, or a gateway's 502/504): the shards held the "
                       "items and probed it, spending none of their attempts",
@@ -210,20 +212,22 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The server's rate limit held items (429s, no quota's) or taught a shard a pace: what it
-    refused, the pace the shards settled on, and the share of the span time that the holds
-    (t_retry) and the waits before admission (t_queue) took; None when it did neither."""
+    answered and refused, the shards' pace at their last cut, and the share of the span time
+    that the holds (t_retry) and the waits before admission (t_queue) took; None when it did
+    neither."""
     limit = doc["attempts"]["server_limit"]
     if not limit["held_retries"] and not limit["pace_cuts"]:
         return None
     shares = doc["latency"]["bucket_share"]
     waits = doc["scheduler"]["rate_waits"]
-    evidence = {key: limit[key] for key in ("http_429", "held_retries", "held_items",
-                                            "paced_rpm", "paced_rps", "paced_shards")}
-    # What the server did answer, a minute of the run on average: near its limit when the
-    # limit held the run back (a learned pace from a window of the opening burst is above it).
+    # What the server did answer, a minute of the run on average, comes first: at most its
+    # limit, and near it when the limit held the run back, where a pace cut from a window of
+    # the opening burst can be well above it.
     duration = doc["run"]["duration_s"]
     answered = doc["attempts"]["started"] - limit["http_429"]
-    evidence["answered_rpm"] = round(answered * 60 / duration, 1) if duration else None
+    evidence = {"answered_rpm": round(answered * 60 / duration, 1) if duration else None}
+    evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items",
+                                             "paced_rpm", "paced_rps", "paced_shards")}
     evidence |= {"t_retry_share": shares.get("t_retry"), "t_queue_share": shares.get("t_queue"),
                  "rate_wait_before_admission_s": waits["before_admission_s"],
                  "rate_wait_before_retries_s": waits["before_retries_s"]}
