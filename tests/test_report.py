@@ -29,6 +29,7 @@ from test_aggregate_fixtures import (
 
 from shardrun import __version__
 from shardrun.aggregate._segments import BUCKETS
+from shardrun.aggregate._triage import RETRY_RATE_LIMIT, TABLE, triage_section
 from shardrun.cli import main as cli_main
 from shardrun.cli_analysis import main, register
 from shardrun.report import format_report, integrity_problem, load_report
@@ -533,6 +534,27 @@ def test_a_server_rate_limit_is_a_finding_with_the_numbers_of_its_log(
     said = (f"  server rate limit  {len(holds):,} 429s held, {rpm:,.0f} req/min answered on "
             f"average, pace last cut to {pace * 60:,.0f} req/min (")
     assert any(line.startswith(said) for line in stdout.splitlines()), stdout
+
+
+def test_rate_limit_holds_are_no_retry_storm_and_take_the_limits_advice(
+        limited_run: tuple[Path, str]) -> None:
+    """The holds for the server's rate limit are retries in the log, but no reason to "fix
+    timeouts": the many-retries finding leaves them out (as it does the outage waits), and a
+    dominant t_retry made of them takes the server limit's advice. A 429 retried on a backoff,
+    as before holds (an older log: no hold counted), is a retry like any other."""
+    doc, _ = load_report(limited_run[0])
+    att = doc["attempts"]
+    held = att["server_limit"]["held_retries"]
+    assert held / att["first"] >= RETRY_RATE_LIMIT and att["retry_causes"] == {"http_429": held}
+    assert "retries" not in {f["id"] for f in doc["triage"]["findings"]}
+    doc["latency"]["bucket_share"] = {b: 0.9 if b == "t_retry" else 0.01 for b in BUCKETS}
+    top = triage_section(doc)["dominant_bucket"]
+    assert (top["bucket"], top["control"]) == ("t_retry", TABLE["server_rate_limit"][1])
+    att["server_limit"]["held_retries"] = 0  # as an older log reads
+    triage = triage_section(doc)
+    assert triage["dominant_bucket"]["control"] == TABLE["t_retry"][1]
+    (storm,) = [f for f in triage["findings"] if f["id"] == "retries"]
+    assert storm["evidence"]["causes"] == {"http_429": held}
 
 
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:

@@ -186,7 +186,7 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
             evidence = {"held_retries": held, **({"stopped_the_run": True} if cause in stopped
                                                  else {})}
             out.append(_finding(cause, title, evidence, *TABLE[cause]))
-    own = {cause: n for cause, n in att["retry_causes"].items() if cause != ENDPOINT_DOWN}
+    own = own_retries(att)
     rate = sum(own.values()) / att["first"] if att["first"] else None
     if rate is not None and rate >= RETRY_RATE_LIMIT:
         out.append(_finding("retries", "many retries",
@@ -208,6 +208,15 @@ def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
                             {"churn_per_success": churn, "expected_churn": expected},
                             *TABLE["t_conn"]))
     return out
+
+
+def own_retries(att: dict[str, Any]) -> dict[str, int]:
+    """Retries by cause, less the waits that spend no attempts and have findings of their own:
+    the outage waits, and the holds for the server's rate limit (`rate_limited`, of cause
+    http_429; "fix timeouts" is no advice for them)."""
+    own = {cause: n for cause, n in att["retry_causes"].items() if cause != ENDPOINT_DOWN}
+    limited = own.pop("http_429", 0) - att["server_limit"]["held_retries"]
+    return own | ({"http_429": limited} if limited > 0 else {})
 
 
 def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -274,6 +283,12 @@ def triage_section(doc: dict[str, Any]) -> dict[str, Any]:
         # Most of the queue time was a wait for a rate limit, not for the cap: a bigger cap
         # would only wait too, so the advice is the rate limit's.
         top["meaning"], top["control"] = TABLE["rate_limit"]
+    att = doc["attempts"]
+    if top is not None and top["bucket"] == "t_retry" and (
+            att["server_limit"]["held_retries"] > sum(own_retries(att).values())):
+        # Most retries were the server's rate-limit holds: no timeout to fix, its limit's
+        # advice instead.
+        top["meaning"], top["control"] = TABLE["server_rate_limit"]
     return {
         "dominant_bucket": top,
         "signatures": [ttft_tail(doc["latency"]), idle_gaps(doc["scheduler"])],
