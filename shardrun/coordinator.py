@@ -567,6 +567,7 @@ class Coordinator:
         config = ShardConfig(**{**self.config.__dict__, "shard": index,
                                 "rate": {"rpm": rpm, "tpm": tpm},
                                 "rate_phase": index % self.shard_count / self.shard_count,
+                                "shard_count": self.shard_count,
                                 "answered_before": (self.config.answered_before
                                                     or self.totals.ok > 0)})
         state.handle.send(config.to_message())

@@ -77,6 +77,9 @@ pace make it grow by 5 % a second, back from a cut in about 7 s, and on until th
 LEARN_MIN_PER_S = 1 / 60
 """The slowest learned pace: a request a minute (a server answering only 429s stops the run
 at retry.outage_s, `Shard._limited_too_long`)."""
+LIMIT_HEADER = "x-ratelimit-limit-requests"
+"""OpenAI's statement of the key's limit, in requests a minute: a shard's first 429 that
+carries it starts the learned pace at the shard's share of it (`RateLimiter.limited`)."""
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 DURATION_MAX = 64
 """The longest reset header read as a duration ("1h2m3.5s" is 8): `_DURATION`'s scan takes
@@ -164,9 +167,11 @@ class RateLimiter:
         max_pause_s: float = MAX_PAUSE_S,
         phase: float = 0.0,
         stopped: Callable[[], bool] = lambda: False,
+        shards: int = 1,
     ) -> None:
         """`phase` (0 <= phase < 1): the share of its first request this shard owes from the
         start, k/N for shard k of N, so the shards' first requests do not all go at once.
+        `shards`: how many shards the run has, which share the server's limit of one key.
         `stopped` says no attempt may follow (a stop, a fatal error): a wait then ends at once
         (`sleep` returns early)."""
         self._clock, self._sleep, self._stopped = clock, sleep, stopped
@@ -175,6 +180,7 @@ class RateLimiter:
         self.tokens = _pacer_for(tpm)
         self._phase = phase
         self._share_rpm = rpm
+        self._shards = max(1, shards)
         # The server's limit as this shard learned it from its 429s (requests a second; None:
         # none yet); the window its 429s are judged over: since when (the shard's start, or
         # the last window's end), the requests sent by then, and the 429s since.
@@ -250,17 +256,24 @@ class RateLimiter:
         learned = self.learned * 60.0
         return learned if self._share_rpm is None else min(learned, self._share_rpm)
 
-    def limited(self, sent: int) -> bool:
+    def limited(self, sent: int, headers: Mapping[str, str] | None = None) -> bool:
         """A 429 (rate limited, not a quota), after this shard had sent `sent` requests (those
-        out now too). Once the window since the last cut (or since the shard started) holds
+        out now too), with the response's x-ratelimit-* `headers`. The first one that states
+        the limit (`LIMIT_HEADER`) while no pace is learned sets the learned pace at this
+        shard's share of it (`_seed`) and starts a window. Else, once the window since the
+        last cut (or since the shard started) holds
         LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs no time), it
         is judged: where more than LEARN_SHARE of its requests were 429s, the learned pace
         is cut to LEARN_CUT of what the shard sent in it (at most of the learned pace, which
         stands alone where the window was too short to say a pace), and every request of the
-        shard is paced by it from then on; either way a new window starts. True when it cut.
-        The 429s of the requests sent at the old pace come back together after a cut: only
-        a window of the new pace can cut again."""
+        shard is paced by it from then on; either way a new window starts. True when it cut
+        (or seeded). The 429s of the requests sent at the old pace come back together after
+        a cut: only a window of the new pace can cut again."""
         now = self._clock()
+        if self.learned is None and headers and self._seed(headers.get(LIMIT_HEADER)):
+            self.requests = _retuned(self.requests, self._rpm(), now)
+            self._since, self._sent_at_cut, self._refused = now, sent, 0
+            return True
         self._refused += 1
         n, measured = sent - self._sent_at_cut, now - self._since
         if n < LEARN_WINDOW_N or (self.learned is not None and measured < LEARN_WINDOW_S):
@@ -274,6 +287,17 @@ class RateLimiter:
             self.requests = _retuned(self.requests, self._rpm(), now)
         self._since, self._sent_at_cut, self._refused = now, sent, 0
         return cut
+
+    def _seed(self, limit: str | None) -> bool:
+        """Learn the pace of this shard's share of the server's stated limit per minute; False
+        for none, or one that is no positive finite number (a gateway's own, or garbage). Only
+        a start: a value per replica or per gateway that is too high is cut by the windows that
+        follow, one too low grows back with the successes, as any learned pace does."""
+        per_minute = _number(limit)
+        if per_minute is None or not 0 < per_minute < math.inf:
+            return False
+        self.learned = max(LEARN_MIN_PER_S, per_minute / 60.0 / self._shards)
+        return True
 
     def grew(self) -> None:
         """A success while a learned pace holds: a little more pace (LEARN_GROW; the caller

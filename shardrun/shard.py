@@ -195,7 +195,7 @@ class Shard:
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
                                    sleep=self._pause, phase=cfg.rate_phase,
-                                   stopped=self.halted.is_set)
+                                   stopped=self.halted.is_set, shards=cfg.shard_count)
 
     # -- messages from the coordinator ---------------------------------------------------------
 
@@ -513,7 +513,8 @@ class Shard:
         if self.limited_since is None:
             self.limited_since = now
         # The requests sent: those ended, and those out now (its first 429 may be its first end).
-        if self.limiter.limited(self.counters.attempts + self.sending):
+        if self.limiter.limited(self.counters.attempts + self.sending,
+                                outcome.rate_headers):
             # Logged at a cut only (a window of requests apart at least), not as each success
             # grows it: `report` reads the pace the server's limit left the shards from these,
             # and the progress reports carry the same figure.

@@ -50,6 +50,9 @@ class ShardConfig:
     # k/N for shard k of N: how far into one job-wide interval its pacing starts
     # (shardrun.ratelimit), so the shards' first requests are spread out.
     rate_phase: float = 0.0
+    # How many shards the run starts, which share the server's limit of one key: a 429 that
+    # states that limit paces a shard at its share of it (`RateLimiter.limited`).
+    shard_count: int = 1
     segment: int = 0  # 0 for the first pass of a run, k for its k-th resume
     # The endpoint answered this run before (an earlier pass, or another shard of this one): a
     # shard that cannot reach it waits for it (an outage), rather than judging it unreachable.

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from shardrun.client import AttemptOutcome
+from shardrun.ratelimit import LEARN_GROW
 from shardrun.shard import Shard
 from shardrun.shard_config import ShardConfig
 from shardrun.spans import Span
@@ -35,8 +37,10 @@ class _Client:
 
     url = "http://x"
 
-    def __init__(self, clock: _Clock, errors: list[str | None], took: float = 1.0) -> None:
+    def __init__(self, clock: _Clock, errors: list[str | None], took: float = 1.0,
+                 headers: dict[str, str] | None = None) -> None:
         self.clock, self.errors, self.took, self.calls = clock, errors, took, 0
+        self.headers = headers or {}  # the x-ratelimit-* headers of every 429
 
     async def attempt(self, body: Any, on_first_token: Any = None) -> AttemptOutcome:
         started = self.clock.t
@@ -47,20 +51,21 @@ class _Client:
             return AttemptOutcome(status="ok", http_status=200, started_at=started,
                                   ended_at=self.clock.t, text="hi", finish_reason="stop")
         return AttemptOutcome(status="http_429", http_status=429, started_at=started,
-                              ended_at=self.clock.t, error=error)
+                              ended_at=self.clock.t, error=error, rate_headers=self.headers)
 
 
 def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
-             stop_at: int | None = None, **retry: float) -> tuple[Shard, int]:
+             stop_at: int | None = None, headers: dict[str, str] | None = None,
+             shard_count: int = 1, **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
     that attempt (from 0) is out."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", retry=retry)
+                      api="chat", model="m", retry=retry, shard_count=shard_count)
     shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
-    client = _Client(clock, errors)
+    client = _Client(clock, errors, headers=headers)
     answer = client.attempt
 
     async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
@@ -144,3 +149,12 @@ def test_the_429s_counted_held_are_those_that_held_their_item(tmp_path: Path) ->
     stopped, calls = _run_one(tmp_path / "stop", [PACE] * 5, stop_at=2)
     assert calls == 3 and stopped.counters.abandoned == 1
     assert stopped.counters.limited_429s == 2 == _held_lines(tmp_path / "stop")
+
+
+def test_a_429_that_states_the_limit_paces_the_shard_at_its_share_of_it(tmp_path: Path) -> None:
+    """The 429's x-ratelimit-limit-requests (600 a minute) over the run's 4 shards: the shard
+    paces itself at 2.5 requests a second from its first 429, plus the success's growth."""
+    shard, calls = _run_one(tmp_path, [PACE], headers={"x-ratelimit-limit-requests": "600"},
+                            shard_count=4)
+    assert calls == 2 and shard.counters.ok == 1
+    assert shard.limiter.learned == pytest.approx(2.5 + LEARN_GROW)

@@ -425,3 +425,31 @@ def test_the_learned_pace_and_the_jobs_share_pace_together_the_slower_wins() -> 
     assert lim.requests.rate_per_s == pytest.approx(0.7 * 20 / 1.5)
     lim.set_share(300, None)
     assert lim.requests.rate_per_s == pytest.approx(5.0)
+
+
+def test_a_429_that_states_the_limit_seeds_the_pace_at_this_shards_share() -> None:
+    """OpenAI's x-ratelimit-limit-requests on the first 429 (6,000 a minute, 4 shards on one
+    key) paces the shard at 25/s at once, where a window of 429s was needed; the windows
+    after it still cut it (the seed is a start, not a bound) and successes still grow it."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    t.now = 1.0
+    assert lim.limited(sent=3, headers={"x-ratelimit-limit-requests": "6000"})
+    assert lim.learned == pytest.approx(25.0)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(25.0)
+    assert not lim.limited(sent=4, headers={"x-ratelimit-limit-requests": "60"})  # once only
+    assert lim.learned == pytest.approx(25.0)
+    t.now = 3.0
+    for sent in range(5, 23):  # 19 of 20 requests refused: the stated limit was too high
+        lim.limited(sent)
+    assert lim.limited(sent=23) and lim.learned == pytest.approx(ratelimit.LEARN_CUT * 10.0)
+    lim.grew()
+    assert lim.learned == pytest.approx(ratelimit.LEARN_CUT * 10.0 + ratelimit.LEARN_GROW)
+
+
+@pytest.mark.parametrize("stated", ["0", "-5", "abc", "", "nan", "inf", "1e400"])
+def test_a_stated_limit_that_is_no_positive_number_is_ignored(stated: str) -> None:
+    """A gateway's nonsense seeds nothing: the 429 counts towards a window as before."""
+    lim, _ = limiter(None, None)
+    assert not lim.limited(sent=1, headers={"x-ratelimit-limit-requests": stated})
+    assert lim.learned is None and lim.requests is None
