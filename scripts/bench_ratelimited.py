@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_ratelimited.py                   # this tree
     .venv/bin/python scripts/bench_ratelimited.py --before 14fd7a8  # that revision too, in turn
     .venv/bin/python scripts/bench_ratelimited.py --items 600 --shards 2 --cap 16 --rpm 1500
+    .venv/bin/python scripts/bench_ratelimited.py --tpm 1200000 --before 14fd7a8  # tokens
 
 Each case starts this tree's simulator as its own process (ttft 200 ms, 16-64 tokens) with an
 enforced limit (`rpm_limit`, a token bucket of one second's worth) well under what the cap
@@ -13,6 +14,12 @@ Retry-After only, or nothing at all. The table counts results and dead letters f
 files, the requests the simulator read and the 429s it answered (its /sim/stats), and the
 throughput of results against the limit. A revision given with `--before` runs from a read-only
 `git archive` snapshot against the same simulator.
+
+With `--tpm N` the server enforces a token limit instead (`tpm_limit`, a bucket of one second's
+worth, charged prompt + max_tokens per request, as OpenAI counts), and the input mixes small
+prompts (10 tokens, 74 charged with max_tokens 64) with every tenth a big one (1,000 tokens,
+1,064 charged): the case where a pace of requests lets the small ones take the tokens a big
+one waits for. "of the limit" is then the tokens charged by the results a second against N/60.
 
 Only loopback traffic; every run is bounded in time (`--timeout-s`, then it is killed and its
 row says so); every process it starts is stopped by PID.
@@ -39,6 +46,31 @@ from shardrun.sim.launcher import start_sim
 MODES = ("openai", "retry_after", "none")
 LABELS = {"openai": "x-ratelimit-* + Retry-After", "retry_after": "Retry-After only",
           "none": "no headers"}  # fmt: skip
+SMALL, BIG = "x" * 40, "x" * 4000  # 10 and 1,000 prompt tokens to the simulator (chars / 4)
+CHARGE = {b"small": 10 + 64, b"big": 1000 + 64}  # with the job's max_tokens 64
+
+
+def write_mixed_input(path: Path, n: int) -> None:
+    """n prompts, every tenth a big one: ids say which (`small-7`, `big-10`)."""
+    with open(path, "wb") as f:
+        for i in range(n):
+            kind = "big" if i % 10 == 0 else "small"
+            f.write(orjson.dumps({"id": f"{kind}-{i}", "prompt": BIG if kind == "big"
+                                  else SMALL}) + b"\n")  # fmt: skip
+
+
+def tokens_done(run: Path) -> tuple[int, str]:
+    """The tokens the simulator charged for the run's results (by their ids' kind), and the
+    attempts the big prompts' results took, mean and most ('1.4 / 6')."""
+    tokens, big = 0, []
+    for path in run.glob("results/*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            record = orjson.loads(line)
+            kind = record["id"].split("-")[0].encode()
+            tokens += CHARGE[kind]
+            if kind == b"big":
+                big.append(record["attempts"])
+    return tokens, f"{sum(big) / len(big):.1f} / {max(big)}" if big else "-"
 
 
 def dead_kinds(run: Path) -> str:
@@ -53,8 +85,9 @@ def dead_kinds(run: Path) -> str:
 def run_case(src: Path, work: Path, args: argparse.Namespace, mode: str,
              name: str) -> list[object]:  # fmt: skip
     """One run against a fresh simulator whose answers say `mode` of the limit; its row."""
+    limit = {"tpm_limit": args.tpm} if args.tpm else {"rpm_limit": args.rpm}
     sim = start_sim(SimConfig(ttft_ms=200, itl_ms=2, tokens="uniform:16:64",
-                              rpm_limit=args.rpm, rpm_headers=mode))  # fmt: skip
+                              rpm_headers=mode, **limit))  # fmt: skip
     try:
         code, wall, stats = bs.run_job(src, work, sim, name, work / "input.jsonl", args.shards,
                                        args.cap, args.timeout_s)
@@ -63,9 +96,14 @@ def run_case(src: Path, work: Path, args: argparse.Namespace, mode: str,
     run = work / "runs" / name
     ok = bs.lines("results/*.jsonl", run)
     per_s = ok / wall if wall > 0 and code is not None else 0.0
+    share, big = per_s / (args.rpm / 60), []
+    if args.tpm:
+        tokens, attempts = tokens_done(run)
+        share, big = (tokens / wall / (args.tpm / 60) if per_s else 0.0), [attempts]
+    refused = stats["faults"]["tpm_limit" if args.tpm else "rpm_limit"]
     return [LABELS[mode], ok, bs.lines("dead/*.jsonl", run), stats["requests_total"],
-            stats["faults"]["rpm_limit"], round(wall, 1), round(per_s, 1),
-            f"{per_s / (args.rpm / 60):.0%}", "timeout" if code is None else code, dead_kinds(run)]
+            refused, round(wall, 1), round(per_s, 1), f"{share:.0%}",
+            "timeout" if code is None else code, dead_kinds(run), *big]
 
 
 def main() -> int:
@@ -77,6 +115,8 @@ def main() -> int:
     # The cap sends about 4 x 32 / 0.28 s = 450 requests a second at ttft 200 ms and 40
     # tokens of 2 ms: 6,000 a minute is 100 a second, under a quarter of it.
     p.add_argument("--rpm", type=int, default=6000, help="the server's limit, requests/minute")
+    p.add_argument("--tpm", type=int, default=0,
+                   help="a token limit instead, tokens/minute, and an input of mixed sizes")
     p.add_argument("--modes", default=",".join(MODES), help="which cases, comma-separated")
     p.add_argument("--timeout-s", type=float, default=240.0, help="the longest one run may take")
     args = p.parse_args()
@@ -86,7 +126,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="shardrun-ratelimited-"))
     try:
         sides, srcs = bs.snapshots(work, args.before)
-        bt.write_input(work / "input.jsonl", args.items)
+        if args.tpm:
+            write_mixed_input(work / "input.jsonl", args.items)
+        else:
+            bt.write_input(work / "input.jsonl", args.items)
         rows = []
         for mode in modes:
             for side, src in srcs.items():
@@ -95,12 +138,16 @@ def main() -> int:
                 print(f"  {rows[-1]}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    limit = (f"tpm_limit {args.tpm:,} ({args.tpm / 60:g}/s, burst {-(-args.tpm // 60)}), "
+             f"every tenth prompt big" if args.tpm else
+             f"rpm_limit {args.rpm:,} ({args.rpm / 60:g}/s, burst {-(-args.rpm // 60)})")
     print(f"# {args.shards} x {args.cap}, {args.items:,} items, ttft 200 ms, 16-64 tokens, "
-          f"rpm_limit {args.rpm:,} ({args.rpm / 60:g}/s, burst {-(-args.rpm // 60)}); "
+          f"{limit}; "
           + "; ".join(f"{k}: {v}" for k, v in sides.items()))
+    big = " big prompts' attempts, mean / most |" if args.tpm else ""
     print("| server says | client | succeeded | dead letters | requests | 429s | wall s "
-          "| results/s | of the limit | exit | dead letters' reasons |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| results/s | of the limit | exit | dead letters' reasons |" + big)
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if big else ""))
     bs.print_rows(rows)
     return 0
 

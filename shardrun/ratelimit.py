@@ -80,6 +80,10 @@ at retry.outage_s, `Shard._limited_too_long`)."""
 LIMIT_HEADER = "x-ratelimit-limit-requests"
 """OpenAI's statement of the key's limit, in requests a minute: a shard's first 429 that
 carries it starts the learned pace at the shard's share of it (`RateLimiter.limited`)."""
+TOKEN_LIMIT_HEADER = "x-ratelimit-limit-tokens"
+_STATED_LIMIT = re.compile(r"Limit:? (\d+)")
+"""The limit in a 429's words ("on tokens per min (TPM): Limit 30000, Used ..."), for a token
+limit whose answer has no `TOKEN_LIMIT_HEADER`."""
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 DURATION_MAX = 64
 """The longest reset header read as a duration ("1h2m3.5s" is 8): `_DURATION`'s scan takes
@@ -179,13 +183,18 @@ class RateLimiter:
         self.requests = _pacer_for(rpm)
         self.tokens = _pacer_for(tpm)
         self._phase = phase
-        self._share_rpm = rpm
+        self._share_rpm, self._share_tpm = rpm, tpm
         self._shards = max(1, shards)
         # The server's limit as this shard learned it from its 429s (requests a second; None:
         # none yet); the window its 429s are judged over: since when (the shard's start, or
         # the last window's end), the requests sent by then, and the 429s since.
         self.learned: float | None = None
+        # The same of a token limit, in tokens a second, learned from 429s that say tokens
+        # (`_says_tokens`), and the tokens charged by the window's start.
+        self.learned_tokens: float | None = None
+        self.learning = False  # either is learned: each success grows it (`grew`)
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
+        self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
         self.pending = 0
         self.pending_tokens = 0
@@ -238,46 +247,84 @@ class RateLimiter:
         return max(0.0, self._clock() - start)
 
     def correct(self, charged: int, actual_total_tokens: int) -> None:
-        """The server counted `actual_total_tokens` where `charged` was reserved: settle up."""
-        if self.tokens is not None and charged != actual_total_tokens:
-            self.tokens.charge(self._clock(), actual_total_tokens - charged)
+        """The server counted `actual_total_tokens` where `charged` was reserved: settle up.
+        Not downwards for an answer once a token pace is learned of the server: its limit
+        counts the prompt and max_tokens when the request comes, as OpenAI's does, whatever
+        the answer used (refunding the unused max_tokens sent a third more than the limit). A
+        request refused or never answered (0) is refunded: the server counted nothing."""
+        if self.tokens is None or charged == actual_total_tokens:
+            return
+        if 0 < actual_total_tokens < charged and self.learned_tokens is not None:
+            return
+        self.tokens.charge(self._clock(), actual_total_tokens - charged)
 
     def set_share(self, rpm: float | None, tpm: float | None) -> None:
         """A new share from the coordinator (a shard finished or died, or limits changed)."""
         now = self._clock()
-        self._share_rpm = rpm
+        self._share_rpm, self._share_tpm = rpm, tpm
         self.requests = _retuned(self.requests, self._rpm(), now)
-        self.tokens = _retuned(self.tokens, tpm, now)
+        self.tokens = _retuned(self.tokens, self._tpm(), now)
 
     def _rpm(self) -> float | None:
         """The requests pacer's pace: the job's share or the learned pace, the slower."""
-        if self.learned is None:
-            return self._share_rpm
-        learned = self.learned * 60.0
-        return learned if self._share_rpm is None else min(learned, self._share_rpm)
+        return _slower(self._share_rpm, self.learned)
 
-    def limited(self, sent: int, headers: Mapping[str, str] | None = None) -> bool:
+    def _tpm(self) -> float | None:
+        """The tokens pacer's pace: the job's share or the learned pace, the slower."""
+        return _slower(self._share_tpm, self.learned_tokens)
+
+    def limited(self, sent: int, headers: Mapping[str, str] | None = None,
+                error: str | None = None, tokens: int = 0) -> bool:
         """A 429 (rate limited, not a quota), after this shard had sent `sent` requests (those
-        out now too), with the response's x-ratelimit-* `headers`. The first one that states
-        the limit (`LIMIT_HEADER`) while no pace is learned sets the learned pace at this
-        shard's share of it (`_seed`) and starts a window. Else, once the window since the
-        last cut (or since the shard started) holds
-        LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs no time), it
-        is judged: where more than LEARN_SHARE of its requests were 429s, the learned pace
-        is cut to LEARN_CUT of what the shard sent in it (at most of the learned pace, which
-        stands alone where the window was too short to say a pace), and every request of the
-        shard is paced by it from then on; either way a new window starts. True when it cut
-        (or seeded). The 429s of the requests sent at the old pace come back together after
-        a cut: only a window of the new pace can cut again."""
+        out now too), with the response's x-ratelimit-* `headers` and its `error` words, for a
+        request charged `tokens`. It teaches a pace of requests, or of tokens where it says
+        tokens (`_says_tokens`) and their limit, so that a big prompt waits its turn in the
+        tokens pacer rather than being refused among small ones.
+
+        The first one that states the limit (x-ratelimit-limit-*, or a token limit's words)
+        while no such pace is learned sets it at this shard's share of the limit (`_share`)
+        and starts a window. Else, once the window since the last cut (or since the shard
+        started) holds LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs
+        no time), it is judged: where more than LEARN_SHARE of its requests (of their tokens,
+        for a token pace) were 429s, the learned pace is cut to LEARN_CUT of what the shard
+        sent in it (at most of the learned
+        pace, which stands alone where the window was too short to say a pace), and every
+        request of the shard is paced by it from then on; either way a new window starts.
+        True when it cut (or seeded). The 429s of the requests sent at the old pace come back
+        together after a cut: only a window of the new pace can cut again."""
         now = self._clock()
-        if self.learned is None and headers and self._seed(headers.get(LIMIT_HEADER)):
-            self.requests = _retuned(self.requests, self._rpm(), now)
-            self._since, self._sent_at_cut, self._refused = now, sent, 0
-            return True
+        headers = headers or {}
+        by_tokens = _says_tokens(headers, error, tokens)
+        if by_tokens and self.learned_tokens is None:
+            stated = headers.get(TOKEN_LIMIT_HEADER)
+            if stated is None and (found := _STATED_LIMIT.search(error or "")):
+                stated = found[1]
+            self.learned_tokens = self._share(stated, max(1, tokens))
+            if self.learned_tokens is not None:
+                self.tokens = _retuned(self.tokens, self._tpm(), now)
+                return self._new_window(now, sent)
+        elif not by_tokens and self.learned is None:
+            self.learned = self._share(headers.get(LIMIT_HEADER), 1)
+            if self.learned is not None:
+                self.requests = _retuned(self.requests, self._rpm(), now)
+                return self._new_window(now, sent)
         self._refused += 1
+        self._refused_tokens += tokens
         n, measured = sent - self._sent_at_cut, now - self._since
-        if n < LEARN_WINDOW_N or (self.learned is not None and measured < LEARN_WINDOW_S):
+        if n < LEARN_WINDOW_N or (self.learning and measured < LEARN_WINDOW_S):
             return False
+        if by_tokens and self.learned_tokens is not None and self.tokens is not None:
+            # Judged in tokens: over a token limit the big requests are the ones refused, a
+            # small share of the requests (never a cut) but a large one of the tokens.
+            tokens_sent = self.tokens.charged - self._tokens_at_cut
+            cut = self._refused_tokens > LEARN_SHARE * tokens_sent
+            if cut:
+                was = tokens_sent / max(measured, LEARN_WINDOW_S)
+                self.learned_tokens = max(LEARN_MIN_PER_S * max(1, tokens),
+                                          LEARN_CUT * min(was, self.learned_tokens))
+                self.tokens = _retuned(self.tokens, self._tpm(), now)
+            self._new_window(now, sent)
+            return cut
         cut = self._refused > LEARN_SHARE * n
         if cut:
             was = n / max(measured, LEARN_WINDOW_S)
@@ -285,26 +332,38 @@ class RateLimiter:
                 was = min(was, self.learned)
             self.learned = max(LEARN_MIN_PER_S, LEARN_CUT * was)
             self.requests = _retuned(self.requests, self._rpm(), now)
-        self._since, self._sent_at_cut, self._refused = now, sent, 0
+        self._new_window(now, sent)
         return cut
 
-    def _seed(self, limit: str | None) -> bool:
-        """Learn the pace of this shard's share of the server's stated limit per minute; False
-        for none, or one that is no positive finite number (a gateway's own, or garbage). Only
-        a start: a value per replica or per gateway that is too high is cut by the windows that
-        follow, one too low grows back with the successes, as any learned pace does."""
-        per_minute = _number(limit)
-        if per_minute is None or not 0 < per_minute < math.inf:
-            return False
-        self.learned = max(LEARN_MIN_PER_S, per_minute / 60.0 / self._shards)
+    def _new_window(self, now: float, sent: int) -> bool:
+        """Judge 429s afresh from `now`, after `sent` requests; True (a pace was set)."""
+        self.learning = self.learned is not None or self.learned_tokens is not None
+        self._since, self._sent_at_cut, self._refused, self._refused_tokens = now, sent, 0, 0
+        self._tokens_at_cut = 0.0 if self.tokens is None else self.tokens.charged
         return True
 
-    def grew(self) -> None:
-        """A success while a learned pace holds: a little more pace (LEARN_GROW; the caller
-        tests `learned` first, so a shard never limited pays nothing)."""
-        assert self.learned is not None
-        self.learned += LEARN_GROW
-        self.requests = _retuned(self.requests, self._rpm(), self._clock())
+    def _share(self, limit: str | None, unit: int) -> float | None:
+        """This shard's share, a second, of the server's stated limit per minute, at least
+        `unit` a minute (a request, or one request's tokens); None for none, or one that is no
+        positive finite number (a gateway's own, or garbage). Only a start: a value per replica
+        or per gateway that is too high is cut by the windows that follow, one too low grows
+        back with the successes, as any learned pace does."""
+        per_minute = _number(limit)
+        if per_minute is None or not 0 < per_minute < math.inf:
+            return None
+        return max(LEARN_MIN_PER_S * unit, per_minute / 60.0 / self._shards)
+
+    def grew(self, tokens: int = 0) -> None:
+        """A success of a request charged `tokens` while a learned pace holds: a little more
+        pace (LEARN_GROW, of requests or of that request's tokens; the caller tests `learning`
+        first, so a shard never limited pays nothing)."""
+        now = self._clock()
+        if self.learned is not None:
+            self.learned += LEARN_GROW
+            self.requests = _retuned(self.requests, self._rpm(), now)
+        if self.learned_tokens is not None:
+            self.learned_tokens += LEARN_GROW * tokens
+            self.tokens = _retuned(self.tokens, self._tpm(), now)
 
     def observe_headers(self, headers: Mapping[str, str], now: float | None = None) -> float:
         """Hold off until the server's reset when it has less left than we are about to send.
@@ -326,6 +385,29 @@ class RateLimiter:
         if pause > 0:
             self.pause_until = max(self.pause_until, now + pause)
         return pause
+
+
+def _slower(share: float | None, learned_per_s: float | None) -> float | None:
+    """A pacer's pace a minute: the job's share or the pace learned (a second), the slower."""
+    if learned_per_s is None:
+        return share
+    learned = learned_per_s * 60.0
+    return learned if share is None else min(learned, share)
+
+
+def _says_tokens(headers: Mapping[str, str], error: str | None, tokens: int) -> bool:
+    """A 429 of a token limit: its words say so (OpenAI's "on tokens per min (TPM)"), or, where
+    they name neither, x-ratelimit-remaining-tokens has less than the request's `tokens` while
+    requests remain."""
+    words = (error or "").lower()
+    if "tokens per min" in words:
+        return True
+    if "requests" in words:
+        return False
+    left = _number(headers.get("x-ratelimit-remaining-tokens"))
+    requests_left = _number(headers.get("x-ratelimit-remaining-requests"))
+    return left is not None and left < max(1, tokens) and not (
+        requests_left is not None and requests_left < 1)
 
 
 def _retuned(pacer: Pacer | None, per_minute: float | None, now: float) -> Pacer | None:

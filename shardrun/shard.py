@@ -513,8 +513,8 @@ class Shard:
         if self.limited_since is None:
             self.limited_since = now
         # The requests sent: those ended, and those out now (its first 429 may be its first end).
-        if self.limiter.limited(self.counters.attempts + self.sending,
-                                outcome.rate_headers):
+        if self.limiter.limited(self.counters.attempts + self.sending, outcome.rate_headers,
+                                outcome.error, span.charged):
             # Logged at a cut only (a window of requests apart at least), not as each success
             # grows it: `report` reads the pace the server's limit left the shards from these,
             # and the progress reports carry the same figure.
@@ -1389,8 +1389,8 @@ class Shard:
         self._storm_success(span)  # every success: it tells a flaky server from a storm
         if self.limited_since is not None:  # 429s alone no longer, if sent after the first
             self._limit_answered(span)
-        if self.limiter.learned is not None:  # paced by the server's 429s: a little faster
-            self.limiter.grew()
+        if self.limiter.learning:  # paced by the server's 429s: a little faster
+            self.limiter.grew(span.charged)
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from shardrun.client import AttemptOutcome
-from shardrun.ratelimit import LEARN_GROW
+from shardrun.ratelimit import LEARN_GROW, estimate_request_tokens
 from shardrun.shard import Shard
 from shardrun.shard_config import ShardConfig
 from shardrun.spans import Span
@@ -158,3 +158,15 @@ def test_a_429_that_states_the_limit_paces_the_shard_at_its_share_of_it(tmp_path
                             shard_count=4)
     assert calls == 2 and shard.counters.ok == 1
     assert shard.limiter.learned == pytest.approx(2.5 + LEARN_GROW)
+
+
+def test_a_429_on_tokens_paces_the_shard_by_tokens(tmp_path: Path) -> None:
+    """A 429 in OpenAI's words for a token limit (60,000 a minute over 2 shards) paces the
+    shard's tokens at 500 a second, not its requests; the success grows that pace by its own
+    charge, which the shard hands the limiter."""
+    tpm = ("HTTP 429: Rate limit reached for gpt-4o on tokens per min (TPM): Limit 60000, "
+           "Used 59990, Requested 257. Please try again in 1s.")
+    shard, calls = _run_one(tmp_path, [tpm], shard_count=2)
+    assert calls == 2 and shard.counters.ok == 1 and shard.limiter.learned is None
+    charged = estimate_request_tokens({"messages": [{"role": "user", "content": "x"}]}, {})
+    assert shard.limiter.learned_tokens == pytest.approx(500 + LEARN_GROW * charged)

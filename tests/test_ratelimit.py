@@ -453,3 +453,105 @@ def test_a_stated_limit_that_is_no_positive_number_is_ignored(stated: str) -> No
     lim, _ = limiter(None, None)
     assert not lim.limited(sent=1, headers={"x-ratelimit-limit-requests": stated})
     assert lim.learned is None and lim.requests is None
+
+
+TPM_429 = ("Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+           "Limit 60000, Used 59000, Requested 1200. Please try again in 1.2s.")
+
+
+def test_a_429_on_tokens_paces_tokens_so_a_big_prompt_waits_its_turn() -> None:
+    """OpenAI's words for a token limit (60,000 a minute, 4 shards: 250 tokens a second for
+    this one) teach a token pace, not a request pace: small requests are not slowed as a
+    count, and a big one goes as soon as the tokens before it are paid for, its place kept
+    ahead of the small ones that come after it (a pace of requests let small ones take the
+    server's tokens first, and the big one was refused over and over)."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, error=TPM_429, tokens=1200)
+    assert lim.learned is None and lim.requests is None and lim.learning
+    assert lim.learned_tokens == pytest.approx(250.0)
+    assert lim.tokens is not None and lim.tokens.rate_per_s == pytest.approx(250.0)
+    waits = [lim.wait(t.now, lim.reserve(t.now, n)) for n in (100, 1000, 50, 50)]
+    assert waits == pytest.approx([0.0, 0.4, 4.4, 4.6])
+    lim.grew(1000)  # a success: 5 % of its tokens more a second
+    assert lim.learned_tokens == pytest.approx(250.0 + ratelimit.LEARN_GROW * 1000)
+
+
+def test_the_token_limit_is_read_from_the_headers_where_the_words_say_nothing() -> None:
+    """A 429 with no such words, whose x-ratelimit-remaining-tokens is below the request's
+    charge while requests remain: a token 429, its limit from x-ratelimit-limit-tokens."""
+    lim, _ = limiter(None, None)
+    headers = {"x-ratelimit-remaining-tokens": "300", "x-ratelimit-limit-tokens": "30000",
+               "x-ratelimit-remaining-requests": "5", "x-ratelimit-limit-requests": "600"}
+    assert lim.limited(sent=1, headers=headers, error="HTTP 429: slow down", tokens=500)
+    assert lim.learned_tokens == pytest.approx(500.0) and lim.learned is None
+    requests_out = {**headers, "x-ratelimit-remaining-requests": "0"}
+    other, _ = limiter(None, None)
+    assert other.limited(sent=1, headers=requests_out, tokens=500)  # the requests ran out
+    assert other.learned == pytest.approx(10.0) and other.learned_tokens is None
+    rpm_words = "Rate limit reached on requests per min (RPM): Limit 600, Used 600, Requested 1."
+    third, _ = limiter(None, None)
+    assert third.limited(sent=1, headers=headers, error=rpm_words, tokens=500)  # words first
+    assert third.learned == pytest.approx(10.0) and third.learned_tokens is None
+
+
+def test_a_token_429_that_states_no_limit_teaches_a_request_pace_as_before() -> None:
+    """Without a limit to start from, a token 429 counts towards a window of requests, and a
+    cut slows the requests (which send fewer tokens too)."""
+    lim, _ = limiter(None, None)
+    words = "Rate limit reached on tokens per min. Please try again in 1s."
+    assert not any(lim.limited(sent, error=words, tokens=100) for sent in range(1, 20))
+    assert lim.limited(sent=20, error=words, tokens=100)
+    assert lim.learned == pytest.approx(ratelimit.LEARN_CUT * 20) and lim.learned_tokens is None
+
+
+def test_a_window_of_token_429s_cuts_the_token_pace_to_what_was_sent() -> None:
+    """Seeded at 250 tokens a second, then a window of 20 requests of 10 tokens over 2 s, all
+    refused: the shard sent 100 tokens a second, less than its pace, so the pace is cut to
+    0.7 x 100 a second (not 0.7 x 250); the request pace stays unlearned."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    lim.limited(sent=0, error=TPM_429, tokens=10)
+    for _ in range(20):
+        lim.reserve(t.now, 10)
+    t.now = 2.0
+    assert not any(lim.limited(sent, error=TPM_429, tokens=10) for sent in range(1, 20))
+    assert lim.limited(sent=20, error=TPM_429, tokens=10)
+    assert lim.learned_tokens == pytest.approx(ratelimit.LEARN_CUT * 100.0)
+    assert lim.learned is None
+
+
+def test_a_learned_token_pace_keeps_the_unused_max_tokens_charged() -> None:
+    """The server's token limit counts prompt + max_tokens as the request comes (OpenAI's
+    does), so once its pace is learned an answer that used less refunds nothing (it sent a
+    third more than the limit), while a request it refused (0 counted) is refunded whole. Under
+    the job's own tpm, before any is learned, the answer's usage settles the charge as before."""
+    t = FakeTime()
+    own = RateLimiter(None, 60_000, clock=t.clock, sleep=t.sleep)
+    own.reserve(t.now, 1064)
+    own.correct(1064, 1020)
+    assert own.tokens is not None and own.tokens.debt == pytest.approx(1020)
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep)
+    lim.limited(sent=1, error=TPM_429, tokens=1064)
+    for _ in range(2):
+        lim.reserve(t.now, 1064)
+    lim.correct(1064, 1020)
+    assert lim.tokens is not None and lim.tokens.debt == pytest.approx(2128)
+    lim.correct(1064, 0)
+    assert lim.tokens.debt == pytest.approx(1064)
+
+
+def test_token_429s_are_judged_by_their_share_of_the_tokens_not_of_the_requests() -> None:
+    """Over a token limit the big requests are the ones refused: 3 of a window's 20 requests
+    (15 %, never a cut as a share of requests) but 3,000 of its 3,170 tokens, which cuts."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep)
+    lim.limited(sent=0, error=TPM_429, tokens=1000)
+    seeded = lim.learned_tokens
+    for n in [10] * 17 + [1000] * 3:
+        lim.reserve(t.now, n)
+    t.now = 1.0
+    assert not lim.limited(sent=18, error=TPM_429, tokens=1000)
+    assert not lim.limited(sent=19, error=TPM_429, tokens=1000)
+    assert lim.limited(sent=20, error=TPM_429, tokens=1000)
+    assert seeded is not None and lim.learned_tokens == pytest.approx(ratelimit.LEARN_CUT * seeded)

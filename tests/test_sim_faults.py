@@ -522,7 +522,8 @@ def test_stats_faults_shape_lists_every_kind() -> None:
             return await stats(s, root)
 
     st = run(go())
-    kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit")
+    kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit",
+             "tpm_limit")
     assert st["faults"] == dict.fromkeys(kinds, 0)
     assert st["unauthorized"] == 0 and st["completed"] == 1
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import test_utils
 
 from shardrun.ratelimit import parse_duration
+from shardrun.retry import over_whole_limit
 from shardrun.sim import SimConfig, config_from_argv
 from shardrun.sim.limit import RequestLimit
 from shardrun.sim.server import build_app
@@ -122,8 +123,52 @@ def test_rejected_requests_may_count_against_the_limit() -> None:
 
 def test_the_limit_travels_as_flags_and_job_keys() -> None:
     """The limit's settings from a job's `sim:` mapping, and through the launcher's flags."""
-    cfg = SimConfig.from_mapping({"rpm_limit": "600", "rpm_burst": 20.0,
+    cfg = SimConfig.from_mapping({"rpm_limit": "600", "rpm_burst": 20.0, "tpm_limit": 9000,
                                   "rpm_headers": "none", "rpm_count_rejected": "yes"})
     assert (cfg.rpm_limit, cfg.rpm_burst, cfg.rpm_headers, cfg.rpm_count_rejected) == (
         600, 20, "none", True)
     assert config_from_argv(cfg.to_args()) == cfg
+
+
+def test_the_token_bucket_lets_a_request_bigger_than_itself_in_when_full() -> None:
+    """6,000 tokens a minute (100 a second, a bucket of 100): charges of 60 are let in while
+    the bucket holds them; one of 250 waits for a full bucket, then takes it below empty, so
+    what follows waits for the rate to pay it off (the rate over time stays the limit)."""
+    limit = RequestLimit(6000, 0, False, "tokens")
+    assert limit.take(0.0, 60) == 0.0
+    assert limit.take(0.0, 60) == pytest.approx(0.2)  # 40 left of the 60 asked
+    assert limit.take(0.0, 250) == pytest.approx(0.6)  # until the bucket is full
+    assert limit.take(0.6, 250) == 0.0 and limit.used() == 250
+    assert limit.take(0.6, 10) == pytest.approx(1.6)
+
+
+async def _token_answers(cfg: SimConfig, caps: list[int]) -> list[tuple[int, dict[str, str],
+                                                                        Any]]:  # fmt: skip
+    """Chat requests of a 10-token prompt and these max_tokens, one after another."""
+    out = []
+    async with serving(cfg) as (s, root):
+        for cap in caps:
+            body = {"model": "m", "max_tokens": cap,
+                    "messages": [{"role": "user", "content": "x" * 40}]}
+            async with s.post(root + "/v1/chat/completions", json=body) as resp:
+                error = (await resp.json())["error"] if resp.status != 200 else None
+                out.append((resp.status, dict(resp.headers), error))
+    return out
+
+
+def test_over_the_token_limit_the_server_answers_429_in_openais_words() -> None:
+    """600 tokens a minute, a bucket of 100: one asking 1,000 is too large for the limit itself,
+    even with the bucket full, which the client dead-letters at once (`over_whole_limit`); two
+    requests of 10 + 40 tokens empty the bucket, the third is refused on tokens per min with
+    the limit, what is used and what it asked, and OpenAI's x-ratelimit-*-tokens, which the
+    client holds as a pace."""
+    cfg = SimConfig(**QUICK, tpm_limit=600, tpm_burst=100)
+    got = asyncio.run(asyncio.wait_for(_token_answers(cfg, [1000, 40, 40, 40]), 30))
+    assert [status for status, _, _ in got] == [429, 200, 200, 429]
+    assert [h["x-ratelimit-remaining-tokens"] for _, h, _ in got] == ["100", "50", "0", "0"]
+    assert all(h["x-ratelimit-limit-tokens"] == "600" for _, h, _ in got)
+    too_large, refused = got[0][2]["message"], got[3][2]["message"]
+    assert "on tokens per min (TPM): Limit 600, Used 100, Requested 50." in refused
+    assert "Limit 600, Requested 1010." in too_large
+    assert not over_whole_limit(refused) and over_whole_limit(too_large)
+    assert 1 <= int(got[3][1]["Retry-After"]) <= 10

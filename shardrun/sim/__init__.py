@@ -140,6 +140,11 @@ def _limit_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
     g.add_argument("--rpm-count-rejected", type=_bool, nargs="?", const=True, metavar="BOOL",
                    default=d.rpm_count_rejected,
                    help="a rejected request counts against the limit too, as OpenAI's do")
+    g.add_argument("--tpm-limit", type=int, default=d.tpm_limit, metavar="N",
+                   help="tokens a minute (prompt + max_tokens, else the answer's, per request); "
+                        "over it, 429 rate_limit_exceeded on tokens (0 = no limit)")
+    g.add_argument("--tpm-burst", type=int, default=d.tpm_burst, metavar="N",
+                   help="tokens the bucket holds (0 = one second's worth, ceil(N/60))")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

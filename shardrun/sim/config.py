@@ -127,7 +127,8 @@ FAULT_KINDS = ("fail_429", "fail_500", "fail_503", "reset_before_headers", "drop
 _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_first_token_s",
            "refusal", "storm_s")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens",
-         "storm_after_n", "storm_status", "rpm_limit", "rpm_burst")  # fmt: skip
+         "storm_after_n", "storm_status", "rpm_limit", "rpm_burst", "tpm_limit",
+         "tpm_burst")  # fmt: skip
 #: What a storm may answer every request with: a server's own error or a gateway's.
 STORM_STATUSES = (500, 502, 503, 504)
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation",
@@ -177,6 +178,11 @@ class SimConfig:
     rpm_burst: int = 0
     rpm_headers: str = "openai"  # one of LIMIT_HEADERS
     rpm_count_rejected: bool = False
+    # An enforced limit of N tokens a minute (0: none), charged per request its prompt tokens
+    # plus max_tokens (else the answer's tokens), a bucket of `tpm_burst` tokens (0: one
+    # second's worth); its headers are those `rpm_headers` says. See shardrun.sim.limit.
+    tpm_limit: int = 0
+    tpm_burst: int = 0
     # Behave like servers that lack a feature: refuse `stream_options` with a 400 (servers and
     # API versions that predate it), or answer with one JSON body when asked to stream.
     reject_stream_options: bool = False
@@ -279,6 +285,7 @@ class SimConfig:
         args += ["--quota-after", str(self.quota_after)]
         args += ["--rpm-limit", str(self.rpm_limit), "--rpm-burst", str(self.rpm_burst),
                  "--rpm-headers", self.rpm_headers]
+        args += ["--tpm-limit", str(self.tpm_limit), "--tpm-burst", str(self.tpm_burst)]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:
@@ -388,6 +395,8 @@ class Plan:
     # gets it as OpenAI sends one (summary parts and deltas), not as the thought itself.
     summary: bool = False
     padded: bool = False  # chunks carry OpenAI's `obfuscation` padding (SimConfig.obfuscation)
+    # What a token limit charges it (`tpm_limit`): prompt tokens + its cap, else its answer's.
+    requested: int = 0
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -508,7 +517,7 @@ def make_plan(raw: bytes, kind: Kind, cfg: SimConfig) -> Plan:
     return Plan(kind, model, stream and not cfg.ignore_stream, include_usage,
                 words, finish, prompt, min(thinking, len(words)),
                 tool, cfg.text, min(cfg.cached_tokens, prompt), refused, custom, legacy,
-                summary, padded)  # fmt: skip
+                summary, padded, prompt + (len(words) if cap is None else cap))  # fmt: skip
 
 
 #: By kind: the field that holds the prompt, and how many characters of text it has.

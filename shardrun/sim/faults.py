@@ -21,11 +21,12 @@ whose body holds that text is reset before any answer, every time), a storm (`st
 from the arrival of request `storm_after_n` + 1, every authorised generation request gets
 `storm_status`) and `quota_after` (past N requests served, 429 `insufficient_quota`, OpenAI's
 answer once an account's credit is used up) are checked, then the body is validated (400s are
-never faulted and take no draw). Non-streamed requests meet the stream faults too:
-`slow_first_token` and `stall_mid_stream` lengthen their delay, and `drop_mid_stream` resets
-the connection halfway through it, before any response byte. `reset_after_headers` answers 200
-with its headers (a stream's or a JSON answer's) and resets the connection before any byte of
-the body, at once, streamed or not.
+never faulted and take no draw), then an enforced `tpm_limit` (429 on tokens per min over it,
+counted as `tpm_limit`; it needs the body's prompt and max_tokens). Non-streamed requests meet
+the stream faults too: `slow_first_token` and `stall_mid_stream` lengthen their delay, and
+`drop_mid_stream` resets the connection halfway through it, before any response byte.
+`reset_after_headers` answers 200 with its headers (a stream's or a JSON answer's) and resets
+the connection before any byte of the body, at once, streamed or not.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class FaultInjector:
         self.storm_arrivals, self.storm_began = 0, -1.0
         self.seen: dict[bytes, int] = {}
         #: Injected faults by kind; served live as `faults` in /sim/stats.
-        kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit")
+        kinds = ("fail_first_n", "storm", "reset_when", "quota_after", *FAULT_KINDS, "rpm_limit",
+                 "tpm_limit")
         self.counts: dict[str, int] = dict.fromkeys(kinds, 0)
 
     def fail_first(self) -> bool:
@@ -174,6 +176,22 @@ def limit_response(wait: float, cfg: SimConfig) -> web.Response:
     headers = {} if cfg.rpm_headers == "none" else {"Retry-After": retry_after(wait)}
     return error_response(429, message.format(wait=_seconds(wait) + "s"), err_type, code,
                           headers=headers)  # fmt: skip
+
+
+def tokens_response(wait: float, limit: int, used: int, requested: int,
+                    cfg: SimConfig) -> web.Response:  # fmt: skip
+    """The 429 of a request over the enforced token limit (`tpm_limit`), in OpenAI's words: one
+    that alone asks more than the whole limit is too large, and no wait lets it in."""
+    if requested > limit:
+        message = (f"Request too large for sim in organization org-sim on tokens per min (TPM): "
+                   f"Limit {limit}, Requested {requested}. The input or output tokens must be "
+                   f"reduced in order to run successfully (simulated).")
+        return error_response(429, message, "tokens", "rate_limit_exceeded")
+    message = (f"Rate limit reached for sim in organization org-sim on tokens per min (TPM): "
+               f"Limit {limit}, Used {used}, Requested {requested}. Please try again in "
+               f"{_seconds(wait)}s (simulated).")
+    headers = {} if cfg.rpm_headers == "none" else {"Retry-After": retry_after(wait)}
+    return error_response(429, message, "tokens", "rate_limit_exceeded", headers=headers)
 
 
 def storm_response(cfg: SimConfig) -> web.Response:

@@ -13,6 +13,16 @@ x-ratelimit-remaining-requests (whole requests left in the bucket) and
 x-ratelimit-reset-requests (until the bucket is full again, "0.35s") on every generation answer
 and Retry-After on a 429; "retry_after" a 429's Retry-After only, as many gateways send; "none"
 nothing at all. Each request costs one refill and one comparison.
+
+`tpm_limit` N tokens a minute is a second bucket of the same kind (`tpm_burst`, 0: one
+second's worth), charged per request what OpenAI counts: its prompt tokens (characters / 4)
+plus its `max_tokens` (`max_completion_tokens`, `max_output_tokens`), or, where it sets none,
+the tokens it will be answered with; never refunded. A request is let in when the bucket holds
+its charge, or is full (one bigger than the bucket then takes it below empty, so the rate over
+time stays N); one whose charge is above N itself never fits and is answered 429 "Request too
+large ... Limit N, Requested R". Its 429 says "... on tokens per min (TPM): Limit N, Used U,
+Requested R" (U: how far the bucket is below full), and `rpm_headers` "openai" adds
+x-ratelimit-*-tokens to every answer as it does the requests' headers.
 """
 
 from __future__ import annotations
@@ -21,12 +31,15 @@ import math
 
 
 class RequestLimit:
-    """The bucket of one simulator: `take` per generation request, `headers` per answer."""
+    """One bucket of a simulator (of requests, or of `kind` "tokens"): `take` per generation
+    request, `headers` per answer."""
 
-    __slots__ = ("at", "burst", "floor", "level", "limit", "rate", "rejected")
+    __slots__ = ("at", "burst", "floor", "kind", "level", "limit", "rate", "rejected")
 
-    def __init__(self, rpm: int, burst: int, count_rejected: bool) -> None:
+    def __init__(self, rpm: int, burst: int, count_rejected: bool, kind: str = "requests",
+                 ) -> None:  # fmt: skip
         self.rate = rpm / 60.0
+        self.kind = kind
         self.burst = float(burst or math.ceil(rpm / 60))
         self.level = self.burst  # a fresh key starts with a full bucket
         self.floor = -self.burst if count_rejected else None
@@ -40,25 +53,30 @@ class RequestLimit:
             return self.level
         return min(self.burst, self.level + (now - self.at) * self.rate)
 
-    def take(self, now: float) -> float:
-        """One request arrives at `now`: 0.0 when the bucket lets it in, else the seconds until
-        it would let one in (the request is rejected)."""
+    def take(self, now: float, amount: float = 1.0) -> float:
+        """A request costing `amount` arrives at `now`: 0.0 when the bucket lets it in, else
+        the seconds until it would (the request is rejected)."""
         self.level, self.at = self._refill(now), now
-        if self.level >= 1.0:
-            self.level -= 1.0
+        need = min(amount, self.burst)  # one bigger than the bucket goes when it is full
+        if self.level >= need:
+            self.level -= amount
             return 0.0
         self.rejected += 1
         if self.floor is not None:  # a rejected request counts: the bucket goes below empty
-            self.level = max(self.floor, self.level - 1.0)
-        return (1.0 - self.level) / self.rate
+            self.level = max(self.floor, self.level - amount)
+        return (need - self.level) / self.rate
+
+    def used(self) -> int:
+        """How far the bucket is below full, as a 429's "Used" says it."""
+        return round(self.burst - self.level)
 
     def headers(self, now: float) -> dict[str, str]:
-        """OpenAI's x-ratelimit-*-requests headers as the bucket stands at `now`."""
-        level = self._refill(now)
+        """OpenAI's x-ratelimit-*-requests (-tokens) headers as the bucket stands at `now`."""
+        level, kind = self._refill(now), self.kind
         full_in = max(0.0, self.burst - level) / self.rate
-        return {"x-ratelimit-limit-requests": self.limit,
-                "x-ratelimit-remaining-requests": str(max(0, math.floor(level))),
-                "x-ratelimit-reset-requests": f"{full_in:.3f}".rstrip("0").rstrip(".") + "s"}
+        return {f"x-ratelimit-limit-{kind}": self.limit,
+                f"x-ratelimit-remaining-{kind}": str(max(0, math.floor(level))),
+                f"x-ratelimit-reset-{kind}": f"{full_in:.3f}".rstrip("0").rstrip(".") + "s"}
 
 
 def retry_after(wait: float) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -40,6 +41,7 @@ from shardrun.sim.faults import (
     quota_response,
     reset,
     storm_response,
+    tokens_response,
     unauthorized,
 )
 from shardrun.sim.gate import FifoGate
@@ -68,6 +70,8 @@ class Sim:
         self.stats["faults"] = self.faults.counts
         self.limit = None if not cfg.rpm_limit else RequestLimit(
             cfg.rpm_limit, cfg.rpm_burst, cfg.rpm_count_rejected)
+        self.tokens = None if not cfg.tpm_limit else RequestLimit(
+            cfg.tpm_limit, cfg.tpm_burst, False, "tokens")
         # Arrival times (wall clock) of the latest requests, for rate-limit checks by tests.
         self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
 
@@ -170,6 +174,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except BadRequest as e:
         st["bad_requests"] += 1
         return error_response(400, str(e), "invalid_request_error", e.code, e.param)
+    if sim.tokens is not None and (answer := _over_tokens(sim, plan)) is not None:
+        return answer
     fault = sim.faults.draw(request.path, raw)
     if fault is not None and fault in HTTP_FAULTS:
         return fault_response(fault, cfg)
@@ -186,6 +192,18 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except asyncio.CancelledError:
         st["aborted"] += 1  # the client went away; its slot is already released
         raise
+
+
+def _over_tokens(sim: Sim, plan: Plan) -> web.Response | None:
+    """The 429 of a request the token limit does not let in now (or ever); None: let in."""
+    tokens = sim.tokens
+    assert tokens is not None
+    limit = sim.cfg.tpm_limit
+    wait = math.inf if plan.requested > limit else tokens.take(time.monotonic(), plan.requested)
+    if not wait:
+        return None
+    sim.faults.counts["tpm_limit"] += 1
+    return tokens_response(wait, limit, tokens.used(), plan.requested, sim.cfg)
 
 
 async def _headers_then_reset(request: web.Request, *, stream: bool) -> web.StreamResponse:
@@ -303,9 +321,11 @@ async def _on_shutdown(app: web.Application) -> None:
 async def _limit_headers(request: web.Request, response: web.StreamResponse) -> None:
     """rpm_headers openai: every generation answer (a 429 too) carries the limit's state as its
     headers go out."""
-    limit = request.app[SIM_KEY].limit
-    if limit is not None and request.method == "POST":
-        response.headers.update(limit.headers(time.monotonic()))
+    sim = request.app[SIM_KEY]
+    if request.method == "POST":
+        for limit in (sim.limit, sim.tokens):
+            if limit is not None:
+                response.headers.update(limit.headers(time.monotonic()))
 
 
 async def _close_after(request: web.Request, response: web.StreamResponse) -> None:
@@ -322,7 +342,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.on_shutdown.append(_on_shutdown)
     if not cfg.keepalive:
         app.on_response_prepare.append(_close_after)
-    if cfg.rpm_limit and cfg.rpm_headers == "openai":
+    if (cfg.rpm_limit or cfg.tpm_limit) and cfg.rpm_headers == "openai":
         app.on_response_prepare.append(_limit_headers)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
