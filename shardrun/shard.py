@@ -538,6 +538,7 @@ class Shard:
                                     f"other requests; last: {outcome.error}")
             return False
         span.outage_tries += 1
+        span.limit_holds += 1
         asked = server_wait(429, outcome.retry_after, outcome.rate_headers)
         wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
                 else min(asked, policy.max_server_wait_s))
@@ -1107,7 +1108,8 @@ class Shard:
             return False
         span.outage_tries += 1
         probe = self.prober is None or self.prober is span
-        wait = min(self.retrier.backoff(span.outage_tries), PROBE_MAX_S) if probe else None
+        tries = span.outage_tries - span.limit_holds  # never longer for its 429 holds
+        wait = min(self.retrier.backoff(tries), PROBE_MAX_S) if probe else None
         span.history[-1]["wait"] = wait
         # Its cause names the outage (the attempt_end line has the status): `report` tells
         # these waits from a retry storm.

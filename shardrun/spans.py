@@ -49,6 +49,9 @@ class Span:
     # When a 429 first held it (`Shard._hold_for_limit`): held past retry.outage_s while the
     # server answers others, it is a dead letter.
     limited_at: float | None = None
+    # Of its `outage_tries`, those that were such holds: an outage's probe backs off by the
+    # others alone (`Shard._wait_out_outage`), not the longer for having met a rate limit.
+    limit_holds: int = 0
 
     def __post_init__(self) -> None:
         self.item_id = str(self.item["id"])

@@ -503,6 +503,44 @@ def test_every_success_counts_toward_the_rate_a_storm_is_judged_by(tmp_path: Pat
     shard.close()
 
 
+def test_holds_for_a_rate_limit_do_not_lengthen_a_later_outage_probes_wait(
+        tmp_path: Path) -> None:
+    """An item held three times by 429s (each a free try, `outage_tries`, so its attempts are
+    not spent), then the outage's probe: its first wait is the first interval, as any item's
+    (backoff(1)); the holds made it backoff(4), eight times as long at backoff_s and capped
+    at PROBE_MAX_S. Its attempts still do not count the holds or the outage."""
+    clock, shard, spans = _four_spans(tmp_path, held=False)
+    shard.retrier.backoff = float  # type: ignore[method-assign]  # backoff(n) = n s
+    probe = spans[0]
+
+    async def no_wait(_seconds: float) -> None:
+        return None
+
+    async def no_list(_timeout: float) -> bool:
+        return False
+
+    shard._pause = no_wait  # type: ignore[method-assign]
+    limited = AttemptOutcome(status="http_429", http_status=429, started_at=clock.t,
+                             retry_after="1", error="HTTP 429: Rate limit reached for requests")
+
+    async def main() -> None:
+        for attempt in (1, 2, 3):
+            probe.history.append({})
+            assert await shard._hold_for_limit(probe, attempt, limited)
+        probe.history.append({})
+        assert shard._endpoint_down(probe, _reset(clock.t))
+        task = asyncio.create_task(shard._wait_out_outage(
+            SimpleNamespace(answers=no_list), probe, 4))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert probe.history[-1]["wait"] == 1.0
+        assert probe.outage_tries == 4  # attempt 5 is still the item's first of its own
+        shard._list_spent()
+        await asyncio.wait_for(task, PROBE_MAX_S / 2)
+
+    asyncio.run(main())
+    shard.close()
+
+
 @pytest.mark.parametrize(("status", "http", "retry_after", "wait", "probes"), [
     ("http_5xx", 503, None, 5.0, 4),  # failing as the storm does: the interval grows
     ("http_5xx", 503, "7", 7.0, 4),  # ... or is what the server asked for
