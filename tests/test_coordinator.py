@@ -263,3 +263,22 @@ def test_an_adopted_shard_is_starting_in_the_view_until_it_is_heard(tmp_path: Pa
     finally:
         coordinator.log.close()
         source.reader.close()
+
+
+def test_each_shard_is_told_how_many_shards_share_the_servers_limit(tmp_path: Path) -> None:
+    """A shard's config says the run's shard count (and its phase k/N), so that a 429 stating
+    the key's limit paces it at its share of it (`RateLimiter.limited`), not at all of it."""
+    coordinator, source = _coordinator(tmp_path, 4, ProgressView(quiet=True), silence_s=60.0)
+    handle = Handle(2)
+
+    async def adopt() -> None:
+        coordinator._adopt(handle)
+        await asyncio.wait(list(coordinator.tasks))
+
+    try:
+        asyncio.run(adopt())
+        config = ShardConfig.from_message(handle.sent[0])
+        assert (config.shard, config.shard_count, config.rate_phase) == (2, 4, 0.5)
+    finally:
+        coordinator.log.close()
+        source.reader.close()
