@@ -162,7 +162,8 @@ def test_every_simulator_setting_the_readme_names_exists() -> None:
     """The `endpoint.sim` paragraph names settings in backticks; each is a SimConfig field."""
     start = README.index("simulator settings go under `endpoint.sim`")
     paragraph = README[start:README.index("\n\n", start)]
-    named = set(re.findall(r"`([a-z_]+)(?:: \w+)?`", paragraph)) - {"sim"}  # `sim://`
+    # `sim://`, and the request's `max_tokens` that tpm_limit charges
+    named = set(re.findall(r"`([a-z_]+)(?:: \w+)?`", paragraph)) - {"sim", "max_tokens"}
     assert {"ttft_ms", "flush_ms", "ignore_stream"} <= named
     assert named <= set(SimConfig.__dataclass_fields__)
 
