@@ -228,14 +228,15 @@ def print_report(
 ) -> None:
     """The same report with rich tables, for a terminal."""
     from rich.table import Table
+    from rich.text import Text
 
     from shardrun.validate import config_rows
 
     console.print(f"[bold]job:[/bold] {job.origin} is [green]valid[/green]")
     for line in _input_lines(job, check):
         console.print(line, markup=False)
-    for warning in _warnings(job, result):
-        console.print(f"[yellow]warning:[/yellow] {warning}", markup=False)
+    for warning in _warnings(job, result):  # its text as written: a URL may hold [brackets]
+        console.print(Text.assemble(("warning:", "yellow"), " ", warning))
     table = Table(title="configuration", title_justify="left")
     for name in ("key", "value", "source"):
         table.add_column(name)

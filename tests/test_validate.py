@@ -628,3 +628,21 @@ def test_a_base_url_with_no_path_is_warned_of_and_the_404_stop_names_the_fix(
                           None)  # fmt: skip
     assert "has no path" in cli_validate.format_report(job, check_input(job), None)
     assert "has no path" not in cli_validate.format_report(job, check_input(job), answered)
+
+
+def test_the_terminal_report_colours_a_warning_and_shows_its_text_as_written(
+    tmp_path: Path,
+) -> None:
+    """The terminal's report printed `[yellow]warning:[/yellow]` as it was (markup turned off
+    for the whole line); the word is coloured now, and the warning's own text, here a URL with
+    brackets (`[i]` is rich's italic), is shown as written, never read as markup."""
+    job = load_job(make_job(tmp_path, GOOD, endpoint={"base_url": "http://[::1]:8000?q=[i]",
+                                                      "model": "m"}), env={}, flags={})
+    out = StringIO()
+    console = Console(file=out, force_terminal=True, width=400, color_system="standard")
+    cli_validate.print_report(console, job, check_input(job), None)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert "[yellow]" not in text
+    assert "warning: endpoint.base_url has no path" in text
+    assert "most want http://[::1]:8000/v1?q=[i] " in text
+    assert "\x1b[33mwarning:" in out.getvalue()  # yellow
