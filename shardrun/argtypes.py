@@ -31,7 +31,7 @@ def flag_sentence(message: str) -> str:
 
 def with_close_flags(message: str, parser: argparse.ArgumentParser) -> str:
     """argparse's "unrecognized arguments: ..." with the flag each unknown one likely meant: the
-    one it shortens (taken only in full) or, else, the closest spelling (`--shard`, `--reseume`).
+    ones it shortens (taken only in full) or, else, a close spelling (`--shard`, `--reseume`).
     """
     said, colon, words = message.partition(": ")
     if said != "unrecognized arguments" or not colon:
@@ -41,12 +41,15 @@ def with_close_flags(message: str, parser: argparse.ArgumentParser) -> str:
     meant = {}
     for word in words.split():
         name = word.partition("=")[0]
-        if not name.startswith("--") or name in known:
+        if not name.startswith("--") or name in ("--", *known):  # `--=x` shortens every flag
             continue
+        # A prefix of several flags (`--re`) is one of them, not a closer spelling of another
+        # (difflib's `--rpm`); a misspelling must be close (0.6 took `--json`, a flag of
+        # `report` given to `validate`, for `--show`).
         longer = [flag for flag in known if flag.startswith(name)]
-        close = longer if len(longer) == 1 else difflib.get_close_matches(name, known, n=1)
+        close = longer or difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         if close:
-            meant[name] = close[0]
+            meant[name] = " or ".join(close)
     if not meant:
         return message
     if len(meant) == 1:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shardrun.argtypes import with_close_flags
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spans import BUCKETS
@@ -470,6 +471,26 @@ def test_a_long_option_is_taken_only_in_full(
         f"error: unrecognized arguments: {bad} (`shardrun {command} --help` lists the "
         "arguments)\n"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+@pytest.mark.parametrize(("words", "meant"), [
+    ("--re", "--re; did you mean --resume or --retry-failed?"),  # a prefix of two: both
+    ("--resum=x", "--resum=x; did you mean --resume?"),
+    ("--reseume", "--reseume; did you mean --resume?"),
+    ("--json", "--json"),  # report's flag, not a misspelt --show (difflib's 0.6 took it so)
+    ("--=x", "--=x"), ("--", "--"), ("-", "-"), ("---", "---"), ("-r x", "-r x"),
+])  # fmt: skip
+def test_an_unknown_flag_is_named_with_the_flag_meant_only_when_one_is_close(
+    words: str, meant: str
+) -> None:
+    """A prefix of several flags was given difflib's closest spelling (`--re`: `--rpm`, which
+    it does not shorten), and a flag of another command a loosely alike one (`--json` given
+    to `validate`: `--show`); odd words (`--=x` shortens every flag) get no suggestion."""
+    parser = argparse.ArgumentParser()
+    for flag in ("--resume", "--retry-failed", "--rpm", "--show"):
+        parser.add_argument(flag)
+    said = with_close_flags(f"unrecognized arguments: {words}", parser)
+    assert said == f"unrecognized arguments: {meant}"
 
 
 @pytest.mark.parametrize(("argv", "name", "command"), [
