@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -230,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # argparse would name `shardrun`; the flag belongs to the command's --help
         # `shardrun job.yaml validate`: the other command of a job file came after it.
         order = ("" if "validate" not in extra or args.command != "run" else
-                 f"; a command goes before the job file: `shardrun validate {args.job}`")
+                 f"; a command goes before the job file: "
+                 f"`{shlex.join(['shardrun', 'validate', str(args.job)])}`")  # to paste as is
         getattr(args, "command_parser", parser).error(
             f"unrecognized arguments: {' '.join(extra)}{order}")
     if args.command is None:
