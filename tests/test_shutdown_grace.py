@@ -534,17 +534,23 @@ def test_a_second_sigint_says_what_it_cancelled_what_is_kept_and_how_to_resume(
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": slow})
     proc = _run_job(tmp_path, "--quiet")
     said: list[str] = []
-    reader = threading.Thread(target=lambda: said.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    printed: list[str] = []
+    # Both pipes read as they fill, each by its thread, and joined within a bound: a read
+    # after the exit could wait on a pipe some process left behind still holds.
+    readers = [threading.Thread(target=lambda: said.extend(proc.stderr or []), daemon=True),
+               threading.Thread(target=lambda: printed.extend(proc.stdout or []), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
         _wait_for(proc, lambda: _result_lines(tmp_path / "runs") >= 2, "results")
         proc.send_signal(signal.SIGINT)
         _wait_for(proc, lambda: any(line.startswith("stopping: ") for line in said),
                   "the stop's line")
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=WAIT_GUARD_S)  # its summary is far less than a pipe holds
-        reader.join(WAIT_GUARD_S)
-        out = proc.stdout.read() if proc.stdout else ""
+        proc.wait(timeout=WAIT_GUARD_S)
+        for reader in readers:
+            reader.join(WAIT_GUARD_S)
+        out = "".join(printed)
     finally:
         end_run(proc)
     assert proc.returncode == 130, said
