@@ -21,6 +21,7 @@ from rich.console import Console
 
 from shardrun import cli_validate
 from shardrun._chunks import keep_secret
+from shardrun._urls import under_v1
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 from shardrun.spec import load_job
@@ -646,3 +647,20 @@ def test_the_terminal_report_colours_a_warning_and_shows_its_text_as_written(
     assert "warning: endpoint.base_url has no path" in text
     assert "most want http://[::1]:8000/v1?q=[i] " in text
     assert "\x1b[33mwarning:" in out.getvalue()  # yellow
+
+
+@pytest.mark.parametrize(("base_url", "meant"), [
+    ("http://127.0.0.1:9", "http://127.0.0.1:9/v1"), ("http://127.0.0.1:9/", "http://127.0.0.1:9/v1"),
+    ("http://127.0.0.1:9/v1", None), ("http://127.0.0.1:9/openai/deployments/x", None),
+    ("https://gw.example/v1/acct/gw/openai", None), ("sim://", None),
+])  # fmt: skip
+def test_only_a_base_url_with_no_path_is_warned_of(
+    tmp_path: Path, base_url: str, meant: str | None
+) -> None:
+    """A base_url with a path (`/v1`, a gateway's own) is as its server wants it: neither
+    validate's warning nor the 404 stop's hint (both `under_v1`) names another URL for it."""
+    job = load_job(make_job(tmp_path, GOOD, endpoint={"base_url": base_url, "model": "m"}),
+                   env={}, flags={})
+    report = cli_validate.format_report(job, check_input(job), None)
+    assert under_v1(base_url) == meant
+    assert ("has no path" in report) is (meant is not None), report
