@@ -276,6 +276,18 @@ def _no_proxy_variables() -> Iterator[None]:
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_terminal_variables() -> Iterator[None]:
+    """The runs the tests start write to pipes and expect plain lines at argparse's and rich's
+    default width: FORCE_COLOR or TTY_COMPATIBLE from a developer's shell or a CI service made
+    them draw live displays (escape codes), and an exported COLUMNS rewrapped --help. Tests
+    about those variables set them per run (tests/test_progress.py, tests/test_terminal.py)."""
+    names = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR", "COLUMNS", "LINES")
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True)
 def _no_secrets_of_other_tests() -> Iterator[None]:
     """`keep_secret` keeps what a test's client sends for the rest of the process: without this,
