@@ -8,6 +8,7 @@ import re
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -213,6 +214,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def null_device(path: Path) -> Path:
+    """A character device with /dev/null's numbers made at `path`, for a test to write to. Only
+    root may make one (CI often runs as another user): anyone else gets /dev/null itself, which
+    they cannot replace, so a write that would replace the device fails there too."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        return Path("/dev/null")
+    return path
 
 
 def only_run(runs_dir: Path) -> Path:

@@ -39,6 +39,7 @@ from tests.conftest import (
     CLI_TIMEOUT_S,
     FAST_SIM,
     Run,
+    null_device,
     only_run,
     read_jsonl,
     run_cli,
@@ -566,8 +567,7 @@ def test_a_link_and_a_fifo_stay_what_they_are(base: Path, tmp_path: Path) -> Non
     piped = export(str(run_dir), "-o", str(out), cwd=base)
     assert piped.returncode == 0 and piped.stdout == rows.decode(), piped.stderr
     assert out.is_symlink()
-    null = tmp_path / "fakedev" / "null"
-    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    null = null_device(tmp_path / "fakedev" / "null")
     assert export(str(run_dir), "-o", str(null), cwd=base).returncode == 0
     assert stat.S_ISCHR(null.stat().st_mode)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import FAST_SIM, kill_tree, run_cli, write_input, write_job
+from conftest import FAST_SIM, kill_tree, null_device, run_cli, write_input, write_job
 from test_aggregate_fixtures import (
     RUN_ID,
     B,
@@ -761,8 +761,7 @@ def test_a_sample_to_a_device_a_fifo_or_a_link_is_written_where_the_path_leads(
     a FIFO are written in place; through a link, the file it names is replaced, the link kept."""
     run = _run(tmp_path / "run")
     (tmp_path / "fakedev").mkdir()
-    null = tmp_path / "fakedev" / "null"
-    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    null = null_device(tmp_path / "fakedev" / "null")
     publish(run, out=null)
     assert stat.S_ISCHR(null.stat().st_mode)
 
