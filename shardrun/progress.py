@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total",
-           "limit_clause", "smoothed_rate"]
+           "limit_clause", "smoothed_rate", "summed_paces"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens", "limited_429s")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
-          "failing_cause", "sending", "unheard_s", "paced_rps")
+          "failing_cause", "sending", "unheard_s", "paced_rps", "paced_tps", "paced_seeded")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
 # Requests out and nothing heard for this long (no stream's events, no answer): say so. A hung
 # endpoint holds every request until its timeouts fire, and timeouts are no storm; without the
@@ -140,9 +140,12 @@ class Snapshot:
     started_shards: int = 0
     starting_s: float | None = None
     # 429s of the server's rate limit so far (each held its item), and the pace the working
-    # shards learned of it, in requests a second (None: none learned one).
+    # shards learned of it (`summed_paces`): requests and tokens a second (None: none learned
+    # one), and whether all of it was set from the limit the server stated, none cut.
     limited_429s: int = 0
     paced_rps: float | None = None
+    paced_tps: float | None = None
+    paced_seeded: bool = False
 
     @property
     def in_flight(self) -> int:
@@ -374,8 +377,6 @@ class ProgressView:
         unheard = min((float(g.get("unheard_s") or 0) for g in sending), default=0.0)
         silent_s = None if unheard < SILENT_AFTER_S or down or failing_s else unheard
         starts = [now - at for at in self._unheard.values() if now - at >= STARTING_AFTER_S]
-        paces = [float(s.gauges["paced_rps"]) for s in working
-                 if s.gauges.get("paced_rps") is not None]
         return Snapshot(now - self.started, self._total(), sums["ok"], sums["dead"],
                         sum(r.retrying for r in rows), sums["attempts"],
                         sums["completion_tokens"], *rates, rows, down or None, held,
@@ -386,7 +387,7 @@ class ProgressView:
                         self.rejected(), 0 if down else len(waiting), len(busy),
                         None if down or not waiting else max(waiting), self.stopping,
                         len(starts), len(working) + len(self._unheard), max(starts, default=None),
-                        sums["limited_429s"], sum(paces) if paces else None)
+                        sums["limited_429s"], *summed_paces(s.gauges for s in working))
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -499,12 +500,31 @@ def _held_text(rate_waiting: int) -> str:
     return f"; {rate_waiting:,} waiting for the rate limit" if rate_waiting else ""
 
 
-def limit_clause(refused: int, paced_rps: float | None, answered_rpm: float | None = None) -> str:
+def summed_paces(reports: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None,
+                                                                  bool]:  # fmt: skip
+    """The paces the shards' reports say they learned of the server's limit, summed over the
+    shards that learned one: requests a second and tokens a second (None where none did; a
+    shard may learn either or both), and whether every such shard's was last set from the
+    limit a 429 stated (`paced_seeded`), not cut."""
+    paced = [r for r in reports
+             if r.get("paced_rps") is not None or r.get("paced_tps") is not None]
+    rps = [float(r["paced_rps"]) for r in paced if r.get("paced_rps") is not None]
+    tps = [float(r["paced_tps"]) for r in paced if r.get("paced_tps") is not None]
+    return (sum(rps) if rps else None, sum(tps) if tps else None,
+            bool(paced) and all(r.get("paced_seeded") for r in paced))
+
+
+def limit_clause(refused: int, paced_rps: float | None, answered_rpm: float | None = None,
+                 paced_tps: float | None = None, seeded: bool = False) -> str:
     """The server's rate limit in a few words: its 429s, what it answered a minute on average
-    when known (at most its limit), and the shards' pace at their last cut (which grows after
-    it, and one from the opening burst can be above the limit)."""
+    when known (at most its limit), and the shards' pace of requests and of tokens as last set:
+    from the limit a 429 stated (`seeded`), or at their last cut (which grows after it, and one
+    from the opening burst can be above the limit)."""
     answered = "" if answered_rpm is None else f", {answered_rpm:,.0f} req/min answered on average"
-    pace = "" if paced_rps is None else f", pace last cut to {paced_rps * 60:,.0f} req/min"
+    paces = [f"{per_s * 60:,.0f} {unit}/min"
+             for per_s, unit in ((paced_rps, "req"), (paced_tps, "tokens")) if per_s is not None]
+    how = "set from the server's stated limit to" if seeded else "last cut to"
+    pace = f", pace {how} {' and '.join(paces)}" if paces else ""
     return f"{counted(refused, '429')} held{answered}{pace}"
 
 
@@ -512,7 +532,8 @@ def _limit_text(s: Snapshot) -> str:
     """The server refused requests for its rate limit: its limit, not the cap, sets the pace."""
     if not s.limited_429s:
         return ""
-    return f"; server rate limit: {limit_clause(s.limited_429s, s.paced_rps)}"
+    clause = limit_clause(s.limited_429s, s.paced_rps, None, s.paced_tps, s.paced_seeded)
+    return f"; server rate limit: {clause}"
 
 
 def _down_text(down_s: float | None) -> str:

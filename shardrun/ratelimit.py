@@ -193,6 +193,8 @@ class RateLimiter:
         # (`_says_tokens`), and the tokens charged by the window's start.
         self.learned_tokens: float | None = None
         self.learning = False  # either is learned: each success grows it (`grew`)
+        # The last pace `limited` set came from the server's stated limit, not from a cut.
+        self.seeded = False
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
@@ -302,11 +304,13 @@ class RateLimiter:
             self.learned_tokens = self._share(stated, max(1, tokens))
             if self.learned_tokens is not None:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
+                self.seeded = True
                 return self._new_window(now, sent)
         elif not by_tokens and self.learned is None:
             self.learned = self._share(headers.get(LIMIT_HEADER), 1)
             if self.learned is not None:
                 self.requests = _retuned(self.requests, self._rpm(), now)
+                self.seeded = True
                 return self._new_window(now, sent)
         self._refused += 1
         self._refused_tokens += tokens
@@ -323,6 +327,7 @@ class RateLimiter:
                 self.learned_tokens = max(LEARN_MIN_PER_S * max(1, tokens),
                                           LEARN_CUT * min(was, self.learned_tokens))
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
+                self.seeded = False
             self._new_window(now, sent)
             return cut
         cut = self._refused > LEARN_SHARE * n
@@ -332,6 +337,7 @@ class RateLimiter:
                 was = min(was, self.learned)
             self.learned = max(LEARN_MIN_PER_S, LEARN_CUT * was)
             self.requests = _retuned(self.requests, self._rpm(), now)
+            self.seeded = False
         self._new_window(now, sent)
         return cut
 

@@ -147,9 +147,12 @@ class Shard:
         # Since when every answer has been a 429 (rate limited), none a success (None: not so);
         # the items are held meanwhile (`_hold_for_limit`), and retry.outage_s of it stops.
         self.limited_since: float | None = None
-        # The pace learned of the server's limit at the last cut (requests a second; None: no
-        # cut yet), as its `rate_learned` line says.
+        # The pace learned of the server's limit when it was last set, as its `rate_learned`
+        # line says: requests a second, tokens a second (None: no such pace), and whether it
+        # was set from the limit a 429 stated rather than cut.
         self.paced_rps: float | None = None
+        self.paced_tps: float | None = None
+        self.paced_seeded = False
         # For the live view's "nothing heard for": attempts out now, when one last ended with an
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
@@ -515,11 +518,11 @@ class Shard:
         # The requests sent: those ended, and those out now (its first 429 may be its first end).
         if self.limiter.limited(self.counters.attempts + self.sending, outcome.rate_headers,
                                 outcome.error, span.charged):
-            # Logged at a cut only (a window of requests apart at least), not as each success
-            # grows it: `report` reads the pace the server's limit left the shards from these,
-            # and the progress reports carry the same figure.
-            self.paced_rps = round(self.limiter.learned or 0.0, 4)
-            self.log.emit(events.RATE_LEARNED, t=now, rps=self.paced_rps)
+            # Logged at a seed or a cut only (a window of requests apart at least), not as each
+            # success grows it: `report` reads the pace the server's limit left the shards from
+            # these, and the progress reports carry the same figures. A pace of tokens may stand
+            # alone: no `rps` then, where 0 would say the shard sent nothing.
+            self._paced(now)
         if self.stopping:
             self._abandon(span)  # a passing failure in a stop: no verdict on the item
             return False
@@ -551,6 +554,18 @@ class Shard:
         finally:
             self.counters.retrying -= 1
         return True
+
+    def _paced(self, now: float) -> None:
+        """Log the limiter's learned paces (`rate_learned`) and keep them for the reports."""
+        lim = self.limiter
+        self.paced_rps = None if lim.learned is None else round(lim.learned, 4)
+        self.paced_tps = None if lim.learned_tokens is None else round(lim.learned_tokens, 2)
+        self.paced_seeded = lim.seeded
+        fields: dict[str, Any] = {k: v for k, v in (("rps", self.paced_rps),
+                                                    ("tps", self.paced_tps)) if v is not None}
+        if lim.seeded:
+            fields["seeded"] = True
+        self.log.emit(events.RATE_LEARNED, t=now, **fields)
 
     def _limit_answered(self, span: Span) -> None:
         """An answer other than a 429: not every one is a 429 any more, unless its request
@@ -1487,7 +1502,8 @@ class Shard:
                 "sending": self.sending, "unheard_s": self._unheard_s(),
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
-                "paced_rps": self.paced_rps,
+                "paced_rps": self.paced_rps, "paced_tps": self.paced_tps,
+                "paced_seeded": self.paced_seeded,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), **self.counters.as_dict()}

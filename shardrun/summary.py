@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.progress import clock_text, limit_clause
+from shardrun.progress import clock_text, limit_clause, summed_paces
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,8 @@ class RunSummary:
     # of that limit (requests a second, summed over the shards that learned one; None: none).
     limited_429s: int = 0
     paced_rps: float | None = None
+    paced_tps: float | None = None  # tokens a second, where a 429 on tokens taught a pace
+    paced_seeded: bool = False  # every pace as the server's 429 stated it, none cut
     # Dead letters left by earlier passes of a resumed run that this pass did not take: those
     # it took and did not end are counted in `unfinished`, not here too.
     prior_dead: int = 0
@@ -132,7 +134,7 @@ class RunSummary:
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
                            "reasoning_tokens", "estimated_ok", "refusals", "rate_waits",
                            "rate_wait_ms", "limited_429s")}  # fmt: skip
-        paces = [float(r["paced_rps"]) for r in reports if r.get("paced_rps") is not None]
+        paced_rps, paced_tps, paced_seeded = summed_paces(reports)
         return cls(
             run_dir=run_dir,
             items=taken + rejects,
@@ -153,7 +155,7 @@ class RunSummary:
             rate_waits=total["rate_waits"],
             rate_wait_s=total["rate_wait_ms"] / 1000,
             limited_429s=total["limited_429s"],
-            paced_rps=sum(paces) if paces else None,
+            paced_rps=paced_rps, paced_tps=paced_tps, paced_seeded=paced_seeded,
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
             retries=total["retries"],
@@ -244,6 +246,8 @@ class RunSummary:
             "refusals": self.refusals, "cost": self.cost, "rate_waits": self.rate_waits,
             "rate_wait_s": round(self.rate_wait_s, 3), "limited_429s": self.limited_429s,
             "paced_rps": None if self.paced_rps is None else round(self.paced_rps, 3),
+            "paced_tps": None if self.paced_tps is None else round(self.paced_tps, 1),
+            "paced_seeded": self.paced_seeded,
             "per_shard": self.per_shard, "status": self.status,
             "fatal_reason": self.fatal_reason, "input_read": self.input_read, "limit": self.limit,
             "read_to_line": self.read_to_line,
@@ -350,6 +354,11 @@ def _answered_rpm(s: RunSummary) -> float | None:
     return (s.attempts - s.limited_429s) * 60 / s.wall_s if s.wall_s > 0 else None
 
 
+def _limit_text(s: RunSummary) -> str:
+    return limit_clause(s.limited_429s, s.paced_rps, _answered_rpm(s), s.paced_tps,
+                        s.paced_seeded)
+
+
 def format_summary(s: RunSummary) -> str:
     """The end-of-run block printed to the terminal."""
     lines = [f"run {s.status}: {s.run_dir}"]
@@ -402,7 +411,7 @@ def format_summary(s: RunSummary) -> str:
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
-        *([f"  server rate limit  {limit_clause(s.limited_429s, s.paced_rps, _answered_rpm(s))}"
+        *([f"  server rate limit  {_limit_text(s)}"
            " (the server's limit set the pace; `shardrun report` says more)"]
           if s.limited_429s else []),
         f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",

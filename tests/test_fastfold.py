@@ -138,8 +138,9 @@ def test_real_run(real_run: Path, minutes_only: bool, keep_lines: bool) -> None:
 def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
     """Every `every`-th failed attempt made a 429, as a shard logs it: the attempt_end's status
     and a retry of cause http_429; two of three such retries held for the server's rate limit
-    (`rate_limited`, then a `rate_learned` line, its pace now a float, now an integer), the
-    third retried on a backoff as before holds were (no hold)."""
+    (`rate_limited`, then a `rate_learned` line, its pace now a float, now an integer, of
+    requests, of tokens or both, set from a stated limit or cut), the third retried on a
+    backoff as before holds were (no hold)."""
     out: list[dict[str, Any]] = []
     failed = 0
     refused: dict[tuple[str, int], bool] = {}  # (span, attempt) answered 429: held?
@@ -155,8 +156,10 @@ def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str
                 rec = {**rec, "cause": "http_429"}
             else:
                 out.append({**rec, "cause": "http_429", "why": "rate_limited"})
-                rps = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
-                rec = ev("rate_learned", rec["t"], rps=rps)
+                pace = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
+                kinds = ({"rps": pace}, {"tps": pace * 100}, {"rps": pace, "tps": 3 * pace,
+                         "seeded": True}, {"tps": pace, "seeded": True})  # fmt: skip
+                rec = ev("rate_learned", rec["t"], **kinds[len(out) % len(kinds)])
         out.append(rec)
     return out
 
@@ -183,14 +186,19 @@ def test_limit_holds_are_counted_once_per_item_by_both_folds(tmp_path: Path) -> 
     write_log(path, held)
     holds = [r for r in held if r["ev"] == "retry" and r.get("why") == "rate_limited"]
     spans = {r["span"] for r in holds}
-    paces = [r["rps"] for r in held if r["ev"] == "rate_learned"]
+    paces = [r for r in held if r["ev"] == "rate_learned"]
+    seeds = sum(bool(r.get("seeded")) for r in paces)
     unheld = sum(r["ev"] == "retry" and r.get("why") != "rate_limited" for r in held)
     assert len(holds) > len(spans) > 0 and unheld > 0 and len(paces) == len(holds)  # premise
+    assert 0 < seeds < len(paces) and any("rps" not in r for r in paces)  # premise
     assert all(r["cause"] == "http_429" for r in held if r["ev"] == "retry")
+    last = paces[-1]
     for fold in (python_fold, c_fold):
         got = fold(path, False, False, cap=2)[1]
-        assert (got.held_retries, got.limited_spans, got.learned_cuts, got.learned_rps) == (
-            len(holds), len(spans), len(holds), paces[-1]), fold.__name__
+        assert (got.held_retries, got.limited_spans, got.learned_cuts, got.learned_seeds) == (
+            len(holds), len(spans), len(holds) - seeds, seeds), fold.__name__
+        assert (got.learned_rps, got.learned_tps, got.learned_seeded) == (
+            last.get("rps"), last.get("tps"), bool(last.get("seeded"))), fold.__name__
         assert got.retries == {"http_429": len(holds) + unheld}, fold.__name__
 
 

@@ -306,6 +306,31 @@ def test_a_server_rate_limit_is_one_clause_with_its_429s_and_the_pace_learned() 
     assert "│ server rate limit: 1 429 held" in cap.get()
 
 
+def test_a_token_pace_and_a_stated_one_are_said_as_what_they_are() -> None:
+    """A shard paced in tokens only (`paced_tps`, no `paced_rps`) is said in tokens a minute,
+    not as 0 req/min; paces all set from the limit a 429 stated (`paced_seeded`) are said so,
+    and one cut among them makes the clause say cut."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(400, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    view.update(0, {**report(9, in_flight=8, cap=8), "limited_429s": 2, "paced_tps": 100.0,
+                    "paced_seeded": True})
+    view.update(1, {**report(9, in_flight=8, cap=8), "limited_429s": 1, "paced_rps": 2.0,
+                    "paced_tps": 50.0, "paced_seeded": True})
+    clock.now += 1
+    view.refresh()
+    line = out.getvalue().splitlines()[-1]
+    assert line.endswith("; server rate limit: 3 429s held, pace set from the server's stated "
+                         "limit to 120 req/min and 9,000 tokens/min"), line
+    view.update(1, {**report(9, in_flight=8, cap=8), "limited_429s": 4, "paced_rps": 1.0,
+                    "paced_seeded": False})
+    clock.now += 1
+    view.refresh()
+    line = out.getvalue().splitlines()[-1]
+    assert line.endswith("server rate limit: 6 429s held, pace last cut to 60 req/min and "
+                         "6,000 tokens/min"), line
+
+
 def test_requests_out_with_nothing_heard_are_shown_once_silent_long_enough() -> None:
     """Shards report the requests they have out (`sending`) and how long they have heard
     nothing (`unheard_s`). Once every shard sending has heard nothing for SILENT_AFTER_S, both

@@ -508,6 +508,8 @@ def test_a_server_rate_limit_is_a_finding_with_the_numbers_of_its_log(
     holds = [e for e in events if e["ev"] == "retry" and e["why"] == "rate_limited"]
     learned = {e["shard"]: e["rps"] for e in events if e["ev"] == "rate_learned"}  # the last
     assert refused and holds and learned  # the premise: the limit refused and taught a pace
+    # and cut it: no header or words stated the limit (`limited_run`), so nothing seeded
+    assert not any(e.get("seeded") or "tps" in e for e in events if e["ev"] == "rate_learned")
     doc, _ = load_report(run)
     found = _server_limit_finding(doc)
     assert len(found) == 1
@@ -536,6 +538,46 @@ def test_a_server_rate_limit_is_a_finding_with_the_numbers_of_its_log(
     assert any(line.startswith(said) for line in stdout.splitlines()), stdout
 
 
+def test_a_token_limit_says_its_pace_in_tokens_set_from_the_stated_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulator that lets 24,000 tokens a minute through (a bucket of 60, so the shards'
+    opening requests of about 40 tokens each are refused) and answers 429 in OpenAI's words
+    for a token limit, with its x-ratelimit-*-tokens: each refused shard paces its tokens at
+    its share of the stated limit and learns no pace of requests. The `rate_learned` lines say
+    so (`tps`, `seeded`, no `rps` where 0 would say nothing was sent), and so do both folds'
+    finding, the summary in the manifest and the summary's line: a pace in tokens a minute,
+    set from the server's stated limit, not "0 req/min" cut."""
+    write_input(tmp_path / "input.jsonl", 24)
+    sim = {**FAST_SIM, "tpm_limit": 24_000, "tpm_burst": 60}
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "runs" / "r1"
+    events = [orjson.loads(line) for path in sorted((run / "events").glob("shard-*.jsonl"))
+              for line in path.read_bytes().splitlines()]
+    learned = [e for e in events if e["ev"] == "rate_learned"]
+    assert learned, "no shard was refused: the premise"
+    assert all("rps" not in e and e["seeded"] is True for e in learned), learned
+    first = {e["shard"]: e["tps"] for e in learned[::-1]}  # each shard's first
+    assert list(first.values()) == [pytest.approx(24_000 / 60 / 2)] * len(first)
+    last = {e["shard"]: e["tps"] for e in learned}
+    doc, _ = load_report(run)
+    (found,) = _server_limit_finding(doc)
+    ev = found["evidence"]
+    assert (ev["paced_rps"], ev["paced_rpm"], ev["paced_seeded"]) == (None, None, len(last))
+    assert ev["paced_tpm"] == round(sum(last.values()) * 60) > 0
+    assert "rate_limits.tpm near paced_tpm" in found["control"]
+    monkeypatch.setenv("SHARDRUN_FAST_FOLD", "0")
+    assert _server_limit_finding(load_report(run)[0]) == [found]
+    summary = orjson.loads((run / "manifest.json").read_bytes())["summary"]
+    assert summary["paced_rps"] is None and summary["paced_seeded"] is True
+    assert summary["paced_tps"] > 0
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("  server rate limit  ")]
+    assert "pace set from the server's stated limit to " in line and "req/min (" not in line
+    assert re.search(r"to [\d,]+ tokens/min \(", line), line
+
+
 def test_rate_limit_holds_are_no_retry_storm_and_take_the_limits_advice(
         limited_run: tuple[Path, str]) -> None:
     """The holds for the server's rate limit are retries in the log, but no reason to "fix
@@ -562,8 +604,9 @@ def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
     doc, _ = load_report(real_run)
     assert not _server_limit_finding(doc)
     assert doc["attempts"]["server_limit"] == {
-        "http_429": 0, "held_retries": 0, "held_items": 0, "pace_cuts": 0, "paced_shards": 0,
-        "paced_rps": None, "paced_rpm": None}
+        "http_429": 0, "held_retries": 0, "held_items": 0, "pace_cuts": 0, "pace_seeds": 0,
+        "paced_shards": 0, "paced_seeded": 0, "paced_rps": None, "paced_rpm": None,
+        "paced_tps": None, "paced_tpm": None}
     summary = orjson.loads((real_run / "manifest.json").read_bytes())["summary"]
     assert (summary["limited_429s"], summary["paced_rps"]) == (0, None)
 

@@ -90,7 +90,7 @@ class FastShardFold:
                      "cached_tokens", "reasoning_tokens", "completion_tokens", "estimated_ok",
                      "estimated_tokens", "new_conns",
                      "reused_conns", "resent", "held_retries", "limited_spans", "learned_cuts",
-                     "learned_rps",
+                     "learned_rps", "learned_seeds", "learned_tps", "learned_seeded",
                      "rate_waits", "rate_wait_first_s", "rate_wait_retry_s", "backlog_s",
                      "gap_s", "busy_slot_s", "cap_slot_s", "sending_slot_s", "idle_s"):
             setattr(s, name, raw[name])

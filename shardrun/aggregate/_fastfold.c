@@ -51,7 +51,7 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, N_KEYS
+    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, K_TPS, K_SEEDED, N_KEYS
 };
 
 
@@ -70,6 +70,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "pid", 3) == 0) return K_PID;
         if (memcmp(p, "rps", 3) == 0) return K_RPS;
         if (memcmp(p, "why", 3) == 0) return K_WHY;
+        if (memcmp(p, "tps", 3) == 0) return K_TPS;
         return -1;
     case 4:
         if (memcmp(p, "span", 4) == 0) return K_SPAN;
@@ -85,6 +86,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "reused", 6) == 0) return K_REUSED;
         if (memcmp(p, "reason", 6) == 0) return K_REASON;
         if (memcmp(p, "resent", 6) == 0) return K_RESENT;
+        if (memcmp(p, "seeded", 6) == 0) return K_SEEDED;
         return -1;
     case 7:
         if (memcmp(p, "attempt", 7) == 0) return K_ATTEMPT;
@@ -623,9 +625,9 @@ typedef struct {
     long long new_conns, reused_conns, resent;
     long long rate_waits;
     double rate_wait_first_s, rate_wait_retry_s;
-    long long held_retries, limited_spans, learned_cuts;
-    int has_learned;
-    double learned_rps;
+    long long held_retries, limited_spans, learned_cuts, learned_seeds;
+    int has_learned, has_tps, learned_seeded;
+    double learned_rps, learned_tps;
     int ended, has_first, has_last_t;
     double first_t, last_t;
 } Fold;
@@ -1227,10 +1229,22 @@ static int ev_retry(Fold *s, Val *v) {
 }
 
 static int ev_rate_learned(Fold *s, Val *v) {
-    NEED(IS_NUM(v[K_RPS]));
-    s->learned_cuts++;
-    s->learned_rps = v[K_RPS].d;
-    s->has_learned = 1;
+    /* ShardFold._rate_learned: a pace of requests (`rps`), of tokens (`tps`) or both; a line
+     * with neither is ignored, one whose values are of another type is the reference's */
+    Val *rps = &v[K_RPS], *tps = &v[K_TPS], *seeded = &v[K_SEEDED];
+    NEED(IS_NUM(*rps) || !PRESENT(*rps));
+    NEED(IS_NUM(*tps) || !PRESENT(*tps));
+    NEED(seeded->type == V_TRUE || seeded->type == V_FALSE || !PRESENT(*seeded));
+    if (!IS_NUM(*rps) && !IS_NUM(*tps)) return 1;
+    s->learned_seeded = seeded->type == V_TRUE;
+    if (s->learned_seeded)
+        s->learned_seeds++;
+    else
+        s->learned_cuts++;
+    s->has_learned = IS_NUM(*rps);
+    s->learned_rps = s->has_learned ? rps->d : 0.0;
+    s->has_tps = IS_NUM(*tps);
+    s->learned_tps = s->has_tps ? tps->d : 0.0;
     return 1;
 }
 
@@ -1493,7 +1507,7 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
     return Py_BuildValue(
         "{s:O,s:O,s:O,s:i,s:L,s:O,s:N,s:N,s:L,s:L,s:L,s:n,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,"
         "s:O,s:O,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:d,s:N,s:N,"
-        "s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N}",
+        "s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N,s:L,s:N,s:O}",
         "shard", s->shard, "pid", s->pid, "host", s->host, "cap", s->sum_cap, "starts", s->starts,
         "ended", s->ended ? Py_True : Py_False, "first_t", opt_float(s->has_first, s->first_t),
         "last_t", opt_float(s->has_last_t, s->last_t), "queued", s->queued, "ok", s->ok,
@@ -1512,7 +1526,9 @@ static PyObject *Fold_finish(Fold *s, PyObject *arg) {
         "reasoning_tokens", s->reasoning_tokens, "resent", s->resent,
         "estimated_ok", s->estimated_ok, "estimated_tokens", s->estimated_tokens,
         "held_retries", s->held_retries, "limited_spans", s->limited_spans, "learned_cuts", s->learned_cuts, "learned_rps",
-        opt_float(s->has_learned, s->learned_rps));
+        opt_float(s->has_learned, s->learned_rps), "learned_seeds", s->learned_seeds,
+        "learned_tps", opt_float(s->has_tps, s->learned_tps), "learned_seeded",
+        s->learned_seeded ? Py_True : Py_False);
 fail:
     Py_XDECREF(minutes);
     Py_XDECREF(segments);

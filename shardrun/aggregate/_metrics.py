@@ -137,22 +137,28 @@ def attempts_section(shards: list[ShardSummary], successes: int) -> dict[str, An
 
 def server_limit(shards: list[ShardSummary]) -> dict[str, Any]:
     """The server's own rate limit: its 429s, the retries it held (`rate_limited`) and the
-    items those were,
-    and the pace the shards learned of it: each shard's last `rate_learned`, summed over the
-    shard logs of the latest pass that learned one (the passes of a resumed run ran apart)."""
-    paces: dict[int, list[float]] = {}
+    items those were, and the pace the shards learned of it: each shard's last `rate_learned`,
+    of requests and of tokens (a shard may learn either or both), summed over the shard logs
+    of the latest pass that learned one (the passes of a resumed run ran apart), and how many
+    of those shards last set it from the limit a 429 stated rather than cut it."""
+    paces: dict[int, list[ShardSummary]] = {}
     for s in shards:
-        if s.learned_rps is not None:
-            paces.setdefault(s.segment, []).append(s.learned_rps)
+        if s.learned_rps is not None or s.learned_tps is not None:
+            paces.setdefault(s.segment, []).append(s)
     last = paces[max(paces)] if paces else []
-    rps = sum(last) if last else None
+    rps = [s.learned_rps for s in last if s.learned_rps is not None]
+    tps = [s.learned_tps for s in last if s.learned_tps is not None]
     return {
         "http_429": sum(s.by_status.get("http_429", 0) for s in shards),
         "held_retries": sum(s.held_retries for s in shards),
         "held_items": sum(s.limited_spans for s in shards),
-        "pace_cuts": sum(s.learned_cuts for s in shards), "paced_shards": len(last),
-        "paced_rps": None if rps is None else round(rps, 3),
-        "paced_rpm": None if rps is None else round(rps * 60, 1),
+        "pace_cuts": sum(s.learned_cuts for s in shards),
+        "pace_seeds": sum(s.learned_seeds for s in shards), "paced_shards": len(last),
+        "paced_seeded": sum(s.learned_seeded for s in last),
+        "paced_rps": round(sum(rps), 3) if rps else None,
+        "paced_rpm": round(sum(rps) * 60, 1) if rps else None,
+        "paced_tps": round(sum(tps), 1) if tps else None,
+        "paced_tpm": round(sum(tps) * 60) if tps else None,
     }  # fmt: skip
 
 

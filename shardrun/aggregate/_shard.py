@@ -229,11 +229,19 @@ class ShardFold:
             s.rate_wait_retry_s += rec["wait"]
 
     def _rate_learned(self, rec: Record, raw: bytes) -> None:
-        """The shard cut the pace it learned of the server's limit to `rps`."""
-        rps = rec.get("rps")
-        if isinstance(rps, int | float) and not isinstance(rps, bool):
-            self.sum.learned_cuts += 1
-            self.sum.learned_rps = float(rps)
+        """The shard set the pace it learned of the server's limit: `rps` requests and `tps`
+        tokens a second (either may be absent), from the limit a 429 stated (`seeded`) or cut.
+        A line with neither is ignored."""
+        rps, tps = _number(rec.get("rps")), _number(rec.get("tps"))
+        if rps is None and tps is None:
+            return
+        s = self.sum
+        s.learned_seeded = rec.get("seeded") is True
+        if s.learned_seeded:
+            s.learned_seeds += 1
+        else:
+            s.learned_cuts += 1
+        s.learned_rps, s.learned_tps = rps, tps
 
     def _retry(self, rec: Record, raw: bytes) -> None:
         s = self.sum
@@ -322,3 +330,10 @@ class ShardFold:
         s.loop_lag = self.loop_lag
         s.trace = sched.trace
         return s
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (a bool is no number)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

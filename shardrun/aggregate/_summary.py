@@ -70,12 +70,16 @@ class ShardSummary:
     reused_conns: int = 0
     resent: int = 0  # requests sent again, their pooled connection found dead (`resent`)
     # Retries `rate_limited` (held for the server's rate limit) and the spans they were, each
-    # once, and the `rate_learned` lines: how many, and the pace the last one learned (requests
-    # a second).
+    # once, and the `rate_learned` lines: how many cut a pace and how many set one from the
+    # limit a 429 stated, and the last one's paces (requests, tokens a second; None: no such
+    # pace) and whether it was so set.
     held_retries: int = 0
     limited_spans: int = 0
     learned_cuts: int = 0
     learned_rps: float | None = None
+    learned_seeds: int = 0
+    learned_tps: float | None = None
+    learned_seeded: bool = False
     rate_waits: int = 0
     rate_wait_first_s: float = 0.0  # before admission: inside t_queue, and all of it gap time
     rate_wait_retry_s: float = 0.0  # before a later attempt: inside t_retry

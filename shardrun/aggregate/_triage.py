@@ -58,13 +58,16 @@ TABLE: dict[str, tuple[str, str]] = {
                           "the shards held those items, spending none of their attempts, and "
                           "slowed down, so the server's limit, not shardrun's shards or cap, "
                           "set the run's pace; answered_rpm is what it let through on average "
-                          "(paced_rpm, the shards' pace at their last cut, can be above its "
-                          "limit); the holds are inside t_retry and the waits for the pace "
-                          "inside t_queue and t_retry",
+                          "(paced_rpm, or paced_tpm for a limit of tokens, is the shards' pace "
+                          "as last set: from the limit a 429 stated for the paced_seeded "
+                          "shards, else at their last cut, which can be above its limit); the "
+                          "holds are inside t_retry and the waits for the pace inside t_queue "
+                          "and t_retry",
                           "ask the provider for a higher limit, or set rate_limits.rpm near "
-                          "answered_rpm so that the shards send no faster than the server "
-                          "allows and it refuses nothing; more shards or a larger cap would "
-                          "only be refused too"),
+                          "answered_rpm (rate_limits.tpm near paced_tpm for a limit of tokens) "
+                          "so that the shards send no faster than the server allows and it "
+                          "refuses nothing; more shards or a larger cap would only be refused "
+                          "too"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
                       "dropped before an answer, or a gateway's 502/504): the shards held the "
                       "items and probed it, spending none of their attempts",
@@ -225,7 +228,7 @@ def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     that the holds (t_retry) and the waits before admission (t_queue) took; None when it did
     neither."""
     limit = doc["attempts"]["server_limit"]
-    if not limit["held_retries"] and not limit["pace_cuts"]:
+    if not limit["held_retries"] and not limit["pace_cuts"] and not limit["pace_seeds"]:
         return None
     shares = doc["latency"]["bucket_share"]
     waits = doc["scheduler"]["rate_waits"]
@@ -236,7 +239,8 @@ def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     answered = doc["attempts"]["started"] - limit["http_429"]
     evidence = {"answered_rpm": round(answered * 60 / duration, 1) if duration else None}
     evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items",
-                                             "paced_rpm", "paced_rps", "paced_shards")}
+                                             "paced_rpm", "paced_rps", "paced_tpm", "paced_tps",
+                                             "paced_shards", "paced_seeded")}
     evidence |= {"t_retry_share": shares.get("t_retry"), "t_queue_share": shares.get("t_queue"),
                  "rate_wait_before_admission_s": waits["before_admission_s"],
                  "rate_wait_before_retries_s": waits["before_retries_s"]}
