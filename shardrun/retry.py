@@ -150,13 +150,14 @@ def server_wait(
     return max(found) if found else None
 
 
-_LIMIT_ASKED = re.compile(r"Limit:? (\d+), Requested:? (\d+)")
+_LIMIT_ASKED = re.compile(r"Limit:? (\d+), (?:Used:? \d+, )?Requested:? (\d+)")
 
 
 def over_whole_limit(error: str | None) -> bool:
     """A 429 whose words say the request alone asks more than the whole limit (OpenAI's "Request
-    too large for gpt-4o ... on tokens per min (TPM): Limit 30000, Requested 45000"): no wait
-    ever lets it through, so it is the item's fault, as a 4xx is, not the server's pace."""
+    too large for gpt-4o ... on tokens per min (TPM): Limit 30000, Requested 45000", or the
+    "Limit N, Used U, Requested R" of a plain 429 with R above N): no wait ever lets it through,
+    whatever is used, so it is the item's fault, as a 4xx is, not the server's pace."""
     found = _LIMIT_ASKED.search(error or "")
     return found is not None and int(found[2]) > int(found[1])
 

@@ -172,3 +172,16 @@ def test_over_the_token_limit_the_server_answers_429_in_openais_words() -> None:
     assert "Limit 600, Requested 1010." in too_large
     assert not over_whole_limit(refused) and over_whole_limit(too_large)
     assert 1 <= int(got[3][1]["Retry-After"]) <= 10
+
+
+@pytest.mark.parametrize(("words", "dead"), [
+    ("on tokens per min (TPM): Limit 30000, Used 29000, Requested 45000. Please try again", True),
+    ("on tokens per min (TPM): Limit 30000, Used 29000, Requested 1200. Please try again", False),
+    ("on tokens per min (TPM): Limit 30000, Used 0, Requested 30000. Please try again", False),
+])
+def test_a_request_above_the_whole_limit_is_over_it_whatever_is_used(words: str,
+                                                                     dead: bool) -> None:
+    """A 429 in the "Limit N, Used U, Requested R" form whose R is above N can never pass,
+    however long it waits: the item's dead letter (`over_whole_limit`), as "Request too large"
+    is, not held until retry.outage_s; R within N is the server's pace, held."""
+    assert over_whole_limit(words) is dead
