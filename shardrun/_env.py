@@ -196,16 +196,22 @@ def parse_text(text: str, kind: Kind) -> object:
     knows, and `SHARDRUN_API_KEY_ENV=OPENAI_API_KEY ` is no variable name.
     """
     if kind == "int":
-        stripped = text.strip()
-        if not _INT_TEXT.fullmatch(stripped):
-            raise ValueError(text)
-        return int(stripped)
+        return parse_int(text)
     if kind == "float":
         return float(text.strip())
     if kind == "optional_float":
         stripped = text.strip()
         return None if stripped.lower() in NONE_WORDS else float(stripped)
     return text.strip() if kind == "str" else text
+
+
+def parse_int(text: str) -> int:
+    """An integer as `parse_text` reads one: digits 0-9 and a sign, spaces around; not Python's
+    `1_000` or other scripts' digits, which `int()` also takes."""
+    stripped = text.strip()
+    if not _INT_TEXT.fullmatch(stripped):
+        raise ValueError(text)
+    return int(stripped)
 
 
 def coerce_flag(value: object, kind: Kind) -> object:

@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from shardrun._env import parse_int
+
 # argparse's own words for a value its `type=int` or `type=float` could not convert.
 _NOT_CONVERTED = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): invalid (?P<kind>int|float) value: "
                             r"(?P<value>.*)")
@@ -60,10 +62,11 @@ def with_close_flags(message: str, parser: argparse.ArgumentParser) -> str:
 
 def integer(least: int, counts: str) -> Callable[[str], int]:
     """An argument that counts `counts`, `least` or more (`--show -1` would show 'the first 0',
-    `--limit 0` run nothing)."""
+    `--limit 0` run nothing), written as `--shards` and SHARDRUN_* integers are (`parse_int`):
+    Python's `int()` also took `1_000` and other digits than 0-9, which those refuse."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = parse_int(text)
         except ValueError:
             value = least - 1
         if value < least:

@@ -384,6 +384,12 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
      "--shards must be an integer from 1 to 1024, got 'abc'"),
     (["validate", "job.yaml", "--show", "abc"],
      "--show must be an integer of at least 0 (rejected lines to list), got 'abc'"),
+    # Written as --shards and SHARDRUN_SHARDS must be: Python's int() took `1_000`.
+    (["job.yaml", "--limit", "1_000"],
+     "--limit must be an integer of at least 1 (items to run), got '1_000'"),
+    (["validate", "job.yaml", "--show", "1_0"],
+     "--show must be an integer of at least 0 (rejected lines to list), got '1_0'"),
+    (["job.yaml", "--shards", "1_0"], "--shards must be an integer from 1 to 1024, got '1_0'"),
     (["export", "r", "--progress-interval", "abc"],
      "--progress-interval must be a number of seconds above 0, got 'abc'"),
     (["sim", "--port", "abc"], "--port must be an integer, got 'abc'"),
@@ -402,7 +408,7 @@ def test_a_numeric_flag_says_what_it_wants_as_its_variable_does(
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: {wants}"), line
     if argv[1] == "--shards":  # the variable's sentence, word for word
-        env = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_SHARDS": "abc"})
+        env = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_SHARDS": argv[2]})
         assert env.stderr == proc.stderr.replace("--shards", "environment variable "
                                                  "SHARDRUN_SHARDS"), env.stderr
     assert not (tmp_path / "runs").exists()
