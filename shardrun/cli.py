@@ -231,8 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # argparse would name `shardrun`; the flag belongs to the command's --help
         # `shardrun job.yaml validate`: the other command of a job file came after it.
         order = ("" if "validate" not in extra or args.command != "run" else
-                 f"; a command goes before the job file: "
-                 f"`{shlex.join(['shardrun', 'validate', str(args.job)])}`")  # to paste as is
+                 f"; a command goes before the job file: `{_validate_instead(args_list)}`")
         getattr(args, "command_parser", parser).error(
             f"unrecognized arguments: {' '.join(extra)}{order}")
     if args.command is None:
@@ -293,6 +292,14 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     if args.run_id is not None and args.resume is not None:
         raise SpecError(f"--run-id {args.run_id} names a new run and --resume {args.resume} "
                         "an existing one: give one of them")
+
+
+def _validate_instead(args_list: list[str]) -> str:
+    """`shardrun job.yaml validate --ping` as the command meant, to paste as is: every word
+    given (`--ping` and any other flag) kept in its order, `validate` moved to the front."""
+    words = args_list[1:]  # without `run`, given or put in front of the job file by `main`
+    words.remove("validate")
+    return shlex.join(["shardrun", "validate", *words])
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -456,8 +456,12 @@ def test_an_unknown_option_alone_is_named_not_the_missing_argument(
     (["validate", "job.yaml", "--sho", "1"], "--sho 1; did you mean --show?", "validate"),
     (["sim", "--po", "0"], "--po 0; did you mean --port?", "sim"),
     # The command after the job file, and a flag after it: said what goes first.
+    # Every flag given is kept, before or after the command word, in its place.
     (["job.yaml", "validate", "--ping"], "validate --ping; a command goes before the job file: "
-                                        "`shardrun validate job.yaml`", "run"),
+                                        "`shardrun validate job.yaml --ping`", "run"),
+    (["run", "--shards", "2", "job.yaml", "--show", "3", "validate"],
+     "--show 3 validate; a command goes before the job file: "
+     "`shardrun validate --shards 2 job.yaml --show 3`", "run"),
     (["my job.yaml", "validate"], "validate; a command goes before the job file: "
                                   "`shardrun validate 'my job.yaml'`", "run"),
     # Misspelt, not shortened: the closest flag; two unknown, each with its own.
