@@ -77,6 +77,10 @@ def integer(least: int, counts: str) -> Callable[[str], int]:
     return parse
 
 
+# `--limit`: the CLI's type and `RunOptions`'s check of an API caller's limit, one rule.
+ITEMS_TO_RUN = integer(1, "items to run")
+
+
 def positive_seconds(text: str) -> float:
     """An interval in seconds: above 0 and finite (every `--progress-interval`)."""
     try:

@@ -19,8 +19,8 @@ from typing import Any, NoReturn
 
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
 from shardrun.argtypes import (
+    ITEMS_TO_RUN,
     flag_sentence,
-    integer,
     job_path,
     path,
     positive_seconds,
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "every item that has a result or dead-letter line")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: give dead-lettered items another pass")
-    run.add_argument("--limit", type=integer(1, "items to run"), metavar="N",
+    run.add_argument("--limit", type=ITEMS_TO_RUN, metavar="N",
                      help="run at most N items in this pass, the first N of the input not "
                           "done yet, on at most N shards (try a job on a few); --resume runs "
                           "the rest")

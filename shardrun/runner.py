@@ -13,6 +13,7 @@ import shlex
 import shutil
 import sys
 import threading
+from argparse import ArgumentTypeError
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ import orjson
 from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun._env import ENV_BY_KEY
+from shardrun.argtypes import ITEMS_TO_RUN
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import (
@@ -84,6 +86,14 @@ class RunOptions:
     progress_interval: float = 10.0
     limit: int | None = None  # at most this many new items in this pass (--limit)
 
+    def __post_init__(self) -> None:
+        # `--limit`'s own check, so that an API caller's `limit=0` is told as the CLI's is.
+        if self.limit is not None:
+            try:
+                ITEMS_TO_RUN(str(self.limit))
+            except ArgumentTypeError as bad:
+                raise ValueError(f"RunOptions limit {bad}") from None
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -129,8 +139,6 @@ def run(
     argv: list[str],
 ) -> RunSummary:
     """Run (or resume) a job file to the end and return the summary of this pass."""
-    if options.limit is not None and options.limit < 1:
-        raise SpecError(f"--limit {options.limit}: give the number of items to run, at least 1")
     if options.only_failed:
         job = _job_of_retry(job_path, env, flags)
     else:
