@@ -184,10 +184,16 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> RunLock:
     deadline = time.monotonic() + wait_s
     gate = open(run_path / PASS_LOCK, "ab")  # noqa: SIM115 - held for the life of the pass
     try:
-        told = _take(gate, run_path, deadline, told=False)
+        # The gate is a live pass's alone (shards do not inherit it): a user who started a
+        # resume or `retry-failed` on a run still going is told so, not of earlier processes.
+        told = _take(gate, run_path, deadline, told=False,
+                     waiting=f"run {run_path.name} has a pass in progress: waiting for it to "
+                             f"end, {wait_s:g} s at the most (Ctrl-C stops the wait, with nothing "
+                             "sent)")
         held = open(run_path / ".lock", "ab")  # noqa: SIM115 - held for the life of the pass
         try:
-            _take(held, run_path, deadline, told=told)
+            _take(held, run_path, deadline, told=told,
+                  waiting=f"waiting for earlier processes of run {run_path.name} to exit")
         except BaseException:
             held.close()
             raise
@@ -198,8 +204,10 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> RunLock:
     return RunLock(gate, held)
 
 
-def _take(handle: IO[bytes], run_path: Path, deadline: float, *, told: bool) -> bool:
-    """Lock `handle` exclusively, waiting until `deadline`; whether the wait has been said."""
+def _take(handle: IO[bytes], run_path: Path, deadline: float, *, told: bool,
+          waiting: str) -> bool:
+    """Lock `handle` exclusively, waiting until `deadline`; whether the wait has been said
+    (`waiting`, once, on the first miss)."""
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -211,8 +219,7 @@ def _take(handle: IO[bytes], run_path: Path, deadline: float, *, told: bool) -> 
                     "shards still finishing); wait for it to end, then try again"
                 ) from None
             if not told:
-                print(f"waiting for earlier processes of run {run_path.name} to exit",
-                      file=sys.stderr)
+                print(waiting, file=sys.stderr, flush=True)
                 told = True
             time.sleep(0.2)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import orjson
 import pytest
@@ -21,6 +23,7 @@ from test_aggregate_fixtures import hand_shard, write_run
 from shardrun import resume
 from shardrun.report import load_report
 from shardrun.report._rundir import load_run, run_state
+from tests.conftest import FAST_SIM, KILL_GUARD_S, end_run, only_run, write_input, write_job
 
 TAKE = """
 import sys
@@ -276,3 +279,51 @@ def test_a_run_its_logs_age_would_call_crashed_is_looked_up_in_its_manifest_agai
     assert why.startswith("manifest status succeeded, ended 2027-01-15T08:00:04.000Z"), why
     assert why.endswith("; it ended while this report read the run, so the figures are of the "
                         "moment before: report again for all of it"), why
+
+
+def _first_line(stream: IO[str], proc: subprocess.Popen[str], bound_s: float) -> str:
+    """The first line of `proc`'s `stream`, waited for `bound_s` at the most (a hang guard):
+    empty if it ended, or stayed silent, first."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if select.select([stream], [], [], 0.2)[0]:
+            return stream.readline()
+        if proc.poll() is not None:
+            return ""
+    return ""
+
+
+def test_retry_failed_on_a_run_in_progress_says_at_once_that_it_waits_for_that_pass(
+    tmp_path: Path,
+) -> None:
+    """`retry-failed RUN` while a pass of RUN runs (a real one, on a slow simulator) waits for
+    it, since its dead letters are that pass's to write; its first word said "earlier
+    processes", as for a killed pass's shards: it now names the pass in progress."""
+    write_input(tmp_path / "input.jsonl", 20)
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=1,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**FAST_SIM, "ttft_ms": 3000}})
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    command = [sys.executable, "-m", "shardrun"]
+    first = subprocess.Popen([*command, "job.yaml", "--runs-dir", "runs", "--quiet"],
+                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    retry: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + KILL_GUARD_S
+        while not any(resume.pass_lives(run) for run in (tmp_path / "runs").glob("*/")):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        run = only_run(tmp_path / "runs")
+        retry = subprocess.Popen([*command, "retry-failed", str(run)], cwd=tmp_path, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        assert retry.stderr is not None
+        said = _first_line(retry.stderr, retry, KILL_GUARD_S)
+        assert first.poll() is None  # the pass was in progress all along
+        assert said == (f"run {run.name} has a pass in progress: waiting for it to end, 60 s "
+                        "at the most (Ctrl-C stops the wait, with nothing sent)\n")
+    finally:
+        for proc in (retry, first):
+            if proc is not None:
+                end_run(proc)
