@@ -134,8 +134,8 @@ def _env_help() -> str:
     rows += f"\n  {IGNORE_VAR:<{width}}  {IGNORE_HELP}"
     analysis = "\n".join(f"  {name:<{width}}  {text}" for name, text in ANALYSIS_VARS.items())
     return (
-        "environment variables (precedence: flag > environment > job file > default; one "
-        "empty or\nof only spaces is unset):\n" + rows
+        "environment variables (precedence: flag > environment > job file > default;\n"
+        "a variable set to nothing, or to spaces only, counts as not set):\n" + rows
         + "\n\nfor report, publish and verify:\n" + analysis
     )
 

@@ -348,7 +348,8 @@ def test_a_variable_of_only_spaces_is_unset_as_an_empty_one_is(tmp_path: Path) -
                        if line.split()[:1] in (["shards"], ["concurrency"])]
     assert said[" "] == said["\t  "] == said[""] == [["shards", "3", "job", "file"],
                                                    ["concurrency", "8", "job", "file"]]
-    assert " one empty or\nof only spaces is unset" in run_cli("--help", cwd=tmp_path).stdout
+    assert ("\na variable set to nothing, or to spaces only, counts as not set):\n"
+            in run_cli("--help", cwd=tmp_path).stdout)
 
 
 @pytest.mark.parametrize("argv", [
