@@ -22,6 +22,7 @@ from conftest import FAST_SIM, Run, run_cli, write_input, write_job
 from test_fastfold import MODES, both, c_fold
 
 from shardrun.aggregate import _fast as fast
+from shardrun.report._text import format_tpm
 
 ITEMS, FIRST = 200, 60
 
@@ -61,8 +62,22 @@ def estimated_results(m: Mixed) -> list[dict[str, Any]]:
 
 
 def sentence(n: int, of: int) -> str:
-    return (f"{n:,} of {of:,} successes' token counts are estimated (the server sent no usage): "
-            "TPM is an estimate")
+    return (f"across the run, {n:,} of {of:,} successes' token counts are estimated (the server "
+            "sent no usage)")
+
+
+def peak_sentence(m: Mixed, found: list[dict[str, Any]]) -> str:
+    """What the TPM table says under it, from the result lines: how much of the busiest minute
+    (none is full in a run this short) the client counted."""
+    tokens = Counter[int]()
+    estimated = Counter[int]()
+    for r in m.run.results:
+        minute = int(r["last_token_at"] // 60)
+        tokens[minute] += r["usage"]["completion_tokens"]
+        estimated[minute] += r["usage"]["completion_tokens"] if r in found else 0
+    [(busiest, most)] = tokens.most_common(1)
+    return (f"{sentence(len(found), ITEMS)}; in the best partial minute, {estimated[busiest]:,} "
+            f"of its {most:,} tokens: its TPM is partly an estimate")
 
 
 def test_the_closing_summary_says_how_many_successes_are_estimated(mixed: Mixed) -> None:
@@ -91,8 +106,28 @@ def test_report_text_and_json_count_the_estimated_successes(mixed: Mixed) -> Non
             if row["estimated_completion_tokens"]} == dict(by_minute)
     text = run_cli("report", str(mixed.run_dir), cwd=mixed.root)
     assert text.returncode == 0, text.stderr
-    # Under the items' completion tokens and under the TPM table.
-    assert text.stdout.splitlines().count(f"  {sentence(len(found), ITEMS)}") == 2
+    # Under the items' completion tokens, run-wide; under the TPM table, with the peak's part.
+    assert text.stdout.splitlines().count(f"  {sentence(len(found), ITEMS)}") == 1
+    assert doc["tpm"]["peak_full_minute"] is None  # a run of seconds: no minute is full
+    assert f"  {peak_sentence(mixed, found)}" in text.stdout.splitlines()
+
+
+def test_the_tpm_table_says_whether_its_peak_minute_is_estimated(mixed: Mixed) -> None:
+    """"TPM is an estimate" showed whenever any success was estimated, though the peak minute
+    may hold none of them: the peak minute's own share is said, and it may be none."""
+    proc = run_cli("report", str(mixed.run_dir), "--json", cwd=mixed.root)
+    assert proc.returncode == 0, proc.stderr
+    doc = orjson.loads(proc.stdout)
+    row = next(r for r in doc["tpm"]["minutes"] if r["completion_tokens"])
+    run_wide = sentence(ITEMS - FIRST, ITEMS)
+    for estimated, said in [(0, "none: its TPM is the server's count"),
+                            (5, f"5 of its {row['completion_tokens']:,} tokens: its TPM is "
+                                "partly an estimate")]:
+        peak = {**row, "estimated_completion_tokens": estimated}
+        doc["tpm"]["peak_full_minute"] = peak
+        assert f"  {run_wide}; in the peak full minute, {said}" in format_tpm(doc).splitlines()
+    del peak["estimated_completion_tokens"]  # a report made before the peak counted them
+    assert f"  {run_wide}" in format_tpm(doc).splitlines()
 
 
 def test_report_html_says_so_on_the_tpm_plot(mixed: Mixed, tmp_path: Path) -> None:
@@ -104,7 +139,7 @@ def test_report_html_says_so_on_the_tpm_plot(mixed: Mixed, tmp_path: Path) -> No
     words = sentence(ITEMS - FIRST, ITEMS)
     # In the TPM plot's title (plotly's JSON escapes its markup) and in the text under the plots.
     plain = page.replace("\\u003c", "<").replace("\\u003e", ">").replace("\\u002f", "/")
-    assert f"<br><sup>{words}</sup>" in plain
+    assert f"<br><sup>{peak_sentence(mixed, estimated_results(mixed))}</sup>" in plain
     assert page.count(words.replace("'", "&#x27;")) == 2
 
 

@@ -81,7 +81,9 @@ def _peak(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     if not rows:
         return None
     best = max(rows, key=lambda r: (r[key], -r["start"]))
+    # Its own estimated tokens: a run's estimate may lie in other minutes than its peak.
     return {"minute": best["minute"], "completion_tokens": best[key], "spans": best["spans"],
+            "estimated_completion_tokens": best["estimated_completion_tokens"],
             "partial": best["partial"], "per_shard": best["per_shard"]}
 
 

@@ -17,7 +17,7 @@ from shardrun.errors import ShardrunError
 from shardrun.itl import bucket_mid
 from shardrun.outpath import replace_target, write_bytes_atomically
 from shardrun.report._rundir import LoadedRun
-from shardrun.report._text import estimated_text, format_report
+from shardrun.report._text import format_report, tpm_estimated_text
 
 MAX_STEP_PANELS = 16
 
@@ -79,7 +79,7 @@ def tpm_figure(go: Any, doc: dict[str, Any]) -> Any:
     sub = f"peak full minute {peak['minute']}: {peak['completion_tokens']:,}" if peak else (
         "no full minute")
     title = f"Completion tokens per minute ({sub})"
-    if estimated := estimated_text(doc):  # on the plot itself: it may be shown alone
+    if estimated := tpm_estimated_text(doc):  # on the plot itself: it may be shown alone
         title += f"<br><sup>{estimated}</sup>"  # plain words: nothing to escape
     fig.update_layout(barmode="stack", title=title, yaxis_title="completion tokens / min")
     return fig

@@ -110,14 +110,31 @@ def format_items(doc: dict[str, Any]) -> str:
 
 
 def estimated_text(doc: dict[str, Any]) -> str | None:
-    """That the token counts behind completion tokens and TPM are partly the client's own
-    (the server sent no usage), or None when the server counted them all."""
+    """That the run's token counts are partly the client's own (the server sent no usage), or
+    None when the server counted them all. Run-wide: the peak minute may hold none of them."""
     it = doc.get("items") or {}
     n = it.get("estimated_successes")  # absent from reports made before it existed
     if not n:
         return None
-    return (f"{num(n)} of {num(it['succeeded'])} successes' token counts are estimated (the "
-            "server sent no usage): TPM is an estimate")
+    return (f"across the run, {num(n)} of {num(it['succeeded'])} successes' token counts are "
+            "estimated (the server sent no usage)")
+
+
+def tpm_estimated_text(doc: dict[str, Any]) -> str | None:
+    """`estimated_text` and how much of the peak minute (the best partial one, if none is
+    full) is estimated, which is what makes its TPM an estimate or not."""
+    if (run_wide := estimated_text(doc)) is None:
+        return None
+    tpm = doc["tpm"]
+    peak = tpm["peak_full_minute"] or tpm["best_minute_any"]
+    if peak is None or "estimated_completion_tokens" not in peak:  # a report made before it
+        return run_wide
+    which = "the peak full minute" if tpm["peak_full_minute"] else "the best partial minute"
+    estimated = peak["estimated_completion_tokens"]
+    if not estimated:
+        return f"{run_wide}; in {which}, none: its TPM is the server's count"
+    return (f"{run_wide}; in {which}, {num(estimated)} of its "
+            f"{num(peak['completion_tokens'])} tokens: its TPM is partly an estimate")
 
 
 def format_tpm(doc: dict[str, Any]) -> str:
@@ -130,7 +147,7 @@ def format_tpm(doc: dict[str, Any]) -> str:
         lines.append(f"  … {counted(len(rows) - len(shown), 'more minute')} in --json")
     lines += _peak_lines(tpm)
     lines.append(f"  run average: {num(tpm['run_average_tpm'])} tokens/min")
-    if estimated := estimated_text(doc):
+    if estimated := tpm_estimated_text(doc):
         lines.append(f"  {estimated}")
     return "\n".join(lines)
 
