@@ -43,6 +43,7 @@ __all__ = [
     "estimate_request_tokens",
     "parse_duration",
     "shares",
+    "stated_cap",
     "tokens_used",
 ]
 
@@ -248,15 +249,18 @@ class RateLimiter:
             self.pending_tokens -= tokens
         return max(0.0, self._clock() - start)
 
-    def correct(self, charged: int, actual_total_tokens: int) -> None:
+    def correct(self, charged: int, actual_total_tokens: int, capped: bool = True) -> None:
         """The server counted `actual_total_tokens` where `charged` was reserved: settle up.
-        Not downwards for an answer once a token pace is learned of the server: its limit
-        counts the prompt and max_tokens when the request comes, as OpenAI's does, whatever
-        the answer used (refunding the unused max_tokens sent a third more than the limit). A
+        Not downwards for an answer of a request that states its own cap (`capped`:
+        max_tokens or the like, `stated_cap`) once a token pace is learned of the server: its
+        limit counts the prompt and that cap when the request comes, as OpenAI's does,
+        whatever the answer used (refunding the unused cap sent a third more than the limit).
+        A request with no cap is counted as it is answered, so the DEFAULT_COMPLETION_TOKENS
+        guessed for it are settled as before: kept, it was paced far below the limit. A
         request refused or never answered (0) is refunded: the server counted nothing."""
         if self.tokens is None or charged == actual_total_tokens:
             return
-        if 0 < actual_total_tokens < charged and self.learned_tokens is not None:
+        if 0 < actual_total_tokens < charged and capped and self.learned_tokens is not None:
             return
         self.tokens.charge(self._clock(), actual_total_tokens - charged)
 
@@ -485,13 +489,21 @@ def tokens_used(
     return prompt + wasted_tokens
 
 
-def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:
-    """Tokens to reserve for one request: prompt estimate (chars / 4) + its token limit
-    (`max_tokens`, `max_completion_tokens`, or the Responses API's `max_output_tokens`)."""
+def stated_cap(item: Mapping[str, Any], params: Mapping[str, Any]) -> int | None:
+    """The completion tokens a request states as its cap (`max_tokens`,
+    `max_completion_tokens`, or the Responses API's `max_output_tokens`; the item's body
+    first, then the job's params), or None where it states none."""
     body: Mapping[str, Any] = item.get("body") or {}
     for source in (body, params):
         for key in TOKEN_LIMITS:
             value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return estimate_prompt_tokens(item) + value
-    return estimate_prompt_tokens(item) + DEFAULT_COMPLETION_TOKENS
+                return value
+    return None
+
+
+def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+    """Tokens to reserve for one request: prompt estimate (chars / 4) + its stated cap
+    (`stated_cap`), else DEFAULT_COMPLETION_TOKENS."""
+    cap = stated_cap(item, params)
+    return estimate_prompt_tokens(item) + (DEFAULT_COMPLETION_TOKENS if cap is None else cap)

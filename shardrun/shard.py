@@ -46,7 +46,7 @@ from shardrun.outage import (
     says_endpoint_failing,
     says_endpoint_up,
 )
-from shardrun.ratelimit import RateLimiter, estimate_request_tokens, tokens_used
+from shardrun.ratelimit import RateLimiter, estimate_request_tokens, stated_cap, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import (
     Decision,
@@ -1188,7 +1188,8 @@ class Shard:
             return  # no token bucket: `correct` would do nothing, so skip working out usage
         used = tokens_used(outcome.status, outcome.prompt_tokens, outcome.completion_tokens,
                            outcome.wasted_tokens, tokens_of_chars(span.prompt_chars))
-        limiter.correct(span.charged, used)
+        # A request with no cap of its own is charged a guess the server never counts.
+        limiter.correct(span.charged, used, stated_cap(span.item, self.cfg.params) is not None)
 
     async def _attempt(self, client: StreamingClient, span: Span, attempt: int,
                        body: dict[str, Any]) -> AttemptOutcome:

@@ -33,7 +33,8 @@ class _Clock:
 
 class _Client:
     """Answers each attempt with the next of `errors` (a 429 with those words; None: a
-    success), then successes; each attempt takes `took` seconds of the test's clock."""
+    success, of 2 prompt and 3 completion tokens), then successes; each attempt takes `took`
+    seconds of the test's clock."""
 
     url = "http://x"
 
@@ -49,23 +50,27 @@ class _Client:
         self.calls += 1
         if error is None:
             return AttemptOutcome(status="ok", http_status=200, started_at=started,
-                                  ended_at=self.clock.t, text="hi", finish_reason="stop")
+                                  ended_at=self.clock.t, text="hi", finish_reason="stop",
+                                  prompt_tokens=2, completion_tokens=3)
         return AttemptOutcome(status="http_429", http_status=429, started_at=started,
                               ended_at=self.clock.t, error=error, rate_headers=self.headers)
 
 
 def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
              stop_at: int | None = None, headers: dict[str, str] | None = None,
-             shard_count: int = 1, **retry: float) -> tuple[Shard, int]:
+             shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
+             **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
-    that attempt (from 0) is out."""
+    that attempt (from 0) is out; `params`, the job's; `took`, each attempt's seconds."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
-                      api="chat", model="m", retry=retry, shard_count=shard_count)
+                      api="chat", model="m", retry=retry, shard_count=shard_count,
+                      params=params or {})
     shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
-    client = _Client(clock, errors, headers=headers)
+    shard.limiter._clock = clock.now  # its pacers are paid by the test's clock too
+    client = _Client(clock, errors, headers=headers, took=took)
     answer = client.attempt
 
     async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
@@ -170,3 +175,21 @@ def test_a_429_on_tokens_paces_the_shard_by_tokens(tmp_path: Path) -> None:
     assert calls == 2 and shard.counters.ok == 1 and shard.limiter.learned is None
     charged = estimate_request_tokens({"messages": [{"role": "user", "content": "x"}]}, {})
     assert shard.limiter.learned_tokens == pytest.approx(500 + LEARN_GROW * charged)
+
+
+def test_under_a_token_pace_only_a_request_that_states_its_cap_keeps_it_charged(
+        tmp_path: Path) -> None:
+    """Paced by tokens, an answer of 5 tokens: a request with no max_tokens had a guessed
+    DEFAULT_COMPLETION_TOKENS charged, which the server never counts, and it is refunded (the
+    tokens pacer owes the 5 it used); with the job's max_tokens 256 the cap stays owed, as the
+    server counted it when the request came. Each attempt takes no time of the test's clock, so
+    the debt is what the answer left."""
+    tpm = ("HTTP 429: Rate limit reached for gpt-4o on tokens per min (TPM): Limit 60000, "
+           "Used 59990, Requested 257. Please try again in 1s.")
+    debts = []
+    for params in ({}, {"max_tokens": 256}):
+        path = tmp_path / str(len(debts))
+        shard, calls = _run_one(path, [tpm], params=params, took=0.0)
+        assert calls == 2 and shard.counters.ok == 1 and shard.limiter.tokens is not None
+        debts.append(shard.limiter.tokens.debt)
+    assert debts == [5, 1 + 256]

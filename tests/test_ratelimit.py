@@ -555,3 +555,29 @@ def test_token_429s_are_judged_by_their_share_of_the_tokens_not_of_the_requests(
     assert not lim.limited(sent=19, error=TPM_429, tokens=1000)
     assert lim.limited(sent=20, error=TPM_429, tokens=1000)
     assert seeded is not None and lim.learned_tokens == pytest.approx(ratelimit.LEARN_CUT * seeded)
+
+
+def test_a_request_with_no_cap_of_its_own_is_refunded_the_guess_under_a_token_pace() -> None:
+    """Under a learned token pace (100 tokens a second) a request that states no max_tokens is
+    charged its prompt + DEFAULT_COMPLETION_TOKENS, which the server never counts (it counts
+    the answer): its answer settles the charge, so ten answers of 30 tokens leave 300 owed, 3
+    s of pace, not the 2,660 of their guesses (26.6 s). One that states its cap keeps it."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep)
+    lim.limited(sent=1, error="Rate limit reached on tokens per min (TPM): Limit 6000, Used 1",
+                tokens=10)
+    item = {"prompt": "x" * 40}
+    charged = ratelimit.estimate_request_tokens(item, {})
+    assert ratelimit.stated_cap(item, {}) is None
+    assert charged == 10 + ratelimit.DEFAULT_COMPLETION_TOKENS
+    for _ in range(10):
+        lim.reserve(t.now, charged)
+        lim.correct(charged, 30, capped=False)
+    assert lim.tokens is not None and lim.tokens.debt == pytest.approx(300)
+    assert lim.wait(t.now, lim.reserve(t.now, charged)) == pytest.approx(3.0)
+    capped = ratelimit.estimate_request_tokens(item, {"max_completion_tokens": 256})
+    assert capped == charged and ratelimit.stated_cap(item, {"max_tokens": 256}) == 256
+    before = lim.tokens.debt
+    lim.correct(capped, 30, capped=True)
+    assert lim.tokens.debt == pytest.approx(before)
+    assert ratelimit.stated_cap({"prompt": "x", "body": {"max_output_tokens": 9}}, {}) == 9
