@@ -313,13 +313,13 @@ class Coordinator:
         return [s for s in self.states if s.done is None and s.died is None]
 
     def _rebalance_rates(self) -> None:
-        """Job-wide limits are split over the shards still running; tell them their new share."""
-        if self.rate_limits == (None, None):
-            return
+        """Job-wide limits are split over the shards still running; tell them their new share
+        and how many they are, since a pace seeded from the server's stated limit is split
+        over them too (sent without job limits as well: shards end rarely)."""
         live = self._live()
         rpm, tpm = shares(*self.rate_limits, len(live))
         for state in live:
-            state.handle.send({"t": protocol.RATE, "rpm": rpm, "tpm": tpm})
+            state.handle.send({"t": protocol.RATE, "rpm": rpm, "tpm": tpm, "live": len(live)})
 
     def _on_fatal(self, reason: str, mode: str, origin: int, cause: str | None = None) -> None:
         """One shard (or, with `origin` -1, this process) found the endpoint (or the disk)

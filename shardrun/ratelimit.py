@@ -196,6 +196,10 @@ class RateLimiter:
         self.learning = False  # either is learned: each success grows it (`grew`)
         # The last pace `limited` set came from the server's stated limit, not from a cut.
         self.seeded = False
+        # The server's stated limits the paces were seeded from, a second for the whole key
+        # (by the name of the pace: "learned", "learned_tokens"), re-split by `set_share`
+        # until a cut of that pace says the server allows less.
+        self._stated: dict[str, float] = {}
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
@@ -264,12 +268,24 @@ class RateLimiter:
             return
         self.tokens.charge(self._clock(), actual_total_tokens - charged)
 
-    def set_share(self, rpm: float | None, tpm: float | None) -> None:
-        """A new share from the coordinator (a shard finished or died, or limits changed)."""
+    def set_share(self, rpm: float | None, tpm: float | None, live: int | None = None) -> bool:
+        """A new share from the coordinator (a shard finished or died, or limits changed), with
+        how many shards now share the limits (`live`; None: as before). A pace seeded from the
+        server's stated limit and not cut since is raised to the survivors' share of that
+        limit (one grown past it stays; one cut stays as cut: the server allows less than it
+        said). True when a pace was raised (the caller logs it)."""
         now = self._clock()
         self._share_rpm, self._share_tpm = rpm, tpm
+        raised = False
+        if live is not None and live != self._shards:
+            self._shards = max(1, live)
+            for kind, stated in self._stated.items():
+                if stated / self._shards > getattr(self, kind):
+                    setattr(self, kind, stated / self._shards)
+                    raised = True
         self.requests = _retuned(self.requests, self._rpm(), now)
         self.tokens = _retuned(self.tokens, self._tpm(), now)
+        return raised
 
     def _rpm(self) -> float | None:
         """The requests pacer's pace: the job's share or the learned pace, the slower."""
@@ -305,13 +321,13 @@ class RateLimiter:
             stated = headers.get(TOKEN_LIMIT_HEADER)
             if stated is None and (found := _STATED_LIMIT.search(error or "")):
                 stated = found[1]
-            self.learned_tokens = self._share(stated, max(1, tokens))
+            self.learned_tokens = self._share(stated, max(1, tokens), "learned_tokens")
             if self.learned_tokens is not None:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
                 self.seeded = True
                 return self._new_window(now, sent)
         elif not by_tokens and self.learned is None:
-            self.learned = self._share(headers.get(LIMIT_HEADER), 1)
+            self.learned = self._share(headers.get(LIMIT_HEADER), 1, "learned")
             if self.learned is not None:
                 self.requests = _retuned(self.requests, self._rpm(), now)
                 self.seeded = True
@@ -332,6 +348,7 @@ class RateLimiter:
                                           LEARN_CUT * min(was, self.learned_tokens))
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
                 self.seeded = False
+                self._stated.pop("learned_tokens", None)
             self._new_window(now, sent)
             return cut
         cut = self._refused > LEARN_SHARE * n
@@ -342,6 +359,7 @@ class RateLimiter:
             self.learned = max(LEARN_MIN_PER_S, LEARN_CUT * was)
             self.requests = _retuned(self.requests, self._rpm(), now)
             self.seeded = False
+            self._stated.pop("learned", None)
         self._new_window(now, sent)
         return cut
 
@@ -352,15 +370,17 @@ class RateLimiter:
         self._tokens_at_cut = 0.0 if self.tokens is None else self.tokens.charged
         return True
 
-    def _share(self, limit: str | None, unit: int) -> float | None:
+    def _share(self, limit: str | None, unit: int, kind: str) -> float | None:
         """This shard's share, a second, of the server's stated limit per minute, at least
         `unit` a minute (a request, or one request's tokens); None for none, or one that is no
         positive finite number (a gateway's own, or garbage). Only a start: a value per replica
         or per gateway that is too high is cut by the windows that follow, one too low grows
-        back with the successes, as any learned pace does."""
+        back with the successes, as any learned pace does. The limit is kept as the `kind`
+        of pace it seeds, for `set_share`."""
         per_minute = _number(limit)
         if per_minute is None or not 0 < per_minute < math.inf:
             return None
+        self._stated[kind] = per_minute / 60.0
         return max(LEARN_MIN_PER_S * unit, per_minute / 60.0 / self._shards)
 
     def grew(self, tokens: int = 0) -> None:

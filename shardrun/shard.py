@@ -219,7 +219,9 @@ class Shard:
         elif kind == protocol.ANSWERED:
             self.run_answered = True
         elif kind == protocol.RATE:
-            self.limiter.set_share(message.get("rpm"), message.get("tpm"))
+            if self.limiter.set_share(message.get("rpm"), message.get("tpm"),
+                                      message.get("live")):
+                self._paced(self.clock.now())  # a seeded pace re-split over the survivors
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.halted.set()

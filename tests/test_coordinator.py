@@ -282,3 +282,21 @@ def test_each_shard_is_told_how_many_shards_share_the_servers_limit(tmp_path: Pa
     finally:
         coordinator.log.close()
         source.reader.close()
+
+
+def test_the_shards_left_are_told_how_many_they_are_without_job_limits_too(
+        tmp_path: Path) -> None:
+    """A run with no rate_limits whose shard 0 of 3 finished: the other two are each sent a
+    RATE message saying 2 are left, since a pace seeded from the server's stated limit is that
+    limit over the shards sharing it (`RateLimiter.set_share`); the one done is sent none."""
+    coordinator, source = _coordinator(tmp_path, 3, ProgressView(quiet=True), silence_s=60.0)
+    handles = [Handle(i) for i in range(3)]
+    coordinator.states.extend(ShardState(handle=h) for h in handles)
+    try:
+        _finish(coordinator.states[0])
+        coordinator._rebalance_rates()
+        told = [[m for m in h.sent if m["t"] == protocol.RATE] for h in handles]
+        assert told == [[], *[[{"t": protocol.RATE, "rpm": None, "tpm": None, "live": 2}]] * 2]
+    finally:
+        coordinator.log.close()
+        source.reader.close()

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from shardrun import protocol
 from shardrun.client import AttemptOutcome
 from shardrun.ratelimit import LEARN_GROW, estimate_request_tokens
 from shardrun.shard import Shard
@@ -193,3 +194,15 @@ def test_under_a_token_pace_only_a_request_that_states_its_cap_keeps_it_charged(
         assert calls == 2 and shard.counters.ok == 1 and shard.limiter.tokens is not None
         debts.append(shard.limiter.tokens.debt)
     assert debts == [5, 1 + 256]
+
+
+def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: Path) -> None:
+    """Seeded at a quarter of the stated 600 requests a minute (4 shards), the shard is told
+    two are left (the coordinator's RATE message carries `live`, with or without job limits):
+    its pace is half the limit, and it says so as its reports' pace (`_paced`, which logs it
+    as a `rate_learned` line too)."""
+    shard, _ = _run_one(tmp_path, [PACE], headers={"x-ratelimit-limit-requests": "600"},
+                        shard_count=4)
+    assert shard.limiter.learned == pytest.approx(2.5 + LEARN_GROW)
+    shard.on_message({"t": protocol.RATE, "rpm": None, "tpm": None, "live": 2})
+    assert shard.limiter.learned == pytest.approx(5.0) and shard.paced_rps == 5.0

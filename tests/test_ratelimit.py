@@ -581,3 +581,33 @@ def test_a_request_with_no_cap_of_its_own_is_refunded_the_guess_under_a_token_pa
     lim.correct(capped, 30, capped=True)
     assert lim.tokens.debt == pytest.approx(before)
     assert ratelimit.stated_cap({"prompt": "x", "body": {"max_output_tokens": 9}}, {}) == 9
+
+
+def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -> None:
+    """Seeded at a quarter of the stated 600 requests a minute (2.5 a second over 4 shards):
+    when two shards end, the coordinator's new share says 2 are left, and the pace becomes
+    half the limit (5 a second), the requests pacer with it; the job's own share (None) is
+    no limit. A pace grown past the new share stays; one cut since the seed stays as cut. A
+    token pace seeded from a stated TPM is re-split the same way."""
+    t = FakeTime()
+    stated = {"x-ratelimit-limit-requests": "600"}
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers=stated) and lim.learned == pytest.approx(2.5)
+    assert lim.set_share(None, None, live=2)
+    assert lim.learned == pytest.approx(5.0)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(5.0)
+    assert not lim.set_share(None, None, live=2)  # no change of shards: nothing to re-split
+    lim.learned = 11.0  # grown past the share of one shard left
+    assert not lim.set_share(None, None, live=1) and lim.learned == 11.0
+    cut = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    cut.limited(sent=1, headers=stated)
+    t.now = 2.0
+    assert any([cut.limited(sent, headers=stated) for sent in range(2, 22)])
+    was = cut.learned
+    assert was is not None and was < 2.5
+    assert not cut.set_share(None, None, live=1) and cut.learned == was
+    tokens = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    tokens.limited(sent=1, error="on tokens per min (TPM): Limit 6000, Used 1", tokens=10)
+    assert tokens.learned_tokens == pytest.approx(50.0)
+    assert tokens.set_share(None, None, live=1) and tokens.learned_tokens == pytest.approx(100)
+    assert tokens.learned is None
