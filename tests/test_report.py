@@ -29,7 +29,12 @@ from test_aggregate_fixtures import (
 
 from shardrun import __version__
 from shardrun.aggregate._segments import BUCKETS
-from shardrun.aggregate._triage import RETRY_RATE_LIMIT, TABLE, triage_section
+from shardrun.aggregate._triage import (
+    RETRY_RATE_LIMIT,
+    SERVER_LIMIT_SHARE,
+    TABLE,
+    triage_section,
+)
 from shardrun.cli import main as cli_main
 from shardrun.cli_analysis import main, register
 from shardrun.report import format_report, integrity_problem, load_report
@@ -597,6 +602,38 @@ def test_rate_limit_holds_are_no_retry_storm_and_take_the_limits_advice(
     assert triage["dominant_bucket"]["control"] == TABLE["t_retry"][1]
     (storm,) = [f for f in triage["findings"] if f["id"] == "retries"]
     assert storm["evidence"]["causes"] == {"http_429": held}
+
+
+def test_a_few_held_429s_and_no_pace_are_no_finding_that_the_limit_set_the_pace(
+        limited_run: tuple[Path, str]) -> None:
+    """The rate-limited run's numbers, its pace cuts taken away: held retries under
+    SERVER_LIMIT_SHARE of the attempts are only a smaller mention (`server_rate_limit_touched`)
+    of them; from that share on, or with a pace cut or seeded however few the holds, the
+    server's limit set the pace."""
+    doc, _ = load_report(limited_run[0])
+    limit = doc["attempts"]["server_limit"]
+    started = doc["attempts"]["started"] = 1000
+    limit |= {"pace_cuts": 0, "pace_seeds": 0, "held_retries": 1, "held_items": 1}
+
+    def ids() -> list[str]:
+        return [f["id"] for f in triage_section(doc)["findings"]
+                if f["id"].startswith("server_rate_limit")]
+
+    assert ids() == ["server_rate_limit_touched"]
+    (touched,) = [f for f in triage_section(doc)["findings"] if f["id"] == ids()[0]]
+    assert touched["evidence"]["held_share_of_attempts"] == 0.001
+    limit["held_retries"] = round(SERVER_LIMIT_SHARE * started) - 1
+    assert ids() == ["server_rate_limit_touched"]
+    limit["held_retries"] += 1
+    assert ids() == ["server_rate_limit"]
+    limit["held_retries"] = 1
+    for paced in ("pace_cuts", "pace_seeds"):
+        assert ids() == ["server_rate_limit_touched"]
+        limit[paced] = 1
+        assert ids() == ["server_rate_limit"]
+        limit[paced] = 0
+    limit["held_retries"] = 0
+    assert ids() == []
 
 
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:

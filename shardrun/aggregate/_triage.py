@@ -24,6 +24,10 @@ DEAD_REASONS_SHOWN = 3
 # and its advice replaces "raise the cap" for a dominant t_queue.
 RATE_LIMIT_SHARE = 0.05
 RATE_LIMIT_DOMINANT_SHARE = 0.5
+# The share of the attempts held for the server's rate limit from which, with no pace learned
+# (cut or seeded), that limit is said to have set the run's pace: a few held 429s in a run of
+# hundreds are a brush with the limit (`server_rate_limit_touched`), not its ceiling.
+SERVER_LIMIT_SHARE = 0.05
 CHURN_FACTOR = 2.0
 ENDPOINT_DOWN = "endpoint_down"  # the `cause` of a retry line that waited out an outage
 ENDPOINT_FAILING = "endpoint_failing"  # of one that waited its turn to probe in a storm
@@ -68,6 +72,12 @@ TABLE: dict[str, tuple[str, str]] = {
                           "so that the shards send no faster than the server allows and it "
                           "refuses nothing; more shards or a larger cap would only be refused "
                           "too"),
+    "server_rate_limit_touched": ("a few requests met the server's rate limit (429, no "
+                                  "quota's) and were held and sent again, spending none of "
+                                  "their attempts; too few to have set the run's pace, and no "
+                                  "shard learned a pace from them",
+                                  "nothing needed; if the run grows, set rate_limits.rpm (or "
+                                  "tpm) a little below answered_rpm so that none are refused"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
                       "dropped before an answer, or a gateway's 502/504): the shards held the "
                       "items and probed it, spending none of their attempts",
@@ -223,21 +233,32 @@ def own_retries(att: dict[str, Any]) -> dict[str, int]:
 
 
 def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The server's rate limit held items (429s, no quota's) or taught a shard a pace: what it
-    answered and refused, the shards' pace at their last cut, and the share of the span time
-    that the holds (t_retry) and the waits before admission (t_queue) took; None when it did
-    neither."""
+    """The server's rate limit taught a shard a pace (a cut or a seed) or held at least
+    SERVER_LIMIT_SHARE of the attempts: what it answered and refused, the shards' pace at their
+    last cut, and the share of the span time that the holds (t_retry) and the waits before
+    admission (t_queue) took. Fewer holds and no pace: a smaller mention of the holds alone
+    (`server_rate_limit_touched`). None when it held nothing and taught no pace."""
     limit = doc["attempts"]["server_limit"]
-    if not limit["held_retries"] and not limit["pace_cuts"] and not limit["pace_seeds"]:
+    paced = limit["pace_cuts"] or limit["pace_seeds"]
+    if not limit["held_retries"] and not paced:
         return None
-    shares = doc["latency"]["bucket_share"]
-    waits = doc["scheduler"]["rate_waits"]
     # What the server did answer, a minute of the run on average, comes first: at most its
     # limit, and near it when the limit held the run back, where a pace cut from a window of
     # the opening burst can be well above it.
     duration = doc["run"]["duration_s"]
-    answered = doc["attempts"]["started"] - limit["http_429"]
+    started = doc["attempts"]["started"]
+    answered = started - limit["http_429"]
     evidence = {"answered_rpm": round(answered * 60 / duration, 1) if duration else None}
+    held_share = limit["held_retries"] / started if started else 0.0
+    if not paced and held_share < SERVER_LIMIT_SHARE:
+        evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items")}
+        evidence |= {"held_share_of_attempts": round(held_share, 6),
+                     "threshold": SERVER_LIMIT_SHARE}
+        return _finding("server_rate_limit_touched",
+                        "a few requests met the server's rate limit", evidence,
+                        *TABLE["server_rate_limit_touched"])
+    shares = doc["latency"]["bucket_share"]
+    waits = doc["scheduler"]["rate_waits"]
     evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items",
                                              "paced_rpm", "paced_rps", "paced_tpm", "paced_tps",
                                              "paced_shards", "paced_seeded")}
