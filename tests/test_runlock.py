@@ -310,8 +310,11 @@ def test_retry_failed_on_a_run_in_progress_says_at_once_that_it_waits_for_that_p
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     retry: subprocess.Popen[str] | None = None
     try:
+        # The pass holds its gate before it writes the manifest, which `retry-failed` reads
+        # before it waits: both, or the retry says the run is no run directory yet.
         deadline = time.monotonic() + KILL_GUARD_S
-        while not any(resume.pass_lives(run) for run in (tmp_path / "runs").glob("*/")):
+        while not any(resume.pass_lives(run) and (run / "manifest.json").exists()
+                      for run in (tmp_path / "runs").glob("*/")):
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         run = only_run(tmp_path / "runs")
