@@ -120,9 +120,12 @@ def test_the_tpm_table_says_whether_its_peak_minute_is_estimated(mixed: Mixed) -
     doc = orjson.loads(proc.stdout)
     row = next(r for r in doc["tpm"]["minutes"] if r["completion_tokens"])
     run_wide = sentence(ITEMS - FIRST, ITEMS)
+    tokens = row["completion_tokens"]
+    assert tokens > 5
     for estimated, said in [(0, "none: its TPM is the server's count"),
-                            (5, f"5 of its {row['completion_tokens']:,} tokens: its TPM is "
-                                "partly an estimate")]:
+                            (5, f"5 of its {tokens:,} tokens: its TPM is partly an estimate"),
+                            # Not "partly": the whole minute is the client's count.
+                            (tokens, f"all {tokens:,} of its tokens: its TPM is an estimate")]:
         peak = {**row, "estimated_completion_tokens": estimated}
         doc["tpm"]["peak_full_minute"] = peak
         assert f"  {run_wide}; in the peak full minute, {said}" in format_tpm(doc).splitlines()

@@ -130,11 +130,13 @@ def tpm_estimated_text(doc: dict[str, Any]) -> str | None:
     if peak is None or "estimated_completion_tokens" not in peak:  # a report made before it
         return run_wide
     which = "the peak full minute" if tpm["peak_full_minute"] else "the best partial minute"
-    estimated = peak["estimated_completion_tokens"]
+    estimated, tokens = peak["estimated_completion_tokens"], peak["completion_tokens"]
     if not estimated:
         return f"{run_wide}; in {which}, none: its TPM is the server's count"
-    return (f"{run_wide}; in {which}, {num(estimated)} of its "
-            f"{num(peak['completion_tokens'])} tokens: its TPM is partly an estimate")
+    if estimated == tokens:  # "partly" would undersell it: none of the minute is the server's
+        return f"{run_wide}; in {which}, all {num(tokens)} of its tokens: its TPM is an estimate"
+    return (f"{run_wide}; in {which}, {num(estimated)} of its {num(tokens)} tokens: its TPM is "
+            "partly an estimate")
 
 
 def format_tpm(doc: dict[str, Any]) -> str:
