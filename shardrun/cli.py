@@ -231,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # argparse would name `shardrun`; the flag belongs to the command's --help
         # `shardrun job.yaml validate`: the other command of a job file came after it.
         order = ("" if "validate" not in extra or args.command != "run" else
-                 f"; a command goes before the job file: `{_validate_instead(args_list)}`")
+                 "; a command goes before the job file: "
+                 f"`{_validate_instead(args_list, args.command_parser)}`")
         getattr(args, "command_parser", parser).error(
             f"unrecognized arguments: {' '.join(extra)}{order}")
     if args.command is None:
@@ -294,11 +295,15 @@ def _check_run_flags(args: argparse.Namespace) -> None:
                         "an existing one: give one of them")
 
 
-def _validate_instead(args_list: list[str]) -> str:
+def _validate_instead(args_list: list[str], run: argparse.ArgumentParser) -> str:
     """`shardrun job.yaml validate --ping` as the command meant, to paste as is: every word
     given (`--ping` and any other flag) kept in its order, `validate` moved to the front."""
     words = args_list[1:]  # without `run`, given or put in front of the job file by `main`
-    words.remove("validate")
+    # The `validate` argparse left over, not a flag's value (`--runs-dir validate`).
+    takes_value = {flag for action in run._actions if action.nargs != 0
+                   for flag in action.option_strings}
+    del words[next(at for at, word in enumerate(words)
+                   if word == "validate" and (at == 0 or words[at - 1] not in takes_value))]
     return shlex.join(["shardrun", "validate", *words])
 
 

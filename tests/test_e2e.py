@@ -463,6 +463,9 @@ def test_an_unknown_option_alone_is_named_not_the_missing_argument(
     (["run", "--shards", "2", "job.yaml", "--show", "3", "validate"],
      "--show 3 validate; a command goes before the job file: "
      "`shardrun validate --shards 2 job.yaml --show 3`", "run"),
+    # A flag's value that reads `validate` stays that flag's.
+    (["--runs-dir", "validate", "job.yaml", "validate"], "validate; a command goes before the "
+     "job file: `shardrun validate --runs-dir validate job.yaml`", "run"),
     (["my job.yaml", "validate"], "validate; a command goes before the job file: "
                                   "`shardrun validate 'my job.yaml'`", "run"),
     # Misspelt, not shortened: the closest flag; two unknown, each with its own.
