@@ -88,9 +88,10 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         # `--limit`'s own check, so that an API caller's `limit=0` is told as the CLI's is.
+        # The rule reads text: a str limit goes in quoted, or its `"5"` would pass as a 5.
         if self.limit is not None:
             try:
-                ITEMS_TO_RUN(str(self.limit))
+                ITEMS_TO_RUN(str(self.limit) if isinstance(self.limit, int) else repr(self.limit))
             except ArgumentTypeError as bad:
                 raise ValueError(f"RunOptions limit {bad}") from None
 
