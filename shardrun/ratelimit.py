@@ -511,14 +511,15 @@ def tokens_used(
 
 def stated_cap(item: Mapping[str, Any], params: Mapping[str, Any]) -> int | None:
     """The completion tokens a request states as its cap (`max_tokens`,
-    `max_completion_tokens`, or the Responses API's `max_output_tokens`; the item's body
-    first, then the job's params), or None where it states none."""
+    `max_completion_tokens`, or the Responses API's `max_output_tokens`), or None where it
+    states none. As `items.build_request` sends it: a body naming any of them takes none from
+    the job's params, so its `"max_tokens": null` sends no cap however the job sets one."""
     body: Mapping[str, Any] = item.get("body") or {}
-    for source in (body, params):
-        for key in TOKEN_LIMITS:
-            value = source.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+    source = body if any(key in body for key in TOKEN_LIMITS) else params
+    for key in TOKEN_LIMITS:
+        value = source.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return None
 
 

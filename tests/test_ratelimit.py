@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardrun import ratelimit
+from shardrun.items import TOKEN_LIMITS, build_request
 from shardrun.ratelimit import (
     DEFAULT_COMPLETION_TOKENS,
     DEFAULT_PAUSE_S,
@@ -611,3 +612,26 @@ def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -
     assert tokens.learned_tokens == pytest.approx(50.0)
     assert tokens.set_share(None, None, live=1) and tokens.learned_tokens == pytest.approx(100)
     assert tokens.learned is None
+
+
+@pytest.mark.parametrize("api", ["chat", "completions", "responses"])
+@pytest.mark.parametrize(("item", "params"), [
+    ({"prompt": "x"}, {"max_tokens": 32}),
+    ({"prompt": "x"}, {"max_completion_tokens": 32}),
+    ({"prompt": "x"}, {"max_output_tokens": 32}),
+    ({"prompt": "x"}, {}),
+    ({"body": {"prompt": "x", "max_tokens": 9}}, {"max_tokens": 32}),
+    ({"body": {"prompt": "x", "max_completion_tokens": 9}}, {"max_tokens": 32}),
+    ({"body": {"prompt": "x", "max_tokens": None}}, {"max_tokens": 32}),
+    ({"body": {"prompt": "x", "max_output_tokens": None}}, {"max_completion_tokens": 32}),
+    ({"body": {"prompt": "x"}}, {"max_tokens": 32}),
+])
+def test_the_cap_a_request_states_is_the_one_its_body_sends(
+        api: str, item: dict[str, object], params: dict[str, object]) -> None:
+    """`stated_cap`, which decides whether an answer under a token pace refunds the unused
+    cap, reads the cap the request goes with (`build_request`): a Batch body that names a
+    cap, even as null, takes none from the job's params, so one saying `"max_tokens": null`
+    states none and its guessed cap is settled by its answer, not kept as if counted."""
+    _, body = build_request(item, model="m", params=params, api=api)  # type: ignore[arg-type]
+    sent = [v for k in TOKEN_LIMITS if isinstance(v := body.get(k), int)]
+    assert ratelimit.stated_cap(item, params) == (sent[0] if sent else None)
