@@ -194,11 +194,9 @@ class RateLimiter:
         # (`_says_tokens`), and the tokens charged by the window's start.
         self.learned_tokens: float | None = None
         self.learning = False  # either is learned: each success grows it (`grew`)
-        # The last pace `limited` set came from the server's stated limit, not from a cut.
-        self.seeded = False
         # The server's stated limits the paces were seeded from, a second for the whole key
         # (by the name of the pace: "learned", "learned_tokens"), re-split by `set_share`
-        # until a cut of that pace says the server allows less.
+        # until a cut of that pace says the server allows less (`seeded`).
         self._stated: dict[str, float] = {}
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
@@ -287,6 +285,14 @@ class RateLimiter:
         self.tokens = _retuned(self.tokens, self._tpm(), now)
         return raised
 
+    @property
+    def seeded(self) -> bool:
+        """Every pace learned is as the server's stated limit set it (its share, or the re-split
+        of `set_share`), none cut since: asked of each kind, since one `rate_learned` line
+        carries both and a seeded pace of tokens beside a cut one of requests is no seed."""
+        kinds = [kind for kind in ("learned", "learned_tokens") if getattr(self, kind) is not None]
+        return bool(kinds) and all(kind in self._stated for kind in kinds)
+
     def _rpm(self) -> float | None:
         """The requests pacer's pace: the job's share or the learned pace, the slower."""
         return _slower(self._share_rpm, self.learned)
@@ -324,13 +330,11 @@ class RateLimiter:
             self.learned_tokens = self._share(stated, max(1, tokens), "learned_tokens")
             if self.learned_tokens is not None:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
-                self.seeded = True
                 return self._new_window(now, sent)
         elif not by_tokens and self.learned is None:
             self.learned = self._share(headers.get(LIMIT_HEADER), 1, "learned")
             if self.learned is not None:
                 self.requests = _retuned(self.requests, self._rpm(), now)
-                self.seeded = True
                 return self._new_window(now, sent)
         self._refused += 1
         self._refused_tokens += tokens
@@ -347,7 +351,6 @@ class RateLimiter:
                 self.learned_tokens = max(LEARN_MIN_PER_S * max(1, tokens),
                                           LEARN_CUT * min(was, self.learned_tokens))
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
-                self.seeded = False
                 self._stated.pop("learned_tokens", None)
             self._new_window(now, sent)
             return cut
@@ -358,7 +361,6 @@ class RateLimiter:
                 was = min(was, self.learned)
             self.learned = max(LEARN_MIN_PER_S, LEARN_CUT * was)
             self.requests = _retuned(self.requests, self._rpm(), now)
-            self.seeded = False
             self._stated.pop("learned", None)
         self._new_window(now, sent)
         return cut

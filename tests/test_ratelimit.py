@@ -635,3 +635,20 @@ def test_the_cap_a_request_states_is_the_one_its_body_sends(
     _, body = build_request(item, model="m", params=params, api=api)  # type: ignore[arg-type]
     sent = [v for k in TOKEN_LIMITS if isinstance(v := body.get(k), int)]
     assert ratelimit.stated_cap(item, params) == (sent[0] if sent else None)
+
+
+def test_a_token_pace_seeded_beside_a_cut_request_pace_is_not_told_as_seeded() -> None:
+    """A shard whose 429s (no stated limit) cut its pace of requests, then met a token limit
+    stating its TPM: the pace of tokens is seeded, but the `rate_learned` line carries the cut
+    requests pace beside it, so it is not `seeded` ("none cut"). A token pace seeded alone is,
+    and a re-split of it over fewer shards keeps it so."""
+    t = FakeTime()
+    tpm = "Rate limit reached on tokens per min (TPM): Limit 6000, Used 1"
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep)
+    assert any([lim.limited(sent) for sent in range(1, 22)])
+    assert lim.learned is not None and not lim.seeded
+    assert lim.limited(sent=22, error=tpm, tokens=10)
+    assert lim.learned_tokens == pytest.approx(100) and not lim.seeded
+    alone = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    assert alone.limited(sent=1, error=tpm, tokens=10) and alone.seeded
+    assert alone.set_share(None, None, live=1) and alone.seeded
