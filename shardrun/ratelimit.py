@@ -38,9 +38,11 @@ from shardrun.items import TOKEN_LIMITS, estimate_prompt_tokens
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
+    "SERVER_LIMIT_SHARE",
     "Pacer",
     "RateLimiter",
     "estimate_request_tokens",
+    "limit_set_pace",
     "parse_duration",
     "shares",
     "stated_cap",
@@ -49,6 +51,10 @@ __all__ = [
 
 DEFAULT_COMPLETION_TOKENS = 256
 """Completion tokens assumed for a request that sets no max_tokens (corrected afterwards)."""
+SERVER_LIMIT_SHARE = 0.05
+"""The share of the attempts held for the server's rate limit from which, with no pace learned
+(cut or seeded), that limit is said to have set the run's pace (`limit_set_pace`): a few held
+429s in a run of hundreds are a brush with the limit, not its ceiling."""
 RECHECK_S = 0.25
 """Longest sleep before a waiting request asks again: a new share from the coordinator or a
 refund of tokens charged too much may let it go sooner."""
@@ -509,6 +515,13 @@ def tokens_used(
     if status.startswith("http_4") or wasted_tokens == 0:  # http_4xx and http_429
         return 0
     return prompt + wasted_tokens
+
+
+def limit_set_pace(held: int, attempts: int, paced: bool) -> bool:
+    """Whether the server's rate limit set a run's pace: a shard learned a pace of it (`paced`,
+    cut or seeded), or it held at least SERVER_LIMIT_SHARE of the `attempts` (`held` retries).
+    One rule for the report's finding and the run summary's line, so they say the same."""
+    return paced or (attempts > 0 and held / attempts >= SERVER_LIMIT_SHARE)
 
 
 def stated_cap(item: Mapping[str, Any], params: Mapping[str, Any]) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from shardrun._ellipsis import counted, ellipsize
 from shardrun.progress import clock_text, limit_clause, summed_paces
+from shardrun.ratelimit import limit_set_pace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,6 +360,15 @@ def _limit_text(s: RunSummary) -> str:
                         s.paced_seeded)
 
 
+def _limit_verdict(s: RunSummary) -> str:
+    """What the holds say, by the report's rule (`limit_set_pace`): the limit set the pace, or
+    a few requests only met it."""
+    paced = s.paced_rps is not None or s.paced_tps is not None
+    said = ("the server's limit set the pace" if limit_set_pace(s.limited_429s, s.attempts, paced)
+            else "a few requests met the server's limit, held at no cost of attempts")
+    return f" ({said}; `shardrun report` says more)"
+
+
 def format_summary(s: RunSummary) -> str:
     """The end-of-run block printed to the terminal."""
     lines = [f"run {s.status}: {s.run_dir}"]
@@ -411,9 +421,8 @@ def format_summary(s: RunSummary) -> str:
         + ")",
         *([f"  rate-limit waits   {s.rate_waits:,} ({s.rate_wait_s:,.1f} s of slot time, for "
            "the job's rate_limits or the server's x-ratelimit headers)"] if s.rate_waits else []),
-        *([f"  server rate limit  {_limit_text(s)}"
-           " (the server's limit set the pace; `shardrun report` says more)"]
-          if s.limited_429s else []),
+        *([f"  server rate limit  {_limit_text(s)}{_limit_verdict(s)}"] if s.limited_429s
+          else []),
         f"  wall time          {s.wall_s:,.1f} s{_as_clock(s.wall_s)}",
         f"  completion TPM     {s.tpm:,.0f} ("
         + ("run average" if s.segment == 0 else "this pass's average; report's run average "

@@ -14,6 +14,7 @@ import pytest
 from conftest import read_jsonl, run_cli, write_input, write_job
 
 from shardrun.manifest import RunDir
+from shardrun.ratelimit import limit_set_pace
 from shardrun.runner import resume_command
 from shardrun.spec import load_job
 from shardrun.summary import (
@@ -436,3 +437,17 @@ def test_a_retry_pass_stopped_part_way_counts_answered_dead_letters_apart() -> N
             "dead letters set aside already answered (a result line for the item too), so not "
             "run)") in lines
     assert not any(line.startswith("  to finish the run") for line in lines)
+
+
+@pytest.mark.parametrize(("held", "pace", "set_pace"), [
+    (4, None, False), (5, None, True), (1, 2.0, True)])
+def test_the_summary_says_the_server_limit_set_the_pace_by_the_reports_rule(
+        held: int, pace: float | None, set_pace: bool) -> None:
+    """Of 100 attempts, 4 held for the server's rate limit with no pace learned only met the
+    limit: the summary's line says so, as the report's `server_rate_limit_touched` does, not
+    that the limit set the pace (5, 5 %, or any learned pace, does: `limit_set_pace`)."""
+    s = summary_of([{"attempts": 100, "limited_429s": held, "paced_rps": pace}], dead=0)
+    (line,) = [x for x in format_summary(s).splitlines() if "server rate limit" in x]
+    assert ("the server's limit set the pace;" in line) is set_pace, line
+    assert ("a few requests met the server's limit" in line) is not set_pace, line
+    assert limit_set_pace(held, 100, pace is not None) is set_pace

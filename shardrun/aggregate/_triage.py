@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardrun.ratelimit import SERVER_LIMIT_SHARE, limit_set_pace
+
 TTFT_TAIL_RATIO = 3.0  # p99/p50 of t_first_token at or above: the tail moves
 STREAM_STABLE_RATIO = 2.0  # p99/p50 of TPOT at or below: decode speed is stable
 GAP_FRACTION_LIMIT = 0.05
@@ -24,10 +26,6 @@ DEAD_REASONS_SHOWN = 3
 # and its advice replaces "raise the cap" for a dominant t_queue.
 RATE_LIMIT_SHARE = 0.05
 RATE_LIMIT_DOMINANT_SHARE = 0.5
-# The share of the attempts held for the server's rate limit from which, with no pace learned
-# (cut or seeded), that limit is said to have set the run's pace: a few held 429s in a run of
-# hundreds are a brush with the limit (`server_rate_limit_touched`), not its ceiling.
-SERVER_LIMIT_SHARE = 0.05
 CHURN_FACTOR = 2.0
 ENDPOINT_DOWN = "endpoint_down"  # the `cause` of a retry line that waited out an outage
 ENDPOINT_FAILING = "endpoint_failing"  # of one that waited its turn to probe in a storm
@@ -76,8 +74,9 @@ TABLE: dict[str, tuple[str, str]] = {
                                   "quota's) and were held and sent again, spending none of "
                                   "their attempts; too few to have set the run's pace, and no "
                                   "shard learned a pace from them",
-                                  "nothing needed; if the run grows, set rate_limits.rpm (or "
-                                  "tpm) a little below answered_rpm so that none are refused"),
+                                  "nothing needed: the holds spent no attempts; should they "
+                                  "grow in a bigger run, the shards learn a pace from them and "
+                                  "the server_rate_limit finding says what limit to set"),
     "endpoint_down": ("the endpoint stopped answering for a while (connections refused or "
                       "dropped before an answer, or a gateway's 502/504): the shards held the "
                       "items and probed it, spending none of their attempts",
@@ -250,7 +249,7 @@ def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     answered = started - limit["http_429"]
     evidence = {"answered_rpm": round(answered * 60 / duration, 1) if duration else None}
     held_share = limit["held_retries"] / started if started else 0.0
-    if not paced and held_share < SERVER_LIMIT_SHARE:
+    if not limit_set_pace(limit["held_retries"], started, bool(paced)):
         evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items")}
         evidence |= {"held_share_of_attempts": round(held_share, 6),
                      "threshold": SERVER_LIMIT_SHARE}
