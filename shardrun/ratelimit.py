@@ -273,23 +273,26 @@ class RateLimiter:
         self.tokens.charge(self._clock(), actual_total_tokens - charged)
 
     def set_share(self, rpm: float | None, tpm: float | None, live: int | None = None) -> bool:
-        """A new share from the coordinator (a shard finished or died, or limits changed), with
-        how many shards now share the limits (`live`; None: as before). A pace seeded from the
-        server's stated limit and not cut since is raised to the survivors' share of that
-        limit (one grown past it stays; one cut stays as cut: the server allows less than it
-        said). True when a pace was raised (the caller logs it)."""
+        """A new share from the coordinator (a shard started, finished or died, or limits
+        changed), with how many shards now share the limits (`live`; None: as before). A pace
+        seeded from the server's stated limit and not cut since is re-split: raised to the
+        survivors' share of that limit when fewer are left (one grown past it stays), lowered
+        to it when more are (a replacement for a dead shard seeds at its share too: the others
+        kept at theirs would send above the limit together). One cut stays as cut: the server
+        allows less than it said. True when a pace was re-split (the caller logs it)."""
         now = self._clock()
         self._share_rpm, self._share_tpm = rpm, tpm
-        raised = False
+        resplit = False
         if live is not None and live != self._shards:
-            self._shards = max(1, live)
+            fewer, self._shards = live < self._shards, max(1, live)
             for kind, stated in self._stated.items():
-                if stated / self._shards > getattr(self, kind):
-                    setattr(self, kind, stated / self._shards)
-                    raised = True
+                share, pace = stated / self._shards, getattr(self, kind)
+                if share > pace if fewer else share < pace:
+                    setattr(self, kind, share)
+                    resplit = True
         self.requests = _retuned(self.requests, self._rpm(), now)
         self.tokens = _retuned(self.tokens, self._tpm(), now)
-        return raised
+        return resplit
 
     @property
     def seeded(self) -> bool:

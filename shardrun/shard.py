@@ -221,7 +221,7 @@ class Shard:
         elif kind == protocol.RATE:
             if self.limiter.set_share(message.get("rpm"), message.get("tpm"),
                                       message.get("live")):
-                self._paced(self.clock.now())  # a seeded pace re-split over the survivors
+                self._paced(self.clock.now())  # a seeded pace re-split over the shards now
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.halted.set()

@@ -614,6 +614,26 @@ def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -
     assert tokens.learned is None
 
 
+def test_a_seeded_pace_is_lowered_again_when_a_replacement_shard_joins() -> None:
+    """Two of four shards left, the survivors' seeded pace is half the stated 600 a minute (5 a
+    second); a replacement for a dead one joins (3 live) and seeds at a third of it on its first
+    429: the survivors go down to a third too, or the three would send 1.67 times the limit.
+    The lower share stands even for a pace grown past it; a cut pace is left as it is."""
+    t = FakeTime()
+    stated = {"x-ratelimit-limit-requests": "600"}
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    lim.limited(sent=1, headers=stated)
+    assert lim.set_share(None, None, live=2) and lim.learned == pytest.approx(5.0)
+    lim.learned = 5.5  # grown a little since
+    assert lim.set_share(None, None, live=3) and lim.learned == pytest.approx(10 / 3)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(10 / 3)
+    assert lim.seeded
+    low = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    low.limited(sent=1, headers=stated)
+    low.learned = 1.0  # below a third's share (as a cut would leave it, but still seeded)
+    assert not low.set_share(None, None, live=3) and low.learned == 1.0
+
+
 @pytest.mark.parametrize("api", ["chat", "completions", "responses"])
 @pytest.mark.parametrize(("item", "params"), [
     ({"prompt": "x"}, {"max_tokens": 32}),
