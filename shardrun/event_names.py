@@ -11,8 +11,12 @@ ATTEMPT_START = "attempt_start"
 ATTEMPT_END = "attempt_end"
 RETRY = "retry"
 RATE_WAIT = "rate_wait"
-# The pace a shard learned of the server's limit, at each cut (`RateLimiter.limited`): rare.
+# The pace a shard learned of the server's limit, at each seed, cut or re-split
+# (`RateLimiter.limited`, `RateLimiter.set_share`): rare.
 RATE_LEARNED = "rate_learned"
+# The `why` of a `retry` held for the server's rate limit (`Shard._hold_for_limit`), which
+# `report` counts apart from the retries that spend attempts.
+RATE_LIMITED = "rate_limited"
 RELEASED = "released"
 LOOP_LAG = "loop_lag"
 CHECKPOINT = "checkpoint"

@@ -34,6 +34,7 @@ from shardrun.client import (
     request_headers,
 )
 from shardrun.clock import Clock
+from shardrun.event_names import RATE_LIMITED
 from shardrun.fdlimit import OUT_OF_FILES, ensure_open_files
 from shardrun.items import API_PATHS, build_request, prompt_chars, tokens_of_chars
 from shardrun.outage import (
@@ -77,7 +78,6 @@ UNREACHABLE_STATUSES = frozenset({"conn_reset", "timeout_connect"})
 REFUSED_ALIKE_AFTER = 10
 STORM = "endpoint_failing"  # the cause and why of a retry held in a storm
 OUTAGE = "endpoint_down"  # of one held while the endpoint is down
-RATE_LIMITED = "rate_limited"  # the why of a retry held after a 429 (`_hold_for_limit`)
 # The longest a failure asking to wait above retry.max_server_wait_s waits for the storm watch
 # to decide whether its streak is a storm (`Shard._storm_decides`).
 STREAK_WAIT_S = 5.0

@@ -24,6 +24,7 @@ from shardrun.aggregate._minutes import MinuteTally
 from shardrun.aggregate._segments import FLUSH_AT, Segment, segment_of
 from shardrun.aggregate._steps import Scheduler, StepTrace
 from shardrun.aggregate._summary import ShardSummary, reason_key
+from shardrun.event_names import RATE_LIMITED
 
 Record = Mapping[str, Any]
 Handler = Callable[[Record, bytes], None]
@@ -34,7 +35,6 @@ Handler = Callable[[Record, bytes], None]
 Q, PC, A, S, C, F, L, LA, LR, E, H = range(11)
 _EMPTY: list[Any] = [None] * 11
 MAX_TRACKED_REASONS = 256
-RATE_LIMITED = "rate_limited"  # the why of a retry held for the server's limit (shard.py's)
 # What `verify` reads: the figure's lines, and every line that moves the log's time window
 # exactly as in a full fold (so both agree on which minutes are partial).
 # (`last_token` only occurs in logs of the older layout.)
