@@ -233,10 +233,11 @@ def own_retries(att: dict[str, Any]) -> dict[str, int]:
 
 def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The server's rate limit taught a shard a pace (a cut or a seed) or held at least
-    SERVER_LIMIT_SHARE of the attempts: what it answered and refused, the shards' pace at their
-    last cut, and the share of the span time that the holds (t_retry) and the waits before
-    admission (t_queue) took. Fewer holds and no pace: a smaller mention of the holds alone
-    (`server_rate_limit_touched`). None when it held nothing and taught no pace."""
+    SERVER_LIMIT_SHARE of the attempts: what it answered and refused, the shards' pace as last
+    set (seeded from the stated limit, or cut), and the share of the span time that the holds
+    (t_retry) and the waits before admission (t_queue) took. Fewer holds and no pace: a smaller
+    mention of the holds alone (`server_rate_limit_touched`). None when it held nothing and
+    taught no pace."""
     limit = doc["attempts"]["server_limit"]
     paced = limit["pace_cuts"] or limit["pace_seeds"]
     if not limit["held_retries"] and not paced:
