@@ -315,7 +315,8 @@ class Coordinator:
     def _rebalance_rates(self) -> None:
         """Job-wide limits are split over the shards still running; tell them their new share
         and how many they are, since a pace seeded from the server's stated limit is split
-        over them too (sent without job limits as well: shards end rarely)."""
+        over them too, up or down (sent without job limits as well: only as a shard starts or
+        ends)."""
         live = self._live()
         rpm, tpm = shares(*self.rate_limits, len(live))
         for state in live:
