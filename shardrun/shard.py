@@ -548,7 +548,6 @@ class Shard:
         wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
                 else min(asked, policy.max_server_wait_s))
         span.history[-1]["wait"] = wait
-        self.counters.limited_429s += 1  # held: not the 429 a stop or a dead letter ended
         self._plan_retry(span, attempt, cause=outcome.status, wait=wait, why=RATE_LIMITED)
         self.counters.retrying += 1
         try:
@@ -1204,6 +1203,9 @@ class Shard:
         span.attempt_started_at = started
         if span.retry_line is not None:  # its `t` is when it was decided, before this line's
             self.log.emit(events.RETRY, **span.retry_line)
+            # A hold's 429 is counted as its retry goes, as `report` counts its line: not one
+            # a stop or a fatal error ended during the wait (nor one a dead letter ended).
+            self.counters.limited_429s += span.retry_line["why"] == RATE_LIMITED
             span.retry_line = None
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its

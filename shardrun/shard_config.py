@@ -117,7 +117,8 @@ class Counters:
     rate_waits: int = 0
     rate_wait_ms: int = 0
     # 429s of the server's rate limit that held their item for a retry (`rate_limited`,
-    # `Shard._hold_for_limit`): not one that a stop, a dead letter or a fatal stop ended.
+    # `Shard._hold_for_limit`), counted as the retry is sent: not one that a stop, a dead
+    # letter or a fatal stop ended, before or during the hold's wait.
     limited_429s: int = 0
     in_flight: int = 0
     retrying: int = 0

@@ -60,11 +60,12 @@ class _Client:
 def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
              stop_at: int | None = None, headers: dict[str, str] | None = None,
              shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
-             **retry: float) -> tuple[Shard, int]:
+             stop_in_hold: int | None = None, **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
-    that attempt (from 0) is out; `params`, the job's; `took`, each attempt's seconds."""
+    that attempt (from 0) is out; `stop_in_hold`: one comes during the wait of the hold after
+    that attempt (from 1); `params`, the job's; `took`, each attempt's seconds."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry, shard_count=shard_count,
@@ -84,6 +85,8 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
 
     async def pause(wait: float) -> None:  # a hold's wait passes on the test's clock
         clock.t += wait
+        if client.calls == stop_in_hold:
+            shard.stopping = True
         if others_answered:
             shard.limited_since = None
 
@@ -155,6 +158,10 @@ def test_the_429s_counted_held_are_those_that_held_their_item(tmp_path: Path) ->
     stopped, calls = _run_one(tmp_path / "stop", [PACE] * 5, stop_at=2)
     assert calls == 3 and stopped.counters.abandoned == 1
     assert stopped.counters.limited_429s == 2 == _held_lines(tmp_path / "stop")
+    # A stop during a hold's wait: the retry is never sent, so it has no line, nor a count.
+    waiting, calls = _run_one(tmp_path / "hold", [PACE] * 5, stop_in_hold=2)
+    assert calls == 2 and waiting.counters.abandoned == 1
+    assert waiting.counters.limited_429s == 1 == _held_lines(tmp_path / "hold")
 
 
 def test_a_429_that_states_the_limit_paces_the_shard_at_its_share_of_it(tmp_path: Path) -> None:
