@@ -570,7 +570,7 @@ def test_a_token_limit_says_its_pace_in_tokens_set_from_the_stated_limit(
     doc, _ = load_report(run)
     (found,) = _server_limit_finding(doc)
     ev = found["evidence"]
-    assert (ev["paced_rps"], ev["paced_rpm"], ev["paced_seeded"]) == (None, None, len(last))
+    assert (ev["paced_rps"], ev["paced_rpm"], ev["seeded_shards"]) == (None, None, len(last))
     assert ev["paced_tpm"] == round(sum(last.values()) * 60) > 0
     assert "rate_limits.tpm near paced_tpm" in found["control"]
     monkeypatch.setenv("SHARDRUN_FAST_FOLD", "0")
@@ -642,7 +642,7 @@ def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
     assert not _server_limit_finding(doc)
     assert doc["attempts"]["server_limit"] == {
         "http_429": 0, "held_retries": 0, "held_items": 0, "pace_cuts": 0, "pace_seeds": 0,
-        "paced_shards": 0, "paced_seeded": 0, "paced_rps": None, "paced_rpm": None,
+        "paced_shards": 0, "seeded_shards": 0, "paced_rps": None, "paced_rpm": None,
         "paced_tps": None, "paced_tpm": None}
     summary = orjson.loads((real_run / "manifest.json").read_bytes())["summary"]
     assert (summary["limited_429s"], summary["paced_rps"]) == (0, None)

@@ -154,7 +154,7 @@ def server_limit(shards: list[ShardSummary]) -> dict[str, Any]:
         "held_items": sum(s.limited_spans for s in shards),
         "pace_cuts": sum(s.learned_cuts for s in shards),
         "pace_seeds": sum(s.learned_seeds for s in shards), "paced_shards": len(last),
-        "paced_seeded": sum(s.learned_seeded for s in last),
+        "seeded_shards": sum(s.learned_seeded for s in last),
         "paced_rps": round(sum(rps), 3) if rps else None,
         "paced_rpm": round(sum(rps) * 60, 1) if rps else None,
         "paced_tps": round(sum(tps), 1) if tps else None,

@@ -61,8 +61,8 @@ TABLE: dict[str, tuple[str, str]] = {
                           "slowed down, so the server's limit, not shardrun's shards or cap, "
                           "set the run's pace; answered_rpm is what it let through on average "
                           "(paced_rpm, or paced_tpm for a limit of tokens, is the shards' pace "
-                          "as last set: from the limit a 429 stated for the paced_seeded "
-                          "shards, else at their last cut, which can be above its limit); the "
+                          "as last set: from the limit a 429 stated for the seeded_shards, "
+                          "else at their last cut, which can be above its limit); the "
                           "holds are inside t_retry and the waits for the pace inside t_queue "
                           "and t_retry",
                           "ask the provider for a higher limit, or set rate_limits.rpm near "
@@ -261,7 +261,7 @@ def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     waits = doc["scheduler"]["rate_waits"]
     evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items",
                                              "paced_rpm", "paced_rps", "paced_tpm", "paced_tps",
-                                             "paced_shards", "paced_seeded")}
+                                             "paced_shards", "seeded_shards")}
     evidence |= {"t_retry_share": shares.get("t_retry"), "t_queue_share": shares.get("t_queue"),
                  "rate_wait_before_admission_s": waits["before_admission_s"],
                  "rate_wait_before_retries_s": waits["before_retries_s"]}
