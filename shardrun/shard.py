@@ -1244,6 +1244,7 @@ class Shard:
         counters = self.counters
         counters.attempts += 1
         counters.retries += attempt > 1  # counted as attempts are: sent, once it has ended
+        counters.http_429s += outcome.status == "http_429"
         counters.prompt_tokens += outcome.prompt_tokens or 0
         counters.cached_tokens += outcome.cached_tokens or 0
         wasted = outcome.wasted_tokens

@@ -120,6 +120,10 @@ class Counters:
     # `Shard._hold_for_limit`), counted as the retry is sent: not one that a stop, a dead
     # letter or a fatal stop ended, before or during the hold's wait.
     limited_429s: int = 0
+    # Attempts answered 429, held or not (a quota's, one over the whole limit, one a stop
+    # ended), as `report` counts attempt_end lines of that status: what the server did not
+    # answer, for the summary's requests answered a minute.
+    http_429s: int = 0
     in_flight: int = 0
     retrying: int = 0
     abandoned: int = 0

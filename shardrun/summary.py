@@ -50,6 +50,7 @@ class RunSummary:
     # 429s of the server's rate limit, each holding its item, and the pace the shards learned
     # of that limit (requests a second, summed over the shards that learned one; None: none).
     limited_429s: int = 0
+    http_429s: int = 0  # attempts answered 429, held or not
     paced_rps: float | None = None
     paced_tps: float | None = None  # tokens a second, where a 429 on tokens taught a pace
     paced_seeded: bool = False  # every pace as the server's 429 stated it, none cut
@@ -134,7 +135,7 @@ class RunSummary:
                  for k in ("completion_tokens", "attempts", "retries", "budget_exhausted",
                            "prompt_tokens", "wasted_tokens", "cached_tokens",
                            "reasoning_tokens", "estimated_ok", "refusals", "rate_waits",
-                           "rate_wait_ms", "limited_429s")}  # fmt: skip
+                           "rate_wait_ms", "limited_429s", "http_429s")}  # fmt: skip
         paced_rps, paced_tps, paced_seeded = summed_paces(reports)
         return cls(
             run_dir=run_dir,
@@ -155,7 +156,7 @@ class RunSummary:
             refusals=total["refusals"],
             rate_waits=total["rate_waits"],
             rate_wait_s=total["rate_wait_ms"] / 1000,
-            limited_429s=total["limited_429s"],
+            limited_429s=total["limited_429s"], http_429s=total["http_429s"],
             paced_rps=paced_rps, paced_tps=paced_tps, paced_seeded=paced_seeded,
             completion_tokens=total["completion_tokens"],
             attempts=total["attempts"],
@@ -350,9 +351,10 @@ def _minute(m: int) -> str:
 
 
 def _answered_rpm(s: RunSummary) -> float | None:
-    """The requests the server answered (not with a held 429) a minute of wall time, on
-    average: at most its limit, where the pace the shards last cut to may be above it."""
-    return (s.attempts - s.limited_429s) * 60 / s.wall_s if s.wall_s > 0 else None
+    """The requests the server answered (not with a 429, held or not, as `report` counts its
+    answered_rpm) a minute of wall time, on average: at most its limit, where the pace the
+    shards last cut to may be above it."""
+    return (s.attempts - s.http_429s) * 60 / s.wall_s if s.wall_s > 0 else None
 
 
 def _limit_text(s: RunSummary) -> str:

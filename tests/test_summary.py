@@ -451,3 +451,13 @@ def test_the_summary_says_the_server_limit_set_the_pace_by_the_reports_rule(
     assert ("the server's limit set the pace;" in line) is set_pace, line
     assert ("a few requests met the server's limit" in line) is not set_pace, line
     assert limit_set_pace(held, 100, pace is not None) is set_pace
+
+
+def test_the_summary_counts_answered_without_any_429_as_the_report_does() -> None:
+    """Of 100 attempts over 2 s, 30 answered 429, 10 of them held (the rest a quota's, one over
+    the whole limit, or ended by a stop): the summary's requests answered a minute leave out
+    all 30, as report's answered_rpm leaves out every attempt_end of status http_429; it said
+    90 answered, counting the 429s that held nothing."""
+    s = summary_of([{"attempts": 100, "limited_429s": 10, "http_429s": 30}], dead=0)
+    (line,) = [x for x in format_summary(s).splitlines() if "server rate limit" in x]
+    assert "10 429s held, 2,100 req/min answered on average" in line, line
