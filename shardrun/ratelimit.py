@@ -324,11 +324,11 @@ class RateLimiter:
         started) holds LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs
         no time), it is judged: where more than LEARN_SHARE of its requests (of their tokens,
         for a token pace) were 429s, the learned pace is cut to LEARN_CUT of what the shard
-        sent in it (at most of the learned
-        pace, which stands alone where the window was too short to say a pace), and every
-        request of the shard is paced by it from then on; either way a new window starts.
-        True when it cut (or seeded). The 429s of the requests sent at the old pace come back
-        together after a cut: only a window of the new pace can cut again."""
+        sent in it (at most of the learned pace, which stands alone where the window was too
+        short to say a pace), and every request of the shard is paced by it from then on;
+        either way a new window starts. True when it cut (or seeded). The 429s of the
+        requests sent at the old pace come back together after a cut: only a window of the new
+        pace can cut again."""
         now = self._clock()
         headers = headers or {}
         by_tokens = _says_tokens(headers, error, tokens)
