@@ -186,10 +186,7 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> RunLock:
     try:
         # The gate is a live pass's alone (shards do not inherit it): a user who started a
         # resume or `retry-failed` on a run still going is told so, not of earlier processes.
-        told = _take(gate, run_path, deadline, told=False,
-                     waiting=f"run {run_path.name} has a pass in progress: waiting for it to "
-                             f"end, {wait_s:g} s at the most (Ctrl-C stops the wait, with nothing "
-                             "sent)")
+        told = _take(gate, run_path, deadline, told=False, waiting=_in_progress(run_path, wait_s))
         held = open(run_path / ".lock", "ab")  # noqa: SIM115 - held for the life of the pass
         try:
             _take(held, run_path, deadline, told=told,
@@ -202,6 +199,29 @@ def lock_run(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> RunLock:
         raise
     fcntl.flock(held, fcntl.LOCK_SH)
     return RunLock(gate, held)
+
+
+def _in_progress(run_path: Path, wait_s: float) -> str:
+    return (f"run {run_path.name} has a pass in progress: waiting for it to end, {wait_s:g} s "
+            "at the most (Ctrl-C stops the wait, with nothing sent)")
+
+
+def await_first_pass(run_path: Path, *, wait_s: float = LOCK_WAIT_S) -> None:
+    """Wait for the first pass of a run that holds its gate but has not written its manifest
+    yet (its first instant), as `lock_run` waits for a pass whose manifest exists: a resume or
+    `retry-failed` started then would else call the run no run at all. Once it ends, its
+    manifest is there, or it was stopped first and the directory is gone or never begun."""
+    if (run_path / "manifest.json").exists() or not pass_lives(run_path):
+        return
+    try:
+        # Read-only: opening to write would make the gate again in a directory that a first
+        # pass stopped before its manifest is removing.
+        gate = open(run_path / PASS_LOCK, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return  # removed meanwhile: the caller says there is no run there
+    with gate:
+        _take(gate, run_path, time.monotonic() + wait_s, told=False,
+              waiting=_in_progress(run_path, wait_s))
 
 
 def _take(handle: IO[bytes], run_path: Path, deadline: float, *, told: bool,
@@ -304,6 +324,7 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
                   f"{latest.name}, the newest before it; remove {begun[-1]}", file=sys.stderr)
         return latest
     path = runs_dir / ref
+    await_first_pass(path)
     if not (path / "manifest.json").is_file():
         # By start, as `latest` orders them: a name given with --run-id says nothing of when.
         newest = sorted(runs, key=lambda p: (_started(p), p.name))[-5:]

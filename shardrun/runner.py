@@ -714,6 +714,7 @@ def check_strictly(reader: InputReader) -> None:
 def job_of_run(run_path: Path, given: Path | None = None) -> tuple[Path, Path]:
     """The job file and runs directory of an existing run (for `retry-failed RUN_DIR`): the
     file the newest pass ran, or `given` (`--job`) in its place."""
+    resume.await_first_pass(run_path)
     manifest = read_manifest(run_path)
     if given is not None:
         return given, run_path.parent

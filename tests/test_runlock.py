@@ -88,12 +88,12 @@ lock.close()  # then lets go of the run
 
 
 @contextmanager
-def _holding(script: str, run: Path) -> Iterator[subprocess.Popen[str]]:
-    """`script` (SHARE, GAP or END) as a real process on `run`, from the moment it says it
+def _holding(script: str, run: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`script` (SHARE, GAP, END or FIRST) as a real process on `run`, from the moment it says it
     holds what it takes; on the way out its standard input is closed, for it to let go and
     end, and it must end well (30 s at the most)."""
-    holder = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", script, str(run), *args],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         yield holder
@@ -330,3 +330,55 @@ def test_retry_failed_on_a_run_in_progress_says_at_once_that_it_waits_for_that_p
         for proc in (retry, first):
             if proc is not None:
                 end_run(proc)
+
+
+FIRST = """
+import shutil
+import sys
+from pathlib import Path
+
+from shardrun.manifest import RunDir
+from shardrun.resume import lock_run
+run = RunDir.create(Path(sys.argv[1]), sys.argv[2]).path
+lock = lock_run(run)  # as a first pass does, before it writes the manifest
+print("held", flush=True)
+sys.stdin.read()
+shutil.rmtree(run)  # as a first pass stopped before its manifest leaves it: removed
+lock.close()
+"""
+
+
+@pytest.mark.parametrize("way", ["retry-failed", "--resume"])
+def test_a_pass_started_in_a_runs_first_instant_waits_for_its_first_pass(
+    tmp_path: Path, way: str,
+) -> None:
+    """`retry-failed RUN` or `--resume RUN` while RUN's first pass holds the run but has not yet
+    written its manifest (a real process holds the gate there) waits for that pass, as it does
+    once the manifest exists, instead of saying RUN is no run; the pass ended, removing the
+    directory, the run is then no run, said in one line."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    command = [sys.executable, "-m", "shardrun"]
+    command += (["retry-failed", "runs/r1", "--job", "job.yaml"] if way == "retry-failed"
+                else ["job.yaml", "--runs-dir", "runs", "--resume", "r1"])
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    with _holding(FIRST, runs, "r1") as first:
+        assert not (runs / "r1" / "manifest.json").exists() and resume.pass_lives(runs / "r1")
+        late = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert late.stderr is not None
+            said = _first_line(late.stderr, late, KILL_GUARD_S)
+            assert said == ("run r1 has a pass in progress: waiting for it to end, 60 s at the "
+                            "most (Ctrl-C stops the wait, with nothing sent)\n")
+            assert late.poll() is None and first.poll() is None
+        except BaseException:
+            end_run(late)
+            raise
+    _, rest = late.communicate(timeout=KILL_GUARD_S)
+    assert late.returncode != 0
+    assert rest.count("\n") == 1 and "Traceback" not in rest, rest
+    assert ("runs/r1 is not a run directory: nothing is there" in rest
+            if way == "retry-failed" else "--resume r1: no run 'r1' in runs" in rest), rest
