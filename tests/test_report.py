@@ -636,6 +636,28 @@ def test_a_few_held_429s_and_no_pace_are_no_finding_that_the_limit_set_the_pace(
     assert ids() == []
 
 
+def test_a_dominant_t_retry_of_a_few_holds_takes_the_touched_findings_advice(
+        limited_run: tuple[Path, str]) -> None:
+    """A dominant t_retry made mostly of rate-limit holds takes the advice of the finding the
+    holds earn: "set rate_limits near answered_rpm" only where the limit set the pace, and the
+    touched finding's "nothing needed" where they were below SERVER_LIMIT_SHARE, no pace
+    learned: the report must not advise in its bucket what its finding calls needless."""
+    doc, _ = load_report(limited_run[0])
+    att, limit = doc["attempts"], doc["attempts"]["server_limit"]
+    att |= {"started": 1000, "retry_causes": {"http_429": 3, "timeout": 1}}
+    limit |= {"pace_cuts": 0, "pace_seeds": 0, "held_retries": 3, "held_items": 3}
+    doc["latency"]["bucket_share"] = {b: 0.9 if b == "t_retry" else 0.01 for b in BUCKETS}
+    triage = triage_section(doc)
+    assert [f["id"] for f in triage["findings"] if f["id"].startswith("server_rate_limit")] == [
+        "server_rate_limit_touched"]
+    top = triage["dominant_bucket"]
+    assert (top["bucket"], top["meaning"], top["control"]) == (
+        "t_retry", *TABLE["server_rate_limit_touched"])
+    limit["pace_seeds"] = 1  # a pace learned: the limit set it, whatever the holds' share
+    top = triage_section(doc)["dominant_bucket"]
+    assert (top["meaning"], top["control"]) == TABLE["server_rate_limit"]
+
+
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
     """A run the server never refused with 429: no finding, no line in the summary."""
     doc, _ = load_report(real_run)

@@ -312,8 +312,10 @@ def triage_section(doc: dict[str, Any]) -> dict[str, Any]:
     if top is not None and top["bucket"] == "t_retry" and (
             att["server_limit"]["held_retries"] > sum(own_retries(att).values())):
         # Most retries were the server's rate-limit holds: no timeout to fix, its limit's
-        # advice instead.
-        top["meaning"], top["control"] = TABLE["server_rate_limit"]
+        # advice instead, the finding's own (held_retries > 0, so there is one): holds too few
+        # to have set the pace (`limit_set_pace`) are no reason to set a rate limit.
+        (limit,) = [f["id"] for f in findings if f["id"].startswith("server_rate_limit")]
+        top["meaning"], top["control"] = TABLE[limit]
     return {
         "dominant_bucket": top,
         "signatures": [ttft_tail(doc["latency"]), idle_gaps(doc["scheduler"])],
