@@ -52,12 +52,13 @@ class UsageParser(argparse.ArgumentParser):
         self._given = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
-    def error(self, message: str) -> NoReturn:
+    def error(self, message: str, *, then: str = "") -> NoReturn:
+        """`then`: a clause after the message, its flags not read as unknown ones."""
         if message.startswith("the following arguments are required"):
             unknown = self._unknown_options()
             if unknown:  # `shardrun --bogus`: the flag is the mistake, not a missing JOB.yaml
                 message = f"unrecognized arguments: {' '.join(unknown)}"
-        message = with_close_flags(flag_sentence(message), self)
+        message = with_close_flags(flag_sentence(message), self) + then
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
 
@@ -146,7 +147,7 @@ def _add_progress_flags(command: argparse.ArgumentParser) -> None:
                          help="seconds between status lines when not on a terminal (default 10)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> UsageParser:
     parser = UsageParser(
         prog="shardrun",
         description="Run bulk LLM generation across sharded worker processes.",
@@ -232,9 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `shardrun job.yaml validate`: the other command of a job file came after it.
         order = ("" if "validate" not in extra or args.command != "run" else
                  "; a command goes before the job file: "
-                 f"`{_validate_instead(args_list, args.command_parser)}`")
-        getattr(args, "command_parser", parser).error(
-            f"unrecognized arguments: {' '.join(extra)}{order}")
+                 f"{_validate_instead(args_list, args.command_parser, parser)}")
+        # A UsageParser too: subparsers inherit the class (its `then` keeps the hint apart).
+        blamed: UsageParser = getattr(args, "command_parser", parser)
+        blamed.error(f"unrecognized arguments: {' '.join(extra)}", then=order)
     if args.command is None:
         parser.print_help()
         return 2
@@ -295,16 +297,39 @@ def _check_run_flags(args: argparse.Namespace) -> None:
                         "an existing one: give one of them")
 
 
-def _validate_instead(args_list: list[str], run: argparse.ArgumentParser) -> str:
+def _validate_instead(args_list: list[str], run: argparse.ArgumentParser,
+                      parser: argparse.ArgumentParser) -> str:
     """`shardrun job.yaml validate --ping` as the command meant, to paste as is: every word
-    given (`--ping` and any other flag) kept in its order, `validate` moved to the front."""
+    given (`--ping` and any other flag) kept in its order, `validate` moved to the front, but
+    for the run's own flags `validate` refuses (`--limit 5`), which are named as left out."""
     words = args_list[1:]  # without `run`, given or put in front of the job file by `main`
-    # The `validate` argparse left over, not a flag's value (`--runs-dir validate`).
     takes_value = {flag for action in run._actions if action.nargs != 0
                    for flag in action.option_strings}
+    # The `validate` argparse left over, not a flag's value (`--runs-dir validate`).
     del words[next(at for at, word in enumerate(words)
                    if word == "validate" and (at == 0 or words[at - 1] not in takes_value))]
-    return shlex.join(["shardrun", "validate", *words])
+    validate = next(action for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction)).choices["validate"]
+    run_only = ({flag for action in run._actions for flag in action.option_strings}
+                - set(validate._option_string_actions))
+    kept: list[str] = []
+    dropped: list[str] = []
+    at = 0
+    while at < len(words):
+        flag, joined, _ = words[at].partition("=")
+        # A flag's value is kept or left out with it (`--runs-dir --limit` keeps both).
+        step = 2 if flag in takes_value and not joined else 1
+        if flag in run_only:
+            dropped.append(flag)
+        else:
+            kept.extend(words[at:at + step])
+        at += step
+    command = f"`{shlex.join(['shardrun', 'validate', *kept])}`"
+    if not dropped:
+        return command
+    *most, last = dict.fromkeys(dropped)
+    which = f"{', '.join(most)} and {last}" if most else last
+    return f"{command}, leaving out {which}, which only a run takes"
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -489,6 +489,32 @@ def test_a_long_option_is_taken_only_in_full(
     assert len(list(tmp_path.iterdir())) == 1  # the job file alone: nothing made
 
 
+@pytest.mark.parametrize(("argv", "kept", "left_out"), [
+    (["job.yaml", "--limit", "5", "validate"], "job.yaml", "--limit"),
+    (["--runs-dir", "r", "--limit=5", "job.yaml", "--run-id", "x", "validate", "--ping",
+      "--resume", "latest", "--retry-failed", "--limit", "2"], "--runs-dir r job.yaml --ping",
+     "--limit, --run-id, --resume and --retry-failed"),
+])  # fmt: skip
+def test_validate_after_the_job_file_suggests_a_command_validate_takes(
+    tmp_path: Path, argv: list[str], kept: str, left_out: str
+) -> None:
+    """`shardrun job.yaml --limit 5 validate`: the command suggested leaves out, with their
+    values, the flags only a run takes (`validate` refuses them, so pasted as it was it failed
+    too), says which it left out, and keeps every other word; pasted, it validates."""
+    write_job(tmp_path / "job.yaml")
+    write_input(tmp_path / "input.jsonl", 2)
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    said = re.search(r"a command goes before the job file: `([^`]*)`, leaving out (.*), which "
+                     r"only a run takes \(", proc.stderr)
+    assert said is not None and said[2] == left_out, proc.stderr
+    words = shlex.split(said[1])
+    assert words == ["shardrun", "validate", *kept.split()]
+    pasted = run_cli(*words[1:], cwd=tmp_path)
+    assert pasted.returncode == 0, pasted.stderr
+    assert "unrecognized" not in pasted.stderr
+
+
 @pytest.mark.parametrize(("words", "meant"), [
     ("--re", "--re; did you mean --resume or --retry-failed?"),  # a prefix of two: both
     ("--resum=x", "--resum=x; did you mean --resume?"),
