@@ -221,7 +221,7 @@ class Shard:
         elif kind == protocol.RATE:
             if self.limiter.set_share(message.get("rpm"), message.get("tpm"),
                                       message.get("live")):
-                self._paced(self.clock.now())  # a seeded pace re-split over the shards now
+                self._paced(self.clock.now(), resplit=True)  # re-split over the shards now
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.halted.set()
@@ -556,8 +556,10 @@ class Shard:
             self.counters.retrying -= 1
         return True
 
-    def _paced(self, now: float) -> None:
-        """Log the limiter's learned paces (`rate_learned`) and keep them for the reports."""
+    def _paced(self, now: float, *, resplit: bool = False) -> None:
+        """Log the limiter's learned paces (`rate_learned`) and keep them for the reports;
+        `resplit`: a seeded pace raised to the share of the shards left, no pace learned anew
+        (marked on the line, so that `report` counts no seed or cut for it)."""
         lim = self.limiter
         self.paced_rps = None if lim.learned is None else round(lim.learned, 4)
         self.paced_tps = None if lim.learned_tokens is None else round(lim.learned_tokens, 2)
@@ -566,6 +568,8 @@ class Shard:
                                                     ("tps", self.paced_tps)) if v is not None}
         if lim.seeded:
             fields["seeded"] = True
+        if resplit:
+            fields["resplit"] = True
         self.log.emit(events.RATE_LEARNED, t=now, **fields)
 
     def _limit_answered(self, span: Span) -> None:

@@ -139,8 +139,9 @@ def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str
     """Every `every`-th failed attempt made a 429, as a shard logs it: the attempt_end's status
     and a retry of cause http_429; two of three such retries held for the server's rate limit
     (`rate_limited`, then a `rate_learned` line, its pace now a float, now an integer, of
-    requests, of tokens or both, set from a stated limit or cut), the third retried on a
-    backoff as before holds were (no hold)."""
+    requests, of tokens or both, set from a stated limit or cut, or a re-split of either over
+    the shards left, `resplit`), the third retried on a backoff as before holds were (no
+    hold)."""
     out: list[dict[str, Any]] = []
     failed = 0
     refused: dict[tuple[str, int], bool] = {}  # (span, attempt) answered 429: held?
@@ -158,7 +159,9 @@ def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str
                 out.append({**rec, "cause": "http_429", "why": "rate_limited"})
                 pace = failed if failed % 2 else round(rec["t"] % 7 + 0.25, 4)
                 kinds = ({"rps": pace}, {"tps": pace * 100}, {"rps": pace, "tps": 3 * pace,
-                         "seeded": True}, {"tps": pace, "seeded": True})  # fmt: skip
+                         "seeded": True}, {"tps": pace, "seeded": True},
+                         {"rps": pace, "seeded": True, "resplit": True},
+                         {"tps": pace, "resplit": True})  # fmt: skip
                 rec = ev("rate_learned", rec["t"], **kinds[len(out) % len(kinds)])
         out.append(rec)
     return out
@@ -178,8 +181,9 @@ def test_generated_logs(log: tuple[int, list[tuple[Any, ...]]], minutes_only: bo
 def test_limit_holds_are_counted_once_per_item_by_both_folds(tmp_path: Path) -> None:
     """The generator above makes what the folds must count: items held more than once, 429s
     retried without a hold (an older log's, no hold), and paces learned, the last of which
-    stands."""
-    failures = [[(0.1, 0.1), (0.2, 0.1), (0.3, 0.1)], [(0.4, 0.1)], [(0.5, 0.1), (0.6, 0.1)], []]
+    stands; a re-split sets the pace but is counted as no seed or cut."""
+    failures = [[(0.1, 0.1), (0.2, 0.1), (0.3, 0.1)], [(0.4, 0.1)], [(0.5, 0.1), (0.6, 0.1)], [],
+                [(0.7, 0.1), (0.8, 0.1)], [(0.9, 0.1), (1.0, 0.1), (1.1, 0.1)]]
     records, _ = simulate(2, [(0.1, f, 0.01, True, 0.1, 0.2, 0.01, 5, False) for f in failures])
     path = tmp_path / "shard-00.jsonl"
     held = with_limit_holds(to_new_layout(records), 1)
@@ -187,16 +191,18 @@ def test_limit_holds_are_counted_once_per_item_by_both_folds(tmp_path: Path) -> 
     holds = [r for r in held if r["ev"] == "retry" and r.get("why") == "rate_limited"]
     spans = {r["span"] for r in holds}
     paces = [r for r in held if r["ev"] == "rate_learned"]
-    seeds = sum(bool(r.get("seeded")) for r in paces)
+    learned = [r for r in paces if not r.get("resplit")]
+    seeds = sum(bool(r.get("seeded")) for r in learned)
     unheld = sum(r["ev"] == "retry" and r.get("why") != "rate_limited" for r in held)
     assert len(holds) > len(spans) > 0 and unheld > 0 and len(paces) == len(holds)  # premise
-    assert 0 < seeds < len(paces) and any("rps" not in r for r in paces)  # premise
+    assert 0 < seeds < len(learned) < len(paces) and any("rps" not in r for r in paces)
+    assert {bool(r.get("seeded")) for r in paces if r.get("resplit")} == {True, False}
     assert all(r["cause"] == "http_429" for r in held if r["ev"] == "retry")
     last = paces[-1]
     for fold in (python_fold, c_fold):
         got = fold(path, False, False, cap=2)[1]
         assert (got.held_retries, got.limited_spans, got.learned_cuts, got.learned_seeds) == (
-            len(holds), len(spans), len(holds) - seeds, seeds), fold.__name__
+            len(holds), len(spans), len(learned) - seeds, seeds), fold.__name__
         assert (got.learned_rps, got.learned_tps, got.learned_seeded) == (
             last.get("rps"), last.get("tps"), bool(last.get("seeded"))), fold.__name__
         assert got.retries == {"http_429": len(holds) + unheld}, fold.__name__

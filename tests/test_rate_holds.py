@@ -207,9 +207,16 @@ def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: P
     """Seeded at a quarter of the stated 600 requests a minute (4 shards), the shard is told
     two are left (the coordinator's RATE message carries `live`, with or without job limits):
     its pace is half the limit, and it says so as its reports' pace (`_paced`, which logs it
-    as a `rate_learned` line too)."""
+    as a `rate_learned` line too, marked `resplit`: `report` counts it as no seed of its own)."""
     shard, _ = _run_one(tmp_path, [PACE], headers={"x-ratelimit-limit-requests": "600"},
                         shard_count=4)
     assert shard.limiter.learned == pytest.approx(2.5 + LEARN_GROW)
+    logged: list[dict[str, Any]] = [  # the seed, in the log the shard closed
+        rec for rec in map(orjson.loads, (tmp_path / "events" / "shard-00.jsonl").read_bytes()
+                           .splitlines()) if rec["ev"] == "rate_learned"]
+    shard.log.emit = lambda ev, /, **fields: logged.append({"ev": ev, **fields})  # type: ignore
     shard.on_message({"t": protocol.RATE, "rpm": None, "tpm": None, "live": 2})
     assert shard.limiter.learned == pytest.approx(5.0) and shard.paced_rps == 5.0
+    assert [(rec["ev"], rec["rps"], rec["seeded"], rec.get("resplit")) for rec in logged] == [
+        ("rate_learned", 2.5, True, None),  # its share of the stated 600 a minute
+        ("rate_learned", 5.0, True, True)]

@@ -51,7 +51,8 @@ enum {
     K_EV, K_T, K_SPAN, K_PROMPT_CHARS, K_ATTEMPT, K_STATUS, K_WASTED, K_PROMPT_TOKENS,
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
-    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, K_TPS, K_SEEDED, N_KEYS
+    K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, K_TPS, K_SEEDED, K_RESPLIT,
+    N_KEYS
 };
 
 
@@ -91,6 +92,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
     case 7:
         if (memcmp(p, "attempt", 7) == 0) return K_ATTEMPT;
         if (memcmp(p, "outcome", 7) == 0) return K_OUTCOME;
+        if (memcmp(p, "resplit", 7) == 0) return K_RESPLIT;
         return -1;
     case 8:
         if (memcmp(p, "itl_hist", 8) == 0) return K_ITL_HIST;
@@ -1230,17 +1232,21 @@ static int ev_retry(Fold *s, Val *v) {
 
 static int ev_rate_learned(Fold *s, Val *v) {
     /* ShardFold._rate_learned: a pace of requests (`rps`), of tokens (`tps`) or both; a line
-     * with neither is ignored, one whose values are of another type is the reference's */
-    Val *rps = &v[K_RPS], *tps = &v[K_TPS], *seeded = &v[K_SEEDED];
+     * with neither is ignored, one whose values are of another type is the reference's; a
+     * re-split (`resplit`) sets the pace but counts as no seed or cut */
+    Val *rps = &v[K_RPS], *tps = &v[K_TPS], *seeded = &v[K_SEEDED], *resplit = &v[K_RESPLIT];
     NEED(IS_NUM(*rps) || !PRESENT(*rps));
     NEED(IS_NUM(*tps) || !PRESENT(*tps));
     NEED(seeded->type == V_TRUE || seeded->type == V_FALSE || !PRESENT(*seeded));
+    NEED(resplit->type == V_TRUE || resplit->type == V_FALSE || !PRESENT(*resplit));
     if (!IS_NUM(*rps) && !IS_NUM(*tps)) return 1;
     s->learned_seeded = seeded->type == V_TRUE;
-    if (s->learned_seeded)
-        s->learned_seeds++;
-    else
-        s->learned_cuts++;
+    if (resplit->type != V_TRUE) {
+        if (s->learned_seeded)
+            s->learned_seeds++;
+        else
+            s->learned_cuts++;
+    }
     s->has_learned = IS_NUM(*rps);
     s->learned_rps = s->has_learned ? rps->d : 0.0;
     s->has_tps = IS_NUM(*tps);
