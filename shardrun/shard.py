@@ -558,8 +558,9 @@ class Shard:
 
     def _paced(self, now: float, *, resplit: bool = False) -> None:
         """Log the limiter's learned paces (`rate_learned`) and keep them for the reports;
-        `resplit`: a seeded pace raised to the share of the shards left, no pace learned anew
-        (marked on the line, so that `report` counts no seed or cut for it)."""
+        `resplit`: a seeded pace re-split to its share of the shards now live, raised as they
+        end or lowered as one joins, no pace learned anew (marked on the line, so that
+        `report` counts no seed or cut for it)."""
         lim = self.limiter
         self.paced_rps = None if lim.learned is None else round(lim.learned, 4)
         self.paced_tps = None if lim.learned_tokens is None else round(lim.learned_tokens, 2)

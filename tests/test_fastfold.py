@@ -140,7 +140,7 @@ def with_limit_holds(records: list[dict[str, Any]], every: int) -> list[dict[str
     and a retry of cause http_429; two of three such retries held for the server's rate limit
     (`rate_limited`, then a `rate_learned` line, its pace now a float, now an integer, of
     requests, of tokens or both, set from a stated limit or cut, or a re-split of either over
-    the shards left, `resplit`), the third retried on a backoff as before holds were (no
+    the shards now live, `resplit`), the third retried on a backoff as before holds were (no
     hold)."""
     out: list[dict[str, Any]] = []
     failed = 0

@@ -231,8 +231,9 @@ class ShardFold:
     def _rate_learned(self, rec: Record, raw: bytes) -> None:
         """The shard set the pace it learned of the server's limit: `rps` requests and `tps`
         tokens a second (either may be absent), from the limit a 429 stated (`seeded`) or cut.
-        A line with neither is ignored; one that re-split a seeded pace over the shards left
-        (`resplit`) sets the pace but is no seed or cut of its own."""
+        A line with neither is ignored; one that re-split a seeded pace over the shards now
+        live (`resplit`: fewer, or a replacement joined) sets the pace but is no seed or cut of
+        its own."""
         rps, tps = _number(rec.get("rps")), _number(rec.get("tps"))
         if rps is None and tps is None:
             return
