@@ -632,6 +632,13 @@ def test_a_seeded_pace_is_lowered_again_when_a_replacement_shard_joins() -> None
     low.limited(sent=1, headers=stated)
     low.learned = 1.0  # below a third's share (as a cut would leave it, but still seeded)
     assert not low.set_share(None, None, live=3) and low.learned == 1.0
+    cut = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    cut.limited(sent=1, headers=stated)
+    t.now += 2.0
+    assert any([cut.limited(sent, headers=stated) for sent in range(2, 22)])
+    assert not cut.seeded
+    cut.learned = 9.0  # grown well past a third's share since its cut: the server's, kept
+    assert not cut.set_share(None, None, live=3) and cut.learned == 9.0
 
 
 @pytest.mark.parametrize("api", ["chat", "completions", "responses"])
