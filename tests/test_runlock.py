@@ -364,20 +364,23 @@ def test_a_pass_started_in_a_runs_first_instant_waits_for_its_first_pass(
     command += (["retry-failed", "runs/r1", "--job", "job.yaml"] if way == "retry-failed"
                 else ["job.yaml", "--runs-dir", "runs", "--resume", "r1"])
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
-    with _holding(FIRST, runs, "r1") as first:
-        assert not (runs / "r1" / "manifest.json").exists() and resume.pass_lives(runs / "r1")
-        late = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
+    late: subprocess.Popen[str] | None = None
+    try:  # `late` ended on every way out: a failed wait, or a holder that did not end well
+        with _holding(FIRST, runs, "r1") as first:
+            assert not (runs / "r1" / "manifest.json").exists()
+            assert resume.pass_lives(runs / "r1")
+            late = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)
             assert late.stderr is not None
             said = _first_line(late.stderr, late, KILL_GUARD_S)
             assert said == ("run r1 has a pass in progress: waiting for it to end, 60 s at the "
                             "most (Ctrl-C stops the wait, with nothing sent)\n")
             assert late.poll() is None and first.poll() is None
-        except BaseException:
+        _, rest = late.communicate(timeout=KILL_GUARD_S)
+    finally:
+        if late is not None:
             end_run(late)
-            raise
-    _, rest = late.communicate(timeout=KILL_GUARD_S)
     assert late.returncode != 0
     assert rest.count("\n") == 1 and "Traceback" not in rest, rest
     assert ("runs/r1 is not a run directory: nothing is there" in rest
