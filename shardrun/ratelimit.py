@@ -201,9 +201,10 @@ class RateLimiter:
         self.learned_tokens: float | None = None
         self.learning = False  # either is learned: each success grows it (`grew`)
         # The server's stated limits the paces were seeded from, a second for the whole key
-        # (by the name of the pace: "learned", "learned_tokens"), re-split by `set_share`
-        # until a cut of that pace says the server allows less (`seeded`).
-        self._stated: dict[str, float] = {}
+        # (by the name of the pace: "learned", "learned_tokens"), with the slowest pace a seed
+        # may take (`_share`'s floor), re-split by `set_share` until a cut of that pace says
+        # the server allows less (`seeded`).
+        self._stated: dict[str, tuple[float, float]] = {}
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
@@ -285,8 +286,10 @@ class RateLimiter:
         resplit = False
         if live is not None and live != self._shards:
             fewer, self._shards = live < self._shards, max(1, live)
-            for kind, stated in self._stated.items():
-                share, pace = stated / self._shards, getattr(self, kind)
+            for kind, (stated, floor) in self._stated.items():
+                # Never below the seed's own floor: a limit stated below a request a minute a
+                # shard leaves each shard that one request, however many join.
+                share, pace = max(floor, stated / self._shards), getattr(self, kind)
                 if share > pace if fewer else share < pace:
                     setattr(self, kind, share)
                     resplit = True
@@ -391,7 +394,7 @@ class RateLimiter:
         per_minute = _number(limit)
         if per_minute is None or not 0 < per_minute < math.inf:
             return None
-        self._stated[kind] = per_minute / 60.0
+        self._stated[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit
         return max(LEARN_MIN_PER_S * unit, per_minute / 60.0 / self._shards)
 
     def grew(self, tokens: int = 0) -> None:

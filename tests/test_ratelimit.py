@@ -641,6 +641,19 @@ def test_a_seeded_pace_is_lowered_again_when_a_replacement_shard_joins() -> None
     assert not cut.set_share(None, None, live=3) and cut.learned == 9.0
 
 
+def test_a_seeded_pace_is_never_lowered_below_a_request_a_minute() -> None:
+    """A stated limit of 3 requests a minute over 4 shards seeds each at the floor, a request a
+    minute (LEARN_MIN_PER_S), as a seed never goes below it; a fifth shard joining leaves it
+    there rather than at 0.6 a minute; shards ending still raise it above the floor."""
+    t, floor = FakeTime(), pytest.approx(ratelimit.LEARN_MIN_PER_S)
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers={"x-ratelimit-limit-requests": "3"})
+    assert lim.learned == floor
+    assert not lim.set_share(None, None, live=5) and lim.learned == floor
+    assert lim.set_share(None, None, live=2) and lim.learned == pytest.approx(1.5 / 60)
+    assert lim.set_share(None, None, live=5) and lim.learned == floor
+
+
 @pytest.mark.parametrize("api", ["chat", "completions", "responses"])
 @pytest.mark.parametrize(("item", "params"), [
     ({"prompt": "x"}, {"max_tokens": 32}),
