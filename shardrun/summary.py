@@ -247,6 +247,7 @@ class RunSummary:
             "estimated_successes": self.estimated_ok,
             "refusals": self.refusals, "cost": self.cost, "rate_waits": self.rate_waits,
             "rate_wait_s": round(self.rate_wait_s, 3), "limited_429s": self.limited_429s,
+            "http_429s": self.http_429s,  # what its req/min answered leaves out
             "paced_rps": None if self.paced_rps is None else round(self.paced_rps, 3),
             "paced_tps": None if self.paced_tps is None else round(self.paced_tps, 1),
             "paced_seeded": self.paced_seeded,

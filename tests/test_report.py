@@ -537,6 +537,7 @@ def test_a_server_rate_limit_is_a_finding_with_the_numbers_of_its_log(
     monkeypatch.setenv("SHARDRUN_FAST_FOLD", "0")
     assert _server_limit_finding(load_report(run)[0]) == found
     summary = orjson.loads((run / "manifest.json").read_bytes())["summary"]
+    assert summary["http_429s"] == refused  # every 429, held or not, as the log's
     said = re.search(r"^  server rate limit  ([\d,]+) 429s held, ([\d,]+) req/min answered on "
                      r"average, pace last cut to ([\d,]+) req/min \(", stdout, re.M)
     assert said is not None, stdout
