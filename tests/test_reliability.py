@@ -1129,7 +1129,10 @@ DIES_AFTER_WRITING = """
 import json, os, signal, sys
 config = json.loads(sys.stdin.readline())
 os.write(1, b'{"t": "want", "n": 16}\\n')
-items = json.loads(sys.stdin.readline())["items"]
+# The coordinator's other words (the live shard count, sent as shards start) come first.
+while "items" not in (message := json.loads(sys.stdin.readline())):
+    pass
+items = message["items"]
 spans = [f"0-{n}" for n in range(1, len(items) + 1)]
 # A retry is counted once sent and ended: none in the first report (each retry decided, not
 # sent), one in the second (the first item's second attempt).
