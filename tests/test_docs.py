@@ -8,6 +8,8 @@ ask the real parsers, so a name removed or renamed on either side fails here.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import dataclasses
 import json
 import re
@@ -370,6 +372,15 @@ def test_the_module_table_names_every_module_and_only_real_ones() -> None:
     assert real - named == set()
     sim = {p.name for p in (package / "sim").glob("*.py")}
     assert all((package / name).exists() or name in sim for name in named), named
+    # A subpackage's modules are named in its row (`_shard.py`) or in a row of their own
+    # (`aggregate/_fast.py`).
+    for folder in ("aggregate", "report", "sim"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{folder}/` |"))
+        cited = set(re.findall(r"`([\w.]+\.py)`", row))
+        cited |= set(re.findall(rf"`{folder}/([\w.]+\.py)`", table))
+        inside = {p.name for p in (package / folder).glob("*.py")} - {"__init__.py"}
+        assert inside - cited == set(), folder
+        assert cited <= inside | {"__init__.py"}, folder
 
 
 def test_the_job_files_the_readme_shows_load(tmp_path: Path) -> None:
@@ -387,6 +398,134 @@ def test_the_job_files_the_readme_shows_load(tmp_path: Path) -> None:
         loaded = load_job(path, env={"OPENAI_API_KEY": "k"}, flags={})
         assert loaded.spec.endpoint.model == job["endpoint"]["model"]
     assert n >= 5
+
+
+METRICS = (ROOT / "docs" / "METRICS.md").read_text()
+DESIGN_DOCS = {"ARCHITECTURE.md": ARCHITECTURE, "METRICS.md": METRICS}
+
+
+def test_every_source_file_the_design_docs_name_exists() -> None:
+    """A `shardrun/x.py`, `tests/x.py` or `scripts/x.py` in ARCHITECTURE or METRICS, a
+    subpackage's `report/_scan.py` and a bare `retry.py` in backticks, is a file of the
+    repository (PERFORMANCE keeps the names of files it measured and removed since)."""
+    everywhere = {p.name for d in ("shardrun", "tests", "scripts") for p in (ROOT / d).rglob("*")}
+    gone = []
+    for name, text in DESIGN_DOCS.items():
+        for path in re.findall(r"\b((?:shardrun|tests|scripts)/[\w/]+\.(?:py|c))\b", text):
+            gone += [] if (ROOT / path).exists() else [(name, path)]
+        for path in re.findall(r"(?<![\w/])((?:aggregate|report|sim)/\w+\.(?:py|c))\b", text):
+            gone += [] if (ROOT / "shardrun" / path).exists() else [(name, path)]
+        for file in re.findall(r"`(\w+\.(?:py|c))`", text):
+            gone += [] if file in everywhere else [(name, file)]
+    assert gone == []
+
+
+def emitted_events() -> set[str]:
+    """The event names the package writes: the first argument of every `.emit(NAME, ...)`
+    (`events.QUEUED` or `CHECKPOINT`), looked up in `event_names`."""
+    from shardrun import event_names
+
+    found = set()
+    for source in (ROOT / "shardrun").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "emit" and node.args):
+                continue
+            first = node.args[0]
+            const = first.attr if isinstance(first, ast.Attribute) else getattr(first, "id", "")
+            if const.isupper():  # the simulator's `emit(resp, frames, ...)` is no event
+                found.add(getattr(event_names, const))
+    return found
+
+
+def test_every_event_the_code_writes_is_named_and_documented() -> None:
+    """Each event an `emit` call writes is one of `event_names` and named in backticks in
+    ARCHITECTURE or METRICS; each current name of `event_names` is one some call writes (the
+    older layout's are read only)."""
+    emitted = emitted_events()
+    assert len(emitted) >= 15
+    assert emitted == ALL_EVENTS - LEGACY_ATTEMPT_EVENTS
+    both = ARCHITECTURE + METRICS
+    assert {ev for ev in emitted if f"`{ev}`" not in both} == set()
+
+
+def test_the_message_table_names_every_message_of_the_protocol() -> None:
+    """ARCHITECTURE's table of messages between coordinator and shard: a row per message type
+    `protocol` defines, and none for a type it does not."""
+    from shardrun import protocol
+
+    types = {v for k, v in vars(protocol).items() if k.isupper() and isinstance(v, str)}
+    start = ARCHITECTURE.index("| direction | `t` | fields | meaning |")
+    table = ARCHITECTURE[start:ARCHITECTURE.index("\n\n", start)]
+    rows = set(re.findall(r"^\| (?:coord|shard) → \w+ \| `(\w+)` \|", table, re.MULTILINE))
+    assert len(types) >= 10 and rows == types
+
+
+def test_the_variables_the_design_docs_name_are_ours() -> None:
+    """A `SHARDRUN_*` variable in ARCHITECTURE or METRICS is one the code reads (the README's
+    test holds the README and `--help` to the full list)."""
+    named = set(VAR.findall(ARCHITECTURE + METRICS))
+    assert named and named <= our_vars()
+
+
+def module_constants() -> dict[str, set[Any]]:
+    """Each module-level `NAME = number` of the package: name -> the values it has (two
+    modules may each have a `RECHECK_S`)."""
+    found: dict[str, set[Any]] = {}
+    for source in (ROOT / "shardrun").rglob("*.py"):
+        for node in ast.parse(source.read_text()).body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name):
+                values = found.setdefault(target.id, set())
+                with contextlib.suppress(ValueError):  # `64 * 1024`, a call: no figure
+                    value = ast.literal_eval(node.value)
+                    values |= {value} if isinstance(value, (int, float)) else set()
+    return found
+
+
+def figures_given(text: str) -> list[tuple[str, float]]:
+    """Constants the text gives with their value: "`SETTLE_LINES` (50,000)", "`LOOKAHEAD_MAX`,
+    4,096", "every 0.75 s (`LIST_PROBE_S`)"."""
+    flat = " ".join(text.split())
+    after = re.findall(r"`(_?[A-Z][A-Z0-9_]+)`(?:,| \()\s?(\d[\d,.]*\d|\d)", flat)
+    before = [(name, figure) for figure, name in
+              re.findall(r"(\d[\d,.]*\d|\d)(?: s)? \(`(_?[A-Z][A-Z0-9_]+)`", flat)]
+    return [(name, float(figure.replace(",", ""))) for name, figure in after + before]
+
+
+def test_the_constants_the_design_docs_quote_have_those_values() -> None:
+    """A constant the docs give with its figure exists and has that figure in the code."""
+    constants = module_constants()
+    given = [pair for text in DESIGN_DOCS.values() for pair in figures_given(text)]
+    assert len(given) >= 12
+    assert [(name, figure) for name, figure in given
+            if figure not in constants.get(name, set())] == []
+
+
+def section_names(text: str) -> list[str]:
+    """What a reference may point at: headings, bold and italic leads, a paragraph's lead
+    ("Pull-based hand-out: ...")."""
+    return [name.strip() for name in
+            re.findall(r"^#+ (.+)$", text, re.M) + re.findall(r"\*\*([^*]+?)\.?\*\*", text)
+            + re.findall(r"(?<!\*)\*([^*\n]+)\*(?!\*)", text)
+            + re.findall(r"^([A-Z][^:\n]{2,60}):", text, re.M)]
+
+
+def test_every_section_a_doc_points_to_is_there() -> None:
+    """`ARCHITECTURE.md, "Event log"` and the like, in any of the docs, name a section of that
+    page (a heading or a lead it starts with), not one renamed or gone."""
+    pages = {name: (ROOT / "docs" / name).read_text()
+             for name in ("ARCHITECTURE.md", "METRICS.md", "PERFORMANCE.md")}
+    pages["README.md"] = README
+    refs = [(name, page, section) for name, text in pages.items()
+            for page, section in re.findall(r"\b(ARCHITECTURE\.md|METRICS\.md|PERFORMANCE\.md"
+                                            r"|README\.md)\)?,? \"([^\"]+)\"",
+                                            " ".join(text.split()))]
+    assert len(refs) >= 10
+    assert [ref for ref in refs
+            if not any(s.startswith(ref[2]) for s in section_names(pages[ref[1]]))] == []
 
 
 def test_the_readme_prose_keeps_to_100_characters_a_line() -> None:
