@@ -8,6 +8,7 @@ from the run can name exactly the bytes it came from.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 
 MANIFEST_SCHEMA = 1
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+Held = TypeVar("Held", bound=_Closable | None)
 LATEST = "latest"  # `--resume latest`: the job's newest run, so no run may be named so
 VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
 
@@ -61,6 +67,15 @@ class RunDir:
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str) -> RunDir:
+        return cls.create_held(runs_dir, run_id, lambda _: None)[0]
+
+    @classmethod
+    def create_held(cls, runs_dir: Path, run_id: str,
+                    take: Callable[[Path], Held]) -> tuple[RunDir, Held]:  # fmt: skip
+        """Make the run's directory whole under a hidden name, `take` what a first pass holds
+        there (its gate), then give it the run's name: a resume or `retry-failed` of the run
+        started at any moment finds no directory, or one whose first pass holds it (and
+        waits for that pass), never one not held yet, which would read as no run."""
         if not RUN_ID_PATTERN.match(run_id):
             raise SpecError(
                 f"--run-id {run_id!r} is not a valid run id: use letters, digits, '.', '_' "
@@ -73,22 +88,31 @@ class RunDir:
         taken = SpecError(f"run directory {path} already exists; choose another --run-id")
         if path.exists():
             raise taken
+        # A dot first: no run id can be this name (RUN_ID_PATTERN), and no other process's.
+        staging = runs_dir / f".{run_id}.{os.getpid()}.new"
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
-            path.mkdir()  # not exist_ok: of two runs given one --run-id at once, one fails
-        except FileExistsError:
-            raise taken from None
+            staging.mkdir()
         except OSError as exc:
             raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
+        held: Held | None = None
         try:
             for sub in ("events", "results", "dead", "logs"):
-                (path / sub).mkdir()
+                (staging / sub).mkdir()
+            held = take(staging)
+            # Fails on a directory made meanwhile: of two runs given one --run-id at once, one
+            # fails (each renames a directory with files in it, which rename() never replaces).
+            os.rename(staging, path)
         except BaseException as exc:  # a stop or an error half-way leaves no half-made run
-            shutil.rmtree(path, ignore_errors=True)
+            if held is not None:
+                held.close()
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise taken from None
             if isinstance(exc, OSError):
                 raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
             raise
-        return cls(path, run_id)
+        return cls(path, run_id), held
 
     @classmethod
     def existing(cls, path: Path) -> RunDir:

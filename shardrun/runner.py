@@ -181,12 +181,13 @@ def run(
         if this.segment > 0 and not this.recorded:
             # Under the lock still: no other pass may be preparing.
             _undo_unrecorded(this.run_dir.path, this.segment)
-        this.lock.close()
         if not _leaves_a_run(this):
             # Stopped before the run began (an early Ctrl-C, a simulator that would not start):
             # there is nothing to keep, and a directory without a manifest is no run to
-            # resume or report on, yet would refuse its --run-id.
+            # resume or report on, yet would refuse its --run-id. Removed under the gate, so
+            # that no resume finds it there, not held, and calls it a run never begun.
             shutil.rmtree(this.run_dir.path, ignore_errors=True)
+        this.lock.close()
 
 
 def _no_simulator(exc: RunError, this: Pass) -> str:
@@ -273,7 +274,9 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                             "retry-failed RUN_DIR`)")
         check_runs_dir(job)  # in the words `validate` uses for it
         try:
-            run_dir = RunDir.create(job.runs_path, options.run_id or new_run_id())
+            # Its gate taken before the directory has its name (`RunDir.create_held`).
+            run_dir, lock = RunDir.create_held(job.runs_path, options.run_id or new_run_id(),
+                                               resume.lock_run)
         except SpecError as exc:
             source = job.sources.get("runs_dir", "default")
             if source == "default" or not str(exc).startswith("cannot create"):
@@ -281,7 +284,6 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             raise SpecError(f"{exc} (runs_dir from {source})") from None
         try:
             way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
-            lock = resume.lock_run(run_dir.path)
             # Made in here too: a stop in its making is one before `run` holds the pass.
             return Pass(run_dir, 0, DigestSet(), {}, lock, way_on=way_on,
                         way_on_retrying=retrying)
@@ -289,6 +291,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             # A stop (Ctrl-C, SIGTERM) or an error before `run` holds the pass: no run without
             # a manifest may be left behind (`run`'s own clean-up needs the pass it returns).
             shutil.rmtree(run_dir.path, ignore_errors=True)
+            lock.close()  # after: a resume waiting for it then finds no directory, no run
             raise
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)

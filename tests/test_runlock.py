@@ -339,9 +339,9 @@ from pathlib import Path
 
 from shardrun.manifest import RunDir
 from shardrun.resume import lock_run
-run = RunDir.create(Path(sys.argv[1]), sys.argv[2]).path
-lock = lock_run(run)  # as a first pass does, before it writes the manifest
-print("held", flush=True)
+made, lock = RunDir.create_held(Path(sys.argv[1]), sys.argv[2], lock_run)  # as a first pass
+run = made.path
+print("held", flush=True)  # and no manifest written yet
 sys.stdin.read()
 shutil.rmtree(run)  # as a first pass stopped before its manifest leaves it: removed
 lock.close()
@@ -385,3 +385,43 @@ def test_a_pass_started_in_a_runs_first_instant_waits_for_its_first_pass(
     assert rest.count("\n") == 1 and "Traceback" not in rest, rest
     assert ("runs/r1 is not a run directory: nothing is there" in rest
             if way == "retry-failed" else "--resume r1: no run 'r1' in runs" in rest), rest
+
+
+def test_a_new_runs_directory_is_never_there_without_its_gate_held(tmp_path: Path) -> None:
+    """From the moment a new run's directory has its name, its first pass holds its gate: a
+    resume or `retry-failed` of it started at any moment of its making waits for that pass
+    (`resume.await_first_pass`), where, in the moment between the directory's making and the
+    gate's taking, it said the run was no run. Checked at every audited operation (each file
+    opened, directory made, renamed...) of the pass's opening, by a second hold on the gate."""
+    from shardrun import runner
+    from shardrun.spec import load_job
+
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    run = tmp_path / "runs" / "r1"
+    ungated: list[str] = []  # the operations that found the directory there, not held
+    checking = {"on": False, "busy": False}
+
+    def check(event: str, _: tuple[object, ...]) -> None:
+        if not checking["on"] or checking["busy"]:
+            return
+        checking["busy"] = True  # the check's own opening of the gate is audited too
+        try:
+            if (run.exists() and not (run / "manifest.json").exists()
+                    and not resume.pass_lives(run)):
+                ungated.append(event)
+        finally:
+            checking["busy"] = False
+
+    sys.addaudithook(check)  # for good, off once this test is done
+    job = load_job(tmp_path / "job.yaml", env={}, flags={"runs_dir": str(tmp_path / "runs")})
+    checking["on"] = True
+    try:
+        this = runner._open_pass(job, runner.RunOptions(run_id="r1"))
+    finally:
+        checking["on"] = False
+    try:
+        assert resume.pass_lives(run)
+        assert ungated == []
+    finally:
+        this.lock.close()
