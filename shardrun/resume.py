@@ -298,13 +298,17 @@ def share_lock(run_path: Path) -> IO[bytes]:
     return handle
 
 
-def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
+def find_run(runs_dir: Path, ref: str, job_path: Path | None = None, *,
+             wait_s: float = LOCK_WAIT_S) -> Path:  # fmt: skip
     """The run directory named by `--resume`: a run id, or `latest`.
 
     `latest` is the newest run whose newest pass ran `job_path`, where one did: a runs
     directory shared by several jobs must not resume another job's run. Else the newest run
     of all (a job fixed in a new file resumes the run it fixes; the resume's checks and
-    warnings say what differs)."""
+    warnings say what differs). A run whose first pass is starting is waited for
+    (`_await_starting`): it is the newest, but whose it is only its manifest says."""
+    if ref == LATEST and runs_dir.is_dir():
+        _await_starting(runs_dir, wait_s)
     runs = [p for p in runs_dir.iterdir() if (p / "manifest.json").is_file()] if (
         runs_dir.is_dir()) else []
     elsewhere = ("; a run made in another runs directory is resumed with the --runs-dir (or "
@@ -332,6 +336,30 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None) -> Path:
         raise SpecError(f"--resume {ref}: no run {ref!r} in {runs_dir} (recent runs: {known})"
                         f"{elsewhere}")
     return path
+
+
+def _await_starting(runs_dir: Path, wait_s: float) -> None:
+    """Wait until no run in `runs_dir` is in its first instant: its first pass holds its gate
+    but has not written its manifest (it starts the simulator first, for sim://). Passed
+    over, the previous run would be resumed in its place; taken blind, another job's run
+    sharing the runs directory could be. A pass stopped then removes its directory, and one
+    killed lets go of its gate: neither is starting any longer."""
+    deadline = time.monotonic() + wait_s
+    told = False
+    # A dot-name is a run still being made (`RunDir.create_held`): it has no run id yet.
+    while starting := [p for p in runs_dir.iterdir() if not p.name.startswith(".")
+                       and not (p / "manifest.json").exists() and pass_lives(p)]:
+        name = starting[0].name
+        if time.monotonic() > deadline:
+            raise SpecError(f"--resume latest: run {name} in {runs_dir} has been starting for "
+                            f"{wait_s:g} s without writing its manifest, so whether it is "
+                            "this job's newest run is unknown; resume a run by its id, or try "
+                            "again once it has begun")
+        if not told:
+            print(f"run {name} is starting: waiting for its manifest, to tell whether it is "
+                  f"this job's newest run, {wait_s:g} s at the most", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(0.1)
 
 
 def _never_begun(runs_dir: Path) -> list[Path]:

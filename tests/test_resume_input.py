@@ -680,9 +680,11 @@ def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_beg
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only a directory left by a first pass killed before its manifest is said to be one
     (`test_reliability`'s kill -9): not a run with a manifest, however recent its directory's
-    change, nor one whose first pass is alive in it (holding its gate) and writing it now."""
+    change, nor one whose first pass is alive in it (holding its gate) and writing it now,
+    which is waited for (`test_runlock`), here in vain: said in one sentence."""
     import fcntl
 
+    from shardrun.errors import SpecError
     from shardrun.resume import PASS_LOCK, find_run
 
     runs = tmp_path / "runs"
@@ -697,8 +699,14 @@ def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_beg
     with open(runs / "starting" / PASS_LOCK, "ab") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)
         os.utime(runs / "starting", ns=(4 * 10**18, 4 * 10**18))
-        assert find_run(runs, "latest") == runs / "new"
-    assert capsys.readouterr().err == ""
+        with pytest.raises(SpecError, match=r"^--resume latest: run starting in .* has been "
+                           r"starting for 0.3 s without writing its manifest"):
+            find_run(runs, "latest", wait_s=0.3)
+    assert capsys.readouterr().err == ("run starting is starting: waiting for its manifest, to "
+                                       "tell whether it is this job's newest run, 0.3 s at the "
+                                       "most\n")
+    assert find_run(runs, "latest") == runs / "new"  # its pass gone: never begun, said so
+    assert "starting was stopped before its first pass began" in capsys.readouterr().err
 
 
 def _rejects_file_size_limit() -> None:

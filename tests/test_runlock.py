@@ -342,8 +342,14 @@ from shardrun.resume import lock_run
 made, lock = RunDir.create_held(Path(sys.argv[1]), sys.argv[2], lock_run)  # as a first pass
 run = made.path
 print("held", flush=True)  # and no manifest written yet
-sys.stdin.read()
-shutil.rmtree(run)  # as a first pass stopped before its manifest leaves it: removed
+if len(sys.argv) > 3:  # then the manifest the pass writes, once told to
+    sys.stdin.readline()
+    (run / "manifest.json").write_bytes(Path(sys.argv[3]).read_bytes())
+    print("begun", flush=True)
+    sys.stdin.read()
+else:
+    sys.stdin.read()
+    shutil.rmtree(run)  # as a first pass stopped before its manifest leaves it: removed
 lock.close()
 """
 
@@ -385,6 +391,50 @@ def test_a_pass_started_in_a_runs_first_instant_waits_for_its_first_pass(
     assert rest.count("\n") == 1 and "Traceback" not in rest, rest
     assert ("runs/r1 is not a run directory: nothing is there" in rest
             if way == "retry-failed" else "--resume r1: no run 'r1' in runs" in rest), rest
+
+
+def test_resume_latest_in_a_new_runs_first_instant_waits_for_it_and_resumes_it(
+    tmp_path: Path,
+) -> None:
+    """`--resume latest` while the job's newest run is in its first instant (a real process
+    holds its gate, no manifest written yet) waits for its manifest, then for its pass, and
+    resumes that run: it resumed the run before it, the only one with a manifest then."""
+    runs = tmp_path / "runs"
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    command = [sys.executable, "-m", "shardrun", "job.yaml", "--runs-dir", "runs"]
+    old = subprocess.run([*command, "--run-id", "r1", "--quiet"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert old.returncode == 0, old.stderr
+    # What the new run's first pass writes: r1's manifest, begun later, under r2's name.
+    manifest = orjson.loads((runs / "r1" / "manifest.json").read_bytes())
+    manifest.update(run_id="r2", started_at="2999-01-01T00:00:00.000Z")
+    (tmp_path / "r2.json").write_bytes(orjson.dumps(manifest))
+    late: subprocess.Popen[str] | None = None
+    try:
+        with _holding(FIRST, runs, "r2", str(tmp_path / "r2.json")) as first:
+            late = subprocess.Popen([*command, "--resume", "latest"], cwd=tmp_path, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+            assert late.stderr is not None and first.stdin is not None
+            assert _first_line(late.stderr, late, KILL_GUARD_S) == (
+                "run r2 is starting: waiting for its manifest, to tell whether it is this "
+                "job's newest run, 60 s at the most\n")
+            first.stdin.write("write it\n")
+            first.stdin.flush()
+            assert first.stdout is not None and first.stdout.readline() == "begun\n"
+            assert _first_line(late.stderr, late, KILL_GUARD_S) == (
+                "run r2 has a pass in progress: waiting for it to end, 60 s at the most "
+                "(Ctrl-C stops the wait, with nothing sent)\n")
+        _, rest = late.communicate(timeout=KILL_GUARD_S)
+    finally:
+        if late is not None:
+            end_run(late)
+    assert late.returncode == 0, rest
+    assert [p.name for p in (runs / "r1" / "results").glob("*.r1.jsonl")] == []
+    assert sum(1 for p in (runs / "r2" / "results").glob("*.r1.jsonl")
+               for _ in p.open()) == 3
 
 
 def test_a_new_runs_directory_is_never_there_without_its_gate_held(tmp_path: Path) -> None:
