@@ -318,8 +318,10 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
     and its last attempt are not in them. Earlier attempts of the same span may be: `tried` (the
     reports' changes to it applied up to this one) holds how many attempts each span still open
     then had ended (every one a failure; all but the first of them a retry), so that they are
-    not counted twice. What the lines do not hold (the tokens wasted by earlier attempts,
-    rate-limit waits) stays as reported.
+    not counted twice. A dead letter's attempts carry their status, so its unreported 429s
+    count too, or the req/min answered (attempts less 429s) would read high. What the lines do
+    not hold stays as reported: the tokens wasted by earlier attempts, rate-limit waits, and
+    which of a result's unreported failed attempts were 429s (its line has their number only).
     """
     add: Counter[str] = Counter()
     for line in results:
@@ -336,7 +338,10 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         add["dead"] += 1
         add["budget_exhausted"] += str(line.get("reason", "")).startswith(
             "retry_budget_exhausted")
-        _add_attempts(add, len(line.get("attempts") or []), tried.get(line.get("span", ""), 0))
+        history = line.get("attempts") or []
+        reported = tried.get(line.get("span", ""), 0)
+        _add_attempts(add, len(history), reported)
+        add["http_429s"] += sum(a.get("status") == "http_429" for a in history[reported:])
     return {**report, **{k: int(report.get(k, 0)) + n for k, n in add.items()}}
 
 

@@ -303,6 +303,18 @@ def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report
            "estimated_ok": 1}
 
 
+def test_a_dead_shards_unreported_dead_letters_add_their_unreported_429s() -> None:
+    """A dead letter written after the shard's last report adds the 429s among the attempts that
+    report did not count (those after `tried`'s), beside those attempts: the req/min answered
+    (attempts less 429s) read high by every 429 of them, as if the server had answered it."""
+    report = {"attempts": 10, "http_429s": 4}
+    dead = [{"id": "c", "span": "0-9", "reason": "rate_limited_too_long: refused with 429",
+             "attempts": [{"status": "http_429"}, {"status": "http_5xx"},
+                          {"status": "http_429"}, {"status": "http_429"}]}]
+    after = add_unreported(report, {"0-9": 2}, [], dead)  # its first two were reported
+    assert (after["attempts"], after["http_429s"]) == (12, 6)
+
+
 def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> None:
     """After a pass that read the input whole, what a later pass took and did not end is left
     for --resume, less the dead letters it retried (back in dead/); a summary of an older
