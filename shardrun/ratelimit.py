@@ -205,6 +205,10 @@ class RateLimiter:
         # may take (`_share`'s floor), re-split by `set_share` until a cut of that pace says
         # the server allows less (`seeded`).
         self._stated: dict[str, tuple[float, float]] = {}
+        # The limit the server last stated of each kind, kept through cuts (as `_stated`'s),
+        # and this shard's share of it (`_caps`): no success grows a pace past that share.
+        self._said: dict[str, tuple[float, float]] = {}
+        self._cap: dict[str, float] = {}
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
@@ -280,17 +284,20 @@ class RateLimiter:
         survivors' share of that limit when fewer are left (one grown past it stays), lowered
         to it when more are (a replacement for a dead shard seeds at its share too: the others
         kept at theirs would send above the limit together). One cut stays as cut: the server
-        allows less than it said. True when a pace was re-split (the caller logs it)."""
+        allows less than it said. Every pace's cap (`grew`) is re-split the same way, and a pace
+        above its new cap, cut or not, goes down to it. True when a pace was re-split (the caller
+        logs it)."""
         now = self._clock()
         self._share_rpm, self._share_tpm = rpm, tpm
         resplit = False
         if live is not None and live != self._shards:
             fewer, self._shards = live < self._shards, max(1, live)
-            for kind, (stated, floor) in self._stated.items():
-                # Never below the seed's own floor: a limit stated below a request a minute a
-                # shard leaves each shard that one request, however many join.
-                share, pace = max(floor, stated / self._shards), getattr(self, kind)
-                if share > pace if fewer else share < pace:
+            for kind in self._said:
+                share, pace = self._capped(kind), getattr(self, kind)
+                # Above the new share (more shards): down to it, cut or not, or the shards
+                # together send above the limit; below it (fewer): a seed not cut since rises
+                # to it, a cut pace grows to it with the successes.
+                if pace > share or (fewer and kind in self._stated and pace < share):
                     setattr(self, kind, share)
                     resplit = True
         self.requests = _retuned(self.requests, self._rpm(), now)
@@ -323,7 +330,8 @@ class RateLimiter:
 
         The first one that states the limit (x-ratelimit-limit-*, or a token limit's words)
         while no such pace is learned sets it at this shard's share of the limit (`_share`)
-        and starts a window. Else, once the window since the last cut (or since the shard
+        and starts a window; a later one that states a higher limit raises the pace's cap
+        (`_heard`). Else, once the window since the last cut (or since the shard
         started) holds LEARN_WINDOW_N requests and has lasted LEARN_WINDOW_S (the first needs
         no time), it is judged: where more than LEARN_SHARE of its requests (of their tokens,
         for a token pace) were 429s, the learned pace is cut to LEARN_CUT of what the shard
@@ -335,19 +343,24 @@ class RateLimiter:
         now = self._clock()
         headers = headers or {}
         by_tokens = _says_tokens(headers, error, tokens)
-        if by_tokens and self.learned_tokens is None:
+        if by_tokens:
             stated = headers.get(TOKEN_LIMIT_HEADER)
             if stated is None and (found := _STATED_LIMIT.search(error or "")):
                 stated = found[1]
-            self.learned_tokens = self._share(stated, max(1, tokens), "learned_tokens")
-            if self.learned_tokens is not None:
-                self.tokens = _retuned(self.tokens, self._tpm(), now)
-                return self._new_window(now, sent)
-        elif not by_tokens and self.learned is None:
+            if self.learned_tokens is None:
+                self.learned_tokens = self._share(stated, max(1, tokens), "learned_tokens")
+                if self.learned_tokens is not None:
+                    self.tokens = _retuned(self.tokens, self._tpm(), now)
+                    return self._new_window(now, sent)
+            else:
+                self._heard("learned_tokens", stated, max(1, tokens))
+        elif self.learned is None:
             self.learned = self._share(headers.get(LIMIT_HEADER), 1, "learned")
             if self.learned is not None:
                 self.requests = _retuned(self.requests, self._rpm(), now)
                 return self._new_window(now, sent)
+        else:
+            self._heard("learned", headers.get(LIMIT_HEADER), 1)
         self._refused += 1
         self._refused_tokens += tokens
         n, measured = sent - self._sent_at_cut, now - self._since
@@ -387,26 +400,63 @@ class RateLimiter:
     def _share(self, limit: str | None, unit: int, kind: str) -> float | None:
         """This shard's share, a second, of the server's stated limit per minute, at least
         `unit` a minute (a request, or one request's tokens); None for none, or one that is no
-        positive finite number (a gateway's own, or garbage). Only a start: a value per replica
-        or per gateway that is too high is cut by the windows that follow, one too low grows
-        back with the successes, as any learned pace does. The limit is kept as the `kind`
-        of pace it seeds, for `set_share`."""
+        positive finite number (a gateway's own, or garbage). A start and a cap: a value per
+        replica or per gateway that is too high is cut by the windows that follow, as any
+        learned pace is, and the successes grow a pace back up to the share and no further
+        (`grew`), so one too low holds until the server states another. The limit is kept as
+        the `kind` of pace it seeds, for `set_share`."""
         per_minute = _number(limit)
         if per_minute is None or not 0 < per_minute < math.inf:
             return None
-        self._stated[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit
-        return max(LEARN_MIN_PER_S * unit, per_minute / 60.0 / self._shards)
+        self._stated[kind] = self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit
+        return self._capped(kind)
 
-    def grew(self, tokens: int = 0) -> None:
-        """A success of a request charged `tokens` while a learned pace holds: a little more
-        pace (LEARN_GROW, of requests or of that request's tokens; the caller tests `learning`
-        first, so a shard never limited pays nothing)."""
+    def _capped(self, kind: str) -> float:
+        """This shard's share, a second, of the limit the server last stated of the `kind` of
+        pace, kept as that pace's cap. Never below a seed's own floor: a limit stated below a
+        request a minute a shard leaves each shard that one request, however many join."""
+        stated, floor = self._said[kind]
+        cap = self._cap[kind] = max(floor, stated / self._shards)
+        return cap
+
+    def _heard(self, kind: str, limit: str | None, unit: int) -> None:
+        """The server stated its limit (per minute) again for a `kind` of pace already learned:
+        a higher one than before raises the pace's cap (the limit was raised), for the
+        successes to grow the pace to. A lower one leaves it: the pace over a limit lowered
+        meets 429s, which cut it, and the statements of a gateway's replicas, each stating its
+        own, would otherwise pull the cap down and up by turns."""
+        if getattr(self, kind) is None:
+            return
+        per_minute = _number(limit)
+        said = self._said.get(kind)
+        if per_minute is None or not 0 < per_minute < math.inf or (
+                said is not None and per_minute / 60.0 <= said[0]):
+            return  # the common case: the same limit again, or none stated
+        self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit if said is None else said[1]
+        self._capped(kind)
+
+    def grew(self, tokens: int = 0, headers: Mapping[str, str] | None = None) -> None:
+        """A success of a request charged `tokens`, with its x-ratelimit-* `headers`, while a
+        learned pace holds: a little more pace (LEARN_GROW, of requests or of that request's
+        tokens; the caller tests `learning` first, so a shard never limited pays nothing), up
+        to this shard's share of the limit the server stated (`_cap`), if it stated one.
+
+        Growth is for a pace below what the server allows: one cut (or seeded) too low, or a
+        share that grew as shards ended (`set_share` raises the cap). Past a stated limit it
+        only finds the 429s the server announced, a cut's episode of them; a limit the server
+        raised is heard from its statement instead, here from a success's headers where they
+        state it (a server stating it in a 429's words alone says so at its next 429)."""
         now = self._clock()
+        if headers:
+            self._heard("learned", headers.get(LIMIT_HEADER), 1)
+            self._heard("learned_tokens", headers.get(TOKEN_LIMIT_HEADER), max(1, tokens))
+        cap = self._cap
         if self.learned is not None:
-            self.learned += LEARN_GROW
+            self.learned = min(self.learned + LEARN_GROW, cap.get("learned", math.inf))
             self.requests = _retuned(self.requests, self._rpm(), now)
         if self.learned_tokens is not None:
-            self.learned_tokens += LEARN_GROW * tokens
+            self.learned_tokens = min(self.learned_tokens + LEARN_GROW * tokens,
+                                      cap.get("learned_tokens", math.inf))
             self.tokens = _retuned(self.tokens, self._tpm(), now)
 
     def observe_headers(self, headers: Mapping[str, str], now: float | None = None) -> float:

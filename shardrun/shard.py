@@ -1418,7 +1418,7 @@ class Shard:
         if self.limited_since is not None:  # 429s alone no longer, if sent after the first
             self._limit_answered(span)
         if self.limiter.learning:  # paced by the server's 429s: a little faster
-            self.limiter.grew(span.charged)
+            self.limiter.grew(span.charged, outcome.rate_headers)
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

@@ -474,8 +474,8 @@ def test_a_429_on_tokens_paces_tokens_so_a_big_prompt_waits_its_turn() -> None:
     assert lim.tokens is not None and lim.tokens.rate_per_s == pytest.approx(250.0)
     waits = [lim.wait(t.now, lim.reserve(t.now, n)) for n in (100, 1000, 50, 50)]
     assert waits == pytest.approx([0.0, 0.4, 4.4, 4.6])
-    lim.grew(1000)  # a success: 5 % of its tokens more a second
-    assert lim.learned_tokens == pytest.approx(250.0 + ratelimit.LEARN_GROW * 1000)
+    lim.grew(1000)  # a success: at its share of the stated limit already, no faster
+    assert lim.learned_tokens == pytest.approx(250.0)
 
 
 def test_the_token_limit_is_read_from_the_headers_where_the_words_say_nothing() -> None:
@@ -588,8 +588,8 @@ def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -
     """Seeded at a quarter of the stated 600 requests a minute (2.5 a second over 4 shards):
     when two shards end, the coordinator's new share says 2 are left, and the pace becomes
     half the limit (5 a second), the requests pacer with it; the job's own share (None) is
-    no limit. A pace grown past the new share stays; one cut since the seed stays as cut. A
-    token pace seeded from a stated TPM is re-split the same way."""
+    no limit. One cut since the seed stays as cut (its cap rises: successes grow it to the new
+    share). A token pace seeded from a stated TPM is re-split the same way."""
     t = FakeTime()
     stated = {"x-ratelimit-limit-requests": "600"}
     lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
@@ -598,8 +598,6 @@ def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -
     assert lim.learned == pytest.approx(5.0)
     assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(5.0)
     assert not lim.set_share(None, None, live=2)  # no change of shards: nothing to re-split
-    lim.learned = 11.0  # grown past the share of one shard left
-    assert not lim.set_share(None, None, live=1) and lim.learned == 11.0
     cut = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
     cut.limited(sent=1, headers=stated)
     t.now = 2.0
@@ -607,6 +605,9 @@ def test_a_seeded_pace_is_re_split_over_the_shards_left_and_a_cut_one_is_not() -
     was = cut.learned
     assert was is not None and was < 2.5
     assert not cut.set_share(None, None, live=1) and cut.learned == was
+    for _ in range(300):
+        cut.grew()
+    assert cut.learned == pytest.approx(10.0)  # the whole stated 600 a minute, no more
     tokens = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
     tokens.limited(sent=1, error="on tokens per min (TPM): Limit 6000, Used 1", tokens=10)
     assert tokens.learned_tokens == pytest.approx(50.0)
@@ -618,7 +619,8 @@ def test_a_seeded_pace_is_lowered_again_when_a_replacement_shard_joins() -> None
     """Two of four shards left, the survivors' seeded pace is half the stated 600 a minute (5 a
     second); a replacement for a dead one joins (3 live) and seeds at a third of it on its first
     429: the survivors go down to a third too, or the three would send 1.67 times the limit.
-    The lower share stands even for a pace grown past it; a cut pace is left as it is."""
+    The lower share stands even for a pace grown past it, and for a cut one above it (each
+    pace's cap is the share); a cut pace below it is left as it is."""
     t = FakeTime()
     stated = {"x-ratelimit-limit-requests": "600"}
     lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
@@ -637,8 +639,9 @@ def test_a_seeded_pace_is_lowered_again_when_a_replacement_shard_joins() -> None
     t.now += 2.0
     assert any([cut.limited(sent, headers=stated) for sent in range(2, 22)])
     assert not cut.seeded
-    cut.learned = 9.0  # grown well past a third's share since its cut: the server's, kept
-    assert not cut.set_share(None, None, live=3) and cut.learned == 9.0
+    cut.learned = 4.0  # grown back since its cut, under half the limit (5), above a third
+    assert cut.set_share(None, None, live=3) and cut.learned == pytest.approx(10 / 3)
+
 
 
 def test_a_seeded_pace_is_never_lowered_below_a_request_a_minute() -> None:
@@ -692,3 +695,66 @@ def test_a_token_pace_seeded_beside_a_cut_request_pace_is_not_told_as_seeded() -
     alone = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
     assert alone.limited(sent=1, error=tpm, tokens=10) and alone.seeded
     assert alone.set_share(None, None, live=1) and alone.seeded
+
+
+def test_a_pace_never_grows_past_its_share_of_the_stated_limit() -> None:
+    """Seeded at a quarter of the stated 6,000 requests a minute (25 a second), cut by a window
+    of 429s, the pace grows back with the successes to that share and stops there: past it the
+    server only refuses what it said it would (grown on, the shards together paid a cut's burst
+    of 429s). A token pace stops at its share of the stated tokens the same way, and a pace cut
+    before any limit was stated stops at the share of the first one stated after."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    stated = {"x-ratelimit-limit-requests": "6000"}
+    assert lim.limited(sent=1, headers=stated)
+    t.now = 2.0
+    assert any([lim.limited(sent, headers=stated) for sent in range(2, 23)])
+    assert lim.learned is not None and lim.learned < 25.0
+    for _ in range(1000):
+        lim.grew()
+    assert lim.learned == pytest.approx(25.0)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(25.0)
+    tokens = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    assert tokens.limited(sent=1, error=TPM_429, tokens=1000)  # 60,000 a minute: 500 a second
+    for _ in range(100):
+        tokens.grew(1000)
+    assert tokens.learned_tokens == pytest.approx(500.0)
+    unstated = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert any([unstated.limited(sent) for sent in range(1, 22)])  # cut to 0.7 x 21/s
+    unstated.limited(sent=22, headers={"x-ratelimit-limit-requests": "600"})
+    for _ in range(10):
+        unstated.grew()
+    assert unstated.learned == pytest.approx(2.5)
+
+
+def test_a_higher_stated_limit_or_fewer_shards_raise_the_cap() -> None:
+    """Capped at a quarter of the stated 600 a minute (2.5 a second), a later 429 stating 1,200
+    raises the cap to 5 and the successes grow the pace to it; one stating 300 lowers nothing
+    (the pace over a lowered limit meets 429s, which cut it). A success's own headers stating
+    2,400 raise it to 10; two shards ending (the coordinator's share says 2 live) to 20, which
+    the pace, cut since its seed, grows to; a shard joining (3 live) lowers it, and the pace."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers={"x-ratelimit-limit-requests": "600"})
+
+    def grown() -> float:
+        for _ in range(1000):
+            lim.grew()
+        assert lim.learned is not None
+        return lim.learned
+
+    assert grown() == pytest.approx(2.5)
+    assert not lim.limited(sent=2, headers={"x-ratelimit-limit-requests": "1200"})
+    assert grown() == pytest.approx(5.0)
+    lim.limited(sent=3, headers={"x-ratelimit-limit-requests": "300"})
+    assert grown() == pytest.approx(5.0)
+    lim.grew(headers={"x-ratelimit-limit-requests": "2400"})
+    assert grown() == pytest.approx(10.0)
+    t.now = 5.0
+    assert any([lim.limited(sent) for sent in range(4, 30)]) and not lim.seeded
+    assert lim.learned < 10.0
+    assert not lim.set_share(None, None, live=2)  # a cut pace is not raised: it grows
+    assert grown() == pytest.approx(20.0)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(20.0)
+    assert lim.set_share(None, None, live=3) and lim.learned == pytest.approx(40 / 3)
+    assert grown() == pytest.approx(40 / 3)
