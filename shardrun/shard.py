@@ -509,9 +509,10 @@ class Shard:
         """A 429 that is no quota's says the shard sends faster than the server allows, not
         that the item is wrong: the item tries again, spending neither its attempts nor the
         retry budget, after the wait the server asked for (at most retry.max_server_wait_s),
-        or a backoff where it asked none; and the shard slows down, every request paced by
-        what it learned of the server's limit (`RateLimiter.limited`), so the retry and the
-        items after it wait their turn as `rate_wait`. False once the span has ended: a stop,
+        or one growing with the item's holds where it asked none (`_unasked_hold`); and the
+        shard slows down, every request paced by what it learned of the server's limit
+        (`RateLimiter.limited`), so the retry and the items after it wait their turn as
+        `rate_wait`. False once the span has ended: a stop,
         429s alone for retry.outage_s (`_limited_too_long`), or this item refused that long
         while the server answered others (a dead letter)."""
         now = self.clock.now()
@@ -545,7 +546,7 @@ class Shard:
         span.outage_tries += 1
         span.limit_holds += 1
         asked = server_wait(429, outcome.retry_after, outcome.rate_headers)
-        wait = (min(self.retrier.backoff(1), PROBE_MAX_S) if asked is None
+        wait = (self._unasked_hold(span.limit_holds) if asked is None
                 else min(asked, policy.max_server_wait_s))
         span.history[-1]["wait"] = wait
         self._plan_retry(span, attempt, cause=outcome.status, wait=wait, why=RATE_LIMITED)
@@ -555,6 +556,18 @@ class Shard:
         finally:
             self.counters.retrying -= 1
         return True
+
+    def _unasked_hold(self, holds: int) -> float:
+        """A held item's wait where the 429 asked none (no Retry-After, no reset header), at its
+        `holds`-th hold: half the ceiling of the backoff after that many failures (at most
+        PROBE_MAX_S) and a jittered half of it, so the wait grows with the item's holds and is
+        never near none. The first backoff alone (0 to 0.5 s, full jitter) sent an item back
+        within half a second however often refused: over the limit, the same items were
+        refused again and again, a burst of 429s for every cut of the pace."""
+        policy = self.retrier.policy
+        ceiling = min(policy.backoff_s * 2.0 ** min(holds - 1, 30), policy.backoff_max_s,
+                      PROBE_MAX_S)
+        return ceiling / 2 + min(self.retrier.backoff(holds), ceiling) / 2
 
     def _paced(self, now: float, *, resplit: bool = False) -> None:
         """Log the limiter's learned paces (`rate_learned`) and keep them for the reports;

@@ -221,3 +221,19 @@ def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: P
     assert [(rec["ev"], rec["rps"], rec["seeded"], rec.get("resplit")) for rec in logged] == [
         ("rate_learned", 2.5, True, None),  # its share of the stated 600 a minute
         ("rate_learned", 5.0, True, True)]
+
+
+def test_held_retries_the_server_set_no_wait_for_are_spaced_by_their_holds(
+        tmp_path: Path) -> None:
+    """429s with no Retry-After and no reset header: each hold of the item waits at least half
+    the backoff ceiling for its count of holds (0.25, 0.5, 1, 2, then 2.5 s at PROBE_MAX_S),
+    never more than the ceiling. The first backoff alone (0 to 0.5 s, full jitter) sent the
+    same items back within half a second however often refused, a burst of 429s per cut."""
+    shard, calls = _run_one(tmp_path, [PACE] * 7)
+    assert calls == 8 and shard.counters.ok == 1
+    waits = [rec["wait"] for path in (tmp_path / "events").glob("*.jsonl")
+             for rec in map(orjson.loads, path.read_bytes().splitlines())
+             if rec["ev"] == "retry" and rec["why"] == "rate_limited"]
+    ceilings = [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    assert len(waits) == len(ceilings)
+    assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)), waits
