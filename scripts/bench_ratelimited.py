@@ -11,9 +11,10 @@ would send, and runs `python -m shardrun` (default 4 shards x 32, 2,000 items, t
 retry policy, no `rate_limits` in the job) against it. The cases differ in what the server says
 of its limit: OpenAI's x-ratelimit-* headers on every answer and Retry-After on a 429, a 429's
 Retry-After only, or nothing at all. The table counts results and dead letters from the run's
-files, the requests the simulator read and the 429s it answered (its /sim/stats), and the
-throughput of results against the limit. A revision given with `--before` runs from a read-only
-`git archive` snapshot against the same simulator.
+files, the requests the simulator read and the 429s it answered (its /sim/stats), the
+throughput of results against the limit, and the attempts the results took (held retries
+included: how often the same items were refused), mean and most. A revision given with
+`--before` runs from a read-only `git archive` snapshot against the same simulator.
 
 With `--tpm N` the server enforces a token limit instead (`tpm_limit`, a bucket of one second's
 worth, charged prompt + max_tokens per request, as OpenAI counts), and the input mixes small
@@ -73,6 +74,14 @@ def tokens_done(run: Path) -> tuple[int, str]:
     return tokens, f"{sum(big) / len(big):.1f} / {max(big)}" if big else "-"
 
 
+def attempts_taken(run: Path) -> str:
+    """The attempts the run's results took, held retries included, mean and most ('1.10 / 5'):
+    how often the same items were refused."""
+    taken = [orjson.loads(line)["attempts"] for path in run.glob("results/*.jsonl")
+             for line in path.read_bytes().splitlines()]
+    return f"{sum(taken) / len(taken):.2f} / {max(taken)}" if taken else "-"
+
+
 def dead_kinds(run: Path) -> str:
     """The dead letters' reasons (before any ':'), most common first: '1,234 retry_budget...'."""
     kinds: collections.Counter[str] = collections.Counter()
@@ -96,7 +105,7 @@ def run_case(src: Path, work: Path, args: argparse.Namespace, mode: str,
     run = work / "runs" / name
     ok = bs.lines("results/*.jsonl", run)
     per_s = ok / wall if wall > 0 and code is not None else 0.0
-    share, big = per_s / (args.rpm / 60), []
+    share, big = per_s / (args.rpm / 60), [attempts_taken(run)]
     if args.tpm:
         tokens, attempts = tokens_done(run)
         share, big = (tokens / wall / (args.tpm / 60) if per_s else 0.0), [attempts]
@@ -144,10 +153,10 @@ def main() -> int:
     print(f"# {args.shards} x {args.cap}, {args.items:,} items, ttft 200 ms, 16-64 tokens, "
           f"{limit}; "
           + "; ".join(f"{k}: {v}" for k, v in sides.items()))
-    big = " big prompts' attempts, mean / most |" if args.tpm else ""
-    print("| server says | client | succeeded | dead letters | requests | 429s | wall s "
-          "| results/s | of the limit | exit | dead letters' reasons |" + big)
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|" if big else ""))
+    big = " big prompts'" if args.tpm else ""
+    print("| server says | client | succeeded | dead letters | requests | 429s | wall s | "
+          f"results/s | of the limit | exit | dead letters' reasons |{big} attempts, mean / most |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     bs.print_rows(rows)
     return 0
 
