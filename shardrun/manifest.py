@@ -97,9 +97,12 @@ class RunDir:
             raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
         held: Held | None = None
         try:
+            # Held before the subdirectories are made: with them and no gate held, a directory
+            # reads as one a killed pass left (`resume._never_begun`), which `--resume latest`
+            # tells the user to remove.
+            held = take(staging)
             for sub in ("events", "results", "dead", "logs"):
                 (staging / sub).mkdir()
-            held = take(staging)
             # Fails on a directory made meanwhile: of two runs given one --run-id at once, one
             # fails (each renames a directory with files in it, which rename() never replaces).
             os.rename(staging, path)

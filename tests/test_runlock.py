@@ -475,3 +475,30 @@ def test_a_new_runs_directory_is_never_there_without_its_gate_held(tmp_path: Pat
         assert ungated == []
     finally:
         this.lock.close()
+
+
+def test_a_new_runs_directory_in_its_making_never_reads_as_left_by_a_killed_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While `RunDir.create_held` makes a run's directory under its hidden name, no moment of
+    it looks like a directory a pass killed before its manifest left (`resume._never_begun`:
+    run folders, no manifest, no gate held), which `--resume latest` would tell the user to
+    remove, and, with no other run there, call the only thing left. Checked after every
+    directory made."""
+    from shardrun.manifest import RunDir
+
+    runs = tmp_path / "runs"
+    seen: list[str] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+        seen.extend(p.name for p in resume._never_begun(runs))
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    made, lock = RunDir.create_held(runs, "r1", resume.lock_run)
+    try:
+        assert made.path == runs / "r1" and (made.path / "results").is_dir()
+        assert seen == []
+    finally:
+        lock.close()
