@@ -88,8 +88,10 @@ class RunDir:
         taken = SpecError(f"run directory {path} already exists; choose another --run-id")
         if path.exists():
             raise taken
-        # A dot first: no run id can be this name (RUN_ID_PATTERN), and no other process's.
-        staging = runs_dir / f".{run_id}.{os.getpid()}.new"
+        # A dot first: no run id can be this name (RUN_ID_PATTERN). Random as well as the pid:
+        # a pid is reused (a container's shardrun is often pid 1 every time), and a leftover
+        # of a killed pass, or a pass in another container, must not make the name taken.
+        staging = runs_dir / f".{run_id}.{os.getpid()}.{secrets.token_hex(4)}.new"
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
             staging.mkdir()

@@ -502,3 +502,34 @@ def test_a_new_runs_directory_in_its_making_never_reads_as_left_by_a_killed_pass
         assert seen == []
     finally:
         lock.close()
+
+
+def test_of_two_runs_made_at_once_with_one_run_id_one_is_refused_and_the_other_kept(
+    tmp_path: Path,
+) -> None:
+    """Two first passes given one --run-id at once, here of one pid (as two containers'
+    shardruns, each pid 1, sharing a runs directory, or a pid reused after a kill -9 left its
+    hidden directory): the run made first is whole, with what it wrote, and the other is
+    refused with the one sentence that says the id is taken, leaving nothing behind."""
+    from shardrun.errors import SpecError
+    from shardrun.manifest import RunDir
+
+    runs = tmp_path / "runs"
+    other: list[resume.RunLock] = []
+
+    def take(staging: Path) -> resume.RunLock:
+        made, lock = RunDir.create_held(runs, "r1", resume.lock_run)  # made meanwhile
+        other.append(lock)
+        (made.path / "results" / "shard-00.jsonl").write_text("kept\n")
+        return resume.lock_run(staging)
+
+    try:
+        with pytest.raises(SpecError, match=r"^run directory .*r1 already exists; choose "
+                           r"another --run-id$"):
+            RunDir.create_held(runs, "r1", take)
+        assert [p.name for p in runs.iterdir()] == ["r1"]
+        assert (runs / "r1" / "results" / "shard-00.jsonl").read_text() == "kept\n"
+        assert resume.pass_lives(runs / "r1")
+    finally:
+        for lock in other:
+            lock.close()
