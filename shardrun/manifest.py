@@ -95,6 +95,7 @@ class RunDir:
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
             staging.mkdir()
+            ours = staging.lstat()
         except OSError as exc:
             raise SpecError(f"cannot create run directory {path}: {exc.strerror}") from None
         held: Held | None = None
@@ -109,9 +110,11 @@ class RunDir:
             # fails (each renames a directory with files in it, which rename() never replaces).
             os.rename(staging, path)
         except BaseException as exc:  # a stop or an error half-way leaves no half-made run
+            # A stop (SIGINT) that comes during the rename is raised as it returns, done: the
+            # run has its name then, and, left there, would read as one a killed pass left.
+            shutil.rmtree(path if _is_dir(path, ours) else staging, ignore_errors=True)
             if held is not None:
-                held.close()
-            shutil.rmtree(staging, ignore_errors=True)
+                held.close()  # after: removed under its gate, as `runner.run` removes a run
             if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 raise taken from None
             if isinstance(exc, OSError):
@@ -133,6 +136,14 @@ class RunDir:
     @property
     def manifest_path(self) -> Path:
         return self.path / "manifest.json"
+
+
+def _is_dir(path: Path, made: os.stat_result) -> bool:
+    """Whether `path` is the directory `made` (not another run's of the same name)."""
+    try:
+        return os.path.samestat(path.lstat(), made)
+    except OSError:
+        return False
 
 
 def new_run_id() -> str:

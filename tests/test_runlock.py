@@ -533,3 +533,24 @@ def test_of_two_runs_made_at_once_with_one_run_id_one_is_refused_and_the_other_k
     finally:
         for lock in other:
             lock.close()
+
+
+def test_a_stop_during_a_new_runs_rename_leaves_no_run_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C that comes while `RunDir.create_held` renames the new run's directory is raised
+    as the rename returns, done: the directory, by then under the run's name, is removed with
+    the rest, where it was left behind without a manifest, read as a run a killed pass left."""
+    from shardrun.manifest import RunDir
+
+    runs = tmp_path / "runs"
+    real_rename = os.rename
+
+    def rename(*args: object, **kwargs: object) -> None:
+        real_rename(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        RunDir.create_held(runs, "r1", resume.lock_run)
+    assert list(runs.iterdir()) == []
