@@ -12,9 +12,10 @@ import ast
 import contextlib
 import dataclasses
 import json
+import operator
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -475,31 +476,69 @@ def test_the_variables_the_design_docs_name_are_ours() -> None:
     assert len(named) >= 5 and named <= our_vars()
 
 
-def module_constants() -> dict[str, set[Any]]:
+ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv, ast.Pow: operator.pow, ast.LShift: operator.lshift}
+
+
+def figure_of(node: ast.expr, known: Mapping[str, float]) -> float | None:
+    """The number an expression of numbers makes (`64 * 1024`, `1 << 20`, `-1`, an earlier
+    constant of its module), or None (a call, a string)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = figure_of(node.operand, known)
+        return None if value is None else -value
+    if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
+        left, right = figure_of(node.left, known), figure_of(node.right, known)
+        if left is not None and right is not None:
+            with contextlib.suppress(TypeError, ZeroDivisionError):  # a float shifted
+                result: float = ARITHMETIC[type(node.op)](left, right)
+                return result
+    return None
+
+
+def module_constants() -> dict[str, set[float]]:
     """Each module-level `NAME = number` of the package: name -> the values it has (two
     modules may each have a `RECHECK_S`)."""
-    found: dict[str, set[Any]] = {}
+    found: dict[str, set[float]] = {}
     for source in (ROOT / "shardrun").rglob("*.py"):
+        known: dict[str, float] = {}
         for node in ast.parse(source.read_text()).body:
             if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
                 continue
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
             if isinstance(target, ast.Name):
                 values = found.setdefault(target.id, set())
-                with contextlib.suppress(ValueError):  # `64 * 1024`, a call: no figure
-                    value = ast.literal_eval(node.value)
-                    values |= {value} if isinstance(value, (int, float)) else set()
+                if (value := figure_of(node.value, known)) is not None:
+                    known[target.id] = value
+                    values.add(value)
     return found
+
+
+# A figure's unit as the docs write it, as a factor to the code's (seconds, bytes).
+UNITS = {"": 1, "s": 1, "ms": 1 / 1000, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def figures_given(text: str) -> list[tuple[str, float]]:
     """Constants the text gives with their value: "`SETTLE_LINES` (50,000)", "`LOOKAHEAD_MAX`,
-    4,096", "every 0.75 s (`LIST_PROBE_S`)"."""
+    4,096", "every 0.75 s (`LIST_PROBE_S`)", "16 MiB (`_UNENDED_MAX`)"."""
     flat = " ".join(text.split())
-    after = re.findall(r"`(_?[A-Z][A-Z0-9_]+)`(?:,| \()\s?(\d[\d,.]*\d|\d)", flat)
-    before = [(name, figure) for figure, name in
-              re.findall(r"(\d[\d,.]*\d|\d)(?: s)? \(`(_?[A-Z][A-Z0-9_]+)`", flat)]
-    return [(name, float(figure.replace(",", ""))) for name, figure in after + before]
+    figure, unit, name = r"(\d[\d,.]*\d|\d)", r"(?: (ms|s|[KMG]iB)\b)?", r"`(_?[A-Z][A-Z0-9_]+)`"
+    after = re.findall(rf"{name}(?:,| \()\s?{figure}{unit}", flat)
+    before = [(n, f, u) for f, u, n in re.findall(rf"{figure}{unit} \({name}", flat)]
+    return [(n, float(f.replace(",", "")) * UNITS[u]) for n, f, u in after + before]
+
+
+def test_figures_are_read_in_the_code_s_units() -> None:
+    """A size in MiB and a time in ms are compared in bytes and seconds; "429s" is no figure."""
+    text = ("`LINE_MAX` (64 MiB), `SWEEP_S` (100 ms), every 2 s (`KILL_S`), its 429s (`SHARE`)")
+    assert figures_given(text) == [("LINE_MAX", 64 << 20), ("SWEEP_S", 0.1), ("KILL_S", 2)]
+    known = {"BASE": 1024}
+    assert figure_of(ast.parse("BASE * 64 << 2", mode="eval").body, known) == 1 << 18
+    assert figure_of(ast.parse("1.0 << 2", mode="eval").body, known) is None
 
 
 def test_the_constants_the_design_docs_quote_have_those_values() -> None:
