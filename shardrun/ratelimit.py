@@ -337,12 +337,14 @@ class RateLimiter:
         for a token pace) were 429s, the learned pace is cut to LEARN_CUT of what the shard
         sent in it (at most of the learned pace, which stands alone where the window was too
         short to say a pace), and every request of the shard is paced by it from then on;
-        either way a new window starts. True when it cut (or seeded). The 429s of the
+        either way a new window starts. True when it cut (or seeded, or capped a pace learned
+        with no limit stated at the first one's share, `_heard`). The 429s of the
         requests sent at the old pace come back together after a cut: only a window of the new
         pace can cut again."""
         now = self._clock()
         headers = headers or {}
         by_tokens = _says_tokens(headers, error, tokens)
+        lowered = False  # a pace learned with no limit stated, down to the first one's share
         if by_tokens:
             stated = headers.get(TOKEN_LIMIT_HEADER)
             if stated is None and (found := _STATED_LIMIT.search(error or "")):
@@ -353,19 +355,19 @@ class RateLimiter:
                     self.tokens = _retuned(self.tokens, self._tpm(), now)
                     return self._new_window(now, sent)
             else:
-                self._heard("learned_tokens", stated, max(1, tokens))
+                lowered = self._heard("learned_tokens", stated, max(1, tokens))
         elif self.learned is None:
             self.learned = self._share(headers.get(LIMIT_HEADER), 1, "learned")
             if self.learned is not None:
                 self.requests = _retuned(self.requests, self._rpm(), now)
                 return self._new_window(now, sent)
         else:
-            self._heard("learned", headers.get(LIMIT_HEADER), 1)
+            lowered = self._heard("learned", headers.get(LIMIT_HEADER), 1)
         self._refused += 1
         self._refused_tokens += tokens
         n, measured = sent - self._sent_at_cut, now - self._since
         if n < LEARN_WINDOW_N or (self.learning and measured < LEARN_WINDOW_S):
-            return False
+            return lowered
         if by_tokens and self.learned_tokens is not None and self.tokens is not None:
             # Judged in tokens: over a token limit the big requests are the ones refused, a
             # small share of the requests (never a cut) but a large one of the tokens.
@@ -378,7 +380,7 @@ class RateLimiter:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
                 self._stated.pop("learned_tokens", None)
             self._new_window(now, sent)
-            return cut
+            return cut or lowered
         cut = self._refused > LEARN_SHARE * n
         if cut:
             was = n / max(measured, LEARN_WINDOW_S)
@@ -388,7 +390,7 @@ class RateLimiter:
             self.requests = _retuned(self.requests, self._rpm(), now)
             self._stated.pop("learned", None)
         self._new_window(now, sent)
-        return cut
+        return cut or lowered
 
     def _new_window(self, now: float, sent: int) -> bool:
         """Judge 429s afresh from `now`, after `sent` requests; True (a pace was set)."""
@@ -419,21 +421,31 @@ class RateLimiter:
         cap = self._cap[kind] = max(floor, stated / self._shards)
         return cap
 
-    def _heard(self, kind: str, limit: str | None, unit: int) -> None:
+    def _heard(self, kind: str, limit: str | None, unit: int) -> bool:
         """The server stated its limit (per minute) again for a `kind` of pace already learned:
         a higher one than before raises the pace's cap (the limit was raised), for the
         successes to grow the pace to. A lower one leaves it: the pace over a limit lowered
         meets 429s, which cut it, and the statements of a gateway's replicas, each stating its
-        own, would otherwise pull the cap down and up by turns."""
-        if getattr(self, kind) is None:
-            return
+        own, would otherwise pull the cap down and up by turns. The first one stated for a
+        pace learned without one caps it at once: True where that lowered the pace (kept above
+        its cap until the next success, it was sent at and cut from, and logged, unheeded)."""
+        pace = getattr(self, kind)
+        if pace is None:
+            return False
         per_minute = _number(limit)
         said = self._said.get(kind)
         if per_minute is None or not 0 < per_minute < math.inf or (
                 said is not None and per_minute / 60.0 <= said[0]):
-            return  # the common case: the same limit again, or none stated
+            return False  # the common case: the same limit again, or none stated
         self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit if said is None else said[1]
-        self._capped(kind)
+        cap = self._capped(kind)
+        if pace <= cap:
+            return False
+        setattr(self, kind, cap)
+        now = self._clock()
+        self.requests = _retuned(self.requests, self._rpm(), now)
+        self.tokens = _retuned(self.tokens, self._tpm(), now)
+        return True
 
     def grew(self, tokens: int = 0, headers: Mapping[str, str] | None = None) -> None:
         """A success of a request charged `tokens`, with its x-ratelimit-* `headers`, while a

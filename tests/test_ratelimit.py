@@ -758,3 +758,19 @@ def test_a_higher_stated_limit_or_fewer_shards_raise_the_cap() -> None:
     assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(20.0)
     assert lim.set_share(None, None, live=3) and lim.learned == pytest.approx(40 / 3)
     assert grown() == pytest.approx(40 / 3)
+
+
+def test_the_first_limit_stated_for_a_pace_cut_without_one_caps_it_at_once() -> None:
+    """Cut by a window of 429s that stated no limit (0.7 x 21 a second), the pace is far above a
+    quarter of the 600 a minute a later 429 states: it goes down to that share (2.5 a second) at
+    once, its pacer with it, and the 429 says so (the shard logs the pace), rather than at the
+    next success, the requests between sent at the old pace and a cut from it logged above
+    the cap (a token pace is only ever learned from a stated limit, so capped from its seed)."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert any([lim.limited(sent) for sent in range(1, 22)])
+    assert lim.learned is not None and lim.learned > 2.5
+    assert lim.limited(sent=22, headers={"x-ratelimit-limit-requests": "600"})
+    assert lim.learned == pytest.approx(2.5) and not lim.seeded
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(2.5)
+    assert not lim.limited(sent=23, headers={"x-ratelimit-limit-requests": "600"})
