@@ -42,13 +42,16 @@ if TYPE_CHECKING:
 
 MANIFEST_SCHEMA = 1
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LATEST = "latest"  # `--resume latest`: the job's newest run, so no run may be named so
+VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
+
+
 class _Closable(Protocol):
     def close(self) -> None: ...
 
 
+# What a first pass holds in its run directory as it is made (its gate), or None.
 Held = TypeVar("Held", bound=_Closable | None)
-LATEST = "latest"  # `--resume latest`: the job's newest run, so no run may be named so
-VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
 
 
 @dataclass(frozen=True)
