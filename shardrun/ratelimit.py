@@ -200,6 +200,9 @@ class RateLimiter:
         # (`_says_tokens`), and the tokens charged by the window's start.
         self.learned_tokens: float | None = None
         self.learning = False  # either is learned: each success grows it (`grew`)
+        # The last `limited` only lowered a pace to the first limit stated for it (`_heard`),
+        # no seed or cut: the shard logs that pace marked so, and `report` counts no cut.
+        self.capped = False
         # The server's stated limits the paces were seeded from, a second for the whole key
         # (by the name of the pace: "learned", "learned_tokens"), with the slowest pace a seed
         # may take (`_share`'s floor), re-split by `set_share` until a cut of that pace says
@@ -344,7 +347,7 @@ class RateLimiter:
         now = self._clock()
         headers = headers or {}
         by_tokens = _says_tokens(headers, error, tokens)
-        lowered = False  # a pace learned with no limit stated, down to the first one's share
+        lowered = self.capped = False  # a pace learned with no limit stated, to the first's share
         if by_tokens:
             stated = headers.get(TOKEN_LIMIT_HEADER)
             if stated is None and (found := _STATED_LIMIT.search(error or "")):
@@ -367,6 +370,7 @@ class RateLimiter:
         self._refused_tokens += tokens
         n, measured = sent - self._sent_at_cut, now - self._since
         if n < LEARN_WINDOW_N or (self.learning and measured < LEARN_WINDOW_S):
+            self.capped = lowered
             return lowered
         if by_tokens and self.learned_tokens is not None and self.tokens is not None:
             # Judged in tokens: over a token limit the big requests are the ones refused, a
@@ -380,6 +384,7 @@ class RateLimiter:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
                 self._stated.pop("learned_tokens", None)
             self._new_window(now, sent)
+            self.capped = lowered and not cut
             return cut or lowered
         cut = self._refused > LEARN_SHARE * n
         if cut:
@@ -390,6 +395,7 @@ class RateLimiter:
             self.requests = _retuned(self.requests, self._rpm(), now)
             self._stated.pop("learned", None)
         self._new_window(now, sent)
+        self.capped = lowered and not cut
         return cut or lowered
 
     def _new_window(self, now: float, sent: int) -> bool:

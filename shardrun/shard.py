@@ -524,8 +524,9 @@ class Shard:
             # Logged at a seed or a cut only (a window of requests apart at least), not as each
             # success grows it: `report` reads the pace the server's limit left the shards from
             # these, and the progress reports carry the same figures. A pace of tokens may stand
-            # alone: no `rps` then, where 0 would say the shard sent nothing.
-            self._paced(now)
+            # alone: no `rps` then, where 0 would say the shard sent nothing. A pace only
+            # lowered to a stated limit's share is marked as a re-split is: no cut of its own.
+            self._paced(now, resplit=self.limiter.capped)
         if self.stopping:
             self._abandon(span)  # a passing failure in a stop: no verdict on the item
             return False
@@ -572,8 +573,8 @@ class Shard:
     def _paced(self, now: float, *, resplit: bool = False) -> None:
         """Log the limiter's learned paces (`rate_learned`) and keep them for the reports;
         `resplit`: a seeded pace re-split to its share of the shards now live, raised as they
-        end or lowered as one joins, no pace learned anew (marked on the line, so that
-        `report` counts no seed or cut for it)."""
+        end or lowered as one joins, or a pace lowered to the first limit stated for it: no
+        pace learned anew (marked on the line, so that `report` counts no seed or cut for it)."""
         lim = self.limiter
         self.paced_rps = None if lim.learned is None else round(lim.learned, 4)
         self.paced_tps = None if lim.learned_tokens is None else round(lim.learned_tokens, 2)

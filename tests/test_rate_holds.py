@@ -40,9 +40,10 @@ class _Client:
     url = "http://x"
 
     def __init__(self, clock: _Clock, errors: list[str | None], took: float = 1.0,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, stated_from: int = 0) -> None:
         self.clock, self.errors, self.took, self.calls = clock, errors, took, 0
-        self.headers = headers or {}  # the x-ratelimit-* headers of every 429
+        # The x-ratelimit-* headers of every 429 from attempt `stated_from` (from 0) on.
+        self.headers, self.stated_from = headers or {}, stated_from
 
     async def attempt(self, body: Any, on_first_token: Any = None) -> AttemptOutcome:
         started = self.clock.t
@@ -54,25 +55,28 @@ class _Client:
                                   ended_at=self.clock.t, text="hi", finish_reason="stop",
                                   prompt_tokens=2, completion_tokens=3)
         return AttemptOutcome(status="http_429", http_status=429, started_at=started,
-                              ended_at=self.clock.t, error=error, rate_headers=self.headers)
+                              ended_at=self.clock.t, error=error,
+                              rate_headers=self.headers if self.calls > self.stated_from else {})
 
 
 def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = False,
              stop_at: int | None = None, headers: dict[str, str] | None = None,
              shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
-             stop_in_hold: int | None = None, **retry: float) -> tuple[Shard, int]:
+             stop_in_hold: int | None = None, stated_from: int = 0,
+             **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
     that attempt (from 0) is out; `stop_in_hold`: one comes during the wait of the hold after
-    that attempt (from 1); `params`, the job's; `took`, each attempt's seconds."""
+    that attempt (from 1); `params`, the job's; `took`, each attempt's seconds; `stated_from`,
+    the first attempt (from 0) whose 429 carries `headers`."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry, shard_count=shard_count,
                       params=params or {})
     shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
     shard.limiter._clock = clock.now  # its pacers are paid by the test's clock too
-    client = _Client(clock, errors, headers=headers, took=took)
+    client = _Client(clock, errors, headers=headers, took=took, stated_from=stated_from)
     answer = client.attempt
 
     async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
@@ -221,6 +225,25 @@ def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: P
     assert [(rec["ev"], rec["rps"], rec["seeded"], rec.get("resplit")) for rec in logged] == [
         ("rate_learned", 2.5, True, None),  # its share of the stated 600 a minute
         ("rate_learned", 5.0, True, True)]
+
+
+def _learned_lines(tmp_path: Path) -> list[dict[str, Any]]:
+    return [rec for rec in map(orjson.loads, (tmp_path / "events" / "shard-00.jsonl")
+                               .read_bytes().splitlines()) if rec["ev"] == "rate_learned"]
+
+
+def test_a_cut_pace_lowered_to_the_first_limit_stated_is_logged_as_no_cut(
+        tmp_path: Path) -> None:
+    """20 429s stating no limit cut the pace (to some 0.35 a second); the 22nd states 6 a
+    minute, and the pace goes down to 0.1 at once: logged, but marked `resplit` as a share
+    set without a cut is, so that `report` counts one cut (`pace_cuts`), not two."""
+    shard, calls = _run_one(tmp_path, [PACE] * 22, others_answered=True, outage_s=1e6,
+                            headers={"x-ratelimit-limit-requests": "6"}, stated_from=21)
+    assert calls == 23 and shard.counters.ok == 1
+    logged = _learned_lines(tmp_path)
+    assert [(rec.get("seeded"), rec.get("resplit")) for rec in logged] == [
+        (None, None), (None, True)]  # the cut, then the cap
+    assert logged[0]["rps"] > 0.1 and logged[1]["rps"] == pytest.approx(0.1)
 
 
 def test_held_retries_the_server_set_no_wait_for_are_spaced_by_their_holds(

@@ -774,3 +774,20 @@ def test_the_first_limit_stated_for_a_pace_cut_without_one_caps_it_at_once() -> 
     assert lim.learned == pytest.approx(2.5) and not lim.seeded
     assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(2.5)
     assert not lim.limited(sent=23, headers={"x-ratelimit-limit-requests": "600"})
+
+
+def test_a_limit_first_stated_as_a_window_cuts_is_a_cut_not_only_a_cap() -> None:
+    """The 429 that states the limit (600 a minute over 4 shards) for a pace cut without one
+    closes a window of 429s too: the pace is capped and cut, so the shard logs a cut (`capped`
+    False); a 429 that only caps it says so (`capped`), for the shard to log no cut."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert any([lim.limited(sent) for sent in range(1, 22)]) and not lim.capped
+    t.now += 2.0
+    assert not any([lim.limited(sent) for sent in range(21, 40)])
+    assert lim.limited(sent=40, headers={"x-ratelimit-limit-requests": "600"})
+    assert not lim.capped and lim.learned is not None and lim.learned < 2.5
+    capped = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert any([capped.limited(sent) for sent in range(1, 22)])
+    assert capped.limited(sent=22, headers={"x-ratelimit-limit-requests": "600"})
+    assert capped.capped and capped.learned == pytest.approx(2.5)
