@@ -16,6 +16,7 @@ import operator
 import re
 import shlex
 from collections.abc import Iterator, Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -518,8 +519,10 @@ def module_constants() -> dict[str, set[float]]:
     return found
 
 
-# A figure's unit as the docs write it, as a factor to the code's (seconds, bytes).
-UNITS = {"": 1, "s": 1, "ms": 1 / 1000, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+# A figure's unit as the docs write it, as a factor to the code's (seconds, bytes): exact, so
+# that "9 ms" reads as the code's 0.009 (9 * 0.001 is 0.009000000000000001).
+UNITS = {"": Fraction(1), "s": Fraction(1), "ms": Fraction(1, 1000), "KiB": Fraction(1 << 10),
+         "MiB": Fraction(1 << 20), "GiB": Fraction(1 << 30)}
 
 
 def figures_given(text: str) -> list[tuple[str, float]]:
@@ -529,13 +532,15 @@ def figures_given(text: str) -> list[tuple[str, float]]:
     figure, unit, name = r"(\d[\d,.]*\d|\d)", r"(?: (ms|s|[KMG]iB)\b)?", r"`(_?[A-Z][A-Z0-9_]+)`"
     after = re.findall(rf"{name}(?:,| \()\s?{figure}{unit}", flat)
     before = [(n, f, u) for f, u, n in re.findall(rf"{figure}{unit} \({name}", flat)]
-    return [(n, float(f.replace(",", "")) * UNITS[u]) for n, f, u in after + before]
+    return [(n, float(Fraction(f.replace(",", "")) * UNITS[u])) for n, f, u in after + before]
 
 
 def test_figures_are_read_in_the_code_s_units() -> None:
     """A size in MiB and a time in ms are compared in bytes and seconds; "429s" is no figure."""
-    text = ("`LINE_MAX` (64 MiB), `SWEEP_S` (100 ms), every 2 s (`KILL_S`), its 429s (`SHARE`)")
-    assert figures_given(text) == [("LINE_MAX", 64 << 20), ("SWEEP_S", 0.1), ("KILL_S", 2)]
+    text = ("`LINE_MAX` (64 MiB), `SWEEP_S` (100 ms), `TICK_S` (9 ms), every 2 s (`KILL_S`), "
+            "its 429s (`SHARE`)")
+    assert figures_given(text) == [("LINE_MAX", 64 << 20), ("SWEEP_S", 0.1), ("TICK_S", 0.009),
+                                   ("KILL_S", 2)]
     known = {"BASE": 1024}
     assert figure_of(ast.parse("BASE * 64 << 2", mode="eval").body, known) == 1 << 18
     assert figure_of(ast.parse("1.0 << 2", mode="eval").body, known) is None
