@@ -296,7 +296,7 @@ class RateLimiter:
         if live is not None and live != self._shards:
             fewer, self._shards = live < self._shards, max(1, live)
             for kind in self._said:
-                share, pace = self._capped(kind), getattr(self, kind)
+                share, pace = self._reset_cap(kind), getattr(self, kind)
                 # Above the new share (more shards): down to it, cut or not, or the shards
                 # together send above the limit; below it (fewer): a seed not cut since rises
                 # to it, a cut pace grows to it with the successes.
@@ -417,9 +417,9 @@ class RateLimiter:
         if per_minute is None or not 0 < per_minute < math.inf:
             return None
         self._stated[kind] = self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit
-        return self._capped(kind)
+        return self._reset_cap(kind)
 
-    def _capped(self, kind: str) -> float:
+    def _reset_cap(self, kind: str) -> float:
         """This shard's share, a second, of the limit the server last stated of the `kind` of
         pace, kept as that pace's cap. Never below a seed's own floor: a limit stated below a
         request a minute a shard leaves each shard that one request, however many join."""
@@ -444,7 +444,7 @@ class RateLimiter:
                 said is not None and per_minute / 60.0 <= said[0]):
             return False  # the common case: the same limit again, or none stated
         self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit if said is None else said[1]
-        cap = self._capped(kind)
+        cap = self._reset_cap(kind)
         if pace <= cap:
             return False
         setattr(self, kind, cap)
