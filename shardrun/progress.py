@@ -42,9 +42,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "estimate_total",
-           "limit_clause", "smoothed_rate", "summed_paces"]
+           "limit_clause", "server_queueing", "smoothed_rate", "summed_paces"]
 
-COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens", "limited_429s")
+COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens", "limited_429s",
+            "first_token_ms", "first_tokens")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
           "failing_cause", "sending", "unheard_s", "paced_rps", "paced_tps", "paced_seeded")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
@@ -69,6 +70,14 @@ MIN_SPAN_S = 0.5  # a rate over less than this is noise: show none
 ETA_TAU_MIN_S = 2.0
 ETA_TAU_MAX_S = 30.0
 _CHUNK = 1 << 20
+# "server queueing": the successes' time to first token over the window, against the lowest
+# such mean of the run (its early requests, before the server's queue grew). Only a mean of
+# this many first tokens is judged, and only a rise this many times over and this much longer
+# is said: a server's own queue lengthens the first token, a long answer or a busy client
+# barely does, and a 20 ms first token doubling to 40 ms is no news.
+QUEUE_MIN_FIRST_TOKENS = 4
+QUEUE_FACTOR = 3.0
+QUEUE_RISE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +155,10 @@ class Snapshot:
     paced_rps: float | None = None
     paced_tps: float | None = None
     paced_seeded: bool = False
+    # The successes' mean time to first token over the window, and the lowest such mean of the
+    # run (`_first_token_text`); None: too few first tokens to say.
+    first_token_s: float | None = None
+    first_token_early_s: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -232,7 +245,8 @@ class ProgressView:
         # Shards started and not heard from yet (`shard_started`): when each was started.
         self._unheard: dict[int, float] = {}
         self.started = clock()
-        self._samples: deque[tuple[float, int, int, int]] = deque()
+        self._samples: deque[tuple[float, int, int, int, int, int]] = deque()
+        self._first_token_early: float | None = None
         self._eta_rate: float | None = None
         self._eta_at = self.started
         # Set by a resume while it skips the finished input lines: how many so far, and how
@@ -349,10 +363,14 @@ class ProgressView:
         sums = {name: sum(s.total(name) for s in self.shards.values()) for name in COUNTERS}
         done = sums["ok"] + sums["dead"]
         if sample:
-            self._samples.append((now, done, sums["attempts"], sums["completion_tokens"]))
+            self._samples.append((now, done, sums["attempts"], sums["completion_tokens"],
+                                  sums["first_token_ms"], sums["first_tokens"]))
             while len(self._samples) > 2 and self._samples[1][0] <= now - WINDOW_S:
                 self._samples.popleft()
         rates = _rates(self._samples)
+        first_token = _first_token_s(self._samples)
+        if sample and first_token is not None:
+            self._first_token_early = min(first_token, self._first_token_early or first_token)
         if sample:
             self._eta_rate = smoothed_rate(self._eta_rate, rates[2], now - self._eta_at,
                                            now - self.started)
@@ -387,7 +405,8 @@ class ProgressView:
                         self.rejected(), 0 if down else len(waiting), len(busy),
                         None if down or not waiting else max(waiting), self.stopping,
                         len(starts), len(working) + len(self._unheard), max(starts, default=None),
-                        sums["limited_429s"], *summed_paces(s.gauges for s in working))
+                        sums["limited_429s"], *summed_paces(s.gauges for s in working),
+                        first_token, self._first_token_early)
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -417,16 +436,25 @@ def _row(index: int, shard: _Shard) -> ShardRow:
 
 
 def _rates(
-    samples: deque[tuple[float, int, int, int]],
+    samples: deque[tuple[float, int, int, int, int, int]],
 ) -> tuple[float | None, float | None, float | None]:
     """(completion TPM, requests/s, items/s) between the oldest and newest sample."""
     if len(samples) < 2:
         return None, None, None
-    (t0, done0, att0, tok0), (t1, done1, att1, tok1) = samples[0], samples[-1]
+    (t0, done0, att0, tok0, *_), (t1, done1, att1, tok1, *_) = samples[0], samples[-1]
     span = t1 - t0
     if span < MIN_SPAN_S:
         return None, None, None
     return (tok1 - tok0) / span * 60, (att1 - att0) / span, (done1 - done0) / span
+
+
+def _first_token_s(samples: deque[tuple[float, int, int, int, int, int]]) -> float | None:
+    """The successes' mean seconds to first token between the oldest and newest sample; None
+    for fewer than QUEUE_MIN_FIRST_TOKENS of them."""
+    if len(samples) < 2:
+        return None
+    ms, n = samples[-1][4] - samples[0][4], samples[-1][5] - samples[0][5]
+    return ms / n / 1000 if n >= QUEUE_MIN_FIRST_TOKENS else None
 
 
 def smoothed_rate(previous: float | None, rate: float | None, dt: float,
@@ -476,7 +504,7 @@ def format_plain_line(s: Snapshot) -> str:
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}"
             f"{_starting_text(s.starting_shards, s.started_shards, s.starting_s)}"
-            f"{_limit_text(s)}")  # fmt: skip
+            f"{_limit_text(s)}{_first_token_text(s.first_token_s, s.first_token_early_s)}")
 
 
 def _failed_text(s: Snapshot) -> str:
@@ -534,6 +562,24 @@ def _limit_text(s: Snapshot) -> str:
         return ""
     clause = limit_clause(s.limited_429s, s.paced_rps, None, s.paced_tps, s.paced_seeded)
     return f"; server rate limit: {clause}"
+
+
+def server_queueing(first_token_s: float | None, early_s: float | None) -> bool:
+    """Whether the server is the bottleneck: its first tokens now come QUEUE_FACTOR times and
+    QUEUE_RISE_S later than early in the run, which its own queue does (requests wait there
+    for a slot before it starts them), and no client-side limit can."""
+    if first_token_s is None or early_s is None:
+        return False
+    return first_token_s >= QUEUE_FACTOR * early_s and first_token_s - early_s >= QUEUE_RISE_S
+
+
+def _first_token_text(first_token_s: float | None, early_s: float | None) -> str:
+    """The server's queue, not the cap or a limit, sets the pace: more concurrency only
+    lengthens the wait."""
+    if not server_queueing(first_token_s, early_s):
+        return ""
+    return (f"; server queueing: first token after {first_token_s:,.2f} s, against "
+            f"{early_s:,.2f} s early in the run")
 
 
 def _down_text(down_s: float | None) -> str:
@@ -661,6 +707,9 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
                       .replace(";", "  │", 1), "yellow")
     if s.limited_429s:
         counts.append(_limit_text(s).replace(";", "  │", 1), "yellow")
+    if server_queueing(s.first_token_s, s.first_token_early_s):
+        counts.append(_first_token_text(s.first_token_s, s.first_token_early_s)
+                      .replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -157,6 +157,9 @@ class Shard:
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
         self.answer_at = self.quiet_since = self.clock.now()
+        # For its "server queueing": the successes' times to first token, summed in ms, and
+        # how many. A server's own queue lengthens these; a long answer does not.
+        self.first_token_ms = self.first_tokens = 0
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -1269,6 +1272,9 @@ class Shard:
         wasted = outcome.wasted_tokens
         counters.wasted_tokens += wasted
         ok = outcome.status == "ok"
+        if ok and outcome.first_token_at is not None:
+            self.first_token_ms += round(1000 * (outcome.first_token_at - started))
+            self.first_tokens += 1
         self.log.emit(events.ATTEMPT_END, t=outcome.ended_at, span=sid, id=iid, attempt=attempt,
                       status=outcome.status, http=outcome.http_status,
                       retry_after=outcome.retry_after, conn_ready_t=conn,
@@ -1528,7 +1534,8 @@ class Shard:
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "paced_rps": self.paced_rps, "paced_tps": self.paced_tps,
-                "paced_seeded": self.paced_seeded,
+                "paced_seeded": self.paced_seeded, "first_token_ms": self.first_token_ms,
+                "first_tokens": self.first_tokens,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), **self.counters.as_dict()}

@@ -756,3 +756,25 @@ def test_a_run_of_mostly_rejected_lines_shows_them_failed_while_it_goes(tmp_path
     # the ones before may come while they are read.
     assert shown and "/200 done" in shown[-1], ran.stderr
     assert ", 180 failed (0 dead-lettered, 180 rejected input lines), " in shown[-1], shown
+
+
+@pytest.mark.parametrize("capacity, ttft_ms, queues", [(1, 100, True), (0, 600, False)])
+def test_a_server_queue_is_named_on_the_line_and_a_server_keeping_up_is_not(
+        tmp_path: Path, capacity: int, ttft_ms: int, queues: bool) -> None:
+    """16 requests in flight at a simulator serving one at a time: its queue holds each for
+    the 15 before it, and the line says the server queues, with the first token's wait now
+    and early on. With no capacity limit (a slower first token, so that lines come while
+    items are out) the first token stays as quick, and nothing is said."""
+    (tmp_path / "input.jsonl").write_bytes(b"".join(
+        orjson.dumps({"id": f"i{n}", "prompt": "p"}) + b"\n" for n in range(40)))
+    write_job(tmp_path / "job.yaml", shards=1, concurrency=16, endpoint={
+        "base_url": "sim://", "api": "chat", "model": "m",
+        "sim": {"ttft_ms": ttft_ms, "itl_ms": 0, "tokens": 2, "capacity": capacity}})
+    ran = run_cli("job.yaml", "--runs-dir", "runs", "--progress-interval", "0.2", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    # A line came after the first 16 answers, with items still out: the view had figures.
+    assert re.search(r"\] (1[6-9]|2\d|3\d)/40 done", ran.stderr), ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "; server queueing: " in line]
+    assert bool(said) == queues, ran.stderr
+    if queues:
+        assert re.search(r"first token after \d\.\d\d s, against 0\.\d\d s early", said[-1])
