@@ -23,7 +23,7 @@ from shardrun.argtypes import (
     flag_sentence,
     job_path,
     path,
-    positive_seconds,
+    progress_seconds,
     with_close_flags,
 )
 from shardrun.errors import ShardrunError, SpecError, fix_for_write
@@ -143,7 +143,7 @@ def _env_help() -> str:
 
 def _add_progress_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true", help="no progress display")
-    command.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
+    command.add_argument("--progress-interval", type=progress_seconds, default=10.0, metavar="S",
                          help="seconds between status lines when not on a terminal (default 10)")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardrun._ellipsis import counted
-from shardrun.argtypes import file_path, job_path, path, positive_seconds
+from shardrun.argtypes import file_path, job_path, path, progress_seconds
 from shardrun.cli_analysis import guarded
 
 __all__ = ["handle", "register"]
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
                         "top-level key of a JSON lines input")  # fmt: skip
     p.add_argument("--quiet", action="store_true",
                    help="no progress on standard error (the counts at the end are kept)")
-    p.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
+    p.add_argument("--progress-interval", type=progress_seconds, default=10.0, metavar="S",
                    help="seconds between progress lines when standard error is not a "
                         "terminal (default 10)")
     p.set_defaults(handler=handle)

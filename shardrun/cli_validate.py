@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from shardrun._ellipsis import counted, ellipsize
-from shardrun.argtypes import integer, job_path, path, positive_seconds
+from shardrun.argtypes import integer, job_path, path, progress_seconds
 from shardrun.errors import InputError, ShardrunError
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tpm", metavar="X", help="as for run (none: no limit)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress on standard error while the input is read")
-    p.add_argument("--progress-interval", type=positive_seconds, default=10.0, metavar="S",
+    p.add_argument("--progress-interval", type=progress_seconds, default=10.0, metavar="S",
                    help="seconds between progress lines when standard error is not a "
                         "terminal (default 10)")
     p.set_defaults(handler=handle)

@@ -24,7 +24,7 @@ import orjson
 from shardrun import resume
 from shardrun._ellipsis import ellipsize
 from shardrun._env import ENV_BY_KEY
-from shardrun.argtypes import ITEMS_TO_RUN
+from shardrun.argtypes import ITEMS_TO_RUN, progress_seconds
 from shardrun.coordinator import Coordinator
 from shardrun.digestset import DigestSet
 from shardrun.errors import (
@@ -94,6 +94,10 @@ class RunOptions:
                 ITEMS_TO_RUN(str(self.limit) if isinstance(self.limit, int) else repr(self.limit))
             except ArgumentTypeError as bad:
                 raise ValueError(f"RunOptions limit {bad}") from None
+        try:  # `--progress-interval`'s own floor, for an API caller too
+            progress_seconds(repr(self.progress_interval))
+        except ArgumentTypeError as bad:
+            raise ValueError(f"RunOptions progress_interval {bad}") from None
 
 
 @dataclass(frozen=True)

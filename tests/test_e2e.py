@@ -378,9 +378,11 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
     (["job.yaml", "--limit", "abc"], "--limit must be an integer of at least 1 (items to run), "
                                      "got 'abc'"),
     (["job.yaml", "--progress-interval", "abc"],
-     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+     "--progress-interval must be a number of seconds of at least 0.1 (a status line ten "
+     "times a second at most), got 'abc'"),
     (["retry-failed", "r", "--progress-interval", "abc"],
-     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+     "--progress-interval must be a number of seconds of at least 0.1 (a status line ten "
+     "times a second at most), got 'abc'"),
     (["validate", "job.yaml", "--shards", "abc"],
      "--shards must be an integer from 1 to 1024, got 'abc'"),
     (["validate", "job.yaml", "--show", "abc"],
@@ -392,7 +394,15 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
      "--show must be an integer of at least 0 (rejected lines to list), got '1_0'"),
     (["job.yaml", "--shards", "1_0"], "--shards must be an integer from 1 to 1024, got '1_0'"),
     (["export", "r", "--progress-interval", "abc"],
-     "--progress-interval must be a number of seconds above 0, got 'abc'"),
+     "--progress-interval must be a number of seconds of at least 0.1 (a status line ten "
+     "times a second at most), got 'abc'"),
+    # A line per row read or written: a floor, for every command that takes the flag.
+    (["job.yaml", "--progress-interval", "1e-9"],
+     "--progress-interval must be a number of seconds of at least 0.1"),
+    (["validate", "job.yaml", "--progress-interval", "0.05"],
+     "--progress-interval must be a number of seconds of at least 0.1"),
+    (["export", "r", "--progress-interval", "1e-9"],
+     "--progress-interval must be a number of seconds of at least 0.1"),
     (["sim", "--port", "abc"], "--port must be an integer, got 'abc'"),
     (["sim", "--ttft-ms", "abc"], "--ttft-ms must be a number, got 'abc'"),
 ])  # fmt: skip

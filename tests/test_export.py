@@ -11,6 +11,7 @@ import argparse
 import csv
 import datetime
 import decimal
+import fcntl
 import json
 import os
 import pty
@@ -1021,31 +1022,39 @@ def test_a_retry_pass_that_moves_dead_letters_during_an_export_fails_nothing(
 
 def test_progress_goes_to_standard_error_and_leaves_the_export_as_it_was(
         base: Path, tmp_path: Path) -> None:
-    """With a tiny --progress-interval and standard error no terminal: plain progress lines on
-    standard error, no escape codes, and the same bytes written as with --quiet, to a file and
-    to standard output."""
+    """With the least --progress-interval and standard error no terminal: the same bytes
+    written as with --quiet, to a file and to standard output, and, while a slow reader holds
+    the rows (a pipe of one page, read only after a while), plain progress lines on standard
+    error, with no escape codes."""
     run_dir = only_run(base / "runs")
     quiet, loud = tmp_path / "quiet.jsonl", tmp_path / "loud.jsonl"
     done = export(str(run_dir), "-o", str(quiet), "--quiet", cwd=base)
     assert done.returncode == 0, done.stderr
     assert "reading the run's results" not in done.stderr and "exported" in done.stderr
-    done = export(str(run_dir), "-o", str(loud), "--progress-interval", "0.000001", cwd=base)
+    done = export(str(run_dir), "-o", str(loud), "--progress-interval", "0.1", cwd=base)
     assert done.returncode == 0, done.stderr
     assert loud.read_bytes() == quiet.read_bytes()
     assert "\x1b" not in done.stderr and "\r" not in done.stderr
-    lines = done.stderr.splitlines()
-    results = [line for line in lines if "] reading the run's results: " in line]
-    rows = [line for line in lines if "] writing rows: " in line]
-    assert results and rows, done.stderr
-    assert rows[-1].startswith("[") and "% of the input read)" in rows[-1]
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)  # the least: the export waits on it
+    with open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir),
+                                 "--format", "jsonl", "--progress-interval", "0.1"],
+                                cwd=base, stdin=subprocess.DEVNULL, stdout=writer, stderr=err)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as rows:
+            time.sleep(0.5)  # the rows wait: a progress line falls due
+            piped = rows.read()
+        assert proc.wait(timeout=CLI_TIMEOUT_S) == 0
+        err.seek(0)
+        shown = err.read()
+    assert piped == quiet.read_bytes() and len(piped) > 2 * 4096
+    assert "\x1b" not in shown and "\r" not in shown
+    rows_shown = [line for line in shown.splitlines() if "] writing rows: " in line]
+    assert rows_shown and "% of the input read)" in rows_shown[-1], shown
     counts = [int(line.split("writing rows: ")[1].split(" rows")[0].replace(",", ""))
-              for line in rows]
+              for line in rows_shown]
     assert counts == sorted(counts) and counts[-1] <= N + 3
-    piped = export(str(run_dir), "--format", "jsonl", "--progress-interval", "0.000001",
-                   cwd=base)
-    assert piped.returncode == 0, piped.stderr
-    assert piped.stdout.encode() == quiet.read_bytes()
-    assert "] writing rows: " in piped.stderr
 
 
 def test_a_progress_interval_that_is_no_number_of_seconds_is_refused(base: Path) -> None:
@@ -1065,7 +1074,7 @@ def test_rows_written_to_a_terminal_get_no_live_line_among_them(base: Path,
     main, sub = pty.openpty()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "shardrun", "export", str(run_dir),
-                                 "--format", "jsonl", "--progress-interval", "0.000001"],
+                                 "--format", "jsonl", "--progress-interval", "0.1"],
                                 cwd=base, stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
         os.close(sub)
         # Read nothing for a while: the rows fill the terminal's buffer and the export waits

@@ -200,7 +200,7 @@ def test_resume_in_the_wrong_runs_directory_says_which_flag_finds_the_run(
     assert resumed.returncode == 0, resumed.stderr
 
 
-@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "1e-9"])
 def test_retry_failed_refuses_a_progress_interval_a_run_refuses(tmp_path: Path,
                                                                 interval: str) -> None:
     """`retry-failed --progress-interval 0` was taken (and would print a line at every redraw)
@@ -780,6 +780,17 @@ def test_an_api_callers_limit_below_one_is_refused_by_the_clis_own_rule(
     assert str(raised.value) == ("RunOptions limit must be an integer of at least 1 (items to "
                                  f"run), got {got}")
     assert RunOptions(limit=1).limit == 1
+
+
+def test_an_api_callers_progress_interval_keeps_the_flags_floor() -> None:
+    """`RunOptions(progress_interval=1e-9)` would print a status line at every redraw: refused
+    in --progress-interval's words, and its floor taken."""
+    from shardrun.runner import RunOptions
+
+    with pytest.raises(ValueError, match=r"^RunOptions progress_interval must be a number of "
+                                         r"seconds of at least 0\.1 .*, got '1e-09'$"):
+        RunOptions(progress_interval=1e-9)
+    assert RunOptions(progress_interval=0.1).progress_interval == 0.1
 
 
 def read_jsonl_text(text: str) -> list[dict[str, object]]:

@@ -578,15 +578,15 @@ def test_ping_reports_rate_headers_and_caps_tokens(tmp_path: Path) -> None:
 
 
 def test_reading_the_input_shows_progress_on_standard_error(tmp_path: Path) -> None:
-    """With a tiny --progress-interval and standard error no terminal: plain lines saying how
-    far the read has got, on standard error only; the report on standard output is the one
-    --quiet gives."""
-    lines = [orjson.dumps({"id": f"i{n}", "prompt": f"prompt {n}"}) for n in range(400)]
+    """With the least --progress-interval and standard error no terminal: plain lines saying
+    how far the read has got, on standard error only; the report on standard output is the one
+    --quiet gives. Lines enough for a read of a few tenths of a second."""
+    lines = [orjson.dumps({"id": f"i{n}", "prompt": f"prompt {n}"}) for n in range(60_000)]
     make_job(tmp_path, lines)
     quiet = run_cli("validate", "job.yaml", "--quiet", cwd=tmp_path)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == ""
-    loud = run_cli("validate", "job.yaml", "--progress-interval", "0.000001", cwd=tmp_path)
+    loud = run_cli("validate", "job.yaml", "--progress-interval", "0.1", cwd=tmp_path)
     assert loud.returncode == 0, loud.stderr
     assert loud.stdout == quiet.stdout
     assert "\x1b" not in loud.stderr and "\r" not in loud.stderr
