@@ -369,8 +369,9 @@ class ProgressView:
                 self._samples.popleft()
         rates = _rates(self._samples)
         first_token = _first_token_s(self._samples)
-        if sample and first_token is not None:
-            self._first_token_early = min(first_token, self._first_token_early or first_token)
+        early = self._first_token_early
+        if sample and first_token is not None and (early is None or first_token < early):
+            self._first_token_early = first_token  # not `early or`: 0.0 is a lowest mean too
         if sample:
             self._eta_rate = smoothed_rate(self._eta_rate, rates[2], now - self._eta_at,
                                            now - self.started)

@@ -778,3 +778,21 @@ def test_a_server_queue_is_named_on_the_line_and_a_server_keeping_up_is_not(
     assert bool(said) == queues, ran.stderr
     if queues:
         assert re.search(r"first token after \d\.\d\d s, against 0\.\d\d s early", said[-1])
+
+
+def test_an_early_first_token_of_0_ms_stays_the_early_figure() -> None:
+    """A local server's first tokens rounded to 0 ms early on: that 0.0 is the lowest mean
+    of the run, not an unset one that the next window's mean replaces (it read 0.2 s, and
+    0.6 s later was judged no queueing against it)."""
+    clock = Clock()
+    view = ProgressView(100, quiet=True, clock=clock)
+    ms = n = 0
+    for second, mean_ms in enumerate((0, 0, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200,
+                                      200, 200, 200, 600)):
+        for quarter in range(1, 5):
+            clock.now = 100.0 + second + quarter / 4
+            ms, n = ms + 2 * mean_ms, n + 2
+            view.update(0, report(n, first_token_ms=ms, first_tokens=n))
+            snap = view.snapshot()
+    assert snap.first_token_early_s == 0.0
+    assert snap.first_token_s is not None and snap.first_token_s > 0.2
