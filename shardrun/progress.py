@@ -45,7 +45,7 @@ __all__ = ["ProgressView", "Snapshot", "clock_text", "count_lines_cheaply", "est
            "limit_clause", "server_queueing", "smoothed_rate", "summed_paces"]
 
 COUNTERS = ("ok", "dead", "attempts", "retries", "completion_tokens", "limited_429s",
-            "first_token_ms", "first_tokens")
+            "first_token_ms", "first_tokens", "first_token_chars")
 GAUGES = ("queued", "in_flight", "retrying", "cap", "down_s", "rate_waiting", "failing_s",
           "failing_cause", "sending", "unheard_s", "paced_rps", "paced_tps", "paced_seeded")
 CAUSE_CHARS = 60  # of a storm's cause on the progress line
@@ -78,6 +78,9 @@ _CHUNK = 1 << 20
 QUEUE_MIN_FIRST_TOKENS = 4
 QUEUE_FACTOR = 3.0
 QUEUE_RISE_S = 0.5
+# ... and only while the window's prompts average at most this many times the early ones'
+# characters: a longer prompt's prefill lengthens its first token with no queue at all.
+QUEUE_PROMPT_FACTOR = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,9 @@ class Snapshot:
     # run (`_first_token_text`); None: too few first tokens to say.
     first_token_s: float | None = None
     first_token_early_s: float | None = None
+    # Their prompts' mean characters, likewise: a rise from longer prompts is no queue.
+    first_token_chars: float | None = None
+    first_token_early_chars: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -245,8 +251,9 @@ class ProgressView:
         # Shards started and not heard from yet (`shard_started`): when each was started.
         self._unheard: dict[int, float] = {}
         self.started = clock()
-        self._samples: deque[tuple[float, int, int, int, int, int]] = deque()
-        self._first_token_early: float | None = None
+        self._samples: deque[tuple[float, int, int, int, int, int, int]] = deque()
+        # The lowest window mean of first tokens, with its prompts' mean characters.
+        self._first_token_early: tuple[float, float] | None = None
         self._eta_rate: float | None = None
         self._eta_at = self.started
         # Set by a resume while it skips the finished input lines: how many so far, and how
@@ -364,14 +371,15 @@ class ProgressView:
         done = sums["ok"] + sums["dead"]
         if sample:
             self._samples.append((now, done, sums["attempts"], sums["completion_tokens"],
-                                  sums["first_token_ms"], sums["first_tokens"]))
+                                  sums["first_token_ms"], sums["first_tokens"],
+                                  sums["first_token_chars"]))
             while len(self._samples) > 2 and self._samples[1][0] <= now - WINDOW_S:
                 self._samples.popleft()
         rates = _rates(self._samples)
         first_token = _first_token_s(self._samples)
         early = self._first_token_early
-        if sample and first_token is not None and (early is None or first_token < early):
-            self._first_token_early = first_token  # not `early or`: 0.0 is a lowest mean too
+        if sample and first_token is not None and (early is None or first_token[0] < early[0]):
+            self._first_token_early = early = first_token  # 0.0 s is a lowest mean too
         if sample:
             self._eta_rate = smoothed_rate(self._eta_rate, rates[2], now - self._eta_at,
                                            now - self.started)
@@ -407,7 +415,7 @@ class ProgressView:
                         None if down or not waiting else max(waiting), self.stopping,
                         len(starts), len(working) + len(self._unheard), max(starts, default=None),
                         sums["limited_429s"], *summed_paces(s.gauges for s in working),
-                        first_token, self._first_token_early)
+                        *_first_token_figures(first_token, early))
 
 
 def _may_be_terminal(stream: TextIO) -> bool:
@@ -437,7 +445,7 @@ def _row(index: int, shard: _Shard) -> ShardRow:
 
 
 def _rates(
-    samples: deque[tuple[float, int, int, int, int, int]],
+    samples: deque[tuple[float, int, int, int, int, int, int]],
 ) -> tuple[float | None, float | None, float | None]:
     """(completion TPM, requests/s, items/s) between the oldest and newest sample."""
     if len(samples) < 2:
@@ -449,13 +457,27 @@ def _rates(
     return (tok1 - tok0) / span * 60, (att1 - att0) / span, (done1 - done0) / span
 
 
-def _first_token_s(samples: deque[tuple[float, int, int, int, int, int]]) -> float | None:
-    """The successes' mean seconds to first token between the oldest and newest sample; None
-    for fewer than QUEUE_MIN_FIRST_TOKENS of them."""
+def _first_token_s(
+    samples: deque[tuple[float, int, int, int, int, int, int]],
+) -> tuple[float, float] | None:
+    """The successes' mean seconds to first token between the oldest and newest sample, and
+    their prompts' mean characters; None for fewer than QUEUE_MIN_FIRST_TOKENS of them."""
     if len(samples) < 2:
         return None
-    ms, n = samples[-1][4] - samples[0][4], samples[-1][5] - samples[0][5]
-    return ms / n / 1000 if n >= QUEUE_MIN_FIRST_TOKENS else None
+    (*_, ms0, n0, chars0), (*_, ms1, n1, chars1) = samples[0], samples[-1]
+    n = n1 - n0
+    if n < QUEUE_MIN_FIRST_TOKENS:
+        return None
+    return (ms1 - ms0) / n / 1000, (chars1 - chars0) / n
+
+
+def _first_token_figures(
+    now: tuple[float, float] | None, early: tuple[float, float] | None,
+) -> tuple[float | None, float | None, float | None, float | None]:
+    """The window's and the early mean first token, then their prompts' mean characters: the
+    order of Snapshot's fields."""
+    (s, chars), (early_s, early_chars) = now or (None, None), early or (None, None)
+    return s, early_s, chars, early_chars
 
 
 def smoothed_rate(previous: float | None, rate: float | None, dt: float,
@@ -505,7 +527,7 @@ def format_plain_line(s: Snapshot) -> str:
             f"{_failing_text(s.failing_s, s.failing_cause)}"
             f"{_silent_text(s.silent_s, s.sending)}"
             f"{_starting_text(s.starting_shards, s.started_shards, s.starting_s)}"
-            f"{_limit_text(s)}{_first_token_text(s.first_token_s, s.first_token_early_s)}")
+            f"{_limit_text(s)}{_first_token_text(s)}")
 
 
 def _failed_text(s: Snapshot) -> str:
@@ -565,22 +587,28 @@ def _limit_text(s: Snapshot) -> str:
     return f"; server rate limit: {clause}"
 
 
-def server_queueing(first_token_s: float | None, early_s: float | None) -> bool:
+def server_queueing(first_token_s: float | None, early_s: float | None,
+                    chars: float | None = None, early_chars: float | None = None) -> bool:
     """Whether the server is the bottleneck: its first tokens now come QUEUE_FACTOR times and
     QUEUE_RISE_S later than early in the run, which its own queue does (requests wait there
-    for a slot before it starts them), and no client-side limit can."""
+    for a slot before it starts them), and no client-side limit can; with the prompts' mean
+    `chars` and `early_chars`, not when the prompts grew QUEUE_PROMPT_FACTOR times (their
+    prefill lengthens the first token, as a stream of long prompts after short ones)."""
     if first_token_s is None or early_s is None:
+        return False
+    if chars is not None and early_chars is not None and chars > QUEUE_PROMPT_FACTOR * early_chars:
         return False
     return first_token_s >= QUEUE_FACTOR * early_s and first_token_s - early_s >= QUEUE_RISE_S
 
 
-def _first_token_text(first_token_s: float | None, early_s: float | None) -> str:
+def _first_token_text(s: Snapshot) -> str:
     """The server's queue, not the cap or a limit, sets the pace: more concurrency only
     lengthens the wait."""
-    if not server_queueing(first_token_s, early_s):
+    if not server_queueing(s.first_token_s, s.first_token_early_s, s.first_token_chars,
+                           s.first_token_early_chars):
         return ""
-    return (f"; server queueing: first token after {first_token_s:,.2f} s, against "
-            f"{early_s:,.2f} s early in the run")
+    return (f"; server queueing: first token after {s.first_token_s:,.2f} s, against "
+            f"{s.first_token_early_s:,.2f} s early in the run")
 
 
 def _down_text(down_s: float | None) -> str:
@@ -708,9 +736,8 @@ def render_snapshot(s: Snapshot, max_rows: int = 16) -> Group:
                       .replace(";", "  │", 1), "yellow")
     if s.limited_429s:
         counts.append(_limit_text(s).replace(";", "  │", 1), "yellow")
-    if server_queueing(s.first_token_s, s.first_token_early_s):
-        counts.append(_first_token_text(s.first_token_s, s.first_token_early_s)
-                      .replace(";", "  │", 1), "yellow")
+    if queueing := _first_token_text(s):
+        counts.append(queueing.replace(";", "  │", 1), "yellow")
     return Group(head, counts, shard_table(s, max_rows))
 
 

@@ -157,9 +157,10 @@ class Shard:
         # answer, and the last moment none was out (`_unheard_s`).
         self.sending = 0
         self.answer_at = self.quiet_since = self.clock.now()
-        # For its "server queueing": the successes' times to first token, summed in ms, and
-        # how many. A server's own queue lengthens these; a long answer does not.
-        self.first_token_ms = self.first_tokens = 0
+        # For its "server queueing": the successes' times to first token, summed in ms, how
+        # many, and their prompts' characters. A server's own queue lengthens these; a long
+        # answer does not, and a long prompt's prefill does, which its characters tell.
+        self.first_token_ms = self.first_tokens = self.first_token_chars = 0
         self.queue: deque[Span] = deque()
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -1275,6 +1276,7 @@ class Shard:
         if ok and outcome.first_token_at is not None:
             self.first_token_ms += round(1000 * (outcome.first_token_at - started))
             self.first_tokens += 1
+            self.first_token_chars += span.prompt_chars
         self.log.emit(events.ATTEMPT_END, t=outcome.ended_at, span=sid, id=iid, attempt=attempt,
                       status=outcome.status, http=outcome.http_status,
                       retry_after=outcome.retry_after, conn_ready_t=conn,
@@ -1535,7 +1537,7 @@ class Shard:
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "paced_rps": self.paced_rps, "paced_tps": self.paced_tps,
                 "paced_seeded": self.paced_seeded, "first_token_ms": self.first_token_ms,
-                "first_tokens": self.first_tokens,
+                "first_tokens": self.first_tokens, "first_token_chars": self.first_token_chars,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), **self.counters.as_dict()}

@@ -796,3 +796,26 @@ def test_an_early_first_token_of_0_ms_stays_the_early_figure() -> None:
             snap = view.snapshot()
     assert snap.first_token_early_s == 0.0
     assert snap.first_token_s is not None and snap.first_token_s > 0.2
+
+
+@pytest.mark.parametrize("late_chars, said", [(100, True), (400, False)])
+def test_first_tokens_lengthened_by_longer_prompts_are_no_server_queue(
+        late_chars: int, said: bool) -> None:
+    """First tokens 0.2 s early on and 1.0 s later: with prompts as long as before the server
+    queues, and the line says so; with prompts 4 times as long their prefill may be all of it,
+    and the line says nothing (a stream of long prompts after short ones)."""
+    clock, out = Clock(), StringIO()
+    view = ProgressView(1000, tty=False, stream=out, clock=clock, interval=1.0)
+    view.start()
+    ms = n = chars = 0
+    for second in range(30):
+        mean_ms, prompt = (200, 100) if second < 5 else (1000, late_chars)
+        for quarter in range(1, 5):
+            clock.now = 100.0 + second + quarter / 4
+            ms, n, chars = ms + 2 * mean_ms, n + 2, chars + 2 * prompt
+            view.update(0, report(n, first_token_ms=ms, first_tokens=n, first_token_chars=chars,
+                                  in_flight=8, cap=8))
+            view.refresh()
+    last = out.getvalue().splitlines()[-1]
+    assert ("; server queueing: first token after 1.00 s, against 0.20 s early in the run"
+            in last) == said, last
