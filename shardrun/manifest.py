@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 MANIFEST_SCHEMA = 1
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LATEST = "latest"  # `--resume latest`: the job's newest run, so no run may be named so
+# The hidden name `RunDir.create_held` makes a run's directory under, until it renames it.
+STAGING = re.compile(r"^\.(?P<run_id>[A-Za-z0-9][A-Za-z0-9._-]*)\.(?P<pid>\d+)\.[0-9a-f]{8}\.new$")
 VERSIONED = ("aiohttp", "orjson", "uvloop", "tenacity", "structlog", "PyYAML", "pydantic")
 
 
@@ -94,7 +96,7 @@ class RunDir:
         # A dot first: no run id can be this name (RUN_ID_PATTERN). Random as well as the pid:
         # a pid is reused (a container's shardrun is often pid 1 every time), and a leftover
         # of a killed pass, or a pass in another container, must not make the name taken.
-        staging = runs_dir / f".{run_id}.{os.getpid()}.{secrets.token_hex(4)}.new"
+        staging = runs_dir / f".{run_id}.{os.getpid()}.{secrets.token_hex(4)}.new"  # STAGING
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
             staging.mkdir()
@@ -104,7 +106,7 @@ class RunDir:
         held: Held | None = None
         try:
             # Held before the subdirectories are made: with them and no gate held, a directory
-            # reads as one a killed pass left (`resume._never_begun`), which `--resume latest`
+            # reads as one a killed pass left (`resume.never_begun`), which `--resume latest`
             # tells the user to remove.
             held = take(staging)
             for sub in ("events", "results", "dead", "logs"):
@@ -472,8 +474,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     try:
         data = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise RunDirError(f"{run_dir} is not a run directory: it has no manifest.json"
-                          f"{_which_run(run_dir)}") from None
+        raise RunDirError(_no_manifest(run_dir)) from None
     except OSError as exc:
         raise RunDirError(f"{path} cannot be read: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
@@ -489,6 +490,22 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
             raise RunDirError(f"{path}: {key} is not {what}; the manifest was edited or "
                               "damaged")
     return data
+
+
+def _no_manifest(run_dir: Path) -> str:
+    """Why a directory without manifest.json is no run to read, and what to do, in one sentence:
+    a killed first pass's leftover is named so, as is a run its first pass is making now."""
+    # Here, not at the top: resume reads this module's records, and its locks judge these.
+    from shardrun.resume import never_begun, pass_lives, unbegun
+
+    if never_begun(run_dir):
+        return f"{unbegun(run_dir)}: remove it"
+    made = STAGING.match(run_dir.name)
+    if made and pass_lives(run_dir):
+        run_id = made["run_id"]
+        return (f"{run_dir} is not a run directory yet: a first pass is making it, and names it "
+                f"{run_dir.parent / run_id} once made; name that run")
+    return f"{run_dir} is not a run directory: it has no manifest.json{_which_run(run_dir)}"
 
 
 def _check_schema(path: Path, schema: object) -> None:
@@ -521,10 +538,22 @@ def _which_run(folder: Path, *, of_parent: bool = False) -> str:
                     written.append(((child / "manifest.json").stat().st_mtime, child))
         except OSError:
             continue
+        left = _left_in(runs)
         if written:
             holds = "it holds" if runs == folder and not of_parent else f"{runs}{os.sep} holds"
-            return f"; {holds} runs: name one, such as {max(written)[1]}, the one written last"
+            return (f"; {holds} runs: name one, such as {max(written)[1]}, the one written last"
+                    f"{left}")
+        if left:
+            return left
     return ""
+
+
+def _left_in(runs: Path) -> str:
+    """A clause naming the newest directory in `runs` a killed first pass left, or ''."""
+    from shardrun.resume import leftovers, unbegun  # resume reads this module's records
+
+    found = leftovers(runs)
+    return f"; {unbegun(found[-1])}: remove it" if found else ""
 
 
 def newest_pass(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from shardrun.digestset import DigestSet
 from shardrun.errors import InputError, RunError, SpecError
 from shardrun.manifest import (
     LATEST,
+    STAGING,
     changed_results,
     fsync_dir,
     newest_job_path,
@@ -314,21 +315,24 @@ def find_run(runs_dir: Path, ref: str, job_path: Path | None = None, *,
     elsewhere = ("; a run made in another runs directory is resumed with the --runs-dir (or "
                  "SHARDRUN_RUNS_DIR) that made it")
     if ref == LATEST:
-        begun = _never_begun(runs_dir) if runs_dir.is_dir() else []
+        begun = leftovers(runs_dir) if runs_dir.is_dir() else []
         if not runs:
             if begun:
                 raise SpecError(f"--resume latest: there is no run in {runs_dir} to resume: "
-                                f"{_not_begun(begun[-1])}; run the job again without "
-                                f"--resume, and remove {begun[-1]}")
+                                f"{unbegun(begun[-1])}; remove it, and run the job again "
+                                "without --resume")
             raise SpecError(f"--resume latest: there is no run in {runs_dir}{elsewhere}")
         own = [p for p in runs if job_path is not None and _ran(p, job_path)]
         latest = max(own or runs, key=lambda p: (_started(p), p.name))
         if begun and _mtime(begun[-1]) > _mtime(latest / "manifest.json"):
-            print(f"warning: {_not_begun(begun[-1])}, so --resume latest resumes run "
+            print(f"warning: {unbegun(begun[-1])}, so --resume latest resumes run "
                   f"{latest.name}, the newest before it; remove {begun[-1]}", file=sys.stderr)
         return latest
     path = runs_dir / ref
     await_first_pass(path)
+    if never_begun(path):
+        raise SpecError(f"--resume {ref}: {unbegun(path)}; remove it, and run the job again "
+                        "without --resume")
     if not (path / "manifest.json").is_file():
         # By start, as `latest` orders them: a name given with --run-id says nothing of when.
         newest = sorted(runs, key=lambda p: (_started(p), p.name))[-5:]
@@ -362,19 +366,59 @@ def _await_starting(runs_dir: Path, wait_s: float) -> None:
         time.sleep(0.1)
 
 
-def _never_begun(runs_dir: Path) -> list[Path]:
-    """Run directories whose first pass was stopped (a kill -9) before it wrote their
-    manifest, oldest first: `RunDir.create`'s subdirectories, no manifest.json, and no pass
-    alive in them (one may be starting there now). Nothing ran in them: a pass starts its
-    shards only once its manifest is written, so no result was earned there."""
-    found = [p for p in runs_dir.iterdir() if (p / "results").is_dir()
-             and not (p / "manifest.json").exists() and not pass_lives(p)]
+def leftovers(runs_dir: Path) -> list[Path]:
+    """The directories in `runs_dir` first passes left, stopped before their runs began
+    (`never_begun`), oldest first."""
+    try:
+        found = [p for p in runs_dir.iterdir() if never_begun(p)]
+    except OSError:
+        return []
     return sorted(found, key=lambda p: (_mtime(p), p.name))
 
 
-def _not_begun(path: Path) -> str:
-    return (f"{path} was stopped before its first pass began (it has no manifest.json; nothing "
-            "ran in it)")
+_RUN_FOLDERS = frozenset({"events", "results", "dead", "logs"})
+_LOCKS = frozenset({PASS_LOCK, ".lock"})
+
+
+def never_begun(path: Path) -> bool:
+    """Whether `path` is a directory a first pass left, stopped (a kill -9) before its run
+    began: no manifest.json, no pass alive in it (its gate, PASS_LOCK, not held), nothing in
+    it but the locks and the run's empty folders, and those made (`RunDir.create_held` makes
+    them with the gate held, so the gate is there) or its hidden name, `STAGING`, one of a
+    process gone. Nothing was
+    sent from it: a pass starts its shards only once its manifest is written. Without folders
+    and with its process alive, it may be a pass's first instant, before it took its gate."""
+    try:
+        inside = {p.name: p for p in path.iterdir()}
+        folders = _RUN_FOLDERS & set(inside)
+        if not set(inside) <= _RUN_FOLDERS | _LOCKS or any(
+                not inside[name].is_dir() or any(inside[name].iterdir()) for name in folders):
+            return False
+    except OSError:  # not a directory, or not ours to read: nothing to say of it
+        return False
+    if pass_lives(path):
+        return False
+    made = STAGING.match(path.name)
+    if folders == _RUN_FOLDERS:  # made with the gate taken first: a user's folders have none
+        return PASS_LOCK in inside
+    return made is not None and _gone(int(made["pid"]))
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process `pid` runs here (one of another user's runs, as far as we know)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def unbegun(path: Path) -> str:
+    """What a directory `never_begun` is, said as the start of a sentence."""
+    return (f"{path} is a run whose first pass was stopped before it began (it has no "
+            "manifest.json; nothing was sent)")
 
 
 def _mtime(path: Path) -> int:

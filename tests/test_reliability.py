@@ -3991,9 +3991,9 @@ def test_resume_latest_names_a_run_killed_before_its_manifest(tmp_path: Path) ->
                     cwd=tmp_path)
     where = Path("runs") / left.name
     assert (alone.returncode, alone.stderr) == (2, (
-        f"error: --resume latest: there is no run in runs to resume: {where} was stopped "
-        "before its first pass began (it has no manifest.json; nothing ran in it); run the job "
-        f"again without --resume, and remove {where}\n"))
+        f"error: --resume latest: there is no run in runs to resume: {where} is a run whose "
+        "first pass was stopped before it began (it has no manifest.json; nothing was sent); "
+        "remove it, and run the job again without --resume\n"))
     shutil.rmtree(left)
     started = run_cli("job.yaml", "--runs-dir", "runs", "--limit", "5", "--quiet", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
@@ -4004,9 +4004,9 @@ def test_resume_latest_names_a_run_killed_before_its_manifest(tmp_path: Path) ->
                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr == (
-        f"warning: {where} was stopped before its first pass began (it has no manifest.json; "
-        f"nothing ran in it), so --resume latest resumes run {path.name}, the newest before it; "
-        f"remove {where}\n")
+        f"warning: {where} is a run whose first pass was stopped before it began (it has no "
+        f"manifest.json; nothing was sent), so --resume latest resumes run {path.name}, the "
+        f"newest before it; remove {where}\n")
     assert_exactly_once(Run.load(path), ids)
     assert list(left.rglob("*.jsonl")) == []
     # Resumed since, the run is newer than the directory left: nothing more to say of it.

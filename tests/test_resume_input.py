@@ -694,7 +694,8 @@ def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_beg
                                                     % day)
         os.utime(runs / name / "manifest.json", ns=(day * 10**18, day * 10**18))
     os.utime(runs / "old", ns=(3 * 10**18, 3 * 10**18))  # changed after "new" last ended
-    (runs / "starting" / "results").mkdir(parents=True)
+    for sub in ("events", "results", "dead", "logs"):  # as `RunDir.create_held` makes them
+        (runs / "starting" / sub).mkdir(parents=True)
     os.utime(runs / "starting", ns=(4 * 10**18, 4 * 10**18))
     with open(runs / "starting" / PASS_LOCK, "ab") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)
@@ -706,7 +707,8 @@ def test_resume_latest_names_no_run_with_a_manifest_or_a_pass_alive_as_never_beg
                                        "tell whether it is this job's newest run, 0.3 s at the "
                                        "most\n")
     assert find_run(runs, "latest") == runs / "new"  # its pass gone: never begun, said so
-    assert "starting was stopped before its first pass began" in capsys.readouterr().err
+    assert "starting is a run whose first pass was stopped before it began" in (
+        capsys.readouterr().err)
 
 
 def _rejects_file_size_limit() -> None:

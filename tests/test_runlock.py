@@ -23,7 +23,15 @@ from test_aggregate_fixtures import hand_shard, write_run
 from shardrun import resume
 from shardrun.report import load_report
 from shardrun.report._rundir import load_run, run_state
-from tests.conftest import FAST_SIM, KILL_GUARD_S, end_run, only_run, write_input, write_job
+from tests.conftest import (
+    FAST_SIM,
+    KILL_GUARD_S,
+    end_run,
+    only_run,
+    run_cli,
+    write_input,
+    write_job,
+)
 
 TAKE = """
 import sys
@@ -481,7 +489,7 @@ def test_a_new_runs_directory_in_its_making_never_reads_as_left_by_a_killed_pass
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While `RunDir.create_held` makes a run's directory under its hidden name, no moment of
-    it looks like a directory a pass killed before its manifest left (`resume._never_begun`:
+    it looks like a directory a pass killed before its manifest left (`resume.never_begun`:
     run folders, no manifest, no gate held), which `--resume latest` would tell the user to
     remove, and, with no other run there, call the only thing left. Checked after every
     directory made."""
@@ -493,7 +501,7 @@ def test_a_new_runs_directory_in_its_making_never_reads_as_left_by_a_killed_pass
 
     def mkdir(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
         real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
-        seen.extend(p.name for p in resume._never_begun(runs))
+        seen.extend(p.name for p in resume.leftovers(runs))
 
     monkeypatch.setattr(os, "mkdir", mkdir)
     made, lock = RunDir.create_held(runs, "r1", resume.lock_run)
@@ -554,3 +562,113 @@ def test_a_stop_during_a_new_runs_rename_leaves_no_run_behind(
     with pytest.raises(KeyboardInterrupt):
         RunDir.create_held(runs, "r1", resume.lock_run)
     assert list(runs.iterdir()) == []
+
+
+MAKER = """
+import sys
+from pathlib import Path
+
+from shardrun.manifest import RunDir
+from shardrun.resume import lock_run
+
+
+def take(staging):
+    held = lock_run(staging)
+    print(staging.name, flush=True)
+    sys.stdin.read()  # held here: in `create_held`, its gate taken, before folders and rename
+    return held
+
+
+RunDir.create_held(Path(sys.argv[1]), "r1", take)
+"""
+
+
+def test_a_first_pass_killed_while_making_its_directory_leaves_one_every_command_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A first pass (a real process) killed with SIGKILL while `RunDir.create_held` holds its
+    run's directory under the hidden name leaves that directory. While the pass lives, it is a
+    run being made, no leftover; once killed, `report` and `verify` on it, `report` on the runs
+    directory, and `--resume` (latest, or by its name) each say in one sentence that it is a
+    run whose first pass was stopped before it began, nothing sent, and to remove it, where
+    they said only that it had no manifest.json; `--resume latest` still resumes the run
+    before it."""
+    from shardrun.errors import SpecError
+
+    runs = tmp_path / "runs"
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml",
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": FAST_SIM})
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(runs)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert maker.stdout is not None
+        name = maker.stdout.readline().strip()
+        where = Path("runs") / name
+        making = run_cli("report", str(where), cwd=tmp_path)
+        assert making.stderr == (f"error: {where} is not a run directory yet: a first pass is "
+                                 "making it, and names it runs/r1 once made; name that run\n")
+        assert resume.leftovers(runs) == []
+    finally:
+        maker.kill()  # SIGKILL
+        maker.communicate(timeout=KILL_GUARD_S)
+    assert maker.returncode == -9
+    assert sorted(p.name for p in (runs / name).iterdir()) == [".lock", resume.PASS_LOCK]
+    said = (f"{where} is a run whose first pass was stopped before it began (it has no "
+            "manifest.json; nothing was sent)")
+    for command in (("report", str(where)), ("verify", str(where))):
+        left = run_cli(*command, cwd=tmp_path)
+        assert (left.returncode, left.stderr) == (2, f"error: {said}: remove it\n"), command
+    listed = run_cli("report", "runs", cwd=tmp_path)
+    assert listed.stderr == ("error: runs is not a run directory: it has no manifest.json; "
+                             f"{said}: remove it\n")
+    for ref, what in (("latest", f"there is no run in runs to resume: {said}"),
+                      (name, said)):
+        resumed = run_cli("job.yaml", "--runs-dir", "runs", "--resume", ref, cwd=tmp_path)
+        assert (resumed.returncode, resumed.stderr) == (2, (
+            f"error: --resume {ref}: {what}; remove it, and run the job again without "
+            "--resume\n"))
+    (runs / "old" / "results").mkdir(parents=True)
+    (runs / "old" / "manifest.json").write_bytes(b'{"started_at": "2026-01-01T00:00:00Z"}')
+    os.utime(runs / "old" / "manifest.json", ns=(10**18, 10**18))  # written before the kill
+    assert resume.find_run(runs, "latest") == runs / "old"
+    assert capsys.readouterr().err == (
+        f"warning: {runs / name} is a run whose first pass was stopped before it began (it has "
+        "no manifest.json; nothing was sent), so --resume latest resumes run old, the newest "
+        f"before it; remove {runs / name}\n")
+    with pytest.raises(SpecError, match=r"no manifest\.json; nothing was sent"):
+        resume.find_run(runs, name)
+
+
+def test_only_an_emptied_leftover_of_a_pass_gone_is_called_one(tmp_path: Path) -> None:
+    """On disk as a kill leaves it, a directory reads as a first pass's leftover only with
+    nothing in it but the locks and empty run folders, and no pass holding its gate: under
+    the hidden name with the run's folders made (whoever's pid it bears, as a container's pid
+    1 is every pass's), or without them, its process gone. Not one without folders whose
+    process lives (a pass in its first instant, before its gate), nor one with a file written
+    or an unknown one in it, nor a folder of the user's that only looks like a run's."""
+    runs = tmp_path / "runs"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+    def made(name: str, *subs: str) -> Path:
+        for sub in subs:
+            (runs / name / sub).mkdir(parents=True)
+        (runs / name).mkdir(parents=True, exist_ok=True)
+        (runs / name / resume.PASS_LOCK).touch()
+        return runs / name
+
+    folders = ("events", "results", "dead", "logs")
+    left = [made(f".r1.{os.getpid()}.0badc0de.new", *folders), made(f".r2.{gone}.0badc0de.new"),
+            made("r3", *folders)]
+    kept = [made(f".r4.{os.getpid()}.0badc0de.new"), made(f".r5.{gone}.0badc0de.new", *folders),
+            made("r6", *folders), made("r7", *folders), made("project", *folders[1:]),
+            made("mine", *folders)]
+    (kept[-1] / resume.PASS_LOCK).unlink()  # folders of the user's, no gate ever taken
+    (kept[1] / "results" / "shard-00.jsonl").write_text("{}\n")
+    (kept[2] / "notes.txt").write_text("mine\n")
+    (kept[3] / "manifest.json").write_text("{}")
+    assert [resume.never_begun(p) for p in left + kept] == [True] * 3 + [False] * 6
+    with open(left[0] / resume.PASS_LOCK, "ab") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)  # a live pass holds it
+        assert not resume.never_begun(left[0])
