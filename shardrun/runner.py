@@ -11,6 +11,7 @@ import asyncio
 import functools
 import shlex
 import shutil
+import signal
 import sys
 import threading
 from argparse import ArgumentTypeError
@@ -133,6 +134,22 @@ class Pass:
     retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
     # Lines past those whose rejects a pass killed before it ended wrote (`_killed_rejects`).
     killed_rejects: DigestSet | None = None
+    stops: set[int | signal.Signals] | None = None  # the signal mask before `_hold_stops`, if held
+
+
+_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _hold_stops() -> set[int | signal.Signals]:
+    """Keep a Ctrl-C, SIGTERM or SIGHUP pending (blocked, in this thread) while a first pass
+    makes its run directory and hands it to the clean-up that owns it: raised between two
+    statements there, a stop left the directory without a manifest. The mask before."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+
+
+def _let_stops(before: set[int | signal.Signals]) -> None:
+    """Put back the mask `_hold_stops` changed: a stop held meanwhile is raised now."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def run(
@@ -158,9 +175,12 @@ def run(
         check_strictly(make_reader(job))
     sim: SimProcess | None = None
     base_url = job.spec.endpoint.base_url
-    # Nothing between the pass and its try: a stop landing there would skip the clean-up.
+    # A first pass's comes with stops held (`_hold_stops`): one landing before the try would
+    # skip the clean-up, and leave a run directory without a manifest.
     this = _open_pass(job, options)
     try:
+        if this.stops is not None:
+            _let_stops(this.stops)  # a stop held until now is raised here, owned
         if sim_config is not None:
             from shardrun.sim.launcher import start_sim
 
@@ -277,25 +297,30 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             raise SpecError("--retry-failed goes with --resume RUN_ID (or use `shardrun "
                             "retry-failed RUN_DIR`)")
         check_runs_dir(job)  # in the words `validate` uses for it
+        stops = _hold_stops()  # let go in `run`'s try, whose clean-up owns the directory then
         try:
             # Its gate taken before the directory has its name (`RunDir.create_held`).
             run_dir, lock = RunDir.create_held(job.runs_path, options.run_id or new_run_id(),
                                                resume.lock_run)
         except SpecError as exc:
+            _let_stops(stops)
             source = job.sources.get("runs_dir", "default")
             if source == "default" or not str(exc).startswith("cannot create"):
                 raise
             raise SpecError(f"{exc} (runs_dir from {source})") from None
+        except BaseException:
+            _let_stops(stops)
+            raise
         try:
             way_on, retrying = choose_way_on(job, run_dir, options, read_before=False)
-            # Made in here too: a stop in its making is one before `run` holds the pass.
             return Pass(run_dir, 0, DigestSet(), {}, lock, way_on=way_on,
-                        way_on_retrying=retrying)
+                        way_on_retrying=retrying, stops=stops)
         except BaseException:
-            # A stop (Ctrl-C, SIGTERM) or an error before `run` holds the pass: no run without
-            # a manifest may be left behind (`run`'s own clean-up needs the pass it returns).
+            # An error before `run` holds the pass: no run without a manifest may be left
+            # behind (`run`'s own clean-up needs the pass it returns).
             shutil.rmtree(run_dir.path, ignore_errors=True)
             lock.close()  # after: a resume waiting for it then finds no directory, no run
+            _let_stops(stops)
             raise
     run_dir = RunDir.existing(resume.find_run(job.runs_path, options.resume, job.job_path))
     lock = resume.lock_run(run_dir.path)

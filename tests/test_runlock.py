@@ -483,6 +483,8 @@ def test_a_new_runs_directory_is_never_there_without_its_gate_held(tmp_path: Pat
         assert ungated == []
     finally:
         this.lock.close()
+        assert this.stops is not None
+        runner._let_stops(this.stops)  # as `run` does, once its clean-up owns the pass
 
 
 def test_a_new_runs_directory_in_its_making_never_reads_as_left_by_a_killed_pass(
@@ -672,3 +674,51 @@ def test_only_an_emptied_leftover_of_a_pass_gone_is_called_one(tmp_path: Path) -
     with open(left[0] / resume.PASS_LOCK, "ab") as gate:
         fcntl.flock(gate, fcntl.LOCK_EX)  # a live pass holds it
         assert not resume.never_begun(left[0])
+
+
+@pytest.mark.parametrize("when", ["as its directory is made", "as it is handed over"])
+def test_a_ctrl_c_while_a_first_pass_makes_its_run_leaves_no_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str,
+) -> None:
+    """A real SIGINT, sent to this process as `RunDir.create_held` looks at the directory it
+    has just made (its `lstat`, outside its own clean-up), or just as it returns the run (before
+    the pass's clean-up owns it), is held until `runner.run`'s clean-up owns the directory,
+    then raised: the run is stopped and no directory is left, where the stop left one without
+    a manifest (and, the first time, under the hidden name)."""
+    import signal
+
+    from shardrun import runner
+    from shardrun.manifest import RunDir
+
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", runs_dir=str(tmp_path / "runs"))
+    sent: list[int] = []
+
+    def interrupt() -> None:
+        if not sent:
+            sent.append(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    if when == "as its directory is made":
+        real_lstat = Path.lstat
+
+        def lstat(self: Path) -> os.stat_result:
+            if self.name.endswith(".new"):
+                interrupt()
+            return real_lstat(self)
+
+        monkeypatch.setattr(Path, "lstat", lstat)
+    else:
+        real_create = RunDir.create_held
+
+        def create_held(*args: object, **kwargs: object) -> object:
+            made = real_create(*args, **kwargs)  # type: ignore[arg-type]
+            interrupt()
+            return made
+
+        monkeypatch.setattr(RunDir, "create_held", create_held)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(tmp_path / "job.yaml", env={}, flags={}, argv=[],
+                   options=runner.RunOptions(run_id="r1", quiet=True))
+    assert sent and list((tmp_path / "runs").iterdir()) == []
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
