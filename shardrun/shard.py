@@ -1597,9 +1597,15 @@ async def _run_locked(cfg: ShardConfig, receive: Receive, send: Send) -> Counter
                 await asyncio.gather(reader, ticker, dispatcher, *shard.tasks,
                                      return_exceptions=True)
             shard.close()
-    send({**shard.report(protocol.DONE), "minutes": shard.minute_tokens,
-          "fatal": shard.fatal_reason, "fatal_mode": shard.fatal_mode})
+    send(done_message(shard))
     return shard.counters
+
+
+def done_message(shard: Shard) -> protocol.Message:
+    """The shard's last report. No fatal stop in it: the coordinator has each one already, the
+    FATAL message the shard sent as it stopped (earlier on the same pipe) or the one it relayed,
+    and words the run's end from that, with the outage or storm that caused it."""
+    return {**shard.report(protocol.DONE), "minutes": shard.minute_tokens}
 
 
 async def _pump(receive: Receive, shard: Shard) -> None:

@@ -22,12 +22,20 @@ import pytest
 from aiohttp import http_parser, web
 from aiohttp.test_utils import TestServer
 
+from shardrun import protocol
 from shardrun._chunks import MORE, ChunkReader
 from shardrun.client import AttemptOutcome, StreamingClient, make_session
 from shardrun.clock import Clock
 from shardrun.items import Api
 from shardrun.retry import Retrier, RetryPolicy
-from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig, credentials_fix
+from shardrun.shard import (
+    ABANDON,
+    REFUSED_ALIKE_AFTER,
+    Shard,
+    ShardConfig,
+    credentials_fix,
+    done_message,
+)
 from tests.test_client import (
     BODY,
     FAST,
@@ -483,11 +491,13 @@ def _refused(status: int, body: dict[str, object]) -> AttemptOutcome:
     return out
 
 
-def _shard_after(tmp_path: Path, out: AttemptOutcome, times: int = 1) -> Shard:
-    """A shard that has not yet seen a success, told `times` of the failed attempt `out`."""
+def _shard_after(tmp_path: Path, out: AttemptOutcome, times: int = 1,
+                 sent: list[dict[str, Any]] | None = None) -> Shard:
+    """A shard that has not yet seen a success, told `times` of the failed attempt `out`;
+    what it sends the coordinator goes to `sent`."""
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", api_key="k", api_key_env="OPENROUTER_API_KEY")
-    shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+    shard = Shard(cfg, (sent if sent is not None else []).append)  # type: ignore[arg-type]
     for _ in range(times):
         shard._note_failure(out, "http://x/v1/chat/completions")
     shard.close()
@@ -505,6 +515,22 @@ def test_a_402_for_credits_stops_the_run_as_a_used_up_quota(tmp_path: Path) -> N
     assert shard.fatal_mode == ABANDON and shard.fatal_reason is not None
     assert shard.fatal_reason.startswith(
         "the endpoint says the account's quota is used up (HTTP 402: Insufficient credits.")
+
+
+def test_a_shards_fatal_stop_reaches_the_coordinator_once_before_its_done(
+        tmp_path: Path) -> None:
+    """A shard that stops the run (a used-up quota) tells the coordinator at once, in a
+    `fatal` message with its reason and mode, which the coordinator words the run's end from;
+    its `done` report, sent after it on the same pipe, no longer repeats them in fields the
+    coordinator never read (the protocol table in docs/ARCHITECTURE.md says so)."""
+    sent: list[dict[str, Any]] = []
+    shard = _shard_after(tmp_path, _refused(402, {"error": {"code": 402, "message": "no"}}),
+                         sent=sent)
+    assert [(m["t"], m["reason"], m["mode"]) for m in sent] == [
+        (protocol.FATAL, shard.fatal_reason, ABANDON)]
+    done = done_message(shard)
+    assert done["t"] == protocol.DONE and "minutes" in done
+    assert not {"fatal", "fatal_mode"} & set(done)
 
 
 def test_a_403_for_flagged_content_refuses_the_item_not_the_key(tmp_path: Path) -> None:
