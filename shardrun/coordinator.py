@@ -78,6 +78,7 @@ class ShardState:
     progress: dict[str, Any] = field(default_factory=dict)
     # Its open spans' failed attempts that its reports counted (`tried`, sent as changes).
     tried: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)  # and their held retries (`held`)
     done: dict[str, Any] | None = None
     died: str | None = None
     heard_at: float = 0.0  # event-loop time of its last message (or of its start)
@@ -179,6 +180,7 @@ class Coordinator:
             elif kind in (protocol.PROGRESS, protocol.DONE):
                 self._finished(state, message["fin_ok"], message["fin_dead"])
                 protocol.apply_changes(state.tried, message.get("tried") or {})
+                protocol.apply_changes(state.held, message.get("held") or {})
                 state.progress = message
                 self.view.update(handle.index, message)
                 if kind == protocol.DONE:
@@ -596,7 +598,8 @@ class Coordinator:
         ok, dead = state.handle.finished_among(set(state.outstanding))
         self._finished(state, list(ok), list(dead))
         # The lines it wrote after its last report: their tokens and attempts are in no report.
-        state.progress = add_unreported(state.progress, state.tried, ok.values(), dead.values())
+        state.progress = add_unreported(state.progress, state.tried, ok.values(), dead.values(),
+                                        state.held)
         items = list(state.outstanding.values())
         state.outstanding.clear()
         self.reassigned += len(items)

@@ -190,6 +190,9 @@ class Shard:
         # after its last report (`summary.add_unreported`), so that it counts them once. Each
         # report carries only its changes (a storm holds an entry for every slot).
         self.tried = protocol.CountChanges()
+        # Likewise the held retries of 429s each such span has sent, which `limited_429s`
+        # counts as they go: a dead letter's attempts mark them (`held`), reported or not.
+        self.held = protocol.CountChanges()
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
@@ -1228,7 +1231,10 @@ class Shard:
             self.log.emit(events.RETRY, **span.retry_line)
             # A hold's 429 is counted as its retry goes, as `report` counts its line: not one
             # a stop or a fatal error ended during the wait (nor one a dead letter ended).
-            self.counters.limited_429s += span.retry_line["why"] == RATE_LIMITED
+            if span.retry_line["why"] == RATE_LIMITED:
+                self.counters.limited_429s += 1
+                span.history[-1]["held"] = True
+                self.held.set(sid, self.held.counts.get(sid, 0) + 1)
             span.retry_line = None
         self.log.emit(events.ATTEMPT_START, t=started, span=sid, id=iid, attempt=attempt)
         # No callbacks: the attempt's transitions are read off the outcome and logged on its
@@ -1460,6 +1466,7 @@ class Shard:
         span.ended = True
         if len(span.history) > 1:
             self.tried.drop(span.span_id)
+            self.held.drop(span.span_id)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
         if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
@@ -1496,6 +1503,7 @@ class Shard:
                       outcome=outcome, reason=reason)
         span.ended = True
         self.tried.drop(span.span_id)
+        self.held.drop(span.span_id)
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
@@ -1540,7 +1548,8 @@ class Shard:
                 "first_tokens": self.first_tokens, "first_token_chars": self.first_token_chars,
                 "failing_s": round(self.storm.lasted(self.clock.now()), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
-                "tried": self.tried.take_changes(), **self.counters.as_dict()}
+                "tried": self.tried.take_changes(), "held": self.held.take_changes(),
+                **self.counters.as_dict()}
 
     def _unheard_s(self) -> float:
         """How long requests have been out with nothing heard: no stream's events, no answer

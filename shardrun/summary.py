@@ -311,7 +311,8 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
 
 def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
                    results: Iterable[dict[str, Any]],
-                   dead: Iterable[dict[str, Any]]) -> dict[str, Any]:
+                   dead: Iterable[dict[str, Any]],
+                   held: Mapping[str, int] | None = None) -> dict[str, Any]:
     """A dead shard's last report plus what the lines it wrote after that report hold.
 
     Those lines were written after the report's counters were read: their item, its tokens
@@ -319,9 +320,12 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
     reports' changes to it applied up to this one) holds how many attempts each span still open
     then had ended (every one a failure; all but the first of them a retry), so that they are
     not counted twice. A dead letter's attempts carry their status, so its unreported 429s
-    count too, or the req/min answered (attempts less 429s) would read high. What the lines do
-    not hold stays as reported: the tokens wasted by earlier attempts, rate-limit waits, and
-    which of a result's unreported failed attempts were 429s (its line has their number only).
+    count too, or the req/min answered (attempts less 429s) would read high; so do the held
+    retries of its 429s (`limited_429s`): its attempts marked `held`, less those `held` says
+    the reports counted for its span, or the summary would count fewer than `report` reads
+    from their `retry` lines. What the lines do not hold stays as reported: the tokens wasted
+    by earlier attempts, rate-limit waits, and which of a result's unreported failed attempts
+    were 429s, held or not (its line has their number only).
     """
     add: Counter[str] = Counter()
     for line in results:
@@ -342,6 +346,8 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         reported = tried.get(line.get("span", ""), 0)
         _add_attempts(add, len(history), reported)
         add["http_429s"] += sum(a.get("status") == "http_429" for a in history[reported:])
+        sent = sum(a.get("held") is True for a in history)
+        add["limited_429s"] += max(0, sent - (held or {}).get(line.get("span", ""), 0))
     return {**report, **{k: int(report.get(k, 0)) + n for k, n in add.items()}}
 
 

@@ -42,6 +42,7 @@ class _Client:
     def __init__(self, clock: _Clock, errors: list[str | None], took: float = 1.0,
                  headers: dict[str, str] | None = None, stated_from: int = 0) -> None:
         self.clock, self.errors, self.took, self.calls = clock, errors, took, 0
+        self.heard_at = 0.0  # as a real client notes it, for the shard's progress reports
         # The x-ratelimit-* headers of every 429 from attempt `stated_from` (from 0) on.
         self.headers, self.stated_from = headers or {}, stated_from
 
@@ -63,13 +64,15 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
              stop_at: int | None = None, headers: dict[str, str] | None = None,
              shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
              stop_in_hold: int | None = None, stated_from: int = 0,
+             reports: list[protocol.Message] | None = None,
              **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
     that attempt (from 0) is out; `stop_in_hold`: one comes during the wait of the hold after
     that attempt (from 1); `params`, the job's; `took`, each attempt's seconds; `stated_from`,
-    the first attempt (from 0) whose 429 carries `headers`."""
+    the first attempt (from 0) whose 429 carries `headers`; `reports`: the shard's progress
+    report as each hold's wait starts goes there."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry, shard_count=shard_count,
@@ -88,6 +91,8 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
     shard.clients = {"chat": client}  # type: ignore[dict-item]
 
     async def pause(wait: float) -> None:  # a hold's wait passes on the test's clock
+        if reports is not None:
+            reports.append(shard.report(protocol.PROGRESS))
         clock.t += wait
         if client.calls == stop_in_hold:
             shard.stopping = True
@@ -166,6 +171,30 @@ def test_the_429s_counted_held_are_those_that_held_their_item(tmp_path: Path) ->
     waiting, calls = _run_one(tmp_path / "hold", [PACE] * 5, stop_in_hold=2)
     assert calls == 2 and waiting.counters.abandoned == 1
     assert waiting.counters.limited_429s == 1 == _held_lines(tmp_path / "hold")
+
+
+def test_a_dead_shards_summary_counts_the_429s_held_as_report_does(tmp_path: Path) -> None:
+    """A shard that dies after its dead letter is written, its last report taken during any of
+    the item's holds: its last report plus what the dead letter on disk adds
+    (`summary.add_unreported`, as the coordinator counts a dead shard) hold as many held 429s
+    as `report` reads from its `rate_limited` retry lines, as its `http_429s` hold its 429s.
+    Only the 429s were added before: the held ones were left as last reported."""
+    from shardrun.summary import add_unreported
+
+    reports: list[protocol.Message] = []
+    shard, calls = _run_one(tmp_path, [PACE] * 200, others_answered=True, outage_s=30.0,
+                            reports=reports)
+    (dead,) = _dead(tmp_path)
+    assert shard.counters.dead == 1 and len(reports) == calls - 1 > 2
+    assert sum(a.get("held") is True for a in dead["attempts"]) == calls - 1
+    tried: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for last in reports:  # each, in turn, the last the coordinator heard
+        protocol.apply_changes(tried, last.get("tried") or {})
+        protocol.apply_changes(held, last.get("held") or {})
+        after = add_unreported(last, tried, [], [dead], held)
+        assert (after["limited_429s"], after["http_429s"]) == (_held_lines(tmp_path), calls)
+        assert after["limited_429s"] == shard.counters.limited_429s
 
 
 def test_a_429_that_states_the_limit_paces_the_shard_at_its_share_of_it(tmp_path: Path) -> None:

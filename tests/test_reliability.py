@@ -1126,7 +1126,8 @@ def test_a_shard_that_falls_silent_is_killed_and_replaced(tmp_path: Path) -> Non
 # open: `tried`), then in a second report (which carries only what changed) a second failed
 # attempt of the first item, writes every item's line (the first a dead letter after a third
 # attempt, the others results of a second) and SIGKILLs itself before it can report them: the
-# coordinator finds them in its files.
+# coordinator finds them in its files. The first item's attempts are 429s, each retry held (the
+# second report counts the first: `held`), its dead letter's attempts marked so.
 DIES_AFTER_WRITING = """
 import json, os, signal, sys
 config = json.loads(sys.stdin.readline())
@@ -1138,19 +1139,20 @@ items = message["items"]
 spans = [f"0-{n}" for n in range(1, len(items) + 1)]
 # A retry is counted once sent and ended: none in the first report (each retry decided, not
 # sent), one in the second (the first item's second attempt).
-def report(attempts, tried):
+def report(attempts, tried, **more):
     message = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": attempts,
-               "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried}
+               "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried,
+               **more}
     os.write(1, (json.dumps(message) + "\\n").encode())
-report(len(items), {s: 1 for s in spans})
-report(len(items) + 1, {spans[0]: 2})
+report(len(items), {s: 1 for s in spans}, http_429s=1)
+report(len(items) + 1, {spans[0]: 2}, http_429s=2, limited_429s=1, held={spans[0]: 1})
 def write(sub, lines):
     os.makedirs(os.path.join(config["out_dir"], sub), exist_ok=True)
     with open(os.path.join(config["out_dir"], sub, "shard-00.jsonl"), "w") as f:
         f.writelines(json.dumps(line) + "\\n" for line in lines)
-failure = {"status": "http_5xx", "http": 500, "error": "HTTP 500"}
-write("dead", [{"id": items[0]["id"], "span": spans[0], "reason": "max_attempts: HTTP 500",
-                "attempts": [failure, failure, failure]}])
+failure = {"status": "http_429", "http": 429, "error": "HTTP 429"}
+write("dead", [{"id": items[0]["id"], "span": spans[0], "reason": "rate_limited_too_long",
+                "attempts": [{**failure, "held": True}, {**failure, "held": True}, failure]}])
 write("results", [{"id": item["id"], "span": span, "attempts": 2, "output": "x",
                    "usage": {"completion_tokens": 7, "prompt_tokens": 3}}
                   for item, span in zip(items[1:], spans[1:])])
@@ -1161,7 +1163,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path) -> None:
     """Lines a shard wrote after its last report, then died: the summary counts their items,
     tokens and attempts (its earlier attempts, which that report counted, once), so it says
-    what the result and dead-letter files hold."""
+    what the result and dead-letter files hold; its dead letter's 429s, and the held retries
+    of them, each once (`limited_429s` was left as reported)."""
     ids = write_input(tmp_path / "input.jsonl", 400)
     write_job(tmp_path / "job.yaml", shard_start="fork", shards=3)
     proc = _run_with_stand_in_launcher(tmp_path, "report", DIES_AFTER_WRITING)
@@ -1182,6 +1185,7 @@ def test_the_summary_counts_the_lines_a_dead_shard_never_reported(tmp_path: Path
     assert summary["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in run.results) \
         + 3 * 17
     assert summary["per_shard"][0] == {"shard": 0, "ok": 15, "dead": 1, "abandoned": 0}
+    assert (summary["http_429s"], summary["limited_429s"]) == (3, 2)
 
 
 def test_stopping_the_whole_run_and_continuing_kills_no_shard(tmp_path: Path) -> None:

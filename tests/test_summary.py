@@ -473,3 +473,21 @@ def test_the_summary_counts_answered_without_any_429_as_the_report_does() -> Non
     s = summary_of([{"attempts": 100, "limited_429s": 10, "http_429s": 30}], dead=0)
     (line,) = [x for x in format_summary(s).splitlines() if "server rate limit" in x]
     assert "10 429s held, 2,100 req/min answered on average" in line, line
+
+
+def test_a_dead_shards_unreported_dead_letters_add_their_unreported_held_429s() -> None:
+    """A dead letter written after the shard's last report adds the held retries of its 429s
+    that report did not count (its attempts marked `held`, less those the report's `held`
+    counted for its span), as `report` counts each from its `retry` line: `limited_429s` was
+    left as reported while `http_429s` was amended, so the summary and `report` disagreed."""
+    report = {"attempts": 10, "http_429s": 4, "limited_429s": 3}
+    dead = [{"id": "c", "span": "0-9", "reason": "rate_limited_too_long: refused with 429",
+             "attempts": [{"status": "http_429", "held": True},
+                          {"status": "http_429", "held": True},
+                          {"status": "http_429", "held": True}, {"status": "http_429"}]},
+            {"id": "d", "span": "0-4", "reason": "rate_limited_too_long: refused with 429",
+             "attempts": [{"status": "http_429", "held": True}, {"status": "http_429"}]}]
+    # Of 0-9, the report counted two attempts ended and one hold sent (the second's was
+    # decided but not yet sent); 0-4 began after it.
+    after = add_unreported(report, {"0-9": 2}, [], dead, {"0-9": 1})
+    assert (after["attempts"], after["http_429s"], after["limited_429s"]) == (14, 8, 6)
