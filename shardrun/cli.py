@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -336,6 +337,20 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _hung_up(terminal: list[int], signum: int, frame: object) -> None:
+    """SIGHUP before the coordinator hears it: a stop like SIGTERM, its sentence sent where
+    the terminal was to /dev/null (writing to a hung-up terminal fails), as the coordinator
+    does (`Coordinator.hang_up`)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in terminal:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    raise KeyboardInterrupt
+
+
 _EARLY_STOP = ["stopped before the command started; nothing was sent"]
 """What `_stop_at_once` says; a run's pass puts its own words here (a one-item list: no
 `global`)."""
@@ -363,6 +378,10 @@ def _command_signals(*, run: bool) -> None:
     is left behind), else its default action."""
     if signal.getsignal(signal.SIGINT) is _stop_at_once:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if run and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        # Else a hang-up ended the pass at once, leaving a run directory without a manifest.
+        terminal = [fd for fd in (1, 2) if os.isatty(fd)]  # not once it has hung up
+        signal.signal(signal.SIGHUP, functools.partial(_hung_up, terminal))
     if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         return
     if run:

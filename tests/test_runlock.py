@@ -24,6 +24,7 @@ from shardrun import resume
 from shardrun.report import load_report
 from shardrun.report._rundir import load_run, run_state
 from tests.conftest import (
+    CLI_TIMEOUT_S,
     FAST_SIM,
     KILL_GUARD_S,
     end_run,
@@ -722,3 +723,38 @@ def test_a_ctrl_c_while_a_first_pass_makes_its_run_leaves_no_run_directory(
                    options=runner.RunOptions(run_id="r1", quiet=True))
     assert sent and list((tmp_path / "runs").iterdir()) == []
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+HANG_UP_IN_THE_MAKING = """
+import os, signal, sys
+from shardrun.manifest import RunDir
+real = RunDir.create_held.__func__
+
+def create_held(cls, *args, **kwargs):
+    made = real(cls, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGHUP)  # held, as Ctrl-C is, till the clean-up owns the run
+    return made
+
+RunDir.create_held = classmethod(create_held)
+from shardrun.cli import main
+sys.argv = ["shardrun", "job.yaml", "--runs-dir", "runs", "--run-id", "r1", "--quiet"]
+sys.exit(main())
+"""
+
+
+def test_a_hang_up_while_a_first_pass_makes_its_run_leaves_no_run_directory(
+    tmp_path: Path,
+) -> None:
+    """A SIGHUP (a dropped SSH session, `kill -HUP`) before the coordinator hears it stops the
+    pass as SIGTERM does: held while the run directory is made, then a KeyboardInterrupt in
+    `runner.run`'s clean-up, which removes the directory. Its default action ended the process
+    there (129), leaving the run `r1` without a manifest."""
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SHARDRUN_")}
+    proc = subprocess.run([sys.executable, "-c", HANG_UP_IN_THE_MAKING], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    assert (proc.returncode, proc.stderr) == (
+        130, "error: stopped before the run started; nothing was sent\n")
+    assert list((tmp_path / "runs").iterdir()) == []
