@@ -134,22 +134,49 @@ class Pass:
     retried: DigestSet | None = None  # the dead letters a retry pass set aside, to run again
     # Lines past those whose rejects a pass killed before it ended wrote (`_killed_rejects`).
     killed_rejects: DigestSet | None = None
-    stops: set[int | signal.Signals] | None = None  # the signal mask before `_hold_stops`, if held
+    stops: HeldStops | None = None  # the stops `_hold_stops` held, if it did
 
 
-_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _hold_stops() -> set[int | signal.Signals]:
-    """Keep a Ctrl-C, SIGTERM or SIGHUP pending (blocked, in this thread) while a first pass
-    makes its run directory and hands it to the clean-up that owns it: raised between two
-    statements there, a stop left the directory without a manifest. The mask before."""
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+@dataclass
+class HeldStops:
+    """The handlers `_hold_stops` replaced, and the stops that came meanwhile."""
+
+    handlers: dict[signal.Signals, Any]
+    came: list[int]
 
 
-def _let_stops(before: set[int | signal.Signals]) -> None:
-    """Put back the mask `_hold_stops` changed: a stop held meanwhile is raised now."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, before)
+def _hold_stops() -> HeldStops:
+    """Keep a Ctrl-C, SIGTERM or SIGHUP pending while a first pass makes its run directory
+    and hands it to the clean-up that owns it: raised between two statements there, a stop
+    left the directory without a manifest. Their Python handlers are replaced by one that
+    notes the signal, not a blocked mask: a mask is one thread's, and with another thread in
+    the process (an embedding program's) the stop went to it, and was raised here at once.
+    Only the main thread's are replaced; a stop never raises in another."""
+    held = HeldStops({}, [])
+    if threading.current_thread() is not threading.main_thread():
+        return held
+    for sig in _STOPS:
+        handler = signal.getsignal(sig)
+        if callable(handler):  # not SIG_DFL nor SIG_IGN: nothing to raise here
+            held.handlers[sig] = handler
+            signal.signal(sig, lambda signum, frame: held.came.append(signum))
+    return held
+
+
+def _let_stops(held: HeldStops) -> None:
+    """Put back the handlers `_hold_stops` replaced: a stop held meanwhile is raised now."""
+    try:
+        for sig, handler in held.handlers.items():
+            signal.signal(sig, handler)
+    finally:  # a stop raised by one put back, before the others are: put them back too
+        for sig, handler in held.handlers.items():
+            if signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+    for signum in held.came[:1]:  # the first: one stop, as if it came now
+        held.handlers[signal.Signals(signum)](signum, None)
 
 
 def run(

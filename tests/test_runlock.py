@@ -722,7 +722,51 @@ def test_a_ctrl_c_while_a_first_pass_makes_its_run_leaves_no_run_directory(
         runner.run(tmp_path / "job.yaml", env={}, flags={}, argv=[],
                    options=runner.RunOptions(run_id="r1", quiet=True))
     assert sent and list((tmp_path / "runs").iterdir()) == []
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_a_ctrl_c_another_thread_takes_while_a_first_pass_makes_its_run_is_held_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program that runs `runner.run` with a thread of its own: a SIGINT sent as the pass
+    hands its new run over goes to that thread (it is the one that sends it, and blocks it
+    not), whose handler has the main thread raise at once, where a blocked mask held it there
+    only. It is held all the same, and raised once the pass's clean-up owns the directory."""
+    import signal
+    import threading
+
+    from shardrun import runner
+    from shardrun.manifest import RunDir
+
+    write_input(tmp_path / "input.jsonl", 3)
+    write_job(tmp_path / "job.yaml", runs_dir=str(tmp_path / "runs"))
+    go, sent = threading.Event(), threading.Event()
+
+    def other() -> None:
+        if go.wait(KILL_GUARD_S):
+            os.kill(os.getpid(), signal.SIGINT)  # handled in this thread: it blocks none
+            sent.set()
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    real_create = RunDir.create_held
+
+    def create_held(*args: object, **kwargs: object) -> object:
+        made = real_create(*args, **kwargs)  # type: ignore[arg-type]
+        go.set()
+        assert sent.wait(KILL_GUARD_S)
+        return made
+
+    monkeypatch.setattr(RunDir, "create_held", create_held)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(tmp_path / "job.yaml", env={}, flags={}, argv=[],
+                       options=runner.RunOptions(run_id="r1", quiet=True))
+    finally:
+        go.set()
+        thread.join(KILL_GUARD_S)
+    assert sent.is_set() and list((tmp_path / "runs").iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 HANG_UP_IN_THE_MAKING = """
