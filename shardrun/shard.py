@@ -329,8 +329,9 @@ class Shard:
         slept out its interval (up to PROBE_MAX_S), its slot idle, and then went on its own,
         no longer the probe, beside whichever item had taken its place."""
         back = self.endpoint_back
-        if back.is_set():  # no outage to wait out (a plain pause, never a hot loop)
-            await self._pause(seconds)
+        # Back already: an answer came while its GET of the model list was out (the failure
+        # that made the outage had cleared it), and it slept out its whole interval then.
+        if back.is_set():
             return
         waits = [asyncio.ensure_future(event.wait()) for event in (self.halted, back)]
         try:

@@ -346,16 +346,19 @@ def test_an_items_first_failure_while_only_the_list_answers_is_retried_free(
     assert not spans[0].list_only_now
 
 
-@pytest.mark.parametrize("back", ["answered", "list_spent"])
+@pytest.mark.parametrize("during_list", [False, True], ids=["waiting", "asking_the_list"])
 def test_an_outage_probe_waiting_to_try_again_goes_when_the_endpoint_is_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, back: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, during_list: bool) -> None:
     """The probe waits its interval (up to PROBE_MAX_S) before it tries again. A request of
-    ours answered meanwhile, or the list's word spent, ends the outage: the items waiting on
-    the probe go at once, and so does the probe, whose slot sat idle to its interval's end."""
+    ours answered meanwhile ends the outage: the items waiting on the probe go at once, and so
+    does the probe, whose slot sat idle to its interval's end; so it did when the answer came
+    while its GET of the model list was out (the list unanswered), back before its wait began."""
     clock, shard, spans = _four_spans(tmp_path, held=False)
     monkeypatch.setattr(shard.retrier, "backoff", lambda attempt: 60.0)
 
     async def no_list(_timeout: float) -> bool:
+        if during_list:
+            await asyncio.sleep(0.1)  # the answer below comes meanwhile
         return False
 
     async def main() -> bool:
@@ -368,10 +371,7 @@ def test_an_outage_probe_waiting_to_try_again_goes_when_the_endpoint_is_back(
         await asyncio.sleep(0.05)
         assert not task.done() and shard.prober is probe
         clock.t += 1
-        if back == "answered":
-            _answered(shard, clock, "in flight before")
-        else:
-            shard._list_spent()
+        _answered(shard, clock, "in flight before")
         assert shard.endpoint_back.is_set() and shard.prober is None
         return await asyncio.wait_for(task, PROBE_MAX_S / 2)  # its interval not slept out
 
@@ -534,7 +534,8 @@ def test_holds_for_a_rate_limit_do_not_lengthen_a_later_outage_probes_wait(
         await asyncio.sleep(0.05)
         assert probe.history[-1]["wait"] == 1.0
         assert probe.outage_tries == 4  # attempt 5 is still the item's first of its own
-        shard._list_spent()
+        clock.t += 1
+        _answered(shard, clock, "other")
         await asyncio.wait_for(task, PROBE_MAX_S / 2)
 
     asyncio.run(main())
