@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_storm.py                      # this tree
     .venv/bin/python scripts/bench_storm.py --before ecaf15d     # that revision too, in turn
     .venv/bin/python scripts/bench_storm.py --flaky --before d93c978 --repeats 3
+    .venv/bin/python scripts/bench_storm.py --gateway --before fb18c2f
 
 Each case starts this tree's simulator as its own process (ttft 200 ms, 16-64 tokens), which
 answers every request with the storm's status for `--storm-s` seconds once `--storm-after-n`
@@ -17,13 +18,22 @@ rows see the same storm.
 same small shape (2 shards x 8, 200 items) must still be. "held retries" counts the event log's
 retries held in a storm (cause `endpoint_failing`).
 
+`--gateway` restarts a server behind tests/models_gateway.py, which answers GET of the model
+list itself and resets every other request while nothing is behind it: 200 items at 1 x 8
+(ttft 100 ms, the default retry policy), the server killed once 16 results are in and started
+again on its port 8, 20 or 40 s later. The table counts results and dead letters, and the
+wall time of the whole run.
+
 Only loopback traffic; every run is bounded in time; every process it starts is stopped by PID.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -141,17 +151,88 @@ def print_rows(rows: list[list[object]]) -> None:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
 
 
+GATEWAY_DOWN_S = (8.0, 20.0, 40.0)
+
+
+def gateway_case(src: Path, work: Path, down_s: float, name: str) -> list[object]:
+    """200 items at 1 x 8 through the model-list gateway, its server down `down_s` mid-run."""
+    config = SimConfig(ttft_ms=100, itl_ms=2, tokens="uniform:16:64")
+    port = _free_port()
+    servers = [start_sim(config, port=port)]
+    gateway = subprocess.Popen([sys.executable, str(bt.ROOT / "tests" / "models_gateway.py"),
+                                str(port), "reset"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    run = work / "runs" / name
+    try:
+        assert gateway.stdout is not None
+        front = int(gateway.stdout.readline().removeprefix("listening on "))
+        job = work / f"job-{name}.yaml"
+        job.write_text(f"endpoint: {{base_url: 'http://127.0.0.1:{front}/v1', api: chat, "
+                       f"model: m}}\ninput: {{path: {work / 'input-200.jsonl'}}}\n"
+                       "params: {max_tokens: 64}\nshards: 1\nconcurrency: 8\n")
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardrun", str(job), "--runs-dir", str(work / "runs"),
+             "--run-id", name, "--quiet"], cwd=work, env={**bt.ENV, "PYTHONPATH": str(src)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            while lines("results/*.jsonl", run) < 16 and time.monotonic() - started < 60:
+                time.sleep(0.05)
+            os.kill(servers[-1].pid, signal.SIGKILL)
+            time.sleep(down_s)
+            servers.append(start_sim(config, port=port))
+            code: int | None = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        wall = time.monotonic() - started
+    finally:
+        for server in servers:
+            server.stop()
+        assert gateway.stdin is not None
+        gateway.stdin.close()
+        gateway.wait(timeout=30)
+    return [f"down {down_s:g} s", lines("results/*.jsonl", run), lines("dead/*.jsonl", run),
+            round(wall, 1), code]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gateway_main(work: Path, srcs: dict[str, Path], sides: dict[str, str]) -> None:
+    bt.write_input(work / "input-200.jsonl", 200)
+    rows = []
+    for down_s in GATEWAY_DOWN_S:
+        for side, src in srcs.items():
+            row = gateway_case(src, work, down_s, f"g{len(rows)}")
+            rows.append([row[0], side, *row[1:]])
+            print(f"  {rows[-1]}", file=sys.stderr)
+    print("# 200 items at 1 x 8 behind tests/models_gateway.py; "
+          + "; ".join(f"{k}: {v}" for k, v in sides.items()))
+    print("| server down | client | succeeded | dead letters | wall s | exit |")
+    print("|---|---|---:|---:|---:|---:|")
+    print_rows(rows)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--before", metavar="REV", help="also run this git revision, in turn")
     p.add_argument("--flaky", action="store_true",
                    help="random failures (no storm) and a short storm, at 2 x 8")
+    p.add_argument("--gateway", action="store_true",
+                   help="a server restarted behind a gateway answering its model list")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="runs of each case")
     args = p.parse_args()
     cases = FLAKY if args.flaky else STORMS
     work = Path(tempfile.mkdtemp(prefix="shardrun-storm-"))
     try:
         sides, srcs = snapshots(work, args.before)
+        if args.gateway:
+            gateway_main(work, srcs, sides)
+            return 0
         for n in {case.items for case in cases}:
             bt.write_input(work / f"input-{n}.jsonl", n)
         rows = []

@@ -17,12 +17,11 @@ behind restarts), so until one of them is answered a failure with no answer may 
 own or the backend's: the item is held, spending nothing, while another item tells, a fresh
 one sent as the probe if need be (`Shard._hold_for_a_fresh_item`). A request answered says it
 was the item's (it goes again, its next such failure held once more, the one after charged);
-the fresh probe failing too says the backend is down, an outage that the list no longer ends,
-probed with the next fresh item every `LIST_PROBE_S`, each held beside the cap. Once
-`BESIDE_CAP_MAX` of them have failed with nothing answered, or at the input's tail with no
-fresh item left, the list's word is spent: the held items are charged (`Shard._list_spent`),
-so the run goes on and ends, a run of prompts the server resets dead-lettered; so is the
-backlog of a backend gone for good, unless `retry.outage_s` came first. An outage that lasts
+the fresh probe failing too says the backend is down or its prompt is reset as well: it is held
+beside the cap, and the next fresh item probes `LIST_PROBE_S` later, in any number, one out at a
+time, until a request is answered (a run of prompts the server resets is told so once a probe
+passes its end) or `retry.outage_s` stops the run. Only at the input's tail, with no fresh item
+left, are the held items charged, so the run goes on and ends. An outage that lasts
 `retry.outage_s` stops the run, leaving the items for `--resume`.
 
 An endpoint can also answer and still fail everything: a storm of 503s from an overloaded

@@ -83,23 +83,22 @@ OUTAGE = "endpoint_down"  # of one held while the endpoint is down
 STREAK_WAIT_S = 5.0
 # How long a storm may last before any request of the run succeeded (`_storm_too_long`).
 UNPROVEN_STORM_S = 60.0
-# The most spans a shard runs beside its cap as fresh probes while only the model list answers
-# (`Shard._send_list_probe`); with as many failed and nothing answered, the list's word is spent
-# (`Shard._list_spent`). The interval between such probes once one has failed: the list's word
-# holds about BESIDE_CAP_MAX of them, 6 s, against failing fresh items (a restart behind it
-# took 2-3 s in the tests; at the intervals of an outage's probe, growing to 5 s, it held about
-# 16 s, and a run of prompts the server resets stopped a run at retry.outage_s 8 every pass).
-BESIDE_CAP_MAX = 8
+# The interval between fresh probes while only the model list answers and the last one
+# failed (`Shard._send_list_probe`): one item a shard every 0.75 s goes beside the cap and,
+# failing too, is held there with the others. An answer to any of them ends the state, so a run
+# of prompts the server resets is told from a backend down after as many probes as the run is
+# long; a backend down costs an item of the backlog a probe, held until it is back.
 LIST_PROBE_S = 0.75
 
 
 def pool_size(cap: int) -> int:
-    """The connections of a shard's session pool (`make_session`): one for each span that may
-    be in flight at once, the cap's and the fresh probes' beside it. Sized to the cap alone,
-    the spans beside it waited in the pool for a connection once the list-only state ended,
-    the wait counted in connect_s, and they ended timeout_connect: a false outage, whose probe's
-    GET of the model list waited in the full pool too, stopped the run at retry.outage_s."""
-    return cap + BESIDE_CAP_MAX
+    """The connections of a shard's session pool (`make_session`): one for each request that
+    may be out at once, the cap's and the one fresh probe beside it (the spans held beside the
+    cap take a slot of it before they go again, `Shard._take_a_slot`). Sized to the cap alone,
+    the probe waited in the pool for a connection once the list-only state ended, the wait
+    counted in connect_s, and it ended timeout_connect: a false outage, whose probe's GET of
+    the model list waited in the full pool too, stopped the run at retry.outage_s."""
+    return cap + 1
 
 
 class Shard:
@@ -123,18 +122,16 @@ class Shard:
         # probe found the list answering (None: not so, or a request was answered since).
         self.list_only_since: float | None = None
         # While it is so, items failing with no answer are held (`_hold_for_a_fresh_item`),
-        # oldest first; the span probing for them; how many spans run beside the cap.
+        # oldest first, and the span probing for them.
         self.list_held: deque[Span] = deque()
         self.list_probe: Span | None = None
-        self.beside_cap = 0
         # That probe failed too: the backend is down behind a list that answers (an outage the
         # list does not end), and when the next may go.
         self.list_down = False
         self.list_next_probe_at = 0.0
-        # How many probes failed so in this state (fresh ones, or held ones in turn); at
-        # BESIDE_CAP_MAX such failures are charged (`_list_spent`).
-        self.list_failed_probes = 0
-        self.list_spent = False
+        # Spans beside the cap waiting for a slot of it to go again (`_take_a_slot`): a slot
+        # whose span ends is handed to them before the queue's next item (`_pass_slot`).
+        self.slot_wanted: deque[asyncio.Future[None]] = deque()
         # A storm: the endpoint answers, but fails every request (`shardrun.outage`).
         self.storm = StormWatch(STORM_AFTER)
         self.storm_probe: Span | None = None  # the one span trying the endpoint in a storm
@@ -279,6 +276,8 @@ class Shard:
                 await self.wakeup.wait()
                 continue
             await self.sem.acquire()
+            if self._pass_slot():  # a span beside the cap was waiting for it
+                continue
             if self.stopping or not self.queue or self.fatal_mode == ABANDON:
                 self.sem.release()
                 continue
@@ -307,9 +306,7 @@ class Shard:
         if span.admitted_at is None and not span.ended:
             self._abandon(span, admitted=False)
             if permit:
-                self.sem.release()
-            else:
-                self.beside_cap -= 1
+                self._free_slot()
             if self.list_probe is span:
                 self.list_probe = None
 
@@ -324,13 +321,13 @@ class Shard:
 
     async def _probe_pause(self, seconds: float) -> None:
         """An outage probe's wait before it tries again (`_pause`), over too once the endpoint
-        is back by another word: a request of ours answered (`_endpoint_up`) or the list's
-        word spent (`_list_spent`). The items waiting on the probe go then; the probe itself
-        slept out its interval (up to PROBE_MAX_S), its slot idle, and then went on its own,
-        no longer the probe, beside whichever item had taken its place."""
+        is back by another word: a request of ours answered (`_endpoint_up`). The items waiting
+        on the probe go then; the probe itself slept out its interval (up to PROBE_MAX_S), its
+        slot idle, and then went on its own, no longer the probe, beside whichever item had
+        taken its place. Back already (an answer came while its GET of the model list was out:
+        the failure that made the outage had cleared it), it goes at once: it slept out its
+        whole interval then, as a plain pause."""
         back = self.endpoint_back
-        # Back already: an answer came while its GET of the model list was out (the failure
-        # that made the outage had cleared it), and it slept out its whole interval then.
         if back.is_set():
             return
         waits = [asyncio.ensure_future(event.wait()) for event in (self.halted, back)]
@@ -392,7 +389,8 @@ class Shard:
                     self._abandon(span, admitted=False)
                     return
                 await self._run_span(span)
-                if self.stopping or self.fatal_reason is not None or not self.queue:
+                if (self.stopping or self.fatal_reason is not None or not self.queue
+                        or self.slot_wanted):  # a span beside the cap goes first (`_free_slot`)
                     return
                 span = self.queue.popleft()
                 self._request_more()
@@ -404,7 +402,47 @@ class Shard:
         except Exception as exc:  # a bug, or an error no one foresaw: never a silent end
             self._unexpected(span, exc)
         finally:
+            self._free_slot()
+
+    def _pass_slot(self) -> bool:
+        """Hand the caller's slot of the cap to a span beside it waiting for one
+        (`_take_a_slot`); False when none waits."""
+        while self.slot_wanted:
+            wanted = self.slot_wanted.popleft()
+            if not wanted.done():
+                wanted.set_result(None)
+                return True
+        return False
+
+    def _free_slot(self) -> None:
+        """A slot of the cap is free: to a span beside it waiting for one, else to the queue.
+        Released to the semaphore, it went to the dispatcher first, and a slot hands itself to
+        the queue's next item while there is one: the spans held beside the cap waited for the
+        input's end."""
+        if not self._pass_slot():
             self.sem.release()
+
+    async def _take_a_slot(self, span: Span) -> None:
+        """A span sent beside the cap (`_send_list_probe`) takes a slot of it before it goes
+        again: released at once, the probes held beside the cap through a long restart (one
+        every LIST_PROBE_S) went out together beyond the cap and its connection pool. It waits
+        for a slot whose span ends, or a stop or a fatal error (the caller then ends it)."""
+        if not self.sem.locked():
+            await self.sem.acquire()  # free now: taken without a wait
+            span.beside_cap = False
+            return
+        wanted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.slot_wanted.append(wanted)
+        halted = asyncio.ensure_future(self.halted.wait())
+        try:
+            await asyncio.wait((wanted, halted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halted.cancel()
+            if wanted.done() and not wanted.cancelled():
+                span.beside_cap = False  # the slot is its own now, released at its end
+            else:
+                wanted.cancel()
+                self.slot_wanted.remove(wanted)
 
     async def _run_span(self, span: Span) -> None:
         """Admit a span and run its attempts to its end."""
@@ -434,6 +472,8 @@ class Shard:
             if attempt == 1:
                 self.retrier.budget.first_attempts += 1
             if attempt > 1:
+                if span.beside_cap:
+                    await self._take_a_slot(span)
                 await self._rate_wait(span, attempt)
                 while await self._storm_comes_first(span):
                     await self._rate_wait(span, attempt)
@@ -772,10 +812,7 @@ class Shard:
     def _list_may_probe(self) -> bool:
         """Whether something may yet tell an item that failed while only the model list
         answers whether the server behind it is up: a request out, a fresh item queued or to
-        come, or the fresh probe out. Else it is the input's tail, or the list's word is spent
-        (`_list_spent`), and the item is charged."""
-        if self.list_spent:
-            return False
+        come, or the fresh probe out. Else it is the input's tail, and the item is charged."""
         return bool(self.queue or not self.input_ended or self.list_probe is not None
                     or self.sending)
 
@@ -787,12 +824,12 @@ class Shard:
         (`_send_list_probe`). A request of ours answered ends the state, and this item goes
         again (True): its next such failure is held once more, as any is, and the one after is
         its own (`held_again`, `_endpoint_down`). The probe failing too is the backend
-        down behind the list: an outage (`_list_probe_ended`), held on, probed with the next
-        fresh item, at most BESIDE_CAP_MAX beside the cap; with as many failed, the list's word
-        is spent (`_list_spent`). With nothing left to tell (the input's tail: no fresh item,
-        nothing out) or the word spent, the item is charged (False): its prompt may be what the
-        server resets, and the run must go on; a dead letter can go again with retry-failed.
-        None: a stop or a fatal error ended the span."""
+        down behind the list, or its prompt is reset as well: it is held beside the cap, and
+        the next fresh item probes LIST_PROBE_S later, in any number, until one is answered
+        (the prompts held are then told apart as above) or retry.outage_s stops the run. With
+        nothing left to tell (the input's tail: no fresh item, nothing out), the item is charged
+        (False): its prompt may be what the server resets, and the run must go on; a dead
+        letter can go again with retry-failed. None: a stop or a fatal error ended the span."""
         span.outage_tries += 1
         span.history[-1]["wait"] = None
         self._plan_retry(span, attempt, cause=OUTAGE, wait=None, why=OUTAGE)
@@ -818,20 +855,9 @@ class Shard:
                     due = self.list_next_probe_at - self.clock.now()
                     if due > 0:
                         wait = min(due, RECHECK_S)
-                    elif self.list_failed_probes >= BESIDE_CAP_MAX:  # nothing answered
-                        self._list_spent()
+                    elif self.queue:
+                        self._send_list_probe()
                         continue
-                    elif self.beside_cap < BESIDE_CAP_MAX:
-                        if self.queue:
-                            self._send_list_probe()
-                            continue
-                    elif held[0] is span:
-                        # The spans beside the cap are items held since an earlier time the
-                        # list answered alone (its probes, let go and failed again): counted
-                        # as failed probes they spent this time's word at once (43 of 60
-                        # dead-lettered through a double restart). The held probe in turn.
-                        self.list_probe = span
-                        return self._list_release(span)
                 if not self.queue:
                     self._request_more()
                 with contextlib.suppress(TimeoutError):
@@ -851,11 +877,11 @@ class Shard:
     def _send_list_probe(self) -> None:
         """Send the queue's next item, fresh, as the probe of the items held while only the
         model list answers. It runs beside the cap, whose slots the held items keep: the
-        shard has a span in flight more than its cap while it does, and one more for each such
-        probe that failed and is held in turn, up to BESIDE_CAP_MAX."""
+        shard has a request out more than its cap while it does, and a span in flight more for
+        each such probe that failed and is held (each takes a slot to go again)."""
         span = self.queue.popleft()
         self.list_probe = span
-        self.beside_cap += 1
+        span.beside_cap = True
         self._request_more()
         task = asyncio.create_task(self._run_list_probe(span))
         self.tasks.add(task)
@@ -878,15 +904,16 @@ class Shard:
         except Exception as exc:  # as in `_hold_slot`
             self._unexpected(span, exc)
         finally:
-            self.beside_cap -= 1
+            if not span.beside_cap:  # it took a slot of the cap to go again
+                self._free_slot()
             self._wake_held()
 
     def _list_probe_ended(self, outcome: AttemptOutcome | None) -> None:
         """The fresh probe's attempt ended: a failure with no answer, while only the list
         still answers, is the backend down behind it: an outage, which its list does not end
         (`_wait_out_outage` asks it no more) and which stops the run at retry.outage_s, unless
-        the list's word is spent first (`_list_spent`). The next fresh item probes LIST_PROBE_S
-        later. A success or an answer ends the state on its own (`_endpoint_answered`)."""
+        a request is answered first. The next fresh item probes LIST_PROBE_S later. A success
+        or an answer ends the state on its own (`_endpoint_answered`)."""
         self.list_probe = None
         if (outcome is not None and self.list_only_since is not None
                 and (outcome.conn_ready_at is not None or outcome.http_status is not None)
@@ -894,39 +921,16 @@ class Shard:
                                        outcome.content_chunks)):
             now = self.clock.now()
             self.list_down = True
-            self.list_failed_probes += 1
             self.outage.failed(now)
             self.endpoint_back.clear()
             self.outage_cause = outcome.error or outcome.status
             self.list_next_probe_at = now + LIST_PROBE_S
         self._wake_held()
 
-    def _list_spent(self) -> None:
-        """BESIDE_CAP_MAX probes failed too since the list began to answer alone (fresh items,
-        held beside the cap, or held items in turn), and nothing was answered: a backend down
-        behind the list, or a run of prompts the server resets (it answers the rest), as long
-        as the cap and the spans beside it. Holding on, only the held items probed, none was
-        ever answered, and retry.outage_s stopped the run, every pass meeting the same prompts
-        first. The list's word is spent: the outage it no longer ended
-        is over (the list may end the next), and the items held are charged as at the input's
-        tail (`_list_may_probe`), as are such failures until one of our requests is answered
-        or finds no connection (`_list_only_ends`). The run goes on: the prompts the server
-        resets are dead-lettered (retry-failed runs them again), but so is the backlog of a
-        backend gone for good, as before the list-only state."""
-        self.list_spent = True
-        self.list_down = False
-        self.list_next_probe_at = 0.0
-        self.outage.answered()
-        self.prober = None
-        self.endpoint_back.set()
-        self._wake_held()
-
     def _list_only_ends(self) -> None:
         """The list's say is over (one of our requests was answered, or found no connection
         at all): the items held for a fresh probe go again."""
         self.list_only_since = None
-        self.list_spent = False
-        self.list_failed_probes = 0
         if self.list_down or self.list_held:
             self.list_down = False
             self.list_next_probe_at = 0.0

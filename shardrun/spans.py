@@ -44,6 +44,9 @@ class Span:
     # and whether it has had the one free retry of such a failure (`Shard._first_list_only`).
     list_only_now: bool = False
     list_free_used: bool = False
+    # Sent beside the cap with no slot of it, as a fresh probe (`Shard._send_list_probe`), and
+    # not yet given one (`Shard._take_a_slot`).
+    beside_cap: bool = False
     # The `retry` line of a retry decided but not yet sent (`Shard._plan_retry`).
     retry_line: dict[str, Any] | None = None
     # When a 429 first held it (`Shard._hold_for_limit`): held past retry.outage_s while the
