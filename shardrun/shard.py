@@ -431,6 +431,13 @@ class Shard:
             await self.sem.acquire()  # free now: taken without a wait
             span.beside_cap = False
             return
+        # An outage's or a storm's probe hands its role on: the spans in the slots may be
+        # waiting for its word, and none would end to give it one (a stall to retry.outage_s).
+        if self.prober is span:
+            self.prober = None  # a span waiting for the endpoint takes over (`_wait_for_endpoint`)
+        if self.storm_probe is span:
+            self.storm_probe = None  # the next held in turn probes, at the time set already
+            self._wake_held()
         wanted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.slot_wanted.append(wanted)
         halted = asyncio.ensure_future(self.halted.wait())

@@ -23,7 +23,7 @@ from shardrun.outage import (
     says_endpoint_failing,
     says_endpoint_up,
 )
-from shardrun.shard import Shard
+from shardrun.shard import Shard, _drain
 from shardrun.shard_config import ShardConfig
 from shardrun.spans import Span
 
@@ -729,5 +729,77 @@ def test_a_failure_waiting_for_the_watch_as_the_input_ends_is_held_by_the_storm(
         assert await asyncio.wait_for(asyncio.gather(*both), 1.0) == [True, True]
         assert last.storm.on and last.storm_cause
         last.close()
+
+    asyncio.run(main())
+
+
+class _Restarts:
+    """A server behind a gateway that answers its model list: each request is answered as
+    `script` says, in turn ("reset": dropped on a connection the gateway took; "refused": no
+    connection at all; "503": failing), then refused until `up`, then answered."""
+
+    url = "http://x"
+    heard_at = 0.0
+
+    def __init__(self, script: list[str]) -> None:
+        self.script, self.up, self.calls = script, False, 0
+
+    async def answers(self, _timeout: float) -> bool:
+        return self.up
+
+    async def attempt(self, body: Any, on_first_token: Any = None) -> AttemptOutcome:
+        await asyncio.sleep(0)
+        now = asyncio.get_running_loop().time()
+        what = self.script[self.calls] if self.calls < len(self.script) else "refused"
+        self.calls += 1
+        if self.up and self.calls > len(self.script):
+            return AttemptOutcome(status="ok", http_status=200, started_at=now, ended_at=now,
+                                  text="hi", finish_reason="stop", prompt_tokens=2,
+                                  completion_tokens=3)
+        if what == "503":
+            return AttemptOutcome(status="http_5xx", http_status=503, started_at=now,
+                                  ended_at=now, conn_ready_at=now, error="HTTP 503")
+        return _reset(now, connected=what == "reset")
+
+
+@pytest.mark.parametrize("role", ["outage", "storm"])
+def test_a_probe_beside_the_cap_waiting_for_a_slot_hands_on_its_role(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str) -> None:
+    """Cap 1, only the model list answers: the item in the slot fails, is held, and a fresh
+    item goes beside the cap as the probe. It fails too, the server gone (the outage's probe
+    then) or failing (the storm's), and must take a slot before it goes again; the item in the
+    slot, released, meets the same and waits for that probe's word. Keeping its role, the
+    probe waited for a slot the waiting item held: nothing went out until retry.outage_s
+    stopped the run, long after the server was back. Now it hands its role on: the item in the
+    slot probes, is answered, and its slot goes to the probe before the queue."""
+    monkeypatch.setattr("shardrun.shard.RECHECK_S", 0.01)
+    cfg = _config(tmp_path, concurrency=1, answered_before=True)
+    client = _Restarts(["reset", "refused" if role == "outage" else "503"])
+
+    async def main() -> None:
+        shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        monkeypatch.setattr(shard.retrier, "backoff", lambda attempt: 0.01)
+        shard.clients = {"chat": client}  # type: ignore[dict-item]
+        if role == "storm":  # the server failing every request already
+            failed = AttemptOutcome(status="http_5xx", http_status=503, started_at=0.0)
+            for n in range(STORM_AFTER):
+                shard._storm_failed(Span(f"x{n}", {"id": f"x{n}"}, 0.0), failed)
+            assert shard.storm.on
+        shard.list_only_since = shard.clock.now()  # an outage's probe found the list answering
+        items = [{"id": f"i{n}", "messages": [{"role": "user", "content": "x"}]}
+                 for n in range(3)]
+        shard.on_message({"t": protocol.ITEMS, "items": items})
+        shard.on_message({"t": protocol.END})
+        dispatcher = asyncio.create_task(shard.dispatch())
+        for _ in range(2000):  # the probe beside the cap waits for a slot
+            if shard.slot_wanted or dispatcher.done():
+                break
+            await asyncio.sleep(0.005)
+        assert shard.slot_wanted
+        client.up = True  # the server is back
+        await asyncio.wait_for(_drain(shard, dispatcher), 30)  # a guard: a stall never ends
+        assert shard.counters.ok == 3 and not shard.slot_wanted
+        assert shard.sem._value == cfg.concurrency  # every slot back
+        shard.close()
 
     asyncio.run(main())
