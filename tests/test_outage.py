@@ -4,6 +4,7 @@ when a run of failures is an outage."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -800,6 +801,126 @@ def test_a_probe_beside_the_cap_waiting_for_a_slot_hands_on_its_role(
         await asyncio.wait_for(_drain(shard, dispatcher), 30)  # a guard: a stall never ends
         assert shard.counters.ok == 3 and not shard.slot_wanted
         assert shard.sem._value == cfg.concurrency  # every slot back
+        shard.close()
+
+    asyncio.run(main())
+
+
+class _Random:
+    """A server answering each request at random, seeded (ok, dropped on a connection, refused,
+    503, 400), its model list at random too; counts the requests out at once."""
+
+    url = "http://x"
+    heard_at = 0.0
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.out, self.most, self.calls = random.Random(seed), 0, 0, 0
+
+    async def answers(self, _timeout: float) -> bool:
+        return self.rng.random() < 0.5
+
+    async def attempt(self, body: Any, on_first_token: Any = None) -> AttemptOutcome:
+        self.calls += 1
+        self.out += 1
+        self.most = max(self.most, self.out)
+        try:
+            await asyncio.sleep(self.rng.choice([0, 0, 0.001, 0.003]))
+        finally:
+            self.out -= 1
+        now = asyncio.get_running_loop().time()
+        what = self.rng.choice(["ok"] * 3 + ["reset"] * 3 + ["refused", "503", "400"])
+        if what == "ok":
+            return AttemptOutcome(status="ok", http_status=200, started_at=now, ended_at=now,
+                                  text="hi", finish_reason="stop", prompt_tokens=2,
+                                  completion_tokens=3)
+        if what in ("503", "400"):
+            return AttemptOutcome(status="http_5xx" if what == "503" else "http_4xx",
+                                  http_status=int(what), started_at=now, ended_at=now,
+                                  conn_ready_at=now, error=f"HTTP {what}")
+        return _reset(now, connected=what == "reset")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_every_slot_of_the_cap_comes_back_whatever_the_server_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A shard run against a server answering at random, only its model list at times (fresh
+    probes beside the cap, held ones taking slots), a stop at random or while one waits: at the
+    end every item has ended once, no span waits for a slot, and the semaphore holds the cap
+    exactly (a slot leaked stalls the shard; one released twice lets it exceed the cap).
+    The requests out stay within the cap and the one fresh probe beside it."""
+    for name in ("RECHECK_S", "LIST_PROBE_S"):
+        monkeypatch.setattr(f"shardrun.shard.{name}", 0.002)
+    rng = random.Random(seed)
+    cap = rng.choice([1, 2, 3, 4])
+    cfg = _config(tmp_path, concurrency=cap, answered_before=True, grace_s=0.05,
+                  retry={"max_attempts": rng.randrange(1, 5), "outage_s": 600.0})
+    client = _Random(seed)
+    stop = rng.choice(["none", "calls", "waiting"])  # a stop: none, at random, or with a
+    stop_after = rng.randrange(5, 80)  # span beside the cap waiting for a slot
+
+    async def main() -> None:
+        shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        monkeypatch.setattr(shard.retrier, "backoff", lambda attempt: rng.random() / 200)
+        shard.clients = {"chat": client}  # type: ignore[dict-item]
+        items = [{"id": f"i{n}", "messages": [{"role": "user", "content": "x"}]}
+                 for n in range(40)]
+        shard.on_message({"t": protocol.ITEMS, "items": items})
+        shard.on_message({"t": protocol.END})
+        dispatcher = asyncio.create_task(shard.dispatch())
+        drain = asyncio.create_task(_drain(shard, dispatcher))
+        for _ in range(20_000):  # bounded: a stall fails below
+            if drain.done():
+                break
+            if not shard.stopping and ((stop == "calls" and client.calls >= stop_after)
+                                       or (stop == "waiting" and bool(shard.slot_wanted))):
+                shard.on_message({"t": protocol.STOP})
+            if shard.list_only_since is None and rng.random() < 0.3:
+                shard.list_only_since = shard.clock.now()  # only the list answers, for now
+            await asyncio.sleep(0.001)
+        assert drain.done(), (shard.counters.as_dict(), len(shard.slot_wanted))
+        await asyncio.gather(dispatcher, *shard.tasks, return_exceptions=True)
+        counters = shard.counters
+        assert counters.ok + counters.dead + counters.abandoned == counters.received == 40
+        assert not shard.slot_wanted and shard.sem._value == cap, shard.sem._value
+        assert client.most <= cap + 1, (client.most, cap)
+        shard.close()
+
+    asyncio.run(main())
+
+
+def test_a_freed_slot_goes_to_the_span_beside_the_cap_before_the_queue(tmp_path: Path) -> None:
+    """`Shard._take_a_slot`: with a slot free, a span beside the cap takes it at once; with
+    none, it waits, and the next slot freed is its own, not the queue's, even where the
+    dispatcher was woken for it before the span came to wait (a semaphore's slot is the
+    woken waiter's from its release on): the dispatcher hands it on (`_pass_slot`)."""
+    cfg = _config(tmp_path, concurrency=1, answered_before=True)
+
+    async def main() -> None:
+        shard = Shard(cfg, lambda message: None)  # type: ignore[arg-type]
+        first = Span("a", {"id": "a"}, 0.0)
+        first.beside_cap = True
+        await shard._take_a_slot(first)  # free: taken without a wait
+        assert not first.beside_cap and shard.sem._value == 0
+        shard.on_message({"t": protocol.ITEMS, "items": [{"id": "q", "prompt": "x"}]})
+        shard.on_message({"t": protocol.END})
+        dispatcher = asyncio.create_task(shard.dispatch())
+        await asyncio.sleep(0)  # it waits for the slot
+        go, second = asyncio.Event(), Span("b", {"id": "b"}, 0.0)
+        second.beside_cap = True
+
+        async def beside() -> None:
+            await go.wait()
+            await shard._take_a_slot(second)
+
+        waiting = asyncio.create_task(beside())
+        await asyncio.sleep(0)
+        go.set()  # it looks for a slot after the dispatcher was woken, before it runs
+        shard._free_slot()  # the first span's end
+        await asyncio.wait_for(waiting, 5)  # a guard: a slot never handed on never ends
+        assert not second.beside_cap and [s.item_id for s in shard.queue] == ["q"]
+        assert shard.sem._value == 0 and not shard.slot_wanted
+        dispatcher.cancel()
+        await asyncio.gather(dispatcher, return_exceptions=True)
         shard.close()
 
     asyncio.run(main())
