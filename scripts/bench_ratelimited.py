@@ -10,11 +10,12 @@ enforced limit (`rpm_limit`, a token bucket of one second's worth) well under wh
 would send, and runs `python -m shardrun` (default 4 shards x 32, 2,000 items, the default
 retry policy, no `rate_limits` in the job) against it. The cases differ in what the server says
 of its limit: OpenAI's x-ratelimit-* headers on every answer and Retry-After on a 429, a 429's
-Retry-After only, or nothing at all. The table counts results and dead letters from the run's
-files, the requests the simulator read and the 429s it answered (its /sim/stats), the
-throughput of results against the limit, and the attempts the results took (held retries
-included: how often the same items were refused), mean and most. A revision given with
-`--before` runs from a read-only `git archive` snapshot against the same simulator.
+Retry-After only, or nothing at all, or OpenAI's headers stating a quarter of the limit
+enforced (`rpm_stated`, as a gateway's replicas each state their own). The table counts results
+and dead letters from the run's files, the requests the simulator read and the 429s it answered
+(its /sim/stats), the throughput of results against the limit, and the attempts the results took
+(held retries included: how often the same items were refused), mean and most. A revision given
+with `--before` runs from a read-only `git archive` snapshot against the same simulator.
 
 With `--tpm N` the server enforces a token limit instead (`tpm_limit`, a bucket of one second's
 worth, charged prompt + max_tokens per request, as OpenAI counts), and the input mixes small
@@ -44,9 +45,9 @@ import bench_throughput as bt  # the input helper
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import start_sim
 
-MODES = ("openai", "retry_after", "none")
+MODES = ("openai", "retry_after", "none", "stated")
 LABELS = {"openai": "x-ratelimit-* + Retry-After", "retry_after": "Retry-After only",
-          "none": "no headers"}  # fmt: skip
+          "none": "no headers", "stated": "x-ratelimit-* stating 1/4"}  # fmt: skip
 SMALL, BIG = "x" * 40, "x" * 4000  # 10 and 1,000 prompt tokens to the simulator (chars / 4)
 CHARGE = {b"small": 10 + 64, b"big": 1000 + 64}  # with the job's max_tokens 64
 
@@ -95,8 +96,11 @@ def run_case(src: Path, work: Path, args: argparse.Namespace, mode: str,
              name: str) -> list[object]:  # fmt: skip
     """One run against a fresh simulator whose answers say `mode` of the limit; its row."""
     limit = {"tpm_limit": args.tpm} if args.tpm else {"rpm_limit": args.rpm}
+    if mode == "stated":  # OpenAI's headers, stating a quarter of the limit enforced
+        limit |= {"tpm_stated": args.tpm // 4} if args.tpm else {"rpm_stated": args.rpm // 4}
     sim = start_sim(SimConfig(ttft_ms=200, itl_ms=2, tokens="uniform:16:64",
-                              rpm_headers=mode, **limit))  # fmt: skip
+                              rpm_headers="openai" if mode == "stated" else mode,
+                              **limit))  # fmt: skip
     try:
         code, wall, stats = bs.run_job(src, work, sim, name, work / "input.jsonl", args.shards,
                                        args.cap, args.timeout_s)

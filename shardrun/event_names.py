@@ -14,6 +14,8 @@ RATE_WAIT = "rate_wait"
 # The pace a shard learned of the server's limit, at each seed, cut or re-split
 # (`RateLimiter.limited`, `RateLimiter.set_share`): rare.
 RATE_LEARNED = "rate_learned"
+# A pace's cap at a stated limit lifted, the key having room well past it, or put back (rare).
+RATE_UNCAPPED = "rate_uncapped"
 # The `why` of a `retry` held for the server's rate limit (`Shard._hold_for_limit`), which
 # `report` counts apart from the retries that spend attempts.
 RATE_LIMITED = "rate_limited"
@@ -45,6 +47,7 @@ ALL_EVENTS = frozenset(
         RETRY,
         RATE_WAIT,
         RATE_LEARNED,
+        RATE_UNCAPPED,
         RELEASED,
         LOOP_LAG,
         CHECKPOINT,

@@ -84,6 +84,14 @@ pace make it grow by 5 % a second, back from a cut in about 7 s, and on until th
 LEARN_MIN_PER_S = 1 / 60
 """The slowest learned pace: a request a minute (a server answering only 429s stops the run
 at retry.outage_s, `Shard._limited_too_long`)."""
+ROOM_SHARE = 0.5
+"""A pace held at its stated cap whose successes say, for a whole window (LEARN_WINDOW_N of them
+over LEARN_WINDOW_S at least), that the key has more than this share of the stated limit left
+(x-ratelimit-remaining-* against x-ratelimit-limit-*) is not held by that limit: the cap is
+lifted (`RateLimiter.grew`). Half: a key paced at the limit it states has little left (OpenAI
+counts down from it), and a gateway replica stating its own limit sees a part of the key's
+traffic. Back under half of this share, a lifted cap is put back: the statement binds after
+all, and the pace returns to it before the key runs dry."""
 LIMIT_HEADER = "x-ratelimit-limit-requests"
 """OpenAI's statement of the key's limit, in requests a minute: a shard's first 429 that
 carries it starts the learned pace at the shard's share of it (`RateLimiter.limited`)."""
@@ -212,6 +220,12 @@ class RateLimiter:
         # and this shard's share of it (`_caps`): no success grows a pace past that share.
         self._said: dict[str, tuple[float, float]] = {}
         self._cap: dict[str, float] = {}
+        # A window of successes at a pace's cap whose headers said the key has room (since
+        # when, how many; `_judge_room`), the limits stated of caps lifted for it, and the
+        # lifts and returns not logged yet (`take_uncapped`).
+        self._room: dict[str, tuple[float, int]] = {}
+        self._lifted: set[str] = set()
+        self._uncapped: list[tuple[str, float, bool]] = []
         self._since, self._sent_at_cut, self._refused = clock(), 0, 0
         self._tokens_at_cut, self._refused_tokens = 0.0, 0
         self.pause_until = -math.inf
@@ -295,7 +309,7 @@ class RateLimiter:
         resplit = False
         if live is not None and live != self._shards:
             fewer, self._shards = live < self._shards, max(1, live)
-            for kind in self._said:
+            for kind in self._said.keys() - self._lifted:  # a lifted cap stays lifted
                 share, pace = self._reset_cap(kind), getattr(self, kind)
                 # Above the new share (more shards): down to it, cut or not, or the shards
                 # together send above the limit; below it (fewer): a seed not cut since rises
@@ -346,6 +360,7 @@ class RateLimiter:
         pace can cut again."""
         now = self._clock()
         headers = headers or {}
+        self._room.clear()  # a 429 says the key had no room
         by_tokens = _says_tokens(headers, error, tokens)
         lowered = self.capped = False  # a pace learned with no limit stated, to the first's share
         if by_tokens:
@@ -444,6 +459,7 @@ class RateLimiter:
                 said is not None and per_minute / 60.0 <= said[0]):
             return False  # the common case: the same limit again, or none stated
         self._said[kind] = per_minute / 60.0, LEARN_MIN_PER_S * unit if said is None else said[1]
+        self._lifted.discard(kind)  # a new statement caps anew, to be judged as the first was
         cap = self._reset_cap(kind)
         if pace <= cap:
             return False
@@ -468,6 +484,8 @@ class RateLimiter:
         if headers:
             self._heard("learned", headers.get(LIMIT_HEADER), 1)
             self._heard("learned_tokens", headers.get(TOKEN_LIMIT_HEADER), max(1, tokens))
+            self._judge_room("learned", "requests", headers, now)
+            self._judge_room("learned_tokens", "tokens", headers, now)
         cap = self._cap
         if self.learned is not None:
             self.learned = min(self.learned + LEARN_GROW, cap.get("learned", math.inf))
@@ -476,6 +494,43 @@ class RateLimiter:
             self.learned_tokens = min(self.learned_tokens + LEARN_GROW * tokens,
                                       cap.get("learned_tokens", math.inf))
             self.tokens = _retuned(self.tokens, self._tpm(), now)
+
+    def _judge_room(self, kind: str, name: str, headers: Mapping[str, str], now: float) -> None:
+        """A success's word on the room the key has left of its stated limit (of `name`,
+        "requests" or "tokens") for the `kind` of pace. A whole window of them at the pace's
+        cap, each with more than ROOM_SHARE of the limit left, lifts the cap: the statement
+        does not bind the key (a gateway replica's own, a limit raised, another model's), and
+        growth goes on until a 429 cuts the pace, as with no statement. One with less than
+        half of that left while lifted puts the cap back at the pace's share of the statement."""
+        pace = getattr(self, kind)
+        limit = _number(headers.get(f"x-ratelimit-limit-{name}"))
+        left = _number(headers.get(f"x-ratelimit-remaining-{name}"))
+        if pace is None or limit is None or left is None or not 0 < limit < math.inf:
+            return
+        if kind in self._lifted:
+            if left < ROOM_SHARE / 2 * limit:
+                self._lifted.discard(kind)
+                setattr(self, kind, min(pace, self._reset_cap(kind)))
+                self._uncapped.append((name, limit, False))
+            return
+        cap = self._cap.get(kind)
+        if cap is None or pace < cap or left <= ROOM_SHARE * limit:
+            self._room.pop(kind, None)  # not at the cap, or the key near its limit: start again
+            return
+        since, n = self._room.get(kind, (now, 0))
+        if n + 1 < LEARN_WINDOW_N or now - since < LEARN_WINDOW_S:
+            self._room[kind] = since, n + 1
+            return
+        del self._room[kind], self._cap[kind]
+        self._stated.pop(kind, None)  # no seed any more: the statement is not the key's limit
+        self._lifted.add(kind)
+        self._uncapped.append((name, limit, True))
+
+    def take_uncapped(self) -> list[tuple[str, float, bool]]:
+        """The caps lifted (True) or put back (False) since asked: (requests or tokens, the
+        limit stated per minute, lifted), for the shard's log."""
+        taken, self._uncapped = self._uncapped, []
+        return taken
 
     def observe_headers(self, headers: Mapping[str, str], now: float | None = None) -> float:
         """Hold off until the server's reset when it has less left than we are about to send.

@@ -1459,6 +1459,9 @@ class Shard:
             self._limit_answered(span)
         if self.limiter.learning:  # paced by the server's 429s: a little faster
             self.limiter.grew(span.charged, outcome.rate_headers)
+            for kind, stated, lifted in self.limiter.take_uncapped():  # rare: once a statement
+                self.log.emit(events.RATE_UNCAPPED, t=self.clock.now(), kind=kind,
+                              stated=stated, lifted=lifted)
         released_at = self.clock.now()
         record = result_record(span, outcome, self.cfg.shard, released_at)
         if not self.out.add_result(span.item_id, record):

@@ -791,3 +791,70 @@ def test_a_limit_first_stated_as_a_window_cuts_is_a_cut_not_only_a_cap() -> None
     assert any([capped.limited(sent) for sent in range(1, 22)])
     assert capped.limited(sent=22, headers={"x-ratelimit-limit-requests": "600"})
     assert capped.capped and capped.learned == pytest.approx(2.5)
+
+
+def _successes(lim: RateLimiter, t: FakeTime, n: int, left: int, limit: int = 600,
+               kind: str = "requests", tokens: int = 0, gap: float = 0.1) -> None:  # fmt: skip
+    """`n` successes `gap` s apart whose headers state `limit` a minute with `left` remaining."""
+    for _ in range(n):
+        t.now += gap
+        lim.grew(tokens, {f"x-ratelimit-limit-{kind}": str(limit),
+                          f"x-ratelimit-remaining-{kind}": str(left)})  # fmt: skip
+
+
+def test_a_window_of_room_at_the_stated_cap_lifts_it_and_growth_goes_on() -> None:
+    """Capped at a quarter of the stated 600 a minute (2.5 a second), successes saying the key
+    has 300 left (half, not more) never lift the cap however long; a window of 20 over a second
+    saying 301 does, once (logged as lifted), and the pace grows past the statement. A 429 or a
+    low count in the window starts it again: 19 with room, then either, then one, is no lift;
+    so does a window too short: 50 in half a second."""
+    t = FakeTime()
+    quick = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert quick.limited(sent=1, headers={"x-ratelimit-limit-requests": "600"})
+    _successes(quick, t, 50, left=600, gap=0.01)
+    assert quick.learned == pytest.approx(2.5) and quick.take_uncapped() == []
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers={"x-ratelimit-limit-requests": "600"})
+    _successes(lim, t, 1000, left=300)
+    assert lim.learned == pytest.approx(2.5) and lim.take_uncapped() == []
+    _successes(lim, t, 19, left=301)
+    lim.limited(sent=2)
+    _successes(lim, t, 1, left=301)
+    _successes(lim, t, 18, left=301)
+    _successes(lim, t, 1, left=10)
+    _successes(lim, t, 19, left=301)
+    assert lim.learned == pytest.approx(2.5) and lim.take_uncapped() == []
+    _successes(lim, t, 1, left=301)
+    assert lim.take_uncapped() == [("requests", 600.0, True)] and lim.learned > 2.5
+    _successes(lim, t, 100, left=301)
+    assert lim.learned == pytest.approx(2.5 + 101 * ratelimit.LEARN_GROW)
+    assert lim.requests is not None and lim.requests.rate_per_s == pytest.approx(lim.learned)
+    assert lim.take_uncapped() == [] and not lim.seeded
+
+
+def test_a_lifted_cap_stays_lifted_through_shards_and_returns_when_the_key_runs_low() -> None:
+    """Lifted and grown to 7.5 a second, the pace is not re-split down to the stated limit's
+    share as a shard joins (the statement does not bind the key); a success saying under a
+    quarter of the stated limit is left (149 of 600) puts the cap back and the pace on it; a
+    token pace's cap is lifted by the token headers the same way. A higher limit stated caps
+    anew, a cap re-split as shards join."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers={"x-ratelimit-limit-requests": "600"})
+    _successes(lim, t, 119, left=400)  # lifted at the 20th, which grows it too
+    assert lim.learned == pytest.approx(2.5 + 100 * ratelimit.LEARN_GROW)
+    assert not lim.set_share(None, None, live=5) and lim.learned == pytest.approx(7.5)
+    _successes(lim, t, 1, left=150)
+    assert lim.learned > 7.5
+    _successes(lim, t, 1, left=149)
+    assert lim.learned == pytest.approx(2.0)  # a fifth of 600 a minute: five shards now
+    assert lim.take_uncapped() == [("requests", 600.0, True), ("requests", 600.0, False)]
+    _successes(lim, t, 120, left=400)
+    lim.grew(headers={"x-ratelimit-limit-requests": "1200"})
+    assert lim.learned == pytest.approx(4.0)  # capped anew at a fifth of 1,200 a minute
+    assert lim.set_share(None, None, live=10) and lim.learned == pytest.approx(2.0)  # re-split
+    tokens = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=2)
+    assert tokens.limited(sent=1, error=TPM_429, tokens=1000)  # 60,000 a minute: 500 a second
+    _successes(tokens, t, 30, left=40000, limit=60000, kind="tokens", tokens=1000)
+    assert tokens.learned_tokens is not None and tokens.learned_tokens > 500.0
+    assert tokens.take_uncapped() == [("tokens", 60000.0, True)]

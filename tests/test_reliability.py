@@ -303,6 +303,24 @@ def test_a_server_enforcing_a_rate_limit_answers_every_item(tmp_path: Path,
     assert any(e["ev"] == "rate_wait" for e in run.events)
 
 
+def test_a_limit_stated_below_the_one_enforced_binds_the_run_no_longer(tmp_path: Path) -> None:
+    """A server enforcing 6,000 requests a minute whose OpenAI headers state 1,200 (as a
+    gateway's replicas each state their own), their remaining counts saying the key has room:
+    each of the 2 shards seeds at its share of the statement, 10 a second, and, that share not
+    binding, lifts its cap (`rate_uncapped`) and grows past it: its last 100 requests went out
+    at more than 1.3 times the share, by its log's clock (held at the cap, as before, the
+    pacer sends at most 10 a second and one more). Every item is answered once."""
+    ids = write_input(tmp_path / "input.jsonl", 600)
+    run, _ = every_item_answered(tmp_path, ids, rpm_limit=6000, rpm_stated=1200)
+    lifts = [e for e in run.events if e["ev"] == "rate_uncapped"]
+    assert {e["shard"] for e in lifts if e["lifted"]} == {0, 1}, lifts
+    assert {(e["kind"], e["stated"]) for e in lifts} == {("requests", 1200)}
+    for shard in (0, 1):
+        sent = [e["t"] for e in run.events if e["ev"] == "attempt_start"
+                and e["shard"] == shard][-100:]  # fmt: skip
+        assert 99 / (sent[-1] - sent[0]) > 1.3 * 10, (shard, sent[-1] - sent[0])
+
+
 def test_a_server_enforcing_a_token_limit_answers_every_item_big_ones_too(
         tmp_path: Path) -> None:
     """A server that lets 1,200,000 tokens a minute through (20,000 a second, a bucket of one

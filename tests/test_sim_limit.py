@@ -121,6 +121,25 @@ def test_rejected_requests_may_count_against_the_limit() -> None:
     assert waits == {False: [10, 10], True: [20, 20]}
 
 
+def test_a_limit_stated_apart_from_the_one_enforced() -> None:
+    """rpm_stated 60 on 600 enforced with a burst of 4: the answers state 60, the remaining
+    counts the bucket's fullness as a share of 60 (45 after one of 4 is taken, about 0 when empty),
+    and the 5th request is refused by the 600 enforced; tpm_stated 600 on 6,000 tokens is the
+    Limit of a token 429's words, while a request over 600 but under 6,000 is let in. Both
+    travel as flags."""
+    got, _ = answers(SimConfig(**QUICK, rpm_limit=600, rpm_burst=4, rpm_stated=60), 5)
+    assert [status for status, _, _ in got] == [200, 200, 200, 200, 429]
+    left = [int(h["x-ratelimit-remaining-requests"]) for _, h, _ in got]
+    assert left[:3] == [45, 30, 15] and max(left[3:]) < 5  # the bucket refills meanwhile
+    assert all(h["x-ratelimit-limit-requests"] == "60" for _, h, _ in got)
+    cfg = SimConfig(**QUICK, tpm_limit=6000, tpm_burst=1000, tpm_stated=600)
+    tokens = asyncio.run(asyncio.wait_for(_token_answers(cfg, [700, 700]), 30))
+    assert [status for status, _, _ in tokens] == [200, 429]
+    assert "on tokens per min (TPM): Limit 600, Used 710," in tokens[1][2]["message"]
+    assert tokens[0][1]["x-ratelimit-limit-tokens"] == "600"
+    assert config_from_argv(cfg.to_args()) == cfg
+
+
 def test_the_limit_travels_as_flags_and_job_keys() -> None:
     """The limit's settings from a job's `sim:` mapping, and through the launcher's flags."""
     cfg = SimConfig.from_mapping({"rpm_limit": "600", "rpm_burst": 20.0, "tpm_limit": 9000,

@@ -145,6 +145,10 @@ def _limit_flags(p: argparse.ArgumentParser, d: SimConfig) -> None:
                         "over it, 429 rate_limit_exceeded on tokens (0 = no limit)")
     g.add_argument("--tpm-burst", type=int, default=d.tpm_burst, metavar="N",
                    help="tokens the bucket holds (0 = one second's worth, ceil(N/60))")
+    for kind in ("rpm", "tpm"):
+        g.add_argument(f"--{kind}-stated", type=int, default=getattr(d, f"{kind}_stated"),
+                       metavar="N", help=f"the {kind} limit the answers state, not the one "
+                                         "enforced (0 = the enforced one)")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -128,7 +128,7 @@ _FLOATS = ("ttft_ms", "itl_ms", "flush_ms", "retry_after_s", "stall_s", "slow_fi
            "refusal", "storm_s")  # fmt: skip
 _INTS = ("capacity", "seed", "fail_first_n", "quota_after", "reasoning_tokens", "cached_tokens",
          "storm_after_n", "storm_status", "rpm_limit", "rpm_burst", "tpm_limit",
-         "tpm_burst")  # fmt: skip
+         "tpm_burst", "rpm_stated", "tpm_stated")  # fmt: skip
 #: What a storm may answer every request with: a server's own error or a gateway's.
 STORM_STATUSES = (500, 502, 503, 504)
 _BOOLS = ("retry_after_503", "reject_stream_options", "ignore_stream", "obfuscation",
@@ -178,6 +178,10 @@ class SimConfig:
     rpm_burst: int = 0
     rpm_headers: str = "openai"  # one of LIMIT_HEADERS
     rpm_count_rejected: bool = False
+    # The limit the answers state (x-ratelimit-limit-*, a token 429's words) where it is not
+    # the one enforced (0: the enforced one), as a gateway replica stating its own.
+    rpm_stated: int = 0
+    tpm_stated: int = 0
     # An enforced limit of N tokens a minute (0: none), charged per request its prompt tokens
     # plus max_tokens (else the answer's tokens), a bucket of `tpm_burst` tokens (0: one
     # second's worth); its headers are those `rpm_headers` says. See shardrun.sim.limit.
@@ -284,8 +288,9 @@ class SimConfig:
                  "--storm-status", str(self.storm_status)]
         args += ["--quota-after", str(self.quota_after)]
         args += ["--rpm-limit", str(self.rpm_limit), "--rpm-burst", str(self.rpm_burst),
-                 "--rpm-headers", self.rpm_headers]
-        args += ["--tpm-limit", str(self.tpm_limit), "--tpm-burst", str(self.tpm_burst)]
+                 "--rpm-headers", self.rpm_headers, "--rpm-stated", str(self.rpm_stated)]
+        args += ["--tpm-limit", str(self.tpm_limit), "--tpm-burst", str(self.tpm_burst),
+                 "--tpm-stated", str(self.tpm_stated)]
         args += ["--reasoning-tokens", str(self.reasoning_tokens)]
         args += ["--cached-tokens", str(self.cached_tokens)]
         if self.auth_required is not None:

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import math
 import random
 import socket
 import struct
@@ -178,11 +179,12 @@ def limit_response(wait: float, cfg: SimConfig) -> web.Response:
                           headers=headers)  # fmt: skip
 
 
-def tokens_response(wait: float, limit: int, used: int, requested: int,
+def tokens_response(wait: float, limit: str, used: int, requested: int,
                     cfg: SimConfig) -> web.Response:  # fmt: skip
     """The 429 of a request over the enforced token limit (`tpm_limit`), in OpenAI's words: one
-    that alone asks more than the whole limit is too large, and no wait lets it in."""
-    if requested > limit:
+    that alone asks more than the whole limit is too large: no wait lets it in (`wait` inf).
+    `limit` is the one stated (`tpm_stated`), which need not be the one enforced."""
+    if math.isinf(wait):
         message = (f"Request too large for sim in organization org-sim on tokens per min (TPM): "
                    f"Limit {limit}, Requested {requested}. The input or output tokens must be "
                    f"reduced in order to run successfully (simulated).")

@@ -23,6 +23,11 @@ time stays N); one whose charge is above N itself never fits and is answered 429
 large ... Limit N, Requested R". Its 429 says "... on tokens per min (TPM): Limit N, Used U,
 Requested R" (U: how far the bucket is below full), and `rpm_headers` "openai" adds
 x-ratelimit-*-tokens to every answer as it does the requests' headers.
+
+`rpm_stated` / `tpm_stated` S (0: the limit enforced) is the limit the answers state instead,
+in x-ratelimit-limit-* and a token 429's "Limit S": a statement that does not bind the key, as a
+gateway's replicas each state their own. The remaining headers are then the bucket's fullness
+as a share of S (S while the key has room, 0 when the enforced bucket is empty).
 """
 
 from __future__ import annotations
@@ -34,17 +39,21 @@ class RequestLimit:
     """One bucket of a simulator (of requests, or of `kind` "tokens"): `take` per generation
     request, `headers` per answer."""
 
-    __slots__ = ("at", "burst", "floor", "kind", "level", "limit", "rate", "rejected")
+    __slots__ = ("at", "burst", "floor", "kind", "level", "limit", "rate", "rejected", "stated")
 
     def __init__(self, rpm: int, burst: int, count_rejected: bool, kind: str = "requests",
-                 ) -> None:  # fmt: skip
+                 stated: int = 0) -> None:  # fmt: skip
         self.rate = rpm / 60.0
         self.kind = kind
         self.burst = float(burst or math.ceil(rpm / 60))
         self.level = self.burst  # a fresh key starts with a full bucket
         self.floor = -self.burst if count_rejected else None
         self.at: float | None = None
-        self.limit = str(rpm)
+        self.limit = str(stated or rpm)
+        # A limit stated apart from the one enforced (`rpm_stated`): the remaining counts are
+        # then the bucket's fullness as a share of it, as a replica of a gateway that states its
+        # own limit sees its part of the key's traffic: full while the key has room.
+        self.stated = stated
         self.rejected = 0
 
     def _refill(self, now: float) -> float:
@@ -74,8 +83,9 @@ class RequestLimit:
         """OpenAI's x-ratelimit-*-requests (-tokens) headers as the bucket stands at `now`."""
         level, kind = self._refill(now), self.kind
         full_in = max(0.0, self.burst - level) / self.rate
+        left = level * self.stated / self.burst if self.stated else level
         return {f"x-ratelimit-limit-{kind}": self.limit,
-                f"x-ratelimit-remaining-{kind}": str(max(0, math.floor(level))),
+                f"x-ratelimit-remaining-{kind}": str(max(0, math.floor(left))),
                 f"x-ratelimit-reset-{kind}": f"{full_in:.3f}".rstrip("0").rstrip(".") + "s"}
 
 

@@ -69,9 +69,9 @@ class Sim:
         self.stats["by_path"] = {}
         self.stats["faults"] = self.faults.counts
         self.limit = None if not cfg.rpm_limit else RequestLimit(
-            cfg.rpm_limit, cfg.rpm_burst, cfg.rpm_count_rejected)
+            cfg.rpm_limit, cfg.rpm_burst, cfg.rpm_count_rejected, stated=cfg.rpm_stated)
         self.tokens = None if not cfg.tpm_limit else RequestLimit(
-            cfg.tpm_limit, cfg.tpm_burst, False, "tokens")
+            cfg.tpm_limit, cfg.tpm_burst, False, "tokens", stated=cfg.tpm_stated)
         # Arrival times (wall clock) of the latest requests, for rate-limit checks by tests.
         self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
 
@@ -203,7 +203,7 @@ def _over_tokens(sim: Sim, plan: Plan) -> web.Response | None:
     if not wait:
         return None
     sim.faults.counts["tpm_limit"] += 1
-    return tokens_response(wait, limit, tokens.used(), plan.requested, sim.cfg)
+    return tokens_response(wait, tokens.limit, tokens.used(), plan.requested, sim.cfg)
 
 
 async def _headers_then_reset(request: web.Request, *, stream: bool) -> web.StreamResponse:
