@@ -355,9 +355,9 @@ class RateLimiter:
         sent in it (at most of the learned pace, which stands alone where the window was too
         short to say a pace), and every request of the shard is paced by it from then on;
         either way a new window starts. True when it cut (or seeded, or capped a pace learned
-        with no limit stated at the first one's share, `_heard`). The 429s of the
-        requests sent at the old pace come back together after a cut: only a window of the new
-        pace can cut again."""
+        with no limit stated at the first one's share, `_heard`, which starts a window too). The
+        429s of the requests sent at the old pace come back together after a cut or a cap: only
+        a window of the new pace can cut again."""
         now = self._clock()
         headers = headers or {}
         self._room.clear()  # a 429 says the key had no room
@@ -381,12 +381,14 @@ class RateLimiter:
                 return self._new_window(now, sent)
         else:
             lowered = self._heard("learned", headers.get(LIMIT_HEADER), 1)
+        if lowered:  # a new pace, as after a cut: the 429s of the old one judge it no more
+            self.capped = True
+            return self._new_window(now, sent)
         self._refused += 1
         self._refused_tokens += tokens
         n, measured = sent - self._sent_at_cut, now - self._since
         if n < LEARN_WINDOW_N or (self.learning and measured < LEARN_WINDOW_S):
-            self.capped = lowered
-            return lowered
+            return False
         if by_tokens and self.learned_tokens is not None and self.tokens is not None:
             # Judged in tokens: over a token limit the big requests are the ones refused, a
             # small share of the requests (never a cut) but a large one of the tokens.
@@ -399,8 +401,7 @@ class RateLimiter:
                 self.tokens = _retuned(self.tokens, self._tpm(), now)
                 self._stated.pop("learned_tokens", None)
             self._new_window(now, sent)
-            self.capped = lowered and not cut
-            return cut or lowered
+            return cut
         cut = self._refused > LEARN_SHARE * n
         if cut:
             was = n / max(measured, LEARN_WINDOW_S)
@@ -410,8 +411,7 @@ class RateLimiter:
             self.requests = _retuned(self.requests, self._rpm(), now)
             self._stated.pop("learned", None)
         self._new_window(now, sent)
-        self.capped = lowered and not cut
-        return cut or lowered
+        return cut
 
     def _new_window(self, now: float, sent: int) -> bool:
         """Judge 429s afresh from `now`, after `sent` requests; True (a pace was set)."""

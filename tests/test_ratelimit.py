@@ -776,17 +776,22 @@ def test_the_first_limit_stated_for_a_pace_cut_without_one_caps_it_at_once() -> 
     assert not lim.limited(sent=23, headers={"x-ratelimit-limit-requests": "600"})
 
 
-def test_a_limit_first_stated_as_a_window_cuts_is_a_cut_not_only_a_cap() -> None:
+def test_a_pace_lowered_to_the_first_limit_stated_starts_a_window_of_its_own() -> None:
     """The 429 that states the limit (600 a minute over 4 shards) for a pace cut without one
-    closes a window of 429s too: the pace is capped and cut, so the shard logs a cut (`capped`
-    False); a 429 that only caps it says so (`capped`), for the shard to log no cut."""
+    lowers it to its share and, as a cut does, starts a new window: it closes a window of 429s
+    of the old pace, which no longer cuts the new one too (`capped`, for the shard to log no
+    cut), nor do more 429s of the old pace before 20 requests went at the new one."""
     t = FakeTime()
     lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
     assert any([lim.limited(sent) for sent in range(1, 22)]) and not lim.capped
     t.now += 2.0
     assert not any([lim.limited(sent) for sent in range(21, 40)])
     assert lim.limited(sent=40, headers={"x-ratelimit-limit-requests": "600"})
-    assert not lim.capped and lim.learned is not None and lim.learned < 2.5
+    assert lim.capped and lim.learned == pytest.approx(2.5)
+    t.now += 2.0
+    assert not any([lim.limited(sent=59) for _ in range(10)]) and not lim.capped
+    assert lim.learned == pytest.approx(2.5)
+    assert lim.limited(sent=60) and lim.learned < 2.5  # a window sent at the new pace
     capped = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
     assert any([capped.limited(sent) for sent in range(1, 22)])
     assert capped.limited(sent=22, headers={"x-ratelimit-limit-requests": "600"})
