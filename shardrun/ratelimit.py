@@ -469,7 +469,7 @@ class RateLimiter:
         self.tokens = _retuned(self.tokens, self._tpm(), now)
         return True
 
-    def grew(self, tokens: int = 0, headers: Mapping[str, str] | None = None) -> None:
+    def grew(self, tokens: int = 0, headers: Mapping[str, str] | None = None) -> bool:
         """A success of a request charged `tokens`, with its x-ratelimit-* `headers`, while a
         learned pace holds: a little more pace (LEARN_GROW, of requests or of that request's
         tokens; the caller tests `learning` first, so a shard never limited pays nothing), up
@@ -479,11 +479,15 @@ class RateLimiter:
         share that grew as shards ended (`set_share` raises the cap). Past a stated limit it
         only finds the 429s the server announced, a cut's episode of them; a limit the server
         raised is heard from its statement instead, here from a success's headers where they
-        state it (a server stating it in a 429's words alone says so at its next 429)."""
+        state it (a server stating it in a 429's words alone says so at its next 429). True
+        where those headers first stated a limit for a pace learned without one and lowered it
+        to its share (`_heard`), for the shard to log as a 429 that does so is logged."""
         now = self._clock()
+        lowered = False
         if headers:
-            self._heard("learned", headers.get(LIMIT_HEADER), 1)
-            self._heard("learned_tokens", headers.get(TOKEN_LIMIT_HEADER), max(1, tokens))
+            lowered = self._heard("learned", headers.get(LIMIT_HEADER), 1)
+            lowered |= self._heard("learned_tokens", headers.get(TOKEN_LIMIT_HEADER),
+                                   max(1, tokens))
             self._judge_room("learned", "requests", headers, now)
             self._judge_room("learned_tokens", "tokens", headers, now)
         cap = self._cap
@@ -494,6 +498,7 @@ class RateLimiter:
             self.learned_tokens = min(self.learned_tokens + LEARN_GROW * tokens,
                                       cap.get("learned_tokens", math.inf))
             self.tokens = _retuned(self.tokens, self._tpm(), now)
+        return lowered
 
     def _judge_room(self, kind: str, name: str, headers: Mapping[str, str], now: float) -> None:
         """A success's word on the room the key has left of its stated limit (of `name`,

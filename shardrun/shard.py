@@ -1458,7 +1458,8 @@ class Shard:
         if self.limited_since is not None:  # 429s alone no longer, if sent after the first
             self._limit_answered(span)
         if self.limiter.learning:  # paced by the server's 429s: a little faster
-            self.limiter.grew(span.charged, outcome.rate_headers)
+            if self.limiter.grew(span.charged, outcome.rate_headers):
+                self._paced(self.clock.now(), resplit=True)  # lowered to a first statement
             for kind, stated, lifted in self.limiter.take_uncapped():  # rare: once a statement
                 self.log.emit(events.RATE_UNCAPPED, t=self.clock.now(), kind=kind,
                               stated=stated, lifted=lifted)

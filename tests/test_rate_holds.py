@@ -40,11 +40,13 @@ class _Client:
     url = "http://x"
 
     def __init__(self, clock: _Clock, errors: list[str | None], took: float = 1.0,
-                 headers: dict[str, str] | None = None, stated_from: int = 0) -> None:
+                 headers: dict[str, str] | None = None, stated_from: int = 0,
+                 ok_headers: dict[str, str] | None = None) -> None:  # fmt: skip
         self.clock, self.errors, self.took, self.calls = clock, errors, took, 0
         self.heard_at = 0.0  # as a real client notes it, for the shard's progress reports
-        # The x-ratelimit-* headers of every 429 from attempt `stated_from` (from 0) on.
-        self.headers, self.stated_from = headers or {}, stated_from
+        # The x-ratelimit-* headers of every 429 from attempt `stated_from` (from 0) on, and
+        # of every success.
+        self.headers, self.stated_from, self.ok_headers = headers or {}, stated_from, ok_headers
 
     async def attempt(self, body: Any, on_first_token: Any = None) -> AttemptOutcome:
         started = self.clock.t
@@ -54,7 +56,8 @@ class _Client:
         if error is None:
             return AttemptOutcome(status="ok", http_status=200, started_at=started,
                                   ended_at=self.clock.t, text="hi", finish_reason="stop",
-                                  prompt_tokens=2, completion_tokens=3)
+                                  prompt_tokens=2, completion_tokens=3,
+                                  rate_headers=self.ok_headers or {})
         return AttemptOutcome(status="http_429", http_status=429, started_at=started,
                               ended_at=self.clock.t, error=error,
                               rate_headers=self.headers if self.calls > self.stated_from else {})
@@ -65,21 +68,22 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
              shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
              stop_in_hold: int | None = None, stated_from: int = 0,
              reports: list[protocol.Message] | None = None,
-             **retry: float) -> tuple[Shard, int]:
+             ok_headers: dict[str, str] | None = None, **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
     that attempt (from 0) is out; `stop_in_hold`: one comes during the wait of the hold after
     that attempt (from 1); `params`, the job's; `took`, each attempt's seconds; `stated_from`,
-    the first attempt (from 0) whose 429 carries `headers`; `reports`: the shard's progress
-    report as each hold's wait starts goes there."""
+    the first attempt (from 0) whose 429 carries `headers`; `ok_headers`, a success's;
+    `reports`: the shard's progress report as each hold's wait starts goes there."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry, shard_count=shard_count,
                       params=params or {})
     shard = Shard(cfg, lambda message: None, clock=clock)  # type: ignore[arg-type]
     shard.limiter._clock = clock.now  # its pacers are paid by the test's clock too
-    client = _Client(clock, errors, headers=headers, took=took, stated_from=stated_from)
+    client = _Client(clock, errors, headers=headers, took=took, stated_from=stated_from,
+                     ok_headers=ok_headers)
     answer = client.attempt
 
     async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
@@ -273,6 +277,21 @@ def test_a_cut_pace_lowered_to_the_first_limit_stated_is_logged_as_no_cut(
     assert [(rec.get("seeded"), rec.get("resplit")) for rec in logged] == [
         (None, None), (None, True)]  # the cut, then the cap
     assert logged[0]["rps"] > 0.1 and logged[1]["rps"] == pytest.approx(0.1)
+
+
+def test_a_cut_pace_lowered_by_a_successs_first_stated_limit_is_logged_as_no_cut(
+        tmp_path: Path) -> None:
+    """21 429s stating no limit cut the pace; the success after them is the first answer to
+    state the limit (6 a minute): the pace goes down to 0.1 a second and is logged so, marked
+    `resplit` as when a 429 states it first, not left unlogged until the next cut."""
+    shard, calls = _run_one(tmp_path, [PACE] * 21, others_answered=True, outage_s=1e6,
+                            ok_headers={"x-ratelimit-limit-requests": "6"})
+    assert calls == 22 and shard.counters.ok == 1
+    logged = _learned_lines(tmp_path)
+    assert [(rec.get("seeded"), rec.get("resplit")) for rec in logged] == [
+        (None, None), (None, True)]  # the cut, then the cap
+    assert logged[0]["rps"] > 0.1 and logged[1]["rps"] == pytest.approx(0.1)
+    assert shard.paced_rps == pytest.approx(0.1)
 
 
 def test_held_retries_the_server_set_no_wait_for_are_spaced_by_their_holds(
