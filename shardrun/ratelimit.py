@@ -507,6 +507,8 @@ class RateLimiter:
         does not bind the key (a gateway replica's own, a limit raised, another model's), and
         growth goes on until a 429 cuts the pace, as with no statement. One with less than
         half of that left while lifted puts the cap back at the pace's share of the statement."""
+        if kind not in self._cap and kind not in self._lifted:
+            return  # no statement caps this pace: nothing to lift (the common case, no parse)
         pace = getattr(self, kind)
         limit = _number(headers.get(f"x-ratelimit-limit-{name}"))
         left = _number(headers.get(f"x-ratelimit-remaining-{name}"))
