@@ -837,6 +837,23 @@ def test_a_window_of_room_at_the_stated_cap_lifts_it_and_growth_goes_on() -> Non
     assert lim.take_uncapped() == [] and not lim.seeded
 
 
+def test_room_seen_below_the_cap_lifts_nothing() -> None:
+    """A pace cut below its cap (a quarter of 600 a minute) sees the key refill while it grows
+    back: successes saying it has room there (all of it) are no window at the cap, however many;
+    only 20 over a second once the pace is at the cap lift it (an honest minute bucket refills
+    under a pace below the limit, which says nothing of the statement)."""
+    t = FakeTime()
+    lim = RateLimiter(None, None, clock=t.clock, sleep=t.sleep, shards=4)
+    assert lim.limited(sent=1, headers={"x-ratelimit-limit-requests": "600"})
+    lim.learned = 1.02  # as a cut leaves it
+    _successes(lim, t, 30, left=600)  # judged at 1.02 + 29 x 0.05, under 2.5; grown to it
+    assert lim.learned == pytest.approx(2.5) and lim.take_uncapped() == []
+    _successes(lim, t, 19, left=600)  # at the cap: a window of 19
+    assert lim.learned == pytest.approx(2.5) and lim.take_uncapped() == []
+    _successes(lim, t, 1, left=600)
+    assert lim.take_uncapped() == [("requests", 600.0, True)]
+
+
 def test_a_lifted_cap_stays_lifted_through_shards_and_returns_when_the_key_runs_low() -> None:
     """Lifted and grown to 7.5 a second, the pace is not re-split down to the stated limit's
     share as a shard joins (the statement does not bind the key); a success saying under a
