@@ -4,10 +4,12 @@
     .venv/bin/python scripts/bench_ratelimited.py --before 14fd7a8  # that revision too, in turn
     .venv/bin/python scripts/bench_ratelimited.py --items 600 --shards 2 --cap 16 --rpm 1500
     .venv/bin/python scripts/bench_ratelimited.py --tpm 1200000 --before 14fd7a8  # tokens
+    .venv/bin/python scripts/bench_ratelimited.py --rpm 2400 --burst 2400 --items 4000  # a minute
 
 Each case starts this tree's simulator as its own process (ttft 200 ms, 16-64 tokens) with an
-enforced limit (`rpm_limit`, a token bucket of one second's worth) well under what the cap
-would send, and runs `python -m shardrun` (default 4 shards x 32, 2,000 items, the default
+enforced limit (`rpm_limit`, a token bucket of one second's worth, or of `--burst`: the limit
+for a full minute's, as OpenAI's remaining counts say) well under what the cap would send, and
+runs `python -m shardrun` (default 4 shards x 32, 2,000 items, the default
 retry policy, no `rate_limits` in the job) against it. The cases differ in what the server says
 of its limit: OpenAI's x-ratelimit-* headers on every answer and Retry-After on a 429, a 429's
 Retry-After only, or nothing at all, or OpenAI's headers stating a quarter of the limit
@@ -95,7 +97,8 @@ def dead_kinds(run: Path) -> str:
 def run_case(src: Path, work: Path, args: argparse.Namespace, mode: str,
              name: str) -> list[object]:  # fmt: skip
     """One run against a fresh simulator whose answers say `mode` of the limit; its row."""
-    limit = {"tpm_limit": args.tpm} if args.tpm else {"rpm_limit": args.rpm}
+    limit = ({"tpm_limit": args.tpm, "tpm_burst": args.burst} if args.tpm else
+             {"rpm_limit": args.rpm, "rpm_burst": args.burst})  # fmt: skip
     if mode == "stated":  # OpenAI's headers, stating a quarter of the limit enforced
         limit |= {"tpm_stated": args.tpm // 4} if args.tpm else {"rpm_stated": args.rpm // 4}
     sim = start_sim(SimConfig(ttft_ms=200, itl_ms=2, tokens="uniform:16:64",
@@ -130,6 +133,9 @@ def main() -> int:
     p.add_argument("--rpm", type=int, default=6000, help="the server's limit, requests/minute")
     p.add_argument("--tpm", type=int, default=0,
                    help="a token limit instead, tokens/minute, and an input of mixed sizes")
+    p.add_argument("--burst", type=int, default=0,
+                   help="the bucket, requests (tokens); 0: one second's worth; the limit: a "
+                        "full minute's, as OpenAI's remaining counts it")
     p.add_argument("--modes", default=",".join(MODES), help="which cases, comma-separated")
     p.add_argument("--timeout-s", type=float, default=240.0, help="the longest one run may take")
     args = p.parse_args()
@@ -151,9 +157,10 @@ def main() -> int:
                 print(f"  {rows[-1]}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    limit = (f"tpm_limit {args.tpm:,} ({args.tpm / 60:g}/s, burst {-(-args.tpm // 60)}), "
-             f"every tenth prompt big" if args.tpm else
-             f"rpm_limit {args.rpm:,} ({args.rpm / 60:g}/s, burst {-(-args.rpm // 60)})")
+    per_min = args.tpm or args.rpm
+    burst = f"burst {args.burst or -(-per_min // 60):,}"
+    limit = (f"tpm_limit {args.tpm:,} ({args.tpm / 60:g}/s, {burst}), every tenth prompt big"
+             if args.tpm else f"rpm_limit {args.rpm:,} ({args.rpm / 60:g}/s, {burst})")
     print(f"# {args.shards} x {args.cap}, {args.items:,} items, ttft 200 ms, 16-64 tokens, "
           f"{limit}; "
           + "; ".join(f"{k}: {v}" for k, v in sides.items()))
