@@ -88,9 +88,12 @@ ROOM_SHARE = 0.5
 """A pace held at its stated cap whose successes say, for a whole window (LEARN_WINDOW_N of them
 over LEARN_WINDOW_S at least), that the key has more than this share of the stated limit left
 (x-ratelimit-remaining-* against x-ratelimit-limit-*) is not held by that limit: the cap is
-lifted (`RateLimiter.grew`). Half: a key paced at the limit it states has little left (OpenAI
-counts down from it), and a gateway replica stating its own limit sees a part of the key's
-traffic. Back under half of this share, a lifted cap is put back: the statement binds after
+lifted (`RateLimiter.grew`). Half: a key paced at the limit it states keeps what it had left,
+little after the 429s that seeded the pace, and a gateway replica stating its own limit sees a
+part of the key's traffic. An honest limit counted over a full minute (OpenAI's) that refilled
+while the shards paused (`observe_headers`, up to its reset) lifts too: the pace then spends
+the burst the key holds, and comes back at a quarter left (PERFORMANCE.md). Back under half
+of this share, a lifted cap is put back: the statement binds after
 all, and the pace returns to it before the key runs dry."""
 LIMIT_HEADER = "x-ratelimit-limit-requests"
 """OpenAI's statement of the key's limit, in requests a minute: a shard's first 429 that
