@@ -190,10 +190,14 @@ def test_over_the_token_limit_the_server_answers_429_in_openais_words() -> None:
     cfg = SimConfig(**QUICK, tpm_limit=600, tpm_burst=100)
     got = asyncio.run(asyncio.wait_for(_token_answers(cfg, [1000, 40, 40, 40]), 30))
     assert [status for status, _, _ in got] == [429, 200, 200, 429]
-    assert [h["x-ratelimit-remaining-tokens"] for _, h, _ in got] == ["100", "50", "0", "0"]
+    # The bucket refills 10 tokens a second between the requests: a loaded machine's pauses
+    # may let a few back in.
+    left = [int(h["x-ratelimit-remaining-tokens"]) for _, h, _ in got]
+    assert all(0 <= a - b <= 5 for a, b in zip(left, [100, 50, 0, 0], strict=True))
     assert all(h["x-ratelimit-limit-tokens"] == "600" for _, h, _ in got)
     too_large, refused = got[0][2]["message"], got[3][2]["message"]
-    assert "on tokens per min (TPM): Limit 600, Used 100, Requested 50." in refused
+    used = re.search(r"on tokens per min \(TPM\): Limit 600, Used (\d+), Requested 50\.", refused)
+    assert used and 95 <= int(used.group(1)) <= 100
     assert "Limit 600, Requested 1010." in too_large
     assert not over_whole_limit(refused) and over_whole_limit(too_large)
     assert 1 <= int(got[3][1]["Retry-After"]) <= 10
