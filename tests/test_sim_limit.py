@@ -131,7 +131,10 @@ def test_a_limit_stated_apart_from_the_one_enforced() -> None:
     got, _ = answers(SimConfig(**QUICK, rpm_limit=600, rpm_burst=4, rpm_stated=60), 5)
     assert [status for status, _, _ in got] == [200, 200, 200, 200, 429]
     left = [int(h["x-ratelimit-remaining-requests"]) for _, h, _ in got]
-    assert left[:3] == [45, 30, 15] and max(left[3:]) < 5  # the bucket refills meanwhile
+    # 15 a request taken (60 / 4), and 1.5 back each 10 ms the bucket refills between them: on a
+    # loaded machine the answers may come that far apart.
+    assert all(0 <= a - b < 15 for a, b in zip(left[:3], [45, 30, 15], strict=True))
+    assert max(left[3:]) < 15
     assert all(h["x-ratelimit-limit-requests"] == "60" for _, h, _ in got)
     cfg = SimConfig(**QUICK, tpm_limit=6000, tpm_burst=1000, tpm_stated=600)
     tokens = asyncio.run(asyncio.wait_for(_token_answers(cfg, [700, 700]), 30))
