@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardrun.items import TOKEN_LIMITS, estimate_prompt_tokens
+from shardrun.items import TOKEN_LIMITS, prompt_chars, tokens_of_chars
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKENS",
@@ -44,6 +44,7 @@ __all__ = [
     "estimate_request_tokens",
     "limit_set_pace",
     "parse_duration",
+    "request_tokens",
     "shares",
     "stated_cap",
     "tokens_used",
@@ -680,5 +681,10 @@ def stated_cap(item: Mapping[str, Any], params: Mapping[str, Any]) -> int | None
 def estimate_request_tokens(item: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     """Tokens to reserve for one request: prompt estimate (chars / 4) + its stated cap
     (`stated_cap`), else DEFAULT_COMPLETION_TOKENS."""
-    cap = stated_cap(item, params)
-    return estimate_prompt_tokens(item) + (DEFAULT_COMPLETION_TOKENS if cap is None else cap)
+    return request_tokens(prompt_chars(item), stated_cap(item, params))
+
+
+def request_tokens(chars: int, cap: int | None) -> int:
+    """`estimate_request_tokens` of a request whose prompt characters and stated cap are known
+    (a shard has both at hand: it works neither out again per request)."""
+    return tokens_of_chars(chars) + (DEFAULT_COMPLETION_TOKENS if cap is None else cap)

@@ -47,7 +47,7 @@ from shardrun.outage import (
     says_endpoint_failing,
     says_endpoint_up,
 )
-from shardrun.ratelimit import RateLimiter, estimate_request_tokens, stated_cap, tokens_used
+from shardrun.ratelimit import RateLimiter, request_tokens, stated_cap, tokens_used
 from shardrun.resume import share_lock
 from shardrun.retry import (
     Decision,
@@ -199,6 +199,7 @@ class Shard:
         # and a shard stopped after 429s alone had a span wait 20 s more for a pace of one
         # request a minute).
         self.halted = asyncio.Event()
+        self.params_cap = stated_cap({}, cfg.params)  # an item without a body states it
         self.limiter = RateLimiter(cfg.rate.get("rpm"), cfg.rate.get("tpm"),
                                    max_pause_s=self.retrier.policy.max_server_wait_s,
                                    sleep=self._pause, phase=cfg.rate_phase,
@@ -353,6 +354,11 @@ class Shard:
             with contextlib.suppress(TimeoutError):  # a stop or a fatal error is news too
                 await asyncio.wait_for(self.storm_news.wait(), left)
 
+    def _stated_cap(self, item: dict[str, Any]) -> int | None:
+        """`stated_cap` of an item: the job's, worked out once, unless the item has a body of its
+        own (an OpenAI Batch line; `stated_cap` reads a falsy body as none)."""
+        return self.params_cap if not item.get("body") else stated_cap(item, self.cfg.params)
+
     async def _rate_wait(self, span: Span, attempt: int) -> None:
         """Wait for the job's rate limit before an attempt; a wait is its own event.
 
@@ -360,7 +366,7 @@ class Shard:
         and the report can tell "held by our rate limit" from "held by the cap".
         """
         if not span.charged:  # the same item and params give the same estimate every attempt
-            span.charged = estimate_request_tokens(span.item, self.cfg.params)
+            span.charged = request_tokens(span.prompt_chars, self._stated_cap(span.item))
         waited = await self.limiter.acquire(span.charged)
         # The clock is read only after a wait: without limits this costs next to nothing. A
         # wait a stop or a fatal error cut short is not counted: no attempt follows it.
@@ -1228,7 +1234,7 @@ class Shard:
         used = tokens_used(outcome.status, outcome.prompt_tokens, outcome.completion_tokens,
                            outcome.wasted_tokens, tokens_of_chars(span.prompt_chars))
         # A request with no cap of its own is charged a guess the server never counts.
-        limiter.correct(span.charged, used, stated_cap(span.item, self.cfg.params) is not None)
+        limiter.correct(span.charged, used, self._stated_cap(span.item) is not None)
 
     async def _attempt(self, client: StreamingClient, span: Span, attempt: int,
                        body: dict[str, Any]) -> AttemptOutcome:

@@ -13,7 +13,8 @@ import pytest
 
 from shardrun import protocol
 from shardrun.client import AttemptOutcome
-from shardrun.ratelimit import estimate_request_tokens
+from shardrun.items import prompt_chars
+from shardrun.ratelimit import DEFAULT_COMPLETION_TOKENS, estimate_request_tokens
 from shardrun.shard import Shard
 from shardrun.shard_config import ShardConfig
 from shardrun.spans import Span
@@ -105,6 +106,7 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
 
     shard._pause = pause  # type: ignore[method-assign]
     span = Span("s0", {"id": "a", "messages": [{"role": "user", "content": "x"}]}, clock.t)
+    span.prompt_chars = prompt_chars(span.item)  # as the shard's enqueue sets it
     span.admitted_at = clock.t
     asyncio.run(shard._attempts(span))
     shard.close()
@@ -221,6 +223,30 @@ def test_a_429_on_tokens_paces_the_shard_by_tokens(tmp_path: Path) -> None:
     assert calls == 2 and shard.counters.ok == 1 and shard.limiter.learned is None
     charged = estimate_request_tokens({"messages": [{"role": "user", "content": "x"}]}, {})
     assert charged > 0 and shard.limiter.learned_tokens == pytest.approx(500)
+
+
+def test_a_span_is_charged_what_its_item_states(tmp_path: Path) -> None:
+    """The shard charges each span `estimate_request_tokens` of its item, working out the job's
+    cap once: an item with a body of its own (an OpenAI Batch line) states its own cap, or
+    none, or leaves the job's, as `stated_cap` reads it."""
+    params = {"max_tokens": 100}
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
+                      api="chat", model="m", params=params)
+    shard = Shard(cfg, lambda message: None, clock=_Clock())  # type: ignore[arg-type]
+    text = {"messages": [{"role": "user", "content": "x" * 41}]}
+    items: list[dict[str, Any]] = [
+        {"id": "plain", "prompt": "y" * 9}, {"id": "own", "body": {**text, "max_tokens": 7}},
+        {"id": "none", "body": {**text, "max_tokens": None}}, {"id": "job's", "body": text},
+        {"id": "empty", "body": {}, "prompt": "z"}]
+    for item in items:
+        shard.on_message({"t": protocol.ITEMS, "items": [item]})
+    charged = []
+    for span in shard.queue:
+        asyncio.run(shard._rate_wait(span, 1))
+        charged.append(span.charged)
+    shard.close()
+    assert charged == [estimate_request_tokens(item, params) for item in items]
+    assert charged == [3 + 100, 11 + 7, 11 + DEFAULT_COMPLETION_TOKENS, 11 + 100, 0 + 100]
 
 
 def test_under_a_token_pace_only_a_request_that_states_its_cap_keeps_it_charged(
