@@ -235,7 +235,9 @@ class StreamingClient:
     ) -> AttemptOutcome:
         """POST `body` (sent as given) and read the stream. Never raises but for cancellation."""
         data = orjson.dumps(body)
-        tm = asyncio.timeout(None)
+        # The class, not `asyncio.timeout()`: that reads the running loop only to find the
+        # deadline None, and on Python 3.11 each such read is a getpid system call.
+        tm = asyncio.Timeout(None)
         if (watchdog := self._watchdog) is None:  # the first attempt: the loop is running now
             watchdog = self._watchdog = Watchdog(asyncio.get_running_loop())
         st = Attempt(self._api, self._clock, self._timeouts, tm, on_conn_ready, watchdog)
