@@ -74,6 +74,8 @@ _UNSAFE = b'"\\' + bytes(range(0x20))
 """The bytes a JSON string holds only escaped: a value without them is its own raw bytes."""
 _OTHER_KEYS = ("reasoning_content", "reasoning", "tool_calls", "refusal", "function_call")
 """Delta keys whose text is not the content (`ChunkReader._other`)."""
+_OTHER_KEY_SET = frozenset(_OTHER_KEYS)
+"""The same, to skip `_other` in one C call for a delta with none (a role or finish chunk)."""
 PADDING_KEY = b',"obfuscation":"'
 """What starts OpenAI's padding in a chunk (module docstring, "Padding")."""
 _PADDING = re.compile(rb',"obfuscation":"(?<=[]}"0-9el],"obfuscation":")[ !#-\[\]-~]*"(?=}\Z)')
@@ -321,7 +323,9 @@ class ChunkReader:
                             piece = delta.get("content")
                             # A plain content delta has one key (two with its role): only a
                             # fuller one, or one without content, may carry other text.
-                            if (piece is None or len(delta) > 1) and self._other(delta):
+                            if ((piece is None or len(delta) > 1)
+                                    and not _OTHER_KEY_SET.isdisjoint(delta)
+                                    and self._other(delta)):  # fmt: skip
                                 other = True
                             if type(piece) is list:  # Mistral's parts (`content_parts`)
                                 piece, thought = content_parts(piece)
