@@ -4,9 +4,10 @@ The hot path is `EventLog.emit`, about five times per span. It goes through stru
 context, processor chain, wrapped logger) with as little around it as structlog allows:
 
 - the bound context is `run_id`, `shard` and a placeholder `ev`; `emit` sets `ev` on the call's
-  own keyword dict, and the wrapper class `_EventLogger` hands that dict straight to structlog's
-  `_process_event` (documented as available to custom wrappers). The only dict work per event
-  is then structlog's own: copy the three-key context, merge the fields;
+  own keyword dict and hands that dict straight to the bound logger's `_process_event`
+  (structlog documents it as available to wrappers of their own), then the rendered line to
+  the sink: no wrapper method of ours in between, a frame per event less. The only dict work
+  per event is then structlog's own: copy the three-key context, merge the fields;
 - the one processor renders with orjson and appends the newline itself;
 - the wrapped logger is `_LineSink`: `msg` hashes the line and appends it to a list. structlog's
   `BytesLogger` would take a lock, copy the line to add the newline and call flush per line.
@@ -114,15 +115,6 @@ class _LineSink:
         return data
 
 
-class _EventLogger(structlog.BoundLoggerBase):
-    """structlog's bound logger with one method, `emit`, for a ready keyword dict."""
-
-    def emit(self, event_kw: dict[str, Any]) -> None:
-        # `_process_event` merges the bound context with `event_kw` and runs the processors
-        # (structlog documents it for custom wrappers); `_render` returns the line as bytes.
-        self._logger.msg(*self._process_event("msg", None, event_kw)[0])
-
-
 def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> bytes:
     return orjson.dumps(event_dict, option=orjson.OPT_APPEND_NEWLINE)
 
@@ -145,11 +137,14 @@ class EventLog:
         logger = structlog.wrap_logger(
             self._sink,
             processors=[_render],
-            wrapper_class=_EventLogger,
+            wrapper_class=structlog.BoundLoggerBase,
             context_class=dict,
             cache_logger_on_first_use=True,
         ).bind(run_id=run_id, shard=shard, ev=None)
-        self._emit = cast(_EventLogger, logger).emit
+        # Merges the bound context with a call's fields and runs the processors; `_render`
+        # makes the result one line of bytes, `((line,), {})`.
+        self._process = cast(structlog.BoundLoggerBase, logger)._process_event
+        self._msg = self._sink.msg
 
     def emit(self, ev: str, /, **fields: Any) -> None:
         """Append one event; `fields` must include `t` (anchored time).
@@ -159,7 +154,7 @@ class EventLog:
         structlog merges `fields` in: setting it on the call's own dict saves copying `fields`.
         """
         fields["ev"] = ev
-        self._emit(fields)
+        self._msg(self._process("msg", None, fields)[0][0])
 
     def checkpoint(self, t: float) -> None:
         """Record the running hash of every byte before this line, if anything was written."""
