@@ -1247,6 +1247,10 @@ class Shard:
         span.attempt_started_at = started
         if span.retry_line is not None:  # its `t` is when it was decided, before this line's
             self.log.emit(events.RETRY, **span.retry_line)
+            # Counted as it is sent, as `report` counts its line: a shard killed while it is
+            # out counts it too (its attempt, out, from `sending`), and `tried` says so.
+            self.counters.retries += 1
+            self.tried.set(sid, attempt)
             # A hold's 429 is counted as its retry goes, as `report` counts its line: not one
             # a stop or a fatal error ended during the wait (nor one a dead letter ended).
             if span.retry_line["why"] == RATE_LIMITED:
@@ -1290,7 +1294,6 @@ class Shard:
         span.conn_ready_at = conn
         counters = self.counters
         counters.attempts += 1
-        counters.retries += attempt > 1  # counted as attempts are: sent, once it has ended
         counters.http_429s += outcome.status == "http_429"
         counters.prompt_tokens += outcome.prompt_tokens or 0
         counters.cached_tokens += outcome.cached_tokens or 0

@@ -315,19 +315,22 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
                    held: Mapping[str, int] | None = None) -> dict[str, Any]:
     """A dead shard's last report plus what the lines it wrote after that report hold.
 
-    Those lines were written after the report's counters were read: their item, its tokens
-    and its last attempt are not in them. Earlier attempts of the same span may be: `tried` (the
-    reports' changes to it applied up to this one) holds how many attempts each span still open
-    then had ended (every one a failure; all but the first of them a retry), so that they are
-    not counted twice. A dead letter's attempts carry their status, so its unreported 429s
-    count too, or the req/min answered (attempts less 429s) would read high; so do the held
-    retries of its 429s (`limited_429s`): its attempts marked `held`, less those `held` says
-    the reports counted for its span, or the summary would count fewer than `report` reads
-    from their `retry` lines. What the lines do not hold stays as reported: the tokens wasted
-    by earlier attempts, rate-limit waits, and which of a result's unreported failed attempts
-    were 429s, held or not (its line has their number only).
+    The attempts the shard had out at that report (`sending`) count: each went to the server,
+    and its `attempt_start` line (a retry's `retry` line too) is in the log, which `report`
+    reads. The lines were written after the report's counters were read: their item, its
+    tokens and its last attempt are not in them. Earlier attempts of the same span may be:
+    `tried` (the reports' changes to it applied up to this one) holds how many attempts each
+    span still open then had counted (ended, every one a failure, and a retry out then; all
+    but the first of them retries), so that they are not counted twice. A dead letter's
+    attempts carry their status, so its unreported 429s count too, or the req/min answered
+    (attempts less 429s) would read high; so do the held retries of its 429s (`limited_429s`):
+    its attempts marked `held`, less those `held` says the reports counted for its span, or
+    the summary would count fewer than `report` reads from their `retry` lines. What the lines
+    do not hold stays as reported: the tokens wasted by earlier attempts, rate-limit waits, and
+    which of a result's unreported failed attempts were 429s, held or not (its line has their
+    number only).
     """
-    add: Counter[str] = Counter()
+    add: Counter[str] = Counter({"attempts": int(report.get("sending") or 0)})
     for line in results:
         usage = line.get("usage") or {}
         add["ok"] += 1
@@ -353,7 +356,8 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
 
 def _add_attempts(add: Counter[str], attempts: int, reported: int) -> None:
     """A finished span's attempts, and its retries (one fewer), less those already reported
-    (a retry is counted once its attempt has ended, as an attempt is)."""
+    (a retry is counted as it is sent, its attempt once it has ended or, out at the report,
+    from `sending`)."""
     add["attempts"] += max(0, attempts - reported)
     add["retries"] += max(0, attempts - 1 - max(0, reported - 1))
 

@@ -247,9 +247,10 @@ def test_attempts_cut_off_by_a_killed_shard_are_noted() -> None:
     assert (doc["attempts"]["started"], doc["attempts"]["by_status"]) == (2, {"ok": 1})
     assert [n for n in doc["notes"] if "never ended" in n] == [
         "1 attempt started and never ended in the log, so they have no status: their shard "
-        "was killed or crashed mid-attempt (their items ran again; the run summary does not "
-        "count these attempts either), or could not write the rest of its log (a full disk; "
-        "the run summary, counted from the shards' reports, does count those)"]
+        "was killed or crashed mid-attempt (their items ran again; the run summary counts "
+        "these attempts too, from the shard's last report), or could not write the rest of its "
+        "log (a full disk; the run summary, counted from the shards' reports, counts those as "
+        "well)"]
 
 
 def test_restart_abandons_open_spans() -> None:

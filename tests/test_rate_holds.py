@@ -69,14 +69,17 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
              shard_count: int = 1, params: dict[str, Any] | None = None, took: float = 1.0,
              stop_in_hold: int | None = None, stated_from: int = 0,
              reports: list[protocol.Message] | None = None,
-             ok_headers: dict[str, str] | None = None, **retry: float) -> tuple[Shard, int]:
+             ok_headers: dict[str, str] | None = None,
+             out_reports: list[protocol.Message] | None = None,
+             **retry: float) -> tuple[Shard, int]:
     """One item through the shard's attempts: the shard, and how many attempts it made;
     `others_answered`: during each hold the server answers another request (as a success of
     another item tells the shard, `Shard._limit_answered`); `stop_at`: a stop comes while
     that attempt (from 0) is out; `stop_in_hold`: one comes during the wait of the hold after
     that attempt (from 1); `params`, the job's; `took`, each attempt's seconds; `stated_from`,
     the first attempt (from 0) whose 429 carries `headers`; `ok_headers`, a success's;
-    `reports`: the shard's progress report as each hold's wait starts goes there."""
+    `reports`: the shard's progress report as each hold's wait starts goes there;
+    `out_reports`: its report as each attempt goes out."""
     clock = _Clock()
     cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://x",
                       api="chat", model="m", retry=retry, shard_count=shard_count,
@@ -88,6 +91,8 @@ def _run_one(tmp_path: Path, errors: list[str | None], others_answered: bool = F
     answer = client.attempt
 
     async def attempt(body: Any, on_first_token: Any = None) -> AttemptOutcome:
+        if out_reports is not None:
+            out_reports.append(shard.report(protocol.PROGRESS))
         if client.calls == stop_at:
             shard.stopping = True
         return await answer(body, on_first_token)
@@ -177,6 +182,23 @@ def test_the_429s_counted_held_are_those_that_held_their_item(tmp_path: Path) ->
     waiting, calls = _run_one(tmp_path / "hold", [PACE] * 5, stop_in_hold=2)
     assert calls == 2 and waiting.counters.abandoned == 1
     assert waiting.counters.limited_429s == 1 == _held_lines(tmp_path / "hold")
+
+
+def test_a_report_taken_while_a_held_retry_is_out_counts_what_the_log_holds(
+        tmp_path: Path) -> None:
+    """A progress report taken while each attempt is out (three 429s held, then a success)
+    counts what the log then holds, as a dead shard's summary takes it: its `attempt_start`
+    lines (those ended, and the one out: `sending`) and its `retry` lines, the one out too;
+    `tried` names the retry out, so a line written after the report adds it no more. The
+    retry out used to be left out until it ended: a shard killed meanwhile lost it."""
+    reports: list[protocol.Message] = []
+    shard, calls = _run_one(tmp_path, [PACE] * 3, out_reports=reports)
+    assert calls == 4 and shard.counters.ok == 1 and len(reports) == 4
+    tried: dict[str, int] = {}
+    for out, report in enumerate(reports, 1):  # the report taken while attempt `out` was out
+        protocol.apply_changes(tried, report["tried"])
+        assert (report["attempts"] + report["sending"], report["retries"]) == (out, out - 1)
+        assert tried.get("s0", 0) == (out if out > 1 else 0)
 
 
 def test_a_dead_shards_summary_counts_the_429s_held_as_report_does(tmp_path: Path) -> None:

@@ -935,8 +935,9 @@ def test_ctrl_c_while_a_replacement_shard_starts_does_not_kill_it(
 def test_after_a_kill_9_the_summary_and_the_report_count_what_the_files_hold(
         tmp_path: Path) -> None:
     """A shard killed while results pour in (hundreds a second): the summary's counts are the
-    files', and `report` counts every result line a success (its `released` event reached the
-    file before the line did)."""
+    files', with the attempts the shard had out (each went to the server, and the log holds its
+    start: the summary counts them as `report` does), and `report` counts every result line a
+    success (its `released` event reached the file before the line did)."""
     ids = write_input(tmp_path / "input.jsonl", 8000)
     write_job(tmp_path / "job.yaml", shards=3, concurrency=64,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m",
@@ -949,12 +950,67 @@ def test_after_a_kill_9_the_summary_and_the_report_count_what_the_files_hold(
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
     summary = run.manifest["summary"]
+    out = sum(e["ev"] == "attempt_start" for e in run.events) - sum(
+        e["ev"] == "attempt_end" for e in run.events)
     assert (summary["succeeded"], summary["attempts"], summary["completion_tokens"]) == (
-        len(ids), sum(r["attempts"] for r in run.results),
+        len(ids), sum(r["attempts"] for r in run.results) + out,
         sum(r["usage"]["completion_tokens"] for r in run.results))
     report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
-    assert orjson.loads(report.stdout)["items"]["succeeded"] == len(ids)
+    counted = orjson.loads(report.stdout)
+    assert counted["items"]["succeeded"] == len(ids)
+    assert counted["attempts"]["started"] == summary["attempts"]
+
+
+# Answers slow enough (0.15 s to the first token) that a shard always has requests out, many of
+# them retries of 429s: the simulator refuses 30 % at random and whatever passes 30 a second,
+# each 429 asking for a 0.05 s wait (held: spending no attempt).
+HELD_SIM = {**FAST_SIM, "ttft_ms": 150, "itl_ms": 5, "rpm_limit": 1800, "fail_429": 0.3,
+            "retry_after_s": 0.05}
+
+
+def _report_counts(report: dict[str, Any]) -> dict[str, int]:
+    attempts, items = report["attempts"], report["items"]
+    return {"succeeded": items["succeeded"], "dead": items["dead"],
+            "attempts": attempts["started"], "retries": attempts["retries"],
+            "http_429s": attempts["by_status"].get("http_429", 0),
+            "limited_429s": attempts["server_limit"]["held_retries"],
+            "completion_tokens": items["completion_tokens"]}
+
+
+@pytest.mark.parametrize("kill_at", [10, 50, 100])
+def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
+        tmp_path: Path, kill_at: int) -> None:
+    """kill -9 of a shard once `kill_at` results are in, with requests out and 429s held: the
+    run's summary (printed and in the manifest) counts the attempts, retries, 429s, held 429s,
+    items and tokens that `report` reads from the event log. The attempts the killed shard had
+    out, retries among them, went to the server: both count them (the summary from the shard's
+    last report, `sending`); the summary used to leave out the retries among them, which the
+    log holds a `retry` line of."""
+    ids = write_input(tmp_path / "input.jsonl", 160)
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": HELD_SIM})
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    _wait_for_results(tmp_path / "runs", kill_at)
+    os.kill(_shard_pids(proc.pid)[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=WAIT_GUARD_S)
+    assert proc.returncode == 0, err
+    died = re.search(r"shard (\d+) died \(killed by signal SIGKILL\)", err)
+    assert died, err
+    run = Run.load(only_run(tmp_path / "runs"))
+    assert_exactly_once(run, ids)
+    report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    counts = _report_counts(orjson.loads(report.stdout))
+    # The kill came amid held 429s: the killed shard's log ends with spans still open.
+    killed = [e for e in run.events if e["shard"] == int(died[1])]
+    assert any(e["ev"] == "retry" and e["why"] == "rate_limited" for e in killed)
+    assert not any(e["ev"] == "shard_end" for e in killed)
+    summary = run.manifest["summary"]
+    assert {key: summary[key] for key in counts} == counts
+    printed = (f"  attempts           {counts['attempts']:,} ({counts['retries']:,} retries"
+               if counts["retries"] != 1 else "")
+    assert printed in out, out
 
 
 def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) -> None:
@@ -1154,8 +1210,8 @@ while "items" not in (message := json.loads(sys.stdin.readline())):
     pass
 items = message["items"]
 spans = [f"0-{n}" for n in range(1, len(items) + 1)]
-# A retry is counted once sent and ended: none in the first report (each retry decided, not
-# sent), one in the second (the first item's second attempt).
+# A retry is counted once sent: none in the first report (each retry decided, not sent), one
+# in the second (the first item's second attempt, ended by then).
 def report(attempts, tried, **more):
     message = {"t": "progress", "fin_ok": [], "fin_dead": [], "attempts": attempts,
                "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried,

@@ -303,6 +303,17 @@ def test_lines_a_dead_shard_never_reported_add_what_they_hold_to_its_last_report
            "estimated_ok": 1}
 
 
+def test_a_dead_shards_attempts_out_at_its_last_report_count_once() -> None:
+    """The attempts a shard had out at its last report (`sending`) went to the server, and the
+    log holds their start: a dead shard's summary counts them. A retry among them is in the
+    report's `retries` and in its span's `tried` already, so the span's line, written after the
+    report, adds neither again."""
+    report = {"attempts": 10, "retries": 4, "sending": 2}  # out: 0-1's first, 0-2's third
+    results = [{"id": "b", "span": "0-2", "attempts": 3, "usage": {}}]
+    after = add_unreported(report, {"0-2": 3}, results, [])
+    assert (after["attempts"], after["retries"], after["ok"]) == (12, 4, 1)
+
+
 def test_a_dead_shards_unreported_dead_letters_add_their_unreported_429s() -> None:
     """A dead letter written after the shard's last report adds the 429s among the attempts that
     report did not count (those after `tried`'s), beside those attempts: the req/min answered

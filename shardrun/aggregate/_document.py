@@ -125,7 +125,7 @@ def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
         plural = "s" if unended != 1 else ""
         notes.append(f"{unended:,} attempt{plural} started and never ended in the log, so they "
                      "have no status: their shard was killed or crashed mid-attempt (their items "
-                     "ran again; the run summary does not count these attempts either), or "
-                     "could not write the rest of its log (a full disk; the run summary, "
-                     "counted from the shards' reports, does count those)")
+                     "ran again; the run summary counts these attempts too, from the shard's "
+                     "last report), or could not write the rest of its log (a full disk; the "
+                     "run summary, counted from the shards' reports, counts those as well)")
     return notes
