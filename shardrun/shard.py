@@ -1555,8 +1555,10 @@ class Shard:
             sync = now_loop >= next_sync
             if sync:
                 next_sync = now_loop + self.cfg.fsync_interval_s
-            self.out.flush(sync=sync)
+            self.out.flush()
             self.send(self.report(protocol.PROGRESS))
+            if sync:  # after the report: a kill during an fsync finds every written line told
+                self.out.sync()
 
     def report(self, kind: str) -> protocol.Message:
         """A progress or done message; `fin_*` list the items whose lines are now flushed.

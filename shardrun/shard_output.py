@@ -5,9 +5,10 @@ ids go into `fin_*` when their line is written to the buffer, and leave in a rep
 a successful flush. Nothing reaches the files between flushes, and a flush writes the event log
 before the results and dead letters, so a line the OS holds has its events there too (unless
 the event log's write failed: a full disk), whatever kills the process. The fsyncs come after
-all three writes, so after a power cut a results line may have reached the disk without its
-events; a resume still counts its item once (by the results line). A write or flush that fails
-calls `on_error` and keeps those ids back, so the coordinator still holds their items.
+all three writes (and after the report that follows them, `sync`), so after a power cut a
+results line may have reached the disk without its events; a resume still counts its item once
+(by the results line). A write or flush that fails calls `on_error` and keeps those ids back,
+so the coordinator still holds their items.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class ShardOutput:
             failed += [w for w, fin in writers
                        if w not in failed and not self._do(w.sync, w.path, fin)]  # fmt: skip
         return not failed
+
+    def sync(self) -> bool:
+        """Fsync the three files; False if one failed. The ticker calls it after the report
+        that follows a flush: the ids reported are handed to the OS, which is what finished
+        means, and a shard killed in an fsync's milliseconds has reported every line it wrote
+        (before, its last lines and failed attempts were in the files and the log but in no
+        report, and the summary missed or, from `sending`, doubled some of their counts)."""
+        return all([self._do(w.sync, w.path, None) for w in (self.log, self.results, self.dead)])
 
     def _do(self, step: Callable[[], None], path: Path, fin: list[str] | None) -> bool:
         try:

@@ -978,19 +978,42 @@ def _report_counts(report: dict[str, Any]) -> dict[str, int]:
             "completion_tokens": items["completion_tokens"]}
 
 
-@pytest.mark.parametrize("kill_at", [10, 50, 100])
+# Makes each fsync of a results file take SLOW_FSYNC_S more: a shard killed at a random
+# moment is then most likely killed inside one, its lines written and its report not yet sent.
+SLOW_FSYNC = """\
+import os, time
+_fsync = os.fsync
+def _slow_fsync(fd):
+    if "/results/" in os.readlink(f"/proc/self/fd/{fd}"):
+        time.sleep(float(os.environ["SLOW_FSYNC_S"]))
+    return _fsync(fd)
+os.fsync = _slow_fsync
+"""
+
+
+@pytest.mark.parametrize(("kill_at", "moment"), [
+    (10, "between_reports"), (50, "between_reports"), (100, "between_reports"),
+    (30, "in_an_fsync"), (80, "in_an_fsync")])
 def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
-        tmp_path: Path, kill_at: int) -> None:
+        tmp_path: Path, kill_at: int, moment: str) -> None:
     """kill -9 of a shard once `kill_at` results are in, with requests out and 429s held: the
     run's summary (printed and in the manifest) counts the attempts, retries, 429s, held 429s,
     items and tokens that `report` reads from the event log. The attempts the killed shard had
     out, retries among them, went to the server: both count them (the summary from the shard's
     last report, `sending`); the summary used to leave out the retries among them, which the
-    log holds a `retry` line of."""
+    log holds a `retry` line of. `in_an_fsync`: each flush fsyncs, slowly (`SLOW_FSYNC`)."""
     ids = write_input(tmp_path / "input.jsonl", 160)
     write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
               endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": HELD_SIM})
-    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs")
+    env = None
+    if moment == "in_an_fsync":
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SLOW_FSYNC)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site),
+                                                           os.environ.get("PYTHONPATH")])),
+               "SLOW_FSYNC_S": "0.2", "SHARDRUN_FSYNC_INTERVAL_S": "0.01"}
+    proc = _start(tmp_path, "job.yaml", "--runs-dir", "runs", env=env)
     _wait_for_results(tmp_path / "runs", kill_at)
     os.kill(_shard_pids(proc.pid)[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=WAIT_GUARD_S)

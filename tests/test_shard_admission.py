@@ -8,10 +8,13 @@ URL is a closed loopback port, so an attempt that wrongly starts is refused at o
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 
 import orjson
+import pytest
 
 from shardrun import protocol
 from shardrun.client import StreamingClient, Timeouts, make_session
@@ -161,3 +164,39 @@ def test_a_fatal_error_during_a_retrys_rate_wait_sends_no_retry(tmp_path: Path) 
     kinds = Counter(e["ev"] for e in _events(tmp_path))
     assert kinds["attempt_start"] == 1 and kinds["released"] == 1
     assert shard.counters.dead == 1 and shard.fatal_reason == "the coordinator says stop"
+
+
+def test_a_shard_reports_the_lines_it_wrote_before_it_fsyncs_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ticker sends its report after a flush's writes and before their fsync: a shard
+    killed in an fsync (milliseconds, once a second) has reported every line it wrote. Sent
+    after the fsync, a report was lost with the shard, and the summary took the lines from
+    the files but missed the attempts, retries and 429s whose ends the log already held
+    (tests/test_reliability.py, killed `in_an_fsync`)."""
+    sent: list[protocol.Message] = []
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url="http://127.0.0.1:9",
+                      api="chat", model="m", fsync_interval_s=0.001)
+    shard = Shard(cfg, sent.append)
+    shard.out.add_result("a", {"id": "a"})
+    told: list[list[str]] = []  # at each fsync, the ids the reports sent so far had finished
+    fsync = os.fsync
+
+    def watched(fd: int) -> None:
+        told.append([i for message in sent for i in message["fin_ok"]])
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watched)
+
+    async def go() -> None:
+        ticker = asyncio.create_task(shard.ticker())
+        for _ in range(500):  # bounded: the first flush comes after 0.2 s
+            if told:
+                break
+            await asyncio.sleep(0.01)
+        ticker.cancel()
+        with suppress(asyncio.CancelledError):
+            await ticker
+
+    asyncio.run(go())
+    shard.close()
+    assert told and told[0] == ["a"]
