@@ -992,7 +992,7 @@ os.fsync = _slow_fsync
 
 
 @pytest.mark.parametrize(("kill_at", "moment"), [
-    (10, "between_reports"), (50, "between_reports"), (100, "between_reports"),
+    (25, "between_reports"), (50, "between_reports"), (100, "between_reports"),
     (30, "in_an_fsync"), (80, "in_an_fsync")])
 def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
         tmp_path: Path, kill_at: int, moment: str) -> None:
