@@ -993,7 +993,7 @@ os.fsync = _slow_fsync
 
 @pytest.mark.parametrize(("kill_at", "moment"), [
     (25, "between_reports"), (50, "between_reports"), (100, "between_reports"),
-    (30, "in_an_fsync"), (80, "in_an_fsync")])
+    (30, "in_an_fsync"), (80, "in_an_fsync"), (60, "amid_dead_letters")])
 def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
         tmp_path: Path, kill_at: int, moment: str) -> None:
     """kill -9 of a shard once `kill_at` results are in, with requests out and 429s held: the
@@ -1001,10 +1001,14 @@ def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
     items and tokens that `report` reads from the event log. The attempts the killed shard had
     out, retries among them, went to the server: both count them (the summary from the shard's
     last report, `sending`); the summary used to leave out the retries among them, which the
-    log holds a `retry` line of. `in_an_fsync`: each flush fsyncs, slowly (`SLOW_FSYNC`)."""
+    log holds a `retry` line of. `in_an_fsync`: each flush fsyncs, slowly (`SLOW_FSYNC`);
+    `amid_dead_letters`: 20 % of the requests fail with a 500 too, and an item has 2 attempts."""
     ids = write_input(tmp_path / "input.jsonl", 160)
-    write_job(tmp_path / "job.yaml", shards=2, concurrency=16,
-              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": HELD_SIM})
+    dying = moment == "amid_dead_letters"
+    faults = {"retry": {**RETRY_FAST, "max_attempts": 2}} if dying else {}
+    write_job(tmp_path / "job.yaml", shards=2, concurrency=16, **faults,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m",
+                        "sim": {**HELD_SIM, "fail_500": 0.2 if dying else 0.0}})
     env = None
     if moment == "in_an_fsync":
         site = tmp_path / "site"
@@ -1017,11 +1021,12 @@ def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
     _wait_for_results(tmp_path / "runs", kill_at)
     os.kill(_shard_pids(proc.pid)[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=WAIT_GUARD_S)
-    assert proc.returncode == 0, err
+    assert proc.returncode == (1 if dying else 0), err  # 1: dead letters
     died = re.search(r"shard (\d+) died \(killed by signal SIGKILL\)", err)
     assert died, err
     run = Run.load(only_run(tmp_path / "runs"))
     assert_exactly_once(run, ids)
+    assert bool(run.dead) == dying
     report = run_cli("report", str(run.path), "--json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     counts = _report_counts(orjson.loads(report.stdout))
