@@ -1564,16 +1564,19 @@ class Shard:
         """A progress or done message; `fin_*` list the items whose lines are now flushed.
         Made only to be sent: it takes the changes to `tried` since the last one."""
         ok, dead = self.out.take_finished()
+        now = self.clock.now()
         # While the endpoint is down, for how long: the progress display says so.
-        down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(self.clock.now())
-        return {"t": kind, "queued": len(self.queue), "cap": self.cfg.concurrency,
+        down_s = 0.0 if self.endpoint_back.is_set() else self.outage.lasted(now)
+        # `at`: when `sending` was read, so that a dead shard's lines tell which of their last
+        # attempts it holds (`summary.add_unreported`).
+        return {"t": kind, "at": now, "queued": len(self.queue), "cap": self.cfg.concurrency,
                 "sending": self.sending, "unheard_s": self._unheard_s(),
                 "fin_ok": ok, "fin_dead": dead, "dead_reasons": self.dead_reasons,
                 "down_s": round(down_s, 1), "rate_waiting": self.limiter.pending,
                 "paced_rps": self.paced_rps, "paced_tps": self.paced_tps,
                 "paced_seeded": self.paced_seeded, "first_token_ms": self.first_token_ms,
                 "first_tokens": self.first_tokens, "first_token_chars": self.first_token_chars,
-                "failing_s": round(self.storm.lasted(self.clock.now()), 1),
+                "failing_s": round(self.storm.lasted(now), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), "held": self.held.take_changes(),
                 **self.counters.as_dict()}

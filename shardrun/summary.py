@@ -328,9 +328,12 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
     the summary would count fewer than `report` reads from their `retry` lines. What the lines
     do not hold stays as reported: the tokens wasted by earlier attempts, rate-limit waits, and
     which of a result's unreported failed attempts were 429s, held or not (its line has their
-    number only).
+    number only). A span's attempt out at that report is among `sending`, or, a retry, in
+    `tried` too (counted as it is sent): one out and not in `tried` is its first, which a line
+    of a span `tried` does not hold adds again unless it started after the report's `at`.
     """
     add: Counter[str] = Counter({"attempts": int(report.get("sending") or 0)})
+    at = report.get("at")
     for line in results:
         usage = line.get("usage") or {}
         add["ok"] += 1
@@ -340,7 +343,10 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         add["cached_tokens"] += usage.get("cached_tokens") or 0
         add["refusals"] += line.get("refusal") is not None
         add["estimated_ok"] += usage.get("estimated") is True
-        _add_attempts(add, int(line.get("attempts") or 0), tried.get(line.get("span", ""), 0))
+        attempts, reported = int(line.get("attempts") or 0), tried.get(line.get("span", ""), 0)
+        _add_attempts(add, attempts, reported)
+        if attempts and not reported and _out_at(at, _first_start(line)):
+            add["attempts"] -= 1
     for line in dead:
         add["dead"] += 1
         add["budget_exhausted"] += str(line.get("reason", "")).startswith(
@@ -348,10 +354,27 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         history = line.get("attempts") or []
         reported = tried.get(line.get("span", ""), 0)
         _add_attempts(add, len(history), reported)
+        if history and not reported and _out_at(at, history[0].get("started_at")):
+            add["attempts"] -= 1
         add["http_429s"] += sum(a.get("status") == "http_429" for a in history[reported:])
         sent = sum(a.get("held") is True for a in history)
         add["limited_429s"] += max(0, sent - (held or {}).get(line.get("span", ""), 0))
     return {**report, **{k: int(report.get(k, 0)) + n for k, n in add.items()}}
+
+
+def _first_start(line: dict[str, Any]) -> float | None:
+    """When a result line's first attempt started: at its admission (`Shard._attempt`), its
+    queued time and t_queue (DESIGN §3)."""
+    try:
+        return float(line["queued_at"]) + float(line["buckets"]["t_queue"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _out_at(at: Any, started: Any) -> bool:
+    """Whether an attempt that started at `started` was out at a report made at `at`: it
+    ended after that report (its line came after it), so, started before it, it was out."""
+    return isinstance(at, (int, float)) and isinstance(started, (int, float)) and started < at
 
 
 def _add_attempts(add: Counter[str], attempts: int, reported: int) -> None:

@@ -314,6 +314,25 @@ def test_a_dead_shards_attempts_out_at_its_last_report_count_once() -> None:
     assert (after["attempts"], after["retries"], after["ok"]) == (12, 4, 1)
 
 
+def test_a_first_attempt_out_at_the_last_report_and_ended_in_a_line_counts_once() -> None:
+    """`sending` at the report made at `at` holds the first attempts then out: a line of a span
+    `tried` does not hold whose first attempt started before `at` adds its attempts less that
+    one; a span admitted after the report adds them all. A dead letter's history gives its
+    first attempt's start; a result's, its admission (queued_at + t_queue)."""
+    report = {"at": 100.0, "attempts": 10, "retries": 4, "sending": 3}
+    results = [  # out at the report; admitted after it
+        {"id": "a", "span": "0-1", "attempts": 1, "queued_at": 99.0,
+         "buckets": {"t_queue": 0.5, "t_retry": 0.0}, "usage": {}},
+        {"id": "c", "span": "0-3", "attempts": 1, "queued_at": 99.0,
+         "buckets": {"t_queue": 1.5, "t_retry": 0.0}, "usage": {}}]
+    dead = [{"id": "b", "span": "0-2", "reason": "http_5xx",  # the first out, the second after
+             "attempts": [{"status": "http_5xx", "started_at": 99.7},
+                          {"status": "http_5xx", "started_at": 100.4}]}]
+    after = add_unreported(report, {}, results, dead)
+    # 3 out (0-1's, 0-2's first and another still out) + 0-3's one + 0-2's second.
+    assert (after["attempts"], after["retries"], after["ok"], after["dead"]) == (15, 5, 2, 1)
+
+
 def test_a_dead_shards_unreported_dead_letters_add_their_unreported_429s() -> None:
     """A dead letter written after the shard's last report adds the 429s among the attempts that
     report did not count (those after `tried`'s), beside those attempts: the req/min answered
