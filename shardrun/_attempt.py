@@ -152,6 +152,9 @@ class AttemptOutcome:
     # A 2xx answer that was no event stream and no JSON answer: a login page, a proxy's notice,
     # a web app at the wrong base_url. Every request would meet it (`Shard._note_failure`).
     not_an_answer: bool = False
+    # The server ignored `stream` and sent one JSON body (`Attempt.take_whole`): its first
+    # token is the body's end, so it says nothing of the server's queue (`Shard._end_attempt`).
+    whole: bool = False
 
     @property
     def wasted_tokens(self) -> int:
@@ -407,6 +410,7 @@ class Attempt:
             out = self.out
             out.content_chunks = 1
             out.first_token_at = out.last_token_at = now
+            out.whole = True
             calls = [*reader.tool_calls.values(), *([legacy] if legacy else [])]
             chars = len(text) + sum(map(len, [*reader.reasoning, *reader.refusal])) + sum(
                 len(piece) for c in calls for piece in c.arguments)

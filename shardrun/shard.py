@@ -1300,7 +1300,9 @@ class Shard:
         wasted = outcome.wasted_tokens
         counters.wasted_tokens += wasted
         ok = outcome.status == "ok"
-        if ok and outcome.first_token_at is not None:
+        # A whole (non-streamed) answer's first token came with its last: it would read a long
+        # answer as a long queue on the live view's "server queueing" figure.
+        if ok and outcome.first_token_at is not None and not outcome.whole:
             self.first_token_ms += round(1000 * (outcome.first_token_at - started))
             self.first_tokens += 1
             self.first_token_chars += span.prompt_chars

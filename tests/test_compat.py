@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from aiohttp.test_utils import TestServer
 
 from shardrun import protocol
-from shardrun.client import AttemptOutcome
+from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
+from shardrun.items import API_PATHS
 from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig
+from shardrun.sim.config import SimConfig
+from shardrun.sim.server import build_app
 from tests.conftest import (
     FAST_SIM,
     Run,
@@ -203,3 +207,35 @@ def test_refusals_stop_only_when_alike_in_a_row_and_before_any_success(tmp_path:
         assert after_success.fatal_reason is None
 
     asyncio.run(go())
+
+
+def test_a_whole_answer_counts_toward_no_first_token_figure(tmp_path: Path) -> None:
+    """The live view's "server queueing" reads the successes' first tokens: a whole answer's
+    first token is its body's end, so the longer its answers the later it would seem to come.
+    The simulator streaming its answers counts each; ignoring `stream`, it counts none."""
+
+    async def first_tokens(name: str, ignore_stream: bool) -> protocol.Message:
+        cfg = SimConfig.from_mapping({**FAST_SIM, "ignore_stream": ignore_stream})
+        server = TestServer(build_app(cfg), host="127.0.0.1", port=0)
+        async with server, make_session(4, Timeouts()) as session:
+            (out := tmp_path / name).mkdir()
+            base = str(server.make_url("/v1"))
+            shard = Shard(ShardConfig(shard=0, run_id="r", out_dir=str(out), base_url=base,
+                                      api="chat", model="m", concurrency=4), [].append)
+            shard.clients = {api: StreamingClient(session, base, api, {}, Timeouts(),
+                                                  shard.clock) for api in API_PATHS}
+            shard.on_message({"t": protocol.ITEMS, "items": [
+                {"id": str(i), "prompt": f"p{i}"} for i in range(12)]})
+            shard.on_message({"t": protocol.END})
+            await shard.dispatch()
+            await asyncio.gather(*shard.tasks)
+            report = shard.report(protocol.PROGRESS)
+            shard.close()
+        assert report["ok"] == 12, report
+        return report
+
+    streamed = asyncio.run(first_tokens("streamed", False))
+    assert streamed["first_tokens"] == 12 and streamed["first_token_chars"] > 0
+    whole = asyncio.run(first_tokens("whole", True))
+    assert (whole["first_tokens"], whole["first_token_ms"], whole["first_token_chars"]) == (
+        0, 0, 0)
