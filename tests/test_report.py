@@ -20,10 +20,12 @@ import pytest
 from conftest import FAST_SIM, read_jsonl, run_cli, write_input, write_job
 from test_aggregate_fixtures import (
     T0,
+    ev,
     hand_coordinator,
     hand_shard,
     run_with_a_cut_log,
     steady_shard,
+    write_log,
     write_run,
 )
 
@@ -329,6 +331,34 @@ def test_resumed_passes_are_separate_windows(tmp_path: Path) -> None:
     doc, _ = load_report(run)
     assert len(doc["run"]["passes"]) == 2 and doc["run"]["duration_s"] < 130
     assert doc["tpm"]["shards"] == ["00", "00.r1"] and len(doc["tpm"]["minutes"]) <= 6
+
+
+def _pass_statuses(doc: dict[str, Any]) -> list[str]:
+    rows = format_report(doc).split("\nPasses (", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    return [row.split()[2] for row in rows]
+
+
+@pytest.mark.parametrize(("newest_ended", "said"), [(True, ["crashed", "succeeded"]),
+                                                    (False, ["crashed", "crashed"])])
+def test_a_pass_that_logged_no_end_is_shown_crashed_not_as_a_question_mark(
+        tmp_path: Path, newest_ended: bool, said: list[str]) -> None:
+    """A coordinator killed (kill -9) logs no `run_end`: a pass that a later pass followed
+    crashed, and so did the newest when the run reads as crashed. The table said "?"."""
+    first = steady_shard(0, T0, minutes=1, per_minute=6)
+    later = steady_shard(0, T0 + 3600, minutes=1, per_minute=6)
+    coordinator = [ev("run_start", T0, shards=1, cap=4)]
+    if newest_ended:
+        coordinator += [ev("run_start", T0 + 3600, shards=1, cap=4),
+                        ev("run_end", T0 + 3700, status="succeeded")]
+    run = write_run(tmp_path / "run", {"00": first, "00.r1": later}, None,
+                    status="succeeded" if newest_ended else "running")
+    if newest_ended:
+        write_log(run / "events" / "coordinator.r1.jsonl", coordinator[1:])
+    write_log(run / "events" / "coordinator.jsonl", coordinator[:1])
+    _age(run)
+    doc, _ = load_report(run)
+    assert doc["run"]["passes"][0]["status"] is None  # the JSON keeps what was logged
+    assert _pass_statuses(doc) == said
 
 
 def _parser() -> argparse.ArgumentParser:

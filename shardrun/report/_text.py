@@ -44,7 +44,7 @@ def format_passes(doc: dict[str, Any]) -> str:
     for p in passes:
         settings = p.get("settings") or {}
         rows.append([
-            str(p["segment"]), p.get("kind") or "?", p.get("status") or "?",
+            str(p["segment"]), p.get("kind") or "?", _pass_status(p, passes, doc["run"]),
             _setting(settings.get("shards")), _setting(settings.get("concurrency")),
             _setting(settings.get("rate_limits.rpm")), _setting(settings.get("rate_limits.tpm")),
             num(p["succeeded"]), num(p["dead"]), num(p["completion_tpm"]),
@@ -58,6 +58,16 @@ def format_passes(doc: dict[str, Any]) -> str:
         "its requests, the server's wait; 429s of its attempts; rate-limited: its slot time "
         "under backlog a rate limit held)",
         *table(headers, rows)])
+
+
+def _pass_status(p: dict[str, Any], passes: list[dict[str, Any]], run: dict[str, Any]) -> str:
+    """The status its coordinator logged at its end; a pass that logged none did not end: one
+    that a later pass followed crashed (a killed coordinator), the newest is as the run is."""
+    if status := p.get("status"):
+        return str(status)
+    if p is not passes[-1]:
+        return "crashed"
+    return run["state"] if run.get("state") in ("crashed", "running") else "?"
 
 
 def _setting(entry: Any) -> str:
