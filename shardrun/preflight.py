@@ -53,8 +53,18 @@ def check_runs_dir(job: LoadedJob) -> None:
         path = path.parent
     if path.is_dir() and os.access(path, os.W_OK | os.X_OK):
         return
-    why = "not a directory" if not path.is_dir() else "a directory this user may not write in"
+    why = ("not a directory" if not path.is_dir() else
+           # Root passes every permission check: a read-only mount was said as a permission.
+           "on a read-only file system" if _read_only(path) else
+           "a directory this user may not write in")
     source = job.sources.get("runs_dir", "default")
     note = "" if source == "default" else f" (runs_dir from {source})"
     raise SpecError(f"cannot create run directory in {runs}: {path} is {why}{note}; set "
                     "runs_dir (or SHARDRUN_RUNS_DIR, --runs-dir) to a directory you can write in")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

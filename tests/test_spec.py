@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic_core import PydanticCustomError
 
+from shardrun import preflight
 from shardrun._models import _json_value
 from shardrun._urls import masked_url
 from shardrun.errors import InputError, SpecError
@@ -1522,3 +1523,19 @@ def test_a_path_that_is_not_utf8_is_refused_at_load(jobs: Path, tmp_path: Path) 
     fine.mkdir()
     (fine / "x.yaml").write_text(MINIMAL)
     assert load(fine / "x.yaml").input_path == fine / "data.jsonl"
+
+
+def test_a_runs_dir_on_a_read_only_mount_is_said_so_not_as_a_permission(
+        jobs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root passes every permission check, so a read-only mount was said as "a directory this
+    user may not write in", sending the user to chmod. The mount flag is faked: a test cannot
+    mount one without privileges."""
+    loaded = load(write(jobs, MINIMAL), flags={"runs_dir": str(tmp_path)})
+    monkeypatch.setattr(preflight.os, "access", lambda *_: False)
+    with pytest.raises(SpecError, match="a directory this user may not write in"):
+        preflight.check_runs_dir(loaded)
+    real = os.statvfs(tmp_path)
+    monkeypatch.setattr(preflight.os, "statvfs", lambda _: os.statvfs_result(
+        (*real[:8], real.f_flag | os.ST_RDONLY, real.f_namemax)))
+    with pytest.raises(SpecError, match=f"{tmp_path} is on a read-only file system "):
+        preflight.check_runs_dir(loaded)
