@@ -907,7 +907,9 @@ def test_many_change_points_become_envelopes() -> None:
 
 @pytest.mark.parametrize(("name", "value", "says"), [
     ("SHARDRUN_FAST_FOLD", "abc", "is neither 0 (fold event files in Python) nor 1"),
-    ("SHARDRUN_AGGREGATE_WORKERS", "0", "is not a positive whole number"),
+    ("SHARDRUN_AGGREGATE_WORKERS", "0", "is not a positive whole number; set it to the worker "
+                                        "processes to use (1 or more), or unset it for the "
+                                        "default"),
 ])
 def test_a_bad_report_variable_is_one_error_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

@@ -480,7 +480,8 @@ def _workers() -> int | None:
     if not raw:
         return None
     if not raw.isdecimal() or int(raw) < 1:  # not isdigit: int("²") fails
-        raise RunDirError(f"{WORKERS_VAR}={raw!r} is not a positive whole number")
+        raise RunDirError(f"{WORKERS_VAR}={raw!r} is not a positive whole number; set it to "
+                          "the worker processes to use (1 or more), or unset it for the default")
     return int(raw)
 
 
