@@ -732,6 +732,14 @@ def test_real_run_reports_the_client_cpu_from_its_log(real_run: Path) -> None:
                                                   abs=0.5 / attempts + 1e-4)
     line = next(ln for ln in format_report(doc).splitlines() if "client CPU" in ln)
     assert f"{cpu['ms_per_attempt']:,.3f} ms per attempt" in line, line
+    # A run under 5 s has no cores figure: the line leaves it out, as the summary does,
+    # rather than say "- cores on average".
+    cpu["cores"] = None
+    line = next(ln for ln in format_report(doc).splitlines() if "client CPU" in ln)
+    assert line.endswith(" s per 1k completion tokens"), line
+    cpu["cores"] = 0.5
+    line = next(ln for ln in format_report(doc).splitlines() if "client CPU" in ln)
+    assert line.endswith(" s per 1k completion tokens, 0.50 cores on average"), line
 
 
 def test_real_run_json_and_html(real_run: Path, tmp_path: Path,

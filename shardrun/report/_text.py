@@ -272,10 +272,11 @@ def _client_cpu(cpu: dict[str, Any]) -> str:
     if cpu["passes_recorded"] < cpu["passes"]:
         return (f"{num(cpu['cpu_s'], 1)} s in {cpu['passes_recorded']} of {cpu['passes']} "
                 f"passes ({'; '.join(why)})")
+    # Null under CORES_MIN_WALL_S of windows: left out, as the run's summary leaves it out.
+    cores = "" if cpu["cores"] is None else f", {num(cpu['cores'], 2)} cores on average"
     return (f"{num(cpu['cpu_s'], 1)} s user+sys of coordinator, launcher and shards: "
             f"{num(cpu['ms_per_attempt'], 3)} ms per attempt, "
-            f"{num(cpu['s_per_1k_completion_tokens'], 4)} s per 1k completion tokens, "
-            f"{num(cpu['cores'], 2)} cores on average")
+            f"{num(cpu['s_per_1k_completion_tokens'], 4)} s per 1k completion tokens{cores}")
 
 
 def format_scheduler(doc: dict[str, Any]) -> str:
