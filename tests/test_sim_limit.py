@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -15,7 +17,7 @@ from aiohttp import test_utils
 
 from shardrun.ratelimit import parse_duration
 from shardrun.retry import over_whole_limit
-from shardrun.sim import SimConfig, config_from_argv
+from shardrun.sim import SimConfig, config_from_argv, server
 from shardrun.sim.limit import RequestLimit
 from shardrun.sim.server import build_app
 
@@ -109,9 +111,12 @@ def test_the_limits_headers_can_be_left_out(mode: str) -> None:
     assert ("Retry-After" in got[1][1]) == (mode == "retry_after")
 
 
-def test_rejected_requests_may_count_against_the_limit() -> None:
+def test_rejected_requests_may_count_against_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """rpm_count_rejected: a rejected request takes from the bucket too, so the next 429 asks
     for a longer wait (20 s where it asked 10 s)."""
+    # The bucket on a clock that stands still: uncounted, the wait asked is 10 s less the time
+    # since the first request, which a loaded machine's second would make 9.
+    monkeypatch.setattr(server, "time", SimpleNamespace(monotonic=lambda: 100.0, time=time.time))
     waits = {}
     for counted in (False, True):
         cfg = SimConfig(**QUICK, rpm_limit=6, rpm_burst=1, rpm_count_rejected=counted)
