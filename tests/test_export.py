@@ -23,6 +23,7 @@ import signal
 import stat
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -1020,6 +1021,11 @@ def test_a_retry_pass_that_moves_dead_letters_during_an_export_fails_nothing(
     assert [r["status"] for r in rows] == ["ok"] * len(ids) + ["failed"] * len(late)
 
 
+def _unread(fd: int) -> int:
+    """How many bytes wait in the pipe `fd` reads from."""
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+
+
 def test_progress_goes_to_standard_error_and_leaves_the_export_as_it_was(
         base: Path, tmp_path: Path) -> None:
     """With the least --progress-interval and standard error no terminal: the same bytes
@@ -1043,7 +1049,14 @@ def test_progress_goes_to_standard_error_and_leaves_the_export_as_it_was(
                                 cwd=base, stdin=subprocess.DEVNULL, stdout=writer, stderr=err)
         os.close(writer)
         with os.fdopen(reader, "rb") as rows:
-            time.sleep(0.5)  # the rows wait: a progress line falls due
+            # The rows wait, from the export's first row on (a loaded machine may start it later
+            # than a fixed sleep from here, and then it ran through at once): with more rows
+            # than the pipe holds, it waits 0.5 s on them, and a progress line falls due.
+            deadline = time.monotonic() + CLI_TIMEOUT_S
+            while not _unread(reader) and proc.poll() is None:
+                assert time.monotonic() < deadline, "the export wrote no row"
+                time.sleep(0.01)
+            time.sleep(0.5)
             piped = rows.read()
         assert proc.wait(timeout=CLI_TIMEOUT_S) == 0
         err.seek(0)
