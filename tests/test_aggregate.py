@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import pytest
+import test_aggregate_fixtures as fixtures
 from test_aggregate_fixtures import T0, B, ev, hand_coordinator, hand_shard, steady_shard
 
 from shardrun.aggregate import (
@@ -55,6 +56,20 @@ def test_buckets_of_the_hand_fixture() -> None:
                     "tpot": pytest.approx(2 / 9 + 1), "e2e": 14.0}
     assert (d["e2e"].hi, d["e2e"].lo, d["t_retry"].hi, d["ttft"].hi) == (8.0, 6.0, 2.0, 4.0)
     assert d["itl"].n == 12 and all(d[n].n == 2 for n in DIST_NAMES)
+
+
+def test_an_answer_sent_whole_has_no_tpot() -> None:
+    """A whole (non-streamed) answer's first and last token are one instant: its TPOT is
+    unknown, not 0. Mixed with a streamed one, TPOT is the streamed one's alone (s2: 3 s over
+    3 tokens after the first); with none streamed, the report has no TPOT at all."""
+    mixed = fold_shard(fixtures.whole_answers(fixtures.to_new_layout(hand_shard()), {"0-1"}))
+    tpot = _named(mixed)["tpot"]
+    assert (tpot.n, tpot.total) == (1, 1.0)
+    assert _report([mixed])["latency"]["all"]["tpot"]["mean"] == 1.0
+    assert _named(mixed)["t_stream"].n == 2  # the whole answer is still a span, t_stream 0
+    none = fold_shard(fixtures.whole_answers(fixtures.to_new_layout(hand_shard()),
+                                            {"0-1", "0-2"}))
+    assert _report([none])["latency"]["all"]["tpot"] is None
 
 
 def test_prompt_length_segments() -> None:

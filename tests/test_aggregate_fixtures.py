@@ -164,6 +164,14 @@ def to_new_layout(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def whole_answers(records: Iterable[dict[str, Any]], spans: set[str]) -> list[dict[str, Any]]:
+    """Today's layout with the ok attempts of `spans` made answers sent whole, as a server that
+    ignores `stream` sends them: one content chunk, its first token at its last."""
+    return [{**rec, "first_token_t": rec["last_token_t"], "tokens": 1}
+            if rec["ev"] == "attempt_end" and rec["status"] == "ok" and rec["span"] in spans
+            else rec for rec in records]
+
+
 def to_old_layout(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The layout of runs written before the change: the attempt's instants as separate lines
     before its attempt_end, and attempt_end without them."""

@@ -10,6 +10,7 @@ refuses for every request alike.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ def test_a_server_that_ignores_stream_gives_the_same_answers(tmp_path: Path) -> 
     """Whole JSON answers count as answers: the same texts and token counts as the same
     simulator streaming them, each attempt one piece (first token = last token, no gaps)."""
     ids = write_input(tmp_path / "input.jsonl", 300)
-    runs = {}
+    runs, tpots = {}, {}
     for name, settings in (("streamed", {}), ("whole", {"ignore_stream": True})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "input.jsonl").write_bytes((tmp_path / "input.jsonl").read_bytes())
@@ -62,6 +63,12 @@ def test_a_server_that_ignores_stream_gives_the_same_answers(tmp_path: Path) -> 
         proc = run_cli("job.yaml", "--runs-dir", "runs", cwd=tmp_path / name)
         assert proc.returncode == 0, proc.stderr
         runs[name] = Run.load(only_run(tmp_path / name / "runs"))
+        report = run_cli("report", "--json", str(only_run(tmp_path / name / "runs")),
+                         cwd=tmp_path / name)
+        assert report.returncode == 0, report.stderr
+        tpots[name] = json.loads(report.stdout)["latency"]["all"]["tpot"]
+    # No time passes between a whole answer's tokens: its TPOT is unknown (null), not 0.
+    assert tpots["whole"] is None and tpots["streamed"]["p50"] > 0
     whole = runs["whole"]
     assert_exactly_once(whole, ids)
     assert_buckets_telescope(whole)

@@ -29,6 +29,7 @@ from test_aggregate_fixtures import (
     hand_shard,
     to_new_layout,
     to_old_layout,
+    whole_answers,
     write_log,
 )
 from test_aggregate_props import logs, simulate
@@ -36,6 +37,7 @@ from test_aggregate_props import logs, simulate
 from shardrun.aggregate import MINUTES_ONLY_EVENTS, ShardFold, ShardSummary
 from shardrun.aggregate import _fast as fast
 from shardrun.aggregate._dist import Dist
+from shardrun.aggregate._segments import overall
 from shardrun.report._rundir import FoldOptions, fold_shard_file
 from shardrun.report._scan import FileScan, scan_file
 
@@ -339,6 +341,17 @@ def test_refusals_are_read_off_released_lines_and_escapes_fall_back(tmp_path: Pa
     with pytest.raises(fast.Fallback):
         c_fold(path, False, False)
     assert python_fold(path, False, False)[1].refusals == 1
+
+
+def test_an_answer_sent_whole_has_no_tpot_in_either_fold(tmp_path: Path) -> None:
+    """s1 answered whole (one content chunk, first token at its last): no TPOT from it, in the
+    C fold as in the reference; s2's streamed one (3 s over 3 tokens) is the only one."""
+    path = tmp_path / "shard-00.jsonl"
+    write_log(path, whole_answers(to_new_layout(hand_shard()), {"0-1"}))
+    both(path, False, False)
+    summary = c_fold(path, False, False)[1]
+    tpot = overall(summary.segments)["tpot"]
+    assert (tpot.n, tpot.total) == (1, 1.0)
 
 
 def test_unknown_events_are_counted_like_the_reference(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ enum {
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
     K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, K_TPS, K_SEEDED, K_RESPLIT,
-    N_KEYS
+    K_TOKENS, N_KEYS
 };
 
 
@@ -88,6 +88,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "reason", 6) == 0) return K_REASON;
         if (memcmp(p, "resent", 6) == 0) return K_RESENT;
         if (memcmp(p, "seeded", 6) == 0) return K_SEEDED;
+        if (memcmp(p, "tokens", 6) == 0) return K_TOKENS;
         return -1;
     case 7:
         if (memcmp(p, "attempt", 7) == 0) return K_ATTEMPT;
@@ -490,6 +491,7 @@ typedef struct {
     double q, a, s, c, f;
     unsigned char has_q, has_a, has_s, has_c, has_f, has_e, has_pc, e_has_pt, e_has_last;
     unsigned char e_estimated; /* `usage_estimated` is true: the client counted the tokens */
+    unsigned char e_one_piece; /* the answer came in under 2 content chunks (`tokens`) */
     unsigned char held;        /* a retry `rate_limited`: the server's rate limit held it */
     long long pc;
     /* the ok attempt_end: t, completion tokens, prompt tokens, itl_hist, last_token_t, line */
@@ -915,7 +917,9 @@ static int latency(Fold *s, Span *sp, double t_rel, double last, long long token
         if (k == D_TPOT) continue;
         if (!dist_add(&seg->dists[k], v[k])) return 0;
     }
-    if (tokens >= 2 && !dist_add(&seg->dists[D_TPOT], (last - f) / (double)(tokens - 1)))
+    /* one piece (a whole answer): first and last token at one instant, so no TPOT, not 0 */
+    if (tokens >= 2 && !sp->e_one_piece &&
+        !dist_add(&seg->dists[D_TPOT], (last - f) / (double)(tokens - 1)))
         return 0;
     if (sp->e_itl && !add_itl(seg, sp->e_itl, s->itl_stamp, ++s->itl_gen)) return 0;
     return 1;
@@ -1079,7 +1083,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     if (!ok) return 1;
     NEED(IS_SPAN(v[K_SPAN]) && v[K_T].type == V_FLOAT);
     NEED(IS_INT_OR_NONE(v[K_COMPLETION_TOKENS]) && IS_INT_OR_NONE(v[K_ATTEMPT]) &&
-         IS_INT_OR_NONE(v[K_REASONING]));
+         IS_INT_OR_NONE(v[K_REASONING]) && IS_INT_OR_NONE(v[K_TOKENS]));
     if (v[K_REASONING].type == V_INT) s->reasoning_tokens += v[K_REASONING].i;
     NEED(IS_FLOAT_OR_NONE(v[K_LAST_TOKEN_T]) && IS_FLOAT_OR_NONE(v[K_FIRST_TOKEN_T]));
     NEED(v[K_ITL_HIST].type == V_OBJ || !PRESENT(v[K_ITL_HIST]));
@@ -1102,6 +1106,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     sp->e_has_last = v[K_LAST_TOKEN_T].type == V_FLOAT;
     sp->e_last = v[K_LAST_TOKEN_T].d;
     sp->e_estimated = v[K_USAGE_ESTIMATED].type == V_TRUE; /* `is True` in the reference */
+    sp->e_one_piece = v[K_TOKENS].type == V_INT && v[K_TOKENS].i < 2;
     Py_CLEAR(sp->e_itl);
     /* `if itl:` in the reference: an empty object adds nothing */
     if (v[K_ITL_HIST].type == V_OBJ && v[K_ITL_HIST].n > 2) {

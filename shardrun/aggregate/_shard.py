@@ -207,10 +207,11 @@ class ShardFold:
                 span[C] = conn
             if span[F] is None:
                 span[F] = rec.get("first_token_t")
+            chunks = rec.get("tokens")  # content chunks; absent in some older logs: unknown
             span[E] = (
                 rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
                 rec.get("itl_hist"), rec.get("attempt"), raw, rec.get("last_token_t"),
-                rec.get("usage_estimated") is True,
+                rec.get("usage_estimated") is True, type(chunks) is int and chunks < 2,
             )  # fmt: skip
 
     def _count_conn(self, rec: Record) -> None:
@@ -271,7 +272,7 @@ class ShardFold:
         if end is None:
             s.ok_without_attempt += 1
             return
-        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last, estimated = end
+        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last, estimated, one_piece = end
         s.ok += 1
         s.refusals += refusal
         s.completion_tokens += tokens
@@ -287,10 +288,11 @@ class ShardFold:
             last, lines = (end_last if end_last is not None else end_t), (end_raw, raw)
         self.tally.count(last, tokens, lines if self.keep_lines else (), estimated)
         if self.full:
-            self._latency(span, t_rel, last, tokens, prompt_tokens, itl)
+            self._latency(span, t_rel, last, tokens, prompt_tokens, itl, one_piece)
 
     def _latency(self, span: list[Any], t_rel: float, last: float, tokens: int,
-                 prompt_tokens: int | None, itl: dict[str, int] | None) -> None:
+                 prompt_tokens: int | None, itl: dict[str, int] | None,
+                 one_piece: bool) -> None:
         q, a, st = span[Q], span[A], span[S]
         if q is None or a is None or st is None:
             self.sum.ok_incomplete += 1  # its earlier lines were not in this log
@@ -303,7 +305,9 @@ class ShardFold:
         # In `_segments.DIST_NAMES` order, less TPOT: the six buckets, ttft, ttft_request, e2e.
         seg.pending.append((a - q, st - a, c - st, f - c, last - f, t_rel - last, f - q, f - st,
                             t_rel - q))
-        if tokens >= 2:
+        # An answer that came in one piece (sent whole, not streamed) has its first and last
+        # token at one instant: no time between its tokens to divide, so no TPOT, not 0.
+        if tokens >= 2 and not one_piece:
             seg.tpot.append((last - f) / (tokens - 1))
         if len(seg.pending) >= FLUSH_AT:
             seg.flush()
