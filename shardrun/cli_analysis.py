@@ -4,8 +4,9 @@
 arguments and returns the exit code. The library raises `ShardrunError`s for user errors; the
 handlers print them as `error: <message>` and return their exit code (2 for a bad run directory
 or an impossible publish, a path `verify` cannot take or a run it cannot check yet; 1 for a
-sample or a run that does not verify). `report` prints its report whatever the log's state, and
-exits 1 when the log fails its integrity check.
+sample or a run that does not verify, a run `publish` refuses as altered, and a file that could
+not be written). `report` prints its report whatever the log's state, and exits 1 when the log
+fails its integrity check.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "Exit 0, or 1 when an event file fails its integrity check (a checkpoint "
                     "that does not match, unreadable lines, a file changed since the run ended, "
                     "one the manifest lists that is gone, or one it does not list though its "
-                    "pass had ended); "
-                    "the report is printed either way.",
+                    "pass had ended; the report is printed either way), or when the --html "
+                    "file cannot be written.",
     )  # fmt: skip
     report.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     report.add_argument("--json", action="store_true",
@@ -45,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     publish = subparsers.add_parser(
         "publish", help="publish a hash-verifiable minute sample",
         description="Write a minute sample (completion tokens of one UTC minute, with the "
-                    "SHA-256 of every event file and of the counted lines) and print it.",
+                    "SHA-256 of every event file and of the counted lines) and print it. "
+                    "Exit 0; 1 for a run whose files are not as it wrote them (as verify finds) "
+                    "or a sample that cannot be written; 2 for a run still running or a minute "
+                    "that cannot be published.",
     )  # fmt: skip
     publish.add_argument("run_dir", type=path, metavar="RUN_DIR", help="the run directory")
     which = publish.add_mutually_exclusive_group()

@@ -50,7 +50,7 @@ import orjson
 from shardrun._ellipsis import ellipsize
 from shardrun._template import TemplateError, parse_template
 from shardrun.digestset import DigestSet
-from shardrun.errors import NO_ROOM, RunError, SpecError
+from shardrun.errors import RunError, SpecError
 from shardrun.fdlimit import ensure_open_files
 from shardrun.inputs import (
     BOM,
@@ -71,7 +71,12 @@ from shardrun.manifest import (
     recorded_sources,
     run_on,
 )
-from shardrun.outpath import check_not_read_back, check_output_file, replace_target
+from shardrun.outpath import (
+    cannot_write,
+    check_not_read_back,
+    check_output_file,
+    replace_target,
+)
 from shardrun.resume import pass_of, set_aside_lines, setting_changes
 from shardrun.ticker import Ticker
 from shardrun.worksource import duplicate_reason, id_digest
@@ -619,11 +624,8 @@ def _write_atomically(index: _Index, reader: InputReader, fmt: Format, out: Path
             raise _WriteError from exc
     except _WriteError as exc:
         tmp.unlink(missing_ok=True)
-        cause = exc.__cause__
-        full = isinstance(cause, OSError) and cause.errno in NO_ROOM
-        raise RunError(f"could not write {out}: {_why(cause)}; nothing was written ("
-                       f"{'free some space, or ' if full else ''}name another file with "
-                       "-o)") from None  # fmt: skip
+        assert isinstance(exc.__cause__, OSError)  # `_WriteError` wraps only those
+        raise cannot_write("-o", out, exc.__cause__) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -1,4 +1,5 @@
-"""Checks of a file the user names for output, made before any work (exit 2 on a bad one)."""
+"""Checks of a file the user names for output, made before any work (exit 2 on a bad one), and
+the error of one that then cannot be written (exit 1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from shardrun.errors import SpecError
+from shardrun.errors import NO_ROOM, RunError, SpecError
 
 
 def check_not_read_back(flag: str, path: Path, sources: Iterable[tuple[str, Path]]) -> None:
@@ -137,3 +138,15 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def cannot_write(flag: str, path: Path, exc: OSError) -> RunError:
+    """The error of an output file whose write failed (a read-only place, a full disk): exit 1,
+    as a failed write to standard output is; the path itself passed the checks above, which
+    are the usage errors. Written through a temporary file, nothing reached `path`."""
+    why = (exc.strerror or str(exc)).lower()
+    if replace_target(path) is None:  # written in place: what reached it stays
+        return RunError(f"could not write {path}: {why}")
+    room = "free some space, or " if exc.errno in NO_ROOM else ""
+    return RunError(f"could not write {path}: {why}; nothing was written ({room}name another "
+                    f"file with {flag})")

@@ -31,9 +31,9 @@ from shardrun.aggregate._passes import PASS_SETTINGS, recorded_passes
 from shardrun.errors import RunDirError, ShardrunError, SpecError
 from shardrun.manifest import read_manifest, recorded_sources
 from shardrun.outpath import (
+    cannot_write,
     check_not_a_run_file,
     check_not_a_source,
-    replace_target,
     write_bytes_atomically,
 )
 from shardrun.report._rundir import (
@@ -69,6 +69,13 @@ class PublishError(ShardrunError):
     """A sample cannot be published from this run."""
 
     exit_code = 2
+
+
+class AlteredRun(PublishError):
+    """The run's files are not as it wrote them: a failed verification, exit 1 as `verify`'s,
+    not a usage error."""
+
+    exit_code = 1
 
 
 class VerifyError(ShardrunError):
@@ -289,8 +296,7 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomically(path, format_sample(sample).encode() + b"\n")
     except OSError as exc:
-        kept = "; nothing was written" if replace_target(path) is not None else ""
-        raise PublishError(f"cannot write {path}: {exc.strerror}{kept}") from None
+        raise cannot_write("-o", path, exc) from None
     return sample, path
 
 
@@ -302,7 +308,7 @@ def _check_publishable(loaded: LoadedRun) -> None:
                            "ended, when its files no longer change")
     problem = _altered(loaded)
     if problem is not None:
-        raise PublishError(f"{problem}; refusing to publish from altered files")
+        raise AlteredRun(f"{problem}; refusing to publish from altered files")
 
 
 def _check_not_cut(loaded: LoadedRun, minute: int, cuts: list[BeyondLog]) -> None:

@@ -234,16 +234,26 @@ def test_publish_of_a_run_without_a_success_says_where_to_look(tmp_path: Path) -
         f"(`shardrun report {run}` shows why)")
 
 
-def test_publish_refuses_running_or_altered_runs(tmp_path: Path) -> None:
-    """A run still being written, or a log failing its own checkpoints, is not published."""
+def test_publish_refuses_running_or_altered_runs(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A run still being written, or a log failing its own checkpoints, is not published. The
+    first is one to publish later (exit 2, as verify refuses it); the second a failed
+    verification (exit 1, as verify's of that run), not a usage error."""
     running = _run(tmp_path / "a", status="running")
     with pytest.raises(PublishError, match="still running"):
         publish(running)
+    assert main(["publish", str(running)]) == 2
     altered = _run(tmp_path / "b")
+    _list_event_files(altered)
     log = altered / "events" / "shard-00.jsonl"
     log.write_bytes(log.read_bytes().replace(b'"tokens":5', b'"tokens":6', 1))
     with pytest.raises(PublishError, match="fails its own checkpoints"):
         publish(altered)
+    capsys.readouterr()
+    assert main(["publish", str(altered)]) == 1
+    assert capsys.readouterr().err.endswith("; refusing to publish from altered files\n")
+    assert main(["verify", str(altered)]) == 1
+    assert "events/shard-00.jsonl differs from the manifest" in capsys.readouterr().err
 
 
 def _list_event_files(run: Path) -> None:
@@ -708,8 +718,11 @@ def test_a_sample_cut_short_by_a_full_disk_is_not_left_behind(tmp_path: Path) ->
     done = subprocess.run([sys.executable, "-m", "shardrun", "publish", str(run)],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           timeout=60, preexec_fn=limit)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().endswith("; nothing was written"), done.stderr
+    # A failed write, as export's: exit 1, the usage errors' 2 being for a path refused before
+    # any work.
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (f"error: could not write {sample}: file too large; nothing was "
+                           "written (free some space, or name another file with -o)\n")
     assert sample.read_bytes() == earlier
     assert sorted(p.name for p in sample.parent.iterdir()) == [sample.name]
 

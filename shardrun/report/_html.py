@@ -15,7 +15,7 @@ from shardrun.aggregate import BUCKETS, SEGMENT_LABELS, ShardSummary, minute_lab
 from shardrun.aggregate._segments import merge_segments
 from shardrun.errors import ShardrunError
 from shardrun.itl import bucket_mid
-from shardrun.outpath import replace_target, write_bytes_atomically
+from shardrun.outpath import cannot_write, write_bytes_atomically
 from shardrun.report._rundir import LoadedRun
 from shardrun.report._text import format_report, tpm_estimated_text
 
@@ -59,8 +59,7 @@ def write_html(doc: dict[str, Any], loaded: LoadedRun, path: Path) -> None:
     try:
         write_bytes_atomically(path, page.encode())
     except OSError as exc:
-        kept = "; nothing was written" if replace_target(path) is not None else ""
-        raise ShardrunError(f"cannot write {path}: {exc.strerror}{kept}") from None
+        raise cannot_write("--html", path, exc) from None
 
 
 def tpm_figure(go: Any, doc: dict[str, Any]) -> Any:
