@@ -46,7 +46,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--with-input", action="store_true",
                    help="add each row's input record: as 'input' in JSON lines; in CSV as one "
                         "input.NAME column per column of a CSV or Parquet input, or per "
-                        "top-level key of a JSON lines input")  # fmt: skip
+                        "top-level key of a JSON lines input; empty for a rejected line "
+                        "that is no record (a CSV row of the wrong width, a line that is not "
+                        "JSON)")  # fmt: skip
     p.add_argument("--quiet", action="store_true",
                    help="no progress on standard error (the counts at the end are kept)")
     p.add_argument("--progress-interval", type=progress_seconds, default=10.0, metavar="S",
@@ -111,6 +113,8 @@ def handle(args: argparse.Namespace) -> int:
          "order)"),
         (summary.orphans, "line of the run matches", "lines of the run match", "no input "
          "record: not in the export"),
+        (summary.no_record, "rejected line is", "rejected lines are", "no record (not JSON, "
+         "too long, a CSV row of the wrong width...): input left empty, the error says why"),
     ]  # fmt: skip
     for count, one, many, text in notes:
         if count:

@@ -19,7 +19,11 @@ With `with_input`, a row also holds its input record, so the answers sit next to
 the user's data: as `input` in a JSON line, and in CSV as one `input.NAME` column per column
 of a CSV or Parquet input, or per top-level key of a JSON lines input's records (every key any
 record has, in the order first seen: a pass over the input before the rows, since a CSV header
-comes first; a record without a key has an empty cell there).
+comes first; a record without a key has an empty cell there). A rejected line that is no record
+(not JSON, too long, a CSV row of the wrong width or with a broken quote) has an empty input, as
+it is no item of the run: its values are not laid out under the header's columns by guess (a
+comma left unquoted would put each value after it under the wrong name), and the counts say how
+many such rows there are.
 
 The id -> (file, offset) index lives in a SQLite table in a temporary directory, and a row's
 line is read back from its file when its record comes up; per record, memory holds only the
@@ -110,6 +114,7 @@ class ExportSummary:
     orphans: int = 0  # lines of the run whose id no input record has
     repeated: int = 0  # further lines for an id that already has one (the first one is kept)
     torn: int = 0  # lines cut short (a run still writing, or killed without a resume since)
+    no_record: int = 0  # with the input shown: rejected lines with no record to show
     warnings: list[str] = field(default_factory=list)
     job_path: Path | None = None  # the job file whose input was read (for the hints)
 
@@ -461,6 +466,7 @@ def _rows(index: _Index, reader: InputReader, summary: ExportSummary) -> Iterato
             row = _record_row(index, reader.line, entry["id"], seen, summary)
         if reader.keep_records:
             row["input"] = reader.record
+            summary.no_record += reader.record is None
         if index.row_done is not None:
             index.row_done()
         yield row

@@ -907,6 +907,41 @@ def test_with_input_shows_no_input_on_a_line_too_long_for_a_record(tmp_path: Pat
     assert rows[1]["error"].startswith("line is 125 bytes, longer than")
 
 
+def test_with_input_leaves_a_csv_row_of_the_wrong_width_empty_as_no_record(
+        tmp_path: Path) -> None:
+    """A CSV row with more or fewer values than the header is no record: the run rejects it,
+    and export's row is that reject (its line, the id the run recorded, the run's reason) with
+    an empty input, as a line that is not JSON has, never its values put under the header's
+    names by guess (after the unquoted comma, "farewell" is no topic). The counts say how many
+    rows have no input and why."""
+    (tmp_path / "input.csv").write_text("id,prompt,topic\na1,Say hi,greet\n"
+                                        "a2,Say hi, then bye,farewell\na3,Short\n")
+    write_job(tmp_path / "job.yaml", input={"path": "input.csv"})
+    ran = run_cli("job.yaml", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
+    assert ran.returncode == 1, ran.stderr  # the two rows are set aside
+    run_dir = only_run(tmp_path / "runs")
+    rejects = [(r["line"], r["id"], r["reason"]) for r in read_jsonl(run_dir / "rejects.jsonl")]
+    assert [r[:2] for r in rejects] == [(3, "a2"), (4, "a3")]
+    as_json, as_csv = tmp_path / "wide.jsonl", tmp_path / "wide.csv"
+    for out in (as_json, as_csv):
+        done = export(str(run_dir), "-o", str(out), "--with-input", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.splitlines()[-1] == (
+            "  2 rejected lines are no record (not JSON, too long, a CSV row of the wrong "
+            "width...): input left empty, the error says why")
+    rows = read_jsonl(as_json)
+    assert [(r["line"], r["id"], r["error"]) for r in rows[1:]] == rejects
+    assert [(r["status"], r["input"]) for r in rows] == [
+        ("ok", {"id": "a1", "prompt": "Say hi", "topic": "greet"}), ("rejected", None),
+        ("rejected", None)]
+    with open(as_csv, newline="", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["status"], r["input.id"], r["input.prompt"], r["input.topic"]) for r in table] \
+        == [("ok", "a1", "Say hi", "greet"), ("rejected", "", "", ""), ("rejected", "", "", "")]
+    plain = export(str(run_dir), "-o", str(as_json), cwd=tmp_path)  # no input, no such note
+    assert plain.returncode == 0 and "no record" not in plain.stderr, plain.stderr
+
+
 def test_with_input_keeps_every_csv_column(tmp_path: Path) -> None:
     """A CSV input: one input.NAME column per header column, empty cells included, and a
     byte that is not UTF-8 in a column the run does not read shown as U+FFFD (it used to be
