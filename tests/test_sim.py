@@ -362,10 +362,11 @@ def test_plan_is_pure_and_respects_cap(text: str, cap: int | None, seed: int) ->
     ],
 )
 def test_simconfig_rejects_bad_values_naming_field(kwargs: dict[str, Any], field: str) -> None:
-    """SimConfig raises ValueError whose one-sentence message names the bad field."""
+    """SimConfig raises ValueError whose one-sentence message names the bad field, with no full
+    stop at its end, as shardrun's other `error:` lines."""
     with pytest.raises(ValueError, match=field) as info:
         SimConfig(**kwargs)
-    assert str(info.value).endswith(".")
+    assert not str(info.value).endswith(".")
 
 
 def test_simconfig_mapping_and_args() -> None:
@@ -407,7 +408,7 @@ def test_a_port_in_use_is_a_usage_error_naming_it() -> None:
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
                            "(another server, or another simulator, listens on it); give another "
-                           "--port, or --port 0 for any free one.\n")
+                           "--port, or --port 0 for any free one\n")
 
 
 def test_main_names_the_flags_it_was_given(
@@ -423,10 +424,10 @@ def test_main_names_the_flags_it_was_given(
 
     monkeypatch.setattr(server, "serve", served)
     assert main(["--ttft-ms", "nan"]) == 2
-    assert capsys.readouterr().err == "error: --ttft-ms must be a finite number >= 0, not nan.\n"
+    assert capsys.readouterr().err == "error: --ttft-ms must be a finite number >= 0, not nan\n"
     assert main(["--host", "", "--port", "0"]) == 2
     assert capsys.readouterr().err == ("error: --host is empty: give the address to listen on "
-                                       "(default 127.0.0.1).\n")
+                                       "(default 127.0.0.1)\n")
 
 
 def test_a_host_with_no_address_is_a_usage_error(
@@ -442,7 +443,7 @@ def test_a_host_with_no_address_is_a_usage_error(
     monkeypatch.setattr(server, "serve", unresolved)
     assert main(["--host", "localhots", "--port", "0"]) == 2
     assert capsys.readouterr().err == ("error: cannot listen on localhots:0: no address is known "
-                                       "for localhots; give one of this machine's in --host.\n")
+                                       "for localhots; give one of this machine's in --host\n")
 
 
 def test_start_sim_runs_a_real_process() -> None:
@@ -685,6 +686,26 @@ def test_obfuscation_pads_every_chunk_unless_the_request_turns_it_off(
         return [orjson.loads(orjson.dumps({**c, "created": 0}).replace(rid, b"ID")) for c in chunks]
 
     run(go())
+
+
+BAD_SETTINGS = [  # as a job file's `sim:` block gives them (test_simconfig_rejects_bad_...)
+    {"tokens": "abc"}, {"tokens": "inf"}, {"tokens": ["64"]}, {"text": "poetry"},
+    {"rpm_headers": "all"}, {"ttft_ms": "abc"}, {"seed": -1}, {"storm_status": 404},
+    {"refusal": 2},
+    {"reasoning_tokens": 10**6}, {"seedx": 1}, {"zzz": 1}, {"fail_500": "x"},
+    {"fail_500": 1.5}, {"fail_500": 0.7, "fail_429": 0.7}, {"keepalive": "maybe"},
+    {"reset_when": ""}, {"auth_required": "a b"},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_SETTINGS, ids=[str(b) for b in BAD_SETTINGS])
+def test_a_bad_setting_is_said_as_shardruns_own_errors_are(bad: dict[str, Any]) -> None:
+    """One sentence with no full stop at its end, as every other `error:` line of shardrun
+    (`endpoint.sim: ...` in a job file, `--flag ...` from `shardrun sim`)."""
+    with pytest.raises(ValueError) as refused:
+        SimConfig.from_mapping(bad)
+    said = str(refused.value)
+    assert said and "\n" not in said and not said.endswith("."), said
 
 
 def test_text_is_words_or_prose() -> None:

@@ -580,11 +580,12 @@ def test_decide_is_pure_and_follows_cumulative_shares() -> None:
 )  # fmt: skip
 def test_fault_config_rejects_bad_values_naming_them(kwargs: dict[str, Any],
                                                      names: list[str]) -> None:  # fmt: skip
-    """Bad fault settings raise one ValueError sentence naming each offending field."""
+    """Bad fault settings raise one ValueError sentence naming each offending field, with no
+    full stop at its end, as shardrun's other `error:` lines."""
     with pytest.raises(ValueError) as info:
         SimConfig(**kwargs)
     message = str(info.value)
-    assert all(name in message for name in names) and message.endswith(".")
+    assert all(name in message for name in names) and not message.endswith(".")
     assert "two words" not in message  # an auth key is never echoed
 
 

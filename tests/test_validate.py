@@ -331,9 +331,9 @@ def test_validate_refuses_the_environment_a_run_refuses(
 
 
 @pytest.mark.parametrize(("sim", "says"), [
-    ({"ttft_ms": "abc"}, "endpoint.sim: ttft_ms must be a number, not 'abc'."),
-    ({"seedx": 1}, "endpoint.sim: unknown simulator setting 'seedx' (did you mean 'seed'?)."),
-    ({"ttft": 5}, "endpoint.sim: unknown simulator setting 'ttft' (did you mean 'ttft_ms'?)."),
+    ({"ttft_ms": "abc"}, "endpoint.sim: ttft_ms must be a number, not 'abc'"),
+    ({"seedx": 1}, "endpoint.sim: unknown simulator setting 'seedx' (did you mean 'seed'?)"),
+    ({"ttft": 5}, "endpoint.sim: unknown simulator setting 'ttft' (did you mean 'ttft_ms'?)"),
     ({"zzz": 1}, "endpoint.sim: unknown simulator setting 'zzz'; known: auth_required, "),
     ({"tokens": "uniform:9:2"}, "endpoint.sim: tokens: LO must not exceed HI"),
 ])  # fmt: skip

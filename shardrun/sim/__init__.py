@@ -209,10 +209,10 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
         args = _parser(prog).parse_args(argv)
         cfg = _config(args)
         if not 0 <= args.port <= 65535:
-            raise ValueError(f"--port must be between 0 and 65535, not {args.port}.")
+            raise ValueError(f"--port must be between 0 and 65535, not {args.port}")
         if not args.host.strip():  # '' would listen on every interface, at http://:PORT/v1
             raise ValueError("--host is empty: give the address to listen on (default "
-                             "127.0.0.1).")
+                             "127.0.0.1)")
     except _UsageError as e:  # worded as the other commands' usage errors (cli.UsageParser)
         print(f"error: {e} (`{prog} --help` lists the arguments)", file=sys.stderr)
         return 2
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None, prog: str = "shardrun sim") -> int:
         why = _BIND_ERRORS.get(e.errno or 0)
         if isinstance(e, socket.gaierror):
             why = f"no address is known for {args.host}; give one of this machine's in --host"
-        print(f"error: cannot listen on {where}: {why or e.strerror or e}.", file=sys.stderr)
+        print(f"error: cannot listen on {where}: {why or e.strerror or e}", file=sys.stderr)
         return 1 if why is None else 2  # a bind refused for a flag's value: a usage error
     return 0
 

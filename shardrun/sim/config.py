@@ -78,9 +78,9 @@ def _number(text: str, what: str, spec: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"tokens: {what} in {spec!r} is not a number.") from None
+        raise ValueError(f"tokens: {what} in {spec!r} is not a number") from None
     if not math.isfinite(value):
-        raise ValueError(f"tokens: {what} in {spec!r} must be finite.")
+        raise ValueError(f"tokens: {what} in {spec!r} must be finite")
     return value
 
 
@@ -88,7 +88,7 @@ def _integer(text: str, what: str, spec: str) -> int:
     """Parse a positive whole number of a distribution string."""
     value = _number(text, what, spec)
     if value != int(value) or value < 1:
-        raise ValueError(f"tokens: {what} in {spec!r} must be a whole number of at least 1.")
+        raise ValueError(f"tokens: {what} in {spec!r} must be a whole number of at least 1")
     return int(value)
 
 
@@ -99,7 +99,7 @@ def parse_tokens(spec: str) -> TokenSpec:
     configuration error rather than a crash inside a request handler.
     """
     if not isinstance(spec, str):
-        raise ValueError(f"tokens must be a string such as '64' or 'uniform:16:96', not {spec!r}.")
+        raise ValueError(f"tokens must be a string such as '64' or 'uniform:16:96', not {spec!r}")
     parts = spec.strip().split(":")
     if len(parts) == 1:
         return TokenSpec("fixed", _integer(parts[0], "the length", spec))
@@ -107,16 +107,16 @@ def parse_tokens(spec: str) -> TokenSpec:
         lo = _integer(parts[1], "LO", spec)
         hi = _integer(parts[2], "HI", spec)
         if lo > hi:
-            raise ValueError(f"tokens: LO must not exceed HI in {spec!r}.")
+            raise ValueError(f"tokens: LO must not exceed HI in {spec!r}")
         return TokenSpec("uniform", lo, hi)
     if parts[0] == "lognormal" and len(parts) == 3:
         median = _number(parts[1], "MEDIAN", spec)
         sigma = _number(parts[2], "SIGMA", spec)
         if median <= 0 or sigma < 0:
-            raise ValueError(f"tokens: MEDIAN must be > 0 and SIGMA >= 0 in {spec!r}.")
+            raise ValueError(f"tokens: MEDIAN must be > 0 and SIGMA >= 0 in {spec!r}")
         return TokenSpec("lognormal", median, sigma)
     raise ValueError(
-        f"tokens must be an integer, 'uniform:LO:HI' or 'lognormal:MEDIAN:SIGMA', not {spec!r}."
+        f"tokens must be an integer, 'uniform:LO:HI' or 'lognormal:MEDIAN:SIGMA', not {spec!r}"
     )
 
 
@@ -222,32 +222,32 @@ class SimConfig:
         _check_faults(self)
         parse_tokens(self.tokens)
         if self.text not in TEXTS:
-            raise ValueError(f"text must be one of {', '.join(TEXTS)}, not {self.text!r}.")
+            raise ValueError(f"text must be one of {', '.join(TEXTS)}, not {self.text!r}")
         if self.rpm_headers not in LIMIT_HEADERS:
             raise ValueError(f"rpm_headers must be one of {', '.join(LIMIT_HEADERS)}, "
-                             f"not {self.rpm_headers!r}.")
+                             f"not {self.rpm_headers!r}")
 
     def _check_numbers(self) -> None:
         for name in _FLOATS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, not {value!r}.")
+                raise ValueError(f"{name} must be a number, not {value!r}")
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}.")
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
         for name in _INTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, not {value!r}.")
+                raise ValueError(f"{name} must be an integer, not {value!r}")
             if not 0 <= value < 2**63:
-                raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}.")
+                raise ValueError(f"{name} must be >= 0 (and below 2**63), not {value!r}")
         if self.storm_status not in STORM_STATUSES:
             raise ValueError(f"storm_status must be one of {', '.join(map(str, STORM_STATUSES))}, "
-                             f"not {self.storm_status!r}.")  # fmt: skip
+                             f"not {self.storm_status!r}")  # fmt: skip
         if not self.refusal <= 1:
-            raise ValueError(f"refusal must be a fraction between 0 and 1, not {self.refusal!r}.")
+            raise ValueError(f"refusal must be a fraction between 0 and 1, not {self.refusal!r}")
         if self.reasoning_tokens > MAX_SAMPLED_TOKENS:
             raise ValueError(f"reasoning_tokens must be at most {MAX_SAMPLED_TOKENS}, "
-                             f"not {self.reasoning_tokens!r}.")  # fmt: skip
+                             f"not {self.reasoning_tokens!r}")  # fmt: skip
 
     @functools.cached_property
     def token_spec(self) -> TokenSpec:
@@ -312,8 +312,8 @@ class SimConfig:
             if key not in known:
                 close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
                 raise ValueError(f"unknown simulator setting {key!r}" + (
-                    f" (did you mean {close[0]!r}?)." if close else
-                    f"; known: {', '.join(sorted(known))}."))
+                    f" (did you mean {close[0]!r}?)" if close else
+                    f"; known: {', '.join(sorted(known))}"))
             kwargs[key] = _coerce(key, value)
         return cls(**kwargs)  # type: ignore[arg-type]
 
@@ -328,24 +328,24 @@ def _check_faults(cfg: SimConfig) -> None:
     for name in FAULT_KINDS:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, not {value!r}.")
+            raise ValueError(f"{name} must be a number, not {value!r}")
         if not 0 <= value <= 1:  # also rejects NaN
-            raise ValueError(f"{name} must be a fraction between 0 and 1, not {value!r}.")
+            raise ValueError(f"{name} must be a fraction between 0 and 1, not {value!r}")
     on = [name for name in FAULT_KINDS if getattr(cfg, name)]
     total = sum(getattr(cfg, name) for name in on)
     if total > 1 + 1e-9:
         parts = " + ".join(f"{name} ({getattr(cfg, name):g})" for name in on)
-        raise ValueError(f"fault fractions must sum to at most 1, but {parts} = {total:g}.")
+        raise ValueError(f"fault fractions must sum to at most 1, but {parts} = {total:g}")
     for name in _BOOLS:
         if not isinstance(getattr(cfg, name), bool):
-            raise ValueError(f"{name} must be true or false, not {getattr(cfg, name)!r}.")
+            raise ValueError(f"{name} must be true or false, not {getattr(cfg, name)!r}")
     if cfg.reset_when is not None and not (isinstance(cfg.reset_when, str) and cfg.reset_when):
-        raise ValueError(f"reset_when must be a non-empty string, not {cfg.reset_when!r}.")
+        raise ValueError(f"reset_when must be a non-empty string, not {cfg.reset_when!r}")
     token = cfg.auth_required
     if token is not None and not (isinstance(token, str) and token.isascii() and token.isprintable()
                                   and token and " " not in token):  # fmt: skip
         raise ValueError("auth_required must be a non-empty string of printable ASCII without "
-                         "spaces, or null.")  # fmt: skip
+                         "spaces, or null")  # fmt: skip
 
 
 def _coerce(key: str, value: object) -> object:
@@ -364,7 +364,7 @@ def _coerce(key: str, value: object) -> object:
         if key in _INTS and isinstance(value, float) and value.is_integer():
             return int(value)
     except ValueError:
-        raise ValueError(f"{key} must be a number, not {value!r}.") from None
+        raise ValueError(f"{key} must be a number, not {value!r}") from None
     return value
 
 
