@@ -12,23 +12,33 @@ from pathlib import Path
 
 from shardrun._env import parse_int
 
-# argparse's own words for a value its `type=int` or `type=float` could not convert.
-_NOT_CONVERTED = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): invalid (?P<kind>int|float) value: "
-                            r"(?P<value>.*)")
-# One of ours (an ArgumentTypeError saying what the flag wants), after argparse's prefix.
-_WANTS = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): (?P<wants>must be .*)")
+# argparse's words for an error about one argument the command takes (its last name given).
+_ARGUMENT = re.compile(r"argument (?:\S+/)?(?P<flag>\S+): (?P<said>.*)", re.DOTALL)
+# Of those, the ones about how it was given, not its value: no value, two that exclude each
+# other, a value to a flag that takes none. A look at --help is what helps there.
+_SHAPE = re.compile(r"expected .*|not allowed with argument .*|ignored explicit argument .*")
+# A value its `type=int` or `type=float` could not convert, or not among its `choices`.
+_NOT_CONVERTED = re.compile(r"invalid (?P<kind>int|float) value: (?P<value>.*)")
+_NOT_A_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
 
 
-def flag_sentence(message: str) -> str:
-    """A bad flag value said as a bad `SHARDRUN_*` value is (`--shards must be an integer ...,
-    got 'abc'`), not in argparse's words (`argument --shards: invalid int value: 'abc'`), which
-    name a Python type and not what the flag wants."""
-    if match := _NOT_CONVERTED.fullmatch(message):
-        wants = "an integer" if match["kind"] == "int" else "a number"
-        return f"{match['flag']} must be {wants}, got {match['value']}"
-    if match := _WANTS.fullmatch(message):
-        return f"{match['flag']} {match['wants']}"
-    return message
+def bad_value(message: str) -> str | None:
+    """argparse's `message` about a bad value given to an argument the command takes, said as a
+    bad `SHARDRUN_*` value is (`--shards must be an integer ..., got 'abc'`), not in argparse's
+    words (`argument --shards: invalid int value: 'abc'`), which name a Python type and not
+    what the flag wants. None for any other usage error (an argument the command does not
+    take, one missing or given in the wrong shape), which points at --help instead."""
+    match = _ARGUMENT.fullmatch(message)
+    if match is None or _SHAPE.fullmatch(match["said"]):
+        return None
+    flag, said = match["flag"], match["said"]
+    if value := _NOT_CONVERTED.fullmatch(said):
+        wants = "an integer" if value["kind"] == "int" else "a number"
+        return f"{flag} must be {wants}, got {value['value']}"
+    if value := _NOT_A_CHOICE.fullmatch(said):
+        return f"{flag} must be one of {value['choices']}, got {value['value']}"
+    # One of ours (an ArgumentTypeError): "must be ..." and "is ..." go on from the flag's name.
+    return f"{flag} {said}" if said.startswith(("must ", "is ")) else f"{flag}: {said}"
 
 
 def with_close_flags(message: str, parser: argparse.ArgumentParser) -> str:

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from shardrun import __version__, cli_analysis, cli_export, cli_validate
 from shardrun.argtypes import (
     ITEMS_TO_RUN,
-    flag_sentence,
+    bad_value,
     job_path,
     path,
     progress_seconds,
@@ -54,12 +54,16 @@ class UsageParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str, *, then: str = "") -> NoReturn:
-        """`then`: a clause after the message, its flags not read as unknown ones."""
+        """`then`: a clause after the message, its flags not read as unknown ones. A bad value
+        is said as a bad `SHARDRUN_*` value is, with no pointer: the sentence says what the
+        value must be (README, exit codes), as the job's own checks of --shards say it."""
+        if (said := bad_value(message)) is not None:
+            self.exit(2, f"error: {said}{_shadowed(self.prog)}\n")
         if message.startswith("the following arguments are required"):
             unknown = self._unknown_options()
             if unknown:  # `shardrun --bogus`: the flag is the mistake, not a missing JOB.yaml
                 message = f"unrecognized arguments: {' '.join(unknown)}"
-        message = with_close_flags(flag_sentence(message), self) + then
+        message = with_close_flags(message, self) + then
         self.exit(2, f"error: {message} (`{self.prog} --help` lists the arguments)"
                      f"{_shadowed(self.prog)}\n")
 

@@ -352,23 +352,27 @@ def test_a_variable_of_only_spaces_is_unset_as_an_empty_one_is(tmp_path: Path) -
             in run_cli("--help", cwd=tmp_path).stdout)
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "job.yaml", "--limit", "x"], ["job.yaml", "--no-such-flag"], ["retry-failed"],
-    ["validate", "job.yaml", "--show", "-1"], ["report"], ["publish", "r", "--peak", "--minute",
-    "2026-01-01T00:00Z"], ["verify"], ["export", "r", "--format", "tsv"], ["sim", "--port", "x"],
+@pytest.mark.parametrize(("argv", "pointed"), [
+    (["run", "job.yaml", "--limit", "x"], False), (["job.yaml", "--no-such-flag"], True),
+    (["retry-failed"], True), (["validate", "job.yaml", "--show", "-1"], False),
+    (["report"], True), (["publish", "r", "--peak", "--minute", "2026-01-01T00:00Z"], True),
+    (["verify"], True), (["export", "r", "--format", "tsv"], False),
+    (["sim", "--port", "x"], False),
 ])  # fmt: skip
-def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> None:
-    """What argparse cannot take is one `error:` line pointing at the command's --help, exit 2,
-    for every command (README: a bad flag is one `error:` line), not the usage block."""
+def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str],
+                                         pointed: bool) -> None:
+    """What argparse cannot take is one `error:` line, exit 2, for every command (README: a
+    bad flag is one `error:` line), not the usage block: pointing at the command's --help
+    where the command was called wrong, and saying what the value must be for a bad value."""
     proc = run_cli(*argv, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     [line] = proc.stderr.splitlines()
     command = "shardrun " + ("run" if argv[0] == "job.yaml" else argv[0])
-    assert line.startswith("error: ") and line.endswith(f"(`{command} --help` lists the "
-                                                        "arguments)"), line
+    assert line.startswith("error: ") and line.endswith(
+        f"(`{command} --help` lists the arguments)") == pointed, line
     if argv[0] == "validate":  # a count below 0 would list "the first 0" rejected lines
-        assert line.startswith("error: --show must be an integer of at least 0 (rejected "
-                               "lines to list), got '-1' "), line
+        assert line == ("error: --show must be an integer of at least 0 (rejected lines to "
+                        "list), got '-1'"), line
 
 
 @pytest.mark.parametrize(("argv", "wants"), [
@@ -405,6 +409,11 @@ def test_a_usage_error_is_one_error_line(tmp_path: Path, argv: list[str]) -> Non
      "--progress-interval must be a number of seconds of at least 0.1"),
     (["sim", "--port", "abc"], "--port must be an integer, got 'abc'"),
     (["sim", "--ttft-ms", "abc"], "--ttft-ms must be a number, got 'abc'"),
+    (["job.yaml", "--limit", "0"],
+     "--limit must be an integer of at least 1 (items to run), got '0'"),
+    # Not numbers, said the same way: a choice, and a true/false flag of the simulator.
+    (["export", "r", "--format", "tsv"], "--format must be one of 'jsonl', 'csv', got 'tsv'"),
+    (["sim", "--keepalive", "maybe"], "--keepalive must be true or false, got 'maybe'"),
 ])  # fmt: skip
 def test_a_numeric_flag_says_what_it_wants_as_its_variable_does(
     tmp_path: Path, argv: list[str], wants: str
@@ -418,11 +427,31 @@ def test_a_numeric_flag_says_what_it_wants_as_its_variable_does(
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: {wants}"), line
+    # As the job's own checks say --shards abc: the sentence says what the value must be, and
+    # --help, which a flag the command does not take is pointed at, would add nothing.
+    assert "--help" not in line, line
     if argv[1] == "--shards":  # the variable's sentence, word for word
         env = run_cli("job.yaml", cwd=tmp_path, env={"SHARDRUN_SHARDS": argv[2]})
         assert env.stderr == proc.stderr.replace("--shards", "environment variable "
                                                  "SHARDRUN_SHARDS"), env.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["job.yaml", "--limit"], "argument --limit: expected one argument"),
+    (["publish", "r", "--minute", "x", "--peak"],
+     "argument --peak: not allowed with argument --minute"),
+    (["sim", "--port"], "argument --port: expected one argument"),
+])  # fmt: skip
+def test_a_flag_given_in_the_wrong_shape_points_at_help(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
+    """No value after a flag, or two flags that exclude each other: how the command is called
+    is wrong, not a value, so --help is pointed at, as for a flag the command does not take."""
+    proc = run_cli(*argv, cwd=tmp_path)
+    command = "run" if argv[0] == "job.yaml" else argv[0]
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"error: {said} (`shardrun {command} --help` lists the arguments)\n"))
 
 
 def test_a_job_file_named_as_a_command_is_pointed_at_when_the_command_fails(
@@ -558,8 +587,8 @@ def test_a_job_from_standard_input_is_refused_as_such(
     cannot hold a job (a resume reads the job file again). A file named - is `./-`."""
     proc = run_cli(*argv, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, (
-        f"error: argument {name}: a job cannot be read from standard input (-): give the job "
-        f"file's path (`shardrun {command} --help` lists the arguments)\n"))
+        f"error: {name}: a job cannot be read from standard input (-): give the job "
+        "file's path\n"))
     write_job(tmp_path / "-", shards=1)
     write_input(tmp_path / "input.jsonl", 2)
     proc = run_cli("validate", "./-", cwd=tmp_path)
@@ -588,8 +617,7 @@ def test_an_empty_path_argument_is_a_usage_error(tmp_path: Path, argv: list[str]
     proc = run_cli(*argv, cwd=tmp_path)
     [line] = proc.stderr.splitlines()
     name = "JOB.yaml" if argv == [""] else "RUN_DIR" if argv[0] == "report" else "--runs-dir"
-    assert proc.returncode == 2 and line.startswith(f"error: argument {name}: is empty: give a "
-                                                    "path (`shardrun "), line
+    assert (proc.returncode, line) == (2, f"error: {name} is empty: give a path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
 
 

@@ -724,8 +724,7 @@ def test_limit_runs_the_first_items_and_the_printed_command_runs_the_rest(
     assert partial not in run_cli("report", str(path), cwd=tmp_path).stdout  # read to the end
     bad = run_cli("job.yaml", "--limit", "0", cwd=tmp_path)
     assert (bad.returncode, bad.stderr.strip()) == (
-        2, "error: --limit must be an integer of at least 1 (items to run), got '0' "
-           "(`shardrun run --help` lists the arguments)")
+        2, "error: --limit must be an integer of at least 1 (items to run), got '0'")
     # A limit at the input's last item: the input was read to the end, nothing is left to run.
     (tmp_path / "exact").mkdir()
     write_input(tmp_path / "exact" / "input.jsonl", 5)

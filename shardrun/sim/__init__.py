@@ -19,7 +19,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from shardrun.argtypes import flag_sentence, with_close_flags
+from shardrun.argtypes import bad_value, with_close_flags
 from shardrun.sim.config import (
     FAULT_KINDS,
     LIMIT_HEADERS,
@@ -46,7 +46,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(with_close_flags(flag_sentence(message), self))
+        if (said := bad_value(message)) is not None:  # as SimConfig's own checks say theirs
+            raise ValueError(said)
+        raise _UsageError(with_close_flags(message, self))
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -63,10 +65,11 @@ class _DefaultsShown(argparse.HelpFormatter):
 
 
 def _bool(text: str) -> bool:
-    """A true/false flag value (argparse turns the ValueError into a usage error)."""
+    """A true/false flag value. An ArgumentTypeError, so that its words are said: argparse
+    says a ValueError as "invalid _bool value", naming this function."""
     value = text.strip().lower()
     if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
     return value in ("true", "1", "yes", "on")
 
 
