@@ -45,15 +45,16 @@ def check_not_a_source(flag: str, path: Path, sources: Iterable[tuple[str, Path]
                             "so name another file")
 
 
-def check_output_file(flag: str, path: Path) -> None:
-    """Refuse an output path that is a directory or lies in a directory that does not exist:
-    a usage error, found before a run directory is read rather than after."""
+def check_output_file(flag: str, path: Path, *, makes_folders: bool = False) -> None:
+    """Refuse an output path that is a directory or lies in a directory that does not exist
+    (unless the command `makes_folders`, as publish makes a run's samples/): a usage error,
+    found before a run directory is read rather than after."""
     if path.is_dir():
         raise SpecError(f"{flag} {path} is a directory; name the file to write")
     if path.parent.exists() and not path.parent.is_dir():
         raise SpecError(f"{flag} {path}: {path.parent} is a file, not a directory; name a file "
                         "in a directory")
-    if not path.parent.is_dir():
+    if not path.parent.is_dir() and not makes_folders:
         raise SpecError(f"{flag} {path}: there is no directory {path.parent}; create it, or "
                         "name a file in one that exists")
 

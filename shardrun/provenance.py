@@ -34,6 +34,7 @@ from shardrun.outpath import (
     cannot_write,
     check_not_a_run_file,
     check_not_a_source,
+    check_output_file,
     write_bytes_atomically,
 )
 from shardrun.report._rundir import (
@@ -256,6 +257,7 @@ def publish(run_dir: Path, *, minute: str | None = None, out: Path | None = None
     leaves short) and write it; what the sample cannot prove goes to `warnings`."""
     if out is not None:
         try:
+            check_output_file("-o", out, makes_folders=True)
             check_not_a_run_file("-o", out)
             # Before the run's events are folded: the manifest alone names them.
             check_not_a_source("-o", out, recorded_sources(read_manifest(run_dir)))

@@ -662,6 +662,24 @@ def test_publish_writes_no_file_among_the_runs_own(tmp_path: Path,
     assert main(["publish", str(run), "-o", str(run / "samples" / "mine.json")]) == 0
 
 
+def test_publish_refuses_an_output_path_no_file_can_have_as_export_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o` naming a directory, or a file inside a file: exit 2 before any work, in export's
+    words, where the write failed with exit 1 ("could not write DIR: is a directory"). A
+    folder not there yet is made, as the run's samples/ is."""
+    run = _run(tmp_path / "run")
+    (tmp_path / "a-file").write_text("kept\n")
+    for out, said in [(tmp_path, f"-o {tmp_path} is a directory; name the file to write"),
+                      (tmp_path / "a-file" / "s.json",
+                       f"-o {tmp_path / 'a-file' / 's.json'}: {tmp_path / 'a-file'} is a file, "
+                       "not a directory; name a file in a directory")]:
+        assert main(["publish", str(run), "-o", str(out)]) == 2, out
+        assert capsys.readouterr().err == f"error: {said}\n"
+    assert (tmp_path / "a-file").read_text() == "kept\n"
+    assert main(["publish", str(run), "-o", str(tmp_path / "new" / "s.json")]) == 0
+    assert (tmp_path / "new" / "s.json").is_file()
+
+
 def test_publish_writes_over_no_job_or_input_file_the_run_read(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`-o` naming a job file or an input file a pass of the run recorded (the first pass's, a
