@@ -152,15 +152,28 @@ class AttemptOutcome:
     # A 2xx answer that was no event stream and no JSON answer: a login page, a proxy's notice,
     # a web app at the wrong base_url. Every request would meet it (`Shard._note_failure`).
     not_an_answer: bool = False
-    # The server ignored `stream` and sent one JSON body (`Attempt.take_whole`): its first
-    # token is the body's end, so it says nothing of the server's queue (`Shard._end_attempt`).
+    # The server ignored `stream` and sent one JSON body (`Attempt.take_whole`).
     whole: bool = False
+    # The first token came with the rest of the answer, not before it: a whole answer, or a
+    # stream a proxy held back and sent at its end (`AT_ONCE_CHUNKS`). Its first token is
+    # then the body's end and its gaps are 0, so it says nothing of the server's queue or pace
+    # and is left out of first-token and TPOT figures (`Shard._end_attempt`, the report).
+    at_once: bool = False
 
     @property
     def wasted_tokens(self) -> int:
         """Content chunks received by an attempt that did not succeed (paid for, thrown away)."""
         return 0 if self.status == "ok" else self.content_chunks
 
+
+AT_ONCE_MIN, AT_ONCE_CHUNKS = 4, 64
+"""A stream whose first read of content brings all of an answer of `AT_ONCE_MIN` content
+chunks or more, or `AT_ONCE_CHUNKS` of them, came at once (`AttemptOutcome.at_once`). A server
+that streams sends its first token alone; for its first read to hold more, the client read
+nothing for the gaps between them, so the first token it notes is late by all of them. Fewer
+than 4 a fast server may honestly send in one write, and held back their first token is late
+by a gap or two only. 64: a buffered burst of a long answer comes in reads of tens of KiB,
+hundreds of chunks each."""
 
 FAILED_FINISH = frozenset({"error", "abort"})
 """finish_reasons that say the server gave up on the answer: "error" (Together's API,
@@ -261,9 +274,9 @@ class StampingConnector(aiohttp.TCPConnector):
 class Attempt:
     """Mutable state of one attempt; fills `out` as it goes."""
 
-    __slots__ = ("clock", "deadline", "done", "failed", "kind", "loop", "notified", "on_conn",
-                 "out", "pieces", "reader", "resp", "tm", "total_dl", "touts", "watchdog",
-                 "whole_estimate")  # fmt: skip
+    __slots__ = ("clock", "deadline", "done", "failed", "first_read", "kind", "loop", "notified",
+                 "on_conn", "out", "pieces", "reader", "resp", "tm", "total_dl", "touts",
+                 "watchdog", "whole_estimate")  # fmt: skip
 
     def __init__(self, api: Api, clock: Clock, touts: Timeouts, tm: asyncio.Timeout,
                  on_conn: OnConnReady | None, watchdog: Watchdog) -> None:  # fmt: skip
@@ -280,6 +293,7 @@ class Attempt:
         self.done = self.failed = self.notified = False
         self.resp: aiohttp.ClientResponse | None = None
         self.whole_estimate: int | None = None  # see take_whole
+        self.first_read = 0  # content chunks of the read that brought the first token
 
     def arm(self, delay: float, kind: str) -> None:
         """Move the deadline to `delay` from now, capped by the total deadline.
@@ -363,6 +377,7 @@ class Attempt:
             last = out.last_token_at
             if last is None:
                 out.first_token_at = now
+                self.first_read = n
             else:
                 out.itl.add(now - last)
             if n > 1:
@@ -467,4 +482,7 @@ class Attempt:
         if tokens is None:
             tokens = out.content_chunks if self.whole_estimate is None else self.whole_estimate
         out.completion_tokens = tokens
+        n = out.content_chunks
+        out.at_once = out.whole or (
+            n >= AT_ONCE_MIN and self.first_read >= min(n, AT_ONCE_CHUNKS))
         return out

@@ -188,6 +188,10 @@ def _ping_lines(result: PingResult, job: LoadedJob) -> list[str]:
                          "in the stream; set endpoint.stream_usage: false")
     elif result.reply:
         lines.append(f"  reply: {clip(result.reply, 80)}")
+    if result.ok and result.at_once:
+        lines.append("  note: the answer came at once, not token by token (a proxy or gateway "
+                     "that buffers streams, or a server that ignores stream), so its TTFT is its "
+                     "end; a run leaves such answers out of TTFT and TPOT")
     if result.refusal:
         lines.append(f"  refusal (the model declined): {clip(result.refusal, 80)}")
     if result.rate_headers:

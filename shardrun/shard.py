@@ -68,6 +68,8 @@ Receive = Callable[[], Awaitable[protocol.Message | None]]
 
 FLUSH_INTERVAL_S = 0.2
 TICK_S = 1.0  # loop-lag samples and checkpoints
+# `attempt_end` carries `at_once` only when true: most lines stay as short as they were.
+_AT_ONCE = {"at_once": True}
 # Connection failures, with no connection ever made, after which the endpoint counts as
 # unreachable and the shard stops sending requests (instead of retrying every item).
 UNREACHABLE_AFTER = 3
@@ -1300,9 +1302,10 @@ class Shard:
         wasted = outcome.wasted_tokens
         counters.wasted_tokens += wasted
         ok = outcome.status == "ok"
-        # A whole (non-streamed) answer's first token came with its last: it would read a long
-        # answer as a long queue on the live view's "server queueing" figure.
-        if ok and outcome.first_token_at is not None and not outcome.whole:
+        # An answer that came at once (whole, or a stream a proxy held back) has its first token
+        # at its end: it would read a long answer as a long queue on the live view's "server
+        # queueing" figure.
+        if ok and outcome.first_token_at is not None and not outcome.at_once:
             self.first_token_ms += round(1000 * (outcome.first_token_at - started))
             self.first_tokens += 1
             self.first_token_chars += span.prompt_chars
@@ -1316,7 +1319,8 @@ class Shard:
                       completion_tokens=outcome.completion_tokens,
                       reasoning_tokens=outcome.reasoning_tokens,
                       usage_estimated=outcome.usage_estimated, wasted_tokens=wasted,
-                      error=outcome.error, itl_hist=outcome.itl.to_json() if ok else None)
+                      error=outcome.error, itl_hist=outcome.itl.to_json() if ok else None,
+                      **(_AT_ONCE if outcome.at_once else {}))  # the report's TTFT leaves it out
         span.history.append({"attempt": attempt, "status": outcome.status,
                              "http": outcome.http_status, "error": outcome.error,
                              "started_at": started, "ended_at": outcome.ended_at})

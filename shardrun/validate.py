@@ -81,6 +81,7 @@ class PingResult:
     proxy: Mapping[str, str] | None = None  # Proxy.describe() of the proxy it went through
     not_an_answer: bool = False  # a 2xx that was no stream and no JSON answer (a web page)
     refusal: str | None = None  # the model declined, in its words (then `reply` is empty)
+    at_once: bool = False  # the answer came at once, not as a stream (`AttemptOutcome.at_once`)
 
     @property
     def ok(self) -> bool:
@@ -252,7 +253,7 @@ async def ping(
                       out.ended_at - out.started_at, out.completion_tokens, out.text[:200],
                       out.error, dict(out.rate_headers),
                       None if proxy is None else proxy.describe(), out.not_an_answer,
-                      out.refusal)  # fmt: skip
+                      out.refusal, out.at_once)  # fmt: skip
 
 
 def run_ping(

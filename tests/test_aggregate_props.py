@@ -32,6 +32,9 @@ class Truth:
     reasoning: int = 0
     per_minute: dict[int, int] = field(default_factory=dict)
     estimated: dict[int, tuple[int, int]] = field(default_factory=dict)  # minute: spans, tokens
+    ok: int = 0
+    first_tokens: int = 0  # successes with a first token of their own (not `at_once`)
+    tpots: int = 0  # of those, the ones of 2 tokens or more
 
 
 span_plan = st.tuples(
@@ -74,18 +77,24 @@ def _span_events(sid: str, q: float, a: float, plan: tuple[Any, ...],
     # Tokens the client counted (the server sent no usage), the server's, or an older log's
     # line without `usage_estimated` at all.
     usage = ({"usage_estimated": True}, {"usage_estimated": False}, {})[tokens % 3]
+    # An answer that came at once (whole, or a stream a proxy held back): no TTFT or TPOT.
+    at_once = {"at_once": True} if tokens % 5 == 0 else {}
     out += [(f, "first_token", sid, {"attempt": n}),
             (last, "last_token", sid, {"attempt": n, "tokens": tokens}),
             (last, "attempt_end", sid, {"attempt": n, "status": "ok", "completion_tokens": tokens,
                                         "prompt_tokens": 2, "cached_tokens": tokens % 3,
                                         "reasoning_tokens": tokens // 2,
-                                        "itl_hist": {"100": tokens - 1}, **usage}),
+                                        "itl_hist": {"100": tokens - 1}, **usage,
+                                        **at_once}),
             (last + post, "released", sid, {"outcome": "ok", "reason": refusal})]
     truth.tokens += tokens
+    truth.ok += 1
     truth.refusals += refusal is not None
     truth.reasoning += tokens // 2
     m = int(last // 60)
     truth.per_minute[m] = truth.per_minute.get(m, 0) + tokens
+    truth.first_tokens += not at_once
+    truth.tpots += not at_once and tokens >= 2
     if usage.get("usage_estimated"):
         spans, est = truth.estimated.get(m, (0, 0))
         truth.estimated[m] = (spans + 1, est + tokens)
@@ -124,6 +133,28 @@ def test_buckets_sum_to_end_to_end(log: tuple[int, list[tuple[Any, ...]]]) -> No
     d = overall(fold_shard(recs).segments)
     assert math.isclose(sum(d[b].total for b in BUCKETS), d["e2e"].total, rel_tol=1e-9,
                         abs_tol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(logs)
+def test_answers_that_came_at_once_have_no_ttft_or_tpot(
+        log: tuple[int, list[tuple[Any, ...]]]) -> None:
+    """A success whose `attempt_end` says `at_once` counts in every bucket and in e2e, but in
+    neither TTFT figure nor TPOT: its first token came with its last. The notes say how many."""
+    recs, truth = simulate(*log)
+    s = fold_shard(recs)
+    d = overall(s.segments)
+    assert d["e2e"].n == d["t_first_token"].n == truth.ok
+    assert d["ttft"].n == d["ttft_request"].n == truth.first_tokens
+    assert d["tpot"].n == truth.tpots
+    doc = build_report(RunFacts(run_id="r", run_dir="/", state="finished", state_reason=""),
+                       [], [s])
+    said = [n for n in doc["notes"] if "came at once" in n]
+    at_once = truth.ok - truth.first_tokens
+    assert said == ([f"{at_once:,} successful answers that came at once, not token by token "
+                     "(a proxy or gateway that buffers streams, a server that ignores stream, "
+                     "or a client too busy to read), so their first token is their end: left "
+                     "out of ttft, ttft_request and tpot"] if at_once else [])
 
 
 @settings(max_examples=60, deadline=None)

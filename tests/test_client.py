@@ -377,6 +377,42 @@ def test_a_whole_response_object_is_taken_as_one_piece() -> None:
     assert out.error == "stream ended before response.completed after 1 token"
 
 
+def in_writes(*writes: int) -> Handler:
+    """A handler that streams an answer of sum(`writes`) one-letter chunks, `writes[i]` of
+    them in its i-th write, 50 ms apart; the last write also holds its end."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for i, n in enumerate(writes):
+            body = b"".join(sse(chat("x")) for _ in range(n))
+            if i == len(writes) - 1:
+                body += sse(chat(None, "stop")) + sse(b"[DONE]")
+            await resp.write(body)
+            await asyncio.sleep(0.05)
+        return resp
+
+    return handler
+
+
+@pytest.mark.parametrize(("writes", "at_once"), [
+    ((1,), False),  # one token: its first is its last, held back or not
+    ((3,), False),  # a short answer a fast server may send in one write
+    ((4,), True),  # all of it in one read: a proxy held it back
+    ((1, 3), False),  # streamed
+    ((1, 100), False),  # the first token alone, then a burst: a client that fell behind
+    ((70, 30), True),  # a long burst that came in more than one read
+    ((60, 40), False),  # fewer than AT_ONCE_CHUNKS: a server that sends tokens in batches
+], ids=["1", "3", "4", "1+3", "1+100", "70+30", "60+40"])
+def test_an_answer_whose_first_read_holds_all_of_it_or_64_chunks_came_at_once(
+        writes: tuple[int, ...], at_once: bool) -> None:
+    """A stream whose first read of content brings all of an answer of 4 chunks or more, or
+    64 of them, is marked `at_once`: its first token came with the rest, as behind a proxy
+    that buffers streams, and says nothing of the server's queue."""
+    out = run(one(in_writes(*writes)))
+    assert out.status == "ok" and out.content_chunks == sum(writes)
+    assert out.at_once is at_once and out.whole is False
+
+
 def streaming(*payloads: object, events: bool = False) -> Handler:
     """A handler that streams these SSE payloads, a few ms apart; `events`: each with an
     `event:` line naming its type, as vLLM frames the Responses API."""

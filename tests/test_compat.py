@@ -11,19 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import orjson
+import pytest
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from shardrun import protocol
+from shardrun.aggregate._segments import overall
+from shardrun.cli_validate import _ping_lines
 from shardrun.client import AttemptOutcome, StreamingClient, Timeouts, make_session
 from shardrun.items import API_PATHS
+from shardrun.report._rundir import FoldOptions, fold_shard_file
 from shardrun.shard import ABANDON, REFUSED_ALIKE_AFTER, Shard, ShardConfig
 from shardrun.sim.config import SimConfig
 from shardrun.sim.server import build_app
+from shardrun.spec import load_job
+from shardrun.validate import ping
 from tests.conftest import (
     FAST_SIM,
     Run,
@@ -216,6 +226,25 @@ def test_refusals_stop_only_when_alike_in_a_row_and_before_any_success(tmp_path:
     asyncio.run(go())
 
 
+async def _shard_through(base: str, out: Path, n: int = 12) -> protocol.Message:
+    """`n` items through a real shard to `base`: its last progress report."""
+    async with make_session(4, Timeouts()) as session:
+        out.mkdir()
+        shard = Shard(ShardConfig(shard=0, run_id="r", out_dir=str(out), base_url=base,
+                                  api="chat", model="m", concurrency=4), [].append)
+        shard.clients = {api: StreamingClient(session, base, api, {}, Timeouts(), shard.clock)
+                         for api in API_PATHS}
+        shard.on_message({"t": protocol.ITEMS, "items": [
+            {"id": str(i), "prompt": f"p{i}"} for i in range(n)]})
+        shard.on_message({"t": protocol.END})
+        await shard.dispatch()
+        await asyncio.gather(*shard.tasks)
+        report = shard.report(protocol.PROGRESS)
+        shard.close()
+    assert report["ok"] == n, report
+    return report
+
+
 def test_a_whole_answer_counts_toward_no_first_token_figure(tmp_path: Path) -> None:
     """The live view's "server queueing" reads the successes' first tokens: a whole answer's
     first token is its body's end, so the longer its answers the later it would seem to come.
@@ -223,26 +252,86 @@ def test_a_whole_answer_counts_toward_no_first_token_figure(tmp_path: Path) -> N
 
     async def first_tokens(name: str, ignore_stream: bool) -> protocol.Message:
         cfg = SimConfig.from_mapping({**FAST_SIM, "ignore_stream": ignore_stream})
-        server = TestServer(build_app(cfg), host="127.0.0.1", port=0)
-        async with server, make_session(4, Timeouts()) as session:
-            (out := tmp_path / name).mkdir()
-            base = str(server.make_url("/v1"))
-            shard = Shard(ShardConfig(shard=0, run_id="r", out_dir=str(out), base_url=base,
-                                      api="chat", model="m", concurrency=4), [].append)
-            shard.clients = {api: StreamingClient(session, base, api, {}, Timeouts(),
-                                                  shard.clock) for api in API_PATHS}
-            shard.on_message({"t": protocol.ITEMS, "items": [
-                {"id": str(i), "prompt": f"p{i}"} for i in range(12)]})
-            shard.on_message({"t": protocol.END})
-            await shard.dispatch()
-            await asyncio.gather(*shard.tasks)
-            report = shard.report(protocol.PROGRESS)
-            shard.close()
-        assert report["ok"] == 12, report
-        return report
+        async with TestServer(build_app(cfg), host="127.0.0.1", port=0) as server:
+            return await _shard_through(str(server.make_url("/v1")), tmp_path / name)
 
     streamed = asyncio.run(first_tokens("streamed", False))
     assert streamed["first_tokens"] == 12 and streamed["first_token_chars"] > 0
     whole = asyncio.run(first_tokens("whole", True))
     assert (whole["first_tokens"], whole["first_token_ms"], whole["first_token_chars"]) == (
         0, 0, 0)
+
+
+def _buffering_proxy(upstream: str) -> web.Application:
+    """A gateway that reads the upstream's whole answer, then sends it in one write."""
+
+    async def forward(request: web.Request) -> web.Response:
+        async with aiohttp.ClientSession() as session, session.post(
+                upstream + request.path, data=await request.read(),
+                headers={"Content-Type": "application/json"}) as resp:
+            body = await resp.read()
+            return web.Response(body=body, status=resp.status,
+                                content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_post("/v1/{tail:.*}", forward)
+    return app
+
+
+def test_a_ping_through_a_buffering_proxy_says_its_ttft_is_the_answers_end(
+        tmp_path: Path) -> None:
+    """`validate --ping` shows a TTFT: behind a proxy that buffers streams it is the whole
+    answer's time, which the ping now says; straight to the simulator it says nothing."""
+    job = load_job(write_job(tmp_path / "job.yaml", endpoint=endpoint(tokens="8")), env={},
+                   flags={})
+    cfg = SimConfig.from_mapping({**FAST_SIM, "tokens": "8"})
+
+    async def ping_lines(proxied: bool) -> list[str]:
+        async with TestServer(build_app(cfg), host="127.0.0.1", port=0) as sim:
+            base = str(sim.make_url(""))
+            if not proxied:
+                result = await ping(job, base + "/v1", None, None)
+            else:
+                async with TestServer(_buffering_proxy(base), host="127.0.0.1",
+                                      port=0) as proxy:
+                    result = await ping(job, str(proxy.make_url("/v1")), None, None)
+        assert result.ok, result
+        return _ping_lines(result, job)
+
+    note = "  note: the answer came at once, not token by token"
+    assert not any(line.startswith(note) for line in asyncio.run(ping_lines(False)))
+    assert any(line.startswith(note) for line in asyncio.run(ping_lines(True)))
+
+
+@pytest.mark.parametrize("tokens", ["uniform:4:24", "3000"], ids=["short", "long"])
+def test_a_stream_a_proxy_buffered_counts_toward_no_first_token_figure(
+        tmp_path: Path, tokens: str) -> None:
+    """Behind a proxy that holds each stream back and sends it whole at its end, every
+    answer's first token comes with its last: its time to first token would be the whole
+    answer's and its TPOT 0. None counts in the live view's first tokens, each `attempt_end`
+    says `at_once`, and the report's TTFT and TPOT leave them out (the buckets keep them).
+    A long answer's burst (some 900 KiB) comes in several reads; the simulator streaming the
+    same answers straight counts every one."""
+    cfg = SimConfig.from_mapping({**FAST_SIM, "tokens": tokens})
+
+    async def through(name: str, proxied: bool) -> protocol.Message:
+        async with TestServer(build_app(cfg), host="127.0.0.1", port=0) as sim:
+            base = str(sim.make_url(""))
+            if not proxied:
+                return await _shard_through(base + "/v1", tmp_path / name)
+            async with TestServer(_buffering_proxy(base), host="127.0.0.1", port=0) as proxy:
+                return await _shard_through(str(proxy.make_url("/v1")), tmp_path / name)
+
+    for name, proxied in (("straight", False), ("proxied", True)):
+        report = asyncio.run(through(name, proxied))
+        log = tmp_path / name / "events" / "shard-00.jsonl"
+        ends = [e for e in map(orjson.loads, log.read_bytes().splitlines())
+                if e["ev"] == "attempt_end"]
+        assert len(ends) == 12 and all(e["status"] == "ok" for e in ends)
+        scan, summary = fold_shard_file(log, "log", math.inf, 4, FoldOptions())
+        assert scan.bad_lines == 0
+        dists = overall(summary.segments)
+        assert dists["e2e"].n == dists["t_first_token"].n == 12
+        counted = 0 if proxied else 12
+        assert report["first_tokens"] == dists["ttft"].n == dists["tpot"].n == counted, name
+        assert [e.get("at_once") for e in ends] == [True if proxied else None] * 12

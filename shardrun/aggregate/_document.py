@@ -108,7 +108,7 @@ def _integrity(files: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
     notes = []
-    tpm = doc["tpm"]
+    tpm, lat = doc["tpm"], doc["latency"]
     if tpm["peak_full_minute"] is None and tpm["minutes"]:
         notes.append(f"no full minute: the run lasted {doc['run']['duration_s']:.1f} s, so "
                      "every minute is partial and there is no peak full minute")
@@ -117,6 +117,11 @@ def _notes(doc: dict[str, Any], shards: list[ShardSummary]) -> list[str]:
             sum(s.ok_without_attempt for s in shards),
         "successful spans whose earlier lines are missing (left out of latency)":
             sum(s.ok_incomplete for s in shards),
+        # `at_once` on their attempt_end: see the folds' `_latency`
+        "successful answers that came at once, not token by token (a proxy or gateway that "
+        "buffers streams, a server that ignores stream, or a client too busy to read), so "
+        "their first token is their end: left out of ttft, ttft_request and tpot":
+            lat["spans"] - ((lat["all"]["ttft"] or {}).get("n") or 0),
         "lines with an unknown event name": sum(s.unknown_events for s in shards),
     }  # fmt: skip
     notes += [f"{n:,} {what}" for what, n in odd.items() if n]

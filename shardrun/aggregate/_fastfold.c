@@ -29,6 +29,8 @@
 #define NB (B_MAX - B_MIN + 1)
 #define N_SEGMENTS 6
 #define N_DISTS 10 /* DIST_NAMES: 6 buckets, ttft, ttft_request, tpot, e2e */
+#define D_TTFT 6
+#define D_TTFT_REQUEST 7
 #define D_TPOT 8
 #define MAX_TRACKED_REASONS 256
 
@@ -52,7 +54,7 @@ enum {
     K_CONN_READY_T, K_REUSED, K_COMPLETION_TOKENS, K_ITL_HIST, K_LAST_TOKEN_T, K_FIRST_TOKEN_T,
     K_OUTCOME, K_REASON, K_CAUSE, K_WAIT, K_LAG, K_CAP, K_SHARD, K_PID, K_HOST, K_CACHED,
     K_REASONING, K_RESENT, K_USAGE_ESTIMATED, K_RPS, K_WHY, K_TPS, K_SEEDED, K_RESPLIT,
-    K_TOKENS, N_KEYS
+    K_TOKENS, K_AT_ONCE, N_KEYS
 };
 
 
@@ -94,6 +96,7 @@ static inline int key_index(const char *p, Py_ssize_t n) {
         if (memcmp(p, "attempt", 7) == 0) return K_ATTEMPT;
         if (memcmp(p, "outcome", 7) == 0) return K_OUTCOME;
         if (memcmp(p, "resplit", 7) == 0) return K_RESPLIT;
+        if (memcmp(p, "at_once", 7) == 0) return K_AT_ONCE;
         return -1;
     case 8:
         if (memcmp(p, "itl_hist", 8) == 0) return K_ITL_HIST;
@@ -492,6 +495,7 @@ typedef struct {
     unsigned char has_q, has_a, has_s, has_c, has_f, has_e, has_pc, e_has_pt, e_has_last;
     unsigned char e_estimated; /* `usage_estimated` is true: the client counted the tokens */
     unsigned char e_one_piece; /* the answer came in under 2 content chunks (`tokens`) */
+    unsigned char e_at_once;   /* `at_once` is true: no first token before the answer's end */
     unsigned char held;        /* a retry `rate_limited`: the server's rate limit held it */
     long long pc;
     /* the ok attempt_end: t, completion tokens, prompt tokens, itl_hist, last_token_t, line */
@@ -914,11 +918,11 @@ static int latency(Fold *s, Span *sp, double t_rel, double last, long long token
     double v[N_DISTS] = {a - q, st - a, c - st, f - c, last - f, t_rel - last, f - q, f - st,
                          0.0, t_rel - q};
     for (int k = 0; k < N_DISTS; k++) {
-        if (k == D_TPOT) continue;
+        /* an answer that came at once has no first token of its own, and gaps of 0 */
+        if (k == D_TPOT || (sp->e_at_once && (k == D_TTFT || k == D_TTFT_REQUEST))) continue;
         if (!dist_add(&seg->dists[k], v[k])) return 0;
     }
-    /* one piece (a whole answer): first and last token at one instant, so no TPOT, not 0 */
-    if (tokens >= 2 && !sp->e_one_piece &&
+    if (!sp->e_at_once && !sp->e_one_piece && tokens >= 2 &&
         !dist_add(&seg->dists[D_TPOT], (last - f) / (double)(tokens - 1)))
         return 0;
     if (sp->e_itl && !add_itl(seg, sp->e_itl, s->itl_stamp, ++s->itl_gen)) return 0;
@@ -1107,6 +1111,7 @@ static int ev_attempt_end(Fold *s, Val *v, const char *line, Py_ssize_t len) {
     sp->e_last = v[K_LAST_TOKEN_T].d;
     sp->e_estimated = v[K_USAGE_ESTIMATED].type == V_TRUE; /* `is True` in the reference */
     sp->e_one_piece = v[K_TOKENS].type == V_INT && v[K_TOKENS].i < 2;
+    sp->e_at_once = v[K_AT_ONCE].type == V_TRUE;
     Py_CLEAR(sp->e_itl);
     /* `if itl:` in the reference: an empty object adds nothing */
     if (v[K_ITL_HIST].type == V_OBJ && v[K_ITL_HIST].n > 2) {

@@ -28,34 +28,38 @@ def segment_of(prompt_tokens: int | None, prompt_chars: int | None) -> int:
     return min(len(SEGMENT_LABELS) - 1, (n.bit_length() - 7) // 2 + 1)
 
 
-PENDING = tuple(i for i, name in enumerate(DIST_NAMES) if name != "tpot")
+# A span whose answer came at once has no first token of its own: `first` and `tpot` skip it.
+FIRST = (DIST_NAMES.index("ttft"), DIST_NAMES.index("ttft_request"))
 TPOT = DIST_NAMES.index("tpot")
+PENDING = tuple(i for i in range(len(DIST_NAMES)) if i not in (*FIRST, TPOT))
 FLUSH_AT = 4096
 
 
 class Segment:
     """The distributions of one prompt-length segment (ITL as the events' bucket counts).
 
-    The fold appends each span's values as one tuple (`pending`, in `PENDING` order; TPOT to
-    `tpot`), and they are bucketed a batch at a time (`flush`): far cheaper per span than ten
-    separate `Dist.add` calls.
+    The fold appends each span's values as one tuple (`pending`, in `PENDING` order; TTFT and
+    ttft_request to `first`, TPOT to `tpot`), and they are bucketed a batch at a time (`flush`):
+    far cheaper per span than ten separate `Dist.add` calls.
     """
 
-    __slots__ = ("dists", "itl", "pending", "spans", "tpot")
+    __slots__ = ("dists", "first", "itl", "pending", "spans", "tpot")
 
     def __init__(self) -> None:
         self.dists = [Dist() for _ in DIST_NAMES]
         self.itl: dict[str, int] = {}  # keys as in `itl_hist` events: converted only at the end
         self.spans = 0
         self.pending: list[tuple[float, ...]] = []
+        self.first: list[tuple[float, float]] = []
         self.tpot: list[float] = []
 
     def flush(self) -> None:
         """Bucket the pending values."""
-        if self.pending:
-            for i, column in zip(PENDING, zip(*self.pending, strict=True), strict=True):
-                self.dists[i].add_many(list(column))
-            self.pending = []
+        for ids, rows in ((PENDING, self.pending), (FIRST, self.first)):
+            if rows:
+                for i, column in zip(ids, zip(*rows, strict=True), strict=True):
+                    self.dists[i].add_many(list(column))
+        self.pending, self.first = [], []
         if self.tpot:
             self.dists[TPOT].add_many(self.tpot)
             self.tpot = []

@@ -211,7 +211,8 @@ class ShardFold:
             span[E] = (
                 rec["t"], rec.get("completion_tokens") or 0, rec.get("prompt_tokens"),
                 rec.get("itl_hist"), rec.get("attempt"), raw, rec.get("last_token_t"),
-                rec.get("usage_estimated") is True, type(chunks) is int and chunks < 2,
+                rec.get("usage_estimated") is True, rec.get("at_once") is True,
+                type(chunks) is int and chunks < 2,
             )  # fmt: skip
 
     def _count_conn(self, rec: Record) -> None:
@@ -272,7 +273,8 @@ class ShardFold:
         if end is None:
             s.ok_without_attempt += 1
             return
-        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last, estimated, one_piece = end
+        end_t, tokens, prompt_tokens, itl, attempt, end_raw, end_last, estimated, at_once, \
+            one_piece = end
         s.ok += 1
         s.refusals += refusal
         s.completion_tokens += tokens
@@ -288,10 +290,10 @@ class ShardFold:
             last, lines = (end_last if end_last is not None else end_t), (end_raw, raw)
         self.tally.count(last, tokens, lines if self.keep_lines else (), estimated)
         if self.full:
-            self._latency(span, t_rel, last, tokens, prompt_tokens, itl, one_piece)
+            self._latency(span, t_rel, last, tokens, prompt_tokens, itl, at_once, one_piece)
 
     def _latency(self, span: list[Any], t_rel: float, last: float, tokens: int,
-                 prompt_tokens: int | None, itl: dict[str, int] | None,
+                 prompt_tokens: int | None, itl: dict[str, int] | None, at_once: bool,
                  one_piece: bool) -> None:
         q, a, st = span[Q], span[A], span[S]
         if q is None or a is None or st is None:
@@ -302,13 +304,14 @@ class ShardFold:
         i = segment_of(prompt_tokens, span[PC])
         seg = self.segments.get(i) or self.segments.setdefault(i, Segment())
         seg.spans += 1
-        # In `_segments.DIST_NAMES` order, less TPOT: the six buckets, ttft, ttft_request, e2e.
-        seg.pending.append((a - q, st - a, c - st, f - c, last - f, t_rel - last, f - q, f - st,
-                            t_rel - q))
-        # An answer that came in one piece (sent whole, not streamed) has its first and last
-        # token at one instant: no time between its tokens to divide, so no TPOT, not 0.
-        if tokens >= 2 and not one_piece:
-            seg.tpot.append((last - f) / (tokens - 1))
+        # In `_segments.PENDING` order: the six buckets, e2e.
+        seg.pending.append((a - q, st - a, c - st, f - c, last - f, t_rel - last, t_rel - q))
+        if not at_once:  # its first token came with the rest: no TTFT, and gaps of 0
+            seg.first.append((f - q, f - st))
+            # An answer in one content chunk (a whole answer in an old log, or one event)
+            # has its first and last token at one instant: no TPOT, not 0.
+            if tokens >= 2 and not one_piece:
+                seg.tpot.append((last - f) / (tokens - 1))
         if len(seg.pending) >= FLUSH_AT:
             seg.flush()
         if itl:
