@@ -79,6 +79,7 @@ class ShardState:
     # Its open spans' failed attempts that its reports counted (`tried`, sent as changes).
     tried: dict[str, int] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)  # and their held retries (`held`)
+    refused: dict[str, int] = field(default_factory=dict)  # and their 429s (`refused`)
     done: dict[str, Any] | None = None
     died: str | None = None
     heard_at: float = 0.0  # event-loop time of its last message (or of its start)
@@ -181,6 +182,7 @@ class Coordinator:
                 self._finished(state, message["fin_ok"], message["fin_dead"])
                 protocol.apply_changes(state.tried, message.get("tried") or {})
                 protocol.apply_changes(state.held, message.get("held") or {})
+                protocol.apply_changes(state.refused, message.get("refused") or {})
                 state.progress = message
                 self.view.update(handle.index, message)
                 if kind == protocol.DONE:
@@ -599,7 +601,7 @@ class Coordinator:
         self._finished(state, list(ok), list(dead))
         # The lines it wrote after its last report: their tokens and attempts are in no report.
         state.progress = add_unreported(state.progress, state.tried, ok.values(), dead.values(),
-                                        state.held)
+                                        state.held, state.refused)
         items = list(state.outstanding.values())
         state.outstanding.clear()
         self.reassigned += len(items)

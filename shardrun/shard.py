@@ -192,6 +192,9 @@ class Shard:
         # Likewise the held retries of 429s each such span has sent, which `limited_429s`
         # counts as they go: a dead letter's attempts mark them (`held`), reported or not.
         self.held = protocol.CountChanges()
+        # And their 429s, which `http_429s` counts as each attempt ends: a retry out at a report
+        # is in `tried` before its answer is, so `tried` cannot tell whether its 429 was counted.
+        self.refused = protocol.CountChanges()
         self.out = ShardOutput(cfg, self._on_write_error)
         self.log = self.out.log
         # Every shard has a limiter: without job limits it still honours the server's headers,
@@ -1326,6 +1329,8 @@ class Shard:
                              "started_at": started, "ended_at": outcome.ended_at})
         if not ok:
             self.tried.set(sid, len(span.history))
+            if outcome.status == "http_429":
+                self.refused.set(sid, self.refused.counts.get(sid, 0) + 1)
 
     def _note_failure(self, outcome: AttemptOutcome, url: str) -> None:
         """Spot the failures that say the whole endpoint is unusable, not just this request."""
@@ -1498,6 +1503,7 @@ class Shard:
         if len(span.history) > 1:
             self.tried.drop(span.span_id)
             self.held.drop(span.span_id)
+            self.refused.drop(span.span_id)
 
     def _dead_letter(self, span: Span, reason: str, *, admitted: bool = True) -> None:
         if not self.out.add_dead(span.item_id, dead_record(span, reason, self.cfg.shard)):
@@ -1535,6 +1541,7 @@ class Shard:
         span.ended = True
         self.tried.drop(span.span_id)
         self.held.drop(span.span_id)
+        self.refused.drop(span.span_id)
 
     def _on_write_error(self, path: Path, exc: OSError) -> None:
         self._go_fatal(f"cannot write {path}: {exc.strerror or exc}; free some space and "
@@ -1585,6 +1592,7 @@ class Shard:
                 "failing_s": round(self.storm.lasted(now), 1),
                 "failing_cause": self.storm_cause if self.storm.on else None,
                 "tried": self.tried.take_changes(), "held": self.held.take_changes(),
+                "refused": self.refused.take_changes(),
                 **self.counters.as_dict()}
 
     def _unheard_s(self) -> float:

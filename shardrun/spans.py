@@ -133,6 +133,11 @@ def result_record(
         record["refusal"] = outcome.refusal
     if outcome.function_call is not None:
         record["function_call"] = outcome.function_call
+    if len(span.history) > 1:  # its 429s and their held retries: `summary.add_unreported`
+        if refused := sum(a["status"] == "http_429" for a in span.history):
+            record["http_429s"] = refused
+        if held := sum(a.get("held") is True for a in span.history):
+            record["held_429s"] = held
     # An OpenAI Batch line names its own endpoint and model: its Batch output line is shaped by
     # them (`batch_format.batch_output_line`), not by the job's api and model.
     if (url := span.item.get("url")) is not None:

@@ -311,8 +311,8 @@ def work_left(summary: Mapping[str, Any], *, read_before: bool) -> WorkLeft:
 
 def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
                    results: Iterable[dict[str, Any]],
-                   dead: Iterable[dict[str, Any]],
-                   held: Mapping[str, int] | None = None) -> dict[str, Any]:
+                   dead: Iterable[dict[str, Any]], held: Mapping[str, int] | None = None,
+                   refused: Mapping[str, int] | None = None) -> dict[str, Any]:
     """A dead shard's last report plus what the lines it wrote after that report hold.
 
     The attempts the shard had out at that report (`sending`) count: each went to the server,
@@ -321,19 +321,25 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
     tokens and its last attempt are not in them. Earlier attempts of the same span may be:
     `tried` (the reports' changes to it applied up to this one) holds how many attempts each
     span still open then had counted (ended, every one a failure, and a retry out then; all
-    but the first of them retries), so that they are not counted twice. A dead letter's
-    attempts carry their status, so its unreported 429s count too, or the req/min answered
-    (attempts less 429s) would read high; so do the held retries of its 429s (`limited_429s`):
-    its attempts marked `held`, less those `held` says the reports counted for its span, or
-    the summary would count fewer than `report` reads from their `retry` lines. What the lines
-    do not hold stays as reported: the tokens wasted by earlier attempts, rate-limit waits, and
-    which of a result's unreported failed attempts were 429s, held or not (its line has their
-    number only). A span's attempt out at that report is among `sending`, or, a retry, in
+    but the first of them retries), so that they are not counted twice. A line's 429s count
+    too, or the req/min answered (attempts less 429s) would read high: a dead letter's attempts
+    carry their status, a result line their number (`http_429s`), less those `refused` says the
+    reports counted for its span; so do the held retries of its 429s (`limited_429s`): a dead
+    letter's attempts marked `held`, a result line's `held_429s`, less those `held` says the
+    reports counted, or the summary would count fewer than `report` reads from their `retry`
+    lines. What the lines do not hold stays as reported: the tokens wasted by earlier attempts
+    and rate-limit waits. A span's attempt out at that report is among `sending`, or, a retry, in
     `tried` too (counted as it is sent): one out and not in `tried` is its first, which a line
     of a span `tried` does not hold adds again unless it started after the report's `at`.
     """
     add: Counter[str] = Counter({"attempts": int(report.get("sending") or 0)})
     at = report.get("at")
+    held, refused = held or {}, refused or {}
+
+    def add_429s(span: str, n_429s: int, n_held: int) -> None:
+        add["http_429s"] += max(0, n_429s - refused.get(span, 0))
+        add["limited_429s"] += max(0, n_held - held.get(span, 0))
+
     for line in results:
         usage = line.get("usage") or {}
         add["ok"] += 1
@@ -347,6 +353,8 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         _add_attempts(add, attempts, reported)
         if attempts and not reported and _out_at(at, _first_start(line)):
             add["attempts"] -= 1
+        add_429s(line.get("span", ""), int(line.get("http_429s") or 0),
+                 int(line.get("held_429s") or 0))
     for line in dead:
         add["dead"] += 1
         add["budget_exhausted"] += str(line.get("reason", "")).startswith(
@@ -356,9 +364,8 @@ def add_unreported(report: dict[str, Any], tried: Mapping[str, int],
         _add_attempts(add, len(history), reported)
         if history and not reported and _out_at(at, history[0].get("started_at")):
             add["attempts"] -= 1
-        add["http_429s"] += sum(a.get("status") == "http_429" for a in history[reported:])
-        sent = sum(a.get("held") is True for a in history)
-        add["limited_429s"] += max(0, sent - (held or {}).get(line.get("span", ""), 0))
+        add_429s(line.get("span", ""), sum(a.get("status") == "http_429" for a in history),
+                 sum(a.get("held") is True for a in history))
     return {**report, **{k: int(report.get(k, 0)) + n for k, n in add.items()}}
 
 

@@ -6,6 +6,7 @@ checks exactly-once: results ∪ dead letters = input ids, and no id appears twi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import os
@@ -28,11 +29,19 @@ from typing import IO, Any, cast
 import orjson
 import psutil
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from shardrun import resume, runner
+from shardrun import protocol, resume, runner
+from shardrun.client import StreamingClient, Timeouts, make_session
+from shardrun.items import API_PATHS
+from shardrun.report._rundir import FoldOptions, fold_shard_file
 from shardrun.resume import restore_unretried, unreached_set_aside
+from shardrun.shard import Shard
+from shardrun.shard_config import ShardConfig
 from shardrun.sim.config import SimConfig
 from shardrun.sim.launcher import SimProcess, start_sim
+from shardrun.summary import add_unreported
 from tests.conftest import (
     FAST_SIM,
     Run,
@@ -1041,6 +1050,71 @@ def test_after_a_kill_9_amid_held_429s_the_summary_counts_what_report_counts(
     assert printed in out, out
 
 
+def _refuse_each_prompt_first() -> web.Application:
+    """A server that answers each prompt's first request 429 (Retry-After 0.01 s), then a
+    stream of two tokens: every item is held once and then succeeds, within milliseconds."""
+    seen: set[bytes] = set()
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    end = (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+           b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+           b"data: [DONE]\n\n")
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        prompt = orjson.dumps(orjson.loads(await request.read())["messages"])
+        if prompt not in seen:
+            seen.add(prompt)
+            return web.json_response({"error": {"message": "slow down", "type": "requests",
+                                                "code": "rate_limit_exceeded"}},
+                                     status=429, headers={"Retry-After": "0.01"})
+        return web.Response(body=chunk + chunk + end, content_type="text/event-stream")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    return app
+
+
+def test_a_dead_shards_result_lines_add_the_429s_its_last_report_never_counted(
+        tmp_path: Path) -> None:
+    """A shard killed after a flush wrote its lines and before the report that follows it
+    left the pipe (the two are back to back, but a report can wait in the pipe's buffer): each
+    result line whose 429 and held retry came after that report adds them to the summary, as
+    `report` counts them from the log. Here every item is refused once, held and answered with
+    no report between; a result line held only its attempts count, and the summary counted
+    none of the 429s or holds that `report` did."""
+    n = 6
+
+    async def go() -> protocol.Message:
+        async with TestServer(_refuse_each_prompt_first(), host="127.0.0.1", port=0) as server:
+            base = str(server.make_url("/v1"))
+            shard = Shard(ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path), base_url=base,
+                                      api="chat", model="m", concurrency=3), [].append)
+            async with make_session(3, Timeouts()) as session:
+                shard.clients = {api: StreamingClient(session, base, api, {}, Timeouts(),
+                                                      shard.clock) for api in API_PATHS}
+                last = shard.report(protocol.PROGRESS)  # the last the coordinator heard
+                shard.on_message({"t": protocol.ITEMS, "items": [
+                    {"id": str(i), "prompt": f"p{i}"} for i in range(n)]})
+                shard.on_message({"t": protocol.END})
+                await shard.dispatch()
+                await asyncio.gather(*shard.tasks)
+                shard.out.flush()  # the lines reach the files; no report follows (kill -9)
+        return last
+
+    last = asyncio.run(go())
+    tried: dict[str, int] = {}
+    held: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    for counts, key in ((tried, "tried"), (held, "held"), (refused, "refused")):
+        protocol.apply_changes(counts, last.get(key) or {})
+    results = read_jsonl(tmp_path / "results" / "shard-00.jsonl")
+    summary = add_unreported(last, tried, results, [], held, refused)
+    _, folded = fold_shard_file(tmp_path / "events" / "shard-00.jsonl", "log", math.inf, 3,
+                                FoldOptions())
+    assert (summary["ok"], summary["attempts"], summary["retries"]) == (n, 2 * n, n)
+    assert folded.by_status == {"http_429": n, "ok": n}
+    assert (summary["http_429s"], summary["limited_429s"]) == (n, folded.held_retries) == (n, n)
+
+
 def test_kill_9_of_the_launcher_loses_nothing_and_fails_nothing(tmp_path: Path) -> None:
     """The launcher that forked the shards is killed mid-run: the shards work on, each reports
     done, and though their exit can no longer be known, the run succeeds and says why."""
@@ -1245,8 +1319,9 @@ def report(attempts, tried, **more):
                "retries": attempts - len(items), "prompt_tokens": 3 * attempts, "tried": tried,
                **more}
     os.write(1, (json.dumps(message) + "\\n").encode())
-report(len(items), {s: 1 for s in spans}, http_429s=1)
-report(len(items) + 1, {spans[0]: 2}, http_429s=2, limited_429s=1, held={spans[0]: 1})
+report(len(items), {s: 1 for s in spans}, http_429s=1, refused={spans[0]: 1})
+report(len(items) + 1, {spans[0]: 2}, http_429s=2, limited_429s=1, held={spans[0]: 1},
+       refused={spans[0]: 2})
 def write(sub, lines):
     os.makedirs(os.path.join(config["out_dir"], sub), exist_ok=True)
     with open(os.path.join(config["out_dir"], sub, "shard-00.jsonl"), "w") as f:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from shardrun import protocol
 from shardrun.client import StreamingClient, Timeouts, make_session
@@ -97,38 +100,67 @@ def test_a_stop_between_dispatch_and_the_tasks_turn_starts_no_attempt(tmp_path: 
     assert {e["outcome"] for e in events if e["ev"] == "released"} == {"abandoned"}
 
 
+async def _held_then_stopped(shard: Shard, base: str, held: Callable[[], bool],
+                             ) -> tuple[protocol.Message, protocol.Message]:
+    """Two items through `shard` to `base`: its report once `held()` (both items waiting to
+    be tried again), and its report after a stop has ended them."""
+    async with make_session(CAP, Timeouts()) as session:
+        shard.clients = {api: StreamingClient(session, base, api, {}, Timeouts(), shard.clock)
+                         for api in API_PATHS}
+        shard.on_message(_items(2))
+        dispatcher = asyncio.create_task(shard.dispatch())
+        for _ in range(1000):  # bounded: each step is one local connection
+            if held():
+                break
+            await asyncio.sleep(0.01)
+        waiting = shard.report(protocol.PROGRESS)
+        made = list(shard.tasks)
+        shard.on_message({"t": protocol.STOP})  # the waits end at once: abandoned
+        await asyncio.gather(*made, dispatcher)
+        ended = shard.report(protocol.PROGRESS)
+    shard.close()
+    return waiting, ended
+
+
 def test_a_report_names_the_open_spans_whose_failed_attempts_it_counted(tmp_path: Path) -> None:
     """Each span still open after a failed attempt is in the report's `tried`, with the number
     of attempts the counters hold for it, and leaves it (0) when it ends: the coordinator reads it
     when the shard dies after writing lines it never reported (`summary.add_unreported`)."""
-
-    async def go() -> tuple[protocol.Message, protocol.Message]:
-        sent: list[protocol.Message] = []
-        cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path),
-                          base_url="http://127.0.0.1:9", api="completions", model="m",
-                          concurrency=CAP, retry={"backoff_s": 60, "backoff_max_s": 60})
-        shard = Shard(cfg, sent.append)
-        async with make_session(CAP, Timeouts()) as session:
-            shard.clients = {api: StreamingClient(session, cfg.base_url, api, {}, Timeouts(),
-                                                  shard.clock) for api in API_PATHS}
-            shard.on_message(_items(2))  # two refused connections: not yet "unreachable"
-            dispatcher = asyncio.create_task(shard.dispatch())
-            for _ in range(1000):  # bounded: each step is one refused local connection
-                if shard.counters.retrying == 2:
-                    break
-                await asyncio.sleep(0.01)
-            waiting = shard.report(protocol.PROGRESS)
-            made = list(shard.tasks)
-            shard.on_message({"t": protocol.STOP})  # the backoffs end at once: abandoned
-            await asyncio.gather(*made, dispatcher)
-            ended = shard.report(protocol.PROGRESS)
-        shard.close()
-        return waiting, ended
-
-    waiting, ended = asyncio.run(go())
+    cfg = ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path),
+                      base_url="http://127.0.0.1:9", api="completions", model="m",
+                      concurrency=CAP, retry={"backoff_s": 60, "backoff_max_s": 60})
+    shard = Shard(cfg, [].append)  # two refused connections: not yet "unreachable"
+    waiting, ended = asyncio.run(_held_then_stopped(
+        shard, cfg.base_url, lambda: shard.counters.retrying == 2))
     assert waiting["tried"] == {"0-1": 1, "0-2": 1} and waiting["attempts"] == 2
     # Each report carries the changes since the one before: here, both spans ended.
     assert ended["tried"] == {"0-1": 0, "0-2": 0} and ended["abandoned"] == 2
+
+
+def test_a_report_names_the_429s_of_the_open_spans_it_counted(tmp_path: Path) -> None:
+    """Each span still open after a 429 is in the report's `refused`, with the 429s the
+    counters hold for it, and leaves it (0) when it ends: the coordinator subtracts them from
+    a dead shard's lines, whose retries `tried` holds from their sending, before their 429s."""
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "slow down", "type": "requests"}},
+                                 status=429, headers={"Retry-After": "30"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", refuse)
+
+    async def go() -> tuple[protocol.Message, protocol.Message]:
+        async with TestServer(app, host="127.0.0.1", port=0) as server:
+            base = str(server.make_url("/v1"))
+            shard = Shard(ShardConfig(shard=0, run_id="r", out_dir=str(tmp_path),
+                                      base_url=base, api="completions", model="m",
+                                      concurrency=CAP), [].append)
+            return await _held_then_stopped(shard, base,
+                                            lambda: shard.counters.http_429s == 2)
+
+    waiting, ended = asyncio.run(go())
+    assert waiting["refused"] == {"0-1": 1, "0-2": 1} and waiting["http_429s"] == 2
+    assert ended["refused"] == {"0-1": 0, "0-2": 0} and ended["abandoned"] == 2
 
 
 def test_a_fatal_error_during_a_retrys_rate_wait_sends_no_retry(tmp_path: Path) -> None:

@@ -334,15 +334,31 @@ def test_a_first_attempt_out_at_the_last_report_and_ended_in_a_line_counts_once(
 
 
 def test_a_dead_shards_unreported_dead_letters_add_their_unreported_429s() -> None:
-    """A dead letter written after the shard's last report adds the 429s among the attempts that
-    report did not count (those after `tried`'s), beside those attempts: the req/min answered
-    (attempts less 429s) read high by every 429 of them, as if the server had answered it."""
+    """A dead letter written after the shard's last report adds the 429s that report did not
+    count (its attempts' 429s less those `refused` counted for its span), beside those
+    attempts: the req/min answered (attempts less 429s) read high by every 429 of them, as if
+    the server had answered it."""
     report = {"attempts": 10, "http_429s": 4}
     dead = [{"id": "c", "span": "0-9", "reason": "rate_limited_too_long: refused with 429",
              "attempts": [{"status": "http_429"}, {"status": "http_5xx"},
                           {"status": "http_429"}, {"status": "http_429"}]}]
-    after = add_unreported(report, {"0-9": 2}, [], dead)  # its first two were reported
+    # its first two were reported, one of them a 429
+    after = add_unreported(report, {"0-9": 2}, [], dead, refused={"0-9": 1})
     assert (after["attempts"], after["http_429s"]) == (12, 6)
+
+
+def test_a_429_of_a_retry_out_at_the_last_report_is_added_once_it_ends() -> None:
+    """A retry is in `tried` once it is sent, its 429 in the counters only once it ends: with
+    the second attempt out at the report (`tried` 2, one 429 counted), its 429 is the line's
+    to add. Read off `tried`, the attempts after the second, it was lost; a result line, which
+    holds its 429s' number, adds them likewise."""
+    report = {"attempts": 10, "http_429s": 4, "sending": 1}
+    history = [{"status": "http_429"}, {"status": "http_429"}, {"status": "http_5xx"}]
+    dead = [{"id": "c", "span": "0-9", "reason": "max_attempts: HTTP 500", "attempts": history}]
+    results = [{"id": "d", "span": "0-8", "attempts": 3, "http_429s": 2, "usage": {}}]
+    tried, refused = {"0-9": 2, "0-8": 2}, {"0-9": 1, "0-8": 1}
+    after = add_unreported(report, tried, results, dead, refused=refused)
+    assert (after["attempts"], after["http_429s"]) == (13, 6)
 
 
 def test_work_left_after_a_whole_read_counts_unfinished_items_not_put_back() -> None:
@@ -519,5 +535,5 @@ def test_a_dead_shards_unreported_dead_letters_add_their_unreported_held_429s() 
              "attempts": [{"status": "http_429", "held": True}, {"status": "http_429"}]}]
     # Of 0-9, the report counted two attempts ended and one hold sent (the second's was
     # decided but not yet sent); 0-4 began after it.
-    after = add_unreported(report, {"0-9": 2}, [], dead, {"0-9": 1})
+    after = add_unreported(report, {"0-9": 2}, [], dead, {"0-9": 1}, {"0-9": 2})
     assert (after["attempts"], after["http_429s"], after["limited_429s"]) == (14, 8, 6)
