@@ -364,6 +364,22 @@ def test_unknown_events_are_counted_like_the_reference(tmp_path: Path) -> None:
     assert c_fold(path, False, False)[0].unknown_events == 1
 
 
+def test_a_lifted_rate_cap_is_a_known_event_in_both_folds(tmp_path: Path) -> None:
+    """A shard whose stated rate limit stopped binding writes `rate_uncapped` (lifted, then put
+    back), as `Shard` does: an event of this version, so neither fold counts it as a line from a
+    newer one (`report` would note it in every shard log of such a run), and they agree."""
+    path = tmp_path / "shard-00.jsonl"
+    records = to_new_layout(hand_shard())
+    t = records[2]["t"]
+    for at, lifted in ((3, True), (5, False)):
+        records.insert(at, ev("rate_uncapped", t, kind="requests", stated=1200, lifted=lifted))
+    write_log(path, records)
+    for minutes_only in (False, True):
+        both(path, minutes_only, minutes_only)
+    assert python_fold(path, False, False)[1].unknown_events == 0
+    assert c_fold(path, False, False)[1].unknown_events == 0
+
+
 def test_an_attempt_a_stop_cancelled_is_an_attempt_and_no_verdict(tmp_path: Path) -> None:
     """A stop cut the last item's attempt short mid-stream (status `cancelled`, with the tokens
     it had received) and released the span `abandoned`: both folds count the attempt (started,

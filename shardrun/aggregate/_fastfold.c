@@ -1309,6 +1309,7 @@ static int fold_line(Fold *s, const char *line, Py_ssize_t len, int *checkpoint)
     if (IS("retry")) return ev_retry(s, v);
     if (IS("rate_wait")) return ev_rate_wait(s, v);
     if (IS("rate_learned")) return ev_rate_learned(s, v);
+    if (IS("rate_uncapped")) return 1; /* ShardFold._no_figure: ours, read for no figure */
 #undef IS
     s->unknown_events++;
     return 1;

@@ -62,6 +62,7 @@ class ShardFold:
             "first_token": self._first_token, "last_token": self._last_token,
             "attempt_end": self._attempt_end, "retry": self._retry, "released": self._released,
             "rate_wait": self._rate_wait, "rate_learned": self._rate_learned,
+            "rate_uncapped": self._no_figure,
             "loop_lag": self._loop_lag, "checkpoint": self._seen, "shard_end": self._shard_end,
         }  # fmt: skip
         if minutes_only:
@@ -74,6 +75,10 @@ class ShardFold:
             self.sum.unknown_events += 1
         else:
             handler(rec, raw)
+
+    def _no_figure(self, rec: Record, raw: bytes) -> None:
+        """An event of ours that no figure is read from (`rate_uncapped`): known, not counted
+        as a line from a newer shardrun."""
 
     def _new(self, sid: str) -> list[Any]:
         span = self.open[sid] = _EMPTY.copy()
