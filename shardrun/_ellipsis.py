@@ -28,3 +28,8 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """'1 retry', '2 retries', '1,024 items': `n` with `noun`, or with `plural` (default: the
     noun and an s) unless `n` is 1."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def in_words(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c': names in a sentence."""
+    return names[-1] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]

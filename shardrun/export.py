@@ -65,6 +65,7 @@ from shardrun.inputs import (
     decode_line,
 )
 from shardrun.manifest import (
+    asked_otherwise,
     changed_results,
     file_digest,
     newest_job_path,
@@ -180,6 +181,8 @@ def export(run_path: Path, out: Path | None, fmt: Format, job_path: Path | None 
             f"run's manifest recorded {listed:,}: answers were removed or changed by hand, and "
             "their records are exported as what is there now (pending where gone)"
             for path, listed, size in changed_results(manifest, run_path)]
+        if asked := asked_otherwise(manifest):
+            summary.warnings.append(asked)
         columns = reader.columns
         if fmt == "csv" and with_input and columns is None:
             columns = _json_keys(job.input_path)

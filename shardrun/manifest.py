@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import orjson
 
 from shardrun import __version__
-from shardrun._ellipsis import ellipsize
+from shardrun._ellipsis import ellipsize, in_words
 from shardrun._urls import masked_url
 from shardrun.errors import InputError, RunDirError, SpecError
 from shardrun.outpath import is_run_file
@@ -562,6 +562,25 @@ def newest_pass(manifest: dict[str, Any]) -> dict[str, Any]:
     resumes = manifest.get("resumes")
     record = resumes[-1] if isinstance(resumes, list) and resumes else manifest
     return record if isinstance(record, dict) else {}
+
+
+def asked_otherwise(manifest: dict[str, Any]) -> str | None:
+    """One sentence naming the passes that asked with answer-shaping settings other than the
+    run's start (`answer_settings_changed` in their entries: the model, params...), or None.
+    Their resumes warned once; `report` and `export` say it again to the reader of the answers,
+    who may never have seen that warning and would take them all for one way of asking."""
+    passes, keys = [], dict[str, None]()
+    for k, entry in enumerate(manifest.get("resumes") or [], 1):
+        changed = entry.get("answer_settings_changed") if isinstance(entry, dict) else None
+        if isinstance(changed, list) and changed:
+            passes.append(str(k))
+            keys |= dict.fromkeys(str(key) for key in changed)
+    if not passes:
+        return None
+    return (f"{'pass' if len(passes) == 1 else 'passes'} {in_words(passes)} of run "
+            f"{manifest.get('run_id')} sent another {in_words(list(keys))} than pass 0 did, so "
+            "its answers were not all asked the same way (each pass's `effective` in "
+            "manifest.json says how)")
 
 
 def newest_summary(manifest: dict[str, Any]) -> dict[str, Any]:

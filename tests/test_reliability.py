@@ -3682,7 +3682,9 @@ def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
 ) -> None:
     """A resume with another input.id_field is refused before it touches the run (every item
     would run again under another id); one with other params or model runs, warns once per
-    changed setting, and the manifest records which."""
+    changed setting, naming the job file and the way back, and the manifest records which;
+    `report` notes and `export` warns that the run's answers were not all asked alike, for a
+    reader who never saw the resume's warnings."""
     ids = write_input(tmp_path / "input.jsonl", 30)
     write_job(tmp_path / "job.yaml")
     first = run_cli("job.yaml", "--limit", "10", "--runs-dir", "runs", "--quiet", cwd=tmp_path)
@@ -3707,15 +3709,25 @@ def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
                    cwd=tmp_path)  # fmt: skip
     assert rest.returncode == 0, rest.stdout + rest.stderr
     warnings = rest.stderr.splitlines()
+    way = ("so this pass's answers may differ from the earlier ones (the manifest, `report` "
+           "and `export` say so); if that is not meant, stop this pass and set it back")
     assert warnings == [
-        f'warning: endpoint.model is "other" but was "sim-test" when run {path.name} started, '
-        "so this pass's answers may differ from the earlier ones (the manifest records it)",
-        'warning: params is {"max_tokens":32,"temperature":0.5} but was {"max_tokens":32} when '
-        f"run {path.name} started, so this pass's answers may differ from the earlier ones (the "
-        "manifest records it)"]
+        f'warning: endpoint.model is "other" in job.yaml but was "sim-test" when run '
+        f"{path.name} started, {way}",
+        'warning: params is {"max_tokens":32,"temperature":0.5} in job.yaml but was '
+        f'{{"max_tokens":32}} when run {path.name} started, {way}']
     manifest = orjson.loads((path / "manifest.json").read_bytes())
     assert manifest["resumes"][-1]["answer_settings_changed"] == ["endpoint.model", "params"]
     assert sorted(r["id"] for r in Run.load(path).results) == ids
+    asked = (f"pass 1 of run {path.name} sent another endpoint.model and params than pass 0 "
+             "did, so its answers were not all asked the same way (each pass's `effective` in "
+             "manifest.json says how)")
+    report = run_cli("report", str(path), "--json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert asked in orjson.loads(report.stdout)["notes"]
+    exported = run_cli("export", str(path), "-o", "out.jsonl", "--quiet", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert f"warning: {asked}" in exported.stderr.splitlines()
 
 
 # Kills every spawned shard as its interpreter starts: a retry pass whose shards keep dying.

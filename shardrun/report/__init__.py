@@ -23,7 +23,7 @@ from shardrun.aggregate import (
 )
 from shardrun.aggregate._triage import settle_dead_letters
 from shardrun.errors import RunDirError
-from shardrun.manifest import changed_results
+from shardrun.manifest import asked_otherwise, changed_results
 from shardrun.report._html import HtmlExtraMissing, write_html
 from shardrun.report._rundir import (
     FoldOptions,
@@ -123,6 +123,8 @@ def load_report(run_dir: Path, *, trace: bool = False,
             f"{path}: {'missing' if size is None else f'{size:,} bytes'} where the manifest "
             f"recorded {listed:,}: answers were removed or changed by hand (export and --resume "
             "see what is there now)" for path, listed, size in edited]
+    if asked := asked_otherwise(manifest):
+        doc["notes"].append(asked)
     return doc, loaded
 
 
