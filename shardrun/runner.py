@@ -494,10 +494,13 @@ def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> li
                         "back, or start a new run without --resume")  # fmt: skip
     changes = resume.setting_changes(started, now, resume.ANSWER_SHAPING)
     for key, old, new in changes:
-        print(f"warning: {key} is {_shown(new)} in {job.origin or job.job_path} but was "
-              f"{_shown(old)} when run {run_id} started, so this pass's answers may differ from "
-              "the earlier ones (the manifest, `report` and `export` say so); if that is not "
-              "meant, stop this pass and set it back", file=sys.stderr)  # fmt: skip
+        # Where to set it back: a model may come from SHARDRUN_MODEL, not the job file.
+        source = job.sources.get(key, "job file")
+        where = f"in {job.origin or job.job_path}" if source == "job file" else f"({source})"
+        print(f"warning: {key} is {_shown(new)} {where} but was {_shown(old)} when run "
+              f"{run_id} started, so this pass's answers may differ from the earlier ones (the "
+              "manifest, `report` and `export` say so); if that is not meant, stop this pass "
+              "and set it back", file=sys.stderr)  # fmt: skip
     return [key for key, _, _ in changes]
 
 

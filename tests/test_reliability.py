@@ -3728,6 +3728,13 @@ def test_a_resume_keeps_item_names_and_says_which_answer_settings_changed(
     exported = run_cli("export", str(path), "-o", "out.jsonl", "--quiet", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert f"warning: {asked}" in exported.stderr.splitlines()
+    # A model from the environment is set back there, not in the job file.
+    by_env = run_cli("job.yaml", "--resume", "latest", "--runs-dir", "runs", "--quiet",
+                     cwd=tmp_path, env={"SHARDRUN_MODEL": "third"})  # fmt: skip
+    assert by_env.returncode == 0, by_env.stdout + by_env.stderr
+    assert by_env.stderr.splitlines()[0] == (
+        f'warning: endpoint.model is "third" (env SHARDRUN_MODEL) but was "sim-test" when run '
+        f"{path.name} started, {way}")
 
 
 # Kills every spawned shard as its interpreter starts: a retry pass whose shards keep dying.
