@@ -178,8 +178,8 @@ def build_parser() -> UsageParser:
                      help="name of the run directory (default: the UTC time and a random "
                           "suffix, as 20261127T000407Z-bdb3d8)")
     run.add_argument("--resume", metavar="RUN_ID",
-                     help="continue run RUN_ID (or `latest`: this job file's newest) in its "
-                          "directory, skipping "
+                     help="continue run RUN_ID (or `latest`: this job file's newest, else the "
+                          "newest of all, with a warning) in its directory, skipping "
                           "every item that has a result or dead-letter line")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume: give dead-lettered items another pass")

@@ -428,12 +428,30 @@ def _mtime(path: Path) -> int:
         return 0
 
 
+def latest_of_another_job(run_path: Path, job_path: Path) -> str | None:
+    """The warning for a run `--resume latest` chose though its newest pass ran another job
+    file than `job_path` (none of the runs did: `find_run`), else None. A job fixed in a new
+    file goes on with its run; another job's run in a shared runs directory must not be taken
+    on without a word, its answers mixed with this job's."""
+    if _ran(run_path, job_path):
+        return None
+    return (f"no run in {run_path.parent} was made or last resumed with {job_path}, so "
+            f"--resume latest continues the newest run, {run_path.name}, of "
+            f"{_job_of(run_path) or 'an unknown job file'}; if that is not the run to "
+            "continue, stop this pass and resume by run id")
+
+
+def _job_of(run_path: Path) -> Path | None:
+    """The job file the newest pass of the run at `run_path` ran, None where none is known."""
+    try:
+        return newest_job_path(orjson.loads((run_path / "manifest.json").read_bytes()))
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None
+
+
 def _ran(run_path: Path, job_path: Path) -> bool:
     """Whether the newest pass of the run at `run_path` ran the job file `job_path`."""
-    try:
-        ran = newest_job_path(orjson.loads((run_path / "manifest.json").read_bytes()))
-    except (OSError, orjson.JSONDecodeError, AttributeError):
-        return False
+    ran = _job_of(run_path)
     return ran is not None and ran.resolve() == job_path.resolve()
 
 

@@ -43,6 +43,7 @@ from shardrun.errors import (
 )
 from shardrun.inputs import InputReader, Reject, holds_more, make_reader
 from shardrun.manifest import (
+    LATEST,
     RunDir,
     finish_manifest,
     input_read_whole,
@@ -363,7 +364,10 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                                        job_name=str(job.origin or job.job_path),
                                        fmt=job.spec.input.format)
         results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
-        for warning in unchecked + results_changed:
+        # Once the resume is let through: a refusal says what is wrong in one sentence.
+        chosen = (resume.latest_of_another_job(run_dir.path, job.job_path)
+                  if options.resume == LATEST else None)
+        for warning in [*filter(None, [chosen]), *unchecked, *results_changed]:
             print(f"warning: {warning}", file=sys.stderr)
         segment = len(manifest.get("resumes", [])) + 1
         prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)

@@ -268,7 +268,8 @@ def test_a_resume_says_which_result_files_lost_answers_and_runs_those_items_agai
 def test_resume_latest_takes_the_newest_run_of_this_job_file(tmp_path: Path) -> None:
     """Two job files sharing a runs directory: `a.yaml --resume latest` resumes a.yaml's run,
     though b.yaml's started later; a job file with no run of its own resumes the newest run
-    (a job fixed in a new file)."""
+    (a job fixed in a new file), with a warning naming it and the job file it ran, so that
+    another job's run is not taken on unseen."""
     write_input(tmp_path / "input.jsonl", 20)
     write_job(tmp_path / "a.yaml", shards=1)
     write_job(tmp_path / "b.yaml", shards=1, params={"max_tokens": 8})
@@ -278,10 +279,15 @@ def test_resume_latest_takes_the_newest_run_of_this_job_file(tmp_path: Path) -> 
         assert done.returncode == 0, done.stderr
     resumed = run_cli("a.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    assert "--resume latest continues" not in resumed.stderr
     ra, rb = (Run.load(tmp_path / "runs" / r) for r in ("ra", "rb"))
     assert (len(ra.results), len(rb.results)) == (20, 5)
     other = run_cli("c.yaml", "--resume", "latest", *RUNS, cwd=tmp_path)
     assert other.returncode == 0, other.stderr
+    assert (f"warning: no run in runs was made or last resumed with {tmp_path / 'c.yaml'}, so "
+            f"--resume latest continues the newest run, rb, of {tmp_path / 'b.yaml'}; if that "
+            "is not the run to continue, stop this pass and resume by run id"
+            ) in other.stderr.splitlines()
     assert len(Run.load(tmp_path / "runs" / "rb").results) == 20
 
 
