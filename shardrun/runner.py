@@ -357,7 +357,7 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         manifest = read_manifest(run_dir.path)
         if isinstance(manifest.get("run_id"), str):  # a pass of a run renamed since logs as it
             run_dir = replace(run_dir, logged_id=manifest["run_id"])
-        changed = _check_settings(job, manifest, run_dir.run_id)
+        changes = _check_settings(job, manifest, run_dir.run_id)
         # Before the run is repaired or a request sent: the answers on disk belong to the lines
         # the run read, so another or an edited input would pair them with other lines.
         unchecked = resume.check_input(manifest, job.input_path, run_id=run_dir.run_id,
@@ -367,8 +367,10 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
         # Once the resume is let through: a refusal says what is wrong in one sentence.
         chosen = (resume.latest_of_another_job(run_dir.path, job.job_path)
                   if options.resume == LATEST else None)
-        for warning in [*filter(None, [chosen]), *unchecked, *results_changed]:
+        for warning in [*filter(None, [chosen]), *_changes_said(job, changes, run_dir.run_id),
+                        *unchecked, *results_changed]:
             print(f"warning: {warning}", file=sys.stderr)
+        changed = [key for key, _, _ in changes]
         segment = len(manifest.get("resumes", [])) + 1
         prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
         for note in prior.notes:
@@ -487,25 +489,32 @@ def _killed_rejects(run_dir: RunDir, manifest: dict[str, Any], judged: int) -> D
     return lines
 
 
-def _check_settings(job: LoadedJob, manifest: dict[str, Any], run_id: str) -> list[str]:
-    """Refuse a resume that names items otherwise than the run did; warn of settings that make
-    this pass's answers differ from earlier ones, and return their keys (for the manifest)."""
+def _check_settings(job: LoadedJob, manifest: dict[str, Any],
+                    run_id: str) -> list[tuple[str, Any, Any]]:
+    """Refuse a resume that names items otherwise than the run did; return the settings that
+    make this pass's answers differ from earlier ones (key, the run's value, this pass's), for
+    warnings once every check has let the resume through, and for the manifest."""
     now, started = job.effective(), manifest.get("effective")
     for key, old, new in resume.setting_changes(started, now, resume.ITEM_NAMING):
         raise SpecError(f"{key} is {_shown(new)} in {job.origin or job.job_path} but was "
                         f"{_shown(old)} when run {run_id} started: a resume must name items as "
                         "the run did, or every item would run again under another id; set it "
                         "back, or start a new run without --resume")  # fmt: skip
-    changes = resume.setting_changes(started, now, resume.ANSWER_SHAPING)
+    return resume.setting_changes(started, now, resume.ANSWER_SHAPING)
+
+
+def _changes_said(job: LoadedJob, changes: list[tuple[str, Any, Any]], run_id: str) -> list[str]:
+    """A warning per answer-shaping setting changed since the run started (`_check_settings`),
+    naming where the new value comes from: a model may come from SHARDRUN_MODEL."""
+    said = []
     for key, old, new in changes:
-        # Where to set it back: a model may come from SHARDRUN_MODEL, not the job file.
         source = job.sources.get(key, "job file")
         where = f"in {job.origin or job.job_path}" if source == "job file" else f"({source})"
-        print(f"warning: {key} is {_shown(new)} {where} but was {_shown(old)} when run "
-              f"{run_id} started, so this pass's answers may differ from the earlier ones (the "
-              "manifest, `report` and `export` say so); if that is not meant, stop this pass "
-              "and set it back", file=sys.stderr)  # fmt: skip
-    return [key for key, _, _ in changes]
+        said.append(f"{key} is {_shown(new)} {where} but was {_shown(old)} when run {run_id} "
+                    "started, so this pass's answers may differ from the earlier ones (the "
+                    "manifest, `report` and `export` say so); if that is not meant, stop this "
+                    "pass and set it back")
+    return said
 
 
 def _shown(value: object) -> str:

@@ -72,14 +72,17 @@ def test_an_input_edited_in_place_is_refused_before_any_request(tmp_path: Path) 
 
 
 def test_another_input_path_is_refused(tmp_path: Path) -> None:
-    """Another job file whose input.path names another file: refused, naming both files."""
+    """Another job file whose input.path names another file: refused, naming both files, in
+    one line: the warnings it would have earned as a resume (other params, another job file's
+    run taken as `latest`) are for a resume that goes on, not before its refusal."""
     write_input(tmp_path / "input.jsonl", 20)
     write_job(tmp_path / "c.yaml", shards=1)
     first = run_cli("c.yaml", "--limit", "5", *RUNS, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     path = only_run(tmp_path / "runs")
     write_input(tmp_path / "other.jsonl", 20, prefix="other")
-    write_job(tmp_path / "other.yaml", shards=1, input={"path": "other.jsonl"})
+    write_job(tmp_path / "other.yaml", shards=1, input={"path": "other.jsonl"},
+              params={"max_tokens": 7})
     error = refused("other.yaml", "latest", path, tmp_path)
     assert error.startswith(
         f"error: input.path names {tmp_path / 'other.jsonl'} in other.yaml, but run {path.name} "
