@@ -364,13 +364,6 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
                                        job_name=str(job.origin or job.job_path),
                                        fmt=job.spec.input.format)
         results_changed = resume.check_results(manifest, run_dir.path, run_dir.run_id)
-        # Once the resume is let through: a refusal says what is wrong in one sentence.
-        chosen = (resume.latest_of_another_job(run_dir.path, job.job_path)
-                  if options.resume == LATEST else None)
-        for warning in [*filter(None, [chosen]), *_changes_said(job, changes, run_dir.run_id),
-                        *unchecked, *results_changed]:
-            print(f"warning: {warning}", file=sys.stderr)
-        changed = [key for key, _, _ in changes]
         segment = len(manifest.get("resumes", [])) + 1
         prior = resume.prepare(run_dir.path, segment, retry_failed=options.retry_failed)
         for note in prior.notes:
@@ -380,6 +373,14 @@ def _open_pass(job: LoadedJob, options: RunOptions) -> Pass:
             raise NothingToRetry(f"run {run_dir.run_id} has no dead letters: nothing to retry "
                                  f"({resume_command(job, run_dir)} runs the items no pass has "
                                  "run, if any)")
+        # Once the pass is let through: a refusal says what is wrong in one sentence, and a
+        # retry with nothing to retry warns of no pass.
+        chosen = (resume.latest_of_another_job(run_dir.path, job.job_path)
+                  if options.resume == LATEST else None)
+        for warning in [*filter(None, [chosen]), *_changes_said(job, changes, run_dir.run_id),
+                        *unchecked, *results_changed]:
+            print(f"warning: {warning}", file=sys.stderr)
+        changed = [key for key, _, _ in changes]
         # Lines appended since the pass that read the input whole are items no pass has run.
         read_before = input_read_whole(manifest, more_after=functools.partial(
             holds_more, job.input_path, fmt=job.spec.input.format))
