@@ -346,7 +346,9 @@ def _check_input(run_path: Path, manifest: dict[str, Any], input_path: Path, fmt
             raise SpecError(f"the input {input_path} is not what run {run_path.name} read (its "
                             f"first {size:,} bytes have another SHA-256 than the manifest "
                             "records): export pairs answers with input lines, so it needs the "
-                            "input as the run read it")  # fmt: skip
+                            "input as the run read it; restore the file (lines added at its "
+                            "end are fine), or give --job a job file whose input.path names a "
+                            "copy of it as read")  # fmt: skip
     if (joined := run_on(manifest, input_path, fmt)) is not None:
         raise SpecError(f"the input {input_path} is not what run {run_path.name} read: "
                         f"{joined.why}, so export would show neither that line's answer nor "

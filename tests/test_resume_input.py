@@ -174,6 +174,10 @@ def test_export_checks_the_pass_that_produced_the_answers(tmp_path: Path) -> Non
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"error: the input {tmp_path / 'input.jsonl'} is not what run "
                                   "qq read (its first "), done.stderr
+    # One sentence that says what to do, as the resume's refusal does.
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith(
+        "; restore the file (lines added at its end are fine), or give --job a job file whose "
+        "input.path names a copy of it as read\n"), done.stderr
     assert done.stdout == ""
 
 
