@@ -230,8 +230,12 @@ class Shard:
             self.run_answered = True
         elif kind == protocol.RATE:
             if self.limiter.set_share(message.get("rpm"), message.get("tpm"),
-                                      message.get("live")):
-                self._paced(self.clock.now(), resplit=True)  # re-split over the shards now
+                                      message.get("live")) and not self.input_ended:
+                # Re-split over the shards now live, logged and reported while there is input
+                # to pace: once it has ended, shards finish one by one and each survivor's pace
+                # rises to the whole share of those gone, so the paces last logged, summed as
+                # `report` and the summary sum them, read as up to twice the server's limit.
+                self._paced(self.clock.now(), resplit=True)
         elif kind in (protocol.STOP, protocol.ABORT):
             self.stopping = True
             self.halted.set()

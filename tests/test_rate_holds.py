@@ -293,7 +293,8 @@ def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: P
     """Seeded at a quarter of the stated 600 requests a minute (4 shards), the shard is told
     two are left (the coordinator's RATE message carries `live`, with or without job limits):
     its pace is half the limit, and it says so as its reports' pace (`_paced`, which logs it
-    as a `rate_learned` line too, marked `resplit`: `report` counts it as no seed of its own)."""
+    as a `rate_learned` line too, marked `resplit`: `report` counts it as no seed of its own),
+    while there is input to pace."""
     shard, _ = _run_one(tmp_path, [PACE], headers={"x-ratelimit-limit-requests": "600"},
                         shard_count=4)
     assert shard.limiter.learned == pytest.approx(2.5)
@@ -306,6 +307,13 @@ def test_a_seeded_pace_follows_the_coordinators_count_of_shards_left(tmp_path: P
     assert [(rec["ev"], rec["rps"], rec["seeded"], rec.get("resplit")) for rec in logged] == [
         ("rate_learned", 2.5, True, None),  # its share of the stated 600 a minute
         ("rate_learned", 5.0, True, True)]
+    # Once the input has ended, shards finish one by one: the survivor paces at the share of
+    # those gone, but logs and reports none of it, or the paces summed over the shards would
+    # read as more than the limit (here 2.5 + 5 + 10 a second of a limit of 10).
+    shard.on_message({"t": protocol.END})
+    shard.on_message({"t": protocol.RATE, "rpm": None, "tpm": None, "live": 1})
+    assert shard.limiter.learned == pytest.approx(10.0) and shard.paced_rps == 5.0
+    assert len(logged) == 2
 
 
 def _learned_lines(tmp_path: Path) -> list[dict[str, Any]]:

@@ -694,6 +694,28 @@ def test_a_dominant_t_retry_of_a_few_holds_takes_the_touched_findings_advice(
     assert (top["meaning"], top["control"]) == TABLE["server_rate_limit"]
 
 
+def test_a_pace_seeded_from_a_stated_limit_sums_to_that_limit_as_shards_end(
+        tmp_path: Path) -> None:
+    """A server whose answers state 600,000 requests a minute and that answers some requests
+    429 anyway: each of 4 shards seeds its pace at its share, 2,500 a second. As the input
+    ends the shards finish one by one, and the survivors' paces are re-split up to the share
+    of those gone (2,500, 3,333, 5,000, 10,000: summed, twice the limit); those re-splits are
+    not what the limit left the run, so the summary's line and the report both say the pace
+    the stated limit set, 600,000 a minute, not 1,250,000."""
+    write_input(tmp_path / "input.jsonl", 400)
+    sim = {**FAST_SIM, "rpm_limit": 600_000, "fail_429": 0.1, "retry_after_s": 0.05}
+    write_job(tmp_path / "job.yaml", shards=4, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc, _ = load_report(tmp_path / "runs" / "r1")
+    limit = doc["attempts"]["server_limit"]
+    assert limit["paced_shards"] == limit["seeded_shards"] == 4, limit  # the premise
+    assert limit["paced_rpm"] == 600_000, limit
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("  server rate limit  ")]
+    assert "pace set from the server's stated limit to 600,000 req/min (" in line, line
+
+
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
     """A run the server never refused with 429: no finding, no line in the summary."""
     doc, _ = load_report(real_run)
