@@ -56,6 +56,9 @@ SERVER_LIMIT_SHARE = 0.05
 """The share of the attempts held for the server's rate limit from which, with no pace learned
 (cut or seeded), that limit is said to have set the run's pace (`limit_set_pace`): a few held
 429s in a run of hundreds are a brush with the limit, not its ceiling."""
+SEEDED_PACE_NEAR = 0.75
+"""The share of a pace seeded from a stated limit that the run's requests must reach on average
+for that limit to have set its pace (`limit_set_pace`): one that binds keeps the shards at it."""
 RECHECK_S = 0.25
 """Longest sleep before a waiting request asks again: a new share from the coordinator or a
 refund of tokens charged too much may let it go sooner."""
@@ -657,10 +660,18 @@ def tokens_used(
     return prompt + wasted_tokens
 
 
-def limit_set_pace(held: int, attempts: int, paced: bool) -> bool:
+def limit_set_pace(held: int, attempts: int, paced: bool, *, seeded_rps: float | None = None,
+                   sent_rps: float | None = None) -> bool:
     """Whether the server's rate limit set a run's pace: a shard learned a pace of it (`paced`,
     cut or seeded), or it held at least SERVER_LIMIT_SHARE of the `attempts` (`held` retries).
-    One rule for the report's finding and the run summary's line, so they say the same."""
+    A pace of requests only seeded from a stated limit (`seeded_rps`, none cut, no pace of
+    tokens) counts only where the requests sent (`sent_rps`, on average) came within
+    SEEDED_PACE_NEAR of it: the first 429 stating the limit seeds it, though a stray one (a
+    gateway's, a burst's) comes far below it, where the cap or the server's capacity set the
+    pace and a higher limit would change nothing. One rule for the report's finding and the
+    run summary's line, so they say the same."""
+    if seeded_rps and sent_rps is not None and sent_rps < SEEDED_PACE_NEAR * seeded_rps:
+        paced = False
     return paced or (attempts > 0 and held / attempts >= SERVER_LIMIT_SHARE)
 
 

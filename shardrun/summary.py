@@ -412,7 +412,10 @@ def _limit_verdict(s: RunSummary) -> str:
     """What the holds say, by the report's rule (`limit_set_pace`): the limit set the pace, or
     a few requests only met it."""
     paced = s.paced_rps is not None or s.paced_tps is not None
-    said = ("the server's limit set the pace" if limit_set_pace(s.limited_429s, s.attempts, paced)
+    seeded = s.paced_rps if s.paced_seeded and s.paced_tps is None else None
+    sent = s.attempts / s.wall_s if s.wall_s > 0 else None
+    said = ("the server's limit set the pace"
+            if limit_set_pace(s.limited_429s, s.attempts, paced, seeded_rps=seeded, sent_rps=sent)
             else "a few requests met the server's limit, held at no cost of attempts")
     return f" ({said}; `shardrun report` says more)"
 

@@ -694,6 +694,20 @@ def test_a_dominant_t_retry_of_a_few_holds_takes_the_touched_findings_advice(
     assert (top["meaning"], top["control"]) == TABLE["server_rate_limit"]
 
 
+def _stated_limit_run(tmp_path: Path, fail_429: float) -> tuple[Path, str]:
+    """A run of 400 items on 4 shards of 4 against a simulator whose answers state 600,000
+    requests a minute and that answers a share `fail_429` of requests 429 anyway: the run's
+    directory and its summary's "server rate limit" line."""
+    write_input(tmp_path / "input.jsonl", 400)
+    sim = {**FAST_SIM, "rpm_limit": 600_000, "fail_429": fail_429, "retry_after_s": 0.05}
+    write_job(tmp_path / "job.yaml", shards=4, concurrency=4,
+              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
+    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("  server rate limit  ")]
+    return tmp_path / "runs" / "r1", line
+
+
 def test_a_pace_seeded_from_a_stated_limit_sums_to_that_limit_as_shards_end(
         tmp_path: Path) -> None:
     """A server whose answers state 600,000 requests a minute and that answers some requests
@@ -702,18 +716,30 @@ def test_a_pace_seeded_from_a_stated_limit_sums_to_that_limit_as_shards_end(
     of those gone (2,500, 3,333, 5,000, 10,000: summed, twice the limit); those re-splits are
     not what the limit left the run, so the summary's line and the report both say the pace
     the stated limit set, 600,000 a minute, not 1,250,000."""
-    write_input(tmp_path / "input.jsonl", 400)
-    sim = {**FAST_SIM, "rpm_limit": 600_000, "fail_429": 0.1, "retry_after_s": 0.05}
-    write_job(tmp_path / "job.yaml", shards=4, concurrency=4,
-              endpoint={"base_url": "sim://", "api": "chat", "model": "m", "sim": sim})
-    done = run_cli("job.yaml", "--runs-dir", "runs", "--run-id", "r1", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc, _ = load_report(tmp_path / "runs" / "r1")
+    run, line = _stated_limit_run(tmp_path, 0.1)
+    doc, _ = load_report(run)
     limit = doc["attempts"]["server_limit"]
     assert limit["paced_shards"] == limit["seeded_shards"] == 4, limit  # the premise
     assert limit["paced_rpm"] == 600_000, limit
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("  server rate limit  ")]
     assert "pace set from the server's stated limit to 600,000 req/min (" in line, line
+
+
+def test_stray_429s_far_below_a_stated_limit_did_not_set_the_pace(tmp_path: Path) -> None:
+    """A server whose answers state a limit of 600,000 requests a minute (10,000 a second, more
+    than 4 shards of 4 slots can send here) and that answers a few requests 429 anyway (2 %,
+    under SERVER_LIMIT_SHARE), as a gateway's replica or a burst limit does: the shards set
+    their pace from the stated limit (the premise), but the run sent far below it, so neither
+    the end summary nor the report says the limit set the pace (nor advises a higher limit):
+    a few requests met it."""
+    run, line = _stated_limit_run(tmp_path, 0.02)
+    summary = orjson.loads((run / "manifest.json").read_bytes())["summary"]
+    assert summary["paced_seeded"] is True and summary["paced_rps"] >= 10_000, summary
+    assert "pace set from the server's stated limit to " in line, line
+    assert "(a few requests met the server's limit, held at no cost of attempts;" in line, line
+    doc, _ = load_report(run)
+    found = [f for f in doc["triage"]["findings"] if f["id"].startswith("server_rate_limit")]
+    assert [f["id"] for f in found] == ["server_rate_limit_touched"], found
+    assert found[0]["evidence"]["paced_rpm"] >= 600_000
 
 
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:

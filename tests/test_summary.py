@@ -497,18 +497,23 @@ def test_a_retry_pass_stopped_part_way_counts_answered_dead_letters_apart() -> N
     assert not any(line.startswith("  to finish the run") for line in lines)
 
 
-@pytest.mark.parametrize(("held", "pace", "set_pace"), [
-    (4, None, False), (5, None, True), (1, 2.0, True)])
+@pytest.mark.parametrize(("held", "pace", "seeded", "set_pace"), [
+    (4, None, False, False), (5, None, False, True), (1, 2.0, False, True),
+    (1, 100.0, False, True), (1, 60.0, True, True), (1, 100.0, True, False)])
 def test_the_summary_says_the_server_limit_set_the_pace_by_the_reports_rule(
-        held: int, pace: float | None, set_pace: bool) -> None:
-    """Of 100 attempts, 4 held for the server's rate limit with no pace learned only met the
-    limit: the summary's line says so, as the report's `server_rate_limit_touched` does, not
-    that the limit set the pace (5, 5 %, or any learned pace, does: `limit_set_pace`)."""
-    s = summary_of([{"attempts": 100, "limited_429s": held, "paced_rps": pace}], dead=0)
+        held: int, pace: float | None, seeded: bool, set_pace: bool) -> None:
+    """Of 100 attempts in 2 s (50 a second), 4 held for the server's rate limit with no pace
+    learned only met the limit: the summary's line says so, as the report's
+    `server_rate_limit_touched` does, not that the limit set the pace (5, 5 %, or a learned
+    pace, does: `limit_set_pace`), unless that pace was only set from a stated limit the run
+    stayed well below (100 a second; 60 is within SEEDED_PACE_NEAR of 50)."""
+    s = summary_of([{"attempts": 100, "limited_429s": held, "paced_rps": pace,
+                     "paced_seeded": seeded}], dead=0)
     (line,) = [x for x in format_summary(s).splitlines() if "server rate limit" in x]
     assert ("the server's limit set the pace;" in line) is set_pace, line
     assert ("a few requests met the server's limit" in line) is not set_pace, line
-    assert limit_set_pace(held, 100, pace is not None) is set_pace
+    assert limit_set_pace(held, 100, pace is not None, sent_rps=50.0,
+                          seeded_rps=pace if seeded else None) is set_pace
 
 
 def test_the_summary_counts_answered_without_any_429_as_the_report_does() -> None:

@@ -73,7 +73,8 @@ TABLE: dict[str, tuple[str, str]] = {
     "server_rate_limit_touched": ("a few requests met the server's rate limit (429, no "
                                   "quota's) and were held and sent again, spending none of "
                                   "their attempts; too few to have set the run's pace, and no "
-                                  "shard learned a pace from them",
+                                  "shard learned a pace from them that the run came near "
+                                  "(paced_rpm: one a 429's stated limit set, unreached)",
                                   "nothing needed: the holds spent no attempts; should they "
                                   "grow in a bigger run, the shards learn a pace from them and "
                                   "the server_rate_limit finding says what limit to set"),
@@ -250,8 +251,13 @@ def server_rate_limit(doc: dict[str, Any]) -> dict[str, Any] | None:
     answered = started - limit["http_429"]
     evidence = {"answered_rpm": round(answered * 60 / duration, 1) if duration else None}
     held_share = limit["held_retries"] / started if started else 0.0
-    if not limit_set_pace(limit["held_retries"], started, bool(paced)):
-        evidence |= {key: limit[key] for key in ("http_429", "held_retries", "held_items")}
+    seeded = (not limit["pace_cuts"] and limit["paced_tps"] is None
+              and limit["seeded_shards"] == limit["paced_shards"])
+    sent = started / duration if duration else None
+    if not limit_set_pace(limit["held_retries"], started, bool(paced), sent_rps=sent,
+                          seeded_rps=limit["paced_rps"] if seeded else None):
+        evidence |= {key: limit[key]
+                     for key in ("http_429", "held_retries", "held_items", "paced_rpm")}
         evidence |= {"held_share_of_attempts": round(held_share, 6),
                      "threshold": SERVER_LIMIT_SHARE}
         return _finding("server_rate_limit_touched",
