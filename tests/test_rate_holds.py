@@ -217,10 +217,12 @@ def test_a_dead_shards_summary_counts_the_429s_held_as_report_does(tmp_path: Pat
     assert sum(a.get("held") is True for a in dead["attempts"]) == calls - 1
     tried: dict[str, int] = {}
     held: dict[str, int] = {}
+    refused: dict[str, int] = {}
     for last in reports:  # each, in turn, the last the coordinator heard
         protocol.apply_changes(tried, last.get("tried") or {})
         protocol.apply_changes(held, last.get("held") or {})
-        after = add_unreported(last, tried, [], [dead], held)
+        protocol.apply_changes(refused, last.get("refused") or {})
+        after = add_unreported(last, tried, [], [dead], held, refused)
         assert (after["limited_429s"], after["http_429s"]) == (_held_lines(tmp_path), calls)
         assert after["limited_429s"] == shard.counters.limited_429s
 

@@ -733,13 +733,15 @@ def test_stray_429s_far_below_a_stated_limit_did_not_set_the_pace(tmp_path: Path
     a few requests met it."""
     run, line = _stated_limit_run(tmp_path, 0.02)
     summary = orjson.loads((run / "manifest.json").read_bytes())["summary"]
-    assert summary["paced_seeded"] is True and summary["paced_rps"] >= 10_000, summary
+    # At 2 % of ~100 requests a shard may meet no 429 (1 run in 8 or so), nor seed a pace: at
+    # least one shard's share, 2,500 a second, is seeded, far above what the run sends.
+    assert summary["paced_seeded"] is True and summary["paced_rps"] >= 2_500, summary
     assert "pace set from the server's stated limit to " in line, line
     assert "(a few requests met the server's limit, held at no cost of attempts;" in line, line
     doc, _ = load_report(run)
     found = [f for f in doc["triage"]["findings"] if f["id"].startswith("server_rate_limit")]
     assert [f["id"] for f in found] == ["server_rate_limit_touched"], found
-    assert found[0]["evidence"]["paced_rpm"] >= 600_000
+    assert found[0]["evidence"]["paced_rpm"] >= 150_000
 
 
 def test_a_run_without_429s_has_no_server_limit_finding(real_run: Path) -> None:
