@@ -84,7 +84,9 @@ def check_input(manifest: dict[str, Any], input_path: Path, *, job_name: str,
     """
     passes = pass_inputs(manifest)
     paths = [rec["path"] for _, rec in passes if rec and isinstance(rec.get("path"), str)]
-    read = paths[0] if paths else None  # the first pass's: the oldest answers came from it
+    # The newest pass's: an earlier resume may have gone on with a copy (the same bytes), and
+    # that copy is then the file to restore, not the one the run first read.
+    read = paths[-1] if paths else None
     moved = read is not None and Path(read) != input_path
     ended = pass_reads(manifest)
     if ended:

@@ -58,17 +58,22 @@ def refused(job: str, run: str, path: Path, tmp_path: Path) -> str:
     return resumed.stderr
 
 
+def edited_is_refused(tmp_path: Path, name: str, path: Path) -> str:
+    """Line 1 of input `name` edited, then `--resume qq` of job.yaml: refused (`refused`),
+    naming `name` as the input that is not what the run read; the error line."""
+    data = (tmp_path / name).read_bytes()
+    (tmp_path / name).write_bytes(data.replace(b"Question 0:", b"Question zero:", 1))
+    error = refused("job.yaml", "qq", path, tmp_path)
+    assert error.startswith(
+        f"error: the input {tmp_path / name} is not what run qq read: its first "), error
+    return error
+
+
 def test_an_input_edited_in_place_is_refused_before_any_request(tmp_path: Path) -> None:
     """Line 1's prompt changed after the run read it: the resume would pair its old answer with
     the new prompt, so it is refused with one sentence and the run is left as it was."""
     _, path = started_with_limit(tmp_path, 30, 10)
-    data = (tmp_path / "input.jsonl").read_bytes()
-    (tmp_path / "input.jsonl").write_bytes(data.replace(b"Question 0:", b"Question zero:", 1))
-    error = refused("job.yaml", "qq", path, tmp_path)
-    assert error.startswith(
-        f"error: the input {tmp_path / 'input.jsonl'} is not what run qq read: its first "
-    ), error
-    assert "restore the file as the run read it" in error
+    assert "restore the file as the run read it" in edited_is_refused(tmp_path, "input.jsonl", path)
 
 
 def test_another_input_path_is_refused(tmp_path: Path) -> None:
@@ -157,6 +162,19 @@ def test_a_copied_input_with_the_same_bytes_resumes_with_a_warning(tmp_path: Pat
     assert resumed.stderr.startswith(f"warning: input.path names {tmp_path / 'copy.jsonl'}, but "
                                      "run qq read "), resumed.stderr
     assert_exactly_once(Run.load(path), ids)
+
+
+def test_an_edited_copy_the_last_pass_read_is_named_as_the_file_to_restore(
+        tmp_path: Path) -> None:
+    """A resume went on with an unedited copy; the copy edited since is the file to restore,
+    not the original the first pass read, which the refusal must not send the user back to."""
+    _, path = started_with_limit(tmp_path, 30, 10)
+    shutil.copy(tmp_path / "input.jsonl", tmp_path / "copy.jsonl")
+    write_job(tmp_path / "job.yaml", shards=1, input={"path": "copy.jsonl"})
+    second = run_cli("job.yaml", "--resume", "qq", "--limit", "5", *RUNS, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    error = edited_is_refused(tmp_path, "copy.jsonl", path)
+    assert "restore the file as the run read it" in error and "input.path back" not in error
 
 
 def test_export_checks_the_pass_that_produced_the_answers(tmp_path: Path) -> None:
